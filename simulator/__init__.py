@@ -1,0 +1,15 @@
+"""servesim's simulator: a discrete-event model of an ML inference serving system.
+
+Public API::
+
+    from simulator import load_scenario, simulate, summarize
+    run = simulate(load_scenario("scenarios/inference_platform.yaml"))
+    print(summarize(run)["latency_ms"]["e2e"])
+"""
+
+from simulator.config import Scenario
+from simulator.engine import Run, simulate
+from simulator.loader import ScenarioError, load_scenario, scenario_hash
+from simulator.metrics import summarize
+
+__all__ = ["Run", "Scenario", "ScenarioError", "load_scenario", "scenario_hash", "simulate", "summarize"]

@@ -1,0 +1,118 @@
+"""The ``servesim`` command line: run, check and describe scenarios.
+
+Bad input never produces a traceback: scenario problems print one message naming the
+YAML line and field and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from simulator.config import Scenario
+from simulator.engine import simulate
+from simulator.loader import ScenarioError, load_scenario
+from simulator.metrics import latency_table, summarize, window
+from simulator.report import render
+
+app = typer.Typer(
+    name="servesim",
+    help="Discrete-event capacity and SLA simulator for ML inference serving.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+ScenarioArg = Annotated[Path, typer.Argument(help="Scenario YAML file.", show_default=False)]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Override a field: dotted.path=value (repeatable), e.g. --set workers.count=120."),
+]
+
+
+def _fail(message: str) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
+    return typer.Exit(code=2)
+
+
+def _load(path: Path, sets: list[str] | None, extra: list[str]) -> Scenario:
+    try:
+        return load_scenario(path, (sets or []) + extra)
+    except ScenarioError as e:
+        raise _fail(str(e).replace("[", r"\[")) from None
+
+
+def _clean(obj):
+    """JSON-safe: NaN/inf become null."""
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj
+
+
+@app.command()
+def run(
+    scenario: ScenarioArg,
+    set_: SetOpt = None,
+    seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
+    duration_s: Annotated[float | None, typer.Option(help="Override duration_s (simulated seconds).")] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the summary as JSON here.")] = None,
+    records: Annotated[Path | None, typer.Option(help="Write per-request records here (.parquet or .csv).")] = None,
+) -> None:
+    """Simulate a scenario and print per-stage latency, the SLA verdict, utilization and cost."""
+    extra = []
+    if seed is not None:
+        extra.append(f"seed={seed}")
+    if duration_s is not None:
+        extra.append(f"duration_s={duration_s}")
+    if records is not None and records.suffix not in (".parquet", ".csv"):
+        raise _fail(f"--records {records}: use a .parquet or .csv file name")
+    s = _load(scenario, set_, extra)
+    with err.status(f"simulating {s.name} …"):
+        result = simulate(s)
+    try:
+        summary = summarize(result)
+    except ValueError as e:
+        raise _fail(str(e)) from None
+    full = latency_table(result.records, window(result.records, s)).to_dict(orient="index")
+    out.print(render(summary, full))
+    try:
+        if json_path is not None:
+            json_path.write_text(json.dumps(_clean(summary), indent=2) + "\n")
+            err.print(f"summary written to {json_path}")
+        if records is not None:
+            frame = result.records.to_frame()
+            if records.suffix == ".parquet":
+                frame.to_parquet(records)
+            else:
+                frame.to_csv(records)
+            err.print(f"{len(frame):,} records written to {records}")
+    except OSError as e:
+        raise _fail(f"cannot write {e.filename}: {e.strerror}") from None
+
+
+@app.command()
+def check(scenario: ScenarioArg, set_: SetOpt = None) -> None:
+    """Validate a scenario without running it."""
+    s = _load(scenario, set_, [])
+    out.print(f"[green]ok[/]: {scenario} ({s.name}; {s.duration_s:g} s of traffic, {s.workers.count} workers)")
+
+
+@app.command()
+def schema() -> None:
+    """Print the scenario JSON Schema (point your editor's YAML plugin at it)."""
+    typer.echo(json.dumps(Scenario.model_json_schema(), indent=2))
+
+
+def main() -> None:  # pragma: no cover - console-script entry
+    app()

@@ -1,0 +1,248 @@
+"""The scenario: frozen pydantic models validated once at load.
+
+A scenario describes one serving system end to end, in the order a request sees it:
+traffic → network → router → features → preprocess → batching → workers →
+postprocess → network back. Units are in the field names; every field is described,
+so ``servesim schema`` doubles as the reference. Nothing here does I/O: files named
+by a scenario are read by :mod:`simulator.loader` after validation.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from simulator.distributions import (
+    Deterministic,
+    Distribution,
+    Empirical,
+    Exponential,
+    Gamma,
+    LogNormal,
+    Uniform,
+)
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SLA(_Frozen):
+    """The latency objective the run is judged against."""
+
+    percentile: float = Field(99.0, gt=0, lt=100, description="Latency percentile the SLA is set on, e.g. 99.")
+    target_ms: float = Field(gt=0, description="End-to-end latency target at that percentile, in ms.")
+
+
+class Traffic(_Frozen):
+    """Open-loop arrivals: Poisson at ``rate_rps``, or replayed timestamps from ``arrivals_file``."""
+
+    rate_rps: float | None = Field(None, gt=0, description="Poisson arrival rate, requests per second.")
+    arrivals_file: str | None = Field(
+        None, description="File of arrival timestamps in seconds, one per line (replaces rate_rps)."
+    )
+    payload_kb: float = Field(0.0, ge=0, description="Request payload size, KB (1 KB = 1000 bytes).")
+    response_kb: float = Field(0.0, ge=0, description="Response payload size, KB.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Traffic:
+        if (self.rate_rps is None) == (self.arrivals_file is None):
+            raise ValueError("traffic needs exactly one of rate_rps or arrivals_file")
+        return self
+
+
+class Network(_Frozen):
+    """Client ↔ API hops: a latency per direction plus payload transfer over a bandwidth."""
+
+    client_to_api: Distribution | None = Field(None, description="One-way latency client → API, ms.")
+    api_to_client: Distribution | None = Field(None, description="One-way latency API → client, ms.")
+    bandwidth_gbps: float | None = Field(
+        None, gt=0, description="Per-connection bandwidth, Gbit/s, for payload transfer time (none: no transfer time)."
+    )
+
+
+class Router(_Frozen):
+    """API layer and traffic router: auth, schema normalisation, version choice."""
+
+    overhead: Distribution | None = Field(None, description="Per-request API/router processing time, ms.")
+    balancing: Literal["random", "round_robin", "shared"] = Field(
+        "random",
+        description=(
+            "How requests reach workers: random (uniform, like kube-proxy) or round_robin to per-worker batch "
+            "queues, or shared: one queue feeding every instance of the pool (an M/M/c-style central queue)."
+        ),
+    )
+
+
+class KVStore(_Frozen):
+    """A remote KV store of finite capacity: each round trip holds one server thread."""
+
+    threads: int = Field(ge=1, description="Server threads serving round trips concurrently.")
+    per_op_ms: float = Field(0.0, ge=0, description="Thread time per round trip, ms.")
+    per_key_ms: float = Field(0.0, ge=0, description="Thread time per key in a round trip, ms.")
+
+
+class Features(_Frozen):
+    """Online feature fetch from a remote KV store, in batched round trips.
+
+    ``lookups_per_request`` keys are fetched in ``ceil(lookups / batch_size)`` round trips,
+    ``parallelism`` in flight at a time. ``batch_size: 1`` is one GET per key; a large
+    batch is an MGET.
+    """
+
+    lookups_per_request: int = Field(0, ge=0, description="Keys fetched per request (0: no feature fetch).")
+    batch_size: int = Field(1, ge=1, description="Keys per round trip (MGET size).")
+    parallelism: int = Field(1, ge=1, description="Round trips in flight at once per request.")
+    round_trip: Distribution | None = Field(
+        None, description="Network + client latency of one round trip, ms (excludes store thread time)."
+    )
+    per_key_ms: float = Field(
+        0.0, ge=0, description="Extra round-trip latency per key carried, ms (uncontended store)."
+    )
+    store: KVStore | None = Field(None, description="Finite store capacity; none means the store never queues.")
+
+    @model_validator(mode="after")
+    def _needs_latency(self) -> Features:
+        if self.lookups_per_request > 0 and self.round_trip is None and self.store is None:
+            raise ValueError("features with lookups_per_request > 0 need round_trip or store")
+        return self
+
+
+class Preprocess(_Frozen):
+    """CPU preprocessing (decode, resize, tokenise) on a pool of CPU workers, FCFS."""
+
+    service: Distribution | None = Field(None, description="CPU time per request, ms.")
+    cpu_workers: int | None = Field(
+        None, ge=1, description="CPU workers in the pool (none: unlimited, preprocessing never queues)."
+    )
+
+
+class Batching(_Frozen):
+    """Dynamic batching with Triton's semantics.
+
+    A batch forms when a model instance is free. It closes at once with
+    ``max_batch_size`` requests, or with the largest preferred size available; otherwise
+    it waits until the oldest queued request has waited ``max_queue_delay_ms``.
+    """
+
+    max_batch_size: int = Field(1, ge=1, description="Most requests in one batch.")
+    max_queue_delay_ms: float = Field(0.0, ge=0, description="Batching window from the oldest queued request, ms.")
+    preferred_batch_sizes: tuple[int, ...] = Field((), description="Sizes sent at once when reachable.")
+    max_queue_size: int | None = Field(None, ge=1, description="Queued requests beyond which arrivals are rejected.")
+    timeout_ms: float | None = Field(None, gt=0, description="A request queued this long is dropped (timed out), ms.")
+
+    @model_validator(mode="after")
+    def _preferred_ok(self) -> Batching:
+        bad = [b for b in self.preferred_batch_sizes if not 1 <= b <= self.max_batch_size]
+        if bad:
+            raise ValueError(f"preferred_batch_sizes {bad} must lie in 1..max_batch_size")
+        return self
+
+
+class Affine(_Frozen):
+    """Batch service time base_ms + per_item_ms × B, times a mean-one log-normal noise factor."""
+
+    kind: Literal["affine"] = "affine"
+    base_ms: float = Field(ge=0, description="Fixed cost of a batch (launch, transfer), ms.")
+    per_item_ms: float = Field(ge=0, description="Marginal cost per request in the batch, ms.")
+    noise_cv: float = Field(0.0, ge=0, description="cv of the multiplicative noise (0: deterministic).")
+
+
+class Table(_Frozen):
+    """Measured batch service time per batch size, linearly interpolated (and extrapolated at the ends)."""
+
+    kind: Literal["table"] = "table"
+    batch_ms: dict[int, float] = Field(description="Mean service time in ms, keyed by batch size.")
+    noise_cv: float = Field(0.0, ge=0, description="cv of the multiplicative noise (0: deterministic).")
+
+    @model_validator(mode="after")
+    def _valid(self) -> Table:
+        if not self.batch_ms:
+            raise ValueError("table batch_ms is empty")
+        if min(self.batch_ms) < 1 or min(self.batch_ms.values()) <= 0:
+            raise ValueError("table batch sizes must be >= 1 and times > 0")
+        return self
+
+
+ServiceTime = Annotated[
+    Affine | Table | Deterministic | Exponential | LogNormal | Gamma | Uniform | Empirical,
+    Field(discriminator="kind"),
+]
+
+
+class Workers(_Frozen):
+    """The GPU worker pool: ``count`` workers, each running ``instances`` model instances."""
+
+    count: int = Field(ge=1, description="GPU workers (one GPU each).")
+    instances: int = Field(1, ge=1, description="Model instances per worker, each serving one batch at a time.")
+    instance_type: str = Field("a100", description="GPU type, a key of the instance catalog (t4, l4, a100, h100).")
+    service_time: ServiceTime = Field(
+        description="Batch service time: affine, table, or a plain distribution (batch-size independent)."
+    )
+
+
+class Postprocess(_Frozen):
+    """Postprocessing and response serialisation."""
+
+    service: Distribution | None = Field(None, description="Per-request time, ms.")
+
+
+class Cost(_Frozen):
+    """How worker-hours are priced."""
+
+    catalog: str | None = Field(None, description="Instance catalog YAML (default: the one shipped with servesim).")
+    price_per_hour_usd: float | None = Field(
+        None, gt=0, description="Override: price of one worker-hour, USD (ignores the catalog)."
+    )
+
+
+class Scenario(_Frozen):
+    """One serving system and the traffic it sees."""
+
+    name: str = Field(description="Short name of the scenario.")
+    description: str = Field("", description="What question the scenario answers.")
+    seed: int = Field(0, ge=0, description="Root seed; every random stream derives from it.")
+    duration_s: float = Field(gt=0, description="Simulated seconds of arrivals.")
+    warmup_s: float = Field(0.0, ge=0, description="Arrivals before this time are excluded from metrics, s.")
+    sla: SLA = Field(description="Latency objective.")
+    traffic: Traffic = Field(description="Arrivals and payload sizes.")
+    network: Network = Field(Network(), description="Client ↔ API network hops.")
+    router: Router = Field(Router(), description="API/router overhead.")
+    features: Features = Field(Features(), description="Online feature fetch.")
+    preprocess: Preprocess = Field(Preprocess(), description="CPU preprocessing.")
+    batching: Batching = Field(Batching(), description="Dynamic batching queue.")
+    workers: Workers = Field(description="GPU worker pool.")
+    postprocess: Postprocess = Field(Postprocess(), description="Postprocessing and serialisation.")
+    cost: Cost = Field(Cost(), description="Pricing.")
+
+    @model_validator(mode="after")
+    def _warmup_inside(self) -> Scenario:
+        if self.warmup_s >= self.duration_s:
+            raise ValueError("warmup_s must be smaller than duration_s")
+        return self
+
+
+__all__ = [
+    "SLA",
+    "Affine",
+    "Batching",
+    "Cost",
+    "Deterministic",
+    "Empirical",
+    "Exponential",
+    "Features",
+    "Gamma",
+    "KVStore",
+    "LogNormal",
+    "Network",
+    "Postprocess",
+    "Preprocess",
+    "Router",
+    "Scenario",
+    "ServiceTime",
+    "Table",
+    "Traffic",
+    "Uniform",
+    "Workers",
+]

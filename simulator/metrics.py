@@ -1,0 +1,152 @@
+"""Metrics: pure functions of the per-request records and the batch log.
+
+Nothing here simulates, prints or writes. The measurement window is the arrivals in
+``[warmup_s, duration_s)``; requests are followed to completion even after the last
+arrival, so the tail is not truncated.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from simulator.batcher import Outcome
+from simulator.catalog import Catalog, load_catalog
+from simulator.config import Scenario
+from simulator.engine import Run
+from simulator.loader import scenario_hash
+from simulator.recorder import STAGES, Records
+from simulator.workers import BatchLog
+
+PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
+
+
+def window(records: Records, scenario: Scenario) -> np.ndarray:
+    """Mask of the requests that arrived inside the measurement window."""
+    return (records.arrival >= scenario.warmup_s * 1000.0) & (records.arrival < scenario.duration_s * 1000.0)
+
+
+def summary_stats(x: np.ndarray) -> dict[str, float]:
+    """p50/p95/p99/p99.9 and mean of ``x`` (NaN-free); NaN when empty."""
+    if len(x) == 0:
+        return {**dict.fromkeys(PERCENTILES, float("nan")), "mean": float("nan")}
+    qs = np.percentile(x, list(PERCENTILES.values()))
+    return {**dict(zip(PERCENTILES, map(float, qs), strict=True)), "mean": float(x.mean())}
+
+
+def latency_table(records: Records, mask: np.ndarray) -> pd.DataFrame:
+    """One row per stage plus ``e2e``: p50, p95, p99, p999, mean (ms) of completed requests."""
+    done = mask & records.completed
+    rows = {name: summary_stats(records.stage_ms(name)[done]) for name, _, _ in STAGES}
+    rows["e2e"] = summary_stats((records.t_response - records.arrival)[done])
+    df = pd.DataFrame.from_dict(rows, orient="index")
+    df.index.name = "stage"
+    return df
+
+
+def sla_verdict(e2e_ms: np.ndarray, percentile: float, target_ms: float, dropped: int) -> dict:
+    """Attained latency at the SLA percentile, whether it meets the target, and attainment.
+
+    ``attainment`` is the fraction of requests answered within target, counting the
+    ``dropped`` (rejected or timed-out) ones as misses.
+    """
+    attained = float(np.percentile(e2e_ms, percentile)) if len(e2e_ms) else float("nan")
+    total = len(e2e_ms) + dropped
+    within = int(np.count_nonzero(e2e_ms <= target_ms))
+    return {
+        "percentile": percentile,
+        "target_ms": target_ms,
+        "attained_ms": attained,
+        "met": bool(attained <= target_ms) if len(e2e_ms) else False,
+        "attainment": within / total if total else float("nan"),
+    }
+
+
+def utilization(batches: BatchLog, instances: int, t0_ms: float, t1_ms: float) -> np.ndarray:
+    """Busy fraction of each instance over ``[t0_ms, t1_ms)``."""
+    busy = np.clip(np.minimum(batches.end, t1_ms) - np.maximum(batches.start, t0_ms), 0.0, None)
+    per_instance = np.bincount(batches.instance, weights=busy, minlength=instances)
+    return per_instance / (t1_ms - t0_ms)
+
+
+def batch_size_counts(batches: BatchLog, t0_ms: float, t1_ms: float) -> pd.Series:
+    """How many batches of each size started inside the window."""
+    inside = (batches.start >= t0_ms) & (batches.start < t1_ms)
+    counts = np.bincount(batches.size[inside])
+    sizes = np.flatnonzero(counts)
+    return pd.Series(counts[sizes], index=pd.Index(sizes, name="batch_size"), name="batches")
+
+
+def worker_price(scenario: Scenario, catalog: Catalog | None = None) -> float:
+    """Price of one worker-hour in USD: the override, or the catalog's row."""
+    if scenario.cost.price_per_hour_usd is not None:
+        return scenario.cost.price_per_hour_usd
+    catalog = catalog or load_catalog(scenario.cost.catalog)
+    try:
+        return catalog.instances[scenario.workers.instance_type].price_per_gpu_hour_usd
+    except KeyError:
+        known = ", ".join(sorted(catalog.instances))
+        raise ValueError(f"workers.instance_type {scenario.workers.instance_type!r} not in catalog ({known})") from None
+
+
+def cost(workers: int, price_per_hour_usd: float, completed_rps: float) -> dict[str, float]:
+    """Fleet cost per hour and per million completed requests."""
+    per_hour = workers * price_per_hour_usd
+    per_million = per_hour / (completed_rps * 3600.0) * 1e6 if completed_rps > 0 else float("inf")
+    return {
+        "per_hour_usd": per_hour,
+        "per_million_requests_usd": per_million,
+        "price_per_worker_hour_usd": price_per_hour_usd,
+    }
+
+
+def summarize(run: Run, catalog: Catalog | None = None) -> dict:
+    """Every headline number of a run, as the nested dict that ``--json`` writes."""
+    s, rec = run.scenario, run.records
+    mask = window(rec, s)
+    t0, t1 = s.warmup_s * 1000.0, s.duration_s * 1000.0
+    span_s = (t1 - t0) / 1000.0
+    outcome = rec.outcome[mask]
+    done = mask & rec.completed
+    n_done = int(np.count_nonzero(done))
+    n_rej = int(np.count_nonzero(outcome == Outcome.REJECTED))
+    n_to = int(np.count_nonzero(outcome == Outcome.TIMED_OUT))
+    table = latency_table(rec, mask)
+    e2e = (rec.t_response - rec.arrival)[done]
+    util = utilization(run.batches, s.workers.count * s.workers.instances, t0, t1)
+    per_worker = util.reshape(s.workers.count, s.workers.instances).mean(axis=1)
+    sizes = batch_size_counts(run.batches, t0, t1)
+    n_total = len(rec)
+    stages = {
+        name: {k: table.loc[name, k] for k in ("p50", "p95", "p99", "mean")} for name in table.index if name != "e2e"
+    }
+    return {
+        "scenario": {"name": s.name, "hash": scenario_hash(s)},
+        "requests": {
+            "arrived": int(np.count_nonzero(mask)),
+            "completed": n_done,
+            "rejected": n_rej,
+            "timed_out": n_to,
+            "throughput_rps": n_done / span_s,
+            "window_s": span_s,
+        },
+        "latency_ms": {"e2e": table.loc["e2e"].to_dict(), "stages": stages},
+        "sla": sla_verdict(e2e, s.sla.percentile, s.sla.target_ms, n_rej + n_to),
+        "utilization": {"workers": float(util.mean()), "per_worker": per_worker.tolist()},
+        "batch_size": {
+            "mean": float((sizes.index * sizes).sum() / sizes.sum()) if len(sizes) else float("nan"),
+            "counts": {int(k): int(v) for k, v in sizes.items()},
+        },
+        "workers": {
+            "count": s.workers.count,
+            "instances": s.workers.instances,
+            "instance_type": s.workers.instance_type,
+        },
+        "cost": cost(s.workers.count, worker_price(s, catalog), n_done / span_s),
+        "sim": {
+            "wall_s": run.wall_s,
+            "requests": n_total,
+            "requests_per_wall_s": n_total / run.wall_s if run.wall_s > 0 else float("inf"),
+            "seed": run.seed,
+        },
+    }

@@ -1,0 +1,88 @@
+"""Terminal report of a run: rich tables built from the summary dict (no simulation here)."""
+
+from __future__ import annotations
+
+import math
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+
+def _ms(x: float) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "–"
+    return f"{x:,.2f}" if x < 1000 else f"{x:,.0f}"
+
+
+def render(summary: dict, stages_full: dict | None = None) -> Group:
+    """Rich renderables for a run summary.
+
+    ``stages_full`` optionally carries p999 per stage (the JSON keeps p50/p95/p99/mean).
+    """
+    req = summary["requests"]
+    head = Table(title=f"servesim · {summary['scenario']['name']}", show_header=False, box=None, pad_edge=False)
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row(
+        "requests",
+        f"{req['arrived']:,} arrived · {req['completed']:,} completed · "
+        f"{req['rejected']:,} rejected · {req['timed_out']:,} timed out",
+    )
+    head.add_row("throughput", f"{req['throughput_rps']:,.1f} req/s over {req['window_s']:g} s (after warm-up)")
+
+    lat = Table(title="latency (ms), completed requests", title_justify="left")
+    lat.add_column("stage")
+    for col in ("p50", "p95", "p99", "p99.9", "mean"):
+        lat.add_column(col, justify="right")
+    for name, row in summary["latency_ms"]["stages"].items():
+        p999 = (stages_full or {}).get(name, {}).get("p999", float("nan"))
+        lat.add_row(name, _ms(row["p50"]), _ms(row["p95"]), _ms(row["p99"]), _ms(p999), _ms(row["mean"]))
+    e = summary["latency_ms"]["e2e"]
+    lat.add_row(
+        Text("end to end", style="bold"),
+        _ms(e["p50"]),
+        _ms(e["p95"]),
+        _ms(e["p99"]),
+        _ms(e["p999"]),
+        _ms(e["mean"]),
+        end_section=True,
+    )
+
+    sla = summary["sla"]
+    verdict = Text("MET", style="bold green") if sla["met"] else Text("MISSED", style="bold red")
+    sla_line = Text.assemble(
+        "SLA p",
+        f"{sla['percentile']:g}",
+        " ≤ ",
+        f"{sla['target_ms']:g} ms: ",
+        verdict,
+        f"  (attained {_ms(sla['attained_ms'])} ms; {sla['attainment']:.2%} of requests within target)",
+    )
+
+    w = summary["workers"]
+    util = summary["utilization"]
+    per_worker = util["per_worker"]
+    fleet = Table(title="workers and batches", title_justify="left", show_header=False, box=None)
+    fleet.add_column(style="bold")
+    fleet.add_column()
+    fleet.add_row("workers", f"{w['count']} × {w['instance_type']} ({w['instances']} instance(s) each)")
+    fleet.add_row("utilization", f"mean {util['workers']:.1%} · min {min(per_worker):.1%} · max {max(per_worker):.1%}")
+    counts = summary["batch_size"]["counts"]
+    total = sum(counts.values()) or 1
+    top = sorted(counts.items(), key=lambda kv: -kv[1])[:8]
+    dist = ", ".join(f"{k}: {v / total:.1%}" for k, v in sorted(top))
+    fleet.add_row("batch size", f"mean {summary['batch_size']['mean']:.2f} · {dist}")
+    c = summary["cost"]
+    fleet.add_row(
+        "cost",
+        f"${c['per_hour_usd']:,.2f}/h · ${c['per_million_requests_usd']:,.4f} per million requests "
+        f"(${c['price_per_worker_hour_usd']:.4g} per worker-hour)",
+    )
+    sim = summary["sim"]
+    fleet.add_row(
+        "simulated",
+        f"{sim['requests']:,} requests in {sim['wall_s']:.2f} s wall "
+        f"({sim['requests_per_wall_s']:,.0f} req/s) · seed {sim['seed']}",
+    )
+    return Group(head, lat, sla_line, fleet)
