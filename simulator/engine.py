@@ -114,7 +114,9 @@ def serve(t_pre: np.ndarray, assign: np.ndarray | None, s: Scenario, service: Se
     instance = np.full(n, -1, dtype=np.int64)
     outcome = np.zeros(n, dtype=np.int8)
     if fast_path(s.batching):
-        svc_all = service.draw(n, 1)
+        # service draws go to requests in queue-arrival order: the dispatch order of a shared queue
+        svc_all = np.empty(n)
+        svc_all[np.argsort(t_pre, kind="stable")] = service.draw(n, 1)
         logs = []
         for order, inst_ids in zip(groups, ids, strict=True):
             svc = svc_all[order]
