@@ -23,7 +23,8 @@ def lindley(arrivals: np.ndarray, service: np.ndarray) -> np.ndarray:
     c = np.cumsum(service)
     c_prev = c - service
     dep = c + np.maximum.accumulate(arrivals - c_prev)
-    return dep - service
+    prev_dep = np.concatenate(([-np.inf], dep[:-1]))
+    return np.maximum(arrivals, prev_dep)  # never before the arrival, even by rounding
 
 
 def fcfs_multiserver(arrivals: np.ndarray, service: np.ndarray, servers: int) -> tuple[np.ndarray, np.ndarray]:

@@ -134,8 +134,19 @@ def simulate_reference(s: Scenario, seed: int | None = None) -> dict:
             RefBatcher(env, s.batching, list(range(w * per, (w + 1) * per)), service, log)
             for w in range(s.workers.count)
         ]
-    cols = {k: np.full(n, np.nan) for k in ("t_api", "t_router", "t_features", "t_preprocessed", "t_dispatch",
-                                             "t_inferred", "t_postprocessed", "t_response")}
+    cols = {
+        k: np.full(n, np.nan)
+        for k in (
+            "t_api",
+            "t_router",
+            "t_features",
+            "t_preprocessed",
+            "t_dispatch",
+            "t_inferred",
+            "t_postprocessed",
+            "t_response",
+        )
+    }
     outcome = np.zeros(n, dtype=np.int8)
 
     def fetch(i):

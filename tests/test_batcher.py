@@ -24,8 +24,9 @@ def run(arrivals_ms, service_ms, instances=1, **batching):
         ids = tuple(int(i) for i in np.flatnonzero(start == t))
         if not batches or batches[-1] != (float(t), ids):
             batches.append((float(t), ids))
-    dropped = [(int(i), Outcome(queue.outcome[i]).name, float(queue.drop_time[i]))
-               for i in np.flatnonzero(queue.outcome)]
+    dropped = [
+        (int(i), Outcome(queue.outcome[i]).name, float(queue.drop_time[i])) for i in np.flatnonzero(queue.outcome)
+    ]
     return batches, dropped
 
 
@@ -48,16 +49,26 @@ def test_batch_forms_only_when_an_instance_is_free():
 
 
 def test_preferred_size_goes_at_once():
-    batches, _ = run([0.0, 1.0, 2.0, 3.0, 4.0], service_ms=1.0, max_batch_size=8, max_queue_delay_ms=50.0,
-                     preferred_batch_sizes=[2, 4])
+    batches, _ = run(
+        [0.0, 1.0, 2.0, 3.0, 4.0],
+        service_ms=1.0,
+        max_batch_size=8,
+        max_queue_delay_ms=50.0,
+        preferred_batch_sizes=[2, 4],
+    )
     # two queued at t=1 is a preferred size; then 2 and 3 make another pair at t=3; 4 waits its window
     assert batches == [(1.0, (0, 1)), (3.0, (2, 3)), (54.0, (4,))]
 
 
 def test_largest_preferred_size_when_more_are_queued():
     # the instance is busy until 10, when five are queued: the largest preferred size <= 5 is 4
-    batches, _ = run([0.0, 1.0, 2.0, 3.0, 4.0, 5.0], service_ms=10.0, max_batch_size=8, max_queue_delay_ms=0.0,
-                     preferred_batch_sizes=[2, 4])
+    batches, _ = run(
+        [0.0, 1.0, 2.0, 3.0, 4.0, 5.0],
+        service_ms=10.0,
+        max_batch_size=8,
+        max_queue_delay_ms=0.0,
+        preferred_batch_sizes=[2, 4],
+    )
     assert batches == [(0.0, (0,)), (10.0, (1, 2, 3, 4)), (20.0, (5,))]
 
 

@@ -39,7 +39,11 @@ def _build(tmp_path, seed, *, load, workers, instances, balancing, batching, cpu
         else {},
         preprocess={"service": _seq(rng, 61, 1.0), "cpu_workers": cpu_workers},
         batching=batching,
-        workers={"count": workers, "instances": instances, "service_time": _seq(rng, 53, load * workers * instances / n * 1000.0)},
+        workers={
+            "count": workers,
+            "instances": instances,
+            "service_time": _seq(rng, 53, load * workers * instances / n * 1000.0),
+        },
         postprocess={"service": _seq(rng, 47, 0.3)},
     )
 
@@ -50,8 +54,10 @@ def _compare(s):
     np.testing.assert_array_equal(fast.records.outcome, ref["outcome"])
     for col in COLUMNS:
         np.testing.assert_allclose(getattr(fast.records, col), ref[col], rtol=0, atol=1e-9, err_msg=col)
-    fast_log = [(t, tuple(np.flatnonzero((fast.records.t_dispatch == t) & (fast.records.instance == i))))
-                for t, i in zip(fast.batches.start, fast.batches.instance, strict=True)]
+    fast_log = [
+        (t, tuple(np.flatnonzero((fast.records.t_dispatch == t) & (fast.records.instance == i))))
+        for t, i in zip(fast.batches.start, fast.batches.instance, strict=True)
+    ]
     assert len(fast_log) == len(ref["log"])
     return fast, ref
 
@@ -67,8 +73,9 @@ def _compare(s):
     ],
 )
 def test_engine_matches_reference(tmp_path, balancing, batching, load):
-    s = _build(tmp_path, 3, load=load, workers=2, instances=2, balancing=balancing, batching=batching,
-               cpu_workers=2, lookups=7)
+    s = _build(
+        tmp_path, 3, load=load, workers=2, instances=2, balancing=balancing, batching=batching, cpu_workers=2, lookups=7
+    )
     fast, _ = _compare(s)
     assert fast.records.completed.sum() > 0
 
@@ -87,11 +94,27 @@ def test_engine_matches_reference(tmp_path, balancing, batching, load):
     lookups=st.integers(0, 7),
     preferred=st.sets(st.integers(1, 8), max_size=3),
 )
-def test_engine_matches_reference_hypothesis(tmp_path, seed, workers, instances, max_batch, delay, cap, timeout, load,
-                                             cpu_workers, lookups, preferred):
-    batching = {"max_batch_size": max_batch, "max_queue_delay_ms": delay, "max_queue_size": cap, "timeout_ms": timeout,
-                "preferred_batch_sizes": sorted(p for p in preferred if p <= max_batch)}
+def test_engine_matches_reference_hypothesis(
+    tmp_path, seed, workers, instances, max_batch, delay, cap, timeout, load, cpu_workers, lookups, preferred
+):
+    batching = {
+        "max_batch_size": max_batch,
+        "max_queue_delay_ms": delay,
+        "max_queue_size": cap,
+        "timeout_ms": timeout,
+        "preferred_batch_sizes": sorted(p for p in preferred if p <= max_batch),
+    }
     balancing = "shared" if max_batch == 1 and cap is None and timeout is None else "round_robin"
-    s = _build(tmp_path, seed, load=load, workers=workers, instances=instances, balancing=balancing,
-               batching=batching, cpu_workers=cpu_workers, lookups=lookups, n=150)
+    s = _build(
+        tmp_path,
+        seed,
+        load=load,
+        workers=workers,
+        instances=instances,
+        balancing=balancing,
+        batching=batching,
+        cpu_workers=cpu_workers,
+        lookups=lookups,
+        n=150,
+    )
     _compare(s)

@@ -46,8 +46,12 @@ def _replicate(path, overrides, reps):
 
 def _mmc(root, c, rho, mean_ms, extra=()):
     lam = rho * c / mean_ms  # per ms
-    overrides = [f"workers.count={c}", f"traffic.rate_rps={lam * 1000}", f"workers.service_time.mean_ms={mean_ms}",
-                 *extra]
+    overrides = [
+        f"workers.count={c}",
+        f"traffic.rate_rps={lam * 1000}",
+        f"workers.service_time.mean_ms={mean_ms}",
+        *extra,
+    ]
     # long enough that each replication sees ~ 60k requests after warm-up; more at high load
     n_target = 60_000 if rho < 0.85 else 150_000
     duration = n_target / (lam * 1000)
@@ -95,9 +99,16 @@ def test_mg1_mean_wait_matches_pollaczek_khinchine(root_dir, service, mean, var,
     lam = rho / mean
     n_target = 80_000 if var <= 1 else 300_000
     duration = n_target / (lam * 1000)
-    overrides = [*service, f"traffic.rate_rps={lam * 1000}", f"duration_s={duration:.3f}", f"warmup_s={duration * 0.1:.3f}"]
-    waits = [run.records.stage_ms("queue")[mask].mean()
-             for run, mask in _replicate(root_dir / "scenarios/validation/md1.yaml", overrides, reps=8)]
+    overrides = [
+        *service,
+        f"traffic.rate_rps={lam * 1000}",
+        f"duration_s={duration:.3f}",
+        f"warmup_s={duration * 0.1:.3f}",
+    ]
+    waits = [
+        run.records.stage_ms("queue")[mask].mean()
+        for run, mask in _replicate(root_dir / "scenarios/validation/md1.yaml", overrides, reps=8)
+    ]
     check(waits, pk_mean_wait(lam, mean, var), f"rho={rho} mean wait")
 
 

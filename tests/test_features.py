@@ -1,0 +1,61 @@
+"""Feature fetch: fan-out arithmetic, list scheduling, and a contended store against M/D/1."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simulator.config import Features
+from simulator.distributions import Sampler
+from simulator.engine import simulate
+from simulator.features import _makespan, fetch_contended, fetch_uncontended, trip_keys
+from tests.helpers import scenario
+from tests.test_theory import check
+from tests.theory import pk_mean_wait
+
+
+def test_trip_keys_split_lookups_into_batches():
+    assert trip_keys(
+        Features(lookups_per_request=10, batch_size=4, round_trip={"kind": "exponential", "mean_ms": 1})
+    ).tolist() == [4, 4, 2]
+    assert trip_keys(
+        Features(lookups_per_request=3, batch_size=50, round_trip={"kind": "exponential", "mean_ms": 1})
+    ).tolist() == [3]
+
+
+def test_list_scheduling_makespan():
+    lat = np.array([[5.0, 1.0, 1.0, 1.0, 3.0]])
+    # two slots: 5 | 1,1,1,3 -> slot A 5, slot B 1+1+1 = 3 then the 3 ms trip goes to B (free at 3): 6
+    assert _makespan(lat, 2).tolist() == [6.0]
+    assert _makespan(lat, 5).tolist() == [5.0]
+    assert _makespan(lat, 1).tolist() == [11.0]
+
+
+def test_store_with_ample_threads_equals_uncontended():
+    cfg = dict(
+        lookups_per_request=20, batch_size=3, parallelism=4, round_trip={"kind": "lognormal", "mean_ms": 2.0, "cv": 1.0}
+    )
+    start = np.sort(np.random.default_rng(1).uniform(0, 1000, 500))
+    free = fetch_uncontended(Features(**cfg), start, Sampler(Features(**cfg).round_trip, np.random.default_rng(7)))
+    f = Features(**cfg, store={"threads": 10_000})
+    busy = fetch_contended(f, start, Sampler(f.round_trip, np.random.default_rng(7)))
+    np.testing.assert_allclose(busy, free, rtol=1e-12)
+
+
+@pytest.mark.parametrize("rho", [0.5, 0.8])
+def test_single_thread_store_is_md1(rho):
+    """One key per request, one store thread holding 1 ms: the feature stage is M/D/1."""
+    rate_ms = rho / 1.0
+    waits = []
+    for seed in range(5):
+        s = scenario(
+            seed=seed,
+            duration_s=30_000 / (rate_ms * 1000),
+            warmup_s=3_000 / (rate_ms * 1000),
+            traffic={"rate_rps": rate_ms * 1000},
+            features={"lookups_per_request": 1, "store": {"threads": 1, "per_op_ms": 1.0}},
+        )
+        run = simulate(s)
+        mask = run.records.arrival >= s.warmup_s * 1000
+        waits.append(run.records.stage_ms("features")[mask].mean() - 1.0)
+    check(waits, pk_mean_wait(rate_ms, 1.0, 0.0), f"M/D/1 store rho={rho}")

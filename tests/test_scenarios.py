@@ -1,0 +1,95 @@
+"""Every shipped scenario loads and runs, its documented variants too, and each reproduces
+the effect its header claims (directions and rough sizes from the seed articles)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+from simulator.engine import simulate
+from simulator.loader import load_scenario
+from simulator.metrics import summarize
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = sorted((ROOT / "scenarios").rglob("*.yaml"))
+
+
+def documented_commands(path: Path) -> list[list[str]]:
+    """The ``servesim run`` lines in a scenario's header comment, continuation lines joined."""
+    lines, cur = [], None
+    for raw in path.read_text().splitlines():
+        if not raw.startswith("#"):
+            break
+        text = raw.lstrip("#").strip()
+        if cur is not None:
+            cur += " " + text
+        elif text.startswith("servesim run"):
+            cur = text
+        else:
+            continue
+        if cur.endswith("\\"):
+            cur = cur[:-1]
+            continue
+        lines.append(shlex.split(cur.split("  #")[0]))
+        cur = None
+    return lines
+
+
+def overrides(cmd: list[str]) -> list[str]:
+    sets = [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]
+    if "--duration-s" in cmd:
+        sets.append(f"duration_s={cmd[cmd.index('--duration-s') + 1]}")
+    return sets
+
+
+def p(path, sets=(), stat="p99", **short):
+    s = load_scenario(path, list(sets) + [f"{k}={v}" for k, v in short.items()])
+    return summarize(simulate(s))["latency_ms"]["e2e"][stat]
+
+
+def test_every_scenario_is_documented():
+    assert len(SCENARIOS) >= 7
+    for path in SCENARIOS:
+        head = path.read_text().splitlines()[0]
+        assert head.startswith("# Question:"), f"{path.name} must open with the question it answers"
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: str(p.relative_to(ROOT / "scenarios")))
+def test_scenario_and_its_variants_run_short(path):
+    commands = documented_commands(path) or [["servesim", "run", str(path)]]
+    for cmd in commands:
+        assert cmd[:2] == ["servesim", "run"]
+        sets = [x for x in overrides(cmd) if not x.startswith("duration_s=")]
+        s = load_scenario(path, [*sets, "duration_s=1.5", "warmup_s=0.5"])
+        out = summarize(simulate(s))
+        assert out["requests"]["completed"] > 0, cmd
+
+
+def test_recsys_feature_fetch_claims():
+    path = ROOT / "scenarios/recsys_feature_fetch.yaml"
+    base, halved, batched = (p(path, overrides(c)) for c in documented_commands(path))
+    assert 300 < base < 500  # ~400 ms p99
+    assert 5 < base - halved < 25  # halving model time saves ~10 ms
+    assert batched < 0.4 * base  # batching the lookups removes most of it
+
+
+def test_vision_gpu_decode_claim():
+    path = ROOT / "scenarios/vision_preprocessing.yaml"
+    cpu, gpu = (p(path, overrides(c), stat="p95") for c in documented_commands(path))
+    assert gpu < 0.6 * cpu
+
+
+def test_cv_degradation_claims():
+    path = ROOT / "scenarios/cv_degradation.yaml"
+    before, after, fixed = (p(path, overrides(c), stat="p95") for c in documented_commands(path))
+    assert 150 < before < 300
+    assert after > 2.5 * before  # ~200 ms -> ~800 ms
+    assert fixed < before
+
+
+def test_platform_headroom_claim():
+    path = ROOT / "scenarios/inference_platform.yaml"
+    sla = load_scenario(path).sla.target_ms
+    assert p(path, duration_s=4, warmup_s=1) <= sla
