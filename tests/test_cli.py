@@ -56,7 +56,8 @@ def test_run_writes_json_with_documented_keys(tmp_path):
     res = invoke("run", path, "--json", out)
     assert res.exit_code == 0, res.output
     d = json.loads(out.read_text())
-    assert d["requests"]["completed"] > 0 and d["requests"]["rejected"] == 0
+    assert d["requests"]["completed"] > 0
+    assert d["requests"]["rejected"] == 0
     for k in ("p50", "p95", "p99", "p999", "mean"):
         assert d["latency_ms"]["e2e"][k] > 0
     for stage in ("network_in", "features", "queue", "inference", "network_out"):
@@ -67,7 +68,8 @@ def test_run_writes_json_with_documented_keys(tmp_path):
     assert d["cost"]["per_hour_usd"] == pytest.approx(2 * 0.526)
     assert d["cost"]["per_million_requests_usd"] > 0
     assert set(d["sim"]) >= {"wall_s", "requests_per_wall_s", "seed"}
-    assert "end to end" in res.output and "SLA" in res.output
+    assert "end to end" in res.output
+    assert "SLA" in res.output
 
 
 def test_same_seed_same_json_and_different_seed_differs(tmp_path):
@@ -190,5 +192,6 @@ def test_console_script_prints_no_traceback(tmp_path):
     path = write(tmp_path, GOOD.replace("rate_rps: 400", "rate_rps: -400"))
     proc = subprocess.run([sys.executable, "-m", "simulator", "run", str(path)], capture_output=True, text=True)
     assert proc.returncode == 2
-    assert "traffic.rate_rps" in proc.stderr and "line 6" in proc.stderr
+    assert "traffic.rate_rps" in proc.stderr
+    assert "line 6" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout

@@ -66,7 +66,8 @@ def test_invariants(s):
         d = getattr(r, b)[done] - getattr(r, a)[done]
         assert (d >= 0).all()
     # batches respect the limit, and sizes in the log account for every completed request
-    assert (run.batches.size >= 1).all() and (run.batches.size <= s.batching.max_batch_size).all()
+    assert (run.batches.size >= 1).all()
+    assert (run.batches.size <= s.batching.max_batch_size).all()
     assert run.batches.size.sum() == done.sum()
     # no instance runs two batches at once
     for inst in np.unique(run.batches.instance):
