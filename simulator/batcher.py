@@ -3,7 +3,8 @@
 Requests reach the queue at known, sorted times (the stages before it are feed-forward),
 so the queue is a cursor over that array rather than a process per request. When a
 model instance is free the scheduler asks :meth:`BatchQueue.decide` what to do at time
-``now``; the answer is a batch (request indices), a time to wake up, or "done":
+``now``; the answer is a batch (its size, taken from the head), a time to wake up, or
+"done":
 
 * ``max_batch_size`` queued → that many go at once;
 * a preferred size reachable → the largest preferred size ≤ queued goes at once;
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from array import array
 from enum import IntEnum
 
 import numpy as np
@@ -39,33 +41,49 @@ DONE = None  # decide(): no request will ever arrive again
 
 
 class BatchQueue:
-    """Triton-style dynamic batch queue over sorted arrival times (ms)."""
+    """Triton-style dynamic batch queue over sorted arrival times (ms).
+
+    The hot path runs once per batch, so the queue keeps its times in ``array.array`` and
+    walks them with ``bisect``: no numpy call per decision. Dispatched batches are
+    remembered as (position, size) and expanded to request indices once, at the end.
+    """
 
     def __init__(self, arrivals: np.ndarray, cfg: Batching):
-        self.q = arrivals
         self.m = len(arrivals)
+        self.q = array("d", np.ascontiguousarray(arrivals, dtype=float).tobytes())
         self.cfg = cfg
         self.max_b = cfg.max_batch_size
         self.delay = cfg.max_queue_delay_ms
         self.cap = cfg.max_queue_size
-        self.expiry = arrivals + cfg.timeout_ms if cfg.timeout_ms is not None else None
+        self.expiry = (
+            array("d", (np.asarray(arrivals, dtype=float) + cfg.timeout_ms).tobytes())
+            if cfg.timeout_ms is not None
+            else None
+        )
         self.preferred = sorted(set(cfg.preferred_batch_sizes))
         self.thresholds = sorted(set(cfg.preferred_batch_sizes) | {cfg.max_batch_size})
-        self.buf = np.empty(self.m, dtype=np.int64)  # admitted request indices, FIFO
-        self.qh = 0  # head of the queue in buf
-        self.qt = 0  # tail of the queue in buf
+        # admitted request indices in FIFO order; without a queue limit every arrival is
+        # admitted, so a position in the queue is the request index itself
+        self.buf = array("q") if self.cap is not None else None
+        self.qh = 0  # queue head (a position in buf, or a request index)
+        self.qt = 0  # queue tail
         self.scan = 0  # arrivals before this index have been admitted or rejected
         self.outcome = np.zeros(self.m, dtype=np.int8)
         self.drop_time = np.full(self.m, np.nan)
+        self.batch_pos = array("q")  # queue position of each dispatched batch's first request
+        self.batch_size = array("q")
 
     def __len__(self) -> int:
         return self.qt - self.qh
 
+    def _req(self, pos: int) -> int:
+        return pos if self.buf is None else self.buf[pos]
+
     # --- admission and expiry -------------------------------------------------
     def _admit(self, stop: int) -> None:
-        k = stop - self.scan
-        self.buf[self.qt : self.qt + k] = np.arange(self.scan, stop)
-        self.qt += k
+        if self.buf is not None:
+            self.buf.extend(range(self.scan, stop))
+        self.qt += stop - self.scan
         self.scan = stop
 
     def _reject(self, stop: int) -> None:
@@ -75,18 +93,19 @@ class BatchQueue:
 
     def _expire(self, t: float) -> None:
         e = self.expiry
-        if e is None or self.qt == self.qh or e[self.buf[self.qh]] > t:
+        if e is None:
             return
-        queued = self.buf[self.qh : self.qt]
-        k = int(np.searchsorted(e[queued], t, side="right"))
-        gone = queued[:k]
-        self.outcome[gone] = Outcome.TIMED_OUT
-        self.drop_time[gone] = e[gone]
-        self.qh += k
+        while self.qh < self.qt:
+            i = self._req(self.qh)
+            if e[i] > t:
+                return
+            self.outcome[i] = Outcome.TIMED_OUT
+            self.drop_time[i] = e[i]
+            self.qh += 1
 
     def advance(self, now: float) -> None:
         """Admit, reject and expire everything that happens up to ``now`` inclusive."""
-        end = int(np.searchsorted(self.q, now, side="right"))
+        end = bisect.bisect_right(self.q, now, self.scan)
         if self.cap is None:
             if end > self.scan:
                 self._admit(end)
@@ -100,33 +119,44 @@ class BatchQueue:
             elif space > 0:
                 self._admit(self.scan + space)
             else:  # full: every arrival before the next expiry is rejected
-                nxt = self.expiry[self.buf[self.qh]] if self.expiry is not None else math.inf
-                self._reject(min(end, int(np.searchsorted(self.q, nxt, side="left"))))
+                nxt = self.expiry[self._req(self.qh)] if self.expiry is not None else math.inf
+                self._reject(min(end, bisect.bisect_left(self.q, nxt, self.scan)))
         self._expire(now)
 
     # --- batch formation ------------------------------------------------------
-    def _take(self, k: int) -> np.ndarray:
-        batch = self.buf[self.qh : self.qh + k].copy()
+    def _take(self, k: int) -> int:
+        self.batch_pos.append(self.qh)
+        self.batch_size.append(k)
         self.qh += k
-        return batch
+        return k
 
-    def decide(self, now: float) -> np.ndarray | float | None:
-        """With a free instance at ``now``: a batch to send, a time to wake, or DONE."""
+    def decide(self, now: float) -> int | float | None:
+        """With a free instance at ``now``: the size of the batch it takes from the head
+        (an ``int``), a time to wake up and ask again (a ``float``), or ``DONE``."""
         self.advance(now)
-        n = len(self)
+        n = self.qt - self.qh
         if n == 0:
-            return DONE if self.scan >= self.m else float(self.q[self.scan])
+            return DONE if self.scan >= self.m else self.q[self.scan]
         if n >= self.max_b:
             return self._take(self.max_b)
         if self.preferred and n >= self.preferred[0]:
             return self._take(self.preferred[bisect.bisect_right(self.preferred, n) - 1])
-        head = self.buf[self.qh]
+        head = self._req(self.qh)
         deadline = self.q[head] + self.delay
         if deadline <= now:
             return self._take(n)
-        need = self.thresholds[bisect.bisect_right(self.thresholds, n)] - n
-        idx = self.scan + need - 1
-        wake = min(deadline, self.q[idx] if idx < self.m else math.inf)
+        idx = self.scan + self.thresholds[bisect.bisect_right(self.thresholds, n)] - n - 1
+        wake = deadline if idx >= self.m else min(deadline, self.q[idx])
         if self.expiry is not None:
             wake = min(wake, self.expiry[head])
-        return float(wake)
+        return wake
+
+    def members(self) -> tuple[np.ndarray, np.ndarray]:
+        """Request indices of all dispatched batches in dispatch order, and each batch's size."""
+        sizes = np.frombuffer(self.batch_size, dtype=np.int64) if len(self.batch_size) else np.zeros(0, np.int64)
+        pos0 = np.frombuffer(self.batch_pos, dtype=np.int64) if len(self.batch_pos) else np.zeros(0, np.int64)
+        first = np.cumsum(sizes) - sizes
+        pos = np.repeat(pos0 - first, sizes) + np.arange(int(sizes.sum()))
+        if self.buf is not None:
+            pos = np.frombuffer(self.buf, dtype=np.int64)[pos] if len(pos) else pos
+        return pos, sizes

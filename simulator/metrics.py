@@ -16,7 +16,7 @@ from simulator.config import Scenario
 from simulator.engine import Run
 from simulator.loader import scenario_hash
 from simulator.recorder import STAGES, Records
-from simulator.workers import BatchLog
+from simulator.workers import BatchLog, mean_service_ms
 
 PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
 
@@ -67,6 +67,12 @@ def utilization(batches: BatchLog, instances: int, t0_ms: float, t1_ms: float) -
     busy = np.clip(np.minimum(batches.end, t1_ms) - np.maximum(batches.start, t0_ms), 0.0, None)
     per_instance = np.bincount(batches.instance, weights=busy, minlength=instances)
     return per_instance / (t1_ms - t0_ms)
+
+
+def peak_throughput_rps(scenario: Scenario) -> float:
+    """Most requests/s the pool can complete: every instance busy with full batches."""
+    w, b = scenario.workers, scenario.batching.max_batch_size
+    return w.count * w.instances * b / mean_service_ms(w, b) * 1000.0
 
 
 def batch_size_counts(batches: BatchLog, t0_ms: float, t1_ms: float) -> pd.Series:
@@ -132,7 +138,11 @@ def summarize(run: Run, catalog: Catalog | None = None) -> dict:
         },
         "latency_ms": {"e2e": table.loc["e2e"].to_dict(), "stages": stages},
         "sla": sla_verdict(e2e, s.sla.percentile, s.sla.target_ms, n_rej + n_to),
-        "utilization": {"workers": float(util.mean()), "per_worker": per_worker.tolist()},
+        "utilization": {
+            "workers": float(util.mean()),
+            "per_worker": per_worker.tolist(),
+            "of_peak_capacity": n_done / span_s / peak_throughput_rps(s),
+        },
         "batch_size": {
             "mean": float((sizes.index * sizes).sum() / sizes.sum()) if len(sizes) else float("nan"),
             "counts": {int(k): int(v) for k, v in sizes.items()},

@@ -67,7 +67,11 @@ def render(summary: dict, stages_full: dict | None = None) -> Group:
     fleet.add_column(style="bold")
     fleet.add_column()
     fleet.add_row("workers", f"{w['count']} × {w['instance_type']} ({w['instances']} instance(s) each)")
-    fleet.add_row("utilization", f"mean {util['workers']:.1%} · min {min(per_worker):.1%} · max {max(per_worker):.1%}")
+    fleet.add_row(
+        "utilization",
+        f"busy {util['workers']:.1%} (min {min(per_worker):.1%}, max {max(per_worker):.1%}) · "
+        f"load is {util['of_peak_capacity']:.1%} of peak capacity (full batches)",
+    )
     counts = summary["batch_size"]["counts"]
     total = sum(counts.values()) or 1
     top = sorted(counts.items(), key=lambda kv: -kv[1])[:8]

@@ -2,16 +2,18 @@
 
 Each worker runs ``workers.instances`` model instances fed by its own batch queue (or,
 with ``router.balancing: shared``, the whole pool shares one queue). Free instances sit
-in a FIFO store (the longest idle serves next). One scheduler process per queue takes a
+in a FIFO (the longest idle serves next). One scheduler process per queue takes a
 free instance, asks the :class:`~simulator.batcher.BatchQueue` for a batch (waiting out the batching
 window if it must), and hands the batch to the instance; the instance returns to the
-store when its service time elapses. That is a handful of SimPy events per *batch*,
+FIFO when its service time elapses. That is a handful of SimPy events per *batch*,
 never per request.
 """
 
 from __future__ import annotations
 
 import math
+from array import array
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,9 +89,31 @@ class BatchLog:
     instance: np.ndarray
 
 
-def run_pool(
-    queues: list[BatchQueue], instances: list[list[int]], service: ServiceModel
-) -> tuple[list[tuple[np.ndarray, ...]], BatchLog]:
+class _Instances:
+    """The free model instances of one queue, longest idle first.
+
+    A plain FIFO plus one wake-up event for the scheduler when it waits for an instance:
+    one SimPy event per hand-back instead of a Store's put and get.
+    """
+
+    __slots__ = ("env", "free", "waiting")
+
+    def __init__(self, env: simpy.Environment, ids: list[int]):
+        self.env = env
+        self.free = deque((i, 0.0) for i in ids)
+        self.waiting: simpy.Event | None = None
+
+    def release(self, inst: int, at: float):
+        def callback(_event):
+            self.free.append((inst, at))
+            if self.waiting is not None:
+                self.waiting.succeed()
+                self.waiting = None
+
+        return callback
+
+
+def run_pool(queues: list[BatchQueue], instances: list[list[int]], service: ServiceModel) -> tuple[list, BatchLog]:
     """Simulate every queue's scheduler and its instances in one environment.
 
     ``instances[k]`` are the global ids of the model instances fed by ``queues[k]``
@@ -101,19 +125,16 @@ def run_pool(
     accrues rounding as ``now + delay``), so a window that closes at t closes at t.
     """
     env = simpy.Environment()
-    b_start: list[float] = []
-    b_end: list[float] = []
-    b_size: list[int] = []
-    b_inst: list[int] = []
-    results = []
+    logs = []
 
-    def release(free: simpy.Store, inst: int, at: float):
-        return lambda _event: free.put((inst, at))
-
-    def scheduler(queue: BatchQueue, free: simpy.Store, start, end, sizes, insts):
+    def scheduler(queue: BatchQueue, pool: _Instances, b_start: list, b_end: list, b_inst: list):
         clock = 0.0
+        free = pool.free
         while True:
-            inst, free_at = yield free.get()
+            if not free:
+                pool.waiting = env.event()
+                yield pool.waiting
+            inst, free_at = free.popleft()
             if free_at > clock:
                 clock = free_at
             while True:
@@ -125,34 +146,35 @@ def run_pool(
                     clock = decision
                     continue
                 break
-            size = len(decision)
-            done = clock + service(size)
-            start[decision] = clock
-            end[decision] = done
-            sizes[decision] = size
-            insts[decision] = inst
+            done = clock + service(decision)
             b_start.append(clock)
             b_end.append(done)
-            b_size.append(size)
             b_inst.append(inst)
-            env.timeout(max(0.0, done - env.now)).callbacks.append(release(free, inst, done))
+            env.timeout(max(0.0, done - env.now)).callbacks.append(pool.release(inst, done))
 
     for queue, ids in zip(queues, instances, strict=True):
-        free = simpy.Store(env)
-        free.items.extend((i, 0.0) for i in ids)
-        arrays = (
-            np.full(queue.m, np.nan),
-            np.full(queue.m, np.nan),
-            np.zeros(queue.m, dtype=np.int64),
-            np.full(queue.m, -1, dtype=np.int64),
-        )
-        results.append(arrays)
-        env.process(scheduler(queue, free, *arrays))
+        lists = (array("d"), array("d"), array("q"))
+        logs.append(lists)
+        env.process(scheduler(queue, _Instances(env, ids), *lists))
     env.run()
-    log = BatchLog(
-        start=np.asarray(b_start),
-        end=np.asarray(b_end),
-        size=np.asarray(b_size, dtype=np.int64),
-        instance=np.asarray(b_inst, dtype=np.int64),
-    )
+
+    results, parts = [], []
+    for queue, (b_start, b_end, b_inst) in zip(queues, logs, strict=True):
+        members, sizes = queue.members()
+        start = np.full(queue.m, np.nan)
+        end = np.full(queue.m, np.nan)
+        size = np.zeros(queue.m, dtype=np.int64)
+        inst = np.full(queue.m, -1, dtype=np.int64)
+        log = BatchLog(_np(b_start, float), _np(b_end, float), sizes, _np(b_inst, np.int64))
+        start[members] = np.repeat(log.start, sizes)
+        end[members] = np.repeat(log.end, sizes)
+        size[members] = np.repeat(sizes, sizes)
+        inst[members] = np.repeat(log.instance, sizes)
+        results.append((start, end, size, inst))
+        parts.append(log)
+    log = BatchLog(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("start", "end", "size", "instance")))
     return results, log
+
+
+def _np(values: array, dtype) -> np.ndarray:
+    return np.frombuffer(values, dtype=dtype).copy() if len(values) else np.zeros(0, dtype=dtype)
