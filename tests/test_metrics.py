@@ -1,0 +1,71 @@
+"""Metric functions and service-time models, on inputs small enough to check by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from simulator.config import Workers
+from simulator.loader import load_scenario
+from simulator.metrics import peak_throughput_rps, sla_verdict, utilization
+from simulator.workers import BatchLog, ServiceModel, mean_service_ms
+
+
+def test_sla_counts_dropped_requests_as_misses():
+    e2e = np.arange(1.0, 101.0)  # 1..100 ms
+    ok = sla_verdict(e2e, 95, 96.0, dropped=0)
+    assert ok["met"]
+    assert ok["attainment"] == pytest.approx(0.96)
+    shed = sla_verdict(e2e, 95, 96.0, dropped=10)  # 96 of 110 within target
+    assert shed["attained_ms"] == ok["attained_ms"]
+    assert not shed["met"]
+    assert shed["attainment"] == pytest.approx(96 / 110)
+
+
+def test_utilization_clips_batches_to_the_window():
+    log = BatchLog(start=np.array([0.0, 5.0, 9.0]), end=np.array([4.0, 8.0, 12.0]),
+                   size=np.array([1, 1, 1]), instance=np.array([0, 1, 0]))
+    # window [2, 10): instance 0 busy 2..4 and 9..10 = 3 ms; instance 1 busy 5..8 = 3 ms
+    np.testing.assert_allclose(utilization(log, 2, 2.0, 10.0), [3 / 8, 3 / 8])
+
+
+TABLE = {"kind": "table", "batch_ms": {1: 5.0, 4: 8.0, 8: 16.0}}
+
+
+@pytest.mark.parametrize(("b", "ms"), [(1, 5.0), (2, 6.0), (4, 8.0), (6, 12.0), (8, 16.0), (10, 20.0)])
+def test_table_interpolates_and_extrapolates(b, ms):
+    w = Workers(count=1, service_time=TABLE)
+    assert mean_service_ms(w, b) == pytest.approx(ms)
+
+
+@pytest.mark.parametrize(
+    "st", [{"kind": "affine", "base_ms": 4.0, "per_item_ms": 0.25, "noise_cv": 0.3}, {**TABLE, "noise_cv": 0.3}]
+)
+def test_service_noise_keeps_the_mean_and_has_the_cv(st):
+    w = Workers(count=1, service_time=st)
+    model = ServiceModel(w, 16, np.random.default_rng(3))
+    x = model.draw(200_000, 8)
+    mean = mean_service_ms(w, 8)
+    assert x.mean() == pytest.approx(mean, rel=5 * 0.3 / np.sqrt(len(x)))
+    assert x.std() / x.mean() == pytest.approx(0.3, rel=0.02)
+
+
+def test_peak_throughput_of_the_platform_matches_the_napkin_operating_point(root_dir):
+    s = load_scenario(root_dir / "scenarios/inference_platform.yaml")
+    # full batches of 32 take 4 + 0.25 x 32 = 12 ms: 32 / 12 ms = 2,667 req/s per worker
+    assert peak_throughput_rps(s) == pytest.approx(130 * 32 / 12 * 1000)
+    # at batch 16 a worker does 16 / 8 ms = 2,000 req/s, the article's figure
+    assert 16 / mean_service_ms(s.workers, 16) * 1000 == pytest.approx(2000)
+
+
+def test_empirical_file_relative_to_the_scenario(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "svc.csv").write_text("service_ms\n1.5\n2.5 # a comment\n\n3.5\n")
+    scn = tmp_path / "s.yaml"
+    scn.write_text(
+        "name: t\nduration_s: 1\nsla: {target_ms: 10}\ntraffic: {rate_rps: 10}\n"
+        "workers: {count: 1, service_time: {kind: empirical, file: data/svc.csv}}\n"
+    )
+    s = load_scenario(scn)
+    assert s.workers.service_time.samples_ms == (1.5, 2.5, 3.5)
+    assert s.workers.service_time.mean == pytest.approx(2.5)
