@@ -23,8 +23,12 @@ def test_sla_counts_dropped_requests_as_misses():
 
 
 def test_utilization_clips_batches_to_the_window():
-    log = BatchLog(start=np.array([0.0, 5.0, 9.0]), end=np.array([4.0, 8.0, 12.0]),
-                   size=np.array([1, 1, 1]), instance=np.array([0, 1, 0]))
+    log = BatchLog(
+        start=np.array([0.0, 5.0, 9.0]),
+        end=np.array([4.0, 8.0, 12.0]),
+        size=np.array([1, 1, 1]),
+        instance=np.array([0, 1, 0]),
+    )
     # window [2, 10): instance 0 busy 2..4 and 9..10 = 3 ms; instance 1 busy 5..8 = 3 ms
     np.testing.assert_allclose(utilization(log, 2, 2.0, 10.0), [3 / 8, 3 / 8])
 
