@@ -17,7 +17,7 @@ from rich.console import Console
 from simulator.config import Scenario
 from simulator.engine import simulate
 from simulator.loader import ScenarioError, load_scenario
-from simulator.metrics import latency_table, summarize, window
+from simulator.metrics import summarize
 from simulator.report import render
 
 app = typer.Typer(
@@ -84,8 +84,7 @@ def run(
         summary = summarize(result)
     except ValueError as e:
         raise _fail(str(e)) from None
-    full = latency_table(result.records, window(result.records, s)).to_dict(orient="index")
-    out.print(render(summary, full))
+    out.print(render(summary))
     try:
         if json_path is not None:
             json_path.write_text(json.dumps(_clean(summary), indent=2) + "\n")

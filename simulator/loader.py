@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from simulator.config import Scenario, Traffic
+from simulator.catalog import load_catalog
+from simulator.config import Scenario, ServiceTime, Traffic
 from simulator.distributions import Empirical, read_numbers
 
 
@@ -98,15 +100,10 @@ def _format_validation(err: ValidationError, source: str, lines: dict, overridde
     return "\n".join(out)
 
 
+# discriminated unions put the chosen ``kind`` into error locations; drop it from the path
 _UNION_TAGS = {
-    "affine",
-    "table",
-    "deterministic",
-    "exponential",
-    "lognormal",
-    "gamma",
-    "uniform",
-    "empirical",
+    typing.get_args(member.model_fields["kind"].annotation)[0]
+    for member in typing.get_args(typing.get_args(ServiceTime)[0])
 }
 
 
@@ -181,6 +178,7 @@ def load_scenario(
         raise ScenarioError(_format_validation(err, str(source), lines, {p for p, _ in parsed})) from None
     errors: list[tuple[Path_, str]] = []
     scenario = _resolve_files(scenario, source.parent, (), errors)
+    scenario = _check_pricing(scenario, source.parent, errors)
     if errors:
         msgs = []
         for path, msg in errors:
@@ -189,6 +187,27 @@ def load_scenario(
                 where = where[:-1]
             msgs.append(f"  line {lines.get(where, 1)}: {_dotted(path)}: {msg}")
         raise ScenarioError(f"{source}: invalid scenario\n" + "\n".join(msgs))
+    return scenario
+
+
+def _check_pricing(scenario: Scenario, base_dir: Path, errors: list[tuple[Path_, str]]) -> Scenario:
+    """Resolve ``cost.catalog`` and check that ``workers.instance_type`` has a price."""
+    cost = scenario.cost
+    if cost.price_per_hour_usd is not None:
+        return scenario
+    path = (base_dir / cost.catalog).resolve() if cost.catalog else None
+    try:
+        catalog = load_catalog(path)
+    except (OSError, ValueError, yaml.YAMLError) as err:
+        errors.append((("cost", "catalog"), _file_msg(err) if isinstance(err, OSError) else f"bad catalog: {err}"))
+        return scenario
+    if scenario.workers.instance_type not in catalog.instances:
+        known = ", ".join(sorted(catalog.instances))
+        errors.append(
+            (("workers", "instance_type"), f"{scenario.workers.instance_type!r} is not in the catalog ({known})")
+        )
+    if path is not None:
+        scenario = scenario.model_copy(update={"cost": cost.model_copy(update={"catalog": str(path)})})
     return scenario
 
 

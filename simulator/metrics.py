@@ -126,9 +126,7 @@ def summarize(run: Run, catalog: Catalog | None = None) -> dict:
     per_worker = util.reshape(s.workers.count, s.workers.instances).mean(axis=1)
     sizes = batch_size_counts(run.batches, t0, t1)
     n_total = len(rec)
-    stages = {
-        name: {k: table.loc[name, k] for k in ("p50", "p95", "p99", "mean")} for name in table.index if name != "e2e"
-    }
+    stages = {name: table.loc[name].to_dict() for name in table.index if name != "e2e"}
     return {
         "scenario": {"name": s.name, "hash": scenario_hash(s)},
         "requests": {

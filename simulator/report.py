@@ -15,11 +15,8 @@ def _ms(x: float) -> str:
     return f"{x:,.2f}" if x < 1000 else f"{x:,.0f}"
 
 
-def render(summary: dict, stages_full: dict | None = None) -> Group:
-    """Rich renderables for a run summary.
-
-    ``stages_full`` optionally carries p999 per stage (the JSON keeps p50/p95/p99/mean).
-    """
+def render(summary: dict) -> Group:
+    """Rich renderables for a run summary."""
     req = summary["requests"]
     head = Table(title=f"servesim · {summary['scenario']['name']}", show_header=False, box=None, pad_edge=False)
     head.add_column(style="bold")
@@ -36,8 +33,7 @@ def render(summary: dict, stages_full: dict | None = None) -> Group:
     for col in ("p50", "p95", "p99", "p99.9", "mean"):
         lat.add_column(col, justify="right")
     for name, row in summary["latency_ms"]["stages"].items():
-        p999 = (stages_full or {}).get(name, {}).get("p999", float("nan"))
-        lat.add_row(name, _ms(row["p50"]), _ms(row["p95"]), _ms(row["p99"]), _ms(p999), _ms(row["mean"]))
+        lat.add_row(name, _ms(row["p50"]), _ms(row["p95"]), _ms(row["p99"]), _ms(row["p999"]), _ms(row["mean"]))
     e = summary["latency_ms"]["e2e"]
     lat.add_row(
         Text("end to end", style="bold"),

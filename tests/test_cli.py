@@ -61,7 +61,7 @@ def test_run_writes_json_with_documented_keys(tmp_path):
     for k in ("p50", "p95", "p99", "p999", "mean"):
         assert d["latency_ms"]["e2e"][k] > 0
     for stage in ("network_in", "features", "queue", "inference", "network_out"):
-        assert set(d["latency_ms"]["stages"][stage]) == {"p50", "p95", "p99", "mean"}
+        assert set(d["latency_ms"]["stages"][stage]) >= {"p50", "p95", "p99", "mean"}
     assert set(d["sla"]) >= {"percentile", "target_ms", "attained_ms", "met"}
     assert 0 < d["utilization"]["workers"] <= 1
     assert 1 <= d["batch_size"]["mean"] <= 8

@@ -7,7 +7,7 @@ import pytest
 
 from simulator.config import Workers
 from simulator.loader import load_scenario
-from simulator.metrics import peak_throughput_rps, sla_verdict, utilization
+from simulator.metrics import cost, peak_throughput_rps, sla_verdict, utilization, worker_price
 from simulator.workers import BatchLog, ServiceModel, mean_service_ms
 
 
@@ -73,3 +73,15 @@ def test_empirical_file_relative_to_the_scenario(tmp_path):
     s = load_scenario(scn)
     assert s.workers.service_time.samples_ms == (1.5, 2.5, 3.5)
     assert s.workers.service_time.mean == pytest.approx(2.5)
+
+
+def test_price_override_and_catalog(root_dir):
+    path = root_dir / "scenarios/inference_platform.yaml"
+    default = summarize_cost(load_scenario(path))
+    assert default["price_per_worker_hour_usd"] == pytest.approx(4.0966)  # the catalog's a100 row
+    custom = summarize_cost(load_scenario(path, ["cost.price_per_hour_usd=2.5", "workers.instance_type=anything"]))
+    assert custom["per_hour_usd"] == pytest.approx(130 * 2.5)
+
+
+def summarize_cost(s):
+    return cost(s.workers.count, worker_price(s), completed_rps=s.traffic.rate_rps)
