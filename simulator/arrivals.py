@@ -1,4 +1,4 @@
-"""Arrival sources: open-loop Poisson, or replayed timestamps.
+"""Arrival sources: open-loop Poisson (constant or shaped over time), or replayed timestamps.
 
 An arrival source turns a :class:`~simulator.config.Traffic` section into sorted arrival
 times in ms over ``[0, duration)``. Poisson gaps are generated in bulk, in chunks, and
@@ -11,6 +11,7 @@ import numpy as np
 
 from simulator.config import Traffic
 from simulator.distributions import read_numbers
+from simulator.shapes import Constant, RateFn, rate_bound, rate_function
 
 
 def poisson_arrivals(rate_rps: float, duration_ms: float, *, rng: np.random.Generator) -> np.ndarray:
@@ -36,8 +37,24 @@ def trace_arrivals(path: str, duration_ms: float) -> np.ndarray:
     return times[times < duration_ms]
 
 
+def nhpp_arrivals(rate: RateFn, bound_rps: float, duration_ms: float, *, rng: np.random.Generator) -> np.ndarray:
+    """Non-homogeneous Poisson arrivals (ms) with rate ``rate(t_s)`` ≤ ``bound_rps``, by thinning.
+
+    Exact: candidates from a Poisson stream at the bound, each kept with probability
+    λ(t)/bound (Lewis and Shedler).
+    """
+    if bound_rps <= 0:
+        return np.empty(0)
+    candidates = poisson_arrivals(bound_rps, duration_ms, rng=rng)
+    keep = rng.random(len(candidates)) * bound_rps < rate(candidates / 1000.0)
+    return candidates[keep]
+
+
 def arrivals(traffic: Traffic, duration_ms: float, *, rng: np.random.Generator) -> np.ndarray:
     """Arrival times for the configured source."""
     if traffic.arrivals_file is not None:
         return trace_arrivals(traffic.arrivals_file, duration_ms)
-    return poisson_arrivals(traffic.rate_rps, duration_ms, rng=rng)
+    if isinstance(traffic.shape, Constant):
+        return poisson_arrivals(traffic.rate_rps, duration_ms, rng=rng)
+    rate = rate_function(traffic.shape, traffic.rate_rps, duration_ms / 1000.0, rng=rng)
+    return nhpp_arrivals(rate, rate_bound(traffic.shape, traffic.rate_rps), duration_ms, rng=rng)

@@ -22,6 +22,7 @@ from simulator.distributions import (
     LogNormal,
     Uniform,
 )
+from simulator.shapes import Constant, Shape
 
 
 class _Frozen(BaseModel):
@@ -36,19 +37,29 @@ class SLA(_Frozen):
 
 
 class Traffic(_Frozen):
-    """Open-loop arrivals: Poisson at ``rate_rps``, or replayed timestamps from ``arrivals_file``."""
+    """Open-loop arrivals: Poisson at ``rate_rps`` shaped over time by ``shape``, or replayed
+    timestamps from ``arrivals_file``."""
 
-    rate_rps: float | None = Field(None, gt=0, description="Poisson arrival rate, requests per second.")
+    rate_rps: float | None = Field(
+        None, gt=0, description="Base Poisson arrival rate, requests per second (relative shapes multiply it)."
+    )
+    shape: Shape = Field(Constant(), description="How the rate changes over time (default: constant).")
     arrivals_file: str | None = Field(
-        None, description="File of arrival timestamps in seconds, one per line (replaces rate_rps)."
+        None, description="File of arrival timestamps in seconds, one per line (replaces rate_rps and shape)."
     )
     payload_kb: float = Field(0.0, ge=0, description="Request payload size, KB (1 KB = 1000 bytes).")
     response_kb: float = Field(0.0, ge=0, description="Response payload size, KB.")
 
     @model_validator(mode="after")
     def _one_source(self) -> Traffic:
-        if (self.rate_rps is None) == (self.arrivals_file is None):
-            raise ValueError("traffic needs exactly one of rate_rps or arrivals_file")
+        if self.arrivals_file is not None:
+            if self.rate_rps is not None or not isinstance(self.shape, Constant):
+                raise ValueError("traffic.arrivals_file replays timestamps: drop rate_rps and shape")
+        elif self.shape.absolute:
+            if self.rate_rps is not None:
+                raise ValueError(f"a {self.shape.kind} shape sets its own rates: drop traffic.rate_rps")
+        elif self.rate_rps is None:
+            raise ValueError("traffic needs rate_rps (or arrivals_file, or a steps/ramp/rate_trace shape)")
         return self
 
 

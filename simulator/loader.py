@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import typing
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +16,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from simulator.catalog import load_catalog
-from simulator.config import Scenario, ServiceTime, Traffic
+from simulator.config import Scenario, Traffic
 from simulator.distributions import Empirical, read_numbers
+from simulator.shapes import RateTrace
 
 
 class ScenarioError(Exception):
@@ -78,10 +78,26 @@ def apply_overrides(data: dict, overrides: list[tuple[tuple[str, ...], Any]]) ->
     return data
 
 
-def _format_validation(err: ValidationError, source: str, lines: dict, overridden: set) -> str:
+def _strip_tags(loc: tuple, data) -> tuple:
+    """Drop the ``kind`` tags that discriminated unions insert into error locations."""
+    out, node = [], data
+    for i, p in enumerate(loc):
+        tag = isinstance(node, dict) and node.get("kind") == p
+        if tag and (p not in node or loc[i + 1 : i + 2] == (p,)):
+            continue
+        out.append(p)
+        node = (
+            node[p]
+            if isinstance(node, dict) and p in node
+            else (node[p] if isinstance(node, list) and isinstance(p, int) and p < len(node) else None)
+        )
+    return tuple(out)
+
+
+def _format_validation(err: ValidationError, source: str, lines: dict, overridden: set, data: dict) -> str:
     out = [f"{source}: invalid scenario ({err.error_count()} problem{'s' * (err.error_count() > 1)})"]
     for e in err.errors(include_url=False):
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p in _UNION_TAGS))
+        loc = _strip_tags(e["loc"], data)
         where = loc
         while where and where not in lines:
             where = where[:-1]
@@ -100,16 +116,9 @@ def _format_validation(err: ValidationError, source: str, lines: dict, overridde
     return "\n".join(out)
 
 
-# discriminated unions put the chosen ``kind`` into error locations; drop it from the path
-_UNION_TAGS = {
-    typing.get_args(member.model_fields["kind"].annotation)[0]
-    for member in typing.get_args(typing.get_args(ServiceTime)[0])
-}
-
-
 def _resolve_files(model: BaseModel, base_dir: Path, path: Path_, errors: list[tuple[Path_, str]]) -> BaseModel:
     """Read the files a validated scenario names; collect (path, message) for failures."""
-    if isinstance(model, Empirical) and model.file is not None:
+    if isinstance(model, Empirical | RateTrace) and model.file is not None:
         try:
             return model.resolve_files(base_dir)
         except (OSError, ValueError) as err:
@@ -175,7 +184,7 @@ def load_scenario(
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as err:
-        raise ScenarioError(_format_validation(err, str(source), lines, {p for p, _ in parsed})) from None
+        raise ScenarioError(_format_validation(err, str(source), lines, {p for p, _ in parsed}, data)) from None
     errors: list[tuple[Path_, str]] = []
     scenario = _resolve_files(scenario, source.parent, (), errors)
     scenario = _check_pricing(scenario, source.parent, errors)
