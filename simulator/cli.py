@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 from typing import Annotated
 
+import pandas as pd
 import typer
 from rich.console import Console
 
@@ -68,6 +69,10 @@ def run(
     duration_s: Annotated[float | None, typer.Option(help="Override duration_s (simulated seconds).")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the summary as JSON here.")] = None,
     records: Annotated[Path | None, typer.Option(help="Write per-request records here (.parquet or .csv).")] = None,
+    timeline: Annotated[
+        Path | None, typer.Option(help="Write the per-interval timeline here (.parquet or .csv).")
+    ] = None,
+    interval_s: Annotated[float, typer.Option(help="Timeline interval, s.", min=0.001)] = 1.0,
 ) -> None:
     """Simulate a scenario and print per-stage latency, the SLA verdict, utilization and cost."""
     extra = []
@@ -75,13 +80,14 @@ def run(
         extra.append(f"seed={seed}")
     if duration_s is not None:
         extra.append(f"duration_s={duration_s}")
-    if records is not None and records.suffix not in (".parquet", ".csv"):
-        raise _fail(f"--records {records}: use a .parquet or .csv file name")
+    for opt, path in (("--records", records), ("--timeline", timeline)):
+        if path is not None and path.suffix not in (".parquet", ".csv"):
+            raise _fail(f"{opt} {path}: use a .parquet or .csv file name")
     s = _load(scenario, set_, extra)
     with err.status(f"simulating {s.name} …"):
         result = simulate(s)
     try:
-        summary = summarize(result)
+        summary = summarize(result, interval_s=interval_s)
     except ValueError as e:
         raise _fail(str(e)) from None
     out.print(render(summary))
@@ -90,14 +96,19 @@ def run(
             json_path.write_text(json.dumps(_clean(summary), indent=2) + "\n")
             err.print(f"summary written to {json_path}")
         if records is not None:
-            frame = result.records.to_frame()
-            if records.suffix == ".parquet":
-                frame.to_parquet(records)
-            else:
-                frame.to_csv(records)
-            err.print(f"{len(frame):,} records written to {records}")
+            _write_table(result.records.to_frame(), records, "records")
+        if timeline is not None:
+            _write_table(pd.DataFrame(summary["timeline"]), timeline, "timeline rows", index=False)
     except OSError as e:
         raise _fail(f"cannot write {e.filename}: {e.strerror}") from None
+
+
+def _write_table(frame: pd.DataFrame, path: Path, what: str, *, index: bool = True) -> None:
+    if path.suffix == ".parquet":
+        frame.to_parquet(path, index=index)
+    else:
+        frame.to_csv(path, index=index)
+    err.print(f"{len(frame):,} {what} written to {path}")
 
 
 @app.command()

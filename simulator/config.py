@@ -230,7 +230,7 @@ class Scenario(_Frozen):
     @model_validator(mode="after")
     def _warmup_inside(self) -> Scenario:
         if self.warmup_s >= self.duration_s:
-            raise ValueError("warmup_s must be smaller than duration_s")
+            raise ValueError(f"warmup_s ({self.warmup_s:g}) must be smaller than duration_s ({self.duration_s:g})")
         return self
 
 

@@ -97,7 +97,7 @@ def assign_workers(scenario: Scenario, n: int, rng: np.random.Generator) -> np.n
 
 def serve(t_pre: np.ndarray, assign: np.ndarray | None, s: Scenario, service: ServiceModel):
     """Batching queues and GPU workers: per-request dispatch/finish times, batch size,
-    instance and outcome (request order), and the batch log."""
+    instance, outcome and drop time (request order), and the batch log."""
     n = len(t_pre)
     per_worker = s.workers.instances
     if assign is None:
@@ -113,6 +113,7 @@ def serve(t_pre: np.ndarray, assign: np.ndarray | None, s: Scenario, service: Se
     size = np.zeros(n, dtype=np.int64)
     instance = np.full(n, -1, dtype=np.int64)
     outcome = np.zeros(n, dtype=np.int8)
+    dropped = np.full(n, np.nan)
     if fast_path(s.batching):
         # service draws go to requests in queue-arrival order: the dispatch order of a shared queue
         svc_all = np.empty(n)
@@ -136,7 +137,8 @@ def serve(t_pre: np.ndarray, assign: np.ndarray | None, s: Scenario, service: Se
         for order, queue, (start, end, sz, inst) in zip(groups, queues, results, strict=True):
             t_dispatch[order], t_done[order], size[order], instance[order] = start, end, sz, inst
             outcome[order] = queue.outcome
-    return t_dispatch, t_done, size, instance, outcome, batches
+            dropped[order] = queue.drop_time
+    return t_dispatch, t_done, size, instance, outcome, dropped, batches
 
 
 def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
@@ -172,7 +174,7 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
 
     service = ServiceModel(s.workers, s.batching.max_batch_size, rng["service"])
     served = serve(t_pre, assign_workers(s, n, rng["routing"]), s, service)
-    t_dispatch, t_inferred, batch_size, instance, outcome, batches = served
+    t_dispatch, t_inferred, batch_size, instance, outcome, t_dropped, batches = served
 
     t_post = t_inferred + _delay(s.postprocess.service, n, rng["postprocess"])
     t_resp = (
@@ -190,6 +192,7 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
         t_inferred=t_inferred,
         t_postprocessed=t_post,
         t_response=t_resp,
+        t_dropped=t_dropped,
         outcome=outcome,
         batch_size=batch_size,
         instance=instance,

@@ -16,6 +16,7 @@ from simulator.config import Scenario
 from simulator.engine import Run
 from simulator.loader import scenario_hash
 from simulator.recorder import STAGES, Records
+from simulator.timeline import timeline
 from simulator.workers import BatchLog, mean_service_ms
 
 PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
@@ -109,8 +110,11 @@ def cost(workers: int, price_per_hour_usd: float, completed_rps: float) -> dict[
     }
 
 
-def summarize(run: Run, catalog: Catalog | None = None) -> dict:
-    """Every headline number of a run, as the nested dict that ``--json`` writes."""
+def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1.0) -> dict:
+    """Every headline number of a run, as the nested dict that ``--json`` writes.
+
+    ``timeline`` holds one record per ``interval_s`` (see :func:`simulator.timeline.timeline`).
+    """
     s, rec = run.scenario, run.records
     mask = window(rec, s)
     t0, t1 = s.warmup_s * 1000.0, s.duration_s * 1000.0
@@ -154,6 +158,9 @@ def summarize(run: Run, catalog: Catalog | None = None) -> dict:
             "instance_type": s.workers.instance_type,
         },
         "cost": cost(s.workers.count, worker_price(s, catalog), n_done / span_s),
+        "timeline": timeline(
+            rec, run.batches, duration_s=s.duration_s, interval_s=interval_s, workers=s.workers.count
+        ).to_dict(orient="records"),
         "sim": {
             "wall_s": run.wall_s,
             "requests": n_total,

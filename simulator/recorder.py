@@ -2,7 +2,7 @@
 
 Each request's timestamps (ms) mark the end of each stage, so its latency splits
 exactly into stages. Dropped requests (rejected, timed out) carry NaN from the point
-they left. The recorder never computes metrics; :mod:`simulator.metrics` does.
+they left, and the time they left in ``t_dropped``. The recorder never computes metrics; :mod:`simulator.metrics` does.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class Records:
     t_inferred: np.ndarray
     t_postprocessed: np.ndarray
     t_response: np.ndarray
+    t_dropped: np.ndarray
     outcome: np.ndarray
     batch_size: np.ndarray
     instance: np.ndarray

@@ -85,4 +85,24 @@ def render(summary: dict) -> Group:
         f"{sim['requests']:,} requests in {sim['wall_s']:.2f} s wall "
         f"({sim['requests_per_wall_s']:,.0f} req/s) · seed {sim['seed']}",
     )
-    return Group(head, lat, sla_line, fleet)
+    return Group(head, lat, sla_line, fleet, _timeline_line(summary.get("timeline", [])))
+
+
+def _timeline_line(rows: list[dict]) -> Text:
+    """A one-line digest of the timeline: peaks and the worst interval."""
+    rows = [r for r in rows if r["completed_rps"] or r["offered_rps"]]
+    if not rows:
+        return Text("")
+    peak = max(rows, key=lambda r: r["offered_rps"])
+    p99s = [r for r in rows if r["p99_ms"] is not None and not math.isnan(r["p99_ms"])]
+    worst = max(p99s, key=lambda r: r["p99_ms"]) if p99s else None
+    deep = max(rows, key=lambda r: r["queue_depth"])
+    dropped = sum(r["rejected"] + r["timed_out"] for r in rows)
+    parts = [f"timeline ({len(rows)} intervals): peak offered {peak['offered_rps']:,.0f} req/s at t={peak['t_s']:g} s"]
+    if worst:
+        parts.append(f"worst p99 {_ms(worst['p99_ms'])} ms at t={worst['t_s']:g} s")
+    parts.append(f"deepest queue {deep['queue_depth']:,.1f} at t={deep['t_s']:g} s")
+    if dropped:
+        first = next(r for r in rows if r["rejected"] + r["timed_out"])
+        parts.append(f"drops from t={first['t_s']:g} s")
+    return Text(" · ".join(parts), style="dim")

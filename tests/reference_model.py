@@ -137,6 +137,7 @@ def simulate_reference(s: Scenario, seed: int | None = None) -> dict:
     cols = {
         k: np.full(n, np.nan)
         for k in (
+            "t_dropped",
             "t_api",
             "t_router",
             "t_features",
@@ -180,6 +181,7 @@ def simulate_reference(s: Scenario, seed: int | None = None) -> dict:
         status, a, b, _ = yield batcher.submit(i)
         outcome[i] = status
         if status != COMPLETED:
+            cols["t_dropped"][i] = a
             return
         cols["t_dispatch"][i], cols["t_inferred"][i] = a, b
         yield env.timeout(post[i])

@@ -16,7 +16,7 @@ from simulator.engine import simulate
 from tests.helpers import scenario
 from tests.reference_model import simulate_reference
 
-COLUMNS = ("t_api", "t_router", "t_features", "t_preprocessed", "t_dispatch", "t_inferred", "t_response")
+COLUMNS = ("t_dropped", "t_api", "t_router", "t_features", "t_preprocessed", "t_dispatch", "t_inferred", "t_response")
 
 
 def _seq(rng, n, scale):
