@@ -33,8 +33,9 @@ class Outcome(IntEnum):
     """What became of a request."""
 
     COMPLETED = 0
-    REJECTED = 1
-    TIMED_OUT = 2
+    REJECTED = 1  # the batch queue was full
+    TIMED_OUT = 2  # queued longer than batching.timeout_ms
+    FAILED = 3  # the feature fetch timed out with on_timeout: fail
 
 
 DONE = None  # decide(): no request will ever arrive again

@@ -34,6 +34,9 @@ class SLA(_Frozen):
 
     percentile: float = Field(99.0, gt=0, lt=100, description="Latency percentile the SLA is set on, e.g. 99.")
     target_ms: float = Field(gt=0, description="End-to-end latency target at that percentile, in ms.")
+    count_dropped: bool = Field(
+        True, description="Rejected, timed-out and failed requests count as SLA misses (false: ignored)."
+    )
 
 
 class Traffic(_Frozen):
@@ -94,6 +97,19 @@ class KVStore(_Frozen):
     per_key_ms: float = Field(0.0, ge=0, description="Thread time per key in a round trip, ms.")
 
 
+class Window(_Frozen):
+    """A time window of the run."""
+
+    start_s: float = Field(ge=0, description="Window start, s.")
+    duration_s: float = Field(gt=0, description="Window length, s.")
+
+
+class Slowdown(Window):
+    """A window in which something takes ``multiplier`` times longer."""
+
+    multiplier: float = Field(gt=0, description="Latency multiplier inside the window.")
+
+
 class Features(_Frozen):
     """Online feature fetch from a remote KV store, in batched round trips.
 
@@ -112,11 +128,23 @@ class Features(_Frozen):
         0.0, ge=0, description="Extra round-trip latency per key carried, ms (uncontended store)."
     )
     store: KVStore | None = Field(None, description="Finite store capacity; none means the store never queues.")
+    timeout_ms: float | None = Field(
+        None, gt=0, description="Client timeout of the whole fetch, ms; then on_timeout applies."
+    )
+    on_timeout: Literal["default", "fail"] = Field(
+        "default", description="default: go on with default features (flagged degraded); fail: the request fails."
+    )
+    outages: tuple[Window, ...] = Field((), description="Store outages: round trips overlapping one never return.")
+    slowdowns: tuple[Slowdown, ...] = Field((), description="Windows where round trips take `multiplier` times longer.")
 
     @model_validator(mode="after")
     def _needs_latency(self) -> Features:
         if self.lookups_per_request > 0 and self.round_trip is None and self.store is None:
             raise ValueError("features with lookups_per_request > 0 need round_trip or store")
+        if self.outages and self.timeout_ms is None:
+            raise ValueError("features.outages need features.timeout_ms (how long a request waits)")
+        if (self.outages or self.slowdowns) and self.store is not None:
+            raise ValueError("outage and slowdown windows are modelled for the uncontended store only (no store:)")
         return self
 
 

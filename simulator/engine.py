@@ -26,7 +26,7 @@ from simulator.arrivals import arrivals as make_arrivals
 from simulator.batcher import BatchQueue, Outcome
 from simulator.config import Batching, Scenario
 from simulator.distributions import Distribution, Sampler
-from simulator.features import fetch_contended, fetch_uncontended
+from simulator.features import fetch
 from simulator.recorder import Records
 from simulator.stations import fcfs_multiserver
 from simulator.workers import BatchLog, ServiceModel, run_pool
@@ -141,6 +141,20 @@ def serve(t_pre: np.ndarray, assign: np.ndarray | None, s: Scenario, service: Se
     return t_dispatch, t_done, size, instance, outcome, dropped, batches
 
 
+def _preprocess(s: Scenario, t_feat: np.ndarray, svc: np.ndarray) -> np.ndarray:
+    """CPU preprocessing end times: a pure delay, or an FCFS pool of ``cpu_workers``."""
+    if s.preprocess.cpu_workers is None:
+        return t_feat + svc
+    return _in_order(t_feat, lambda st, o: fcfs_multiserver(st, svc[o], s.preprocess.cpu_workers)[0] + svc[o])
+
+
+def _widen(x: np.ndarray, idx: np.ndarray, n: int, fill) -> np.ndarray:
+    """Scatter the values of the ``idx`` subset into a length-``n`` array of ``fill``."""
+    out = np.full(n, fill, dtype=x.dtype)
+    out[idx] = x
+    return out
+
+
 def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
     """Run one scenario; ``seed`` overrides the scenario's own."""
     wall0 = time.perf_counter()
@@ -159,22 +173,25 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
 
     f = s.features
     feat_sampler = Sampler(f.round_trip, rng["features"]) if f.round_trip is not None else None
-    if f.lookups_per_request and f.store is not None:
-        t_feat = _in_order(t_router, lambda st, _o: fetch_contended(f, st, feat_sampler))
-    else:
-        t_feat = fetch_uncontended(f, t_router, feat_sampler)
+    t_feat, degraded, failed = fetch(f, t_router, feat_sampler)
 
-    p = s.preprocess
-    pre_svc = _delay(p.service, n, rng["preprocess"])
-    if p.cpu_workers is None:
-        t_pre = t_feat + pre_svc
-    else:
-        svc = np.broadcast_to(pre_svc, (n,))
-        t_pre = _in_order(t_feat, lambda st, o: fcfs_multiserver(st, svc[o], p.cpu_workers)[0] + svc[o])
-
+    # requests whose feature fetch failed go no further; the rest continue
+    pre_svc = np.broadcast_to(_delay(s.preprocess.service, n, rng["preprocess"]), (n,))
+    assign = assign_workers(s, n, rng["routing"])
+    live = np.flatnonzero(~failed) if failed.any() else slice(None)
+    t_pre = _preprocess(s, t_feat[live], pre_svc[live])
     service = ServiceModel(s.workers, s.batching.max_batch_size, rng["service"])
-    served = serve(t_pre, assign_workers(s, n, rng["routing"]), s, service)
+    served = serve(t_pre, None if assign is None else assign[live], s, service)
+    if failed.any():
+        *per_request, batches = served
+        fills = (np.nan, np.nan, 0, -1, Outcome.FAILED, np.nan)
+        per_request = [_widen(x, live, n, fill) for x, fill in zip(per_request, fills, strict=True)]
+        served = (*per_request, batches)
+        t_pre = _widen(t_pre, live, n, np.nan)
     t_dispatch, t_inferred, batch_size, instance, outcome, t_dropped, batches = served
+    if failed.any():
+        t_dropped[failed] = t_feat[failed]
+        t_feat = np.where(failed, np.nan, t_feat)
 
     t_post = t_inferred + _delay(s.postprocess.service, n, rng["postprocess"])
     t_resp = (
@@ -194,6 +211,7 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
         t_response=t_resp,
         t_dropped=t_dropped,
         outcome=outcome,
+        degraded=degraded,
         batch_size=batch_size,
         instance=instance,
     )

@@ -37,9 +37,16 @@ def _trip_latency(cfg: Features, sampler: Sampler | None, rows: int, keys: np.nd
     return lat
 
 
-def _makespan(lat: np.ndarray, slots: int) -> np.ndarray:
-    """Completion time of each row's round trips list-scheduled on ``slots`` slots."""
+def _makespan(lat: np.ndarray, slots: int, start: np.ndarray | None = None, cfg: Features | None = None) -> np.ndarray:
+    """Completion time of each row's round trips list-scheduled on ``slots`` slots.
+
+    With ``cfg`` windows, a trip starting in a slowdown takes ``multiplier`` times longer
+    and a trip overlapping an outage never returns (∞); ``start`` gives each row's
+    absolute start time (ms) to place its trips against the windows.
+    """
     rows, n = lat.shape
+    if cfg is not None and (cfg.outages or cfg.slowdowns):
+        return _makespan_windows(lat, slots, start, cfg)
     if slots >= n:
         return lat.max(axis=1)
     free = np.zeros((rows, slots))
@@ -50,17 +57,54 @@ def _makespan(lat: np.ndarray, slots: int) -> np.ndarray:
     return free.max(axis=1)
 
 
+def _makespan_windows(lat: np.ndarray, slots: int, start: np.ndarray, cfg: Features) -> np.ndarray:
+    rows, n = lat.shape
+    free = np.repeat(start[:, None], min(slots, n), axis=1)
+    r = np.arange(rows)
+    for j in range(n):
+        k = free.argmin(axis=1)
+        t0 = free[r, k]
+        dur = lat[:, j].copy()
+        for w in cfg.slowdowns:
+            inside = (t0 >= w.start_s * 1000) & (t0 < (w.start_s + w.duration_s) * 1000)
+            dur[inside] *= w.multiplier
+        t1 = t0 + dur
+        for w in cfg.outages:
+            lo, hi = w.start_s * 1000, (w.start_s + w.duration_s) * 1000
+            t1[(t0 < hi) & (t1 > lo)] = np.inf
+        free[r, k] = t1
+    return free.max(axis=1) - start
+
+
 def fetch_uncontended(cfg: Features, start: np.ndarray, sampler: Sampler | None) -> np.ndarray:
-    """Feature-fetch completion times when the store never queues."""
+    """Feature-fetch durations (ms) when the store never queues (∞: never returned)."""
     if cfg.lookups_per_request == 0:
-        return start.copy()
+        return np.zeros_like(start)
     keys = trip_keys(cfg)
     rows_per_chunk = max(1, _CHUNK_CELLS // len(keys))
     out = np.empty_like(start)
     for lo in range(0, len(start), rows_per_chunk):
         hi = min(lo + rows_per_chunk, len(start))
-        out[lo:hi] = start[lo:hi] + _makespan(_trip_latency(cfg, sampler, hi - lo, keys), cfg.parallelism)
+        lat = _trip_latency(cfg, sampler, hi - lo, keys)
+        out[lo:hi] = _makespan(lat, cfg.parallelism, start[lo:hi], cfg)
     return out
+
+
+def fetch(cfg: Features, start: np.ndarray, sampler: Sampler | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Feature stage: end times, and which requests were degraded (timed out, default
+    features) or failed (timed out with ``on_timeout: fail``; end time = when they gave up)."""
+    if cfg.lookups_per_request and cfg.store is not None:
+        order = np.argsort(start, kind="stable")
+        end = np.empty_like(start)
+        end[order] = fetch_contended(cfg, start[order], sampler)
+    else:
+        end = start + fetch_uncontended(cfg, start, sampler)
+    late = np.zeros(len(start), dtype=bool)
+    if cfg.timeout_ms is not None:
+        give_up = start + cfg.timeout_ms
+        late = end > give_up
+        end = np.where(late, give_up, end)
+    return end, late & (cfg.on_timeout == "default"), late & (cfg.on_timeout == "fail")
 
 
 def fetch_contended(cfg: Features, start: np.ndarray, sampler: Sampler | None) -> np.ndarray:

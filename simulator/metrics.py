@@ -124,6 +124,8 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
     n_done = int(np.count_nonzero(done))
     n_rej = int(np.count_nonzero(outcome == Outcome.REJECTED))
     n_to = int(np.count_nonzero(outcome == Outcome.TIMED_OUT))
+    n_failed = int(np.count_nonzero(outcome == Outcome.FAILED))
+    n_dropped = n_rej + n_to + n_failed
     table = latency_table(rec, mask)
     e2e = (rec.t_response - rec.arrival)[done]
     util = utilization(run.batches, s.workers.count * s.workers.instances, t0, t1)
@@ -138,11 +140,13 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
             "completed": n_done,
             "rejected": n_rej,
             "timed_out": n_to,
+            "failed": n_failed,
+            "degraded": int(np.count_nonzero(rec.degraded[done])),
             "throughput_rps": n_done / span_s,
             "window_s": span_s,
         },
         "latency_ms": {"e2e": table.loc["e2e"].to_dict(), "stages": stages},
-        "sla": sla_verdict(e2e, s.sla.percentile, s.sla.target_ms, n_rej + n_to),
+        "sla": sla_verdict(e2e, s.sla.percentile, s.sla.target_ms, n_dropped if s.sla.count_dropped else 0),
         "utilization": {
             "workers": float(util.mean()),
             "per_worker": per_worker.tolist(),

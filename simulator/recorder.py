@@ -43,6 +43,7 @@ class Records:
     t_response: np.ndarray
     t_dropped: np.ndarray
     outcome: np.ndarray
+    degraded: np.ndarray
     batch_size: np.ndarray
     instance: np.ndarray
 

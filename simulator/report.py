@@ -24,7 +24,9 @@ def render(summary: dict) -> Group:
     head.add_row(
         "requests",
         f"{req['arrived']:,} arrived · {req['completed']:,} completed · "
-        f"{req['rejected']:,} rejected · {req['timed_out']:,} timed out",
+        f"{req['rejected']:,} rejected · {req['timed_out']:,} timed out"
+        + (f" · {req['failed']:,} failed" if req["failed"] else "")
+        + (f" · {req['degraded']:,} degraded" if req["degraded"] else ""),
     )
     head.add_row("throughput", f"{req['throughput_rps']:,.1f} req/s over {req['window_s']:g} s (after warm-up)")
 
@@ -97,12 +99,12 @@ def _timeline_line(rows: list[dict]) -> Text:
     p99s = [r for r in rows if r["p99_ms"] is not None and not math.isnan(r["p99_ms"])]
     worst = max(p99s, key=lambda r: r["p99_ms"]) if p99s else None
     deep = max(rows, key=lambda r: r["queue_depth"])
-    dropped = sum(r["rejected"] + r["timed_out"] for r in rows)
+    dropped = sum(r["rejected"] + r["timed_out"] + r["failed"] for r in rows)
     parts = [f"timeline ({len(rows)} intervals): peak offered {peak['offered_rps']:,.0f} req/s at t={peak['t_s']:g} s"]
     if worst:
         parts.append(f"worst p99 {_ms(worst['p99_ms'])} ms at t={worst['t_s']:g} s")
     parts.append(f"deepest queue {deep['queue_depth']:,.1f} at t={deep['t_s']:g} s")
     if dropped:
-        first = next(r for r in rows if r["rejected"] + r["timed_out"])
+        first = next(r for r in rows if r["rejected"] + r["timed_out"] + r["failed"])
         parts.append(f"drops from t={first['t_s']:g} s")
     return Text(" · ".join(parts), style="dim")

@@ -59,6 +59,8 @@ def timeline(
     completed = np.histogram(r.t_response[done], bins=edges)[0]
     rejected = np.histogram(r.arrival[r.outcome == Outcome.REJECTED], bins=edges)[0]
     timed_out = np.histogram(r.arrival[r.outcome == Outcome.TIMED_OUT], bins=edges)[0]
+    failed = np.histogram(r.arrival[r.outcome == Outcome.FAILED], bins=edges)[0]
+    degraded = np.histogram(r.arrival[done & r.degraded], bins=edges)[0]
 
     # waiting in batch queues: from reaching the queue until dispatch (or drop)
     left_queue = np.where(done, r.t_dispatch, r.t_dropped)
@@ -77,6 +79,8 @@ def timeline(
             "completed_rps": completed / dt_s,
             "rejected": rejected,
             "timed_out": timed_out,
+            "failed": failed,
+            "degraded": degraded,
             "active_workers": workers,
             "warming_workers": 0,
             "draining_workers": 0,
