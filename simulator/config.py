@@ -227,6 +227,13 @@ class Postprocess(_Frozen):
     service: Distribution | None = Field(None, description="Per-request time, ms.")
 
 
+class PredictionLog(_Frozen):
+    """Asynchronous prediction logging: one record per request into a pipeline of finite bandwidth."""
+
+    record_kb: float = Field(gt=0, description="Log record size per request, KB (input + output + metadata).")
+    bandwidth_gbps: float = Field(gt=0, description="Pipeline throughput, Gbit/s.")
+
+
 class Cost(_Frozen):
     """How worker-hours are priced."""
 
@@ -253,6 +260,7 @@ class Scenario(_Frozen):
     batching: Batching = Field(Batching(), description="Dynamic batching queue.")
     workers: Workers = Field(description="GPU worker pool.")
     postprocess: Postprocess = Field(Postprocess(), description="Postprocessing and serialisation.")
+    logging: PredictionLog | None = Field(None, description="Prediction logging pipeline (none: not modelled).")
     cost: Cost = Field(Cost(), description="Pricing.")
 
     @model_validator(mode="after")

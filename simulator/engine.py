@@ -27,6 +27,7 @@ from simulator.batcher import BatchQueue, Outcome
 from simulator.config import Batching, Scenario
 from simulator.distributions import Distribution, Sampler
 from simulator.features import fetch
+from simulator.predlog import ship
 from simulator.recorder import Records
 from simulator.stations import fcfs_multiserver
 from simulator.workers import BatchLog, ServiceModel, run_pool
@@ -199,6 +200,7 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
         + _delay(s.network.api_to_client, n, rng["network_out"])
         + _transfer_ms(s.traffic.response_kb, s.network.bandwidth_gbps)
     )
+    t_logged = ship(s.logging, np.where(np.isnan(t_resp), t_dropped, t_resp)) if s.logging else np.full(n, np.nan)
     records = Records(
         arrival=t0,
         t_api=t_api,
@@ -210,6 +212,7 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
         t_postprocessed=t_post,
         t_response=t_resp,
         t_dropped=t_dropped,
+        t_logged=t_logged,
         outcome=outcome,
         degraded=degraded,
         batch_size=batch_size,

@@ -110,6 +110,30 @@ def cost(workers: int, price_per_hour_usd: float, completed_rps: float) -> dict[
     }
 
 
+def logging_summary(records: Records, scenario: Scenario, mask: np.ndarray) -> dict | None:
+    """Prediction-log volume against pipeline capacity, the lag of records, and the backlog."""
+    cfg = scenario.logging
+    if cfg is None:
+        return None
+    emitted = np.where(np.isnan(records.t_response), records.t_dropped, records.t_response)
+    sel = mask & np.isfinite(records.t_logged)
+    span_s = scenario.duration_s - scenario.warmup_s
+    offered = np.count_nonzero(sel) * cfg.record_kb * 1e3 / span_s  # bytes/s
+    capacity = cfg.bandwidth_gbps * 1e9 / 8
+    lag = (records.t_logged - emitted)[sel]
+    end = scenario.duration_s * 1000.0
+    behind = np.count_nonzero((emitted <= end) & (records.t_logged > end))
+    return {
+        "offered_gb_per_s": offered / 1e9,
+        "capacity_gb_per_s": capacity / 1e9,
+        "utilization": offered / capacity,
+        "tb_per_day": offered * 86400 / 1e12,
+        "lag_ms": summary_stats(lag),
+        "backlog_mb_at_end": behind * cfg.record_kb / 1e3,
+        "falling_behind": bool(offered >= capacity),
+    }
+
+
 def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1.0) -> dict:
     """Every headline number of a run, as the nested dict that ``--json`` writes.
 
@@ -162,8 +186,14 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
             "instance_type": s.workers.instance_type,
         },
         "cost": cost(s.workers.count, worker_price(s, catalog), n_done / span_s),
+        "logging": logging_summary(rec, s, mask),
         "timeline": timeline(
-            rec, run.batches, duration_s=s.duration_s, interval_s=interval_s, workers=s.workers.count
+            rec,
+            run.batches,
+            duration_s=s.duration_s,
+            interval_s=interval_s,
+            workers=s.workers.count,
+            log_record_kb=s.logging.record_kb if s.logging else 0.0,
         ).to_dict(orient="records"),
         "sim": {
             "wall_s": run.wall_s,

@@ -42,6 +42,7 @@ class Records:
     t_postprocessed: np.ndarray
     t_response: np.ndarray
     t_dropped: np.ndarray
+    t_logged: np.ndarray
     outcome: np.ndarray
     degraded: np.ndarray
     batch_size: np.ndarray

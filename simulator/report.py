@@ -81,6 +81,16 @@ def render(summary: dict) -> Group:
         f"${c['per_hour_usd']:,.2f}/h · ${c['per_million_requests_usd']:,.4f} per million requests "
         f"(${c['price_per_worker_hour_usd']:.4g} per worker-hour)",
     )
+    log = summary.get("logging")
+    if log:
+        fleet.add_row(
+            "prediction log",
+            f"{log['offered_gb_per_s']:.3g} GB/s of {log['capacity_gb_per_s']:.3g} GB/s capacity "
+            f"({log['utilization']:.0%}; {log['tb_per_day']:.3g} TB/day) · lag p99 {_ms(log['lag_ms']['p99'])} ms"
+            + (
+                f" · FALLING BEHIND: {log['backlog_mb_at_end']:,.0f} MB backlog at end" if log["falling_behind"] else ""
+            ),
+        )
     sim = summary["sim"]
     fleet.add_row(
         "simulated",

@@ -44,7 +44,13 @@ def _binned_percentiles(t: np.ndarray, x: np.ndarray, edges: np.ndarray, qs: lis
 
 
 def timeline(
-    records: Records, batches: BatchLog, *, duration_s: float, interval_s: float = 1.0, workers: int
+    records: Records,
+    batches: BatchLog,
+    *,
+    duration_s: float,
+    interval_s: float = 1.0,
+    workers: int,
+    log_record_kb: float = 0.0,
 ) -> pd.DataFrame:
     """One row per interval of ``interval_s`` over the run (the tail after the last arrival included)."""
     if interval_s <= 0:
@@ -66,6 +72,9 @@ def timeline(
     left_queue = np.where(done, r.t_dispatch, r.t_dropped)
     waiting = time_average_level(r.t_preprocessed, left_queue, edges)
     in_flight = time_average_level(r.arrival[done], r.t_response[done], edges)
+    shipped = np.isfinite(r.t_logged)
+    emitted = np.where(done, r.t_response, r.t_dropped)
+    log_backlog_mb = time_average_level(emitted[shipped], r.t_logged[shipped], edges) * log_record_kb / 1e3
 
     n_batches = np.histogram(batches.start, bins=edges)[0]
     batch_items = np.histogram(batches.start, bins=edges, weights=batches.size)[0]
@@ -89,5 +98,6 @@ def timeline(
             "mean_batch_size": mean_batch,
             "p50_ms": e2e[:, 0],
             "p99_ms": e2e[:, 1],
+            "log_backlog_mb": log_backlog_mb,
         }
     )
