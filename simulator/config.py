@@ -148,6 +148,28 @@ class Features(_Frozen):
         return self
 
 
+class Cache(_Frozen):
+    """A cache in front of a stage: Zipf key popularity, TTL, optional LRU capacity."""
+
+    keys: int = Field(1_000_000, ge=1, description="Size of the key space (distinct inputs or entities).")
+    zipf_s: float = Field(1.0, ge=0, description="Zipf exponent of key popularity (0: uniform).")
+    hit_rate: float | None = Field(
+        None, ge=0, le=1, description="Override: hits are independent coin flips with this probability."
+    )
+    ttl_s: float | None = Field(None, gt=0, description="Entry lifetime from insertion, s (none: no expiry).")
+    capacity: int | None = Field(None, ge=1, description="LRU capacity in entries (none: unbounded).")
+    invalidate_at_s: tuple[float, ...] = Field((), description="Times the whole cache is flushed (deploys), s.")
+    hit: Distribution | None = Field(None, description="Latency of a hit, ms.")
+    miss: Distribution | None = Field(None, description="Latency of the lookup on a miss, ms (before the work).")
+
+
+class Caches(_Frozen):
+    """Optional caches: results (skip the model on a hit) and features (skip the fetch)."""
+
+    result: Cache | None = Field(None, description="Result cache after the router, keyed by model version and input.")
+    feature: Cache | None = Field(None, description="Feature cache in front of the KV store, keyed by entity.")
+
+
 class Preprocess(_Frozen):
     """CPU preprocessing (decode, resize, tokenise) on a pool of CPU workers, FCFS."""
 
@@ -255,6 +277,7 @@ class Scenario(_Frozen):
     traffic: Traffic = Field(description="Arrivals and payload sizes.")
     network: Network = Field(Network(), description="Client ↔ API network hops.")
     router: Router = Field(Router(), description="API/router overhead.")
+    caches: Caches = Field(Caches(), description="Result and feature caches.")
     features: Features = Field(Features(), description="Online feature fetch.")
     preprocess: Preprocess = Field(Preprocess(), description="CPU preprocessing.")
     batching: Batching = Field(Batching(), description="Dynamic batching queue.")

@@ -24,7 +24,8 @@ import numpy as np
 
 from simulator.arrivals import arrivals as make_arrivals
 from simulator.batcher import BatchQueue, Outcome
-from simulator.config import Batching, Scenario
+from simulator.caches import lookup
+from simulator.config import Batching, Cache, Scenario
 from simulator.distributions import Distribution, Sampler
 from simulator.features import fetch
 from simulator.predlog import ship
@@ -32,7 +33,7 @@ from simulator.recorder import Records
 from simulator.stations import fcfs_multiserver
 from simulator.workers import BatchLog, ServiceModel, run_pool
 
-STREAMS = (
+STREAMS = (  # append only: a stream's position fixes its seed
     "arrivals",
     "network_in",
     "network_out",
@@ -42,6 +43,8 @@ STREAMS = (
     "service",
     "postprocess",
     "routing",
+    "result_cache",
+    "feature_cache",
 )
 
 
@@ -149,11 +152,30 @@ def _preprocess(s: Scenario, t_feat: np.ndarray, svc: np.ndarray) -> np.ndarray:
     return _in_order(t_feat, lambda st, o: fcfs_multiserver(st, svc[o], s.preprocess.cpu_workers)[0] + svc[o])
 
 
-def _widen(x: np.ndarray, idx: np.ndarray, n: int, fill) -> np.ndarray:
-    """Scatter the values of the ``idx`` subset into a length-``n`` array of ``fill``."""
-    out = np.full(n, fill, dtype=x.dtype)
-    out[idx] = x
-    return out
+def _cache(cfg: Cache | None, t: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Hits of a cache looked up at ``t``, and when each lookup is done."""
+    if cfg is None:
+        return np.zeros(len(t), dtype=bool), t
+    hit = lookup(cfg, t, rng=rng)
+    lat = np.where(hit, _delay(cfg.hit, len(t), rng), _delay(cfg.miss, len(t), rng))
+    return hit, t + lat
+
+
+def _feature_stage(s: Scenario, start: np.ndarray, need: np.ndarray, rng: dict) -> tuple[np.ndarray, ...]:
+    """Feature stage for the requests that ``need`` it: end times, degraded, failed, cache hits."""
+    n = len(start)
+    end = start.copy()
+    degraded, failed = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    hit = np.zeros(n, dtype=bool)
+    idx = np.flatnonzero(need)
+    c_hit, c_end = _cache(s.caches.feature, start[idx], rng["feature_cache"])
+    hit[idx] = c_hit
+    end[idx] = c_end
+    go = idx[~c_hit]
+    f = s.features
+    sampler = Sampler(f.round_trip, rng["features"]) if f.round_trip is not None else None
+    end[go], degraded[go], failed[go] = fetch(f, end[go], sampler)
+    return end, degraded, failed, hit
 
 
 def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
@@ -172,27 +194,33 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
     )
     t_router = t_api + _delay(s.router.overhead, n, rng["router"])
 
-    f = s.features
-    feat_sampler = Sampler(f.round_trip, rng["features"]) if f.round_trip is not None else None
-    t_feat, degraded, failed = fetch(f, t_router, feat_sampler)
+    # result cache: a hit skips features, preprocessing and the model
+    result_hit, t_cache = _cache(s.caches.result, t_router, rng["result_cache"])
+    need = ~result_hit
+    t_feat, degraded, failed, feature_hit = _feature_stage(s, t_cache, need, rng)
 
-    # requests whose feature fetch failed go no further; the rest continue
     pre_svc = np.broadcast_to(_delay(s.preprocess.service, n, rng["preprocess"]), (n,))
     assign = assign_workers(s, n, rng["routing"])
-    live = np.flatnonzero(~failed) if failed.any() else slice(None)
-    t_pre = _preprocess(s, t_feat[live], pre_svc[live])
     service = ServiceModel(s.workers, s.batching.max_batch_size, rng["service"])
-    served = serve(t_pre, None if assign is None else assign[live], s, service)
-    if failed.any():
-        *per_request, batches = served
-        fills = (np.nan, np.nan, 0, -1, Outcome.FAILED, np.nan)
-        per_request = [_widen(x, live, n, fill) for x, fill in zip(per_request, fills, strict=True)]
-        served = (*per_request, batches)
-        t_pre = _widen(t_pre, live, n, np.nan)
-    t_dispatch, t_inferred, batch_size, instance, outcome, t_dropped, batches = served
-    if failed.any():
+    # requests served from the result cache take zero time in the later stages
+    t_pre, t_dispatch, t_inferred = t_feat.copy(), t_feat.copy(), t_feat.copy()
+    batch_size = np.zeros(n, dtype=np.int64)
+    instance = np.full(n, -1, dtype=np.int64)
+    outcome = np.zeros(n, dtype=np.int8)
+    t_dropped = np.full(n, np.nan)
+    live = need & ~failed
+    idx = slice(None) if live.all() else np.flatnonzero(live)
+    t_pre[idx] = _preprocess(s, t_feat[idx], pre_svc[idx])
+    *per_request, batches = serve(t_pre[idx], None if assign is None else assign[idx], s, service)
+    for column, values in zip(
+        (t_dispatch, t_inferred, batch_size, instance, outcome, t_dropped), per_request, strict=True
+    ):
+        column[idx] = values
+    if failed.any():  # they gave up on their features and go no further
+        outcome[failed] = Outcome.FAILED
         t_dropped[failed] = t_feat[failed]
-        t_feat = np.where(failed, np.nan, t_feat)
+        for column in (t_feat, t_pre, t_dispatch, t_inferred):
+            column[failed] = np.nan
 
     t_post = t_inferred + _delay(s.postprocess.service, n, rng["postprocess"])
     t_resp = (
@@ -205,6 +233,7 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
         arrival=t0,
         t_api=t_api,
         t_router=t_router,
+        t_cache=t_cache,
         t_features=t_feat,
         t_preprocessed=t_pre,
         t_dispatch=t_dispatch,
@@ -215,6 +244,8 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
         t_logged=t_logged,
         outcome=outcome,
         degraded=degraded,
+        result_hit=result_hit,
+        feature_hit=feature_hit,
         batch_size=batch_size,
         instance=instance,
     )

@@ -174,7 +174,7 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
         "utilization": {
             "workers": float(util.mean()),
             "per_worker": per_worker.tolist(),
-            "of_peak_capacity": n_done / span_s / peak_throughput_rps(s),
+            "of_peak_capacity": float((sizes.index * sizes).sum()) / span_s / peak_throughput_rps(s),  # GPU-served
         },
         "batch_size": {
             "mean": float((sizes.index * sizes).sum() / sizes.sum()) if len(sizes) else float("nan"),
@@ -187,14 +187,18 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
         },
         "cost": cost(s.workers.count, worker_price(s, catalog), n_done / span_s),
         "logging": logging_summary(rec, s, mask),
-        "timeline": timeline(
-            rec,
-            run.batches,
-            duration_s=s.duration_s,
-            interval_s=interval_s,
-            workers=s.workers.count,
-            log_record_kb=s.logging.record_kb if s.logging else 0.0,
-        ).to_dict(orient="records"),
+        "caches": {
+            name: {
+                "hit_ratio": float(hits[looked].mean()) if looked.any() else float("nan"),
+                "lookups": int(looked.sum()),
+            }
+            for name, cfg, hits, looked in (
+                ("result", s.caches.result, rec.result_hit, mask),
+                ("feature", s.caches.feature, rec.feature_hit, mask & ~rec.result_hit),
+            )
+            if cfg is not None
+        },
+        "timeline": timeline(rec, run.batches, s, interval_s=interval_s).to_dict(orient="records"),
         "sim": {
             "wall_s": run.wall_s,
             "requests": n_total,

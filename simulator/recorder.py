@@ -19,7 +19,8 @@ from simulator.workers import BatchLog
 STAGES: tuple[tuple[str, str, str], ...] = (
     ("network_in", "arrival", "t_api"),
     ("router", "t_api", "t_router"),
-    ("features", "t_router", "t_features"),
+    ("cache", "t_router", "t_cache"),
+    ("features", "t_cache", "t_features"),
     ("preprocess", "t_features", "t_preprocessed"),
     ("queue", "t_preprocessed", "t_dispatch"),
     ("inference", "t_dispatch", "t_inferred"),
@@ -35,6 +36,7 @@ class Records:
     arrival: np.ndarray
     t_api: np.ndarray
     t_router: np.ndarray
+    t_cache: np.ndarray
     t_features: np.ndarray
     t_preprocessed: np.ndarray
     t_dispatch: np.ndarray
@@ -45,6 +47,8 @@ class Records:
     t_logged: np.ndarray
     outcome: np.ndarray
     degraded: np.ndarray
+    result_hit: np.ndarray
+    feature_hit: np.ndarray
     batch_size: np.ndarray
     instance: np.ndarray
 

@@ -81,6 +81,8 @@ def render(summary: dict) -> Group:
         f"${c['per_hour_usd']:,.2f}/h · ${c['per_million_requests_usd']:,.4f} per million requests "
         f"(${c['price_per_worker_hour_usd']:.4g} per worker-hour)",
     )
+    for name, c in summary.get("caches", {}).items():
+        fleet.add_row(f"{name} cache", f"hit ratio {c['hit_ratio']:.1%} of {c['lookups']:,} lookups")
     log = summary.get("logging")
     if log:
         fleet.add_row(

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.batcher import Outcome
+from simulator.config import Scenario
 from simulator.recorder import Records
 from simulator.workers import BatchLog
 
@@ -43,16 +44,12 @@ def _binned_percentiles(t: np.ndarray, x: np.ndarray, edges: np.ndarray, qs: lis
     return out
 
 
-def timeline(
-    records: Records,
-    batches: BatchLog,
-    *,
-    duration_s: float,
-    interval_s: float = 1.0,
-    workers: int,
-    log_record_kb: float = 0.0,
-) -> pd.DataFrame:
-    """One row per interval of ``interval_s`` over the run (the tail after the last arrival included)."""
+def timeline(records: Records, batches: BatchLog, scenario: Scenario, *, interval_s: float = 1.0) -> pd.DataFrame:
+    """One row per interval of ``interval_s`` over the run (the tail after the last arrival included).
+
+    Columns of parts the scenario does not model (caches, logging) are NaN.
+    """
+    duration_s, workers = scenario.duration_s, scenario.workers.count
     if interval_s <= 0:
         raise ValueError("interval_s must be positive")
     r = records
@@ -74,13 +71,23 @@ def timeline(
     in_flight = time_average_level(r.arrival[done], r.t_response[done], edges)
     shipped = np.isfinite(r.t_logged)
     emitted = np.where(done, r.t_response, r.t_dropped)
-    log_backlog_mb = time_average_level(emitted[shipped], r.t_logged[shipped], edges) * log_record_kb / 1e3
+    log_backlog_mb = (
+        time_average_level(emitted[shipped], r.t_logged[shipped], edges) * scenario.logging.record_kb / 1e3
+        if scenario.logging
+        else np.full(len(edges) - 1, np.nan)
+    )
 
+    lookups = np.histogram(r.arrival, bins=edges)[0]
+    result_hits = np.histogram(r.arrival[r.result_hit], bins=edges)[0]
+    feature_lookups = np.histogram(r.arrival[~r.result_hit], bins=edges)[0]
+    feature_hits = np.histogram(r.arrival[r.feature_hit], bins=edges)[0]
     n_batches = np.histogram(batches.start, bins=edges)[0]
     batch_items = np.histogram(batches.start, bins=edges, weights=batches.size)[0]
     e2e = _binned_percentiles(r.t_response[done], (r.t_response - r.arrival)[done], edges, [50.0, 99.0])
     with np.errstate(invalid="ignore", divide="ignore"):
         mean_batch = batch_items / n_batches
+        result_hit_ratio = result_hits / lookups if scenario.caches.result else np.nan
+        feature_hit_ratio = feature_hits / feature_lookups if scenario.caches.feature else np.nan
     return pd.DataFrame(
         {
             "t_s": edges[:-1] / 1000.0,
@@ -99,5 +106,7 @@ def timeline(
             "p50_ms": e2e[:, 0],
             "p99_ms": e2e[:, 1],
             "log_backlog_mb": log_backlog_mb,
+            "result_hit_ratio": result_hit_ratio,
+            "feature_hit_ratio": feature_hit_ratio,
         }
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from simulator.engine import simulate
@@ -93,3 +94,22 @@ def test_platform_headroom_claim():
     path = ROOT / "scenarios/inference_platform.yaml"
     sla = load_scenario(path).sla.target_ms
     assert p(path, duration_s=4, warmup_s=1) <= sla
+
+
+def test_cache_ttl_claims():
+    path = ROOT / "scenarios/cache_ttl.yaml"
+    runs = {}
+    for cmd in documented_commands(path):
+        s = load_scenario(path, overrides(cmd))
+        run = simulate(s)
+        runs[s.caches.result.ttl_s] = (summarize(run), run)
+    ttls = sorted(runs)
+    hit = [runs[t][0]["caches"]["result"]["hit_ratio"] for t in ttls]
+    p99 = [runs[t][0]["latency_ms"]["e2e"]["p99"] for t in ttls]
+    assert ttls[0] == 1 and ttls[-1] == 3600
+    assert all(b >= a - 0.005 for a, b in zip(hit, hit[1:], strict=False))  # longer TTL, more hits
+    assert hit[-1] > hit[0] + 0.3
+    assert p99[-1] < p99[0]
+    # the deploy at 300 s flushes the cache: the hit ratio in that second collapses
+    tl = pd.DataFrame(runs[60][0]["timeline"]).set_index("t_s")
+    assert tl.loc[300.0, "result_hit_ratio"] < 0.7 * tl.loc[290.0:299.0, "result_hit_ratio"].mean()

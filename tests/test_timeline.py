@@ -37,7 +37,7 @@ def test_timeline_conserves_counts_and_littles_law():
         workers={"count": 1, "instances": 2, "service_time": {"kind": "affine", "base_ms": 3.0, "per_item_ms": 0.5}},
     )
     run = simulate(s)
-    tl = timeline(run.records, run.batches, duration_s=s.duration_s, interval_s=0.5, workers=1)
+    tl = timeline(run.records, run.batches, s, interval_s=0.5)
     r = run.records
     dt = 0.5
     assert (tl.offered_rps * dt).sum() == pytest.approx(len(r))
