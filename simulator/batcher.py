@@ -36,9 +36,18 @@ class Outcome(IntEnum):
     REJECTED = 1  # the batch queue was full
     TIMED_OUT = 2  # queued longer than batching.timeout_ms
     FAILED = 3  # the feature fetch timed out with on_timeout: fail
+    CRASHED = 4  # queued or in service on a worker that crashed
 
 
 DONE = None  # decide(): no request will ever arrive again
+
+
+class _Extend:
+    def __repr__(self) -> str:
+        return "EXTEND"
+
+
+EXTEND = _Extend()  # decide(): the answer depends on arrivals not routed here yet
 
 
 class BatchQueue:
@@ -49,18 +58,17 @@ class BatchQueue:
     remembered as (position, size) and expanded to request indices once, at the end.
     """
 
-    def __init__(self, arrivals: np.ndarray, cfg: Batching):
-        self.m = len(arrivals)
-        self.q = array("d", np.ascontiguousarray(arrivals, dtype=float).tobytes())
+    def __init__(self, arrivals: np.ndarray, cfg: Batching, *, closed: bool = True):
         self.cfg = cfg
         self.max_b = cfg.max_batch_size
         self.delay = cfg.max_queue_delay_ms
         self.cap = cfg.max_queue_size
-        self.expiry = (
-            array("d", (np.asarray(arrivals, dtype=float) + cfg.timeout_ms).tobytes())
-            if cfg.timeout_ms is not None
-            else None
-        )
+        self.m = 0
+        self.q = array("d")
+        self.expiry = array("d") if cfg.timeout_ms is not None else None
+        self._outcome = array("b")
+        self._drop = array("d")
+        self.horizon = -math.inf  # arrivals before this time are all known
         self.preferred = sorted(set(cfg.preferred_batch_sizes))
         self.thresholds = sorted(set(cfg.preferred_batch_sizes) | {cfg.max_batch_size})
         # admitted request indices in FIFO order; without a queue limit every arrival is
@@ -69,10 +77,38 @@ class BatchQueue:
         self.qh = 0  # queue head (a position in buf, or a request index)
         self.qt = 0  # queue tail
         self.scan = 0  # arrivals before this index have been admitted or rejected
-        self.outcome = np.zeros(self.m, dtype=np.int8)
-        self.drop_time = np.full(self.m, np.nan)
         self.batch_pos = array("q")  # queue position of each dispatched batch's first request
         self.batch_size = array("q")
+        self.closed = False
+        self.extend(arrivals, math.inf if closed else -math.inf)
+        self.closed = closed
+
+    def extend(self, arrivals: np.ndarray, horizon: float) -> None:
+        """Append sorted arrivals (all later than those known); every arrival before
+        ``horizon`` is now known."""
+        arrivals = np.ascontiguousarray(arrivals, dtype=float)
+        self.q.frombytes(arrivals.tobytes())
+        if self.expiry is not None:
+            self.expiry.frombytes((arrivals + self.cfg.timeout_ms).tobytes())
+        self._outcome.frombytes(bytes(len(arrivals)))
+        self._drop.frombytes(np.full(len(arrivals), np.nan).tobytes())
+        self.m += len(arrivals)
+        self.horizon = max(self.horizon, horizon)
+
+    def close(self) -> None:
+        """No more arrivals will come."""
+        self.closed = True
+        self.horizon = math.inf
+
+    @property
+    def outcome(self) -> np.ndarray:
+        """Outcome of each arrival, in queue order."""
+        return np.frombuffer(self._outcome, dtype=np.int8).copy() if self.m else np.zeros(0, np.int8)
+
+    @property
+    def drop_time(self) -> np.ndarray:
+        """When each rejected or timed-out arrival left (NaN otherwise), in queue order."""
+        return np.frombuffer(self._drop, dtype=float).copy() if self.m else np.zeros(0)
 
     def __len__(self) -> int:
         return self.qt - self.qh
@@ -88,8 +124,9 @@ class BatchQueue:
         self.scan = stop
 
     def _reject(self, stop: int) -> None:
-        self.outcome[self.scan : stop] = Outcome.REJECTED
-        self.drop_time[self.scan : stop] = self.q[self.scan : stop]
+        k = stop - self.scan
+        self._outcome[self.scan : stop] = array("b", [Outcome.REJECTED]) * k
+        self._drop[self.scan : stop] = self.q[self.scan : stop]
         self.scan = stop
 
     def _expire(self, t: float) -> None:
@@ -100,8 +137,8 @@ class BatchQueue:
             i = self._req(self.qh)
             if e[i] > t:
                 return
-            self.outcome[i] = Outcome.TIMED_OUT
-            self.drop_time[i] = e[i]
+            self._outcome[i] = Outcome.TIMED_OUT
+            self._drop[i] = e[i]
             self.qh += 1
 
     def advance(self, now: float) -> None:
@@ -131,13 +168,16 @@ class BatchQueue:
         self.qh += k
         return k
 
-    def decide(self, now: float) -> int | float | None:
+    def decide(self, now: float) -> int | float | _Extend | None:
         """With a free instance at ``now``: the size of the batch it takes from the head
-        (an ``int``), a time to wake up and ask again (a ``float``), or ``DONE``."""
+        (an ``int``), a time to wake up and ask again (a ``float``), ``EXTEND`` (ask again
+        when more arrivals are known), or ``DONE``."""
         self.advance(now)
         n = self.qt - self.qh
         if n == 0:
-            return DONE if self.scan >= self.m else self.q[self.scan]
+            if self.scan < self.m:
+                return self.q[self.scan]
+            return DONE if self.closed else EXTEND
         if n >= self.max_b:
             return self._take(self.max_b)
         if self.preferred and n >= self.preferred[0]:
@@ -150,7 +190,7 @@ class BatchQueue:
         wake = deadline if idx >= self.m else min(deadline, self.q[idx])
         if self.expiry is not None:
             wake = min(wake, self.expiry[head])
-        return wake
+        return wake if wake <= self.horizon else EXTEND
 
     def members(self) -> tuple[np.ndarray, np.ndarray]:
         """Request indices of all dispatched batches in dispatch order, and each batch's size."""

@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from simulator.autoscaler import Autoscaler
 from simulator.distributions import (
     Deterministic,
     Distribution,
@@ -232,6 +233,37 @@ ServiceTime = Annotated[
 ]
 
 
+class ColdStart(_Frozen):
+    """What a new worker goes through before it serves (each stage a distribution, ms)."""
+
+    provision: Distribution | None = Field(None, description="Node provisioning, ms (skipped from the warm pool).")
+    image_pull: Distribution | None = Field(None, description="Container image pull, ms (skipped from the warm pool).")
+    model_load: Distribution | None = Field(None, description="Loading the model onto the GPU, ms.")
+    warmup: Distribution | None = Field(None, description="Warm-up requests, compilation, ms.")
+    warm_pool: int = Field(
+        0,
+        ge=0,
+        description="Pre-provisioned nodes with the image: a worker started on one "
+        "skips provisioning and image pull. A removed worker's node returns to the pool.",
+    )
+
+
+class Crash(_Frozen):
+    """A scheduled worker crash."""
+
+    at_s: float = Field(ge=0, description="When, s.")
+    worker: int = Field(0, ge=0, description="Which worker (the n-th of those serving at that time).")
+
+
+class Failures(_Frozen):
+    """Worker crashes: random (MTBF) and scheduled. Queued and in-flight requests on a
+    crashed worker are lost; a replacement serves after ``mttr_s``."""
+
+    mtbf_s: float | None = Field(None, gt=0, description="Mean time between failures of one worker, s.")
+    mttr_s: float = Field(60.0, ge=0, description="Time until a crashed worker is replaced and serving, s.")
+    crashes: tuple[Crash, ...] = Field((), description="Scheduled crashes.")
+
+
 class Workers(_Frozen):
     """The GPU worker pool: ``count`` workers, each running ``instances`` model instances."""
 
@@ -241,6 +273,14 @@ class Workers(_Frozen):
     service_time: ServiceTime = Field(
         description="Batch service time: affine, table, or a plain distribution (batch-size independent)."
     )
+    autoscaler: Autoscaler | None = Field(None, description="Scale the fleet over time (count is the start).")
+    cold_start: ColdStart = Field(ColdStart(), description="What a new worker goes through before it serves.")
+    failures: Failures | None = Field(None, description="Worker crashes.")
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the fleet changes during the run."""
+        return self.autoscaler is not None or self.failures is not None
 
 
 class Postprocess(_Frozen):
@@ -285,6 +325,12 @@ class Scenario(_Frozen):
     postprocess: Postprocess = Field(Postprocess(), description="Postprocessing and serialisation.")
     logging: PredictionLog | None = Field(None, description="Prediction logging pipeline (none: not modelled).")
     cost: Cost = Field(Cost(), description="Pricing.")
+
+    @model_validator(mode="after")
+    def _dynamic_fleet_needs_worker_queues(self) -> Scenario:
+        if self.workers.dynamic and self.router.balancing == "shared":
+            raise ValueError("autoscaling and failures need per-worker queues: router.balancing random or round_robin")
+        return self
 
     @model_validator(mode="after")
     def _warmup_inside(self) -> Scenario:

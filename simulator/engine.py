@@ -138,10 +138,9 @@ def serve(t_pre: np.ndarray, assign: np.ndarray | None, s: Scenario, service: Se
     else:
         queues = [BatchQueue(t_pre[order], s.batching) for order in groups]
         results, batches = run_pool(queues, ids, service)
-        for order, queue, (start, end, sz, inst) in zip(groups, queues, results, strict=True):
-            t_dispatch[order], t_done[order], size[order], instance[order] = start, end, sz, inst
-            outcome[order] = queue.outcome
-            dropped[order] = queue.drop_time
+        for order, columns in zip(groups, results, strict=True):
+            for full, part in zip((t_dispatch, t_done, size, instance, outcome, dropped), columns, strict=True):
+                full[order] = part
     return t_dispatch, t_done, size, instance, outcome, dropped, batches
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from simulator.batcher import DONE, BatchQueue
+from simulator.batcher import DONE, EXTEND, BatchQueue, Outcome
 from simulator.config import Affine, Table, Workers
 from simulator.distributions import Sampler
 
@@ -89,22 +89,31 @@ class BatchLog:
     instance: np.ndarray
 
 
-class _Instances:
-    """The free model instances of one queue, longest idle first.
+class Feed:
+    """One batch queue and the model instances it feeds (one worker, or the shared pool).
 
-    A plain FIFO plus one wake-up event for the scheduler when it waits for an instance:
-    one SimPy event per hand-back instead of a Store's put and get.
+    Free instances wait in a plain FIFO (longest idle first) with one wake-up event for the
+    scheduler when it waits for an instance: one SimPy event per hand-back instead of a
+    Store's put and get. ``extended`` wakes a scheduler that waits for more arrivals to
+    be routed to an open queue; ``crashed_at`` stops everything on a crashed worker.
     """
 
-    __slots__ = ("env", "free", "waiting")
-
-    def __init__(self, env: simpy.Environment, ids: list[int]):
+    def __init__(self, env: simpy.Environment, queue: BatchQueue, ids: list[int]):
         self.env = env
+        self.queue = queue
         self.free = deque((i, 0.0) for i in ids)
+        self.n_instances = len(ids)
         self.waiting: simpy.Event | None = None
+        self.extended: simpy.Event | None = None
+        self.busy = 0  # requests in service
+        self.crashed_at: float | None = None
+        self.b_start, self.b_end, self.b_inst = array("d"), array("d"), array("q")
 
-    def release(self, inst: int, at: float):
+    def release(self, inst: int, at: float, size: int):
         def callback(_event):
+            if self.crashed_at is not None:
+                return
+            self.busy -= size
             self.free.append((inst, at))
             if self.waiting is not None:
                 self.waiting.succeed()
@@ -112,68 +121,110 @@ class _Instances:
 
         return callback
 
+    def extend(self, arrivals: np.ndarray, horizon: float) -> None:
+        """Route more arrivals here (all before ``horizon`` are now known) and wake the scheduler."""
+        self.queue.extend(arrivals, horizon)
+        self._wake(horizon)
 
-def run_pool(queues: list[BatchQueue], instances: list[list[int]], service: ServiceModel) -> tuple[list, BatchLog]:
-    """Simulate every queue's scheduler and its instances in one environment.
+    def close(self, at: float) -> None:
+        """No more arrivals (the worker drains)."""
+        self.queue.close()
+        self._wake(at)
 
-    ``instances[k]`` are the global ids of the model instances fed by ``queues[k]``
-    (one queue per worker, or one queue shared by the whole pool). Returns, per queue,
-    per-request (queue order) start, end, batch size and instance, and the batch log
-    of the whole pool; requests never dispatched keep NaN times, size 0, instance -1.
+    def _wake(self, at: float) -> None:
+        if self.extended is not None:
+            self.extended.succeed(at)
+            self.extended = None
 
-    Times are exact: each scheduler keeps its own logical clock (SimPy's ``now``
-    accrues rounding as ``now + delay``), so a window that closes at t closes at t.
-    """
-    env = simpy.Environment()
-    logs = []
+    def results(self) -> tuple[tuple[np.ndarray, ...], BatchLog]:
+        """Per-request (queue order) start, end, batch size, instance, outcome, drop time; the batch log.
 
-    def scheduler(queue: BatchQueue, pool: _Instances, b_start: list, b_end: list, b_inst: list):
-        clock = 0.0
-        free = pool.free
-        while True:
-            if not free:
-                pool.waiting = env.event()
-                yield pool.waiting
-            inst, free_at = free.popleft()
-            if free_at > clock:
-                clock = free_at
-            while True:
-                decision = queue.decide(clock)
-                if decision is DONE:
-                    return
-                if isinstance(decision, float):
-                    yield env.timeout(max(0.0, decision - env.now))
-                    clock = decision
-                    continue
-                break
-            done = clock + service(decision)
-            b_start.append(clock)
-            b_end.append(done)
-            b_inst.append(inst)
-            env.timeout(max(0.0, done - env.now)).callbacks.append(pool.release(inst, done))
-
-    for queue, ids in zip(queues, instances, strict=True):
-        lists = (array("d"), array("d"), array("q"))
-        logs.append(lists)
-        env.process(scheduler(queue, _Instances(env, ids), *lists))
-    env.run()
-
-    results, parts = [], []
-    for queue, (b_start, b_end, b_inst) in zip(queues, logs, strict=True):
+        On a crashed worker, batches still running at the crash and requests still queued
+        are lost (``Outcome.CRASHED``, dropped at the crash).
+        """
+        queue = self.queue
         members, sizes = queue.members()
+        log = BatchLog(_np(self.b_start, float), _np(self.b_end, float), sizes, _np(self.b_inst, np.int64))
         start = np.full(queue.m, np.nan)
         end = np.full(queue.m, np.nan)
         size = np.zeros(queue.m, dtype=np.int64)
         inst = np.full(queue.m, -1, dtype=np.int64)
-        log = BatchLog(_np(b_start, float), _np(b_end, float), sizes, _np(b_inst, np.int64))
         start[members] = np.repeat(log.start, sizes)
         end[members] = np.repeat(log.end, sizes)
         size[members] = np.repeat(sizes, sizes)
         inst[members] = np.repeat(log.instance, sizes)
-        results.append((start, end, size, inst))
-        parts.append(log)
-    log = BatchLog(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("start", "end", "size", "instance")))
-    return results, log
+        outcome, dropped = queue.outcome, queue.drop_time
+        if self.crashed_at is not None:
+            lost = (outcome == Outcome.COMPLETED) & ~(end <= self.crashed_at)
+            outcome[lost] = Outcome.CRASHED
+            dropped[lost] = self.crashed_at
+            start[lost], end[lost], size[lost], inst[lost] = np.nan, np.nan, 0, -1
+            kept = log.end <= self.crashed_at
+            log = BatchLog(log.start[kept], log.end[kept], log.size[kept], log.instance[kept])
+        return (start, end, size, inst, outcome, dropped), log
+
+
+def schedule(env: simpy.Environment, feed: Feed, service: ServiceModel):
+    """The scheduler of one feed: take a free instance, form a batch, run it; repeat.
+
+    Times are exact: the scheduler keeps its own logical clock (SimPy's ``now`` accrues
+    rounding as ``now + delay``), so a window that closes at t closes at t.
+    """
+    queue, free = feed.queue, feed.free
+    clock = 0.0
+    while True:
+        if not free:
+            feed.waiting = env.event()
+            yield feed.waiting
+            if feed.crashed_at is not None:
+                return
+        inst, free_at = free.popleft()
+        if free_at > clock:
+            clock = free_at
+        while True:
+            decision = queue.decide(clock)
+            if decision is DONE:
+                return
+            if decision is EXTEND:
+                feed.extended = env.event()
+                at = yield feed.extended
+                clock = max(clock, at)
+            elif isinstance(decision, float):
+                yield env.timeout(max(0.0, decision - env.now))
+                clock = decision
+            else:
+                break
+            if feed.crashed_at is not None:
+                return
+        done = clock + service(decision)
+        feed.busy += decision
+        feed.b_start.append(clock)
+        feed.b_end.append(done)
+        feed.b_inst.append(inst)
+        env.timeout(max(0.0, done - env.now)).callbacks.append(feed.release(inst, done, decision))
+
+
+def run_pool(queues: list[BatchQueue], instances: list[list[int]], service: ServiceModel) -> tuple[list, BatchLog]:
+    """Simulate a fixed set of closed queues, each feeding its instances, in one environment.
+
+    ``instances[k]`` are the global ids of the model instances fed by ``queues[k]`` (one
+    queue per worker, or one queue shared by the whole pool). Returns, per queue, the
+    per-request arrays of :meth:`Feed.results`, and the batch log of the whole pool.
+    """
+    env = simpy.Environment()
+    feeds = [Feed(env, queue, ids) for queue, ids in zip(queues, instances, strict=True)]
+    for feed in feeds:
+        env.process(schedule(env, feed, service))
+    env.run()
+    results, logs = zip(*(feed.results() for feed in feeds), strict=True) if feeds else ((), ())
+    return list(results), concat_logs(logs)
+
+
+def concat_logs(logs) -> BatchLog:
+    """One batch log from several."""
+    if not logs:
+        return BatchLog(np.zeros(0), np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    return BatchLog(*(np.concatenate([getattr(p, f) for p in logs]) for f in ("start", "end", "size", "instance")))
 
 
 def _np(values: array, dtype) -> np.ndarray:

@@ -18,7 +18,7 @@ def run(arrivals_ms, service_ms, instances=1, **batching):
     workers = Workers(count=1, instances=instances, service_time={"kind": "deterministic", "value_ms": service_ms})
     queue = BatchQueue(np.asarray(arrivals_ms, dtype=float), cfg)
     service = ServiceModel(workers, cfg.max_batch_size, np.random.default_rng(0))
-    [(start, _end, _size, _inst)], log = run_pool([queue], [list(range(instances))], service)
+    [(start, *_)], log = run_pool([queue], [list(range(instances))], service)
     batches = []
     for t in log.start:
         ids = tuple(int(i) for i in np.flatnonzero(start == t))
