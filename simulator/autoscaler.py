@@ -65,9 +65,11 @@ class Autoscaler(BaseModel):
 class HPA:
     """Kubernetes Horizontal Pod Autoscaler decisions."""
 
-    def __init__(self, cfg: Autoscaler):
+    def __init__(self, cfg: Autoscaler, initial: int | None = None):
         self.cfg = cfg
-        self.recommendations: deque[tuple[float, int]] = deque()
+        # the fleet ran at ``initial`` replicas before the run: that counts as a recommendation,
+        # so the first scale-down waits out the stabilization window
+        self.recommendations: deque[tuple[float, int]] = deque([(0.0, initial)] if initial is not None else [])
         self.scale_ups: deque[tuple[float, int]] = deque()  # (time, replicas before) for rate limits
 
     def desired(self, t: float, current: int, metric: float) -> int:

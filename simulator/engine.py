@@ -28,6 +28,7 @@ from simulator.caches import lookup
 from simulator.config import Batching, Cache, Scenario
 from simulator.distributions import Distribution, Sampler
 from simulator.features import fetch
+from simulator.pool import DynamicPool, FleetLog
 from simulator.predlog import ship
 from simulator.recorder import Records
 from simulator.stations import fcfs_multiserver
@@ -45,6 +46,7 @@ STREAMS = (  # append only: a stream's position fixes its seed
     "routing",
     "result_cache",
     "feature_cache",
+    "fleet",
 )
 
 
@@ -57,6 +59,7 @@ class Run:
     records: Records
     batches: BatchLog
     wall_s: float
+    fleet: FleetLog | None = None  # when the fleet changes during the run
 
 
 def streams(seed: int) -> dict[str, np.random.Generator]:
@@ -210,7 +213,11 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
     live = need & ~failed
     idx = slice(None) if live.all() else np.flatnonzero(live)
     t_pre[idx] = _preprocess(s, t_feat[idx], pre_svc[idx])
-    *per_request, batches = serve(t_pre[idx], None if assign is None else assign[idx], s, service)
+    fleet = None
+    if s.workers.dynamic:
+        per_request, batches, fleet = DynamicPool(s, t_pre[idx], service, rng).run()
+    else:
+        *per_request, batches = serve(t_pre[idx], None if assign is None else assign[idx], s, service)
     for column, values in zip(
         (t_dispatch, t_inferred, batch_size, instance, outcome, t_dropped), per_request, strict=True
     ):
@@ -248,7 +255,7 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
         batch_size=batch_size,
         instance=instance,
     )
-    return Run(scenario=s, seed=seed, records=records, batches=batches, wall_s=time.perf_counter() - wall0)
+    return Run(scenario=s, seed=seed, records=records, batches=batches, wall_s=time.perf_counter() - wall0, fleet=fleet)
 
 
 __all__ = ["STREAMS", "Outcome", "Run", "simulate", "streams"]

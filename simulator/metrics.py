@@ -134,6 +134,39 @@ def logging_summary(records: Records, scenario: Scenario, mask: np.ndarray) -> d
     }
 
 
+def _overlap(start: np.ndarray, end: np.ndarray, t0: float, t1: float) -> np.ndarray:
+    return np.clip(np.minimum(end, t1) - np.maximum(start, t0), 0.0, None)
+
+
+def fleet_summary(run: Run, t0: float, t1: float) -> dict:
+    """Workers over the window [t0, t1) ms: mean active and billed, peak, and each worker's
+    active fraction of the window (1 for a fixed fleet). Dynamic fleets add their events."""
+    s = run.scenario
+    if run.fleet is None:
+        n = s.workers.count
+        return {
+            "active_mean": float(n),
+            "billed_mean": float(n),
+            "active_max": n,
+            "events": [],
+            "active_fraction": np.ones(n),
+        }
+    span = t1 - t0
+    a0, a1 = run.fleet.intervals("active")
+    b0, b1 = run.fleet.intervals("billed")
+    active = _overlap(a0, a1, t0, t1) / span
+    times = np.concatenate([a0, a1])
+    steps = np.concatenate([np.ones(len(a0)), -np.ones(len(a1))])
+    order = np.lexsort((steps, times))  # at equal times, leave before arriving
+    return {
+        "active_mean": float(active.sum()),
+        "billed_mean": float((_overlap(b0, b1, t0, t1) / span).sum()),
+        "active_max": int(np.cumsum(steps[order]).max()) if len(order) else 0,
+        "events": [{"t_s": t / 1000.0, "event": kind, "detail": d} for t, kind, d in run.fleet.events],
+        "active_fraction": active,
+    }
+
+
 def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1.0) -> dict:
     """Every headline number of a run, as the nested dict that ``--json`` writes.
 
@@ -152,8 +185,11 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
     n_dropped = n_rej + n_to + n_failed
     table = latency_table(rec, mask)
     e2e = (rec.t_response - rec.arrival)[done]
-    util = utilization(run.batches, s.workers.count * s.workers.instances, t0, t1)
-    per_worker = util.reshape(s.workers.count, s.workers.instances).mean(axis=1)
+    fleet = fleet_summary(run, t0, t1)
+    n_workers = len(run.fleet.workers) if run.fleet else s.workers.count
+    busy = utilization(run.batches, n_workers * s.workers.instances, t0, t1)
+    busy = busy.reshape(n_workers, s.workers.instances).mean(axis=1)  # fraction of the window, per worker
+    per_worker = busy / np.maximum(fleet["active_fraction"], 1e-12)
     sizes = batch_size_counts(run.batches, t0, t1)
     n_total = len(rec)
     stages = {name: table.loc[name].to_dict() for name in table.index if name != "e2e"}
@@ -172,7 +208,7 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
         "latency_ms": {"e2e": table.loc["e2e"].to_dict(), "stages": stages},
         "sla": sla_verdict(e2e, s.sla.percentile, s.sla.target_ms, n_dropped if s.sla.count_dropped else 0),
         "utilization": {
-            "workers": float(util.mean()),
+            "workers": float((busy.sum()) / max(fleet["active_fraction"].sum(), 1e-12)),
             "per_worker": per_worker.tolist(),
             "of_peak_capacity": float((sizes.index * sizes).sum()) / span_s / peak_throughput_rps(s),  # GPU-served
         },
@@ -180,12 +216,13 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
             "mean": float((sizes.index * sizes).sum() / sizes.sum()) if len(sizes) else float("nan"),
             "counts": {int(k): int(v) for k, v in sizes.items()},
         },
+        "fleet": {k: v for k, v in fleet.items() if k != "active_fraction"},
         "workers": {
             "count": s.workers.count,
             "instances": s.workers.instances,
             "instance_type": s.workers.instance_type,
         },
-        "cost": cost(s.workers.count, worker_price(s, catalog), n_done / span_s),
+        "cost": cost(fleet["billed_mean"], worker_price(s, catalog), n_done / span_s),
         "logging": logging_summary(rec, s, mask),
         "caches": {
             name: {
@@ -198,7 +235,7 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
             )
             if cfg is not None
         },
-        "timeline": timeline(rec, run.batches, s, interval_s=interval_s).to_dict(orient="records"),
+        "timeline": timeline(rec, run.batches, s, interval_s=interval_s, fleet=run.fleet).to_dict(orient="records"),
         "sim": {
             "wall_s": run.wall_s,
             "requests": n_total,

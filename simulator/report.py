@@ -99,7 +99,30 @@ def render(summary: dict) -> Group:
         f"{sim['requests']:,} requests in {sim['wall_s']:.2f} s wall "
         f"({sim['requests_per_wall_s']:,.0f} req/s) · seed {sim['seed']}",
     )
-    return Group(head, lat, sla_line, fleet, _timeline_line(summary.get("timeline", [])))
+    return Group(
+        head, lat, sla_line, fleet, _fleet_events(summary.get("fleet", {})), _timeline_line(summary.get("timeline", []))
+    )
+
+
+def _fleet_events(fleet: dict) -> Text:
+    """Scaling, readiness and crash events, one line each, readiness grouped by time."""
+    events = fleet.get("events", [])
+    if not events:
+        return Text("")
+    lines, ready = [], {}
+    for e in events:
+        if e["event"] == "ready":
+            if e["t_s"] > 0:
+                ready[e["t_s"]] = ready.get(e["t_s"], 0) + 1
+            continue
+        lines.append((e["t_s"], f"{e['event'].replace('_', ' ')} {e['detail']}"))
+    lines += [(t, f"{k} worker{'s' * (k > 1)} ready") for t, k in ready.items()]
+    lines.sort(key=lambda x: x[0])
+    shown = lines[:12] + ([(lines[-1][0], f"… {len(lines) - 12} more")] if len(lines) > 12 else [])
+    body = "\n".join(f"  t={t:7.1f} s  {msg}" for t, msg in shown)
+    head = f"fleet: {fleet['active_mean']:.1f} workers serving on average (peak {fleet['active_max']}), "
+    head += f"{fleet['billed_mean']:.1f} billed"
+    return Text(head + "\n" + body)
 
 
 def _timeline_line(rows: list[dict]) -> Text:

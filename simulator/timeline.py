@@ -13,6 +13,7 @@ import pandas as pd
 
 from simulator.batcher import Outcome
 from simulator.config import Scenario
+from simulator.pool import FleetLog
 from simulator.recorder import Records
 from simulator.workers import BatchLog
 
@@ -44,7 +45,9 @@ def _binned_percentiles(t: np.ndarray, x: np.ndarray, edges: np.ndarray, qs: lis
     return out
 
 
-def timeline(records: Records, batches: BatchLog, scenario: Scenario, *, interval_s: float = 1.0) -> pd.DataFrame:
+def timeline(
+    records: Records, batches: BatchLog, scenario: Scenario, *, interval_s: float = 1.0, fleet: FleetLog | None = None
+) -> pd.DataFrame:
     """One row per interval of ``interval_s`` over the run (the tail after the last arrival included).
 
     Columns of parts the scenario does not model (caches, logging) are NaN.
@@ -81,6 +84,12 @@ def timeline(records: Records, batches: BatchLog, scenario: Scenario, *, interva
     result_hits = np.histogram(r.arrival[r.result_hit], bins=edges)[0]
     feature_lookups = np.histogram(r.arrival[~r.result_hit], bins=edges)[0]
     feature_hits = np.histogram(r.arrival[r.feature_hit], bins=edges)[0]
+    if fleet is None:
+        active, warming, draining = (np.full(len(edges) - 1, float(v)) for v in (workers, 0, 0))
+    else:
+        active, warming, draining = (
+            time_average_level(*fleet.intervals(k), edges) for k in ("active", "warming", "draining")
+        )
     n_batches = np.histogram(batches.start, bins=edges)[0]
     batch_items = np.histogram(batches.start, bins=edges, weights=batches.size)[0]
     e2e = _binned_percentiles(r.t_response[done], (r.t_response - r.arrival)[done], edges, [50.0, 99.0])
@@ -97,9 +106,9 @@ def timeline(records: Records, batches: BatchLog, scenario: Scenario, *, interva
             "timed_out": timed_out,
             "failed": failed,
             "degraded": degraded,
-            "active_workers": workers,
-            "warming_workers": 0,
-            "draining_workers": 0,
+            "active_workers": active,
+            "warming_workers": warming,
+            "draining_workers": draining,
             "queue_depth": waiting,
             "in_flight": in_flight,
             "mean_batch_size": mean_batch,

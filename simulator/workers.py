@@ -98,10 +98,10 @@ class Feed:
     be routed to an open queue; ``crashed_at`` stops everything on a crashed worker.
     """
 
-    def __init__(self, env: simpy.Environment, queue: BatchQueue, ids: list[int]):
+    def __init__(self, env: simpy.Environment, queue: BatchQueue, ids: list[int], *, start_at: float = 0.0):
         self.env = env
         self.queue = queue
-        self.free = deque((i, 0.0) for i in ids)
+        self.free = deque((i, start_at) for i in ids)
         self.n_instances = len(ids)
         self.waiting: simpy.Event | None = None
         self.extended: simpy.Event | None = None
@@ -121,10 +121,11 @@ class Feed:
 
         return callback
 
-    def extend(self, arrivals: np.ndarray, horizon: float) -> None:
-        """Route more arrivals here (all before ``horizon`` are now known) and wake the scheduler."""
+    def extend(self, arrivals: np.ndarray, horizon: float, at: float) -> None:
+        """At time ``at``, route more arrivals here (all before ``horizon`` are now known)
+        and wake the scheduler if it waits for them."""
         self.queue.extend(arrivals, horizon)
-        self._wake(horizon)
+        self._wake(at)
 
     def close(self, at: float) -> None:
         """No more arrivals (the worker drains)."""
