@@ -80,7 +80,7 @@ class HPA:
         if current == 0:  # scale from zero on any load
             proposal = 1 if metric > 0 else 0
         self.recommendations.append((t, proposal))
-        while self.recommendations and self.recommendations[0][0] < t - cfg.scale_down_stabilization_s:
+        while self.recommendations and self.recommendations[0][0] <= t - cfg.scale_down_stabilization_s:
             self.recommendations.popleft()
         down = max(r for _, r in self.recommendations)
         wanted = min(max(current, proposal), down)  # up: the proposal; down: the window's highest
