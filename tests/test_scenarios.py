@@ -115,3 +115,19 @@ def test_cache_ttl_claims():
     # the deploy at 300 s flushes the cache: the hit ratio in that second collapses
     tl = pd.DataFrame(runs[60][0]["timeline"]).set_index("t_s")
     assert tl.loc[300.0, "result_hit_ratio"] < 0.7 * tl.loc[290.0:299.0, "result_hit_ratio"].mean()
+
+
+def test_autoscaling_claims():
+    path = ROOT / "scenarios/autoscaling.yaml"
+    (base, base_run), (warm, _), (over, _) = (
+        (summarize(r := simulate(load_scenario(path, overrides(c)))), r) for c in documented_commands(path)
+    )
+    # during the cold-start lag the queue builds and requests are shed
+    tl = pd.DataFrame(base["timeline"]).set_index("t_s")
+    assert tl.loc[150.0:200.0, "queue_depth"].mean() > 100
+    assert tl.loc[150.0:200.0, "warming_workers"].mean() > 5
+    assert base["requests"]["rejected"] > 0
+    assert warm["requests"]["rejected"] < 0.6 * base["requests"]["rejected"]  # the warm pool shortens the lag
+    assert over["requests"]["rejected"] == 0  # capacity for the peak all along
+    assert over["sla"]["met"]
+    assert not base["sla"]["met"]
