@@ -37,6 +37,7 @@ class Outcome(IntEnum):
     TIMED_OUT = 2  # queued longer than batching.timeout_ms
     FAILED = 3  # the feature fetch timed out with on_timeout: fail
     CRASHED = 4  # queued or in service on a worker that crashed
+    ERROR = 5  # answered with an error (a version's error rate)
 
 
 DONE = None  # decide(): no request will ever arrive again

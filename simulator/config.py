@@ -9,7 +9,7 @@ by a scenario are read by :mod:`simulator.loader` after validation.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -23,7 +23,9 @@ from simulator.distributions import (
     LogNormal,
     Uniform,
 )
+from simulator.servicetime import Affine, ServiceTime, Table
 from simulator.shapes import Constant, Shape
+from simulator.versions import Canary, Shadow
 
 
 class _Frozen(BaseModel):
@@ -88,6 +90,9 @@ class Router(_Frozen):
             "queues, or shared: one queue feeding every instance of the pool (an M/M/c-style central queue)."
         ),
     )
+    users: int = Field(100_000, ge=1, description="User population; a user's id fixes its canary bucket.")
+    canary: Canary | None = Field(None, description="A candidate version on its own pool, sticky per user.")
+    shadow: Shadow | None = Field(None, description="Mirror a share of primary requests to a shadow version.")
 
 
 class KVStore(_Frozen):
@@ -200,37 +205,6 @@ class Batching(_Frozen):
         if bad:
             raise ValueError(f"preferred_batch_sizes {bad} must lie in 1..max_batch_size")
         return self
-
-
-class Affine(_Frozen):
-    """Batch service time base_ms + per_item_ms × B, times a mean-one log-normal noise factor."""
-
-    kind: Literal["affine"] = "affine"
-    base_ms: float = Field(ge=0, description="Fixed cost of a batch (launch, transfer), ms.")
-    per_item_ms: float = Field(ge=0, description="Marginal cost per request in the batch, ms.")
-    noise_cv: float = Field(0.0, ge=0, description="cv of the multiplicative noise (0: deterministic).")
-
-
-class Table(_Frozen):
-    """Measured batch service time per batch size, linearly interpolated (and extrapolated at the ends)."""
-
-    kind: Literal["table"] = "table"
-    batch_ms: dict[int, float] = Field(description="Mean service time in ms, keyed by batch size.")
-    noise_cv: float = Field(0.0, ge=0, description="cv of the multiplicative noise (0: deterministic).")
-
-    @model_validator(mode="after")
-    def _valid(self) -> Table:
-        if not self.batch_ms:
-            raise ValueError("table batch_ms is empty")
-        if min(self.batch_ms) < 1 or min(self.batch_ms.values()) <= 0:
-            raise ValueError("table batch sizes must be >= 1 and times > 0")
-        return self
-
-
-ServiceTime = Annotated[
-    Affine | Table | Deterministic | Exponential | LogNormal | Gamma | Uniform | Empirical,
-    Field(discriminator="kind"),
-]
 
 
 class ColdStart(_Frozen):

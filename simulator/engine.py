@@ -18,7 +18,7 @@ per stage, so variants of a scenario share their random inputs (common random nu
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from simulator.pool import DynamicPool, FleetLog
 from simulator.predlog import ship
 from simulator.recorder import Records
 from simulator.stations import fcfs_multiserver
+from simulator.versions import on_canary
 from simulator.workers import BatchLog, ServiceModel, run_pool
 
 STREAMS = (  # append only: a stream's position fixes its seed
@@ -47,6 +48,9 @@ STREAMS = (  # append only: a stream's position fixes its seed
     "result_cache",
     "feature_cache",
     "fleet",
+    "versions",
+    "canary_service",
+    "shadow_service",
 )
 
 
@@ -60,6 +64,9 @@ class Run:
     batches: BatchLog
     wall_s: float
     fleet: FleetLog | None = None  # when the fleet changes during the run
+    pools: dict[str, BatchLog] = field(default_factory=dict)  # batch logs of the canary and own shadow pools
+    shadow: dict[str, np.ndarray] | None = None  # the shadow copies: source request, times, outcome
+    response_without_shadow: np.ndarray | None = None  # primary responses in a run without shared shadow copies
 
 
 def streams(seed: int) -> dict[str, np.random.Generator]:
@@ -180,6 +187,88 @@ def _feature_stage(s: Scenario, start: np.ndarray, need: np.ndarray, rng: dict) 
     return end, degraded, failed, hit
 
 
+def _pool_scenario(s: Scenario, count: int, service_time) -> Scenario:
+    """The scenario of a version's own fixed pool: the primary's, with its own size and model."""
+    w = s.workers.model_copy(
+        update={
+            "count": count,
+            "service_time": service_time or s.workers.service_time,
+            "autoscaler": None,
+            "failures": None,
+        }
+    )
+    return s.model_copy(update={"workers": w})
+
+
+def _serve_primary(s: Scenario, t_pre: np.ndarray, assign, service: ServiceModel, rng: dict):
+    if s.workers.dynamic:
+        return DynamicPool(s, t_pre, service, rng).run()
+    *per_request, batches = serve(t_pre, assign, s, service)
+    return per_request, batches, None
+
+
+def _serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, service, rng):
+    """Route live requests to the primary or the canary (sticky by user), copy a share to
+    the shadow, and serve each pool. Returns versions, shadow copies, the extra pools'
+    logs, the primary fleet and batch log, per-request columns of the live requests,
+    and primary completion times without the shared shadow (or None)."""
+    n = len(t_router)
+    r = s.router
+    vr = rng["versions"]
+    version = np.zeros(n, dtype=np.int8)
+    if r.canary is not None:
+        users = vr.integers(0, r.users, n)
+        version[on_canary(r.canary, users, t_router)] = 1
+    prim = live[version[live] == 0]
+    cand = live[version[live] == 1]
+    copies = prim[vr.random(len(prim)) < r.shadow.percent / 100] if r.shadow else prim[:0]
+    shared = r.shadow is not None and r.shadow.pool == "shared"
+    t_in = np.concatenate([t_pre[prim], t_pre[copies]]) if shared else t_pre[prim]
+    a_in = None if assign is None else assign[prim]
+    if shared and a_in is not None:
+        a_in = np.concatenate([a_in, assign_workers(s, len(copies), vr)])
+    per, batches, fleet = _serve_primary(s, t_in, a_in, service, rng)
+    cols = [np.empty(n, dtype=c.dtype) for c in per]
+    for c, v in zip(cols, per, strict=True):
+        c[prim] = v[: len(prim)]
+    pools: dict[str, BatchLog] = {}
+    shadow = counterfactual = None
+    if r.shadow is not None:
+        if shared:
+            sh = [v[len(prim) :] for v in per]
+            fresh = streams(seed)
+            cf, _, _ = _serve_primary(
+                s,
+                t_pre[prim],
+                None if assign is None else assign[prim],
+                ServiceModel(s.workers, s.batching.max_batch_size, fresh["service"]),
+                fresh,
+            )
+            counterfactual = np.full(n, np.nan)
+            counterfactual[prim] = cf[1]
+        else:
+            ps = _pool_scenario(s, r.shadow.workers, r.shadow.service_time)
+            model = ServiceModel(ps.workers, s.batching.max_batch_size, rng["shadow_service"])
+            *sh, pools["shadow"] = serve(t_pre[copies], assign_workers(ps, len(copies), vr), ps, model)
+        shadow = {
+            "request": copies,
+            "t_preprocessed": t_pre[copies],
+            "t_dispatch": sh[0],
+            "t_inferred": sh[1],
+            "outcome": sh[4],
+        }
+    if r.canary is not None:
+        pc = _pool_scenario(s, r.canary.workers, r.canary.service_time)
+        model = ServiceModel(pc.workers, s.batching.max_batch_size, rng["canary_service"])
+        *pc_cols, pools["canary"] = serve(t_pre[cand], assign_workers(pc, len(cand), vr), pc, model)
+        errors = (vr.random(len(cand)) < r.canary.error_rate) & (pc_cols[4] == Outcome.COMPLETED)
+        pc_cols[4] = np.where(errors, Outcome.ERROR, pc_cols[4])
+        for c, v in zip(cols, pc_cols, strict=True):
+            c[cand] = v
+    served_idx = np.concatenate([prim, cand])
+    return version, shadow, pools, fleet, batches, (served_idx, [c[served_idx] for c in cols]), counterfactual
+
+
 def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
     """Run one scenario; ``seed`` overrides the scenario's own."""
     wall0 = time.perf_counter()
@@ -213,27 +302,28 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
     live = need & ~failed
     idx = slice(None) if live.all() else np.flatnonzero(live)
     t_pre[idx] = _preprocess(s, t_feat[idx], pre_svc[idx])
-    fleet = None
-    if s.workers.dynamic:
-        per_request, batches, fleet = DynamicPool(s, t_pre[idx], service, rng).run()
-    else:
-        *per_request, batches = serve(t_pre[idx], None if assign is None else assign[idx], s, service)
+    version, shadow, pools, fleet, batches, served, counterfactual = _serve_versions(
+        s, seed, t_router, t_pre, np.flatnonzero(live), assign, service, rng
+    )
+    live_idx, per_request = served
     for column, values in zip(
         (t_dispatch, t_inferred, batch_size, instance, outcome, t_dropped), per_request, strict=True
     ):
-        column[idx] = values
+        column[live_idx] = values
     if failed.any():  # they gave up on their features and go no further
         outcome[failed] = Outcome.FAILED
         t_dropped[failed] = t_feat[failed]
         for column in (t_feat, t_pre, t_dispatch, t_inferred):
             column[failed] = np.nan
 
-    t_post = t_inferred + _delay(s.postprocess.service, n, rng["postprocess"])
-    t_resp = (
-        t_post
-        + _delay(s.network.api_to_client, n, rng["network_out"])
-        + _transfer_ms(s.traffic.response_kb, s.network.bandwidth_gbps)
+    post = _delay(s.postprocess.service, n, rng["postprocess"])
+    back = _delay(s.network.api_to_client, n, rng["network_out"]) + _transfer_ms(
+        s.traffic.response_kb, s.network.bandwidth_gbps
     )
+    t_post = t_inferred + post
+    t_resp = t_post + back
+    if counterfactual is not None:  # primary responses had the shadow not shared their queues
+        counterfactual = counterfactual + post + back
     t_logged = ship(s.logging, np.where(np.isnan(t_resp), t_dropped, t_resp)) if s.logging else np.full(n, np.nan)
     records = Records(
         arrival=t0,
@@ -254,8 +344,19 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
         feature_hit=feature_hit,
         batch_size=batch_size,
         instance=instance,
+        version=version,
     )
-    return Run(scenario=s, seed=seed, records=records, batches=batches, wall_s=time.perf_counter() - wall0, fleet=fleet)
+    return Run(
+        scenario=s,
+        seed=seed,
+        records=records,
+        batches=batches,
+        wall_s=time.perf_counter() - wall0,
+        fleet=fleet,
+        pools=pools,
+        shadow=shadow,
+        response_without_shadow=counterfactual,
+    )
 
 
 __all__ = ["STREAMS", "Outcome", "Run", "simulate", "streams"]

@@ -167,6 +167,66 @@ def fleet_summary(run: Run, t0: float, t1: float) -> dict:
     }
 
 
+def versions_summary(run: Run, mask: np.ndarray, price: float) -> dict | None:
+    """Per-version traffic share, latency and errors; the shadow's load, latency, cost and
+    the primary p99 it costs when it shares the primary's queues."""
+    s, rec = run.scenario, run.records
+    r = s.router
+    if r.canary is None and r.shadow is None:
+        return None
+    out: dict = {"versions": {}}
+    for code, name, cfg in ((0, "primary", None), (1, r.canary.name if r.canary else "canary", r.canary)):
+        sel = mask & (rec.version == code)
+        if code == 1 and cfg is None:
+            continue
+        done = sel & rec.completed
+        out["versions"][name] = {
+            "requests": int(sel.sum()),
+            "share": float(sel.sum() / max(mask.sum(), 1)),
+            "errors": int(np.count_nonzero(rec.outcome[sel] == Outcome.ERROR)),
+            "latency_ms": summary_stats((rec.t_response - rec.arrival)[done]),
+            "workers": cfg.workers if cfg else s.workers.count,
+        }
+    if r.shadow is not None and run.shadow is not None:
+        sh = run.shadow
+        inside = mask[sh["request"]]
+        ok = inside & (sh["outcome"] == Outcome.COMPLETED)
+        served = (sh["t_inferred"] - sh["t_preprocessed"])[ok]
+        span_s = s.duration_s - s.warmup_s
+        if r.shadow.pool == "own":
+            gpu_cost = r.shadow.workers * price
+        else:  # its share of the primary pool's batch items
+            items = float(run.batches.size.sum())
+            gpu_cost = (len(sh["request"]) / items if items else 0.0) * fleet_summary(run, 0, 1)["billed_mean"] * price
+        shadow = {
+            "copies": int(inside.sum()),
+            "copies_per_s": float(inside.sum() / span_s),
+            "dropped": int(np.count_nonzero(inside & (sh["outcome"] != Outcome.COMPLETED))),
+            "server_latency_ms": summary_stats(served),
+            "gpu_cost_per_hour_usd": gpu_cost,
+            "pool": r.shadow.pool,
+        }
+        if run.response_without_shadow is not None:
+            prim = mask & rec.completed & (rec.version == 0)
+            with_p99 = float(np.percentile((rec.t_response - rec.arrival)[prim], 99)) if prim.any() else float("nan")
+            alone = (run.response_without_shadow - rec.arrival)[prim]
+            alone = alone[np.isfinite(alone)]
+            without_p99 = float(np.percentile(alone, 99)) if len(alone) else float("nan")
+            shadow["primary_p99_ms"] = {
+                "with_shadow": with_p99,
+                "without_shadow": without_p99,
+                "added": with_p99 - without_p99,
+            }
+        out["shadow"] = shadow
+    return out
+
+
+def _extra_workers(s: Scenario) -> int:
+    """Workers of the canary's and the shadow's own pools."""
+    r = s.router
+    return (r.canary.workers if r.canary else 0) + (r.shadow.workers if r.shadow and r.shadow.pool == "own" else 0)
+
+
 def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1.0) -> dict:
     """Every headline number of a run, as the nested dict that ``--json`` writes.
 
@@ -182,7 +242,9 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
     n_rej = int(np.count_nonzero(outcome == Outcome.REJECTED))
     n_to = int(np.count_nonzero(outcome == Outcome.TIMED_OUT))
     n_failed = int(np.count_nonzero(outcome == Outcome.FAILED))
-    n_dropped = n_rej + n_to + n_failed
+    n_crashed = int(np.count_nonzero(outcome == Outcome.CRASHED))
+    n_errors = int(np.count_nonzero(outcome == Outcome.ERROR))
+    n_dropped = n_rej + n_to + n_failed + n_crashed + n_errors
     table = latency_table(rec, mask)
     e2e = (rec.t_response - rec.arrival)[done]
     fleet = fleet_summary(run, t0, t1)
@@ -201,6 +263,8 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
             "rejected": n_rej,
             "timed_out": n_to,
             "failed": n_failed,
+            "crashed": n_crashed,
+            "errors": n_errors,
             "degraded": int(np.count_nonzero(rec.degraded[done])),
             "throughput_rps": n_done / span_s,
             "window_s": span_s,
@@ -222,8 +286,12 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
             "instances": s.workers.instances,
             "instance_type": s.workers.instance_type,
         },
-        "cost": cost(fleet["billed_mean"], worker_price(s, catalog), n_done / span_s),
+        "cost": {
+            **cost(fleet["billed_mean"] + _extra_workers(s), worker_price(s, catalog), n_done / span_s),
+            "experiment_pools_per_hour_usd": _extra_workers(s) * worker_price(s, catalog),
+        },
         "logging": logging_summary(rec, s, mask),
+        "experiments": versions_summary(run, mask, worker_price(s, catalog)),
         "caches": {
             name: {
                 "hit_ratio": float(hits[looked].mean()) if looked.any() else float("nan"),

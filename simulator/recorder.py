@@ -50,7 +50,8 @@ class Records:
     result_hit: np.ndarray
     feature_hit: np.ndarray
     batch_size: np.ndarray
-    instance: np.ndarray
+    instance: np.ndarray  # within the request's version's pool
+    version: np.ndarray  # 0: primary, 1: canary
 
     def __len__(self) -> int:
         return len(self.arrival)

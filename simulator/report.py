@@ -81,6 +81,23 @@ def render(summary: dict) -> Group:
         f"${c['per_hour_usd']:,.2f}/h · ${c['per_million_requests_usd']:,.4f} per million requests "
         f"(${c['price_per_worker_hour_usd']:.4g} per worker-hour)",
     )
+    exp = summary.get("experiments")
+    if exp:
+        for name, v in exp["versions"].items():
+            fleet.add_row(
+                f"version {name}",
+                f"{v['share']:.1%} of requests · p50 {_ms(v['latency_ms']['p50'])} · "
+                f"p99 {_ms(v['latency_ms']['p99'])} ms" + (f" · {v['errors']:,} errors" if v["errors"] else ""),
+            )
+        sh = exp.get("shadow")
+        if sh:
+            line = (
+                f"{sh['copies_per_s']:,.0f} copies/s ({sh['pool']} pool) · server p99 "
+                f"{_ms(sh['server_latency_ms']['p99'])} ms · ${sh['gpu_cost_per_hour_usd']:,.2f}/h"
+            )
+            if "primary_p99_ms" in sh:
+                line += f" · adds {sh['primary_p99_ms']['added']:+.2f} ms to the primary's p99"
+            fleet.add_row("shadow", line)
     for name, c in summary.get("caches", {}).items():
         fleet.add_row(f"{name} cache", f"hit ratio {c['hit_ratio']:.1%} of {c['lookups']:,} lookups")
     log = summary.get("logging")

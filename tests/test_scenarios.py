@@ -129,3 +129,17 @@ def test_autoscaling_claims():
     assert over["requests"]["rejected"] == 0  # capacity for the peak all along
     assert over["sla"]["met"]
     assert not base["sla"]["met"]
+
+
+def test_canary_claims():
+    path = ROOT / "scenarios/canary.yaml"
+    own, shared, plain, rollout = (
+        summarize(simulate(load_scenario(path, overrides(c)))) for c in documented_commands(path)
+    )
+    v2 = own["experiments"]["versions"]["ranker-v2"]
+    assert 0.03 < v2["share"] < 0.05  # 5% of users until the rollback at 240 s
+    assert v2["errors"] > 0
+    assert own["experiments"]["shadow"]["gpu_cost_per_hour_usd"] > 0
+    assert own["cost"]["per_hour_usd"] > plain["cost"]["per_hour_usd"]
+    assert "primary_p99_ms" in shared["experiments"]["shadow"]
+    assert rollout["experiments"]["versions"]["ranker-v2"]["share"] > 0.3
