@@ -236,6 +236,7 @@ def _serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, servi
     if r.shadow is not None:
         if shared:
             sh = [v[len(prim) :] for v in per]
+        if shared and r.shadow.measure_impact:
             fresh = streams(seed)
             cf, _, _ = _serve_primary(
                 s,
@@ -246,7 +247,7 @@ def _serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, servi
             )
             counterfactual = np.full(n, np.nan)
             counterfactual[prim] = cf[1]
-        else:
+        elif not shared:
             ps = _pool_scenario(s, r.shadow.workers, r.shadow.service_time)
             model = ServiceModel(ps.workers, s.batching.max_batch_size, rng["shadow_service"])
             *sh, pools["shadow"] = serve(t_pre[copies], assign_workers(ps, len(copies), vr), ps, model)

@@ -138,6 +138,23 @@ def _overlap(start: np.ndarray, end: np.ndarray, t0: float, t1: float) -> np.nda
     return np.clip(np.minimum(end, t1) - np.maximum(start, t0), 0.0, None)
 
 
+def deploy_events(s: Scenario) -> list[dict]:
+    """Configured changes: canary rollout steps and rollback, cache flushes."""
+    out = []
+    c = s.router.canary
+    if c is not None:
+        steps = c.schedule or ((0.0, c.percent),)
+        for step in steps:
+            at, pct = (step.at_s, step.percent) if not isinstance(step, tuple) else step
+            out.append({"t_s": at, "event": "canary", "detail": f"{c.name} at {pct:g}% of users"})
+        if c.rollback_at_s is not None:
+            out.append({"t_s": c.rollback_at_s, "event": "rollback", "detail": f"{c.name} to 0%"})
+    for name, cache in (("result", s.caches.result), ("feature", s.caches.feature)):
+        for t in cache.invalidate_at_s if cache else ():
+            out.append({"t_s": t, "event": "deploy", "detail": f"{name} cache flushed"})
+    return sorted(out, key=lambda e: e["t_s"])
+
+
 def fleet_summary(run: Run, t0: float, t1: float) -> dict:
     """Workers over the window [t0, t1) ms: mean active and billed, peak, and each worker's
     active fraction of the window (1 for a fixed fleet). Dynamic fleets add their events."""
@@ -148,7 +165,7 @@ def fleet_summary(run: Run, t0: float, t1: float) -> dict:
             "active_mean": float(n),
             "billed_mean": float(n),
             "active_max": n,
-            "events": [],
+            "events": deploy_events(s),
             "active_fraction": np.ones(n),
         }
     span = t1 - t0
@@ -162,7 +179,8 @@ def fleet_summary(run: Run, t0: float, t1: float) -> dict:
         "active_mean": float(active.sum()),
         "billed_mean": float((_overlap(b0, b1, t0, t1) / span).sum()),
         "active_max": int(np.cumsum(steps[order]).max()) if len(order) else 0,
-        "events": [{"t_s": t / 1000.0, "event": kind, "detail": d} for t, kind, d in run.fleet.events],
+        "events": [{"t_s": t / 1000.0, "event": kind, "detail": d} for t, kind, d in run.fleet.events]
+        + deploy_events(s),
         "active_fraction": active,
     }
 
@@ -303,7 +321,9 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
             )
             if cfg is not None
         },
-        "timeline": timeline(rec, run.batches, s, interval_s=interval_s, fleet=run.fleet).to_dict(orient="records"),
+        "timeline": timeline(rec, run.batches, s, interval_s=interval_s, fleet=run.fleet, shadow=run.shadow).to_dict(
+            orient="records"
+        ),
         "sim": {
             "wall_s": run.wall_s,
             "requests": n_total,

@@ -137,8 +137,10 @@ def _fleet_events(fleet: dict) -> Text:
     lines.sort(key=lambda x: x[0])
     shown = lines[:12] + ([(lines[-1][0], f"… {len(lines) - 12} more")] if len(lines) > 12 else [])
     body = "\n".join(f"  t={t:7.1f} s  {msg}" for t, msg in shown)
-    head = f"fleet: {fleet['active_mean']:.1f} workers serving on average (peak {fleet['active_max']}), "
-    head += f"{fleet['billed_mean']:.1f} billed"
+    head = "events"
+    if any(e["event"] in ("scale_up", "scale_down", "crash", "ready") for e in events):
+        head += f": {fleet['active_mean']:.1f} workers serving on average (peak {fleet['active_max']}), "
+        head += f"{fleet['billed_mean']:.1f} billed"
     return Text(head + "\n" + body)
 
 

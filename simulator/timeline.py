@@ -46,7 +46,13 @@ def _binned_percentiles(t: np.ndarray, x: np.ndarray, edges: np.ndarray, qs: lis
 
 
 def timeline(
-    records: Records, batches: BatchLog, scenario: Scenario, *, interval_s: float = 1.0, fleet: FleetLog | None = None
+    records: Records,
+    batches: BatchLog,
+    scenario: Scenario,
+    *,
+    interval_s: float = 1.0,
+    fleet: FleetLog | None = None,
+    shadow: dict | None = None,
 ) -> pd.DataFrame:
     """One row per interval of ``interval_s`` over the run (the tail after the last arrival included).
 
@@ -90,6 +96,12 @@ def timeline(
         active, warming, draining = (
             time_average_level(*fleet.intervals(k), edges) for k in ("active", "warming", "draining")
         )
+    shadow_rps = np.histogram(shadow["t_preprocessed"], bins=edges)[0] / dt_s if shadow is not None else np.nan
+    canary_share = (
+        np.histogram(r.arrival[r.version == 1], bins=edges)[0] / np.maximum(offered, 1)
+        if scenario.router.canary is not None
+        else np.nan
+    )
     n_batches = np.histogram(batches.start, bins=edges)[0]
     batch_items = np.histogram(batches.start, bins=edges, weights=batches.size)[0]
     e2e = _binned_percentiles(r.t_response[done], (r.t_response - r.arrival)[done], edges, [50.0, 99.0])
@@ -117,5 +129,7 @@ def timeline(
             "log_backlog_mb": log_backlog_mb,
             "result_hit_ratio": result_hit_ratio,
             "feature_hit_ratio": feature_hit_ratio,
+            "shadow_rps": shadow_rps,
+            "canary_share": canary_share,
         }
     )

@@ -73,6 +73,11 @@ class Shadow(_Frozen):
     )
     workers: int = Field(1, ge=1, description="Workers of the shadow's own pool.")
     service_time: ServiceTime | None = Field(None, description="Batch service time (default: the primary's).")
+    measure_impact: bool = Field(
+        True,
+        description="shared pool: also simulate the primary without the copies (same inputs) to report the p99 "
+        "the shadow adds; costs a second pass of the serving stage.",
+    )
 
 
 def bucket(user: np.ndarray) -> np.ndarray:
