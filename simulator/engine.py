@@ -216,6 +216,9 @@ def _serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, servi
     r = s.router
     vr = rng["versions"]
     version = np.zeros(n, dtype=np.int8)
+    if r.canary is None and r.shadow is None:  # one version: no copies of the columns
+        per, batches, fleet = _serve_primary(s, t_pre[live], None if assign is None else assign[live], service, rng)
+        return version, None, {}, fleet, batches, (live, per), None
     if r.canary is not None:
         users = vr.integers(0, r.users, n)
         version[on_canary(r.canary, users, t_router)] = 1
@@ -294,23 +297,33 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
     pre_svc = np.broadcast_to(_delay(s.preprocess.service, n, rng["preprocess"]), (n,))
     assign = assign_workers(s, n, rng["routing"])
     service = ServiceModel(s.workers, s.batching.max_batch_size, rng["service"])
-    # requests served from the result cache take zero time in the later stages
-    t_pre, t_dispatch, t_inferred = t_feat.copy(), t_feat.copy(), t_feat.copy()
-    batch_size = np.zeros(n, dtype=np.int64)
-    instance = np.full(n, -1, dtype=np.int64)
-    outcome = np.zeros(n, dtype=np.int8)
-    t_dropped = np.full(n, np.nan)
     live = need & ~failed
-    idx = slice(None) if live.all() else np.flatnonzero(live)
-    t_pre[idx] = _preprocess(s, t_feat[idx], pre_svc[idx])
+    everyone = bool(live.all())
+    idx = slice(None) if everyone else np.flatnonzero(live)
+    if everyone:
+        t_pre = _preprocess(s, t_feat, pre_svc)
+    else:
+        t_pre = t_feat.copy()
+        t_pre[idx] = _preprocess(s, t_feat[idx], pre_svc[idx])
+    del pre_svc
     version, shadow, pools, fleet, batches, served, counterfactual = _serve_versions(
-        s, seed, t_router, t_pre, np.flatnonzero(live), assign, service, rng
+        s, seed, t_router, t_pre, np.arange(n) if everyone else idx, assign, service, rng
     )
     live_idx, per_request = served
-    for column, values in zip(
-        (t_dispatch, t_inferred, batch_size, instance, outcome, t_dropped), per_request, strict=True
-    ):
-        column[live_idx] = values
+    if everyone and len(live_idx) == n and np.array_equal(live_idx, np.arange(n)):
+        t_dispatch, t_inferred, batch_size, instance, outcome, t_dropped = per_request
+    else:
+        # requests served from the result cache take zero time in the later stages
+        t_dispatch, t_inferred = t_feat.copy(), t_feat.copy()
+        batch_size = np.zeros(n, dtype=np.int64)
+        instance = np.full(n, -1, dtype=np.int64)
+        outcome = np.zeros(n, dtype=np.int8)
+        t_dropped = np.full(n, np.nan)
+        for column, values in zip(
+            (t_dispatch, t_inferred, batch_size, instance, outcome, t_dropped), per_request, strict=True
+        ):
+            column[live_idx] = values
+    del per_request, served
     if failed.any():  # they gave up on their features and go no further
         outcome[failed] = Outcome.FAILED
         t_dropped[failed] = t_feat[failed]

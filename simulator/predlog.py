@@ -22,8 +22,12 @@ def record_ms(cfg: PredictionLog) -> float:
 def ship(cfg: PredictionLog, emitted: np.ndarray) -> np.ndarray:
     """When each record has been shipped (NaN where nothing was emitted)."""
     out = np.full(len(emitted), np.nan)
-    ok = np.flatnonzero(np.isfinite(emitted))
-    order = ok[np.argsort(emitted[ok], kind="stable")]
-    svc = np.full(len(order), record_ms(cfg))
-    out[order] = lindley(emitted[order], svc) + svc
+    finite = np.isfinite(emitted)
+    order = np.argsort(emitted, kind="stable") if finite.all() else np.flatnonzero(finite)
+    if not finite.all():
+        order = order[np.argsort(emitted[order], kind="stable")]
+    svc = record_ms(cfg)
+    done = lindley(emitted[order], np.full(len(order), svc))
+    done += svc
+    out[order] = done
     return out

@@ -18,13 +18,19 @@ def lindley(arrivals: np.ndarray, service: np.ndarray) -> np.ndarray:
     """Start times at a single FCFS server (arrivals sorted), vectorised.
 
     With D_n the departure of request n, D_n = max(A_n, D_{n-1}) + S_n; unrolled,
-    D_n = C_n + max_{k<=n}(A_k - C_{k-1}) with C the cumulative service.
+    D_n = C_n + max_{k<=n}(A_k - C_{k-1}) with C the cumulative service. Two work arrays,
+    whatever the length (this runs on every request of a minute at 200k req/s).
     """
-    c = np.cumsum(service)
-    c_prev = c - service
-    dep = c + np.maximum.accumulate(arrivals - c_prev)
-    prev_dep = np.concatenate(([-np.inf], dep[:-1]))
-    return np.maximum(arrivals, prev_dep)  # never before the arrival, even by rounding
+    dep = np.cumsum(service)
+    tmp = dep - service
+    np.subtract(arrivals, tmp, out=tmp)
+    np.maximum.accumulate(tmp, out=tmp)
+    np.add(dep, tmp, out=dep)
+    if len(dep):
+        tmp[1:] = dep[:-1]
+        tmp[0] = -np.inf
+    np.maximum(arrivals, tmp, out=tmp)  # never before the arrival, even by rounding
+    return tmp
 
 
 def fcfs_multiserver(arrivals: np.ndarray, service: np.ndarray, servers: int) -> tuple[np.ndarray, np.ndarray]:
