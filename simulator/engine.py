@@ -2,17 +2,19 @@
 
 Stages run in request order, each from the previous stage's output times:
 
-    arrivals → network in → router → features → preprocess → batching queue
-             → GPU workers → postprocess → network out
+    arrivals → network in → router → result cache → features (feature cache, KV store)
+             → preprocess → batching queue → GPU workers → postprocess → network out
+             (→ prediction log, off the response path)
 
 Delays nothing contends for are drawn in bulk. The CPU pool is an exact FCFS
 recursion. The KV store, when it has finite capacity, and the batcher with its workers
-are simulated with SimPy, with events per round trip and per batch. When batching is
-off (``max_batch_size: 1``, no queue limits) the worker pool is itself an FCFS
-multi-server station and takes the exact recursion too.
+are simulated with SimPy, with events per round trip and per batch
+(:mod:`simulator.serving`: fixed pools, versions, and the dynamic fleet of
+:mod:`simulator.pool`). A result-cache hit skips to postprocessing; a failed feature
+fetch ends the request there.
 
-Every random stream derives from the one seed with ``SeedSequence.spawn``, one stream
-per stage, so variants of a scenario share their random inputs (common random numbers).
+Every random stream derives from the one seed (:mod:`simulator.rng`), one stream per
+stage, so variants of a scenario share their random inputs (common random numbers).
 """
 
 from __future__ import annotations
@@ -23,35 +25,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from simulator.arrivals import arrivals as make_arrivals
-from simulator.batcher import BatchQueue, Outcome
+from simulator.batcher import Outcome
 from simulator.caches import lookup
-from simulator.config import Batching, Cache, Scenario
+from simulator.config import Cache, Scenario
 from simulator.distributions import Distribution, Sampler
 from simulator.features import fetch
-from simulator.pool import DynamicPool, FleetLog
+from simulator.pool import FleetLog
 from simulator.predlog import ship
 from simulator.recorder import Records
+from simulator.rng import STREAMS, streams
+from simulator.serving import assign_workers, serve_versions
 from simulator.stations import fcfs_multiserver
-from simulator.versions import on_canary
-from simulator.workers import BatchLog, ServiceModel, run_pool
-
-STREAMS = (  # append only: a stream's position fixes its seed
-    "arrivals",
-    "network_in",
-    "network_out",
-    "router",
-    "features",
-    "preprocess",
-    "service",
-    "postprocess",
-    "routing",
-    "result_cache",
-    "feature_cache",
-    "fleet",
-    "versions",
-    "canary_service",
-    "shadow_service",
-)
+from simulator.workers import BatchLog, ServiceModel
 
 
 @dataclass
@@ -69,12 +54,6 @@ class Run:
     response_without_shadow: np.ndarray | None = None  # primary responses in a run without shared shadow copies
 
 
-def streams(seed: int) -> dict[str, np.random.Generator]:
-    """One independent generator per stage, all from ``seed``."""
-    children = np.random.SeedSequence(seed).spawn(len(STREAMS))
-    return {name: np.random.default_rng(s) for name, s in zip(STREAMS, children, strict=True)}
-
-
 def _delay(dist: Distribution | None, n: int, rng: np.random.Generator) -> np.ndarray | float:
     return 0.0 if dist is None else Sampler(dist, rng).draw(n)
 
@@ -84,74 +63,12 @@ def _transfer_ms(kb: float, bandwidth_gbps: float | None) -> float:
     return 0.0 if bandwidth_gbps is None else kb * 8000.0 / (bandwidth_gbps * 1e6)
 
 
-def fast_path(cfg: Batching) -> bool:
-    """Batching off and no queue limits: the pool is a plain FCFS multi-server station."""
-    return cfg.max_batch_size == 1 and cfg.max_queue_size is None and cfg.timeout_ms is None
-
-
 def _in_order(start: np.ndarray, fn) -> np.ndarray:
     """Apply an order-dependent stage to unsorted start times; results in request order."""
     order = np.argsort(start, kind="stable")
     out = np.empty_like(start)
     out[order] = fn(start[order], order)
     return out
-
-
-def assign_workers(scenario: Scenario, n: int, rng: np.random.Generator) -> np.ndarray | None:
-    """Worker of each request (arrival order), or None when the pool shares one queue."""
-    count = scenario.workers.count
-    match scenario.router.balancing:
-        case "shared":
-            return None
-        case "round_robin":
-            return np.arange(n) % count
-        case "random":
-            return rng.integers(0, count, n)
-
-
-def serve(t_pre: np.ndarray, assign: np.ndarray | None, s: Scenario, service: ServiceModel):
-    """Batching queues and GPU workers: per-request dispatch/finish times, batch size,
-    instance, outcome and drop time (request order), and the batch log."""
-    n = len(t_pre)
-    per_worker = s.workers.instances
-    if assign is None:
-        groups = [np.argsort(t_pre, kind="stable")]
-        ids = [list(range(s.workers.count * per_worker))]
-    else:
-        by_worker = np.lexsort((t_pre, assign))  # worker, then time
-        cuts = np.searchsorted(assign[by_worker], np.arange(1, s.workers.count))
-        groups = np.split(by_worker, cuts)
-        ids = [list(range(w * per_worker, (w + 1) * per_worker)) for w in range(s.workers.count)]
-    t_dispatch = np.full(n, np.nan)
-    t_done = np.full(n, np.nan)
-    size = np.zeros(n, dtype=np.int64)
-    instance = np.full(n, -1, dtype=np.int64)
-    outcome = np.zeros(n, dtype=np.int8)
-    dropped = np.full(n, np.nan)
-    if fast_path(s.batching):
-        # service draws go to requests in queue-arrival order: the dispatch order of a shared queue
-        svc_all = np.empty(n)
-        svc_all[np.argsort(t_pre, kind="stable")] = service.draw(n, 1)
-        logs = []
-        for order, inst_ids in zip(groups, ids, strict=True):
-            svc = svc_all[order]
-            start, k = fcfs_multiserver(t_pre[order], svc, len(inst_ids))
-            t_dispatch[order], t_done[order], size[order] = start, start + svc, 1
-            instance[order] = np.asarray(inst_ids)[k] if len(order) else k
-            logs.append((start, start + svc, instance[order]))
-        batches = BatchLog(
-            start=np.concatenate([g[0] for g in logs]),
-            end=np.concatenate([g[1] for g in logs]),
-            size=np.ones(n, dtype=np.int64),
-            instance=np.concatenate([g[2] for g in logs]),
-        )
-    else:
-        queues = [BatchQueue(t_pre[order], s.batching) for order in groups]
-        results, batches = run_pool(queues, ids, service)
-        for order, columns in zip(groups, results, strict=True):
-            for full, part in zip((t_dispatch, t_done, size, instance, outcome, dropped), columns, strict=True):
-                full[order] = part
-    return t_dispatch, t_done, size, instance, outcome, dropped, batches
 
 
 def _preprocess(s: Scenario, t_feat: np.ndarray, svc: np.ndarray) -> np.ndarray:
@@ -187,92 +104,6 @@ def _feature_stage(s: Scenario, start: np.ndarray, need: np.ndarray, rng: dict) 
     return end, degraded, failed, hit
 
 
-def _pool_scenario(s: Scenario, count: int, service_time) -> Scenario:
-    """The scenario of a version's own fixed pool: the primary's, with its own size and model."""
-    w = s.workers.model_copy(
-        update={
-            "count": count,
-            "service_time": service_time or s.workers.service_time,
-            "autoscaler": None,
-            "failures": None,
-        }
-    )
-    return s.model_copy(update={"workers": w})
-
-
-def _serve_primary(s: Scenario, t_pre: np.ndarray, assign, service: ServiceModel, rng: dict):
-    if s.workers.dynamic:
-        return DynamicPool(s, t_pre, service, rng).run()
-    *per_request, batches = serve(t_pre, assign, s, service)
-    return per_request, batches, None
-
-
-def _serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, service, rng):
-    """Route live requests to the primary or the canary (sticky by user), copy a share to
-    the shadow, and serve each pool. Returns versions, shadow copies, the extra pools'
-    logs, the primary fleet and batch log, per-request columns of the live requests,
-    and primary completion times without the shared shadow (or None)."""
-    n = len(t_router)
-    r = s.router
-    vr = rng["versions"]
-    version = np.zeros(n, dtype=np.int8)
-    if r.canary is None and r.shadow is None:  # one version: no copies of the columns
-        per, batches, fleet = _serve_primary(s, t_pre[live], None if assign is None else assign[live], service, rng)
-        return version, None, {}, fleet, batches, (live, per), None
-    if r.canary is not None:
-        users = vr.integers(0, r.users, n)
-        version[on_canary(r.canary, users, t_router)] = 1
-    prim = live[version[live] == 0]
-    cand = live[version[live] == 1]
-    copies = prim[vr.random(len(prim)) < r.shadow.percent / 100] if r.shadow else prim[:0]
-    shared = r.shadow is not None and r.shadow.pool == "shared"
-    t_in = np.concatenate([t_pre[prim], t_pre[copies]]) if shared else t_pre[prim]
-    a_in = None if assign is None else assign[prim]
-    if shared and a_in is not None:
-        a_in = np.concatenate([a_in, assign_workers(s, len(copies), vr)])
-    per, batches, fleet = _serve_primary(s, t_in, a_in, service, rng)
-    cols = [np.empty(n, dtype=c.dtype) for c in per]
-    for c, v in zip(cols, per, strict=True):
-        c[prim] = v[: len(prim)]
-    pools: dict[str, BatchLog] = {}
-    shadow = counterfactual = None
-    if r.shadow is not None:
-        if shared:
-            sh = [v[len(prim) :] for v in per]
-        if shared and r.shadow.measure_impact:
-            fresh = streams(seed)
-            cf, _, _ = _serve_primary(
-                s,
-                t_pre[prim],
-                None if assign is None else assign[prim],
-                ServiceModel(s.workers, s.batching.max_batch_size, fresh["service"]),
-                fresh,
-            )
-            counterfactual = np.full(n, np.nan)
-            counterfactual[prim] = cf[1]
-        elif not shared:
-            ps = _pool_scenario(s, r.shadow.workers, r.shadow.service_time)
-            model = ServiceModel(ps.workers, s.batching.max_batch_size, rng["shadow_service"])
-            *sh, pools["shadow"] = serve(t_pre[copies], assign_workers(ps, len(copies), vr), ps, model)
-        shadow = {
-            "request": copies,
-            "t_preprocessed": t_pre[copies],
-            "t_dispatch": sh[0],
-            "t_inferred": sh[1],
-            "outcome": sh[4],
-        }
-    if r.canary is not None:
-        pc = _pool_scenario(s, r.canary.workers, r.canary.service_time)
-        model = ServiceModel(pc.workers, s.batching.max_batch_size, rng["canary_service"])
-        *pc_cols, pools["canary"] = serve(t_pre[cand], assign_workers(pc, len(cand), vr), pc, model)
-        errors = (vr.random(len(cand)) < r.canary.error_rate) & (pc_cols[4] == Outcome.COMPLETED)
-        pc_cols[4] = np.where(errors, Outcome.ERROR, pc_cols[4])
-        for c, v in zip(cols, pc_cols, strict=True):
-            c[cand] = v
-    served_idx = np.concatenate([prim, cand])
-    return version, shadow, pools, fleet, batches, (served_idx, [c[served_idx] for c in cols]), counterfactual
-
-
 def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
     """Run one scenario; ``seed`` overrides the scenario's own."""
     wall0 = time.perf_counter()
@@ -306,7 +137,7 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
         t_pre = t_feat.copy()
         t_pre[idx] = _preprocess(s, t_feat[idx], pre_svc[idx])
     del pre_svc
-    version, shadow, pools, fleet, batches, served, counterfactual = _serve_versions(
+    version, shadow, pools, fleet, batches, served, counterfactual = serve_versions(
         s, seed, t_router, t_pre, np.arange(n) if everyone else idx, assign, service, rng
     )
     live_idx, per_request = served

@@ -20,8 +20,9 @@ import simpy
 from simulator.arrivals import arrivals as make_arrivals
 from simulator.config import Scenario
 from simulator.distributions import Sampler
-from simulator.engine import assign_workers, streams
+from simulator.engine import streams
 from simulator.features import trip_keys
+from simulator.serving import assign_workers
 from simulator.workers import ServiceModel
 
 COMPLETED, REJECTED, TIMED_OUT = 0, 1, 2
