@@ -83,6 +83,13 @@ def run(
     for opt, path in (("--records", records), ("--timeline", timeline)):
         if path is not None and path.suffix not in (".parquet", ".csv"):
             raise _fail(f"{opt} {path}: use a .parquet or .csv file name")
+    s = _load(scenario, set_, extra if duration_s is None else [e for e in extra if not e.startswith("duration_s")])
+    if duration_s is not None and s.warmup_s >= duration_s:
+        extra.append(f"warmup_s={duration_s * 0.1:g}")
+        err.print(
+            f"note: warmup_s {s.warmup_s:g} is not shorter than --duration-s {duration_s:g}; "
+            f"using warmup_s {duration_s * 0.1:g}"
+        )
     s = _load(scenario, set_, extra)
     with err.status(f"simulating {s.name} …"):
         result = simulate(s)

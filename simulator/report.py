@@ -64,7 +64,14 @@ def render(summary: dict) -> Group:
     fleet = Table(title="workers and batches", title_justify="left", show_header=False, box=None)
     fleet.add_column(style="bold")
     fleet.add_column()
-    fleet.add_row("workers", f"{w['count']} × {w['instance_type']} ({w['instances']} instance(s) each)")
+    fl = summary.get("fleet", {})
+    scaled = any(e["event"] in ("scale_up", "scale_down", "crash") for e in fl.get("events", []))
+    size = (
+        f"{w['count']} at start, {fl['active_mean']:.1f} serving on average, peak {fl['active_max']}"
+        if scaled
+        else f"{w['count']}"
+    )
+    fleet.add_row("workers", f"{w['instance_type']} × {size} ({w['instances']} instance(s) each)")
     fleet.add_row(
         "utilization",
         f"busy {util['workers']:.1%} (min {min(per_worker):.1%}, max {max(per_worker):.1%}) · "
@@ -129,11 +136,16 @@ def _fleet_events(fleet: dict) -> Text:
     lines, ready = [], {}
     for e in events:
         if e["event"] == "ready":
-            if e["t_s"] > 0:
-                ready[e["t_s"]] = ready.get(e["t_s"], 0) + 1
+            if e["t_s"] > 0:  # group readiness into 10 s bins
+                key = 10 * int(e["t_s"] // 10)
+                first, last, k = ready.get(key, (e["t_s"], e["t_s"], 0))
+                ready[key] = (min(first, e["t_s"]), max(last, e["t_s"]), k + 1)
             continue
         lines.append((e["t_s"], f"{e['event'].replace('_', ' ')} {e['detail']}"))
-    lines += [(t, f"{k} worker{'s' * (k > 1)} ready") for t, k in ready.items()]
+    lines += [
+        (first, f"{k} worker{'s' * (k > 1)} ready" + (f" (by {last:.1f} s)" if last > first else ""))
+        for first, last, k in ready.values()
+    ]
     lines.sort(key=lambda x: x[0])
     shown = lines[:12] + ([(lines[-1][0], f"… {len(lines) - 12} more")] if len(lines) > 12 else [])
     body = "\n".join(f"  t={t:7.1f} s  {msg}" for t, msg in shown)

@@ -195,3 +195,12 @@ def test_console_script_prints_no_traceback(tmp_path):
     assert "traffic.rate_rps" in proc.stderr
     assert "line 6" in proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout
+
+
+def test_short_duration_shrinks_a_longer_warmup(tmp_path):
+    path = write(tmp_path, GOOD)  # warmup_s: 1
+    out = tmp_path / "o.json"
+    res = invoke("run", path, "--duration-s", "0.5", "--json", out)
+    assert res.exit_code == 0, res.output
+    assert "using warmup_s 0.05" in " ".join(res.output.split())
+    assert json.loads(out.read_text())["requests"]["window_s"] == pytest.approx(0.45)
