@@ -67,8 +67,16 @@ class ServiceModel:
         self._pos = 0
 
     def draw(self, count: int, batch_size: int) -> np.ndarray:
-        """``count`` service times of batches of ``batch_size``, in order (same stream as calls)."""
-        return np.fromiter((self(batch_size) for _ in range(count)), dtype=float, count=count)
+        """``count`` service times of batches of ``batch_size``, in order, in bulk.
+
+        The k-th value is the one the k-th call would give: the buffer is used up first,
+        and numpy's generators produce the same sequence whatever the chunking.
+        """
+        take = min(len(self._buf) - self._pos, count)
+        head = np.asarray(self._buf[self._pos : self._pos + take], dtype=float)
+        self._pos += take
+        x = np.concatenate([head, self._factor(count - take)]) if count > take else head
+        return self._means[batch_size] * x if self._per_size else x
 
     def __call__(self, batch_size: int) -> float:
         if self._pos == len(self._buf):

@@ -85,3 +85,21 @@ def test_price_override_and_catalog(root_dir):
 
 def summarize_cost(s):
     return cost(s.workers.count, worker_price(s), completed_rps=s.traffic.rate_rps)
+
+
+@pytest.mark.parametrize(
+    "st",
+    [
+        {"kind": "exponential", "mean_ms": 2.0},
+        {"kind": "affine", "base_ms": 1.0, "per_item_ms": 1.0, "noise_cv": 0.3},
+        {"kind": "gamma", "mean_ms": 1.0, "cv": 2.0},
+        {"kind": "empirical", "samples_ms": [1.0, 2.0, 3.0]},
+    ],
+)
+def test_bulk_and_one_by_one_service_draws_give_the_same_sequence(st):
+    """The fast path draws in bulk, the scheduler one batch at a time: same stream, same values."""
+    w = Workers(count=1, service_time=st)
+    a, b = (ServiceModel(w, 4, np.random.default_rng(5)) for _ in range(2))
+    x = np.concatenate([[a(1) for _ in range(70_000)], a.draw(100_000, 1), [a(1) for _ in range(10)]])
+    y = np.concatenate([b.draw(70_000, 1), [b(1) for _ in range(100_000)], b.draw(10, 1)])
+    np.testing.assert_array_equal(x, y)
