@@ -156,3 +156,13 @@ def test_fixed_fleet_through_the_dynamic_pool_matches_the_static_engine():
     np.testing.assert_array_equal(static.outcome, dynamic.outcome)
     np.testing.assert_allclose(static.t_dispatch, dynamic.t_dispatch, atol=1e-9)
     np.testing.assert_allclose(static.t_response, dynamic.t_response, atol=1e-9)
+
+
+def test_dynamic_fleet_is_deterministic_per_seed():
+    cold = {"model_load": {"kind": "exponential", "mean_ms": 5_000}}
+    s = _burst(autoscaler=AUTO, cold_start=cold, failures={"mtbf_s": 60, "mttr_s": 10})
+    a, b = simulate(s).records, simulate(s).records
+    np.testing.assert_array_equal(a.t_response, b.t_response)
+    np.testing.assert_array_equal(a.outcome, b.outcome)
+    c = simulate(s, seed=99).records
+    assert not np.array_equal(np.nan_to_num(a.t_response[:1000]), np.nan_to_num(c.t_response[:1000]))
