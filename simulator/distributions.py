@@ -216,26 +216,29 @@ class Empirical(_Dist):
         return rng.choice(self._values, size)
 
 
-def read_numbers(path: Path) -> np.ndarray:
-    """Read one float per line (first comma-separated column; '#' comments and a header skipped)."""
-    text = Path(path).read_text()
-    out = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        cell = line.split("#", 1)[0].split(",", 1)[0].strip()
-        if not cell:
+def read_rows(path: Path) -> np.ndarray:
+    """Numeric CSV rows (a header line and '#' comments skipped), as a 2-D float array."""
+    rows = []
+    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+        cells = [c.strip() for c in line.split("#", 1)[0].split(",") if c.strip()]
+        if not cells:
             continue
         try:
-            value = float(cell)
+            rows.append([float(c) for c in cells])
         except ValueError:
-            if not out:  # a header line
-                continue
-            raise ValueError(f"{path}:{lineno}: not a number: {cell!r}") from None
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"{path}:{lineno}: values must be finite and >= 0, got {cell!r}")
-        out.append(value)
-    if not out:
-        raise ValueError(f"{path}: no values")
-    return np.asarray(out, dtype=float)
+            if rows:
+                raise ValueError(f"{path}:{lineno}: not a number in {line.strip()!r}") from None
+    if not rows or len({len(r) for r in rows}) != 1:
+        raise ValueError(f"{path}: expected rows with the same number of numeric columns")
+    return np.asarray(rows, dtype=float)
+
+
+def read_numbers(path: Path) -> np.ndarray:
+    """The first column of a numeric CSV (see :func:`read_rows`), each value finite and >= 0."""
+    values = read_rows(path)[:, 0]
+    if not np.isfinite(values).all() or (values < 0).any():
+        raise ValueError(f"{path}: values must be finite and >= 0")
+    return values
 
 
 Distribution = Annotated[

@@ -185,7 +185,7 @@ def fleet_summary(run: Run, t0: float, t1: float) -> dict:
     }
 
 
-def versions_summary(run: Run, mask: np.ndarray, price: float) -> dict | None:
+def versions_summary(run: Run, mask: np.ndarray, price: float, billed_workers: float) -> dict | None:
     """Per-version traffic share, latency and errors; the shadow's load, latency, cost and
     the primary p99 it costs when it shares the primary's queues."""
     s, rec = run.scenario, run.records
@@ -215,7 +215,7 @@ def versions_summary(run: Run, mask: np.ndarray, price: float) -> dict | None:
             gpu_cost = r.shadow.workers * price
         else:  # its share of the primary pool's batch items
             items = float(run.batches.size.sum())
-            gpu_cost = (len(sh["request"]) / items if items else 0.0) * fleet_summary(run, 0, 1)["billed_mean"] * price
+            gpu_cost = (len(sh["request"]) / items if items else 0.0) * billed_workers * price
         shadow = {
             "copies": int(inside.sum()),
             "copies_per_s": float(inside.sum() / span_s),
@@ -309,7 +309,7 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
             "experiment_pools_per_hour_usd": _extra_workers(s) * worker_price(s, catalog),
         },
         "logging": logging_summary(rec, s, mask),
-        "experiments": versions_summary(run, mask, worker_price(s, catalog)),
+        "experiments": versions_summary(run, mask, worker_price(s, catalog), fleet["billed_mean"]),
         "caches": {
             name: {
                 "hit_ratio": float(hits[looked].mean()) if looked.any() else float("nan"),

@@ -46,7 +46,6 @@ class Worker:
     requested_at: float
     ready_at: float
     feed: Feed
-    warm_node: bool = False
     drain_at: float = INF
     gone_at: float = INF
     crashed_at: float = INF
@@ -125,7 +124,7 @@ class DynamicPool:
         per = self.s.workers.instances
         queue = BatchQueue(np.zeros(0), self.s.batching, closed=False)
         feed = Feed(self.env, queue, list(range(wid * per, (wid + 1) * per)), start_at=ready_at)
-        w = Worker(wid, t, ready_at, feed, warm_node=warm)
+        w = Worker(wid, t, ready_at, feed)
         self.workers.append(w)
         self._push(ready_at, "ready", wid)
         return w

@@ -24,6 +24,8 @@ from typing import Annotated, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from simulator.distributions import read_rows
+
 RateFn = Callable[[np.ndarray], np.ndarray]  # seconds -> requests per second
 
 
@@ -156,23 +158,6 @@ class RateTrace(_Shape):
 
 
 Shape = Annotated[Constant | Steps | Ramp | Diurnal | Bursts | MMPP | RateTrace, Field(discriminator="kind")]
-
-
-def read_rows(path: Path) -> np.ndarray:
-    """Numeric CSV rows (a header line and '#' comments skipped), as a 2-D float array."""
-    rows = []
-    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
-        cells = [c.strip() for c in line.split("#", 1)[0].split(",") if c.strip()]
-        if not cells:
-            continue
-        try:
-            rows.append([float(c) for c in cells])
-        except ValueError:
-            if rows:
-                raise ValueError(f"{path}:{lineno}: not a number in {line.strip()!r}") from None
-    if not rows or len({len(r) for r in rows}) != 1:
-        raise ValueError(f"{path}: expected rows with the same number of numeric columns")
-    return np.asarray(rows, dtype=float)
 
 
 def rate_function(shape: _Shape, base_rps: float | None, duration_s: float, *, rng: np.random.Generator) -> RateFn:
