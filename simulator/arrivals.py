@@ -11,7 +11,7 @@ import numpy as np
 
 from simulator.config import Traffic
 from simulator.distributions import read_numbers
-from simulator.shapes import Constant, RateFn, rate_bound, rate_function
+from simulator.shapes import Constant, RateFn, Shape, rate_bound, rate_function
 
 
 def poisson_arrivals(rate_rps: float, duration_ms: float, *, rng: np.random.Generator) -> np.ndarray:
@@ -50,11 +50,32 @@ def nhpp_arrivals(rate: RateFn, bound_rps: float, duration_ms: float, *, rng: np
     return candidates[keep]
 
 
-def arrivals(traffic: Traffic, duration_ms: float, *, rng: np.random.Generator) -> np.ndarray:
-    """Arrival times for the configured source."""
+def shaped_arrivals(rate_rps: float | None, shape: Shape, duration_ms: float, *, rng: np.random.Generator):
+    """Poisson arrivals (ms) at ``rate_rps`` shaped by ``shape``."""
+    if isinstance(shape, Constant):
+        return poisson_arrivals(rate_rps, duration_ms, rng=rng)
+    rate = rate_function(shape, rate_rps, duration_ms / 1000.0, rng=rng)
+    return nhpp_arrivals(rate, rate_bound(shape, rate_rps), duration_ms, rng=rng)
+
+
+def arrivals(traffic: Traffic, duration_ms: float, *, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Arrival times for the configured source, and each arrival's traffic class (0 without classes).
+
+    Each class draws from its own child of ``rng``, so changing one class's rate leaves
+    the other classes' arrivals as they were.
+    """
+    if traffic.classes:
+        children = rng.spawn(len(traffic.classes))
+        parts = [
+            shaped_arrivals(c.rate_rps, c.shape, duration_ms, rng=g)
+            for c, g in zip(traffic.classes.values(), children, strict=True)
+        ]
+        times = np.concatenate(parts)
+        klass = np.repeat(np.arange(len(parts), dtype=np.int8), [len(p) for p in parts])
+        order = np.argsort(times, kind="stable")
+        return times[order], klass[order]
     if traffic.arrivals_file is not None:
-        return trace_arrivals(traffic.arrivals_file, duration_ms)
-    if isinstance(traffic.shape, Constant):
-        return poisson_arrivals(traffic.rate_rps, duration_ms, rng=rng)
-    rate = rate_function(traffic.shape, traffic.rate_rps, duration_ms / 1000.0, rng=rng)
-    return nhpp_arrivals(rate, rate_bound(traffic.shape, traffic.rate_rps), duration_ms, rng=rng)
+        times = trace_arrivals(traffic.arrivals_file, duration_ms)
+    else:
+        times = shaped_arrivals(traffic.rate_rps, traffic.shape, duration_ms, rng=rng)
+    return times, np.zeros(len(times), dtype=np.int8)

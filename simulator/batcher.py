@@ -163,16 +163,30 @@ class BatchQueue:
         self._expire(now)
 
     # --- batch formation ------------------------------------------------------
-    def _take(self, k: int) -> int:
+    def _take(self, k: int) -> None:
         self.batch_pos.append(self.qh)
         self.batch_size.append(k)
         self.qh += k
-        return k
 
-    def decide(self, now: float) -> int | float | _Extend | None:
+    def take(self, k: int) -> None:
+        """Dispatch the ``k`` requests at the head (after ``decide(now, take=False)`` said ``k``)."""
+        self._take(k)
+
+    def head_arrival(self) -> float:
+        """When the oldest queued request reached the queue (inf when empty)."""
+        return self.q[self._req(self.qh)] if self.qt > self.qh else math.inf
+
+    def decide(self, now: float, *, take: bool = True) -> int | float | _Extend | None:
         """With a free instance at ``now``: the size of the batch it takes from the head
         (an ``int``), a time to wake up and ask again (a ``float``), ``EXTEND`` (ask again
-        when more arrivals are known), or ``DONE``."""
+        when more arrivals are known), or ``DONE``. With ``take=False`` a ready batch is
+        only sized, and stays queued until :meth:`take`."""
+        d = self._decide(now)
+        if take and type(d) is int:
+            self._take(d)
+        return d
+
+    def _decide(self, now: float) -> int | float | _Extend | None:
         self.advance(now)
         n = self.qt - self.qh
         if n == 0:
@@ -180,13 +194,13 @@ class BatchQueue:
                 return self.q[self.scan]
             return DONE if self.closed else EXTEND
         if n >= self.max_b:
-            return self._take(self.max_b)
+            return self.max_b
         if self.preferred and n >= self.preferred[0]:
-            return self._take(self.preferred[bisect.bisect_right(self.preferred, n) - 1])
+            return self.preferred[bisect.bisect_right(self.preferred, n) - 1]
         head = self._req(self.qh)
         deadline = self.q[head] + self.delay
         if deadline <= now:
-            return self._take(n)
+            return n
         idx = self.scan + self.thresholds[bisect.bisect_right(self.thresholds, n)] - n - 1
         wake = deadline if idx >= self.m else min(deadline, self.q[idx])
         if self.expiry is not None:

@@ -36,6 +36,7 @@ from simulator.recorder import Records
 from simulator.rng import STREAMS, streams
 from simulator.serving import assign_workers, serve_versions
 from simulator.stations import fcfs_multiserver
+from simulator.tenants import serve_classes
 from simulator.workers import BatchLog, ServiceModel
 
 
@@ -49,7 +50,7 @@ class Run:
     batches: BatchLog
     wall_s: float
     fleet: FleetLog | None = None  # when the fleet changes during the run
-    pools: dict[str, BatchLog] = field(default_factory=dict)  # batch logs of the canary and own shadow pools
+    pools: dict[str, BatchLog] = field(default_factory=dict)  # batch logs: canary, own shadow, or each class
     shadow: dict[str, np.ndarray] | None = None  # the shadow copies: source request, times, outcome
     response_without_shadow: np.ndarray | None = None  # primary responses in a run without shared shadow copies
 
@@ -58,7 +59,16 @@ def _delay(dist: Distribution | None, n: int, rng: np.random.Generator) -> np.nd
     return 0.0 if dist is None else Sampler(dist, rng).draw(n)
 
 
-def _transfer_ms(kb: float, bandwidth_gbps: float | None) -> float:
+def _per_class(s: Scenario, field: str, klass: np.ndarray) -> float | np.ndarray:
+    """A payload size per request: its class's, else the traffic section's."""
+    default = getattr(s.traffic, field)
+    if not s.traffic.classes:
+        return default
+    sizes = [default if getattr(c, field) is None else getattr(c, field) for c in s.traffic.classes.values()]
+    return np.asarray(sizes)[klass]
+
+
+def _transfer_ms(kb, bandwidth_gbps: float | None):
     # 1 KB = 8,000 bits; 1 Gbit/s = 1e6 bits per ms
     return 0.0 if bandwidth_gbps is None else kb * 8000.0 / (bandwidth_gbps * 1e6)
 
@@ -110,13 +120,13 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
     seed = scenario.seed if seed is None else seed
     rng = streams(seed)
     s = scenario
-    t0 = make_arrivals(s.traffic, s.duration_s * 1000.0, rng=rng["arrivals"])
+    t0, klass = make_arrivals(s.traffic, s.duration_s * 1000.0, rng=rng["arrivals"])
     n = len(t0)
 
     t_api = (
         t0
         + _delay(s.network.client_to_api, n, rng["network_in"])
-        + _transfer_ms(s.traffic.payload_kb, s.network.bandwidth_gbps)
+        + _transfer_ms(_per_class(s, "payload_kb", klass), s.network.bandwidth_gbps)
     )
     t_router = t_api + _delay(s.router.overhead, n, rng["router"])
 
@@ -137,9 +147,16 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
         t_pre = t_feat.copy()
         t_pre[idx] = _preprocess(s, t_feat[idx], pre_svc[idx])
     del pre_svc
-    version, shadow, pools, fleet, batches, served, counterfactual = serve_versions(
-        s, seed, t_router, t_pre, np.arange(n) if everyone else idx, assign, service, rng
-    )
+    if s.traffic.classes:
+        live_idx = np.arange(n) if everyone else idx
+        per, batches, pools = serve_classes(
+            s, t_pre[live_idx], klass[live_idx], None if assign is None else assign[live_idx], rng
+        )
+        version, shadow, fleet, served, counterfactual = np.zeros(n, np.int8), None, None, (live_idx, per), None
+    else:
+        version, shadow, pools, fleet, batches, served, counterfactual = serve_versions(
+            s, seed, t_router, t_pre, np.arange(n) if everyone else idx, assign, service, rng
+        )
     live_idx, per_request = served
     if everyone and len(live_idx) == n and np.array_equal(live_idx, np.arange(n)):
         t_dispatch, t_inferred, batch_size, instance, outcome, t_dropped = per_request
@@ -163,7 +180,7 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
 
     post = _delay(s.postprocess.service, n, rng["postprocess"])
     back = _delay(s.network.api_to_client, n, rng["network_out"]) + _transfer_ms(
-        s.traffic.response_kb, s.network.bandwidth_gbps
+        _per_class(s, "response_kb", klass), s.network.bandwidth_gbps
     )
     t_post = t_inferred + post
     t_resp = t_post + back
@@ -190,6 +207,7 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
         batch_size=batch_size,
         instance=instance,
         version=version,
+        traffic_class=klass,
     )
     return Run(
         scenario=s,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,10 @@ def _format_validation(err: ValidationError, source: str, lines: dict, overridde
     out = [f"{source}: invalid scenario ({err.error_count()} problem{'s' * (err.error_count() > 1)})"]
     for e in err.errors(include_url=False):
         loc = _strip_tags(e["loc"], data)
+        if e["type"] == "value_error":  # a cross-field check names the field it blames first
+            named = re.search(r"[a-z_]+(?:\.[A-Za-z0-9_-]+)+", e["msg"])
+            if named and tuple(named.group().split("."))[: len(loc)] == loc:
+                loc = tuple(named.group().split("."))
         where = loc
         while where and where not in lines:
             where = where[:-1]

@@ -239,10 +239,65 @@ def versions_summary(run: Run, mask: np.ndarray, price: float, billed_workers: f
     return out
 
 
+def classes_summary(run: Run, mask: np.ndarray, price: float) -> dict | None:
+    """Per traffic class: outcomes, latency, its own SLA verdict, and its share of the GPUs.
+
+    ``gpu_share`` is the class's busy instance-time over its pool's instance-time in the
+    window; a class on the shared pool is charged its share of the shared pool's busy time.
+    """
+    s, rec = run.scenario, run.records
+    if not s.traffic.classes:
+        return None
+    t0, t1 = s.warmup_s * 1000.0, s.duration_s * 1000.0
+    span_s = (t1 - t0) / 1000.0
+    inst = s.workers.instances
+    busy = {name: float(_overlap(log.start, log.end, t0, t1).sum()) for name, log in run.pools.items()}
+    shared_busy = sum(busy[n] for n, c in s.traffic.classes.items() if c.workers is None)
+    out = {}
+    for code, (name, cfg) in enumerate(s.traffic.classes.items()):
+        sel = mask & (rec.traffic_class == code)
+        done = sel & rec.completed
+        outcome = rec.outcome[sel]
+        e2e = (rec.t_response - rec.arrival)[done]
+        dropped = int(np.count_nonzero(outcome != Outcome.COMPLETED))
+        sla = cfg.sla or s.sla
+        own = cfg.workers is not None
+        workers = cfg.workers if own else s.workers.count
+        if own:
+            cost_h = workers * price
+        else:
+            cost_h = s.workers.count * price * (busy[name] / shared_busy if shared_busy else 0.0)
+        b = s.batching.max_batch_size
+        w = s.workers.model_copy(update={"service_time": cfg.service_time or s.workers.service_time})
+        peak = workers * inst * b / mean_service_ms(w, b) * 1000.0
+        out[name] = {
+            "priority": cfg.priority,
+            "pool": "own" if own else "shared",
+            "workers": workers,
+            "max_instances": cfg.max_instances,
+            "requests": int(sel.sum()),
+            "completed": int(done.sum()),
+            "rejected": int(np.count_nonzero(outcome == Outcome.REJECTED)),
+            "timed_out": int(np.count_nonzero(outcome == Outcome.TIMED_OUT)),
+            "throughput_rps": float(done.sum() / span_s),
+            "latency_ms": summary_stats(e2e),
+            "queue_ms": summary_stats(rec.stage_ms("queue")[done]),
+            "mean_batch_size": float(rec.batch_size[done].mean()) if done.any() else float("nan"),
+            "sla": sla_verdict(e2e, sla.percentile, sla.target_ms, dropped if sla.count_dropped else 0),
+            "gpu_share": busy[name] / (workers * inst * (t1 - t0)),
+            "load_of_peak_capacity": float(done.sum() / span_s / peak),
+            "cost_per_hour_usd": cost_h,
+        }
+    return out
+
+
 def _extra_workers(s: Scenario) -> int:
-    """Workers of the canary's and the shadow's own pools."""
+    """Workers of the canary's and the shadow's own pools, and of classes with their own pool."""
     r = s.router
-    return (r.canary.workers if r.canary else 0) + (r.shadow.workers if r.shadow and r.shadow.pool == "own" else 0)
+    own = sum(c.workers or 0 for c in s.traffic.classes.values())
+    return (
+        (r.canary.workers if r.canary else 0) + (r.shadow.workers if r.shadow and r.shadow.pool == "own" else 0) + own
+    )
 
 
 def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1.0) -> dict:
@@ -272,6 +327,11 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
     per_worker = busy / np.maximum(fleet["active_fraction"], 1e-12)
     sizes = batch_size_counts(run.batches, t0, t1)
     n_total = len(rec)
+    classes = classes_summary(run, mask, worker_price(s, catalog))
+    if classes:  # each model's load over its own peak, on the shared pool
+        of_peak = sum(c["load_of_peak_capacity"] for c in classes.values() if c["pool"] == "shared")
+    else:
+        of_peak = float((sizes.index * sizes).sum()) / span_s / peak_throughput_rps(s)
     stages = {name: table.loc[name].to_dict() for name in table.index if name != "e2e"}
     return {
         "scenario": {"name": s.name, "hash": scenario_hash(s)},
@@ -292,7 +352,7 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
         "utilization": {
             "workers": float((busy.sum()) / max(fleet["active_fraction"].sum(), 1e-12)),
             "per_worker": per_worker.tolist(),
-            "of_peak_capacity": float((sizes.index * sizes).sum()) / span_s / peak_throughput_rps(s),  # GPU-served
+            "of_peak_capacity": of_peak,  # GPU-served requests over what full batches could serve
         },
         "batch_size": {
             "mean": float((sizes.index * sizes).sum() / sizes.sum()) if len(sizes) else float("nan"),
@@ -310,6 +370,7 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
         },
         "logging": logging_summary(rec, s, mask),
         "experiments": versions_summary(run, mask, worker_price(s, catalog), fleet["billed_mean"]),
+        "classes": classes,
         "caches": {
             name: {
                 "hit_ratio": float(hits[looked].mean()) if looked.any() else float("nan"),

@@ -52,6 +52,7 @@ class Records:
     batch_size: np.ndarray
     instance: np.ndarray  # within the request's version's pool
     version: np.ndarray  # 0: primary, 1: canary
+    traffic_class: np.ndarray  # index into traffic.classes (0 without classes)
 
     def __len__(self) -> int:
         return len(self.arrival)

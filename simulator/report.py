@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from rich import box
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
@@ -124,8 +125,41 @@ def render(summary: dict) -> Group:
         f"({sim['requests_per_wall_s']:,.0f} req/s) · seed {sim['seed']}",
     )
     return Group(
-        head, lat, sla_line, fleet, _fleet_events(summary.get("fleet", {})), _timeline_line(summary.get("timeline", []))
+        head,
+        lat,
+        sla_line,
+        _classes(summary.get("classes")),
+        fleet,
+        _fleet_events(summary.get("fleet", {})),
+        _timeline_line(summary.get("timeline", [])),
     )
+
+
+def _classes(classes: dict | None) -> Table | Text:
+    """One row per traffic class: its traffic, latency, SLA and GPU share."""
+    if not classes:
+        return Text("")
+    t = Table(title="traffic classes (latency in ms)", title_justify="left", box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0))
+    for col in ("class", "pool", "req/s", "dropped", "p50", "p99", "SLA", "GPU", "$/h"):
+        t.add_column(col, justify="left" if col in ("class", "pool", "SLA") else "right", no_wrap=True)
+    for name, c in classes.items():
+        pool = f"own×{c['workers']}" if c["pool"] == "own" else "shared"
+        if c["max_instances"] is not None:
+            pool += f" ≤{c['max_instances']}"
+        sla = c["sla"]
+        verdict = Text("met", style="green") if sla["met"] else Text("MISSED", style="bold red")
+        t.add_row(
+            name + (" (bulk)" if c["priority"] == "bulk" else ""),
+            pool,
+            f"{c['throughput_rps']:,.0f}",
+            f"{c['rejected'] + c['timed_out']:,}",
+            _ms(c["latency_ms"]["p50"]),
+            _ms(c["latency_ms"]["p99"]),
+            Text.assemble(f"p{sla['percentile']:g}≤{sla['target_ms']:g} ", verdict),
+            f"{c['gpu_share']:.0%}",
+            f"{c['cost_per_hour_usd']:,.2f}",
+        )
+    return t
 
 
 def _fleet_events(fleet: dict) -> Text:

@@ -25,6 +25,7 @@ STREAMS = (  # append only: a stream's position fixes its seed
     "versions",
     "canary_service",
     "shadow_service",
+    "classes",
 )
 
 

@@ -151,18 +151,9 @@ class Feed:
         On a crashed worker, batches still running at the crash and requests still queued
         are lost (``Outcome.CRASHED``, dropped at the crash).
         """
-        queue = self.queue
-        members, sizes = queue.members()
-        log = BatchLog(_np(self.b_start, float), _np(self.b_end, float), sizes, _np(self.b_inst, np.int64))
-        start = np.full(queue.m, np.nan)
-        end = np.full(queue.m, np.nan)
-        size = np.zeros(queue.m, dtype=np.int64)
-        inst = np.full(queue.m, -1, dtype=np.int64)
-        start[members] = np.repeat(log.start, sizes)
-        end[members] = np.repeat(log.end, sizes)
-        size[members] = np.repeat(sizes, sizes)
-        inst[members] = np.repeat(log.instance, sizes)
-        outcome, dropped = queue.outcome, queue.drop_time
+        (start, end, size, inst, outcome, dropped), log = queue_results(
+            self.queue, self.b_start, self.b_end, self.b_inst
+        )
         if self.crashed_at is not None:
             lost = (outcome == Outcome.COMPLETED) & ~(end <= self.crashed_at)
             outcome[lost] = Outcome.CRASHED
@@ -171,6 +162,22 @@ class Feed:
             kept = log.end <= self.crashed_at
             log = BatchLog(log.start[kept], log.end[kept], log.size[kept], log.instance[kept])
         return (start, end, size, inst, outcome, dropped), log
+
+
+def queue_results(queue: BatchQueue, b_start: array, b_end: array, b_inst: array):
+    """Per-request columns (queue order) and the batch log of one queue's dispatched batches,
+    given each batch's start, end and instance in dispatch order."""
+    members, sizes = queue.members()
+    log = BatchLog(_np(b_start, float), _np(b_end, float), sizes, _np(b_inst, np.int64))
+    start = np.full(queue.m, np.nan)
+    end = np.full(queue.m, np.nan)
+    size = np.zeros(queue.m, dtype=np.int64)
+    inst = np.full(queue.m, -1, dtype=np.int64)
+    start[members] = np.repeat(log.start, sizes)
+    end[members] = np.repeat(log.end, sizes)
+    size[members] = np.repeat(sizes, sizes)
+    inst[members] = np.repeat(log.instance, sizes)
+    return (start, end, size, inst, queue.outcome, queue.drop_time), log
 
 
 def schedule(env: simpy.Environment, feed: Feed, service: ServiceModel):

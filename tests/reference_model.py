@@ -104,7 +104,7 @@ def simulate_reference(s: Scenario, seed: int | None = None) -> dict:
     seed = s.seed if seed is None else seed
     rng = streams(seed)
     env = simpy.Environment()
-    t0 = make_arrivals(s.traffic, s.duration_s * 1000.0, rng=rng["arrivals"])
+    t0, _ = make_arrivals(s.traffic, s.duration_s * 1000.0, rng=rng["arrivals"])
     n = len(t0)
 
     def draws(dist, stream):

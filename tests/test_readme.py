@@ -43,11 +43,14 @@ def test_main_command_runs_as_written():
 
 
 def test_set_examples_in_readme_are_valid():
-    """Every `--set` example in the overrides table applies (to the platform, or M/M/c for mean_ms)."""
+    """Every `--set` example in the overrides table applies (to the platform, M/M/c for
+    mean_ms, the noisy-neighbour scenario for traffic classes)."""
     table = "\n".join(line for line in README.splitlines() if line.startswith("| `"))
     sets = re.findall(r"`--set (.+?)`", table)
     assert len(sets) >= 7
     platform = ROOT / "scenarios/inference_platform.yaml"
     mmc = ROOT / "scenarios/validation/mmc.yaml"
+    noisy = ROOT / "scenarios/noisy_neighbour.yaml"
     for s in sets:
-        load_scenario(mmc if "mean_ms" in s else platform, [s.strip("'")])  # raises ScenarioError if invalid
+        path = mmc if "mean_ms" in s else noisy if "traffic.classes" in s else platform
+        load_scenario(path, [s.strip("'")])  # raises ScenarioError if invalid

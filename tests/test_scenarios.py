@@ -143,3 +143,17 @@ def test_canary_claims():
     assert own["cost"]["per_hour_usd"] > plain["cost"]["per_hour_usd"]
     assert "primary_p99_ms" in shared["experiments"]["shadow"]
     assert rollout["experiments"]["versions"]["ranker-v2"]["share"] > 0.3
+
+
+def test_noisy_neighbour_claims():
+    path = ROOT / "scenarios/noisy_neighbour.yaml"
+    runs = [summarize(simulate(load_scenario(path, overrides(c))))["classes"] for c in documented_commands(path)]
+    base, quota, priority, dedicated, per_worker = runs
+    assert not base["ranker"]["sla"]["met"]
+    assert base["ranker"]["latency_ms"]["p99"] > 50
+    for fixed in (quota, priority, dedicated):
+        assert fixed["ranker"]["sla"]["met"]
+        assert fixed["ranker"]["latency_ms"]["p99"] < 0.6 * base["ranker"]["latency_ms"]["p99"]
+    assert quota["tagger"]["rejected"] > 2 * base["tagger"]["rejected"] > 0  # the quota sheds the tagger's excess
+    assert priority["tagger"]["rejected"] < 0.5 * quota["tagger"]["rejected"]  # work-conserving
+    assert per_worker["ranker"]["latency_ms"]["p99"] > 4 * quota["ranker"]["latency_ms"]["p99"]

@@ -68,7 +68,7 @@ def test_nhpp_counts_match_the_rate_function(name):
     edges = np.arange(0, DURATION_S + 1, 1.0)
     rate = rate_function(traffic.shape, traffic.rate_rps, DURATION_S, rng=np.random.default_rng(0))
     expected = expected_counts(rate, edges)
-    t = arrivals(traffic, DURATION_S * 1000, rng=np.random.default_rng(42))
+    t, _ = arrivals(traffic, DURATION_S * 1000, rng=np.random.default_rng(42))
     assert (np.diff(t) >= 0).all()
     assert_poisson_counts(t, expected, edges)
 
@@ -78,7 +78,7 @@ def test_mmpp_mean_rate_and_burstiness():
     traffic = Traffic(rate_rps=100, shape=shape)
     counts = []
     for seed in range(20):
-        t = arrivals(traffic, 200_000, rng=np.random.default_rng(seed))
+        t, _ = arrivals(traffic, 200_000, rng=np.random.default_rng(seed))
         counts.append(np.histogram(t, bins=np.arange(0, 200_001, 1000))[0])
     counts = np.concatenate(counts)
     mean = 100 * (8 + 5 * 2) / 10

@@ -53,3 +53,31 @@ def pk_mean_wait(lam: float, mean_s: float, var_s: float) -> float:
     """Pollaczek–Khinchine mean wait of M/G/1: λ E[S²] / (2 (1 − ρ))."""
     rho = lam * mean_s
     return lam * (var_s + mean_s**2) / (2 * (1 - rho))
+
+
+def mg1_priority_waits(lams: list[float], means: list[float], second_moments: list[float]) -> list[float]:
+    """Mean wait in queue per class of non-preemptive priority M/G/1 (Cobham), class 0 first.
+
+    W_k = R / ((1 − σ_{k−1})(1 − σ_k)), with R = Σ λ_i E[S_i²] / 2 the mean residual work
+    and σ_k = Σ_{i≤k} ρ_i.
+    """
+    r = sum(lam * m2 for lam, m2 in zip(lams, second_moments, strict=True)) / 2
+    out, sigma = [], 0.0
+    for lam, mean in zip(lams, means, strict=True):
+        before = sigma
+        sigma += lam * mean
+        out.append(r / ((1 - before) * (1 - sigma)))
+    return out
+
+
+def mmc_priority_waits(c: int, lams: list[float], mu: float) -> list[float]:
+    """Mean wait in queue per class of non-preemptive priority M/M/c, every class served at
+    rate ``mu``: W_k = C(c, a) / (cμ) / ((1 − σ_{k−1})(1 − σ_k)), σ_k = Σ_{i≤k} λ_i / (cμ)."""
+    a = sum(lams) / mu
+    w0 = erlang_c(c, a) / (c * mu)
+    out, sigma = [], 0.0
+    for lam in lams:
+        before = sigma
+        sigma += lam / (c * mu)
+        out.append(w0 / ((1 - before) * (1 - sigma)))
+    return out
