@@ -15,6 +15,9 @@ model instance is free the scheduler asks :meth:`BatchQueue.decide` what to do a
 
 An arrival that finds ``max_queue_size`` requests queued is rejected; a request queued
 for ``timeout_ms`` is dropped at that instant (expiry before arrival at equal times).
+With ``deadline_ms`` each request also carries an end-to-end deadline counted from the
+client's send; when a batch forms, the late ones among the next batch's worth at the
+head leave (timed out, at their deadline) and the batch fills from the survivors.
 """
 
 from __future__ import annotations
@@ -59,7 +62,9 @@ class BatchQueue:
     remembered as (position, size) and expanded to request indices once, at the end.
     """
 
-    def __init__(self, arrivals: np.ndarray, cfg: Batching, *, closed: bool = True):
+    def __init__(
+        self, arrivals: np.ndarray, cfg: Batching, *, closed: bool = True, deadlines: np.ndarray | None = None
+    ):
         self.cfg = cfg
         self.max_b = cfg.max_batch_size
         self.delay = cfg.max_queue_delay_ms
@@ -67,6 +72,7 @@ class BatchQueue:
         self.m = 0
         self.q = array("d")
         self.expiry = array("d") if cfg.timeout_ms is not None else None
+        self.dl = array("d") if cfg.deadline_ms is not None else None  # end-to-end deadline of each arrival
         self._outcome = array("b")
         self._drop = array("d")
         self.horizon = -math.inf  # arrivals before this time are all known
@@ -74,21 +80,25 @@ class BatchQueue:
         self.thresholds = sorted(set(cfg.preferred_batch_sizes) | {cfg.max_batch_size})
         # admitted request indices in FIFO order; without a queue limit every arrival is
         # admitted, so a position in the queue is the request index itself
-        self.buf = array("q") if self.cap is not None else None
+        self.buf = array("q") if self.cap is not None or self.dl is not None else None
         self.qh = 0  # queue head (a position in buf, or a request index)
         self.qt = 0  # queue tail
         self.scan = 0  # arrivals before this index have been admitted or rejected
         self.batch_pos = array("q")  # queue position of each dispatched batch's first request
         self.batch_size = array("q")
         self.closed = False
-        self.extend(arrivals, math.inf if closed else -math.inf)
+        self.extend(arrivals, math.inf if closed else -math.inf, deadlines)
         self.closed = closed
 
-    def extend(self, arrivals: np.ndarray, horizon: float) -> None:
-        """Append sorted arrivals (all later than those known); every arrival before
-        ``horizon`` is now known."""
+    def extend(self, arrivals: np.ndarray, horizon: float, deadlines: np.ndarray | None = None) -> None:
+        """Append sorted arrivals (all later than those known), with their end-to-end
+        deadlines when ``deadline_ms`` is set; every arrival before ``horizon`` is now known."""
         arrivals = np.ascontiguousarray(arrivals, dtype=float)
         self.q.frombytes(arrivals.tobytes())
+        if self.dl is not None:
+            if deadlines is None or len(deadlines) != len(arrivals):
+                raise ValueError("batching.deadline_ms needs each arrival's deadline")
+            self.dl.frombytes(np.ascontiguousarray(deadlines, dtype=float).tobytes())
         if self.expiry is not None:
             self.expiry.frombytes((arrivals + self.cfg.timeout_ms).tobytes())
         self._outcome.frombytes(bytes(len(arrivals)))
@@ -186,8 +196,29 @@ class BatchQueue:
             self._take(d)
         return d
 
+    def _shed_late(self, now: float) -> None:
+        """Drop the requests past their deadline among the next batch's worth at the head.
+
+        Late requests further back are dropped when they come this close to the front
+        (until then they count toward ``max_queue_size``). The survivors keep their order.
+        """
+        dl, buf = self.dl, self.buf
+        while self.qt > self.qh:
+            stop = min(self.qt, self.qh + self.max_b)
+            ids = buf[self.qh : stop]
+            late = [i for i in ids if dl[i] <= now]
+            if not late:
+                return
+            buf[self.qh : stop] = array("q", late + [i for i in ids if dl[i] > now])
+            for i in late:
+                self._outcome[i] = Outcome.TIMED_OUT
+                self._drop[i] = dl[i]
+            self.qh += len(late)
+
     def _decide(self, now: float) -> int | float | _Extend | None:
         self.advance(now)
+        if self.dl is not None:
+            self._shed_late(now)
         n = self.qt - self.qh
         if n == 0:
             if self.scan < self.m:

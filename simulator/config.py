@@ -249,6 +249,12 @@ class Batching(_Frozen):
     preferred_batch_sizes: tuple[int, ...] = Field((), description="Sizes sent at once when reachable.")
     max_queue_size: int | None = Field(None, ge=1, description="Queued requests beyond which arrivals are rejected.")
     timeout_ms: float | None = Field(None, gt=0, description="A request queued this long is dropped (timed out), ms.")
+    deadline_ms: float | None = Field(
+        None,
+        gt=0,
+        description="End-to-end budget from the client's send, ms: a queued request past it is dropped "
+        "(timed out) when a batch forms instead of being served, since nobody waits for its answer.",
+    )
 
     @model_validator(mode="after")
     def _preferred_ok(self) -> Batching:

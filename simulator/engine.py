@@ -147,15 +147,21 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
         t_pre = t_feat.copy()
         t_pre[idx] = _preprocess(s, t_feat[idx], pre_svc[idx])
     del pre_svc
+    deadlines = None if s.batching.deadline_ms is None else t0 + s.batching.deadline_ms
     if s.traffic.classes:
         live_idx = np.arange(n) if everyone else idx
         per, batches, pools = serve_classes(
-            s, t_pre[live_idx], klass[live_idx], None if assign is None else assign[live_idx], rng
+            s,
+            t_pre[live_idx],
+            klass[live_idx],
+            None if assign is None else assign[live_idx],
+            rng,
+            None if deadlines is None else deadlines[live_idx],
         )
         version, shadow, fleet, served, counterfactual = np.zeros(n, np.int8), None, None, (live_idx, per), None
     else:
         version, shadow, pools, fleet, batches, served, counterfactual = serve_versions(
-            s, seed, t_router, t_pre, np.arange(n) if everyone else idx, assign, service, rng
+            s, seed, t_router, t_pre, np.arange(n) if everyone else idx, assign, service, rng, deadlines
         )
     live_idx, per_request = served
     if everyone and len(live_idx) == n and np.array_equal(live_idx, np.arange(n)):

@@ -83,7 +83,14 @@ class FleetLog:
 class DynamicPool:
     """Workers, router and autoscaler in one SimPy environment."""
 
-    def __init__(self, s: Scenario, t_pre: np.ndarray, service: ServiceModel, rng: dict[str, np.random.Generator]):
+    def __init__(
+        self,
+        s: Scenario,
+        t_pre: np.ndarray,
+        service: ServiceModel,
+        rng: dict[str, np.random.Generator],
+        deadlines: np.ndarray | None = None,
+    ):
         self.s = s
         self.env = simpy.Environment()
         self.service = service
@@ -91,6 +98,7 @@ class DynamicPool:
         self.rng_fleet = rng["fleet"]
         self.order = np.argsort(t_pre, kind="stable")
         self.q = t_pre[self.order]
+        self.dl = None if deadlines is None else deadlines[self.order]
         self.pos = 0  # next request (in queue-arrival order) to route
         self.routed: dict[int, list[np.ndarray]] = {}  # worker id -> positions in self.q, in order
         self.workers: list[Worker] = []
@@ -244,10 +252,10 @@ class DynamicPool:
             for w, part in zip(serving, np.split(chunk[by], cuts), strict=True):
                 if len(part):
                     self.routed.setdefault(w.wid, []).append(part)
-                w.feed.extend(self.q[part], horizon, t)
+                w.feed.extend(self.q[part], horizon, t, None if self.dl is None else self.dl[part])
         else:
             for w in serving:
-                w.feed.extend(self.q[chunk[:0]], horizon, t)
+                w.feed.extend(self.q[chunk[:0]], horizon, t, None if self.dl is None else self.dl[chunk[:0]])
 
     # --- the control loop ------------------------------------------------------------
     def control(self):

@@ -22,7 +22,7 @@ from simulator.workers import BatchLog, ServiceModel, run_pool
 
 def fast_path(cfg: Batching) -> bool:
     """Batching off and no queue limits: the pool is a plain FCFS multi-server station."""
-    return cfg.max_batch_size == 1 and cfg.max_queue_size is None and cfg.timeout_ms is None
+    return cfg.max_batch_size == 1 and cfg.max_queue_size is None and cfg.timeout_ms is None and cfg.deadline_ms is None
 
 
 def assign_workers(scenario: Scenario, n: int, rng: np.random.Generator) -> np.ndarray | None:
@@ -37,9 +37,15 @@ def assign_workers(scenario: Scenario, n: int, rng: np.random.Generator) -> np.n
             return rng.integers(0, count, n)
 
 
-def serve(t_pre: np.ndarray, assign: np.ndarray | None, s: Scenario, service: ServiceModel):
+def sub(deadlines: np.ndarray | None, idx) -> np.ndarray | None:
+    """The deadlines of a subset of requests (None when there are none)."""
+    return None if deadlines is None else deadlines[idx]
+
+
+def serve(t_pre: np.ndarray, assign: np.ndarray | None, s: Scenario, service: ServiceModel, deadlines=None):
     """Batching queues and GPU workers: per-request dispatch/finish times, batch size,
-    instance, outcome and drop time (request order), and the batch log."""
+    instance, outcome and drop time (request order), and the batch log. ``deadlines``:
+    each request's end-to-end deadline, with ``batching.deadline_ms``."""
     n = len(t_pre)
     per_worker = s.workers.instances
     if assign is None:
@@ -74,7 +80,7 @@ def serve(t_pre: np.ndarray, assign: np.ndarray | None, s: Scenario, service: Se
             instance=np.concatenate([g[2] for g in logs]),
         )
     else:
-        queues = [BatchQueue(t_pre[order], s.batching) for order in groups]
+        queues = [BatchQueue(t_pre[order], s.batching, deadlines=sub(deadlines, order)) for order in groups]
         results, batches = run_pool(queues, ids, service)
         for order, columns in zip(groups, results, strict=True):
             for full, part in zip((t_dispatch, t_done, size, instance, outcome, dropped), columns, strict=True):
@@ -95,14 +101,14 @@ def _pool_scenario(s: Scenario, count: int, service_time) -> Scenario:
     return s.model_copy(update={"workers": w})
 
 
-def serve_primary(s: Scenario, t_pre: np.ndarray, assign, service: ServiceModel, rng: dict):
+def serve_primary(s: Scenario, t_pre: np.ndarray, assign, service: ServiceModel, rng: dict, deadlines=None):
     if s.workers.dynamic:
-        return DynamicPool(s, t_pre, service, rng).run()
-    *per_request, batches = serve(t_pre, assign, s, service)
+        return DynamicPool(s, t_pre, service, rng, deadlines).run()
+    *per_request, batches = serve(t_pre, assign, s, service, deadlines)
     return per_request, batches, None
 
 
-def serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, service, rng):
+def serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, service, rng, deadlines=None):
     """Route live requests to the primary or the canary (sticky by user), copy a share to
     the shadow, and serve each pool. Returns versions, shadow copies, the extra pools'
     logs, the primary fleet and batch log, per-request columns of the live requests,
@@ -112,7 +118,9 @@ def serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, servic
     vr = rng["versions"]
     version = np.zeros(n, dtype=np.int8)
     if r.canary is None and r.shadow is None:  # one version: no copies of the columns
-        per, batches, fleet = serve_primary(s, t_pre[live], None if assign is None else assign[live], service, rng)
+        per, batches, fleet = serve_primary(
+            s, t_pre[live], None if assign is None else assign[live], service, rng, sub(deadlines, live)
+        )
         return version, None, {}, fleet, batches, (live, per), None
     if r.canary is not None:
         users = vr.integers(0, r.users, n)
@@ -125,7 +133,8 @@ def serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, servic
     a_in = None if assign is None else assign[prim]
     if shared and a_in is not None:
         a_in = np.concatenate([a_in, assign_workers(s, len(copies), vr)])
-    per, batches, fleet = serve_primary(s, t_in, a_in, service, rng)
+    d_in = sub(deadlines, np.concatenate([prim, copies]) if shared else prim)
+    per, batches, fleet = serve_primary(s, t_in, a_in, service, rng, d_in)
     cols = [np.empty(n, dtype=c.dtype) for c in per]
     for c, v in zip(cols, per, strict=True):
         c[prim] = v[: len(prim)]
@@ -142,13 +151,16 @@ def serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, servic
                 None if assign is None else assign[prim],
                 ServiceModel(s.workers, s.batching.max_batch_size, fresh["service"]),
                 fresh,
+                sub(deadlines, prim),
             )
             counterfactual = np.full(n, np.nan)
             counterfactual[prim] = cf[1]
         elif not shared:
             ps = _pool_scenario(s, r.shadow.workers, r.shadow.service_time)
             model = ServiceModel(ps.workers, s.batching.max_batch_size, rng["shadow_service"])
-            *sh, pools["shadow"] = serve(t_pre[copies], assign_workers(ps, len(copies), vr), ps, model)
+            *sh, pools["shadow"] = serve(
+                t_pre[copies], assign_workers(ps, len(copies), vr), ps, model, sub(deadlines, copies)
+            )
         shadow = {
             "request": copies,
             "t_preprocessed": t_pre[copies],
@@ -159,7 +171,9 @@ def serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, servic
     if r.canary is not None:
         pc = _pool_scenario(s, r.canary.workers, r.canary.service_time)
         model = ServiceModel(pc.workers, s.batching.max_batch_size, rng["canary_service"])
-        *pc_cols, pools["canary"] = serve(t_pre[cand], assign_workers(pc, len(cand), vr), pc, model)
+        *pc_cols, pools["canary"] = serve(
+            t_pre[cand], assign_workers(pc, len(cand), vr), pc, model, sub(deadlines, cand)
+        )
         errors = (vr.random(len(cand)) < r.canary.error_rate) & (pc_cols[4] == Outcome.COMPLETED)
         pc_cols[4] = np.where(errors, Outcome.ERROR, pc_cols[4])
         for c, v in zip(cols, pc_cols, strict=True):

@@ -24,7 +24,7 @@ import simpy
 
 from simulator.batcher import DONE, BatchQueue
 from simulator.config import Scenario
-from simulator.serving import _pool_scenario, assign_workers, serve
+from simulator.serving import _pool_scenario, assign_workers, serve, sub
 from simulator.workers import BatchLog, ServiceModel, concat_logs, queue_results
 
 PRIORITY = {"realtime": 0, "bulk": 1}
@@ -141,7 +141,9 @@ def schedule_classes(env: simpy.Environment, feed: ClassFeed, services: list[Ser
         env.timeout(max(0.0, done - env.now)).callbacks.append(feed.release(inst, done, c, quota))
 
 
-def serve_classes(s: Scenario, t_pre: np.ndarray, klass: np.ndarray, assign: np.ndarray | None, rng: dict):
+def serve_classes(
+    s: Scenario, t_pre: np.ndarray, klass: np.ndarray, assign: np.ndarray | None, rng: dict, deadlines=None
+):
     """Serve live requests (``t_pre``, their class, their shared-pool worker or None for a
     shared queue): per-request columns as :func:`simulator.serving.serve` returns them
     (dispatch, done, batch size, instance, outcome, drop time), the shared pool's batch
@@ -179,7 +181,9 @@ def serve_classes(s: Scenario, t_pre: np.ndarray, klass: np.ndarray, assign: np.
             continue
         idx = np.flatnonzero(klass == c)
         ps = _pool_scenario(s, classes[c].workers, classes[c].service_time)
-        *values, logs[names[c]] = serve(t_pre[idx], assign_workers(ps, len(idx), children[k + c]), ps, services[c])
+        *values, logs[names[c]] = serve(
+            t_pre[idx], assign_workers(ps, len(idx), children[k + c]), ps, services[c], sub(deadlines, idx)
+        )
         put(idx, values)
 
     env = simpy.Environment()
@@ -199,7 +203,7 @@ def serve_classes(s: Scenario, t_pre: np.ndarray, klass: np.ndarray, assign: np.
     feeds, members = [], []
     for f in range(n_feeds):
         per_class = [parts[f * k + c] if c in shared else parts[f * k + c][:0] for c in range(k)]
-        queues = [BatchQueue(t_pre[idx], s.batching) for idx in per_class]
+        queues = [BatchQueue(t_pre[idx], s.batching, deadlines=sub(deadlines, idx)) for idx in per_class]
         feeds.append(ClassFeed(env, queues, levels, ids[f]))
         members.append(per_class)
     for feed in feeds:

@@ -129,10 +129,10 @@ class Feed:
 
         return callback
 
-    def extend(self, arrivals: np.ndarray, horizon: float, at: float) -> None:
+    def extend(self, arrivals: np.ndarray, horizon: float, at: float, deadlines: np.ndarray | None = None) -> None:
         """At time ``at``, route more arrivals here (all before ``horizon`` are now known)
         and wake the scheduler if it waits for them."""
-        self.queue.extend(arrivals, horizon)
+        self.queue.extend(arrivals, horizon, deadlines)
         self._wake(at)
 
     def close(self, at: float) -> None:

@@ -34,7 +34,7 @@ class RefBatcher:
     def __init__(self, env, cfg, instances, service, log):
         self.env = env
         self.cfg = cfg
-        self.queue: deque = deque()  # (request id, arrival time, done event)
+        self.queue: deque = deque()  # (request id, arrival time, done event, end-to-end deadline)
         self.free = simpy.Store(env)
         self.free.items.extend(instances)
         self.service = service
@@ -45,10 +45,21 @@ class RefBatcher:
     def _expire(self):
         to = self.cfg.timeout_ms
         while to is not None and self.queue and self.queue[0][1] + to <= self.env.now:
-            _rid, t, ev = self.queue.popleft()
+            _rid, t, ev, _ = self.queue.popleft()
             ev.succeed((TIMED_OUT, t + to, None, None))
 
-    def submit(self, rid: int):
+    def _shed_late(self):
+        """Requests past their deadline among the next batch's worth leave, timed out."""
+        while self.cfg.deadline_ms is not None:
+            head = list(self.queue)[: self.cfg.max_batch_size]
+            late = [item for item in head if item[3] <= self.env.now]
+            if not late:
+                return
+            for item in late:
+                self.queue.remove(item)
+                item[2].succeed((TIMED_OUT, item[3], None, None))
+
+    def submit(self, rid: int, deadline: float = float("inf")):
         """Called by a request process at its arrival; returns the event it waits on."""
         ev = self.env.event()
         self._expire()
@@ -56,7 +67,7 @@ class RefBatcher:
         if cap is not None and len(self.queue) >= cap:
             ev.succeed((REJECTED, self.env.now, None, None))
             return ev
-        self.queue.append((rid, self.env.now, ev))
+        self.queue.append((rid, self.env.now, ev, deadline))
         if not self.signal.triggered:
             self.signal.succeed()
         return ev
@@ -68,6 +79,7 @@ class RefBatcher:
             inst = yield self.free.get()
             while True:
                 self._expire()
+                self._shed_late()
                 n = len(self.queue)
                 take = 0
                 if n >= cfg.max_batch_size:
@@ -88,13 +100,13 @@ class RefBatcher:
                 yield self.env.any_of(waits)
             batch = [self.queue.popleft() for _ in range(take)]
             svc = self.service(take)
-            self.log.append((self.env.now, tuple(rid for rid, _, _ in batch), inst))
+            self.log.append((self.env.now, tuple(item[0] for item in batch), inst))
             self.env.process(self.run_batch(inst, svc, batch))
 
     def run_batch(self, inst, svc, batch):
         start = self.env.now
         yield self.env.timeout(svc)
-        for _rid, _t, ev in batch:
+        for _rid, _t, ev, _ in batch:
             ev.succeed((COMPLETED, start, self.env.now, (len(batch), inst)))
         yield self.free.put(inst)
 
@@ -179,7 +191,8 @@ def simulate_reference(s: Scenario, seed: int | None = None) -> dict:
                 yield env.timeout(pre[i])
         cols["t_preprocessed"][i] = env.now
         batcher = batchers[0 if assign is None else assign[i]]
-        status, a, b, _ = yield batcher.submit(i)
+        deadline = t0[i] + s.batching.deadline_ms if s.batching.deadline_ms is not None else float("inf")
+        status, a, b, _ = yield batcher.submit(i, deadline)
         outcome[i] = status
         if status != COMPLETED:
             cols["t_dropped"][i] = a

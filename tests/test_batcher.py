@@ -13,10 +13,10 @@ from simulator.config import Batching, Workers
 from simulator.workers import ServiceModel, run_pool
 
 
-def run(arrivals_ms, service_ms, instances=1, **batching):
+def run(arrivals_ms, service_ms, instances=1, deadlines=None, **batching):
     cfg = Batching(**batching)
     workers = Workers(count=1, instances=instances, service_time={"kind": "deterministic", "value_ms": service_ms})
-    queue = BatchQueue(np.asarray(arrivals_ms, dtype=float), cfg)
+    queue = BatchQueue(np.asarray(arrivals_ms, dtype=float), cfg, deadlines=deadlines)
     service = ServiceModel(workers, cfg.max_batch_size, np.random.default_rng(0))
     [(start, *_)], log = run_pool([queue], [list(range(instances))], service)
     batches = []
@@ -95,3 +95,22 @@ def test_expiry_frees_space_before_an_arrival_at_the_same_instant():
 def test_two_instances_take_batches_in_turn():
     batches, _ = run([0.0, 0.5, 1.0, 1.5], service_ms=10.0, instances=2, max_batch_size=2, max_queue_delay_ms=0.0)
     assert batches == [(0.0, (0,)), (0.5, (1,)), (10.0, (2, 3))]
+
+
+def test_requests_past_their_deadline_are_shed_when_a_batch_forms():
+    # deadlines count from the client's send, so they need not follow queue order
+    batches, dropped = run(
+        [0.0, 1.0, 2.0, 3.0], service_ms=10.0, max_batch_size=2, deadline_ms=1.0, deadlines=[50.0, 8.0, 100.0, 9.0]
+    )
+    # at 10 the instance frees: 1 and 3 are late (8, 9) and leave; 2 goes alone
+    assert batches == [(0.0, (0,)), (10.0, (2,))]
+    assert dropped == [(1, "TIMED_OUT", 8.0), (3, "TIMED_OUT", 9.0)]
+
+
+def test_late_requests_beyond_the_next_batch_wait_their_turn_to_be_shed():
+    # 3 is late from t=5 but sits behind a full batch of live ones: it leaves when it reaches the front (20)
+    batches, dropped = run(
+        [0.0, 1.0, 2.0, 3.0], service_ms=10.0, max_batch_size=2, deadline_ms=1.0, deadlines=[50.0, 60.0, 70.0, 5.0]
+    )
+    assert batches == [(0.0, (0,)), (10.0, (1, 2))]
+    assert dropped == [(3, "TIMED_OUT", 5.0)]

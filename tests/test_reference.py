@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from simulator.batcher import Outcome
 from simulator.engine import simulate
 from tests.helpers import scenario
 from tests.reference_model import simulate_reference
@@ -70,6 +71,9 @@ def _compare(s):
         ("shared", {"max_batch_size": 8, "max_queue_delay_ms": 2.0}, 3.0),
         ("random", {"max_batch_size": 4, "max_queue_delay_ms": 1.0, "preferred_batch_sizes": [2]}, 2.0),
         ("round_robin", {"max_batch_size": 3, "max_queue_delay_ms": 3.0, "max_queue_size": 4, "timeout_ms": 8.0}, 4.0),
+        ("random", {"max_batch_size": 4, "max_queue_delay_ms": 2.0, "deadline_ms": 20.0}, 3.0),
+        ("shared", {"max_batch_size": 1, "deadline_ms": 15.0}, 1.5),
+        ("round_robin", {"max_batch_size": 8, "max_queue_delay_ms": 1.0, "timeout_ms": 12.0, "deadline_ms": 18.0}, 4.0),
     ],
 )
 def test_engine_matches_reference(tmp_path, balancing, batching, load):
@@ -78,6 +82,8 @@ def test_engine_matches_reference(tmp_path, balancing, batching, load):
     )
     fast, _ = _compare(s)
     assert fast.records.completed.sum() > 0
+    if "deadline_ms" in batching:  # the case sheds late requests, so the comparison covers it
+        assert (fast.records.outcome == Outcome.TIMED_OUT).sum() > 5
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -89,22 +95,26 @@ def test_engine_matches_reference(tmp_path, balancing, batching, load):
     delay=st.floats(0.0, 5.0),
     cap=st.one_of(st.none(), st.integers(1, 20)),
     timeout=st.one_of(st.none(), st.floats(0.5, 30.0)),
+    deadline=st.one_of(st.none(), st.floats(2.0, 40.0)),
     load=st.floats(0.2, 5.0),
     cpu_workers=st.one_of(st.none(), st.integers(1, 3)),
     lookups=st.integers(0, 7),
     preferred=st.sets(st.integers(1, 8), max_size=3),
 )
 def test_engine_matches_reference_hypothesis(
-    tmp_path, seed, workers, instances, max_batch, delay, cap, timeout, load, cpu_workers, lookups, preferred
+    tmp_path, seed, workers, instances, max_batch, delay, cap, timeout, deadline, load, cpu_workers, lookups, preferred
 ):
+    if cap is not None:  # with a queue limit, when late requests are shed decides admissions: engine-specific
+        deadline = None
     batching = {
         "max_batch_size": max_batch,
         "max_queue_delay_ms": delay,
         "max_queue_size": cap,
         "timeout_ms": timeout,
+        "deadline_ms": deadline,
         "preferred_batch_sizes": sorted(p for p in preferred if p <= max_batch),
     }
-    balancing = "shared" if max_batch == 1 and cap is None and timeout is None else "round_robin"
+    balancing = "shared" if max_batch == 1 and cap is None and timeout is None and deadline is None else "round_robin"
     s = _build(
         tmp_path,
         seed,

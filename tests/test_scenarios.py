@@ -85,10 +85,17 @@ def test_vision_gpu_decode_claim():
 
 def test_cv_degradation_claims():
     path = ROOT / "scenarios/cv_degradation.yaml"
-    before, after, fixed = (p(path, overrides(c), stat="p95") for c in documented_commands(path))
-    assert 150 < before < 300
-    assert after > 2.5 * before  # ~200 ms -> ~800 ms
-    assert fixed < before
+    before, after, fixed, overload, shedding = (
+        summarize(simulate(load_scenario(path, overrides(c)))) for c in documented_commands(path)
+    )
+    p95 = [r["latency_ms"]["e2e"]["p95"] for r in (before, after, fixed, overload, shedding)]
+    assert 150 < p95[0] < 300
+    assert p95[1] > 2.5 * p95[0]  # ~200 ms -> ~800 ms
+    assert p95[2] < p95[0]
+    assert p95[3] > 5_000  # unbounded queue growth
+    assert p95[4] < 1_000  # the deadline bounds it: 500 ms in the queue at most, plus the batch
+    shed = shedding["requests"]["timed_out"] / shedding["requests"]["arrived"]
+    assert 0.03 < shed < 0.15  # ~9% over capacity is shed
 
 
 def test_platform_headroom_claim():
