@@ -13,7 +13,9 @@ larger of +``scale_up_percent``% and +``scale_up_pods`` (``selectPolicy: Max``).
 
 KPA (Knative): desired = ceil(average concurrency / target) over a ``stable_window_s``;
 a ``panic_window_s`` average that asks for ``panic_threshold`` × the ready pods enters
-panic mode, in which the fleet never shrinks, until a stable window passes calmly.
+panic mode, in which the fleet never shrinks, until a stable window passes calmly. It
+scales to zero (with ``min_replicas: 0``) only once a whole stable window has been
+observed without traffic.
 """
 
 from __future__ import annotations
@@ -103,10 +105,13 @@ class KPA:
         self.cfg = cfg
         self.samples: deque[tuple[float, float]] = deque()
         self.panic_since: float | None = None
+        self.since: float | None = None  # first observation
 
     def desired(self, t: float, current: int, ready: int, concurrency: float) -> int:
         """Replicas wanted at ``t`` (s) given the fleet's total in-flight ``concurrency``."""
         cfg = self.cfg
+        if self.since is None:
+            self.since = t
         self.samples.append((t, concurrency))
         while self.samples[0][0] <= t - cfg.stable_window_s:
             self.samples.popleft()
@@ -121,4 +126,6 @@ class KPA:
             self.panic_since = None
         # never scale down while panicking
         wanted = max(want_panic, current) if self.panic_since is not None else want_stable
+        if wanted == 0 and t - self.since < cfg.stable_window_s:
+            wanted = min(current, 1)  # to zero only after a whole stable window without traffic
         return min(max(wanted, cfg.min_replicas), cfg.max_replicas)

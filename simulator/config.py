@@ -130,6 +130,13 @@ class Network(_Frozen):
     )
 
 
+class Activator(_Frozen):
+    """Knative's activator: while no worker serves, requests wait here instead of failing."""
+
+    capacity: int | None = Field(None, ge=1, description="Most requests buffered at once (none: unbounded).")
+    timeout_ms: float = Field(60_000.0, gt=0, description="A request buffered this long gets an error (rejected), ms.")
+
+
 class Router(_Frozen):
     """API layer and traffic router: auth, schema normalisation, version choice."""
 
@@ -144,6 +151,10 @@ class Router(_Frozen):
     users: int = Field(100_000, ge=1, description="User population; a user's id fixes its canary bucket.")
     canary: Canary | None = Field(None, description="A candidate version on its own pool, sticky per user.")
     shadow: Shadow | None = Field(None, description="Mirror a share of primary requests to a shadow version.")
+    activator: Activator | None = Field(
+        None,
+        description="Buffer requests while no worker serves (scale from zero, all crashed); none: reject them (503).",
+    )
 
 
 class KVStore(_Frozen):
@@ -356,6 +367,12 @@ class Scenario(_Frozen):
     postprocess: Postprocess = Field(Postprocess(), description="Postprocessing and serialisation.")
     logging: PredictionLog | None = Field(None, description="Prediction logging pipeline (none: not modelled).")
     cost: Cost = Field(Cost(), description="Pricing.")
+
+    @model_validator(mode="after")
+    def _activator_needs_a_changing_fleet(self) -> Scenario:
+        if self.router.activator is not None and not self.workers.dynamic:
+            raise ValueError("router.activator buffers while no worker serves: it needs workers.autoscaler or failures")
+        return self
 
     @model_validator(mode="after")
     def _dynamic_fleet_needs_worker_queues(self) -> Scenario:

@@ -17,13 +17,19 @@ Semantics worth knowing:
   batches, then leaves (not-yet-ready workers are cancelled first);
 * a crash loses the worker's queued and in-flight requests; a replacement serves
   ``mttr_s`` later;
-* with no worker serving, the router has no backend and rejects (HTTP 503).
+* with no worker serving, the router has no backend and rejects (HTTP 503); with
+  ``router.activator`` the requests wait in the activator's buffer instead and go to the
+  workers when one serves again (their batch-queue wait then includes the buffer), or
+  get an error after the activator's timeout;
+* after the last arrival the control process goes on while requests are buffered or
+  queued or in service, so crashes and scaling then still happen.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -111,7 +117,9 @@ class DynamicPool:
         a = s.workers.autoscaler
         self.policy = (HPA(a, initial=s.workers.count) if a.policy == "hpa" else KPA(a)) if a else None
         self.observations: list[float] = []
-        self.rejected: list[np.ndarray] = []
+        self.rejected: list[np.ndarray] = []  # no backend, no activator: 503 at once
+        self.held: deque[int] = deque()  # in the activator's buffer (positions in self.q), oldest first
+        self.expired: list[int] = []  # buffered past the activator's timeout, or over its capacity
         cs = s.workers.cold_start
         self.cold = [Sampler(d, self.rng_fleet) if d else None for d in (cs.provision, cs.image_pull)]
         self.load = [Sampler(d, self.rng_fleet) if d else None for d in (cs.model_load, cs.warmup)]
@@ -212,6 +220,9 @@ class DynamicPool:
                     total += queued
                 case "utilization":
                     total += 1 - len(w.feed.free) / w.feed.n_instances
+        if self.held and a.metric in ("in_flight", "queue_depth"):  # the activator reports its buffer
+            h = self.q[np.fromiter(self.held, dtype=np.int64, count=len(self.held))]
+            total += np.count_nonzero((h <= t) & (h + self.s.router.activator.timeout_ms > t))
         if a.policy == "knative":
             return total
         return total / len(serving) if serving else 0.0
@@ -231,6 +242,29 @@ class DynamicPool:
                 out.extend(end - q.q[i] for i in req)
         return np.asarray(out)
 
+    # --- the activator ---------------------------------------------------------------
+    def _expire_held(self, t: float) -> None:
+        """Buffered requests whose activator timeout passed by ``t`` get an error."""
+        timeout = self.s.router.activator.timeout_ms
+        while self.held and self.q[self.held[0]] + timeout <= t:
+            self.expired.append(self.held.popleft())
+
+    def _hold(self, chunk: np.ndarray) -> None:
+        """No worker serves: the activator buffers the chunk (up to its capacity), or 503s."""
+        act = self.s.router.activator
+        if act is None:
+            self.rejected.append(chunk)
+            return
+        if act.capacity is None:
+            self.held.extend(chunk.tolist())
+            return
+        for p in chunk.tolist():  # rare path (an empty fleet): one arrival at a time
+            self._expire_held(self.q[p])
+            if len(self.held) < act.capacity:
+                self.held.append(p)
+            else:
+                self.rejected.append(np.array([p]))
+
     # --- routing -------------------------------------------------------------------
     def _route(self, t: float, horizon: float) -> None:
         stop = int(np.searchsorted(self.q, horizon, side="left"))
@@ -238,8 +272,15 @@ class DynamicPool:
         chunk = np.arange(self.pos, stop)
         self.pos = stop
         if len(chunk) and not serving:
-            self.rejected.append(chunk)
+            self._hold(chunk)
             chunk = chunk[:0]
+        times = self.q[chunk]
+        if serving and self.held:  # a worker serves again: the buffer drains into the queues now
+            self._expire_held(t)
+            released = np.fromiter(self.held, dtype=np.int64, count=len(self.held))
+            self.held.clear()
+            chunk = np.concatenate([released, chunk])
+            times = np.concatenate([np.full(len(released), t), times])
         if serving and len(chunk):
             k = len(serving)
             if self.s.router.balancing == "round_robin":
@@ -249,10 +290,11 @@ class DynamicPool:
                 pick = self.rng_route.integers(0, k, len(chunk))
             by = np.argsort(pick, kind="stable")
             cuts = np.searchsorted(pick[by], np.arange(1, k))
-            for w, part in zip(serving, np.split(chunk[by], cuts), strict=True):
+            for w, idx in zip(serving, np.split(by, cuts), strict=True):
+                part = chunk[idx]
                 if len(part):
                     self.routed.setdefault(w.wid, []).append(part)
-                w.feed.extend(self.q[part], horizon, t, None if self.dl is None else self.dl[part])
+                w.feed.extend(times[idx], horizon, t, None if self.dl is None else self.dl[part])
         else:
             for w in serving:
                 w.feed.extend(self.q[chunk[:0]], horizon, t, None if self.dl is None else self.dl[chunk[:0]])
@@ -280,12 +322,29 @@ class DynamicPool:
             upcoming = self.transitions[0][0] if self.transitions else INF
             nxt = min(next_tick, next_scrape, upcoming)
             self._route(t, nxt)
-            if self.pos >= len(self.q):  # everything routed: the fleet's story ends here
+            if self.pos >= len(self.q) and (not self.held or nxt == INF):
+                # every arrival routed (or buffered with no worker ever to come): no more
+                # arrivals for any queue; the fleet goes on while work is left
+                if self.held:
+                    self._expire_held(INF)
                 for w in self.workers:
-                    w.feed.close(t)
-                return
+                    if not w.feed.queue.closed:
+                        w.feed.close(t)
+                if nxt == INF or not self._working(t):
+                    return
             yield self.env.timeout(max(0.0, nxt - self.env.now))
             t = nxt
+
+    def _working(self, t: float) -> bool:
+        """Whether any live worker still has requests queued or in service at ``t``."""
+        for w in self.workers:
+            if w.crashed_at <= t or w.gone_at <= t:
+                continue
+            q = w.feed.queue
+            q.advance(t)
+            if w.feed.busy or len(q) or q.scan < q.m:
+                return True
+        return False
 
     def _tick(self, t: float, metric: float) -> None:
         counted = len(self._counting(t))
@@ -321,6 +380,10 @@ class DynamicPool:
         for chunk in self.rejected:
             cols[4][chunk] = Outcome.REJECTED
             cols[5][chunk] = self.q[chunk]
+        if self.expired:
+            gone = np.asarray(self.expired, dtype=np.int64)
+            cols[4][gone] = Outcome.REJECTED
+            cols[5][gone] = self.q[gone] + self.s.router.activator.timeout_ms
         out = tuple(np.empty_like(c) for c in cols)
         for full, o in zip(cols, out, strict=True):
             o[self.order] = full

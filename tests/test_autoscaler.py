@@ -121,10 +121,10 @@ def test_warm_pool_skips_provisioning():
         "warm_pool": 2,
     }
     run = simulate(_burst(autoscaler=AUTO, cold_start=cold))
-    started = [w for w in run.fleet.workers if w.requested_at > 0]
-    waits = sorted(w.ready_at - w.requested_at for w in started)
+    started = [w for w in run.fleet.workers if w.requested_at > 0]  # in the order they were requested
+    waits = [w.ready_at - w.requested_at for w in started]
     assert waits[:2] == [5_000, 5_000]  # the two warm nodes
-    assert waits[2] == 65_000
+    assert set(waits[2:6]) == {65_000}  # then cold ones, until scale-downs return nodes to the pool
 
 
 def test_crash_loses_queued_and_running_requests_and_is_replaced():

@@ -164,3 +164,16 @@ def test_noisy_neighbour_claims():
     assert quota["tagger"]["rejected"] > 2 * base["tagger"]["rejected"] > 0  # the quota sheds the tagger's excess
     assert priority["tagger"]["rejected"] < 0.5 * quota["tagger"]["rejected"]  # work-conserving
     assert per_worker["ranker"]["latency_ms"]["p99"] > 4 * quota["ranker"]["latency_ms"]["p99"]
+
+
+def test_scale_to_zero_claims():
+    path = ROOT / "scenarios/scale_to_zero.yaml"
+    zero, warm, no_activator = (
+        summarize(simulate(load_scenario(path, overrides(c)))) for c in documented_commands(path)
+    )
+    assert zero["requests"]["rejected"] == 0
+    assert zero["latency_ms"]["e2e"]["p99"] > 10_000  # the wave's first requests wait out a cold start
+    assert zero["cost"]["per_hour_usd"] < 0.8 * warm["cost"]["per_hour_usd"]  # nothing billed in the gap
+    assert warm["sla"]["met"]
+    assert no_activator["requests"]["rejected"] > 0.3 * no_activator["requests"]["arrived"]
+    assert not any(e["event"] == "scale_up" for e in no_activator["fleet"]["events"])  # it never wakes up
