@@ -149,7 +149,8 @@ class BatchQueue:
             if e[i] > t:
                 return
             self._outcome[i] = Outcome.TIMED_OUT
-            self._drop[i] = e[i]
+            # past its end-to-end deadline too: it left at whichever came first
+            self._drop[i] = e[i] if self.dl is None else min(e[i], self.dl[i])
             self.qh += 1
 
     def advance(self, now: float) -> None:

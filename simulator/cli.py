@@ -15,6 +15,7 @@ import pandas as pd
 import typer
 from rich.console import Console
 
+from reference_server.serve import serve
 from simulator.config import Scenario
 from simulator.engine import simulate
 from simulator.loader import ScenarioError, load_scenario
@@ -129,6 +130,9 @@ def check(scenario: ScenarioArg, set_: SetOpt = None) -> None:
 def schema() -> None:
     """Print the scenario JSON Schema (point your editor's YAML plugin at it)."""
     typer.echo(json.dumps(Scenario.model_json_schema(), indent=2))
+
+
+app.command(name="serve")(serve)
 
 
 def main() -> None:  # pragma: no cover - console-script entry

@@ -45,8 +45,8 @@ class RefBatcher:
     def _expire(self):
         to = self.cfg.timeout_ms
         while to is not None and self.queue and self.queue[0][1] + to <= self.env.now:
-            _rid, t, ev, _ = self.queue.popleft()
-            ev.succeed((TIMED_OUT, t + to, None, None))
+            _rid, t, ev, deadline = self.queue.popleft()
+            ev.succeed((TIMED_OUT, min(t + to, deadline), None, None))
 
     def _shed_late(self):
         """Requests past their deadline among the next batch's worth leave, timed out."""

@@ -1,0 +1,274 @@
+"""The reference inference server: an ASGI app speaking the Open Inference Protocol.
+
+Pipeline per request, mirroring the simulator's stages: optional feature fetch from Redis
+→ preprocessing (JPEG decode and resize, in a CPU thread) → the dynamic batcher →
+inference (collate, forward, split) → the response, which carries the request's stage
+timings in its ``parameters`` and a ``Server-Timing`` header. Bad input gets a 4xx with a
+message, overload a 503 with ``Retry-After``; nothing a client sends can crash the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import platform
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from reference_server.batcher import DynamicBatcher, Overloaded
+from reference_server.features import FeatureStore, FeatureStoreConfig
+from reference_server.metrics import ServerMetrics
+from reference_server.models import ModelConfig, ServedModel
+from reference_server.protocol import ProtocolError, TensorSpec, check_inputs, decode_request, encode_response
+
+VERSION = "1"
+
+
+@dataclass
+class ServerConfig:
+    """Everything ``servesim serve`` sets."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    max_batch_size: int = 8
+    max_queue_delay_ms: float = 2.0
+    max_queue_size: int | None = 256
+    instances: int = 1
+    threads: int = 1  # torch intra-op threads (CPU)
+    features: FeatureStoreConfig | None = None
+    max_body_bytes: int = 8 * 1024 * 1024
+    warmup_batches: int = 3
+
+
+def _error(status: int, msg: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": msg}, status_code=status, headers=headers)
+
+
+def create_app(cfg: ServerConfig) -> FastAPI:
+    """The FastAPI app serving one model under the configuration ``cfg``."""
+    torch.set_num_threads(cfg.threads)
+    model = ServedModel(cfg.model)
+    name = cfg.model.name
+    metrics = ServerMetrics(name, VERSION)
+    store = FeatureStore(cfg.features) if cfg.features is not None else None
+    if store is not None and cfg.model.kind != "ranker":
+        raise ValueError("the feature store feeds the ranker's sparse ids: use --model ranker")
+    inputs: list[TensorSpec] = model.inputs
+    if store is not None:  # ids come from Redis: the request names the entity instead
+        inputs = [s for s in inputs if s.name != "sparse"] + [TensorSpec("entity", "INT64", (-1, 1))]
+    pre_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="preprocess")
+
+    def run_batch(items: list[dict]) -> tuple[list, dict]:
+        sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+        t0 = time.perf_counter_ns()
+        batch = model.collate(items)
+        sync()
+        t1 = time.perf_counter_ns()
+        y = model.forward(batch)
+        sync()
+        t2 = time.perf_counter_ns()
+        outs = model.split(y, [len(next(iter(it.values()))) for it in items])
+        t3 = time.perf_counter_ns()
+        timing = {"compute_input": t1 - t0, "compute_infer": t2 - t1, "compute_output": t3 - t2}
+        metrics.observe_batch(sum(len(next(iter(it.values()))) for it in items), timing)
+        return outs, timing
+
+    batcher = DynamicBatcher(
+        run_batch,
+        max_batch_size=cfg.max_batch_size,
+        max_queue_delay_ms=cfg.max_queue_delay_ms,
+        max_queue_size=cfg.max_queue_size,
+        instances=cfg.instances,
+    )
+    state = {"ready": False}
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        batcher.start()
+        rng = np.random.default_rng(cfg.model.seed)
+        loop = asyncio.get_running_loop()
+        for _ in range(cfg.warmup_batches):  # warm-up outside the statistics
+            await loop.run_in_executor(None, lambda: model.forward(model.collate(model.example(2, rng))))
+        if store is not None:
+            await store.populate(cfg.model.vocab, cfg.model.seed)
+        if metrics.gpu.notice:
+            print(f"servesim serve: {metrics.gpu.notice}", flush=True)  # noqa: T201 - the server's console
+        state["ready"] = True
+        yield
+        state["ready"] = False
+        await batcher.stop()
+        pre_pool.shutdown(wait=True)
+        if store is not None:
+            await store.close()
+
+    app = FastAPI(title="servesim reference server", lifespan=lifespan)
+    app.state.config = cfg
+    app.state.batcher = batcher
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, err: Exception):
+        metrics.fail("internal")
+        return _error(500, f"internal error: {type(err).__name__}: {err}")
+
+    def _known(model_name: str, version: str | None = None) -> JSONResponse | None:
+        if model_name != name:
+            return _error(404, f"unknown model {model_name!r}; this server has {name!r}")
+        if version not in (None, "", VERSION):
+            return _error(404, f"model {name!r} has no version {version!r}; it has {VERSION!r}")
+        return None
+
+    @app.get("/v2/health/live")
+    async def live():
+        return Response(status_code=200)
+
+    @app.get("/v2/health/ready")
+    async def ready():
+        return Response(status_code=200 if state["ready"] else 503)
+
+    @app.get("/v2")
+    async def server_metadata():
+        return {"name": "servesim-reference", "version": "0.1", "extensions": ["binary_tensor_data", "statistics"]}
+
+    def _metadata() -> dict:
+        return {
+            "name": name,
+            "versions": [VERSION],
+            "platform": "pytorch_libtorch",
+            "inputs": [s.metadata() for s in inputs],
+            "outputs": [s.metadata() for s in model.outputs],
+        }
+
+    @app.get("/v2/models/{model_name}")
+    @app.get("/v2/models/{model_name}/versions/{version}")
+    async def model_metadata(model_name: str, version: str | None = None):
+        return _known(model_name, version) or _metadata()
+
+    @app.get("/v2/models/{model_name}/ready")
+    @app.get("/v2/models/{model_name}/versions/{version}/ready")
+    async def model_ready(model_name: str, version: str | None = None):
+        return _known(model_name, version) or Response(status_code=200 if state["ready"] else 503)
+
+    @app.get("/v2/models/{model_name}/config")
+    async def model_config(model_name: str):
+        return _known(model_name) or {
+            "name": name,
+            "platform": "pytorch_libtorch",
+            "max_batch_size": cfg.max_batch_size,
+            "dynamic_batching": {
+                "max_queue_delay_microseconds": int(cfg.max_queue_delay_ms * 1000),
+                "default_queue_policy": {"max_queue_size": cfg.max_queue_size or 0},
+            },
+            "instance_group": [
+                {"count": cfg.instances, "kind": "KIND_GPU" if model.device.type == "cuda" else "KIND_CPU"}
+            ],
+            "parameters": {
+                "servesim": {
+                    "model": asdict(cfg.model),
+                    "device": str(model.device),
+                    "threads": cfg.threads,
+                    "features": asdict(cfg.features) if cfg.features else None,
+                    "cpu": platform.processor() or platform.machine(),
+                    "torch": torch.__version__,
+                }
+            },
+        }
+
+    @app.get("/v2/models/{model_name}/stats")
+    async def model_stats(model_name: str):
+        return _known(model_name) or metrics.triton_stats()
+
+    @app.post("/v2/repository/index")
+    async def repository_index():
+        return [{"name": name, "version": VERSION, "state": "READY" if state["ready"] else "LOADING"}]
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.scrape(len(batcher.queue)), media_type="text/plain; version=0.0.4")
+
+    @app.post("/v2/models/{model_name}/infer")
+    @app.post("/v2/models/{model_name}/versions/{version}/infer")
+    async def infer(model_name: str, request: Request, version: str | None = None):
+        t_start = time.perf_counter_ns()
+        bad = _known(model_name, version)
+        if bad is not None:
+            metrics.fail("unknown_model")
+            return bad
+        if not state["ready"]:
+            return _error(503, "model is loading", {"Retry-After": "1"})
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
+            metrics.fail("too_large")
+            return _error(413, f"body of {declared} bytes exceeds the limit of {cfg.max_body_bytes}")
+        body = await request.body()
+        if len(body) > cfg.max_body_bytes:
+            metrics.fail("too_large")
+            return _error(413, f"body of {len(body)} bytes exceeds the limit of {cfg.max_body_bytes}")
+        timing: dict[str, float] = {}
+        try:
+            if batcher.full():  # refuse at the door, before spending CPU on the request
+                raise Overloaded(f"queue full ({cfg.max_queue_size} requests)")
+            req = decode_request(body, request.headers.get("inference-header-content-length"))
+            check_inputs(req, inputs)
+            sizes = {a.shape[0] for a in req.inputs.values()}
+            if len(sizes) != 1:
+                raise ProtocolError("all inputs must have the same batch dimension (first)")
+            n = sizes.pop()
+            if not 1 <= n <= cfg.max_batch_size:
+                raise ProtocolError(f"a request carries 1..{cfg.max_batch_size} items (max_batch_size); got {n}")
+            tensors = dict(req.inputs)
+            if store is not None:
+                tensors["sparse"], fetched = await store.fetch(tensors.pop("entity"))
+                timing.update(fetched)
+            t0 = time.perf_counter_ns()
+            item = await asyncio.get_running_loop().run_in_executor(pre_pool, model.preprocess, tensors)
+            timing["preprocess_us"] = (time.perf_counter_ns() - t0) / 1e3
+            pending = await batcher.submit(item, n)
+        except Overloaded as err:
+            metrics.fail("overloaded")
+            return _error(503, f"overloaded: {err}", {"Retry-After": "1"})
+        except (ProtocolError, ValueError, KeyError) as err:
+            metrics.fail("bad_request")
+            return _error(400, str(err).strip("'\""))
+        outputs = pending.future.result()
+        timing["queue_us"] = (pending.t_dispatch_ns - pending.t_enqueue_ns) / 1e3
+        for stage, ns in pending.timing.items():
+            timing[f"{stage}_us"] = ns / 1e3
+        timing["request_us"] = (time.perf_counter_ns() - t_start) / 1e3
+        metrics.observe(timing, n)
+        params = {**{k: round(v, 1) for k, v in timing.items()}, "batch_size": pending.batch_size}
+        try:
+            payload, header_len = encode_response(name, VERSION, req, outputs, model.outputs, params)
+        except ProtocolError as err:
+            return _error(400, str(err))
+        headers = {
+            "Server-Timing": ", ".join(f"{k[:-3]};dur={v / 1e3:.3f}" for k, v in timing.items() if k[-3:] == "_us")
+        }
+        if header_len is None:
+            return Response(payload, media_type="application/json", headers=headers)
+        headers["Inference-Header-Content-Length"] = str(header_len)
+        return Response(payload, media_type="application/octet-stream", headers=headers)
+
+    return app
+
+
+def describe(cfg: ServerConfig) -> str:
+    """One line for the console: what is served, how."""
+    m = cfg.model
+    what = f"{m.kind} ({m.resolution}px, width {m.width}, depth {m.depth})" if m.kind == "resnet" else m.kind
+    return json.dumps(
+        {
+            "model": what,
+            "precision": m.precision,
+            "max_batch_size": cfg.max_batch_size,
+            "max_queue_delay_ms": cfg.max_queue_delay_ms,
+            "max_queue_size": cfg.max_queue_size,
+            "instances": cfg.instances,
+            "features": asdict(cfg.features) if cfg.features else None,
+        }
+    )

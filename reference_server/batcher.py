@@ -1,0 +1,143 @@
+"""The server's dynamic batcher, with the simulator's (and Triton's) semantics.
+
+Requests wait in one FIFO queue. A model instance that is free takes a batch: at once when
+``max_batch_size`` items are queued, otherwise when the oldest queued request has waited
+``max_queue_delay_ms`` (then everything queued, up to the maximum). A request that finds
+``max_queue_size`` requests queued is refused (:class:`Overloaded`, HTTP 503). Each
+instance runs its batches in a worker thread, one at a time, so the event loop keeps
+accepting requests while the model computes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+
+class Overloaded(Exception):
+    """The queue is full."""
+
+
+@dataclass
+class Pending:
+    """A request waiting for its batch."""
+
+    item: dict
+    n: int  # items in the request (its batch dimension)
+    t_enqueue_ns: int
+    future: asyncio.Future
+    t_dispatch_ns: int = 0
+    batch_size: int = 0
+    timing: dict = field(default_factory=dict)
+
+
+class DynamicBatcher:
+    """Batches requests for ``run(items) -> (outputs per request, stage timings ns)``."""
+
+    def __init__(
+        self,
+        run: Callable[[list[dict]], tuple[list, dict]],
+        *,
+        max_batch_size: int,
+        max_queue_delay_ms: float,
+        max_queue_size: int | None = None,
+        instances: int = 1,
+    ):
+        if max_batch_size < 1 or max_queue_delay_ms < 0 or instances < 1:
+            raise ValueError("max_batch_size >= 1, max_queue_delay_ms >= 0 and instances >= 1")
+        if max_queue_size is not None and max_queue_size < 1:
+            raise ValueError("max_queue_size must be >= 1")
+        self.run = run
+        self.max_batch_size = max_batch_size
+        self.delay_ns = int(max_queue_delay_ms * 1e6)
+        self.max_queue_size = max_queue_size
+        self.instances = instances
+        self.queue: deque[Pending] = deque()
+        self.in_flight = 0  # requests taken into batches and not yet answered
+        self.batches = 0
+        self._arrived: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._executor = ThreadPoolExecutor(max_workers=instances, thread_name_prefix="model")
+
+    def start(self) -> None:
+        self._arrived = asyncio.Event()
+        self._tasks = [asyncio.create_task(self._instance()) for _ in range(self.instances)]
+
+    async def stop(self) -> None:
+        """Finish everything queued, then stop the instances."""
+        while self.queue or self.in_flight:
+            await asyncio.sleep(0.005)
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._executor.shutdown(wait=True)
+
+    def full(self) -> bool:
+        """Whether a request arriving now would be refused."""
+        return self.max_queue_size is not None and len(self.queue) >= self.max_queue_size
+
+    async def submit(self, item: dict, n: int) -> Pending:
+        """Queue one request of ``n`` items; returns it answered (``future`` holds its outputs)."""
+        if not 1 <= n <= self.max_batch_size:
+            raise ValueError(f"a request carries 1..{self.max_batch_size} items (max_batch_size); got {n}")
+        if self.full():
+            raise Overloaded(f"queue full ({self.max_queue_size} requests)")
+        p = Pending(item, n, time.perf_counter_ns(), asyncio.get_running_loop().create_future())
+        self.queue.append(p)
+        self._arrived.set()
+        await p.future
+        return p
+
+    def _queued_items(self) -> int:
+        total = 0
+        for p in self.queue:
+            total += p.n
+            if total >= self.max_batch_size:
+                break
+        return total
+
+    async def _instance(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self.queue:
+                self._arrived.clear()
+                await self._arrived.wait()
+            deadline = self.queue[0].t_enqueue_ns + self.delay_ns
+            while self.queue and self._queued_items() < self.max_batch_size:
+                remaining = (deadline - time.perf_counter_ns()) / 1e9
+                if remaining <= 0:
+                    break
+                self._arrived.clear()
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), remaining)
+                except TimeoutError:
+                    break
+            if not self.queue:  # another instance took them
+                continue
+            batch, size = [], 0
+            while self.queue and size + self.queue[0].n <= self.max_batch_size:
+                p = self.queue.popleft()
+                batch.append(p)
+                size += p.n
+            now = time.perf_counter_ns()
+            for p in batch:
+                p.t_dispatch_ns, p.batch_size = now, size
+            self.in_flight += len(batch)
+            self.batches += 1
+            try:
+                outputs, timing = await loop.run_in_executor(self._executor, self.run, [p.item for p in batch])
+            except Exception as err:  # the model failed: every request of the batch gets the error
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(err)
+            else:
+                for p, out in zip(batch, outputs, strict=True):
+                    p.timing = timing
+                    if not p.future.done():
+                        p.future.set_result(out)
+            finally:
+                self.in_flight -= len(batch)

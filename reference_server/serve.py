@@ -1,0 +1,79 @@
+"""``servesim serve``: start the reference server standalone (heavy imports happen inside)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import typer
+
+Kind = Literal["resnet", "ranker"]
+Precision = Literal["fp32", "fp16", "bf16", "int8"]
+
+
+def serve(
+    model: Annotated[str, typer.Option(help="Model: resnet (image classifier) or ranker (ranking MLP).")] = "resnet",
+    resolution: Annotated[int, typer.Option(help="resnet: input side in pixels (images are resized to it).")] = 64,
+    width: Annotated[int, typer.Option(help="resnet: channels of the first stage (64 is ResNet-18).")] = 32,
+    depth: Annotated[int, typer.Option(help="resnet: 18 or 34 layers.")] = 18,
+    precision: Annotated[str, typer.Option(help="fp32, fp16, bf16, or int8 (dynamic quantization, CPU).")] = "fp32",
+    max_batch_size: Annotated[int, typer.Option(help="Dynamic batcher: most items in one batch.")] = 8,
+    max_queue_delay_ms: Annotated[
+        float, typer.Option(help="Dynamic batcher: window counted from the oldest queued request, ms.")
+    ] = 2.0,
+    max_queue_size: Annotated[
+        int, typer.Option(help="Queued requests beyond which new ones get 503 (0: no cap).")
+    ] = 256,
+    instances: Annotated[int, typer.Option(help="Model instances, each running one batch at a time.")] = 1,
+    threads: Annotated[int, typer.Option(help="torch intra-op threads on the CPU.")] = 1,
+    redis_url: Annotated[
+        str | None, typer.Option(help="Fetch the ranker's sparse ids from this Redis (e.g. redis://127.0.0.1:6379/0).")
+    ] = None,
+    feature_keys: Annotated[int, typer.Option(help="Feature store: ids per item (the ranker's sparse inputs).")] = 26,
+    feature_batch_size: Annotated[int, typer.Option(help="Feature store: keys per round trip (1 = GET per key).")] = 1,
+    feature_parallelism: Annotated[int, typer.Option(help="Feature store: round trips in flight per request.")] = 1,
+    host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    seed: Annotated[int, typer.Option(help="Seed of the random weights and feature data.")] = 0,
+) -> None:
+    """Serve a torch model over the Open Inference Protocol (KServe v2 / Triton HTTP) with a
+    dynamic batcher, optional Redis features, per-request stage timings and /metrics."""
+    try:
+        import uvicorn
+
+        from reference_server.app import ServerConfig, create_app, describe
+        from reference_server.features import FeatureStoreConfig
+        from reference_server.models import ModelConfig
+    except ImportError as err:
+        typer.echo(
+            f"error: servesim serve needs the server extra ({err.name} is missing): "
+            "pip install torch==2.13.0 && pip install -e '.[server]'",
+            err=True,
+        )
+        raise typer.Exit(code=2) from None
+    if model not in ("resnet", "ranker") or precision not in ("fp32", "fp16", "bf16", "int8"):
+        typer.echo("error: --model is resnet or ranker; --precision is fp32, fp16, bf16 or int8", err=True)
+        raise typer.Exit(code=2)
+    feats = None
+    if redis_url:
+        feats = FeatureStoreConfig(
+            url=redis_url, keys=feature_keys, batch_size=feature_batch_size, parallelism=feature_parallelism
+        )
+    mcfg = ModelConfig(kind=model, resolution=resolution, width=width, depth=depth, precision=precision, seed=seed)
+    if model == "ranker":
+        mcfg.sparse = feature_keys
+    cfg = ServerConfig(
+        model=mcfg,
+        max_batch_size=max_batch_size,
+        max_queue_delay_ms=max_queue_delay_ms,
+        max_queue_size=max_queue_size or None,
+        instances=instances,
+        threads=threads,
+        features=feats,
+    )
+    try:
+        app = create_app(cfg)
+    except ValueError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    typer.echo(f"servesim serve: http://{host}:{port} {describe(cfg)}")
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)

@@ -1,0 +1,84 @@
+"""Real servers for tests: redis-server and the reference server, on free loopback ports."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def servesim_cmd() -> list[str]:
+    exe = Path(sys.executable).with_name("servesim")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "simulator"]
+
+
+def wait_http(url: str, timeout_s: float = 90.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as r:
+            if r.status == 200:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} not ready after {timeout_s} s")
+
+
+@contextlib.contextmanager
+def reference_server(*args: str):
+    """``servesim serve`` in a subprocess; yields (base url, process)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [*servesim_cmd(), "serve", "--port", str(port), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/v2/health/ready", proc=proc)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@contextlib.contextmanager
+def redis_server():
+    """A throwaway redis-server; yields its URL."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise FileNotFoundError("redis-server")
+    port = free_port()
+    proc = subprocess.Popen(
+        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError("redis-server did not start")
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
