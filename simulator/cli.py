@@ -15,6 +15,7 @@ import pandas as pd
 import typer
 from rich.console import Console
 
+from calibrate.cli import app as calibrate_app
 from reference_server.serve import serve
 from simulator.config import Scenario
 from simulator.engine import simulate
@@ -133,6 +134,7 @@ def schema() -> None:
 
 
 app.command(name="serve")(serve)
+app.add_typer(calibrate_app, name="calibrate")
 
 
 def main() -> None:  # pragma: no cover - console-script entry

@@ -1,0 +1,165 @@
+"""``servesim calibrate …``: microbench, load, fit, validate, run, and Triton importers.
+
+Heavy imports (torch, aiohttp, altair) happen inside the commands, so ``servesim run``
+stays light.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="Measure a real inference server and fit the simulator's models to it.", no_args_is_help=True)
+
+ServerArgs = Annotated[
+    str, typer.Option(help="Options for `servesim serve`, quoted, e.g. '--resolution 64 --max-batch-size 8'.")
+]
+
+
+def _need(what: str):
+    def fail(err: ImportError):
+        typer.echo(
+            f"error: {what} needs the calibrate extra ({err.name} is missing): "
+            "pip install torch==2.13.0 && pip install -e '.[calibrate]'",
+            err=True,
+        )
+        return typer.Exit(code=2)
+
+    return fail
+
+
+def _levels(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"expected level numbers like 0,2,4; got {text!r}") from None
+
+
+@app.command()
+def run(
+    out: Annotated[Path, typer.Option(help="Folder for profile.json, measurements.csv and the validation report.")],
+    server_args: ServerArgs = "--resolution 64 --width 32 --max-batch-size 8 --max-queue-delay-ms 2",
+    duration_s: Annotated[float, typer.Option(help="Seconds per load level.", min=1)] = 20.0,
+    seed: Annotated[int, typer.Option(help="Seed of the load schedules and payloads.")] = 0,
+) -> None:
+    """Start the reference server, find its capacity, measure 7 load levels, fit the profile
+    on 30/60/80% and validate it on 20/50/70/85% (held out), then stop the server."""
+    try:
+        from calibrate.run import calibrate_run
+    except ImportError as err:
+        raise _need("calibrate run")(err) from None
+    report = calibrate_run(server_args.split(), out, duration_s=duration_s, seed=seed, log=typer.echo)
+    errs = [abs(r["error_pct"]) for r in report["validation"] if r["percentile"] in ("p50", "p99")]
+    typer.echo((out / "validation.md").read_text())
+    typer.echo(f"largest |error| of p50/p99 on held-out levels: {max(errs):.1f}%  ->  {out}")
+
+
+@app.command()
+def load(
+    url: Annotated[str, typer.Option(help="Server base URL, e.g. http://127.0.0.1:8000.")],
+    rates: Annotated[str, typer.Option(help="Offered rates, req/s, comma-separated.")],
+    out: Annotated[Path, typer.Option(help="CSV of every request (client latency and server stage timings).")],
+    model: Annotated[str, typer.Option(help="Model name (resnet).")] = "resnet",
+    duration_s: Annotated[float, typer.Option(help="Minimum seconds per level.", min=0.5)] = 10.0,
+    min_queries: Annotated[int, typer.Option(help="Minimum requests per level.", min=1)] = 200,
+    image_side: Annotated[int, typer.Option(help="Side of the JPEGs sent, pixels.")] = 96,
+    seed: int = 0,
+) -> None:
+    """Open-loop Poisson load at each rate; latency from the scheduled send time."""
+    try:
+        import numpy as np
+
+        from calibrate.loadgen import image_payloads, level_summary, sweep
+    except ImportError as err:
+        raise _need("calibrate load")(err) from None
+    try:
+        levels = [float(r) for r in rates.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"--rates: expected numbers like 20,50,80; got {rates!r}") from None
+    payloads = image_payloads(32, image_side, np.random.default_rng(seed))
+    df = sweep(url.rstrip("/"), model, levels, payloads, duration_s=duration_s, min_queries=min_queries, seed=seed)
+    df.to_csv(out, index=False)
+    typer.echo(level_summary(df).to_string(index=False))
+
+
+@app.command()
+def microbench(
+    model: Annotated[str, typer.Option(help="resnet or ranker.")] = "resnet",
+    resolution: int = 64,
+    width: int = 32,
+    precisions: Annotated[str, typer.Option(help="Comma-separated: fp32,fp16,bf16,int8.")] = "fp32",
+    max_batch_size: int = 8,
+    repeats: int = 30,
+    out: Annotated[Path | None, typer.Option(help="CSV of the table.")] = None,
+) -> None:
+    """Forward time per batch size (1 to max) per precision, in-process after warm-up."""
+    try:
+        import torch
+
+        from calibrate.microbench import microbench as bench
+        from reference_server.models import ModelConfig
+    except ImportError as err:
+        raise _need("calibrate microbench")(err) from None
+    torch.set_num_threads(1)
+    cfg = ModelConfig(kind=model, resolution=resolution, width=width)
+    try:
+        df = bench(cfg, precisions.split(","), max_batch_size, repeats=repeats)
+    except ValueError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    if out:
+        df.to_csv(out, index=False)
+    typer.echo(df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+
+
+@app.command()
+def validate(
+    profile: Annotated[Path, typer.Argument(help="profile.json from `calibrate run` or `fit`.")],
+    measurements: Annotated[Path, typer.Argument(help="measurements.csv from `calibrate load` or `run`.")],
+    levels: Annotated[str, typer.Option(help="Levels to validate on, e.g. 0,2,4 (default: all).")] = "",
+) -> None:
+    """Simulate the measured levels with the profile: predicted against measured per percentile."""
+    import pandas as pd
+
+    from calibrate.loadgen import level_summary
+    from calibrate.validate import compare
+
+    prof = json.loads(profile.read_text())
+    summary = level_summary(pd.read_csv(measurements))
+    if levels:
+        summary = summary[summary["level"].isin(_levels(levels))]
+    typer.echo(compare(prof, summary).to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+
+
+@app.command(name="import-triton-stats")
+def import_triton_stats(
+    stats: Annotated[Path, typer.Argument(help="JSON from GET /v2/models/{model}/stats (Triton or servesim serve).")],
+    model: Annotated[str | None, typer.Option(help="Model name, when the file holds several.")] = None,
+) -> None:
+    """The affine batch service time fitted to a Triton server's batch statistics."""
+    from calibrate.importers import affine_from_triton, load_stats, triton_batch_times
+
+    try:
+        data = load_stats(stats)
+        typer.echo(triton_batch_times(data, model).to_string(index=False))
+        typer.echo(json.dumps(affine_from_triton(data, model)))
+    except (ValueError, KeyError, OSError) as err:
+        typer.echo(f"error: {stats}: {err}", err=True)
+        raise typer.Exit(code=2) from None
+
+
+@app.command(name="import-perf-analyzer")
+def import_perf_analyzer(
+    csv: Annotated[Path, typer.Argument(help="perf_analyzer -f output.")],
+) -> None:
+    """Measured levels (throughput, p50/p95/p99) from perf_analyzer's CSV."""
+    from calibrate.importers import perf_analyzer_levels
+
+    try:
+        typer.echo(perf_analyzer_levels(csv).to_string(index=False))
+    except (ValueError, OSError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None

@@ -1,0 +1,187 @@
+"""A whole calibration: start the reference server, find its capacity, sweep load levels,
+fit a profile on some levels and validate it on the others (held out), write it all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import platform
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from calibrate.fit import fit_profile
+from calibrate.loadgen import image_payloads, level_summary, sweep
+from calibrate.validate import chart, compare
+
+PROFILE_SCHEMA = 1
+FIT_LOADS = (0.3, 0.6, 0.8)
+VALIDATE_LOADS = (0.2, 0.5, 0.7, 0.85)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+@contextlib.contextmanager
+def server(args: list[str], *, timeout_s: float = 120.0):
+    """``servesim serve`` on a free loopback port; yields its URL; stops it afterwards."""
+    port = _free_port()
+    exe = Path(sys.executable).with_name("servesim")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "simulator"]
+    proc = subprocess.Popen([*cmd, "serve", "--port", str(port), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the reference server exited: {proc.stderr.read().decode()[-2000:]}")
+            with contextlib.suppress(OSError), urllib.request.urlopen(url + "/v2/health/ready", timeout=1) as r:
+                if r.status == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError("the reference server did not become ready")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def hardware() -> dict:
+    """What the measurements ran on."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    gpu = {"name": None, "driver": None}
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        gpu = {"name": pynvml.nvmlDeviceGetName(h), "driver": pynvml.nvmlSystemGetDriverVersion()}
+    except Exception:  # no GPU or no driver: recorded as none
+        pass
+    import os
+
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "gpu": gpu}
+
+
+def software() -> dict:
+    import scipy
+    import simpy
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "scipy": scipy.__version__,
+        "simpy": simpy.__version__,
+        "servesim": "0.1.0",
+    }
+
+
+def capacity(url: str, model: str, payloads, *, guess_rps: float, seconds: float, seed: int) -> float:
+    """Completed requests per second under an overload of about twice ``guess_rps``."""
+    df = sweep(url, model, [2 * guess_rps], payloads, duration_s=seconds, min_queries=50, seed=seed, warmup_s=0.5)
+    summary = level_summary(df)
+    return float(summary["achieved_rps"].iloc[0])
+
+
+def calibrate_run(server_args: list[str], out: Path, *, duration_s: float = 20.0, seed: int = 0, log=print) -> dict:
+    """The whole calibration of the image model; writes profile.json, measurements.csv,
+    validation.json, validation.md and validation.png under ``out``. Returns the report."""
+    out.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    with server(server_args) as url:
+        config = _get(url + "/v2/models/resnet/config")
+        payloads = image_payloads(32, side=max(64, config["parameters"]["servesim"]["model"]["resolution"]), rng=rng)
+        sweep(url, "resnet", [5.0], payloads, duration_s=2.0, min_queries=10, seed=seed)  # warm the path
+        b = config["max_batch_size"]
+        stats = _get(url + "/v2/models/resnet/stats")["model_stats"][0]["batch_stats"]
+        per_item = min(s["compute_infer"]["ns"] / s["compute_infer"]["count"] / 1e6 / s["batch_size"] for s in stats)
+        cap = capacity(url, "resnet", payloads, guess_rps=1000.0 / per_item, seconds=6.0, seed=seed + 100)
+        log(f"capacity: {cap:.1f} req/s (batch up to {b})")
+        loads = sorted(FIT_LOADS + VALIDATE_LOADS)
+        rates = [round(f * cap, 2) for f in loads]
+        log(f"levels: {', '.join(f'{f:.0%}={r:g}' for f, r in zip(loads, rates, strict=True))} req/s")
+        requests = sweep(url, "resnet", rates, payloads, duration_s=duration_s, min_queries=200, seed=seed + 200)
+    fit_levels = [i for i, f in enumerate(loads) if f in FIT_LOADS]
+    fitted = fit_profile(requests, fit_levels=fit_levels, rng=rng)
+    server_cfg = {
+        "max_batch_size": config["max_batch_size"],
+        "max_queue_delay_ms": config["dynamic_batching"]["max_queue_delay_microseconds"] / 1000.0,
+        "max_queue_size": config["dynamic_batching"]["default_queue_policy"]["max_queue_size"] or None,
+        "instances": config["instance_group"][0]["count"],
+        "preprocess_threads": 1,
+        "device": config["parameters"]["servesim"]["device"],
+        "threads": config["parameters"]["servesim"]["threads"],
+    }
+    profile = {
+        "schema_version": PROFILE_SCHEMA,
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "hardware": hardware(),
+        "software": software(),
+        "model": config["parameters"]["servesim"]["model"],
+        "server": server_cfg,
+        "capacity_rps": cap,
+        **fitted,
+        "fit_levels": [{"load": loads[i], "rate_rps": rates[i]} for i in fit_levels],
+    }
+    summary = level_summary(requests)
+    summary["load"] = loads
+    summary["held_out"] = [f in VALIDATE_LOADS for f in loads]
+    table = compare(profile, summary[summary["held_out"]])
+    requests.to_csv(out / "measurements.csv", index=False)
+    (out / "profile.json").write_text(json.dumps(profile, indent=2) + "\n")
+    report = {"levels": summary.to_dict(orient="records"), "validation": table.to_dict(orient="records")}
+    (out / "validation.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "validation.md").write_text(markdown(profile, summary, table))
+    chart(table, out / "validation.png")
+    return report
+
+
+def markdown(profile: dict, summary: pd.DataFrame, table: pd.DataFrame) -> str:
+    """The validation report as a Markdown table."""
+    st = profile["service_time"]
+    lines = [
+        f"# Calibration of {profile['model']['kind']} ({profile['model']['resolution']} px, "
+        f"{profile['model']['precision']}) on {profile['hardware']['cpu']}",
+        "",
+        f"Measured {profile['created']}; capacity {profile['capacity_rps']:.1f} req/s; batch service "
+        f"{st['base_ms']:.2f} + {st['per_item_ms']:.2f} × B ms (noise CV {st['noise_cv']:.2f}, R² {st['r2']:.3f}).",
+        "Fitted on loads "
+        + ", ".join(f"{x['load']:.0%}" for x in profile["fit_levels"])
+        + "; validated on the others.",
+        "",
+        "| load | offered req/s | percentile | measured ms | predicted ms | error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for _, r in table.iterrows():
+        lines.append(
+            f"| {r['load']:.0%} | {r['offered_rps']:.1f} | {r['percentile']} | {r['measured_ms']:.1f} | "
+            f"{r['predicted_ms']:.1f} | {r['error_pct']:+.1f}% |"
+        )
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,127 @@
+"""Calibration: fits recover known parameters; importers read Triton's formats; and one
+end-to-end calibration of a tiny model against the real server."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibrate.fit import fit_affine, fit_distribution
+from calibrate.importers import affine_from_triton, perf_analyzer_levels, triton_batch_times
+
+
+def test_affine_fit_recovers_base_slope_and_noise():
+    rng = np.random.default_rng(11)
+    n, base, per, cv = 4000, 5.0, 2.0, 0.1
+    b = rng.integers(1, 17, n)
+    sigma = np.sqrt(np.log1p(cv * cv))
+    y = (base + per * b) * rng.lognormal(-sigma * sigma / 2, sigma, n)
+    fit = fit_affine(b, y)
+    # standard errors at this n are ~1-2% of each parameter; allow 4 of them
+    assert fit["base_ms"] == pytest.approx(base, rel=0.06)
+    assert fit["per_item_ms"] == pytest.approx(per, rel=0.03)
+    assert fit["noise_cv"] == pytest.approx(cv, rel=0.06)
+
+
+@pytest.mark.parametrize(
+    ("family", "draw", "mean", "cv"),
+    [
+        (
+            "lognormal",
+            lambda r, n: r.lognormal(np.log(4.0) - 0.5 * np.log1p(0.25), np.sqrt(np.log1p(0.25)), n),
+            4.0,
+            0.5,
+        ),
+        ("gamma", lambda r, n: r.gamma(4.0, 0.5, n), 2.0, 0.5),
+        ("exponential", lambda r, n: r.exponential(3.0, n), 3.0, 1.0),
+    ],
+)
+def test_distribution_fit_recovers_family_and_moments(family, draw, mean, cv):
+    rng = np.random.default_rng(5)
+    spec = fit_distribution(draw(rng, 20_000), rng=rng)
+    assert spec["fit"]["family"] == family
+    assert spec["mean_ms"] == pytest.approx(mean, rel=0.03)
+    if "cv" in spec:
+        assert spec["cv"] == pytest.approx(cv, rel=0.05)
+
+
+def test_a_shape_no_family_fits_falls_back_to_empirical():
+    rng = np.random.default_rng(2)
+    x = np.concatenate([rng.normal(2.0, 0.1, 5000), rng.normal(20.0, 0.5, 5000)])  # two modes
+    spec = fit_distribution(x, rng=rng)
+    assert spec["kind"] == "empirical"
+    assert np.median(spec["samples_ms"]) == pytest.approx(np.median(x), rel=0.5)
+    with pytest.raises(ValueError, match="at least 20"):
+        fit_distribution(np.ones(5), rng=rng)
+
+
+def test_triton_statistics_give_the_affine_batch_time():
+    base, per = 3.0, 1.5
+    counts = {1: 40, 2: 30, 4: 20, 8: 10}
+    stats = {
+        "model_stats": [
+            {
+                "name": "m",
+                "batch_stats": [
+                    {
+                        "batch_size": b,
+                        "compute_input": {"count": n, "ns": int(n * 0.1e6)},
+                        "compute_infer": {"count": n, "ns": int(n * (base - 0.2 + per * b) * 1e6)},
+                        "compute_output": {"count": n, "ns": int(n * 0.1e6)},
+                    }
+                    for b, n in counts.items()
+                ],
+            }
+        ]
+    }
+    times = triton_batch_times(stats, "m")
+    assert times["batches"].tolist() == [40, 30, 20, 10]
+    fit = affine_from_triton(stats, "m")
+    assert fit["base_ms"] == pytest.approx(base, abs=1e-6)
+    assert fit["per_item_ms"] == pytest.approx(per, abs=1e-6)
+    with pytest.raises(ValueError, match="not in the statistics"):
+        triton_batch_times(stats, "other")
+
+
+def test_perf_analyzer_csv_levels(tmp_path):
+    csv = tmp_path / "pa.csv"
+    pd.DataFrame(
+        {
+            "Concurrency": [1, 2],
+            "Inferences/Second": [100.0, 180.0],
+            "p50 latency": [9000, 11000],
+            "p90 latency": [12000, 15000],
+            "p95 latency": [13000, 17000],
+            "p99 latency": [15000, 21000],
+        }
+    ).to_csv(csv, index=False)
+    levels = perf_analyzer_levels(csv)
+    assert levels["p99_ms"].tolist() == [15.0, 21.0]
+    assert levels["offered_rps"].tolist() == [100.0, 180.0]
+    (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="not a perf_analyzer CSV"):
+        perf_analyzer_levels(tmp_path / "bad.csv")
+
+
+def test_end_to_end_calibration_of_a_tiny_model(tmp_path):
+    pytest.importorskip("torch", reason="calibration drives the reference server (torch)")
+    pytest.importorskip("aiohttp", reason="the load generator needs aiohttp")
+    from calibrate.run import calibrate_run
+
+    args = ["--resolution", "32", "--width", "8", "--max-batch-size", "4", "--max-queue-delay-ms", "2"]
+    report = calibrate_run(args, tmp_path, duration_s=2.0, log=lambda _msg: None)
+    profile = json.loads((tmp_path / "profile.json").read_text())
+    assert profile["schema_version"] == 1
+    assert profile["model"]["resolution"] == 32
+    assert profile["hardware"]["cpu"]
+    assert profile["software"]["torch"]
+    assert profile["service_time"]["per_item_ms"] > 0
+    assert profile["server"]["max_batch_size"] == 4
+    rows = report["validation"]
+    assert {r["load"] for r in rows} == {0.2, 0.5, 0.7, 0.85}  # held out: not the fitted 30/60/80%
+    assert all(np.isfinite(r["error_pct"]) for r in rows)
+    for name in ("measurements.csv", "validation.json", "validation.md", "validation.png"):
+        assert (tmp_path / name).stat().st_size > 0
