@@ -44,6 +44,9 @@ def run(
     server_args: ServerArgs = "--resolution 64 --width 32 --max-batch-size 8 --max-queue-delay-ms 2",
     duration_s: Annotated[float, typer.Option(help="Seconds per load level.", min=1)] = 20.0,
     seed: Annotated[int, typer.Option(help="Seed of the load schedules and payloads.")] = 0,
+    pin: Annotated[
+        bool, typer.Option(help="Give the model the last CPU core alone; the server and this client share the rest.")
+    ] = False,
 ) -> None:
     """Start the reference server, find its capacity, measure 7 load levels, fit the profile
     on 30/60/80% and validate it on 20/50/70/85% (held out), then stop the server."""
@@ -51,7 +54,7 @@ def run(
         from calibrate.run import calibrate_run
     except ImportError as err:
         raise _need("calibrate run")(err) from None
-    report = calibrate_run(server_args.split(), out, duration_s=duration_s, seed=seed, log=typer.echo)
+    report = calibrate_run(server_args.split(), out, duration_s=duration_s, seed=seed, pin=pin, log=typer.echo)
     errs = [abs(r["error_pct"]) for r in report["validation"] if r["percentile"] in ("p50", "p99")]
     typer.echo((out / "validation.md").read_text())
     typer.echo(f"largest |error| of p50/p99 on held-out levels: {max(errs):.1f}%  ->  {out}")

@@ -45,6 +45,30 @@ def fit_affine(batch_size: np.ndarray, service_ms: np.ndarray) -> dict:
     }
 
 
+def fit_table(batch_size: np.ndarray, service_ms: np.ndarray, *, min_batches: int = 20) -> dict | None:
+    """Mean service time per batch size (interpolated between sizes by the simulator), with
+    log-normal noise from the pooled ratios; None unless at least two sizes have
+    ``min_batches`` batches each."""
+    df = pd.DataFrame({"b": np.asarray(batch_size, dtype=int), "y": np.asarray(service_ms, dtype=float)})
+    counts = df.groupby("b")["y"].count()
+    sizes = counts[counts >= min_batches].index
+    if len(sizes) < 2:
+        return None
+    df = df[df["b"].isin(sizes)]
+    means = df.groupby("b")["y"].mean()
+    ratio = df["y"] / df["b"].map(means)
+    pred = df["b"].map(means)
+    resid = df["y"] - pred
+    r2 = 1 - float((resid**2).sum()) / float(((df["y"] - df["y"].mean()) ** 2).sum())
+    return {
+        "kind": "table",
+        "batch_ms": {int(b): round(float(m), 4) for b, m in means.items()},
+        "noise_cv": float(ratio.std(ddof=1)),
+        "r2": r2,
+        "batches": len(df),
+    }
+
+
 def fit_distribution(samples_ms: np.ndarray, *, rng: np.random.Generator) -> dict:
     """The simulator distribution (as a scenario dict) that best fits positive samples, ms.
 
@@ -104,11 +128,19 @@ def fit_profile(requests: pd.DataFrame, *, fit_levels: list[int], rng: np.random
     if df.empty:
         raise ValueError("no successful requests in the fitting levels")
     batches = batches_from_requests(df)
-    service = fit_affine(batches["batch_size"].to_numpy(), batches["service_ms"].to_numpy())
+    b, y = batches["batch_size"].to_numpy(), batches["service_ms"].to_numpy()
+    affine = fit_affine(b, y)
+    table = fit_table(b, y)
+    # the table when it explains the batches better (batch time is rarely linear from 1)
+    service = table if table is not None and table["r2"] > affine["r2"] else affine
     lowest = df[df["level"] == min(fit_levels)]
     overhead = lowest["latency_ms"] - lowest["request_us"] / 1e3
+    compute_us = df["compute_input_us"] + df["compute_infer_us"] + df["compute_output_us"]
+    # after the batch: back on the event loop, encoding and sending the response
+    after = (df["request_us"] - df["preprocess_us"] - df["queue_us"] - compute_us) / 1e3
     stages = {
         "preprocess": fit_distribution(df["preprocess_us"].to_numpy() / 1e3, rng=rng),
+        "postprocess": fit_distribution(after.to_numpy(), rng=rng),
         "overhead": fit_distribution(overhead.to_numpy(), rng=rng),
     }
-    return {"service_time": service, "stages": stages}
+    return {"service_time": service, "service_time_fits": {"affine": affine, "table": table}, "stages": stages}

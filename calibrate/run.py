@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import json
+import os
 import platform
 import socket
 import subprocess
@@ -83,8 +84,6 @@ def hardware() -> dict:
         gpu = {"name": pynvml.nvmlDeviceGetName(h), "driver": pynvml.nvmlSystemGetDriverVersion()}
     except Exception:  # no GPU or no driver: recorded as none
         pass
-    import os
-
     return {"cpu": cpu, "cpu_count": os.cpu_count(), "gpu": gpu}
 
 
@@ -103,6 +102,15 @@ def software() -> dict:
     }
 
 
+def cpu_ticks() -> tuple[int, int] | None:
+    """(steal, total) CPU ticks so far (Linux), to report how much the host took from this VM."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (fields[7] if len(fields) > 7 else 0), sum(fields)
+
+
 def capacity(url: str, model: str, payloads, *, guess_rps: float, seconds: float, seed: int) -> float:
     """Completed requests per second under an overload of about twice ``guess_rps``."""
     df = sweep(url, model, [2 * guess_rps], payloads, duration_s=seconds, min_queries=50, seed=seed, warmup_s=0.5)
@@ -110,11 +118,28 @@ def capacity(url: str, model: str, payloads, *, guess_rps: float, seconds: float
     return float(summary["achieved_rps"].iloc[0])
 
 
-def calibrate_run(server_args: list[str], out: Path, *, duration_s: float = 20.0, seed: int = 0, log=print) -> dict:
+def calibrate_run(
+    server_args: list[str], out: Path, *, duration_s: float = 20.0, seed: int = 0, pin: bool = False, log=print
+) -> dict:
     """The whole calibration of the image model; writes profile.json, measurements.csv,
     validation.json, validation.md and validation.png under ``out``. Returns the report."""
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
+    cores = os.cpu_count() or 1
+    before = os.sched_getaffinity(0)
+    if pin and cores >= 2 and "--pin-model-core" not in server_args:
+        # the model gets the last core to itself; the server's event loop, its preprocessing
+        # and this load generator share the others (as a GPU would be the model's alone)
+        server_args = [*server_args, "--pin-model-core", str(cores - 1)]
+        os.sched_setaffinity(0, set(range(cores - 1)))
+    try:
+        return _calibrate(server_args, out, duration_s=duration_s, seed=seed, rng=rng, log=log)
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _calibrate(server_args: list[str], out: Path, *, duration_s: float, seed: int, rng, log) -> dict:
+    ticks0 = cpu_ticks()
     with server(server_args) as url:
         config = _get(url + "/v2/models/resnet/config")
         payloads = image_payloads(32, side=max(64, config["parameters"]["servesim"]["model"]["resolution"]), rng=rng)
@@ -127,7 +152,17 @@ def calibrate_run(server_args: list[str], out: Path, *, duration_s: float = 20.0
         loads = sorted(FIT_LOADS + VALIDATE_LOADS)
         rates = [round(f * cap, 2) for f in loads]
         log(f"levels: {', '.join(f'{f:.0%}={r:g}' for f, r in zip(loads, rates, strict=True))} req/s")
-        requests = sweep(url, "resnet", rates, payloads, duration_s=duration_s, min_queries=200, seed=seed + 200)
+        # levels in a shuffled order, so a slow spell of the machine does not line up with load
+        parts = []
+        for k in rng.permutation(len(rates)):
+            part = sweep(
+                url, "resnet", [rates[k]], payloads, duration_s=duration_s, min_queries=200, seed=seed + 200 + k
+            )
+            part["level"] = k
+            parts.append(part)
+        requests = pd.concat(parts, ignore_index=True).sort_values(["level", "scheduled_s"], ignore_index=True)
+    ticks1 = cpu_ticks()
+    steal = (ticks1[0] - ticks0[0]) / max(ticks1[1] - ticks0[1], 1) * 100 if ticks0 and ticks1 else None
     fit_levels = [i for i, f in enumerate(loads) if f in FIT_LOADS]
     fitted = fit_profile(requests, fit_levels=fit_levels, rng=rng)
     server_cfg = {
@@ -142,13 +177,14 @@ def calibrate_run(server_args: list[str], out: Path, *, duration_s: float = 20.0
     profile = {
         "schema_version": PROFILE_SCHEMA,
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "hardware": hardware(),
+        "hardware": {**hardware(), "cpu_steal_pct_during_run": steal},
         "software": software(),
         "model": config["parameters"]["servesim"]["model"],
         "server": server_cfg,
         "capacity_rps": cap,
         **fitted,
         "fit_levels": [{"load": loads[i], "rate_rps": rates[i]} for i in fit_levels],
+        "pinned_model_core": "--pin-model-core" in server_args,
     }
     summary = level_summary(requests)
     summary["load"] = loads
@@ -166,12 +202,17 @@ def calibrate_run(server_args: list[str], out: Path, *, duration_s: float = 20.0
 def markdown(profile: dict, summary: pd.DataFrame, table: pd.DataFrame) -> str:
     """The validation report as a Markdown table."""
     st = profile["service_time"]
+    if st["kind"] == "table":
+        model = "per batch size " + ", ".join(f"{b}: {ms:.1f}" for b, ms in st["batch_ms"].items()) + " ms"
+    else:
+        model = f"{st['base_ms']:.2f} + {st['per_item_ms']:.2f} × B ms"
     lines = [
         f"# Calibration of {profile['model']['kind']} ({profile['model']['resolution']} px, "
         f"{profile['model']['precision']}) on {profile['hardware']['cpu']}",
         "",
         f"Measured {profile['created']}; capacity {profile['capacity_rps']:.1f} req/s; batch service "
-        f"{st['base_ms']:.2f} + {st['per_item_ms']:.2f} × B ms (noise CV {st['noise_cv']:.2f}, R² {st['r2']:.3f}).",
+        f"{model} (noise CV {st['noise_cv']:.2f}, R² {st['r2']:.3f}). CPU time stolen by the host "
+        f"during the run: {profile['hardware'].get('cpu_steal_pct_during_run') or 0:.1f}%.",
         "Fitted on loads "
         + ", ".join(f"{x['load']:.0%}" for x in profile["fit_levels"])
         + "; validated on the others.",

@@ -46,8 +46,9 @@ def scenario_from_profile(profile: dict, rate_rps: float, *, duration_s: float, 
             "workers": {
                 "count": 1,
                 "instances": server["instances"],
-                "service_time": {k: st[k] for k in ("kind", "base_ms", "per_item_ms", "noise_cv")},
+                "service_time": {k: v for k, v in st.items() if k not in ("r2", "batches")},
             },
+            "postprocess": {"service": _dist(profile["stages"]["postprocess"])},
             "cost": {"price_per_hour_usd": 1.0},
         }
     )

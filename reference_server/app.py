@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import platform
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -43,6 +44,7 @@ class ServerConfig:
     threads: int = 1  # torch intra-op threads (CPU)
     features: FeatureStoreConfig | None = None
     max_body_bytes: int = 8 * 1024 * 1024
+    pin_model_core: int | None = None  # model threads on this core, everything else on the others
     warmup_batches: int = 3
 
 
@@ -85,7 +87,13 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         max_queue_delay_ms=cfg.max_queue_delay_ms,
         max_queue_size=cfg.max_queue_size,
         instances=cfg.instances,
+        pin_core=cfg.pin_model_core,
     )
+    if cfg.pin_model_core is not None:  # the event loop and preprocessing keep off the model's core
+        others = set(range(os.cpu_count() or 1)) - {cfg.pin_model_core}
+        if cfg.pin_model_core >= (os.cpu_count() or 1) or not others:
+            raise ValueError(f"--pin-model-core {cfg.pin_model_core}: needs another core besides it")
+        os.sched_setaffinity(0, others)
     state = {"ready": False}
 
     @asynccontextmanager

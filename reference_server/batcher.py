@@ -11,11 +11,18 @@ accepting requests while the model computes.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+
+def _pin(core: int | None) -> None:
+    """Run the calling thread (a model instance) on one CPU core only."""
+    if core is not None:
+        os.sched_setaffinity(0, {core})
 
 
 class Overloaded(Exception):
@@ -46,6 +53,7 @@ class DynamicBatcher:
         max_queue_delay_ms: float,
         max_queue_size: int | None = None,
         instances: int = 1,
+        pin_core: int | None = None,
     ):
         if max_batch_size < 1 or max_queue_delay_ms < 0 or instances < 1:
             raise ValueError("max_batch_size >= 1, max_queue_delay_ms >= 0 and instances >= 1")
@@ -61,7 +69,9 @@ class DynamicBatcher:
         self.batches = 0
         self._arrived: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
-        self._executor = ThreadPoolExecutor(max_workers=instances, thread_name_prefix="model")
+        self._executor = ThreadPoolExecutor(
+            max_workers=instances, thread_name_prefix="model", initializer=_pin, initargs=(pin_core,)
+        )
 
     def start(self) -> None:
         self._arrived = asyncio.Event()

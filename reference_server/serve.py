@@ -34,6 +34,10 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
     seed: Annotated[int, typer.Option(help="Seed of the random weights and feature data.")] = 0,
+    pin_model_core: Annotated[
+        int | None,
+        typer.Option(help="Run the model on this CPU core only, and the rest of the server on the other cores."),
+    ] = None,
 ) -> None:
     """Serve a torch model over the Open Inference Protocol (KServe v2 / Triton HTTP) with a
     dynamic batcher, optional Redis features, per-request stage timings and /metrics."""
@@ -69,6 +73,7 @@ def serve(
         instances=instances,
         threads=threads,
         features=feats,
+        pin_model_core=pin_model_core,
     )
     try:
         app = create_app(cfg)

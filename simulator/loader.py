@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 from simulator.catalog import load_catalog
 from simulator.config import Scenario, Traffic
 from simulator.distributions import Empirical, read_numbers
+from simulator.servicetime import ProfileRef
 from simulator.shapes import RateTrace
 
 
@@ -128,6 +129,12 @@ def _resolve_files(model: BaseModel, base_dir: Path, path: Path_, errors: list[t
             return model.resolve_files(base_dir)
         except (OSError, ValueError) as err:
             errors.append(((*path, "file"), _file_msg(err)))
+            return model
+    if isinstance(model, ProfileRef):
+        try:
+            return model.resolve(base_dir)
+        except (OSError, ValueError) as err:
+            errors.append(((*path, "path"), _file_msg(err)))
             return model
     if isinstance(model, Traffic) and model.arrivals_file is not None:
         target = (base_dir / model.arrivals_file).resolve()

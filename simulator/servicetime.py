@@ -42,7 +42,29 @@ class Table(_Frozen):
         return self
 
 
+class ProfileRef(_Frozen):
+    """The batch service time fitted by ``servesim calibrate``: a profile.json's ``service_time``.
+
+    The loader reads the file and puts the fitted affine or table model in its place.
+    """
+
+    kind: Literal["profile"] = "profile"
+    path: str = Field(description="Calibration profile (JSON), relative to the scenario file.")
+
+    def resolve(self, base_dir) -> Affine | Table:
+        """The fitted model (raises OSError, ValueError)."""
+        import json
+        from pathlib import Path
+
+        target = Path(base_dir) / self.path
+        doc = json.loads(target.read_text())
+        if not isinstance(doc, dict) or doc.get("schema_version") != 1 or "service_time" not in doc:
+            raise ValueError(f"{target}: not a servesim calibration profile (schema_version 1)")
+        st = {k: v for k, v in doc["service_time"].items() if k not in ("r2", "batches")}
+        return Table.model_validate(st) if st.get("kind") == "table" else Affine.model_validate(st)
+
+
 ServiceTime = Annotated[
-    Affine | Table | Deterministic | Exponential | LogNormal | Gamma | Uniform | Empirical,
+    Affine | Table | ProfileRef | Deterministic | Exponential | LogNormal | Gamma | Uniform | Empirical,
     Field(discriminator="kind"),
 ]

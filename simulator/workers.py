@@ -22,6 +22,7 @@ import simpy
 from simulator.batcher import DONE, EXTEND, BatchQueue, Outcome
 from simulator.config import Affine, Table, Workers
 from simulator.distributions import Sampler
+from simulator.servicetime import ProfileRef
 
 _CHUNK = 1 << 16
 
@@ -54,6 +55,8 @@ class ServiceModel:
 
     def __init__(self, cfg: Workers, max_batch: int, rng: np.random.Generator):
         st = cfg.service_time
+        if isinstance(st, ProfileRef):
+            raise ValueError("a profile service time is read by load_scenario; load the scenario from its file")
         self._per_size = isinstance(st, Affine | Table)
         if self._per_size:
             self._means = [0.0] + [mean_service_ms(cfg, b) for b in range(1, max_batch + 1)]

@@ -118,10 +118,34 @@ def test_end_to_end_calibration_of_a_tiny_model(tmp_path):
     assert profile["model"]["resolution"] == 32
     assert profile["hardware"]["cpu"]
     assert profile["software"]["torch"]
-    assert profile["service_time"]["per_item_ms"] > 0
+    st = profile["service_time"]
+    assert st["kind"] in ("affine", "table")  # whichever fits the batches better
+    assert profile["service_time_fits"]["affine"]["per_item_ms"] > 0
     assert profile["server"]["max_batch_size"] == 4
     rows = report["validation"]
     assert {r["load"] for r in rows} == {0.2, 0.5, 0.7, 0.85}  # held out: not the fitted 30/60/80%
     assert all(np.isfinite(r["error_pct"]) for r in rows)
     for name in ("measurements.csv", "validation.json", "validation.md", "validation.png"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+def test_a_scenario_reads_its_service_time_from_a_profile(tmp_path):
+    from simulator.loader import ScenarioError, load_scenario
+
+    profile = {"schema_version": 1, "service_time": {"kind": "table", "batch_ms": {"1": 5.0, "4": 9.0}, "r2": 0.9}}
+    (tmp_path / "profile.json").write_text(json.dumps(profile))
+    text = """name: p
+duration_s: 1
+sla: {percentile: 99, target_ms: 100}
+traffic: {rate_rps: 10}
+workers:
+  count: 1
+  service_time: {kind: profile, path: profile.json}
+"""
+    (tmp_path / "s.yaml").write_text(text)
+    st = load_scenario(tmp_path / "s.yaml").workers.service_time
+    assert st.kind == "table"
+    assert st.batch_ms == {1: 5.0, 4: 9.0}
+    (tmp_path / "profile.json").write_text(json.dumps({"service_time": {}}))
+    with pytest.raises(ScenarioError, match=r"line 7: workers\.service_time\.path: .*not a servesim calibration"):
+        load_scenario(tmp_path / "s.yaml")

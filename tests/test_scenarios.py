@@ -177,3 +177,13 @@ def test_scale_to_zero_claims():
     assert warm["sla"]["met"]
     assert no_activator["requests"]["rejected"] > 0.3 * no_activator["requests"]["arrived"]
     assert not any(e["event"] == "scale_up" for e in no_activator["fleet"]["events"])  # it never wakes up
+
+
+def test_calibrated_cpu_resnet_claims():
+    path = ROOT / "scenarios/calibrated_cpu_resnet.yaml"
+    assert load_scenario(path).workers.service_time.kind in ("affine", "table")  # the profile, resolved
+    six, eight, window = (summarize(simulate(load_scenario(path, overrides(c)))) for c in documented_commands(path))
+    assert not six["sla"]["met"]
+    assert eight["sla"]["met"]
+    assert window["batch_size"]["mean"] > six["batch_size"]["mean"]
+    assert not window["sla"]["met"]

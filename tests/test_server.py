@@ -17,8 +17,8 @@ import pytest
 pytest.importorskip("torch", reason="the reference server needs the server extra (torch)")
 th = pytest.importorskip("tritonclient.http", reason="conformance is checked with tritonclient[http]")
 
+from calibrate.loadgen import image_payloads  # noqa: E402
 from reference_server.models import jpeg  # noqa: E402
-from reference_server.protocol import serialize_bytes  # noqa: E402
 from tests.servers import redis_server, reference_server  # noqa: E402
 
 TINY = ("--resolution", "32", "--width", "8")
@@ -236,23 +236,8 @@ def test_overload_gets_503_with_retry_after():
         assert codes.count(503) == 3
         # and the header a client backs off on: one request holds the queue for 400 ms
         image = json.dumps({"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1, 1], "data": ["x"]}]})
-        raw = serialize_bytes(np.array([jpeg(np.random.default_rng(1), side=48)], dtype=object))
-        head = json.dumps(
-            {
-                "inputs": [
-                    {
-                        "name": "image",
-                        "datatype": "BYTES",
-                        "shape": [1, 1],
-                        "parameters": {"binary_data_size": len(raw)},
-                    }
-                ]
-            }
-        ).encode()
-        holder = threading.Thread(
-            target=post,
-            args=(url + "/v2/models/resnet/infer", head + raw, {"Inference-Header-Content-Length": str(len(head))}),
-        )
+        first = image_payloads(1, 48, np.random.default_rng(1))[0]  # a binary-tensor request of one JPEG
+        holder = threading.Thread(target=post, args=(url + "/v2/models/resnet/infer", first.body, first.headers))
         holder.start()
         threading.Event().wait(0.15)
         code, headers, doc = post(url + "/v2/models/resnet/infer", image.encode())
