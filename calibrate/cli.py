@@ -82,7 +82,11 @@ def load(
         levels = [float(r) for r in rates.split(",")]
     except ValueError:
         raise typer.BadParameter(f"--rates: expected numbers like 20,50,80; got {rates!r}") from None
+    import urllib.request
+
     payloads = image_payloads(32, image_side, np.random.default_rng(seed))
+    with urllib.request.urlopen(f"{url.rstrip('/')}/v2/models/{model}/config", timeout=10) as r:
+        out.with_suffix(".config.json").write_bytes(r.read())  # for `calibrate fit`
     df = sweep(url.rstrip("/"), model, levels, payloads, duration_s=duration_s, min_queries=min_queries, seed=seed)
     df.to_csv(out, index=False)
     typer.echo(level_summary(df).to_string(index=False))
@@ -116,6 +120,35 @@ def microbench(
     if out:
         df.to_csv(out, index=False)
     typer.echo(df.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+
+
+@app.command()
+def fit(
+    measurements: Annotated[Path, typer.Argument(help="measurements.csv from `calibrate load`.")],
+    config: Annotated[
+        Path, typer.Option(help="The server's GET /v2/models/{m}/config (load writes it beside the CSV).")
+    ],
+    fit_levels: Annotated[str, typer.Option(help="Levels to fit on, e.g. 0,2,4; validate on the others.")],
+    out: Annotated[Path, typer.Option(help="Where to write profile.json.")],
+    seed: int = 0,
+) -> None:
+    """Fit a versioned calibration profile from measured levels."""
+    try:
+        import numpy as np
+        import pandas as pd
+
+        from calibrate.run import build_profile
+    except ImportError as err:
+        raise _need("calibrate fit")(err) from None
+    try:
+        cfg = json.loads(config.read_text())
+        profile = build_profile(cfg, pd.read_csv(measurements), _levels(fit_levels), rng=np.random.default_rng(seed))
+    except (OSError, ValueError, KeyError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    out.write_text(json.dumps(profile, indent=2) + "\n")
+    st = profile["service_time"]
+    typer.echo(f"{out}: batch service time {st['kind']} (R² {st['r2']:.3f}, noise CV {st['noise_cv']:.2f})")
 
 
 @app.command()

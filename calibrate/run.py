@@ -67,6 +67,31 @@ def server(args: list[str], *, timeout_s: float = 120.0):
             proc.kill()
 
 
+def build_profile(config: dict, requests: pd.DataFrame, fit_levels: list[int], *, rng) -> dict:
+    """A versioned profile: fits from ``requests`` (levels ``fit_levels``) and the server's
+    ``/v2/models/{m}/config``, with hardware, software and date."""
+    servesim = config["parameters"]["servesim"]
+    server_cfg = {
+        "max_batch_size": config["max_batch_size"],
+        "max_queue_delay_ms": config["dynamic_batching"]["max_queue_delay_microseconds"] / 1000.0,
+        "max_queue_size": config["dynamic_batching"]["default_queue_policy"]["max_queue_size"] or None,
+        "instances": config["instance_group"][0]["count"],
+        "preprocess_threads": 1,
+        "device": servesim["device"],
+        "threads": servesim["threads"],
+    }
+    return {
+        "schema_version": PROFILE_SCHEMA,
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "hardware": hardware(),
+        "software": software(),
+        "model": servesim["model"],
+        "server": server_cfg,
+        **fit_profile(requests, fit_levels=fit_levels, rng=rng),
+        "fit_levels": [{"level": i} for i in fit_levels],
+    }
+
+
 def hardware() -> dict:
     """What the measurements ran on."""
     cpu = platform.processor() or platform.machine()
@@ -164,28 +189,11 @@ def _calibrate(server_args: list[str], out: Path, *, duration_s: float, seed: in
     ticks1 = cpu_ticks()
     steal = (ticks1[0] - ticks0[0]) / max(ticks1[1] - ticks0[1], 1) * 100 if ticks0 and ticks1 else None
     fit_levels = [i for i, f in enumerate(loads) if f in FIT_LOADS]
-    fitted = fit_profile(requests, fit_levels=fit_levels, rng=rng)
-    server_cfg = {
-        "max_batch_size": config["max_batch_size"],
-        "max_queue_delay_ms": config["dynamic_batching"]["max_queue_delay_microseconds"] / 1000.0,
-        "max_queue_size": config["dynamic_batching"]["default_queue_policy"]["max_queue_size"] or None,
-        "instances": config["instance_group"][0]["count"],
-        "preprocess_threads": 1,
-        "device": config["parameters"]["servesim"]["device"],
-        "threads": config["parameters"]["servesim"]["threads"],
-    }
-    profile = {
-        "schema_version": PROFILE_SCHEMA,
-        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "hardware": {**hardware(), "cpu_steal_pct_during_run": steal},
-        "software": software(),
-        "model": config["parameters"]["servesim"]["model"],
-        "server": server_cfg,
-        "capacity_rps": cap,
-        **fitted,
-        "fit_levels": [{"load": loads[i], "rate_rps": rates[i]} for i in fit_levels],
-        "pinned_model_core": "--pin-model-core" in server_args,
-    }
+    profile = build_profile(config, requests, fit_levels, rng=rng)
+    profile["hardware"]["cpu_steal_pct_during_run"] = steal
+    profile["capacity_rps"] = cap
+    profile["fit_levels"] = [{"load": loads[i], "rate_rps": rates[i]} for i in fit_levels]
+    profile["pinned_model_core"] = "--pin-model-core" in server_args
     summary = level_summary(requests)
     summary["load"] = loads
     summary["held_out"] = [f in VALIDATE_LOADS for f in loads]

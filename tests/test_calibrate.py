@@ -149,3 +149,41 @@ workers:
     (tmp_path / "profile.json").write_text(json.dumps({"service_time": {}}))
     with pytest.raises(ScenarioError, match=r"line 7: workers\.service_time\.path: .*not a servesim calibration"):
         load_scenario(tmp_path / "s.yaml")
+
+
+def test_round_trip_fit_recovers_per_trip_and_per_key_cost():
+    from calibrate.fit import fit_round_trip
+
+    rng = np.random.default_rng(3)
+    keys = rng.integers(1, 200, 500)
+    trips = np.ceil(keys / rng.choice([1, 10, 50], 500))
+    ms = 0.4 * trips + 0.01 * keys + rng.normal(0, 0.02, 500)
+    fit = fit_round_trip(keys, trips, ms)
+    assert fit["per_round_trip_ms"] == pytest.approx(0.4, rel=0.02)
+    assert fit["per_key_ms"] == pytest.approx(0.01, rel=0.05)
+
+
+def test_calibrate_fit_command_on_the_committed_measurements(tmp_path):
+    from typer.testing import CliRunner
+
+    from simulator.cli import app
+    from tests.helpers import ROOT
+
+    config = {
+        "max_batch_size": 8,
+        "dynamic_batching": {"max_queue_delay_microseconds": 2000, "default_queue_policy": {"max_queue_size": 256}},
+        "instance_group": [{"count": 1, "kind": "KIND_CPU"}],
+        "parameters": {"servesim": {"device": "cpu", "threads": 1, "model": {"kind": "resnet", "resolution": 64}}},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    csv = ROOT / "calibrate/profiles/cpu-resnet64/measurements.csv"
+    args = ["calibrate", "fit", str(csv), "--config", str(tmp_path / "config.json"), "--fit-levels", "1,3,5"]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "p.json")])
+    assert result.exit_code == 0, result.output
+    profile = json.loads((tmp_path / "p.json").read_text())
+    assert profile["server"]["max_batch_size"] == 8
+    assert profile["stages"]["preprocess"]["fit"]["n"] > 100
+    missing = ["--config", str(tmp_path / "nope.json"), "--fit-levels", "1", "--out", str(tmp_path / "x.json")]
+    bad = CliRunner().invoke(app, [*args[:3], *missing])
+    assert bad.exit_code == 2
+    assert "nope.json" in bad.output
