@@ -54,7 +54,11 @@ def run(
         from calibrate.run import calibrate_run
     except ImportError as err:
         raise _need("calibrate run")(err) from None
-    report = calibrate_run(server_args.split(), out, duration_s=duration_s, seed=seed, pin=pin, log=typer.echo)
+    try:
+        report = calibrate_run(server_args.split(), out, duration_s=duration_s, seed=seed, pin=pin, log=typer.echo)
+    except (ValueError, RuntimeError, TimeoutError, FileNotFoundError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None
     errs = [abs(r["error_pct"]) for r in report["validation"] if r["percentile"] in ("p50", "p99")]
     typer.echo((out / "validation.md").read_text())
     typer.echo(f"largest |error| of p50/p99 on held-out levels: {max(errs):.1f}%  ->  {out}")

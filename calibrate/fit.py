@@ -122,8 +122,14 @@ def fit_round_trip(keys: np.ndarray, trips: np.ndarray, feature_ms: np.ndarray) 
     return {"per_round_trip_ms": float(coef[0]), "per_key_ms": float(coef[1])}
 
 
-def fit_profile(requests: pd.DataFrame, *, fit_levels: list[int], rng: np.random.Generator) -> dict:
-    """The service-time models from the requests of ``fit_levels`` (warm-up excluded)."""
+def fit_profile(
+    requests: pd.DataFrame, *, fit_levels: list[int], rng: np.random.Generator, features: dict | None = None
+) -> dict:
+    """The service-time models from the requests of ``fit_levels`` (warm-up excluded).
+
+    With the server's feature-store settings (``features``: keys, batch_size, parallelism),
+    also the Redis round trip: each request's fetch time over its sequential round trips.
+    """
     df = requests[requests["level"].isin(fit_levels) & ~requests["warmup"] & (requests["status"] == 200)]
     if df.empty:
         raise ValueError("no successful requests in the fitting levels")
@@ -143,4 +149,14 @@ def fit_profile(requests: pd.DataFrame, *, fit_levels: list[int], rng: np.random
         "postprocess": fit_distribution(after.to_numpy(), rng=rng),
         "overhead": fit_distribution(overhead.to_numpy(), rng=rng),
     }
-    return {"service_time": service, "service_time_fits": {"affine": affine, "table": table}, "stages": stages}
+    out = {"service_time": service, "service_time_fits": {"affine": affine, "table": table}, "stages": stages}
+    if features is not None and "feature_us" in df and df["feature_us"].notna().any():
+        f = df.dropna(subset=["feature_us", "feature_round_trips"])
+        sequential = np.ceil(f["feature_round_trips"].to_numpy() / features["parallelism"])
+        out["features"] = {
+            "lookups_per_request": features["keys"],
+            "batch_size": features["batch_size"],
+            "parallelism": features["parallelism"],
+            "round_trip": fit_distribution(f["feature_us"].to_numpy() / 1e3 / sequential, rng=rng),
+        }
+    return out

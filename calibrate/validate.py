@@ -25,8 +25,14 @@ def scenario_from_profile(profile: dict, rate_rps: float, *, duration_s: float, 
     """A scenario of the calibrated server under Poisson load at ``rate_rps``."""
     server = profile["server"]
     st = profile["service_time"]
+    features = {}
+    if "features" in profile:
+        f = profile["features"]
+        features = {**{k: f[k] for k in ("lookups_per_request", "batch_size", "parallelism")}}
+        features["round_trip"] = _dist(f["round_trip"])
     return Scenario.model_validate(
         {
+            "features": features,
             "name": f"calibrated-{profile['model']['kind']}",
             "seed": seed,
             "duration_s": duration_s,

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-import shutil
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from calibrate.run import redis_server
 
 
 def free_port() -> int:
@@ -58,27 +59,4 @@ def reference_server(*args: str):
                 proc.kill()
 
 
-@contextlib.contextmanager
-def redis_server():
-    """A throwaway redis-server; yields its URL."""
-    exe = shutil.which("redis-server")
-    if exe is None:
-        raise FileNotFoundError("redis-server")
-    port = free_port()
-    proc = subprocess.Popen(
-        [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                break
-            if time.monotonic() > deadline:
-                raise TimeoutError("redis-server did not start")
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+__all__ = ["redis_server", "reference_server"]
