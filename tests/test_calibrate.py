@@ -187,3 +187,38 @@ def test_calibrate_fit_command_on_the_committed_measurements(tmp_path):
     bad = CliRunner().invoke(app, [*args[:3], *missing])
     assert bad.exit_code == 2
     assert "nope.json" in bad.output
+
+
+def test_fit_profile_from_synthetic_requests_recovers_the_round_trip():
+    from calibrate.fit import fit_profile
+
+    rng = np.random.default_rng(8)
+    n = 3000
+    b = rng.integers(1, 9, n)
+    trips = 4  # 8 keys per item in MGETs of 2, one round trip at a time
+    df = pd.DataFrame(
+        {
+            "level": rng.integers(0, 2, n),
+            "warmup": False,
+            "status": 200,
+            "batch_size": b,
+            "compute_input_us": 100.0,
+            "compute_infer_us": (2000.0 + 500.0 * b) * rng.lognormal(0, 0.05, n),
+            "compute_output_us": 100.0,
+            "preprocess_us": rng.gamma(4.0, 250.0, n),
+            "queue_us": rng.exponential(2000.0, n),
+            "feature_us": trips * rng.lognormal(np.log(300.0), 0.2, n),
+            "feature_round_trips": trips,
+        }
+    )
+    df["request_us"] = df[
+        ["compute_input_us", "compute_infer_us", "compute_output_us", "preprocess_us", "queue_us"]
+    ].sum(axis=1) + rng.gamma(2.0, 150.0, n)
+    df["latency_ms"] = df["request_us"] / 1e3 + rng.gamma(3.0, 1.0, n)
+    profile = fit_profile(df, fit_levels=[0, 1], rng=rng, features={"keys": 8, "batch_size": 2, "parallelism": 1})
+    f = profile["features"]
+    assert f["lookups_per_request"] == 8
+    assert f["round_trip"]["fit"]["family"] == "lognormal"
+    assert f["round_trip"]["mean_ms"] == pytest.approx(0.3 * np.exp(0.02), rel=0.03)  # lognormal mean
+    assert profile["stages"]["overhead"]["mean_ms"] == pytest.approx(3.0, rel=0.1)
+    assert profile["stages"]["postprocess"]["mean_ms"] == pytest.approx(0.3, rel=0.1)
