@@ -28,7 +28,7 @@ def scenario_from_profile(profile: dict, rate_rps: float, *, duration_s: float, 
     features = {}
     if "features" in profile:
         f = profile["features"]
-        features = {**{k: f[k] for k in ("lookups_per_request", "batch_size", "parallelism")}}
+        features = {k: f[k] for k in ("lookups_per_request", "batch_size", "parallelism")}
         features["round_trip"] = _dist(f["round_trip"])
     return Scenario.model_validate(
         {

@@ -88,7 +88,7 @@ def serve(t_pre: np.ndarray, assign: np.ndarray | None, s: Scenario, service: Se
     return t_dispatch, t_done, size, instance, outcome, dropped, batches
 
 
-def _pool_scenario(s: Scenario, count: int, service_time) -> Scenario:
+def pool_scenario(s: Scenario, count: int, service_time) -> Scenario:
     """The scenario of a version's own fixed pool: the primary's, with its own size and model."""
     w = s.workers.model_copy(
         update={
@@ -156,7 +156,7 @@ def serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, servic
             counterfactual = np.full(n, np.nan)
             counterfactual[prim] = cf[1]
         elif not shared:
-            ps = _pool_scenario(s, r.shadow.workers, r.shadow.service_time)
+            ps = pool_scenario(s, r.shadow.workers, r.shadow.service_time)
             model = ServiceModel(ps.workers, s.batching.max_batch_size, rng["shadow_service"])
             *sh, pools["shadow"] = serve(
                 t_pre[copies], assign_workers(ps, len(copies), vr), ps, model, sub(deadlines, copies)
@@ -169,7 +169,7 @@ def serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, servic
             "outcome": sh[4],
         }
     if r.canary is not None:
-        pc = _pool_scenario(s, r.canary.workers, r.canary.service_time)
+        pc = pool_scenario(s, r.canary.workers, r.canary.service_time)
         model = ServiceModel(pc.workers, s.batching.max_batch_size, rng["canary_service"])
         *pc_cols, pools["canary"] = serve(
             t_pre[cand], assign_workers(pc, len(cand), vr), pc, model, sub(deadlines, cand)

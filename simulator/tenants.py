@@ -24,7 +24,7 @@ import simpy
 
 from simulator.batcher import DONE, BatchQueue
 from simulator.config import Scenario
-from simulator.serving import _pool_scenario, assign_workers, serve, sub
+from simulator.serving import assign_workers, pool_scenario, serve, sub
 from simulator.workers import BatchLog, ServiceModel, concat_logs, queue_results
 
 PRIORITY = {"realtime": 0, "bulk": 1}
@@ -180,7 +180,7 @@ def serve_classes(
         if c in shared:
             continue
         idx = np.flatnonzero(klass == c)
-        ps = _pool_scenario(s, classes[c].workers, classes[c].service_time)
+        ps = pool_scenario(s, classes[c].workers, classes[c].service_time)
         *values, logs[names[c]] = serve(
             t_pre[idx], assign_workers(ps, len(idx), children[k + c]), ps, services[c], sub(deadlines, idx)
         )
