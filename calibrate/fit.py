@@ -6,7 +6,8 @@
   the Kolmogorov–Smirnov statistic, or the empirical distribution when none fits;
 * the request overhead outside the server's stages (network, HTTP, API): client latency
   minus the server's request time, at the lowest load level, where nothing queues for it;
-* the Redis round trip as a function of the keys it carries.
+* the Redis round trip per sequential trip, and the one-thread station (the server's
+  event loop) those trips queue for under load.
 """
 
 from __future__ import annotations
@@ -142,8 +143,9 @@ def fit_profile(
     lowest = df[df["level"] == min(fit_levels)]
     overhead = lowest["latency_ms"] - lowest["request_us"] / 1e3
     compute_us = df["compute_input_us"] + df["compute_infer_us"] + df["compute_output_us"]
+    fetch_us = df["feature_us"].fillna(0.0) if "feature_us" in df else 0.0
     # after the batch: back on the event loop, encoding and sending the response
-    after = (df["request_us"] - df["preprocess_us"] - df["queue_us"] - compute_us) / 1e3
+    after = (df["request_us"] - fetch_us - df["preprocess_us"] - df["queue_us"] - compute_us) / 1e3
     stages = {
         "preprocess": fit_distribution(df["preprocess_us"].to_numpy() / 1e3, rng=rng),
         "postprocess": fit_distribution(after.to_numpy(), rng=rng),
@@ -159,4 +161,15 @@ def fit_profile(
             "parallelism": features["parallelism"],
             "round_trip": fit_distribution(f["feature_us"].to_numpy() / 1e3 / sequential, rng=rng),
         }
+        # Under load the round trips of concurrent requests queue for the server's one event
+        # loop (and single-threaded Redis): a one-thread station whose time per trip is the
+        # round trip measured at the lightest fitting load, where little queues.
+        light = f[f["level"] == min(fit_levels)]
+        if not light.empty:
+            per_trip = (
+                light["feature_us"].to_numpy()
+                / 1e3
+                / np.ceil(light["feature_round_trips"].to_numpy() / features["parallelism"])
+            )
+            out["features"]["store"] = {"threads": 1, "per_op_ms": float(np.median(per_trip))}
     return out

@@ -183,7 +183,7 @@ def capacity(url: str, model: str, payloads, *, guess_rps: float, seconds: float
 def calibrate_run(
     server_args: list[str], out: Path, *, duration_s: float = 20.0, seed: int = 0, pin: bool = False, log=print
 ) -> dict:
-    """The whole calibration of the image model; writes profile.json, measurements.csv,
+    """The whole calibration (the ranker with a redis-server of its own); writes profile.json, measurements.csv,
     validation.json, validation.md and validation.png under ``out``. Returns the report."""
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -195,11 +195,6 @@ def calibrate_run(
         server_args = [*server_args, "--pin-model-core", str(cores - 1)]
         os.sched_setaffinity(0, set(range(cores - 1)))
     model = server_args[server_args.index("--model") + 1] if "--model" in server_args else "resnet"
-    if model != "resnet":
-        raise ValueError(
-            "calibrate run drives the image model (resnet); the ranker's Redis path is not calibrated end to end "
-            "yet: its capacity probe collapses the server (see the issue-4 note)"
-        )
     try:
         with contextlib.ExitStack() as stack:
             if model == "ranker" and "--redis-url" not in server_args:  # its ids come from a real Redis

@@ -29,7 +29,10 @@ def scenario_from_profile(profile: dict, rate_rps: float, *, duration_s: float, 
     if "features" in profile:
         f = profile["features"]
         features = {k: f[k] for k in ("lookups_per_request", "batch_size", "parallelism")}
-        features["round_trip"] = _dist(f["round_trip"])
+        if "store" in f:  # round trips queue for the server's event loop: a one-thread station
+            features["store"] = f["store"]
+        else:
+            features["round_trip"] = _dist(f["round_trip"])
     return Scenario.model_validate(
         {
             "features": features,

@@ -94,7 +94,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         if cfg.pin_model_core >= (os.cpu_count() or 1) or not others:
             raise ValueError(f"--pin-model-core {cfg.pin_model_core}: needs another core besides it")
         os.sched_setaffinity(0, others)
-    state = {"ready": False}
+    state = {"ready": False, "admitted": 0}  # admitted: past the door, not yet in the batcher's queue
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
@@ -219,7 +219,9 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             return _error(413, f"body of {len(body)} bytes exceeds the limit of {cfg.max_body_bytes}")
         timing: dict[str, float] = {}
         try:
-            if batcher.full():  # refuse at the door, before spending CPU on the request
+            # refuse at the door, before spending CPU on the request: the queue bound counts the
+            # requests still fetching features or preprocessing, else those pile up unbounded
+            if batcher.full(state["admitted"]):
                 raise Overloaded(f"queue full ({cfg.max_queue_size} requests)")
             req = decode_request(body, request.headers.get("inference-header-content-length"))
             check_inputs(req, inputs)
@@ -230,12 +232,16 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             if not 1 <= n <= cfg.max_batch_size:
                 raise ProtocolError(f"a request carries 1..{cfg.max_batch_size} items (max_batch_size); got {n}")
             tensors = dict(req.inputs)
-            if store is not None:
-                tensors["sparse"], fetched = await store.fetch(tensors.pop("entity"))
-                timing.update(fetched)
-            t0 = time.perf_counter_ns()
-            item = await asyncio.get_running_loop().run_in_executor(pre_pool, model.preprocess, tensors)
-            timing["preprocess_us"] = (time.perf_counter_ns() - t0) / 1e3
+            state["admitted"] += 1
+            try:
+                if store is not None:
+                    tensors["sparse"], fetched = await store.fetch(tensors.pop("entity"))
+                    timing.update(fetched)
+                t0 = time.perf_counter_ns()
+                item = await asyncio.get_running_loop().run_in_executor(pre_pool, model.preprocess, tensors)
+                timing["preprocess_us"] = (time.perf_counter_ns() - t0) / 1e3
+            finally:
+                state["admitted"] -= 1
             pending = await batcher.submit(item, n)
         except Overloaded as err:
             metrics.fail("overloaded")

@@ -86,9 +86,9 @@ class DynamicBatcher:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._executor.shutdown(wait=True)
 
-    def full(self) -> bool:
-        """Whether a request arriving now would be refused."""
-        return self.max_queue_size is not None and len(self.queue) >= self.max_queue_size
+    def full(self, ahead: int = 0) -> bool:
+        """Whether a request arriving now would be refused, with ``ahead`` more on their way in."""
+        return self.max_queue_size is not None and len(self.queue) + ahead >= self.max_queue_size
 
     async def submit(self, item: dict, n: int) -> Pending:
         """Queue one request of ``n`` items; returns it answered (``future`` holds its outputs)."""

@@ -21,6 +21,7 @@ class FeatureStoreConfig:
     batch_size: int = 1  # keys per round trip
     parallelism: int = 1  # round trips in flight per request
     entities: int = 10_000  # entities populated at start-up
+    max_connections: int = 32  # pooled connections; round trips beyond wait for one
 
 
 def key(entity: int, j: int) -> str:
@@ -33,10 +34,13 @@ class FeatureStore:
     def __init__(self, cfg: FeatureStoreConfig):
         import redis.asyncio as aioredis
 
-        if cfg.keys < 1 or cfg.batch_size < 1 or cfg.parallelism < 1:
-            raise ValueError("feature keys, batch_size and parallelism must be >= 1")
+        if min(cfg.keys, cfg.batch_size, cfg.parallelism, cfg.max_connections) < 1:
+            raise ValueError("feature keys, batch_size, parallelism and max_connections must be >= 1")
         self.cfg = cfg
-        self.client = aioredis.from_url(cfg.url)
+        # a bounded pool: under overload, round trips queue for a connection instead of
+        # opening hundreds of sockets that Redis and this event loop then serve in turn
+        pool = aioredis.BlockingConnectionPool.from_url(cfg.url, max_connections=cfg.max_connections, timeout=None)
+        self.client = aioredis.Redis(connection_pool=pool)
         self.round_trips = 0
 
     async def populate(self, vocab: int, seed: int = 0) -> None:

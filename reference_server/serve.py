@@ -31,6 +31,9 @@ def serve(
     feature_keys: Annotated[int, typer.Option(help="Feature store: ids per item (the ranker's sparse inputs).")] = 26,
     feature_batch_size: Annotated[int, typer.Option(help="Feature store: keys per round trip (1 = GET per key).")] = 1,
     feature_parallelism: Annotated[int, typer.Option(help="Feature store: round trips in flight per request.")] = 1,
+    redis_connections: Annotated[
+        int, typer.Option(help="Feature store: pooled Redis connections; round trips beyond these wait for one.")
+    ] = 32,
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
     seed: Annotated[int, typer.Option(help="Seed of the random weights and feature data.")] = 0,
@@ -60,7 +63,11 @@ def serve(
     feats = None
     if redis_url:
         feats = FeatureStoreConfig(
-            url=redis_url, keys=feature_keys, batch_size=feature_batch_size, parallelism=feature_parallelism
+            url=redis_url,
+            keys=feature_keys,
+            batch_size=feature_batch_size,
+            parallelism=feature_parallelism,
+            max_connections=redis_connections,
         )
     mcfg = ModelConfig(kind=model, resolution=resolution, width=width, depth=depth, precision=precision, seed=seed)
     if model == "ranker":

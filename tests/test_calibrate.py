@@ -4,6 +4,7 @@ end-to-end calibration of a tiny model against the real server."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -129,6 +130,26 @@ def test_end_to_end_calibration_of_a_tiny_model(tmp_path):
         assert (tmp_path / name).stat().st_size > 0
 
 
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed (CI installs it)")
+def test_end_to_end_calibration_of_the_ranker_through_redis(tmp_path):
+    pytest.importorskip("torch", reason="calibration drives the reference server (torch)")
+    pytest.importorskip("aiohttp", reason="the load generator needs aiohttp")
+    from calibrate.run import calibrate_run
+
+    args = ["--model", "ranker", "--feature-keys", "8", "--max-batch-size", "8", "--max-queue-delay-ms", "2"]
+    report = calibrate_run(args, tmp_path, duration_s=2.0, log=lambda _msg: None)
+    profile = json.loads((tmp_path / "profile.json").read_text())
+    assert profile["model"]["kind"] == "ranker"
+    f = profile["features"]  # fitted from the server's own Redis fetch timings
+    assert (f["lookups_per_request"], f["batch_size"], f["parallelism"]) == (8, 1, 1)
+    assert f["store"]["threads"] == 1
+    assert 0 < f["store"]["per_op_ms"] < 50
+    measured = pd.read_csv(tmp_path / "measurements.csv")
+    assert (measured.loc[measured["status"] == 200, "feature_round_trips"] == 8).all()
+    assert {r["load"] for r in report["validation"]} == {0.2, 0.5, 0.7, 0.85}
+    assert all(np.isfinite(r["error_pct"]) for r in report["validation"])
+
+
 def test_a_scenario_reads_its_service_time_from_a_profile(tmp_path):
     from simulator.loader import ScenarioError, load_scenario
 
@@ -211,9 +232,8 @@ def test_fit_profile_from_synthetic_requests_recovers_the_round_trip():
             "feature_round_trips": trips,
         }
     )
-    df["request_us"] = df[
-        ["compute_input_us", "compute_infer_us", "compute_output_us", "preprocess_us", "queue_us"]
-    ].sum(axis=1) + rng.gamma(2.0, 150.0, n)
+    stages = ["feature_us", "preprocess_us", "queue_us", "compute_input_us", "compute_infer_us", "compute_output_us"]
+    df["request_us"] = df[stages].sum(axis=1) + rng.gamma(2.0, 150.0, n)  # the server's whole span
     df["latency_ms"] = df["request_us"] / 1e3 + rng.gamma(3.0, 1.0, n)
     profile = fit_profile(df, fit_levels=[0, 1], rng=rng, features={"keys": 8, "batch_size": 2, "parallelism": 1})
     f = profile["features"]
@@ -222,3 +242,7 @@ def test_fit_profile_from_synthetic_requests_recovers_the_round_trip():
     assert f["round_trip"]["mean_ms"] == pytest.approx(0.3 * np.exp(0.02), rel=0.03)  # lognormal mean
     assert profile["stages"]["overhead"]["mean_ms"] == pytest.approx(3.0, rel=0.1)
     assert profile["stages"]["postprocess"]["mean_ms"] == pytest.approx(0.3, rel=0.1)
+    # the station's time per trip: the median round trip at the lightest fitting level
+    light = df[df["level"] == 0]
+    assert f["store"] == {"threads": 1, "per_op_ms": pytest.approx(np.median(light["feature_us"]) / 4e3)}
+    assert f["store"]["per_op_ms"] == pytest.approx(0.3, rel=0.05)  # the lognormal's median

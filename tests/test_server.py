@@ -284,3 +284,39 @@ def test_ranker_fetches_features_from_redis(batch, trips):
         entity.set_data_from_numpy(np.array([[10**9], [4]], dtype=np.int64))
         with pytest.raises(th.InferenceServerException, match="no features for feat:1000000000"):
             c.infer("ranker", [dense, entity])
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed (CI installs it)")
+def test_requests_still_fetching_features_count_against_the_queue_bound():
+    # a burst far past the queue bound: the requests still fetching their ids from Redis
+    # count too, so the surplus is refused at the door instead of piling up in the fetch
+    with (
+        redis_server() as redis_url,
+        reference_server(
+            "--model",
+            "ranker",
+            "--redis-url",
+            redis_url,
+            "--feature-keys",
+            "300",  # ~50 ms of GETs each
+            "--max-queue-size",
+            "4",
+            "--redis-connections",
+            "2",
+        ) as (url, _),
+    ):
+        c = th.InferenceServerClient(url.removeprefix("http://"), concurrency=32)
+        dense = th.InferInput("dense", [1, 13], "FP32")
+        dense.set_data_from_numpy(np.ones((1, 13), dtype=np.float32))
+        entity = th.InferInput("entity", [1, 1], "INT64")
+        entity.set_data_from_numpy(np.array([[7]], dtype=np.int64))
+        pending = [c.async_infer("ranker", [dense, entity]) for _ in range(64)]
+        codes = []
+        for p in pending:
+            try:
+                p.get_result()
+                codes.append(200)
+            except th.InferenceServerException as err:
+                codes.append(int(err.status()))
+        assert set(codes) == {200, 503}  # the batcher's queue alone never fills: batches of 8 drain it
+        assert c.infer("ranker", [dense, entity]).as_numpy("score").shape == (1, 1)  # and it still serves
