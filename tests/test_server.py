@@ -218,19 +218,25 @@ def test_bad_requests_get_a_4xx_with_a_message(server, path, body, headers, stat
     assert client(server).is_server_live()  # and the server is still there
 
 
+def outcomes(pending) -> tuple[list[int], list[str]]:
+    """The HTTP status of each ``async_infer`` call, and the errors' messages."""
+    codes, messages = [], []
+    for p in pending:
+        try:
+            p.get_result()
+            codes.append(200)
+        except th.InferenceServerException as err:
+            codes.append(int(err.status()))
+            messages.append(err.message())
+    return codes, messages
+
+
 def test_overload_gets_503_with_retry_after():
     args = ("--max-queue-size", "1", "--max-queue-delay-ms", "400", "--max-batch-size", "64")
     with reference_server(*TINY, *args) as (url, _):
         c = th.InferenceServerClient(url.removeprefix("http://"), concurrency=4)
         pending = [c.async_infer("resnet", [image_input(1, seed=i)]) for i in range(4)]
-        codes, messages = [], []
-        for p in pending:
-            try:
-                p.get_result()
-                codes.append(200)
-            except th.InferenceServerException as err:
-                codes.append(int(err.status()))
-                messages.append(err.message())
+        codes, messages = outcomes(pending)
         assert all("overloaded" in m for m in messages)
         assert codes.count(200) == 1  # the first waits out its window; the queue holds only it
         assert codes.count(503) == 3
@@ -311,12 +317,6 @@ def test_requests_still_fetching_features_count_against_the_queue_bound():
         entity = th.InferInput("entity", [1, 1], "INT64")
         entity.set_data_from_numpy(np.array([[7]], dtype=np.int64))
         pending = [c.async_infer("ranker", [dense, entity]) for _ in range(64)]
-        codes = []
-        for p in pending:
-            try:
-                p.get_result()
-                codes.append(200)
-            except th.InferenceServerException as err:
-                codes.append(int(err.status()))
+        codes, _ = outcomes(pending)
         assert set(codes) == {200, 503}  # the batcher's queue alone never fills: batches of 8 drain it
         assert c.infer("ranker", [dense, entity]).as_numpy("score").shape == (1, 1)  # and it still serves
