@@ -21,6 +21,22 @@ class Instance(BaseModel):
     price_per_gpu_hour_usd: float = Field(gt=0, description="Price of one GPU (one worker), USD/h.")
     source: str = Field(description="Where the price was read.")
     as_of: str = Field(description="When the price was read (YYYY-MM or YYYY-MM-DD).")
+    spot_price_per_gpu_hour_usd: float | None = Field(
+        None, gt=0, description="Indicative spot price of one GPU, USD/h (spot prices move; check before quoting)."
+    )
+    spot_source: str | None = Field(None, description="Where the spot price was read, and when.")
+    relative_throughput: float | None = Field(
+        None, gt=0, description="Inference throughput relative to the catalog's reference GPU (a100 = 1)."
+    )
+    throughput_source: str | None = Field(None, description="Where the relative throughput comes from.")
+
+    def price(self, market: str = "on_demand") -> float:
+        """USD per GPU-hour on ``market`` (on_demand or spot)."""
+        if market == "spot":
+            if self.spot_price_per_gpu_hour_usd is None:
+                raise ValueError(f"{self.gpu}: the catalog has no spot price")
+            return self.spot_price_per_gpu_hour_usd
+        return self.price_per_gpu_hour_usd
 
 
 class Catalog(BaseModel):

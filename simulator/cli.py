@@ -17,11 +17,13 @@ from rich.console import Console
 
 from calibrate.cli import app as calibrate_app
 from reference_server.serve import serve
+from simulator.cli_plan import plan
 from simulator.config import Scenario
 from simulator.engine import simulate
 from simulator.loader import ScenarioError, load_scenario
 from simulator.metrics import summarize
 from simulator.report import render
+from simulator.sampling import sample_fleet, scale_summary
 
 app = typer.Typer(
     name="servesim",
@@ -75,6 +77,14 @@ def run(
         Path | None, typer.Option(help="Write the per-interval timeline here (.parquet or .csv).")
     ] = None,
     interval_s: Annotated[float, typer.Option(help="Timeline interval, s.", min=0.001)] = 1.0,
+    sample_workers: Annotated[
+        int | None,
+        typer.Option(
+            help="Fleet sampling: simulate this many of the workers with their share of the traffic "
+            "(exact in law under random routing; refused where it is not).",
+            min=1,
+        ),
+    ] = None,
 ) -> None:
     """Simulate a scenario and print per-stage latency, the SLA verdict, utilization and cost."""
     extra = []
@@ -93,12 +103,26 @@ def run(
             f"using warmup_s {duration_s * 0.1:g}"
         )
     s = _load(scenario, set_, extra)
+    n = s.workers.count
+    if sample_workers is not None and sample_workers < n:
+        logged = s.logging is not None
+        try:
+            s = sample_fleet(s, sample_workers)
+        except ValueError as e:
+            raise _fail(str(e)) from None
+        err.print(
+            f"fleet sampling: {sample_workers} of {n} workers with {sample_workers}/{n} of the traffic; "
+            "latency and utilization stand for the whole fleet, throughput and cost are scaled to it"
+            + (" (the prediction log is not simulated)" if logged else "")
+        )
     with err.status(f"simulating {s.name} …"):
         result = simulate(s)
     try:
         summary = summarize(result, interval_s=interval_s)
     except ValueError as e:
         raise _fail(str(e)) from None
+    if s.workers.count < n:
+        summary = scale_summary(summary, n, s.workers.count)
     out.print(render(summary))
     try:
         if json_path is not None:
@@ -133,6 +157,7 @@ def schema() -> None:
     typer.echo(json.dumps(Scenario.model_json_schema(), indent=2))
 
 
+app.command(name="plan")(plan)
 app.command(name="serve")(serve)
 app.add_typer(calibrate_app, name="calibrate")
 

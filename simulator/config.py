@@ -345,6 +345,9 @@ class Cost(_Frozen):
     price_per_hour_usd: float | None = Field(
         None, gt=0, description="Override: price of one worker-hour, USD (ignores the catalog)."
     )
+    market: Literal["on_demand", "spot"] = Field(
+        "on_demand", description="Catalog price to use: on_demand, or spot (indicative; reclaimable capacity)."
+    )
 
 
 class Scenario(_Frozen):

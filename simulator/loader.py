@@ -222,11 +222,14 @@ def _check_pricing(scenario: Scenario, base_dir: Path, errors: list[tuple[Path_,
     except (OSError, ValueError, yaml.YAMLError) as err:
         errors.append((("cost", "catalog"), _file_msg(err) if isinstance(err, OSError) else f"bad catalog: {err}"))
         return scenario
-    if scenario.workers.instance_type not in catalog.instances:
+    row = catalog.instances.get(scenario.workers.instance_type)
+    if row is None:
         known = ", ".join(sorted(catalog.instances))
         errors.append(
             (("workers", "instance_type"), f"{scenario.workers.instance_type!r} is not in the catalog ({known})")
         )
+    elif cost.market == "spot" and row.spot_price_per_gpu_hour_usd is None:
+        errors.append((("cost", "market"), f"the catalog has no spot price for {scenario.workers.instance_type!r}"))
     if path is not None:
         scenario = scenario.model_copy(update={"cost": cost.model_copy(update={"catalog": str(path)})})
     return scenario

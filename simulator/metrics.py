@@ -93,7 +93,7 @@ def worker_price(scenario: Scenario, catalog: Catalog | None = None) -> float:
         return scenario.cost.price_per_hour_usd
     catalog = catalog or load_catalog(scenario.cost.catalog)
     try:
-        return catalog.instances[scenario.workers.instance_type].price_per_gpu_hour_usd
+        return catalog.instances[scenario.workers.instance_type].price(scenario.cost.market)
     except KeyError:
         known = ", ".join(sorted(catalog.instances))
         raise ValueError(f"workers.instance_type {scenario.workers.instance_type!r} not in catalog ({known})") from None
@@ -367,6 +367,8 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
         "cost": {
             **cost(fleet["billed_mean"] + _extra_workers(s), worker_price(s, catalog), n_done / span_s),
             "experiment_pools_per_hour_usd": _extra_workers(s) * worker_price(s, catalog),
+            "gpu_hours_per_day": (fleet["billed_mean"] + _extra_workers(s)) * 24.0,
+            "market": "override" if s.cost.price_per_hour_usd is not None else s.cost.market,
         },
         "logging": logging_summary(rec, s, mask),
         "experiments": versions_summary(run, mask, worker_price(s, catalog), fleet["billed_mean"]),

@@ -87,7 +87,8 @@ def render(summary: dict) -> Group:
     fleet.add_row(
         "cost",
         f"${c['per_hour_usd']:,.2f}/h · ${c['per_million_requests_usd']:,.4f} per million requests "
-        f"(${c['price_per_worker_hour_usd']:.4g} per worker-hour)",
+        f"(${c['price_per_worker_hour_usd']:.4g} per worker-hour, {c['market'].replace('_', '-')}) · "
+        f"{c['gpu_hours_per_day']:,.0f} GPU-hours/day",
     )
     exp = summary.get("experiments")
     if exp:
