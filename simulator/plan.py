@@ -9,8 +9,9 @@ at every worker count of a configuration (common random numbers), so neighbourin
 are compared on the same traffic.
 
 Bisection assumes the verdict is monotone in the worker count; the planner checks it on
-every count it evaluated and on the two counts just above the answer, and reports where it
-fails rather than assuming it.
+every count it evaluated, with two counts above the answer and two more below it, and
+reports where it fails rather than assuming it. A count whose offered load reaches the
+peak capacity never meets the SLA, however the finite run went: that queue is unstable.
 """
 
 from __future__ import annotations
@@ -200,8 +201,10 @@ class Planner:
                 else:
                     a = mid
             best = at(b)
-            for extra in (b + 1, b + 2):  # just above the answer, where a non-monotone verdict shows
-                if extra <= hi:
+            # around the answer, where a non-monotone verdict shows (fewer workers, fuller
+            # batches, more throughput): two counts above it and two more below it
+            for extra in (b + 1, b + 2, b - 2, b - 3):
+                if lo <= extra <= hi:
                     at(extra)
         counts = sorted(seen)
         violations = [

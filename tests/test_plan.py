@@ -1,0 +1,214 @@
+"""Planning: the bisection against Erlang C, --max-rate, fleet sampling, the CLI."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from scipy import optimize
+from typer.testing import CliRunner
+
+from simulator.cli import app
+from simulator.config import Affine
+from simulator.loader import ScenarioError, load_scenario
+from simulator.plan import Evaluation, Planner, Vary, on_instance_type, pareto
+from simulator.replicate import derive_seed, interval, replicate
+from simulator.sampling import sample_fleet, sampling_refusal
+from tests.helpers import ROOT, scenario
+from tests.theory import mmc_sojourn_quantile
+
+runner = CliRunner()
+LAM, MU = 0.4, 0.1  # per ms: 400 req/s on servers of mean 10 ms, offered load a = 4
+
+
+def mmc(**kw):
+    """M/M/c through the simulator: one shared FCFS queue, batch size 1."""
+    base = {
+        "duration_s": 60.0,
+        "warmup_s": 5.0,
+        "traffic": {"rate_rps": LAM * 1000},
+        "sla": {"percentile": 99, "target_ms": 54},
+        "workers": {"count": 6, "service_time": {"kind": "exponential", "mean_ms": 1 / MU}},
+        "cost": {"price_per_hour_usd": 1.0},
+    }
+    return scenario(**{**base, **kw})
+
+
+def test_bisection_finds_the_erlang_c_minimum():
+    # theory: p99 sojourn is 60.8 ms with 5 servers and 48.5 ms with 6, so p99 <= 54 ms needs 6
+    assert mmc_sojourn_quantile(0.99, 5, LAM, MU) > 54 > mmc_sojourn_quantile(0.99, 6, LAM, MU)
+    best, evals, check = Planner().min_workers(mmc(), 1, 12, "mmc")
+    assert best.workers == 6
+    assert check["monotone"]
+    assert {5, 6, 7, 8}.issubset(check["checked"])
+    at = {e.workers: e for e in evals}
+    assert not at[5].met
+    assert at[6].met
+    assert at[4].load == pytest.approx(1.0)
+    assert not at[4].met
+
+
+def test_max_rate_matches_the_erlang_c_rate():
+    lam_star = optimize.brentq(lambda lam: mmc_sojourn_quantile(0.99, 6, lam, MU) - 54, 0.1, 0.59) * 1000
+    best, evals = Planner().max_rate(mmc(), "mmc")
+    # bisection resolution is 1% of the 600 req/s peak; the p99's interval is a few % wide
+    assert best.rate_rps == pytest.approx(lam_star, rel=0.03)
+    assert all(e.met for e in evals if e.rate_rps <= best.rate_rps)
+
+
+def test_a_non_monotone_verdict_is_reported():
+    class Scripted(Planner):  # met at 3 and 5, missed at 4: the bisection must say so
+        def evaluate(self, s, key):
+            n = s.workers.count
+            rows = pd.DataFrame({"sla_ms": [10.0, 11.0] if n in (3, 5, 6, 7, 8) else [90.0, 91.0], "met": True})
+            return Evaluation(n, 1.0, rows, 50.0, n, 0.5)
+
+    _best, _, check = Scripted().min_workers(mmc(), 1, 8, "x")
+    assert not check["monotone"]
+    assert (3, 4) in check["violations"]
+
+
+def test_replications_are_reproducible_and_keyed_by_cell():
+    s = mmc(duration_s=5.0, warmup_s=1.0)
+    a = replicate(s, 3, "cell-a").drop(columns="wall_s")
+    pd.testing.assert_frame_equal(a, replicate(s, 3, "cell-a").drop(columns="wall_s"))
+    pd.testing.assert_frame_equal(
+        a.iloc[2:].reset_index(drop=True), replicate(s, 3, "cell-a", start=2).drop(columns="wall_s")
+    )
+    assert derive_seed(1, "cell-a", 0) != derive_seed(1, "cell-b", 0)
+    assert len({derive_seed(1, "cell-a", r) for r in range(100)}) == 100
+    m, lo, hi = interval(np.array([1.0, 2.0, 3.0]))
+    assert (m, lo, hi) == pytest.approx((2.0, 2.0 - 4.303 / np.sqrt(3), 2.0 + 4.303 / np.sqrt(3)), rel=1e-3)
+
+
+def _fleet(**kw):
+    base = {
+        "duration_s": 10.0,
+        "warmup_s": 1.0,
+        "traffic": {"rate_rps": 19_200},
+        "router": {"balancing": "random"},
+        "batching": {"max_batch_size": 8, "max_queue_delay_ms": 1.0},
+        "workers": {"count": 24, "service_time": {"kind": "affine", "base_ms": 2.0, "per_item_ms": 0.5}},
+        "cost": {"price_per_hour_usd": 1.0},
+    }
+    return scenario(**{**base, **kw})
+
+
+def test_a_sampled_fleet_matches_the_full_fleet_within_noise():
+    full, sampled = _fleet(), sample_fleet(_fleet(), 3)
+    assert sampled.workers.count == 3
+    assert sampled.traffic.rate_rps == pytest.approx(2400)
+    r = 8
+    a = replicate(full, r, "full")
+    b = replicate(sampled, r, "sampled", workers_billed=24, scale=8)
+    for col in ("p50_ms", "p99_ms", "completed_rps"):
+        se = np.sqrt(a[col].var(ddof=1) / r + b[col].var(ddof=1) / r)
+        # independent replications: the difference of means is ~N(0, se); 4 se fails by chance 6e-5 of the time
+        assert abs(a[col].mean() - b[col].mean()) <= 4 * se, col
+    assert b["cost_per_hour_usd"].iloc[0] == a["cost_per_hour_usd"].iloc[0] == 24.0
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"router": {"balancing": "round_robin"}}, "round_robin"),
+        ({"router": {"balancing": "shared"}}, "shared"),
+        ({"preprocess": {"service": {"kind": "exponential", "mean_ms": 1.0}, "cpu_workers": 4}}, "CPU pool"),
+        ({"caches": {"result": {"keys": 1000, "ttl_s": 5.0}}}, "cache"),
+    ],
+)
+def test_sampling_is_refused_where_it_would_be_wrong(change, reason):
+    s = _fleet(**change)
+    assert reason in sampling_refusal(s)
+    with pytest.raises(ValueError, match="fleet sampling would be wrong"):
+        sample_fleet(s, 2)
+
+
+def test_sampling_is_refused_for_an_autoscaled_fleet():
+    s = load_scenario(ROOT / "scenarios" / "autoscaling.yaml")
+    assert "autoscaler" in sampling_refusal(s)
+    result = runner.invoke(app, ["run", str(ROOT / "scenarios" / "autoscaling.yaml"), "--sample-workers", "2"])
+    assert result.exit_code == 2
+    assert "fleet sampling would be wrong here: workers.autoscaler" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_an_instance_type_rescales_the_batch_time_by_relative_throughput():
+    s = _fleet(
+        workers={
+            "count": 4,
+            "instance_type": "a100",
+            "service_time": {"kind": "affine", "base_ms": 2.2, "per_item_ms": 0.44},
+        }
+    )
+    h = on_instance_type(s, "h100")
+    assert h.workers.instance_type == "h100"
+    st = h.workers.service_time
+    assert isinstance(st, Affine)
+    assert (st.base_ms, st.per_item_ms) == pytest.approx((1.0, 0.2))
+    with pytest.raises(ScenarioError, match="not in the catalog"):
+        on_instance_type(s, "tpu")
+
+
+def test_pareto_keeps_the_undominated_points():
+    df = pd.DataFrame({"cost_per_hour_usd": [1, 2, 3, 4, 2.5], "sla_ms": [50, 40, 45, 20, 30]})
+    front = pareto(df)
+    assert front[["cost_per_hour_usd", "sla_ms"]].values.tolist() == [[1, 50], [2, 40], [2.5, 30], [4, 20]]
+
+
+@pytest.mark.parametrize(
+    ("expr", "message"),
+    [
+        ("workers.count", "expected dotted.path=v1,v2"),
+        ("workers.count=9..3", "1 <= lo <= hi"),
+        ("workers.count=a..b", "whole numbers"),
+        ("=1,2", "empty path"),
+    ],
+)
+def test_bad_vary_is_refused(expr, message):
+    with pytest.raises(ScenarioError, match=message):
+        Vary.parse(expr)
+
+
+PLATFORM_SMALL = ROOT / "scenarios" / "inference_platform.yaml"
+
+
+def test_plan_cli_writes_a_runnable_cheapest_scenario(tmp_path):
+    out = tmp_path / "chosen.yaml"
+    args = [
+        "plan", str(PLATFORM_SMALL), "--sla", "p99<=150ms", "--set", "duration_s=4", "--set", "warmup_s=1",
+        "--vary", "workers.count=60..140", "--vary", "workers.instance_type=a100,h100",
+        "--out", str(out), "--table", str(tmp_path / "points.csv"),
+    ]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "Pareto frontier" in result.output
+    assert "chosen:" in result.output
+    assert "fleet sampling on" in result.output
+    chosen = load_scenario(out)  # it loads, and it is the cheapest that met
+    points = pd.read_csv(tmp_path / "points.csv")
+    met = points[points["met"]]
+    assert chosen.workers.count * (4.0966 if chosen.workers.instance_type == "a100" else 6.88) == pytest.approx(
+        met["cost_per_hour_usd"].min(), rel=1e-6
+    )
+    doc = yaml.safe_load(out.read_text())
+    assert doc["name"] == "inference_platform_planned"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--sla", "p99<150"], "expected like p99<=150ms"),
+        (["--vary", "workers.count=10..5"], "1 <= lo <= hi"),
+        (["--vary", "batching.max_queue_delay_ms=-1"], "batching.max_queue_delay_ms"),
+        (["--vary", "workers.instance_type=tpu"], "not in the catalog"),
+        (["--vary", "batching.max_batch_size=1..4"], "workers.count only"),
+        (["--sample", "some"], "auto, off, or a number"),
+    ],
+)
+def test_plan_cli_bad_input_gets_a_clear_error(extra, message):
+    result = runner.invoke(app, ["plan", str(PLATFORM_SMALL), *extra])
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Traceback" not in result.output
