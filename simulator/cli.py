@@ -17,6 +17,7 @@ from rich.console import Console
 
 from calibrate.cli import app as calibrate_app
 from reference_server.serve import serve
+from simulator.cli_explain import explain
 from simulator.cli_plan import plan
 from simulator.config import Scenario
 from simulator.engine import simulate
@@ -157,6 +158,7 @@ def schema() -> None:
     typer.echo(json.dumps(Scenario.model_json_schema(), indent=2))
 
 
+app.command(name="explain")(explain)
 app.command(name="plan")(plan)
 app.command(name="serve")(serve)
 app.add_typer(calibrate_app, name="calibrate")

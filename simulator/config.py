@@ -350,6 +350,15 @@ class Cost(_Frozen):
     )
 
 
+class Napkin(_Frozen):
+    """The back-of-envelope assumptions that ``servesim explain`` writes out, then checks."""
+
+    batch_size: int | None = Field(
+        None, ge=1, description="Batch size the per-worker throughput is read at (default: batching.max_batch_size)."
+    )
+    headroom: float = Field(0.3, ge=0, description="Fraction added on top of rate / per-worker throughput.")
+
+
 class Scenario(_Frozen):
     """One serving system and the traffic it sees."""
 
@@ -370,6 +379,16 @@ class Scenario(_Frozen):
     postprocess: Postprocess = Field(Postprocess(), description="Postprocessing and serialisation.")
     logging: PredictionLog | None = Field(None, description="Prediction logging pipeline (none: not modelled).")
     cost: Cost = Field(Cost(), description="Pricing.")
+    napkin: Napkin = Field(Napkin(), description="Back-of-envelope assumptions checked by `servesim explain`.")
+
+    @model_validator(mode="after")
+    def _napkin_batch_fits(self) -> Scenario:
+        b = self.napkin.batch_size
+        if b is not None and b > self.batching.max_batch_size:
+            raise ValueError(
+                f"napkin.batch_size ({b}) exceeds batching.max_batch_size ({self.batching.max_batch_size})"
+            )
+        return self
 
     @model_validator(mode="after")
     def _activator_needs_a_changing_fleet(self) -> Scenario:
@@ -424,6 +443,7 @@ __all__ = [
     "Gamma",
     "KVStore",
     "LogNormal",
+    "Napkin",
     "Network",
     "Postprocess",
     "Preprocess",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -211,4 +213,46 @@ def test_plan_cli_bad_input_gets_a_clear_error(extra, message):
     result = runner.invoke(app, ["plan", str(PLATFORM_SMALL), *extra])
     assert result.exit_code == 2
     assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_napkin_reproduces_the_platform_seed():
+    from simulator.napkin import napkin
+
+    s = load_scenario(PLATFORM_SMALL)
+    lines = {ln.quantity: ln for ln in napkin(s, 4.0966)}
+    assert lines["per-worker throughput"].value == pytest.approx(2000.0)  # 16 / (4 + 0.25 × 16) ms
+    assert lines["workers"].value == 100
+    assert lines["workers"].formula == "⌈200,000 / 2,000⌉"
+    assert lines["workers with headroom"].value == 130
+    assert lines["ingress bandwidth"].value == pytest.approx(12.8)  # Gbit/s: 200k × 8 KB × 8
+    assert lines["prediction-log volume per day"].value == pytest.approx(155.52)  # TB: 1.8 GB/s × 86,400 s
+    assert lines["feature-store keys read"].value == pytest.approx(1e7)
+
+
+def test_explain_checks_the_napkin_with_the_simulator(tmp_path):
+    doc_path = tmp_path / "explain.json"
+    args = ["explain", str(PLATFORM_SMALL), "--set", "duration_s=4", "--set", "warmup_s=1", "--json", str(doc_path)]
+    result = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "⌈100 × (1 + 0.3)⌉" in result.output
+    doc = json.loads(doc_path.read_text())
+    verdict = doc["verdict"]
+    assert verdict["napkin"]["workers"] == 100
+    assert verdict["napkin + headroom"]["workers"] == 130
+    assert verdict["napkin + headroom"]["met"]
+    assert doc["minimum_workers"] is not None
+    assert doc["minimum_workers"] <= 130
+    assert doc["monotone"]
+    assert "fewest workers meeting p99 ≤ 150 ms" in result.output
+
+
+def test_a_napkin_batch_past_the_max_is_refused_with_its_line(tmp_path):
+    text = PLATFORM_SMALL.read_text().replace("batch_size: 16 ", "batch_size: 64 ")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    result = runner.invoke(app, ["explain", str(bad)])
+    assert result.exit_code == 2
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if "batch_size: 64" in t)
+    assert f"line {line}: napkin.batch_size" in result.output
     assert "Traceback" not in result.output

@@ -1,0 +1,164 @@
+"""``servesim explain``: the napkin math, each line with its formula, then the simulator's check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table as RichTable
+
+from simulator.cli_plan import _ci, err, fail, out
+from simulator.config import Scenario
+from simulator.engine import simulate
+from simulator.loader import ScenarioError, load_scenario
+from simulator.metrics import summarize, worker_price
+from simulator.napkin import napkin, napkin_batch, peak_rate, per_worker_rps, workers_needed
+from simulator.plan import Planner
+from simulator.sampling import auto_sample_size, sample_fleet, sampling_refusal
+
+FIXED_STAGES = ("network_in", "router", "cache", "features", "preprocess", "postprocess", "network_out")
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
+
+
+def with_workers(s: Scenario, n: int) -> Scenario:
+    return s.model_copy(update={"workers": s.workers.model_copy(update={"count": n})})
+
+
+def anatomy(s: Scenario) -> dict:
+    """One (fleet-sampled where exact) run's stage p99s, mean batch and utilization."""
+    k = s.workers.count if sampling_refusal(s) else auto_sample_size(s)
+    summary = summarize(simulate(sample_fleet(s, k)))
+    stages = summary["latency_ms"]["stages"]
+    return {
+        "mean_batch": summary["batch_size"]["mean"],
+        "busy": summary["utilization"]["workers"],
+        "queue_p99_ms": stages["queue"]["p99"],
+        "inference_p99_ms": stages["inference"]["p99"],
+        "outside_gpu_p50_ms": sum(stages[n]["p50"] for n in FIXED_STAGES if n in stages),
+    }
+
+
+def explain(
+    scenario: Annotated[Path, typer.Argument(help="Scenario YAML file.", show_default=False)],
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a field first: path=value.")] = None,
+    replications: Annotated[int, typer.Option(help="Replications per worker count checked.", min=2)] = 3,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the napkin and the verdict here.")] = None,
+) -> None:
+    """Write out the back-of-envelope capacity math from the scenario's own numbers, then
+    simulate it: the SLA percentile at the napkin's worker count, the fewest workers that
+    really meet the SLA, and why the two differ. The napkin's batch size and headroom come
+    from the scenario's `napkin:` section (default: max batch size, 30%)."""
+    try:
+        s = load_scenario(scenario, set_ or [])
+        lines = napkin(s, worker_price(s))
+    except (ScenarioError, ValueError) as e:
+        raise fail(str(e)) from None
+    t = RichTable(title=f"napkin: {s.name}")
+    for col in ("quantity", "formula", "value"):
+        t.add_column(col, justify="right" if col == "value" else "left")
+    for ln in lines:
+        t.add_row(ln.quantity, ln.formula, f"{_num(ln.value)} {ln.unit}")
+    out.print(t)
+
+    bare, padded = workers_needed(s)
+    planner = Planner(replications=replications)
+    err.print("fleet sampling refused: " + sampling_refusal(s) if sampling_refusal(s) else "fleet sampling on")
+    key = "explain"
+    with err.status("checking the napkin against the simulator …"):
+        at_bare = planner.evaluate(with_workers(s, bare), key)
+        at_padded = planner.evaluate(with_workers(s, padded), key)
+        best, _, check = planner.min_workers(s, 1, max(2 * padded, 2), key)
+        points = {"napkin": (bare, at_bare), "napkin + headroom": (padded, at_padded)}
+        if best is not None:
+            points["minimum meeting the SLA"] = (best.workers, best)
+        shapes = {name: anatomy(with_workers(s, n)) for name, (n, _) in points.items()}
+
+    q, target = s.sla.percentile, s.sla.target_ms
+    v = RichTable(title=f"simulator: p{q:g} ≤ {target:g} ms? ({replications}+ replications, 95% CI)")
+    for col in ("", "workers", f"p{q:g} ms", "SLA", "load of full-batch peak", "mean batch", "queue p99 ms", "$/h"):
+        v.add_column(col, justify="left" if col == "" else "right")
+    lam, b = peak_rate(s), napkin_batch(s)
+    rows = {}
+    for name, (n, ev) in points.items():
+        r = ev.row()
+        a = shapes[name]
+        rows[name] = {**r, **a, "utilization_at_napkin_batch": lam / (n * per_worker_rps(s, b))}
+        v.add_row(
+            name,
+            str(n),
+            _ci(r),
+            "[green]met[/]" if r["met"] else "[red]missed[/]",
+            f"{r['load_of_peak']:.0%}",
+            f"{a['mean_batch']:.1f}",
+            f"{a['queue_p99_ms']:.1f}",
+            f"{r['cost_per_hour_usd']:,.2f}",
+        )
+    out.print(v)
+    for line in why(s, bare, padded, best.workers if best else None, rows, check):
+        out.print(f"• {line}")
+    if json_path is not None:
+        doc = {
+            "napkin": [ln.__dict__ for ln in lines],
+            "verdict": rows,
+            "minimum_workers": best.workers if best else None,
+            "monotone": check["monotone"],
+        }
+        try:
+            json_path.write_text(json.dumps(doc, indent=2, default=float) + "\n")
+        except OSError as e:
+            raise fail(f"cannot write {e.filename}: {e.strerror}") from None
+
+
+def why(s: Scenario, bare: int, padded: int, minimum: int | None, rows: dict, check: dict) -> list[str]:
+    """Plain sentences: why the napkin and the simulator differ, from the measured numbers."""
+    q, target = s.sla.percentile, s.sla.target_ms
+    b, bmax = napkin_batch(s), s.batching.max_batch_size
+    lam = peak_rate(s)
+    nap = rows["napkin"]
+    out = [
+        f"the napkin takes batches of {b}: {per_worker_rps(s, b):,.0f} req/s per worker, so {bare} workers run at "
+        f"ρ = {lam:,.0f} / ({bare} × {per_worker_rps(s, b):,.0f}) = {nap['utilization_at_napkin_batch']:.0%}; "
+        f"the simulated mean batch there is {nap['mean_batch']:.1f} (max {bmax}, "
+        f"{per_worker_rps(s, bmax):,.0f} req/s per worker at full batches)",
+    ]
+    if minimum is None:
+        out.append(
+            f"no count up to {2 * padded} meets p{q:g} ≤ {target:g} ms: the stages outside the GPU alone "
+            f"take {nap['outside_gpu_p50_ms']:.1f} ms at the median"
+        )
+        return out
+    m = rows["minimum meeting the SLA"]
+    out.append(
+        f"the fewest workers meeting p{q:g} ≤ {target:g} ms is {minimum} (load {m['load_of_peak']:.0%} of the "
+        f"full-batch peak, p{q:g} {m['sla_ms']:.1f} ms): "
+        + (
+            f"{bare - minimum} fewer than the napkin, because batches grow under load "
+            f"(mean {m['mean_batch']:.1f} > {b}) and each batch is cheaper per request"
+            if minimum < bare
+            else f"{minimum - bare} more than the napkin, because queueing grows like 1/(1 − ρ) near saturation"
+            if minimum > bare
+            else "the napkin's count"
+        )
+    )
+    out.append(
+        f"queueing at {bare} workers: p99 {nap['queue_p99_ms']:.1f} ms in the batch queue (of which the "
+        f"batching window holds each request up to {s.batching.max_queue_delay_ms:g} ms); at {minimum}: "
+        f"{m['queue_p99_ms']:.1f} ms; the stages outside the GPU take {m['outside_gpu_p50_ms']:.1f} ms at the median"
+    )
+    pad = rows["napkin + headroom"]
+    out.append(
+        f"the headroom's {padded} workers cost ${pad['cost_per_hour_usd']:,.2f}/h against "
+        f"${m['cost_per_hour_usd']:,.2f}/h for {minimum}"
+        + (f" ({padded - minimum} workers of margin above the minimum)" if padded > minimum else "")
+        + "; the margin buys tolerance of traffic growth and failures that this run does not contain"
+    )
+    if m["load_of_peak"] > 0.95:
+        out.append("the minimum runs within 5% of saturation: its verdict depends on the run's duration")
+    if not check["monotone"]:
+        out.append(f"warning: the verdict was not monotone in the worker count ({check['violations'][:3]})")
+    return out
