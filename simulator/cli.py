@@ -19,6 +19,7 @@ from calibrate.cli import app as calibrate_app
 from reference_server.serve import serve
 from simulator.cli_explain import explain
 from simulator.cli_plan import plan
+from simulator.cli_sweep import cluster_app, sweep
 from simulator.config import Scenario
 from simulator.engine import simulate
 from simulator.loader import ScenarioError, load_scenario
@@ -160,6 +161,8 @@ def schema() -> None:
 
 app.command(name="explain")(explain)
 app.command(name="plan")(plan)
+app.command(name="sweep")(sweep)
+app.add_typer(cluster_app, name="cluster")
 app.command(name="serve")(serve)
 app.add_typer(calibrate_app, name="calibrate")
 

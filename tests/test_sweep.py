@@ -1,0 +1,133 @@
+"""Sweeps: cells and seeds, the same rows on every executor (a real Dask LocalCluster), the CLI."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from simulator.cli import app
+from simulator.loader import ScenarioError
+from simulator.sweep import cells, execute, parse_grid, tasks, tidy
+
+runner = CliRunner()
+
+SMALL = """\
+name: small
+seed: 5
+duration_s: 4
+warmup_s: 0.5
+sla: {percentile: 99, target_ms: 40}
+traffic: {rate_rps: 3000}
+router: {balancing: random}
+batching: {max_batch_size: 8, max_queue_delay_ms: 2}
+workers:
+  count: 4
+  service_time: {kind: affine, base_ms: 2.0, per_item_ms: 0.5, noise_cv: 0.1}
+cost: {price_per_hour_usd: 1.0}
+"""
+
+
+@pytest.fixture
+def small(tmp_path):
+    path = tmp_path / "small.yaml"
+    path.write_text(SMALL)
+    return path
+
+
+def _rows(df: pd.DataFrame) -> pd.DataFrame:
+    return df.drop(columns="wall_s")
+
+
+def test_cells_and_seeds_do_not_depend_on_the_option_order(small):
+    a = tasks(small, [], parse_grid(["workers.count=3,4", "batching.max_queue_delay_ms=1,2"]), 2)
+    b = tasks(small, [], parse_grid(["batching.max_queue_delay_ms=1,2", "workers.count=3,4"]), 2)
+    assert [(t.cell_key, t.replication) for t in a] == [(t.cell_key, t.replication) for t in b]
+    assert len(cells({"x": [1, 2, 3], "y": ["a", "b"]})) == 6
+    pd.testing.assert_frame_equal(_rows(execute(a[:2])), _rows(execute(b[:2])))
+
+
+def test_every_executor_gives_the_same_rows_bit_for_bit(small):
+    distributed = pytest.importorskip("distributed", reason="the cluster extra (dask) is not installed")
+    work = tasks(small, [], parse_grid(["workers.count=3,4", "batching.max_queue_delay_ms=1,4"]), 2)
+    here = _rows(execute(work))
+    assert len(here) == 8
+    assert here["p99_ms"].nunique() == 8  # every run differs: seeds differ by cell and replication
+    pd.testing.assert_frame_equal(here, _rows(execute(work, jobs=2)))
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+    ) as cluster:
+        remote = _rows(execute(work, cluster=cluster.scheduler_address))
+    pd.testing.assert_frame_equal(here, remote)
+
+
+def test_tidy_table_has_replications_and_summaries(small):
+    work = tasks(small, [], parse_grid(["workers.count=3,4"]), 3)
+    table = tidy(execute(work), ["workers.count"])
+    reps, summary = table[table["kind"] == "replication"], table[table["kind"] == "summary"]
+    assert len(reps) == 6
+    assert summary["workers.count"].tolist() == [3, 4]
+    for _, row in summary.iterrows():
+        g = reps[reps["cell"] == row["cell"]]
+        assert row["p99_ms"] == pytest.approx(g["p99_ms"].mean())
+        assert row["p99_ms_ci_lo"] <= row["p99_ms"] <= row["p99_ms_ci_hi"]
+
+
+@pytest.mark.parametrize(
+    ("grid", "message"),
+    [
+        ("workers.count", "expected dotted.path=v1,v2"),
+        ("workers.count=", "no values"),
+        ("workers.count=2,0", "line 10: workers.count"),
+        ("workers.colour=2", "workers.colour: unknown key"),
+    ],
+)
+def test_a_bad_grid_is_refused_before_anything_runs(small, grid, message):
+    with pytest.raises(ScenarioError, match=message):
+        tasks(small, [], parse_grid([grid]), 2)
+    result = runner.invoke(app, ["sweep", str(small), "--grid", grid, "--out", str(small.parent / "x.csv")])
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert not (small.parent / "x.csv").exists()
+
+
+def test_sweep_cli_writes_the_tidy_table(small, tmp_path):
+    out = tmp_path / "sweep.csv"
+    args = ["sweep", str(small), "--grid", "workers.count=3,4", "--replications", "2", "--out", str(out)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    df = pd.read_csv(out)
+    assert sorted(df["kind"].unique()) == ["replication", "summary"]
+    assert len(df) == 2 * 2 + 2
+    assert "per cell" in result.output
+
+
+def test_cluster_start_serves_a_sweep(small, tmp_path):
+    pytest.importorskip("distributed", reason="the cluster extra (dask) is not installed")
+    from tests.servers import free_port, servesim_cmd
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [*servesim_cmd(), "cluster", "start", "--workers", "1", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        first = proc.stdout.readline()
+        assert f"Dask scheduler at tcp://127.0.0.1:{port}" in first, first
+        out = tmp_path / "remote.csv"
+        args = ["sweep", str(small), "--grid", "workers.count=3", "--replications", "2", "--out", str(out)]
+        result = runner.invoke(app, [*args, "--cluster", f"tcp://127.0.0.1:{port}"])
+        assert result.exit_code == 0, result.output
+        remote = pd.read_csv(out)
+        assert runner.invoke(app, [*args[:-1], str(tmp_path / "here.csv")]).exit_code == 0
+        here = pd.read_csv(tmp_path / "here.csv")
+        pd.testing.assert_frame_equal(remote.drop(columns="wall_s"), here.drop(columns="wall_s"))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
