@@ -164,6 +164,13 @@ def plan(
                     f"[yellow]warning:[/] {key}: the verdict is not monotone in the worker count "
                     f"(met at fewer but missed at more: {check['violations'][:3]}); the bisection's answer is suspect"
                 )
+            elif check["within_noise"]:
+                n_noise = len(check["within_noise"])
+                err.print(
+                    f"note: {key}: {n_noise} pair(s) of counts got opposite verdicts with no significant "
+                    f"difference between them (e.g. {check['within_noise'][0]}): the SLA percentile sits at the "
+                    "target over that range, so the minimum is uncertain by a few workers"
+                )
         verified = sum(c["monotone"] for c in checks.values())
         out.print(f"monotone in the worker count: verified for {verified} of {len(checks)} configurations")
     out.print(
