@@ -333,6 +333,12 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
     else:
         of_peak = float((sizes.index * sizes).sum()) / span_s / peak_throughput_rps(s)
     stages = {name: table.loc[name].to_dict() for name in table.index if name != "e2e"}
+    price = worker_price(s, catalog)
+    experiments = versions_summary(run, mask, price, fleet["billed_mean"])
+    fleet_cost = cost(fleet["billed_mean"] + _extra_workers(s), price, n_done / span_s)
+    shadow = (experiments or {}).get("shadow")
+    shadow_cost = shadow["gpu_cost_per_hour_usd"] if shadow else 0.0
+    canary_cost = s.router.canary.workers * price if s.router.canary else 0.0
     return {
         "scenario": {"name": s.name, "hash": scenario_hash(s)},
         "requests": {
@@ -365,13 +371,18 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
             "instance_type": s.workers.instance_type,
         },
         "cost": {
-            **cost(fleet["billed_mean"] + _extra_workers(s), worker_price(s, catalog), n_done / span_s),
-            "experiment_pools_per_hour_usd": _extra_workers(s) * worker_price(s, catalog),
+            **fleet_cost,
+            "experiment_pools_per_hour_usd": _extra_workers(s) * price,
+            # what the shadow and the canary cost: their own pools, or the shadow's share of the primary's
+            "experiments_per_hour_usd": shadow_cost + canary_cost,
+            "experiments_fraction": (shadow_cost + canary_cost) / fleet_cost["per_hour_usd"]
+            if fleet_cost["per_hour_usd"]
+            else 0.0,
             "gpu_hours_per_day": (fleet["billed_mean"] + _extra_workers(s)) * 24.0,
             "market": "override" if s.cost.price_per_hour_usd is not None else s.cost.market,
         },
         "logging": logging_summary(rec, s, mask),
-        "experiments": versions_summary(run, mask, worker_price(s, catalog), fleet["billed_mean"]),
+        "experiments": experiments,
         "classes": classes,
         "caches": {
             name: {

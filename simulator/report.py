@@ -88,7 +88,12 @@ def render(summary: dict) -> Group:
         "cost",
         f"${c['per_hour_usd']:,.2f}/h · ${c['per_million_requests_usd']:,.4f} per million requests "
         f"(${c['price_per_worker_hour_usd']:.4g} per worker-hour, {c['market'].replace('_', '-')}) · "
-        f"{c['gpu_hours_per_day']:,.0f} GPU-hours/day",
+        f"{c['gpu_hours_per_day']:,.0f} GPU-hours/day"
+        + (
+            f" · canary and shadow ${c['experiments_per_hour_usd']:,.2f}/h ({c['experiments_fraction']:.1%})"
+            if c["experiments_per_hour_usd"]
+            else ""
+        ),
     )
     exp = summary.get("experiments")
     if exp:

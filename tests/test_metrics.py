@@ -9,6 +9,7 @@ from simulator.config import Workers
 from simulator.loader import load_scenario
 from simulator.metrics import cost, peak_throughput_rps, sla_verdict, utilization, worker_price
 from simulator.workers import BatchLog, ServiceModel, mean_service_ms
+from tests.helpers import ROOT
 
 
 def test_sla_counts_dropped_requests_as_misses():
@@ -103,3 +104,30 @@ def test_bulk_and_one_by_one_service_draws_give_the_same_sequence(st):
     x = np.concatenate([[a(1) for _ in range(70_000)], a.draw(100_000, 1), [a(1) for _ in range(10)]])
     y = np.concatenate([b.draw(70_000, 1), [b(1) for _ in range(100_000)], b.draw(10, 1)])
     np.testing.assert_array_equal(x, y)
+
+
+def test_cost_reports_gpu_hours_and_what_experiments_cost():
+    from simulator.engine import simulate
+    from simulator.metrics import summarize
+
+    s = load_scenario(ROOT / "scenarios/canary.yaml", ["duration_s=4", "warmup_s=1"])
+    c = summarize(simulate(s))["cost"]
+    price = 0.8048  # l4, on demand
+    own = s.router.canary.workers + s.router.shadow.workers  # both on pools of their own
+    assert c["experiments_per_hour_usd"] == pytest.approx(own * price)
+    assert c["experiments_fraction"] == pytest.approx(own * price / c["per_hour_usd"])
+    assert c["gpu_hours_per_day"] == pytest.approx(c["per_hour_usd"] / price * 24)
+    assert c["market"] == "on_demand"
+
+
+def test_spot_market_prices_from_the_catalog_and_is_refused_without_one(tmp_path):
+    from simulator.loader import ScenarioError
+
+    platform = ROOT / "scenarios/inference_platform.yaml"
+    assert worker_price(load_scenario(platform, ["cost.market=spot"])) == pytest.approx(1.6386)
+    catalog = tmp_path / "c.yaml"
+    catalog.write_text(
+        "instances:\n  a100: {gpu: A100, price_per_gpu_hour_usd: 4.0, source: quote, as_of: '2026-01'}\n"
+    )
+    with pytest.raises(ScenarioError, match=r"cost\.market: the catalog has no spot price for 'a100'"):
+        load_scenario(platform, ["cost.market=spot", f"cost.catalog={catalog}"])
