@@ -164,6 +164,31 @@ app.command(name="plan")(plan)
 app.command(name="sweep")(sweep)
 app.add_typer(cluster_app, name="cluster")
 app.command(name="serve")(serve)
+
+
+@app.command()
+def dashboard(
+    port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 8501,
+    headless: Annotated[bool, typer.Option(help="Do not open a browser window.")] = False,
+) -> None:
+    """Open the Streamlit dashboard: pick and edit scenarios, see where latency lives, compare
+    variants, the load curve, the timeline, plans, calibration and practice."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("streamlit") is None:
+        raise _fail("the dashboard needs streamlit: pip install -e '.[dashboard]'")
+    app_path = Path(__file__).resolve().parent.parent / "dashboards" / "app.py"
+    cmd = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.port", str(port),
+           "--server.address", "127.0.0.1", "--server.headless", str(headless).lower(),
+           "--browser.gatherUsageStats", "false"]  # fmt: skip
+    try:
+        raise typer.Exit(subprocess.call(cmd))
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+
+
 app.add_typer(calibrate_app, name="calibrate")
 
 

@@ -89,6 +89,29 @@ def scale_summary(summary: dict, n: int, k: int) -> dict:
     out = {**summary}
     out["requests"] = {**summary["requests"], "throughput_rps": summary["requests"]["throughput_rps"] * f}
     out["workers"] = {**summary["workers"], "count": n, "sampled": k}
+    fleet = summary.get("fleet") or {}
+    scaled = {key: fleet[key] * f for key in ("active_mean", "billed_mean", "active_max") if key in fleet}
+    out["fleet"] = {**fleet, **scaled}
     c = summary["cost"]
     out["cost"] = {**c, "per_hour_usd": c["per_hour_usd"] * f, "gpu_hours_per_day": c["gpu_hours_per_day"] * f}
+    out["timeline"] = [{k: v * f if k in _FLEET_WIDE else v for k, v in row.items()} for row in summary["timeline"]]
     return out
+
+
+# timeline columns that are sums over workers (rates, counts); the rest are per request
+_FLEET_WIDE = frozenset(
+    {
+        "offered_rps",
+        "completed_rps",
+        "rejected",
+        "timed_out",
+        "failed",
+        "degraded",
+        "active_workers",
+        "warming_workers",
+        "draining_workers",
+        "queue_depth",
+        "in_flight",
+        "shadow_rps",
+    }
+)

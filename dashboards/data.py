@@ -1,0 +1,209 @@
+"""The dashboard's data: scenario files, edited YAML, runs reduced to tidy tables.
+
+No Streamlit here, so every function is testable on its own; pages cache them with
+``st.cache_data``. Runs use fleet sampling where it is exact (see
+:mod:`simulator.sampling`), so a shipped scenario answers in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from simulator.anatomy import batch_histogram, e2e_cdf, stage_bands
+from simulator.config import Scenario
+from simulator.engine import simulate
+from simulator.loader import apply_overrides, load_scenario, parse_set
+from simulator.metrics import summarize, window
+from simulator.sampling import auto_sample_size, sample_fleet, sampling_refusal, scale_summary
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ROOT / "scenarios"
+PROFILES = ROOT / "calibrate" / "profiles"
+
+
+def scenario_files() -> list[Path]:
+    """The shipped scenarios, validation ones last."""
+    files = sorted(SCENARIOS.glob("*.yaml")) + sorted(SCENARIOS.glob("*/*.yaml"))
+    return files
+
+
+def question(text: str) -> str:
+    """The header comment of a scenario: the question it asks, without the command lines."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        body = line.lstrip("#").strip()
+        if body.startswith("servesim ") or body.startswith("--"):
+            continue
+        lines.append(body)
+    return " ".join(x for x in lines if x).strip()
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A scenario as the sidebar left it: its file (or upload), its text, the overrides."""
+
+    source: str  # file path (relative files resolve next to it) or the upload's name
+    text: str
+    overrides: tuple[str, ...] = ()
+
+    def load(self, extra: tuple[str, ...] = ()) -> Scenario:
+        """The validated scenario (raises ScenarioError with the CLI's message)."""
+        return load_scenario(self.source, [*self.overrides, *extra], text=self.text)
+
+    def edited_yaml(self, extra: tuple[str, ...] = ()) -> str:
+        """The YAML with the overrides written in (comments are not kept)."""
+        data = yaml.safe_load(self.text)
+        data = apply_overrides(data, [parse_set(o) for o in (*self.overrides, *extra)])
+        return yaml.safe_dump(data, sort_keys=False)
+
+
+@dataclass(frozen=True)
+class Result:
+    """One run, reduced: the summary dict and the tables the charts draw."""
+
+    summary: dict
+    stages: pd.DataFrame  # simulator.anatomy.stage_bands
+    cdf: pd.DataFrame
+    batches: pd.DataFrame
+    timeline: pd.DataFrame
+    events: pd.DataFrame
+    sampled: int | None  # workers simulated when fleet-sampled, else None
+
+    def kpis(self) -> dict:
+        """The headline numbers: latency vs SLA, verdict, workers, utilization, cost."""
+        s = self.summary
+        e2e = s["latency_ms"]["e2e"]
+        return {
+            "p50_ms": e2e["p50"],
+            "p95_ms": e2e["p95"],
+            "p99_ms": e2e["p99"],
+            "sla_percentile": s["sla"]["percentile"],
+            "sla_target_ms": s["sla"]["target_ms"],
+            "sla_attained_ms": s["sla"]["attained_ms"],
+            "sla_met": s["sla"]["met"],
+            "workers": s["fleet"].get("billed_mean", s["workers"]["count"])
+            if s.get("fleet")
+            else s["workers"]["count"],
+            "utilization": s["utilization"]["of_peak_capacity"],
+            "cost_per_hour_usd": s["cost"]["per_hour_usd"],
+            "cost_per_million_usd": s["cost"]["per_million_requests_usd"],
+        }
+
+
+def run(s: Scenario, *, sample: bool = True, interval_s: float = 1.0) -> Result:
+    """Simulate ``s`` (fleet-sampled where exact and ``sample``) and reduce it."""
+    n = s.workers.count
+    k = auto_sample_size(s) if sample and not sampling_refusal(s) else n
+    sim = sample_fleet(s, k)
+    r = simulate(sim)
+    summary = summarize(r, interval_s=interval_s)
+    if k < n:
+        summary = scale_summary(summary, n, k)
+    mask = window(r.records, sim)
+    t0, t1 = sim.warmup_s * 1000.0, sim.duration_s * 1000.0
+    events = pd.DataFrame(summary.get("fleet", {}).get("events", []) or [], columns=["t_s", "event", "detail"])
+    return Result(
+        summary=json.loads(json.dumps(summary, default=float)),
+        stages=stage_bands(r.records, mask),
+        cdf=e2e_cdf(r.records, mask),
+        batches=batch_histogram(r.batches.size, r.batches.start, t0, t1),
+        timeline=pd.DataFrame(summary["timeline"]),
+        events=events[events["event"] != "ready"] if len(events) else events,
+        sampled=k if k < n else None,
+    )
+
+
+def load_curve(s: Scenario, factors: list[float]) -> pd.DataFrame:
+    """p50/p99 against offered load: one run per factor × the scenario's rate."""
+    from simulator.replicate import headline
+
+    rows = []
+    base = s.traffic.rate_rps
+    for f in factors:
+        x = s.model_copy(update={"traffic": s.traffic.model_copy(update={"rate_rps": base * f})})
+        k = x.workers.count if sampling_refusal(x) else auto_sample_size(x)
+        h = headline(sample_fleet(x, k), workers_billed=x.workers.count, scale=x.workers.count / k)
+        rows.append({"factor": f, "offered_rps": base * f, **h})
+    return pd.DataFrame(rows)
+
+
+def worker_curve(s: Scenario, counts: list[int]) -> pd.DataFrame:
+    """p50/p99 and cost against the worker count: one run per count."""
+    from simulator.replicate import headline
+
+    rows = []
+    for n in counts:
+        x = s.model_copy(update={"workers": s.workers.model_copy(update={"count": n})})
+        k = x.workers.count if sampling_refusal(x) else auto_sample_size(x)
+        h = headline(sample_fleet(x, k), workers_billed=n, scale=n / k)
+        rows.append({"workers": n, **h})
+    return pd.DataFrame(rows)
+
+
+def calibration_reports() -> dict[str, dict]:
+    """Every committed calibration report (``validation.json``) by profile name."""
+    out = {}
+    for path in sorted(PROFILES.glob("*/validation.json")):
+        out[path.parent.name] = json.loads(path.read_text())
+    return out
+
+
+def calibration_table(report: dict) -> pd.DataFrame:
+    """Tidy: one row per (level, percentile, source) with ms; source measured or predicted."""
+    rows = []
+    for r in report["validation"]:
+        for source in ("measured", "predicted"):
+            rows.append(
+                {
+                    "load": r["load"],
+                    "offered_rps": r["offered_rps"],
+                    "percentile": r["percentile"],
+                    "source": source,
+                    "ms": r[f"{source}_ms"],
+                    "error_pct": r["error_pct"],
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+# How close a practice estimate must be to count as right: relative error per quantity.
+ESTIMATE_TOLERANCE = {"workers": 0.2, "sla_ms": 0.25, "cost_per_hour_usd": 0.2}
+
+
+def grade(estimates: dict, truth: dict) -> list[str]:
+    """What went wrong in a practice attempt: one sentence per estimate outside its
+    tolerance (``ESTIMATE_TOLERANCE``), or a wrong dominant stage."""
+    notes = []
+    for key, what in (
+        ("workers", "workers needed"),
+        ("sla_ms", "SLA percentile"),
+        ("cost_per_hour_usd", "cost per hour"),
+    ):
+        yours, real = estimates.get(key), truth.get(key)
+        if yours is None or real is None or not real:
+            continue
+        err = (yours - real) / real
+        if abs(err) > ESTIMATE_TOLERANCE[key]:
+            notes.append(f"{what}: you said {yours:,.4g}, the simulator says {real:,.4g} ({err:+.0%})")
+    if estimates.get("stage") and estimates["stage"] != truth.get("stage"):
+        notes.append(
+            f"the tail lives in **{truth['stage']}**, not {estimates['stage']}: see its share in the waterfall"
+        )
+    return notes
+
+
+def dominant_stage(stages: pd.DataFrame, percentile: str = "p99") -> str:
+    """The stage with the largest share of the requests around ``percentile``."""
+    band = stages[stages["percentile"] == percentile]
+    return str(band.loc[band["ms"].idxmax(), "stage"]) if len(band) else ""
+
+
+__all__ = ["Choice", "Result", "np"]

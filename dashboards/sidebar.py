@@ -1,0 +1,111 @@
+"""The sidebar: pick or upload a scenario, edit its main knobs, validate as the CLI does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from dashboards.data import ROOT, Choice, scenario_files
+from simulator.catalog import load_catalog
+from simulator.config import Scenario
+from simulator.loader import ScenarioError
+
+DEFAULT = "scenarios/inference_platform.yaml"
+
+
+def _num(label: str, value: float, key: str, *, integer: bool = False, minimum: float = 0.0, help_: str = ""):
+    if integer:
+        return st.number_input(label, min_value=int(minimum), value=int(value), step=1, key=key, help=help_)
+    return st.number_input(label, min_value=float(minimum), value=float(value), key=key, help=help_, format="%g")
+
+
+def knobs(s: Scenario, prefix: str) -> list[str]:
+    """Widgets for the main knobs of ``s``; the overrides (path=value) where they differ."""
+    wanted: dict[str, object] = {}
+    if s.traffic.rate_rps is not None:
+        wanted["traffic.rate_rps"] = _num("rate (req/s)", s.traffic.rate_rps, f"{prefix}rate", minimum=0.001)
+    a = s.workers.autoscaler
+    if a is None:
+        wanted["workers.count"] = _num("workers", s.workers.count, f"{prefix}workers", integer=True, minimum=1)
+    else:
+        wanted["workers.autoscaler.min_replicas"] = _num(
+            "autoscaler: min workers", a.min_replicas, f"{prefix}min", integer=True
+        )
+        wanted["workers.autoscaler.max_replicas"] = _num(
+            "autoscaler: max workers", a.max_replicas, f"{prefix}max", integer=True, minimum=1
+        )
+    b = s.batching
+    wanted["batching.max_queue_delay_ms"] = _num("batching window (ms)", b.max_queue_delay_ms, f"{prefix}window")
+    wanted["batching.max_batch_size"] = _num("max batch", b.max_batch_size, f"{prefix}batch", integer=True, minimum=1)
+    f = s.features
+    if f.lookups_per_request:
+        wanted["features.batch_size"] = _num(
+            "feature keys per round trip", f.batch_size, f"{prefix}fbatch", integer=True, minimum=1
+        )
+        wanted["features.parallelism"] = _num(
+            "feature round trips in flight", f.parallelism, f"{prefix}fpar", integer=True, minimum=1
+        )
+    for name in ("result", "feature"):
+        cache = getattr(s.caches, name)
+        if cache is not None and cache.ttl_s is not None:
+            wanted[f"caches.{name}.ttl_s"] = _num(
+                f"{name} cache TTL (s)", cache.ttl_s, f"{prefix}{name}ttl", minimum=0.001
+            )
+    if s.router.canary is not None and not s.router.canary.schedule:
+        wanted["router.canary.percent"] = _num("canary (% of users)", s.router.canary.percent, f"{prefix}canary")
+    types = sorted(load_catalog(s.cost.catalog).instances)
+    if s.workers.instance_type in types and s.cost.price_per_hour_usd is None:
+        wanted["workers.instance_type"] = st.selectbox(
+            "instance type (price only)",
+            types,
+            index=types.index(s.workers.instance_type),
+            key=f"{prefix}itype",
+            help="Changes the price per worker-hour; the batch time stays the scenario's "
+            "(`servesim plan --vary workers.instance_type` rescales it).",
+        )
+    current = {
+        "traffic.rate_rps": s.traffic.rate_rps,
+        "workers.count": s.workers.count,
+        "workers.autoscaler.min_replicas": a.min_replicas if a else None,
+        "workers.autoscaler.max_replicas": a.max_replicas if a else None,
+        "batching.max_queue_delay_ms": b.max_queue_delay_ms,
+        "batching.max_batch_size": b.max_batch_size,
+        "features.batch_size": f.batch_size,
+        "features.parallelism": f.parallelism,
+        "caches.result.ttl_s": s.caches.result.ttl_s if s.caches.result else None,
+        "caches.feature.ttl_s": s.caches.feature.ttl_s if s.caches.feature else None,
+        "router.canary.percent": s.router.canary.percent if s.router.canary else None,
+        "workers.instance_type": s.workers.instance_type,
+    }
+    return [f"{k}={v}" for k, v in wanted.items() if v != current[k]]
+
+
+def sidebar() -> tuple[Choice | None, Scenario | None]:
+    """The chosen, edited and validated scenario; (choice, None) with an error shown when
+    the edit does not validate; (None, None) when the file itself does not."""
+    bar = st.sidebar
+    files = scenario_files()
+    names = [str(p.relative_to(ROOT)) for p in files]
+    with bar:
+        picked = st.selectbox("scenario", names, index=names.index(DEFAULT) if DEFAULT in names else 0, key="file")
+        upload = st.file_uploader("…or upload a scenario YAML", type=["yaml", "yml"], key="upload")
+        if upload is not None:
+            choice = Choice(source=upload.name, text=upload.getvalue().decode("utf-8", errors="replace"))
+        else:
+            choice = Choice(source=str(ROOT / picked), text=(ROOT / picked).read_text())
+        try:
+            base = choice.load()
+        except ScenarioError as e:
+            st.error(str(e))
+            return None, None
+        st.caption(base.description or base.name)
+        overrides = knobs(base, prefix=f"{Path(choice.source).stem}:")
+        choice = Choice(choice.source, choice.text, tuple(overrides))
+        if overrides:
+            st.code("\n".join(f"--set {o}" for o in overrides), language="bash")
+        try:
+            return choice, choice.load()
+        except ScenarioError as e:
+            st.error(str(e))
+            return choice, None

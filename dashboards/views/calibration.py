@@ -1,0 +1,37 @@
+"""Calibration: measured against predicted latency per load level, from committed profiles."""
+
+from __future__ import annotations
+
+import json
+
+import streamlit as st
+
+from dashboards import charts
+from dashboards.data import PROFILES, Choice, calibration_reports, calibration_table
+from simulator.config import Scenario
+
+
+def render(choice: Choice | None = None, s: Scenario | None = None) -> None:
+    st.header("Calibration: measured vs predicted")
+    reports = calibration_reports()
+    if not reports:
+        st.info("No calibration reports under calibrate/profiles/ (run `servesim calibrate run --out ...`).")
+        return
+    name = st.selectbox("profile", sorted(reports), key="profile")
+    report = reports[name]
+    profile = json.loads((PROFILES / name / "profile.json").read_text())
+    hw, model = profile["hardware"], profile["model"]
+    st.caption(
+        f"{model['kind']} ({model['precision']}) on {hw['cpu']}"
+        + (f" + {hw['gpu']['name']}" if hw.get("gpu", {}).get("name") else "")
+        + f"; measured {profile['created']}; fitted on loads "
+        + ", ".join(f"{x['load']:.0%}" for x in profile.get("fit_levels", []) if "load" in x)
+    )
+    table = calibration_table(report)
+    st.altair_chart(charts.calibration(table), width="content")
+    wide = table.pivot_table(index=["load", "percentile"], columns="source", values="ms").reset_index()
+    wide["error_pct"] = (wide["predicted"] / wide["measured"] - 1) * 100
+    st.dataframe(
+        wide.style.format({"measured": "{:.1f}", "predicted": "{:.1f}", "error_pct": "{:+.1f}%", "load": "{:.0%}"}),
+        hide_index=True,
+    )

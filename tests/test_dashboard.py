@@ -1,0 +1,189 @@
+"""The dashboard: every page under Streamlit's AppTest, and the whole app once in a real
+headless Chromium (the system's, driven by Playwright)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("streamlit", reason="the dashboard extra (streamlit) is not installed")
+from streamlit.testing.v1 import AppTest
+
+from simulator.anatomy import e2e_cdf, stage_bands
+from simulator.engine import simulate
+from simulator.loader import load_scenario
+from simulator.metrics import window
+from tests.helpers import ROOT
+from tests.servers import free_port, servesim_cmd, wait_http
+
+APP = str(ROOT / "dashboards" / "app.py")
+TIMEOUT = 180
+
+
+def page_app(page: str) -> None:
+    """One page under the real sidebar (AppTest runs this function as a script)."""
+    import importlib
+
+    from dashboards.sidebar import sidebar
+
+    choice, s = sidebar()
+    importlib.import_module(f"dashboards.views.{page}").render(choice, s)
+
+
+def run_page(page: str, scenario: str = "scenarios/inference_platform.yaml") -> AppTest:
+    at = AppTest.from_function(page_app, args=(page,), default_timeout=TIMEOUT)
+    at.run()
+    if scenario != at.selectbox(key="file").value:
+        at.selectbox(key="file").set_value(scenario).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def charts(at: AppTest) -> int:
+    return len(at.get("vega_lite_chart"))
+
+
+def test_the_app_opens_on_results_with_kpis_charts_and_downloads():
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    assert not at.exception
+    labels = [m.label for m in at.metric]
+    assert labels[:3] == ["p50 ms", "p95 ms", "p99 ms"]
+    assert "SLA p99 ≤ 150 ms" in labels
+    assert {"workers", "load of peak", "$ per hour", "$ per M requests"} <= set(labels)
+    assert next(m for m in at.metric if m.label == "workers").value == "130"  # the fleet, not the sample
+    assert charts(at) == 3  # waterfall, CDF, batch sizes
+    assert len(at.get("download_button")) == 3
+
+
+def test_a_knob_changes_the_kpis_and_a_bad_edit_shows_the_cli_message():
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    p99 = next(m for m in at.metric if m.label == "p99 ms").value
+    workers = next(n for n in at.number_input if n.label == "workers")
+    workers.set_value(78).run()
+    assert not at.exception
+    assert next(m for m in at.metric if m.label == "p99 ms").value != p99
+    assert any("--set workers.count=78" in c.value for c in at.code)
+    next(n for n in at.number_input if n.label == "max batch").set_value(8).run()
+    errors = [e.value for e in at.error]
+    text = (ROOT / "scenarios/inference_platform.yaml").read_text().splitlines()
+    line = next(i for i, t in enumerate(text, 1) if t.startswith("  batch_size: 16"))  # napkin.batch_size
+    message = f"line {line}: napkin.batch_size: Value error, napkin.batch_size (16) exceeds batching.max_batch_size (8)"
+    assert any(message in e for e in errors), errors
+    assert any("Fix the scenario" in w.value for w in at.warning)
+
+
+def test_compare_page_shows_both_variants_and_their_deltas():
+    at = run_page("compare", "scenarios/recsys_feature_fetch.yaml")
+    assert "features.batch_size=" in at.text_area[0].value  # batch the lookups: the seed's lever
+    assert len(at.metric) == 16
+    assert charts(at) == 3  # the CDFs overlaid, one waterfall per variant
+    assert len(at.dataframe) == 1
+    at.text_area[0].set_value("workers.count=0").run()
+    assert any("workers.count" in e.value for e in at.error)
+
+
+def test_load_curve_page_draws_both_hockey_sticks():
+    at = run_page("load_curve")
+    assert charts(at) == 2
+    assert "Napkin: 130 workers" in at.caption[-1].value or any("Napkin:" in c.value for c in at.caption)
+
+
+def test_timeline_page_draws_rate_workers_queue_and_latency_with_events():
+    at = run_page("timeline", "scenarios/autoscaling.yaml")
+    assert charts(at) == 4
+    assert any(h.value == "events" for h in at.subheader)
+
+
+def test_plan_page_bisects_and_offers_the_chosen_scenario():
+    at = run_page("plan", "scenarios/validation/mmc.yaml")
+    at.text_input(key="plan-values:batching.max_queue_delay_ms").set_value("0,1")
+    at.button(key="plan-run").click().run()
+    assert not at.exception
+    assert charts(at) == 1  # the cost / latency frontier
+    assert any("cheapest:" in s.value for s in at.success)
+    assert len(at.get("download_button")) == 1
+
+
+def test_calibration_page_shows_measured_against_predicted():
+    at = run_page("calibration")
+    assert charts(at) == 1
+    assert at.selectbox(key="profile").value == "cpu-resnet64"
+    assert len(at.dataframe) == 1
+
+
+def test_practice_page_compares_estimates_with_the_simulator():
+    at = run_page("practice")
+    at.selectbox(key="practice-situation").set_value("vision_preprocessing").run()
+    assert any("45 ms" in i.value or "JPEG" in i.value for i in at.info)
+    at.number_input[0].set_value(3)
+    at.button[0].click().run()  # the form's submit button
+    assert not at.exception
+    assert len(at.dataframe) == 2  # yours vs the simulator, and the napkin's lines
+    assert at.warning or at.success
+
+
+def test_stage_bands_add_up_to_the_percentile():
+    s = load_scenario(ROOT / "scenarios/inference_platform.yaml", ["workers.count=13", "traffic.rate_rps=20000"])
+    run = simulate(s)
+    mask = window(run.records, s)
+    bands = stage_bands(run.records, mask)
+    for q, g in bands.groupby("percentile"):
+        # the band holds requests within ±0.5 percentile points of q: their mean total is the percentile
+        assert g["ms"].sum() == pytest.approx(g["e2e_ms"].iloc[0], rel=0.02), q
+        assert np.allclose(g["end_ms"].to_numpy()[:-1], g["start_ms"].to_numpy()[1:])
+    cdf = e2e_cdf(run.records, mask)
+    assert np.all(np.diff(cdf["latency_ms"]) >= 0)
+    assert cdf["probability"].iloc[-1] == pytest.approx(0.9999)
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (CI installs it)")
+def test_the_dashboard_in_a_real_browser(tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    port = free_port()
+    proc = subprocess.Popen(
+        [*servesim_cmd(), "dashboard", "--port", str(port), "--headless"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(url + "/_stcore/health", proc=proc)
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1600, "height": 1200})
+            page.goto(url)
+            page.wait_for_selector(".vega-embed svg", timeout=TIMEOUT * 1000)  # a chart has drawn
+            p99 = page.get_by_test_id("stMetricValue").nth(2)
+            before = p99.inner_text()
+            box = page.get_by_label("workers", exact=True)
+            box.fill("80")  # of 130: the tail grows
+            box.press("Enter")
+            deadline = time.monotonic() + TIMEOUT
+            while p99.inner_text() == before and time.monotonic() < deadline:
+                page.wait_for_timeout(250)
+            after = p99.inner_text()
+            assert after != before, "the p99 KPI did not change with the worker count"
+            assert float(after.replace(",", "")) > float(before.replace(",", ""))  # fewer workers, longer tail
+            shot = tmp_path / "dashboard.png"
+            page.screenshot(path=str(shot), full_page=True)
+            browser.close()
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_practice_grading_names_what_went_wrong():
+    from dashboards.data import grade
+
+    truth = {"workers": 100, "sla_ms": 40.0, "cost_per_hour_usd": 400.0, "stage": "queue"}
+    assert grade({"workers": 110, "sla_ms": 45.0, "cost_per_hour_usd": 380.0, "stage": "queue"}, truth) == []
+    notes = grade({"workers": 130, "sla_ms": 10.0, "cost_per_hour_usd": 400.0, "stage": "inference"}, truth)
+    assert notes[0] == "workers needed: you said 130, the simulator says 100 (+30%)"
+    assert notes[1].startswith("SLA percentile: you said 10, the simulator says 40 (-75%)")
+    assert "the tail lives in **queue**, not inference" in notes[2]
