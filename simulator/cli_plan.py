@@ -135,8 +135,7 @@ def plan(
             configs.append((combo, s))
     except ScenarioError as e:
         raise fail(str(e)) from None
-    planner = Planner(replications, max(max_replications, replications), "off" if sample == "off" else sample)
-    planner.sample = int(sample) if sample.isdigit() else sample
+    planner = Planner(replications, max(max_replications, replications), int(sample) if sample.isdigit() else sample)
     err.print(f"{_sampling_note(base, planner)}")
     t0 = time.perf_counter()
     rows, best_rows, checks = [], [], {}
