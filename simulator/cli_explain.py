@@ -66,6 +66,13 @@ def explain(
     out.print(t)
 
     bare, padded = workers_needed(s)
+    if s.workers.autoscaler is not None or s.traffic.classes:
+        out.print(
+            "The simulator's check varies workers.count of one fixed fleet; this scenario has "
+            + ("an autoscaler" if s.workers.autoscaler is not None else "traffic classes")
+            + f": compare with `servesim run {scenario}` or plan a fixed fleet (--set to remove it)."
+        )
+        return
     planner = Planner(replications=replications)
     err.print("fleet sampling refused: " + sampling_refusal(s) if sampling_refusal(s) else "fleet sampling on")
     key = "explain"
@@ -151,12 +158,17 @@ def why(s: Scenario, bare: int, padded: int, minimum: int | None, rows: dict, ch
         f"{m['queue_p99_ms']:.1f} ms; the stages outside the GPU take {m['outside_gpu_p50_ms']:.1f} ms at the median"
     )
     pad = rows["napkin + headroom"]
-    out.append(
-        f"the headroom's {padded} workers cost ${pad['cost_per_hour_usd']:,.2f}/h against "
-        f"${m['cost_per_hour_usd']:,.2f}/h for {minimum}"
-        + (f" ({padded - minimum} workers of margin above the minimum)" if padded > minimum else "")
-        + "; the margin buys tolerance of traffic growth and failures that this run does not contain"
-    )
+    if padded >= minimum:
+        out.append(
+            f"the headroom's {padded} workers cost ${pad['cost_per_hour_usd']:,.2f}/h against "
+            f"${m['cost_per_hour_usd']:,.2f}/h for {minimum} ({padded - minimum} workers of margin); the "
+            "margin buys tolerance of traffic growth and failures that this run does not contain"
+        )
+    else:
+        out.append(
+            f"even the headroom's {padded} workers fall {minimum - padded} short: the napkin's per-worker "
+            "throughput is more than the fleet delivers under this traffic"
+        )
     if m["load_of_peak"] > 0.95:
         out.append("the minimum runs within 5% of saturation: its verdict depends on the run's duration")
     if not check["monotone"]:

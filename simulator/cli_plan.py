@@ -119,6 +119,12 @@ def plan(
     try:
         sets = (set_ or []) + (parse_sla(sla) if sla else [])
         base = load_scenario(scenario, sets)
+        if base.workers.autoscaler is not None or base.traffic.classes:
+            raise ScenarioError(
+                "plan bisects workers.count of one fixed fleet; this scenario has "
+                + ("workers.autoscaler" if base.workers.autoscaler is not None else "traffic.classes")
+                + " (remove it with --set, e.g. --set workers.autoscaler=null)"
+            )
         varies = [Vary.parse(v) for v in vary or []]
         ranges = [v for v in varies if v.lo is not None]
         if any(v.path != "workers.count" for v in ranges):

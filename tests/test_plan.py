@@ -281,3 +281,14 @@ def test_plan_cli_max_rate_for_fixed_fleets(tmp_path):
     for c in (6, 8):
         r = chosen[chosen["workers.count"] == c].iloc[0]
         check_max_rate(r["rate_rps"], c, r["sla_ms"], r["sla_ci_hi"], resolution=0.01 * c * MU * 1000)
+
+
+def test_plan_and_explain_refuse_an_autoscaled_fleet():
+    path = str(ROOT / "scenarios" / "autoscaling.yaml")
+    result = runner.invoke(app, ["plan", path])
+    assert result.exit_code == 2
+    assert "plan bisects workers.count of one fixed fleet; this scenario has workers.autoscaler" in result.output
+    result = runner.invoke(app, ["explain", path], env={"COLUMNS": "200"})
+    assert result.exit_code == 0  # the napkin still prints; the check says why it is skipped
+    assert "workers with headroom" in result.output
+    assert "this scenario has an autoscaler" in result.output
