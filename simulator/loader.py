@@ -102,8 +102,11 @@ def _format_validation(err: ValidationError, source: str, lines: dict, overridde
         loc = _strip_tags(e["loc"], data)
         if e["type"] == "value_error":  # a cross-field check names the field it blames first
             named = re.search(r"[a-z_]+(?:\.[A-Za-z0-9_-]+)+", e["msg"])
+            first = re.match(r"Value error, ([a-z_]+) ", e["msg"])  # or a top-level field, first word
             if named and tuple(named.group().split("."))[: len(loc)] == loc:
                 loc = tuple(named.group().split("."))
+            elif not loc and first and (first.group(1),) in lines:
+                loc = (first.group(1),)
         where = loc
         while where and where not in lines:
             where = where[:-1]

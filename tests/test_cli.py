@@ -204,3 +204,10 @@ def test_short_duration_shrinks_a_longer_warmup(tmp_path):
     assert res.exit_code == 0, res.output
     assert "using warmup_s 0.05" in " ".join(res.output.split())
     assert json.loads(out.read_text())["requests"]["window_s"] == pytest.approx(0.45)
+
+
+def test_a_top_level_cross_field_error_names_its_field_and_line(tmp_path):
+    path = write(tmp_path, GOOD.replace("warmup_s: 1", "warmup_s: 9"))
+    result = runner.invoke(app, ["check", str(path)])
+    assert result.exit_code == 2
+    assert "line 4: warmup_s: Value error, warmup_s (9) must be smaller than duration_s (5)" in result.output
