@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -22,6 +23,15 @@ from tests.servers import free_port, servesim_cmd, wait_http
 
 APP = str(ROOT / "dashboards" / "app.py")
 TIMEOUT = 180
+
+
+@pytest.fixture(autouse=True)
+def _keep_main_module():
+    """AppTest runs each script as ``__main__`` and leaves it in ``sys.modules``; a later
+    spawned process (a Dask worker) would re-run that script. Put the real one back."""
+    main = sys.modules["__main__"]
+    yield
+    sys.modules["__main__"] = main
 
 
 def page_app(page: str) -> None:
