@@ -291,7 +291,7 @@ def classes_summary(run: Run, mask: np.ndarray, price: float) -> dict | None:
     return out
 
 
-def _extra_workers(s: Scenario) -> int:
+def extra_workers(s: Scenario) -> int:
     """Workers of the canary's and the shadow's own pools, and of classes with their own pool."""
     r = s.router
     own = sum(c.workers or 0 for c in s.traffic.classes.values())
@@ -335,7 +335,7 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
     stages = {name: table.loc[name].to_dict() for name in table.index if name != "e2e"}
     price = worker_price(s, catalog)
     experiments = versions_summary(run, mask, price, fleet["billed_mean"])
-    fleet_cost = cost(fleet["billed_mean"] + _extra_workers(s), price, n_done / span_s)
+    fleet_cost = cost(fleet["billed_mean"] + extra_workers(s), price, n_done / span_s)
     shadow = (experiments or {}).get("shadow")
     shadow_cost = shadow["gpu_cost_per_hour_usd"] if shadow else 0.0
     canary_cost = s.router.canary.workers * price if s.router.canary else 0.0
@@ -372,13 +372,13 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
         },
         "cost": {
             **fleet_cost,
-            "experiment_pools_per_hour_usd": _extra_workers(s) * price,
+            "experiment_pools_per_hour_usd": extra_workers(s) * price,
             # what the shadow and the canary cost: their own pools, or the shadow's share of the primary's
             "experiments_per_hour_usd": shadow_cost + canary_cost,
             "experiments_fraction": (shadow_cost + canary_cost) / fleet_cost["per_hour_usd"]
             if fleet_cost["per_hour_usd"]
             else 0.0,
-            "gpu_hours_per_day": (fleet["billed_mean"] + _extra_workers(s)) * 24.0,
+            "gpu_hours_per_day": (fleet["billed_mean"] + extra_workers(s)) * 24.0,
             "market": "override" if s.cost.price_per_hour_usd is not None else s.cost.market,
         },
         "logging": logging_summary(rec, s, mask),

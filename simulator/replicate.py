@@ -17,7 +17,7 @@ from scipy import stats
 from simulator.batcher import Outcome
 from simulator.config import Scenario
 from simulator.engine import simulate
-from simulator.metrics import cost, sla_verdict, window, worker_price
+from simulator.metrics import cost, extra_workers, fleet_summary, sla_verdict, window, worker_price
 
 
 def derive_seed(root: int, cell_key: str, replication: int) -> int:
@@ -30,7 +30,8 @@ def headline(s: Scenario, *, workers_billed: int | None = None, scale: float = 1
     """Simulate ``s`` once; its SLA percentile, verdict, throughput and cost, as one flat row.
 
     ``scale`` multiplies throughputs back when ``s`` is a fleet sample (N/k), and
-    ``workers_billed`` is the fleet the cost is for (default ``s.workers.count``).
+    ``workers_billed`` is the fleet the cost is for (default: what the run billed, as in
+    :func:`simulator.metrics.summarize`).
     """
     t = time.perf_counter()
     run = simulate(s)
@@ -43,8 +44,10 @@ def headline(s: Scenario, *, workers_billed: int | None = None, scale: float = 1
     verdict = sla_verdict(e2e, s.sla.percentile, s.sla.target_ms, dropped if s.sla.count_dropped else 0)
     span_s = s.duration_s - s.warmup_s
     completed_rps = np.count_nonzero(done) / span_s * scale
-    workers = workers_billed if workers_billed is not None else s.workers.count
-    price = cost(workers, worker_price(s), completed_rps)
+    if workers_billed is None:  # as summarize bills it: the fleet's billed mean, plus the experiment pools
+        t0, t1 = s.warmup_s * 1000.0, s.duration_s * 1000.0
+        workers_billed = fleet_summary(run, t0, t1)["billed_mean"] + extra_workers(s)
+    price = cost(workers_billed, worker_price(s), completed_rps)
     p50, p95, p99 = np.percentile(e2e, [50, 95, 99]) if len(e2e) else (np.nan,) * 3
     return {
         "seed": s.seed,

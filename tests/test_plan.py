@@ -292,3 +292,15 @@ def test_plan_and_explain_refuse_an_autoscaled_fleet():
     assert result.exit_code == 0  # the napkin still prints; the check says why it is skipped
     assert "workers with headroom" in result.output
     assert "this scenario has an autoscaler" in result.output
+
+
+def test_a_replication_bills_what_the_run_report_bills():
+    from simulator.engine import simulate
+    from simulator.metrics import summarize
+
+    # the canary's and the shadow's own pools count, as in `servesim run`
+    s = load_scenario(ROOT / "scenarios" / "canary.yaml", ["duration_s=20", "warmup_s=2"])
+    row = replicate(s, 1).iloc[0]
+    report = summarize(simulate(s.model_copy(update={"seed": int(row["seed"])})))
+    assert row["cost_per_hour_usd"] == pytest.approx(report["cost"]["per_hour_usd"])
+    assert row["p99_ms"] == pytest.approx(report["latency_ms"]["e2e"]["p99"])
