@@ -11,7 +11,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import yaml
 
@@ -29,8 +28,7 @@ PROFILES = ROOT / "calibrate" / "profiles"
 
 def scenario_files() -> list[Path]:
     """The shipped scenarios, validation ones last."""
-    files = sorted(SCENARIOS.glob("*.yaml")) + sorted(SCENARIOS.glob("*/*.yaml"))
-    return files
+    return sorted(SCENARIOS.glob("*.yaml")) + sorted(SCENARIOS.glob("*/*.yaml"))
 
 
 def question(text: str) -> str:
@@ -89,9 +87,7 @@ class Result:
             "sla_target_ms": s["sla"]["target_ms"],
             "sla_attained_ms": s["sla"]["attained_ms"],
             "sla_met": s["sla"]["met"],
-            "workers": s["fleet"].get("billed_mean", s["workers"]["count"])
-            if s.get("fleet")
-            else s["workers"]["count"],
+            "workers": s["fleet"]["billed_mean"],  # the fleet's mean (a fixed fleet: its count)
             "utilization": s["utilization"]["of_peak_capacity"],
             "cost_per_hour_usd": s["cost"]["per_hour_usd"],
             "cost_per_million_usd": s["cost"]["per_million_requests_usd"],
@@ -204,6 +200,3 @@ def dominant_stage(stages: pd.DataFrame, percentile: str = "p99") -> str:
     """The stage with the largest share of the requests around ``percentile``."""
     band = stages[stages["percentile"] == percentile]
     return str(band.loc[band["ms"].idxmax(), "stage"]) if len(band) else ""
-
-
-__all__ = ["Choice", "Result", "np"]
