@@ -171,8 +171,10 @@ def dashboard(
     port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 8501,
     headless: Annotated[bool, typer.Option(help="Do not open a browser window.")] = False,
 ) -> None:
-    """Open the Streamlit dashboard: pick and edit scenarios, see where latency lives, compare
-    variants, the load curve, the timeline, plans, calibration and practice."""
+    """Open the Streamlit dashboard (results, compare, load curve, timeline, plan, ...).
+
+    Pick and edit scenarios, see where latency lives, compare variants, the load curve, the
+    timeline, plans, calibration and practice."""
     import importlib.util
     import subprocess
     import sys

@@ -49,10 +49,12 @@ def explain(
     replications: Annotated[int, typer.Option(help="Replications per worker count checked.", min=2)] = 3,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the napkin and the verdict here.")] = None,
 ) -> None:
-    """Write out the back-of-envelope capacity math from the scenario's own numbers, then
-    simulate it: the SLA percentile at the napkin's worker count, the fewest workers that
-    really meet the SLA, and why the two differ. The napkin's batch size and headroom come
-    from the scenario's `napkin:` section (default: max batch size, 30%)."""
+    """The napkin capacity math from the scenario's own numbers, checked by the simulator.
+
+    Each napkin line comes with its formula; then the SLA percentile at the napkin's worker
+    count, the fewest workers that really meet the SLA, and why the two differ. The napkin's
+    batch size and headroom come from the scenario's `napkin:` section (default: max batch
+    size, 30%)."""
     try:
         s = load_scenario(scenario, set_ or [])
         lines = napkin(s, worker_price(s))

@@ -108,10 +108,11 @@ def plan(
     ] = None,
     table: Annotated[Path | None, typer.Option(help="Write every evaluated point here (.csv or .parquet).")] = None,
 ) -> None:
-    """Find the cheapest configuration that meets the SLA: bisect the worker count for each
-    combination of the varied knobs, deciding "meets" from a confidence interval over
-    replications; print the ranked table and the cost/latency Pareto frontier, and write the
-    chosen configuration as a scenario."""
+    """The cheapest configuration that meets the SLA.
+
+    Bisects the worker count for each combination of the varied knobs, deciding "meets" from
+    a confidence interval over replications; prints the ranked table and the cost/latency
+    Pareto frontier, and writes the chosen configuration as a scenario."""
     if sample not in ("auto", "off") and not sample.isdigit():
         raise fail(f"--sample {sample!r}: auto, off, or a number of workers")
     if table is not None and table.suffix not in (".csv", ".parquet"):

@@ -32,9 +32,10 @@ def sweep(
         Path, typer.Option("--out", help="Tidy results: one row per (cell, replication) plus summaries.")
     ] = Path("sweep.parquet"),
 ) -> None:
-    """Run a Cartesian sweep with replications. Seeds derive from the cell and the
-    replication, so the results are the same in-process, on a process pool or on a Dask
-    cluster."""
+    """A Cartesian sweep with replications, to a tidy table.
+
+    Seeds derive from the cell and the replication, so the results are the same
+    in-process, on a process pool or on a Dask cluster."""
     if out_path.suffix not in (".parquet", ".csv"):
         raise fail(f"--out {out_path}: use a .parquet or .csv file name")
     if jobs > 1 and cluster:
