@@ -19,7 +19,9 @@ from simulator.config import Scenario
 from simulator.engine import simulate
 from simulator.loader import apply_overrides, load_scenario, parse_set
 from simulator.metrics import summarize, window
-from simulator.sampling import auto_sample_size, sample_fleet, sampling_refusal, scale_summary
+from simulator.plan import with_workers
+from simulator.replicate import headline
+from simulator.sampling import auto_sample_size, sample_fleet, scale_summary
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"
@@ -97,7 +99,7 @@ class Result:
 def run(s: Scenario, *, sample: bool = True, interval_s: float = 1.0) -> Result:
     """Simulate ``s`` (fleet-sampled where exact and ``sample``) and reduce it."""
     n = s.workers.count
-    k = auto_sample_size(s) if sample and not sampling_refusal(s) else n
+    k = auto_sample_size(s) if sample else n
     sim = sample_fleet(s, k)
     r = simulate(sim)
     summary = summarize(r, interval_s=interval_s)
@@ -105,7 +107,7 @@ def run(s: Scenario, *, sample: bool = True, interval_s: float = 1.0) -> Result:
         summary = scale_summary(summary, n, k)
     mask = window(r.records, sim)
     t0, t1 = sim.warmup_s * 1000.0, sim.duration_s * 1000.0
-    events = pd.DataFrame(summary.get("fleet", {}).get("events", []) or [], columns=["t_s", "event", "detail"])
+    events = pd.DataFrame(summary["fleet"]["events"], columns=["t_s", "event", "detail"])
     return Result(
         summary=json.loads(json.dumps(summary, default=float)),
         stages=stage_bands(r.records, mask),
@@ -117,31 +119,25 @@ def run(s: Scenario, *, sample: bool = True, interval_s: float = 1.0) -> Result:
     )
 
 
+def _point(x: Scenario) -> dict:
+    """One run's headline numbers, fleet-sampled where exact, restated for the whole fleet."""
+    n, k = x.workers.count, auto_sample_size(x)
+    return headline(sample_fleet(x, k), workers_billed=n, scale=n / k)
+
+
 def load_curve(s: Scenario, factors: list[float]) -> pd.DataFrame:
     """p50/p99 against offered load: one run per factor × the scenario's rate."""
-    from simulator.replicate import headline
-
-    rows = []
     base = s.traffic.rate_rps
+    rows = []
     for f in factors:
-        x = s.model_copy(update={"traffic": s.traffic.model_copy(update={"rate_rps": base * f})})
-        k = x.workers.count if sampling_refusal(x) else auto_sample_size(x)
-        h = headline(sample_fleet(x, k), workers_billed=x.workers.count, scale=x.workers.count / k)
-        rows.append({"factor": f, "offered_rps": base * f, **h})
+        traffic = s.traffic.model_copy(update={"rate_rps": base * f})
+        rows.append({"factor": f, "offered_rps": base * f, **_point(s.model_copy(update={"traffic": traffic}))})
     return pd.DataFrame(rows)
 
 
 def worker_curve(s: Scenario, counts: list[int]) -> pd.DataFrame:
     """p50/p99 and cost against the worker count: one run per count."""
-    from simulator.replicate import headline
-
-    rows = []
-    for n in counts:
-        x = s.model_copy(update={"workers": s.workers.model_copy(update={"count": n})})
-        k = x.workers.count if sampling_refusal(x) else auto_sample_size(x)
-        h = headline(sample_fleet(x, k), workers_billed=n, scale=n / k)
-        rows.append({"workers": n, **h})
-    return pd.DataFrame(rows)
+    return pd.DataFrame({"workers": n, **_point(with_workers(s, n))} for n in counts)
 
 
 def calibration_reports() -> dict[str, dict]:

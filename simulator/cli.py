@@ -13,7 +13,6 @@ from typing import Annotated
 
 import pandas as pd
 import typer
-from rich.console import Console
 
 from calibrate.cli import app as calibrate_app
 from reference_server.serve import serve
@@ -21,6 +20,7 @@ from simulator.cli_explain import explain
 from simulator.cli_plan import plan
 from simulator.cli_sweep import cluster_app, sweep
 from simulator.config import Scenario
+from simulator.console import err, fail, out
 from simulator.engine import simulate
 from simulator.loader import ScenarioError, load_scenario
 from simulator.metrics import summarize
@@ -34,8 +34,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
 
 ScenarioArg = Annotated[Path, typer.Argument(help="Scenario YAML file.", show_default=False)]
 SetOpt = Annotated[
@@ -44,16 +42,11 @@ SetOpt = Annotated[
 ]
 
 
-def _fail(message: str) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, markup=True, soft_wrap=True)
-    return typer.Exit(code=2)
-
-
 def _load(path: Path, sets: list[str] | None, extra: list[str]) -> Scenario:
     try:
         return load_scenario(path, (sets or []) + extra)
     except ScenarioError as e:
-        raise _fail(str(e).replace("[", r"\[")) from None
+        raise fail(str(e)) from None
 
 
 def _clean(obj):
@@ -96,7 +89,7 @@ def run(
         extra.append(f"duration_s={duration_s}")
     for opt, path in (("--records", records), ("--timeline", timeline)):
         if path is not None and path.suffix not in (".parquet", ".csv"):
-            raise _fail(f"{opt} {path}: use a .parquet or .csv file name")
+            raise fail(f"{opt} {path}: use a .parquet or .csv file name")
     s = _load(scenario, set_, extra if duration_s is None else [e for e in extra if not e.startswith("duration_s")])
     if duration_s is not None and s.warmup_s >= duration_s:
         extra.append(f"warmup_s={duration_s * 0.1:g}")
@@ -111,7 +104,7 @@ def run(
         try:
             s = sample_fleet(s, sample_workers)
         except ValueError as e:
-            raise _fail(str(e)) from None
+            raise fail(str(e)) from None
         err.print(
             f"fleet sampling: {sample_workers} of {n} workers with {sample_workers}/{n} of the traffic; "
             "latency and utilization stand for the whole fleet, throughput and cost are scaled to it"
@@ -122,7 +115,7 @@ def run(
     try:
         summary = summarize(result, interval_s=interval_s)
     except ValueError as e:
-        raise _fail(str(e)) from None
+        raise fail(str(e)) from None
     if s.workers.count < n:
         summary = scale_summary(summary, n, s.workers.count)
     out.print(render(summary))
@@ -135,7 +128,7 @@ def run(
         if timeline is not None:
             _write_table(pd.DataFrame(summary["timeline"]), timeline, "timeline rows", index=False)
     except OSError as e:
-        raise _fail(f"cannot write {e.filename}: {e.strerror}") from None
+        raise fail(f"cannot write {e.filename}: {e.strerror}") from None
 
 
 def _write_table(frame: pd.DataFrame, path: Path, what: str, *, index: bool = True) -> None:
@@ -180,7 +173,7 @@ def dashboard(
     import sys
 
     if importlib.util.find_spec("streamlit") is None:
-        raise _fail("the dashboard needs streamlit: pip install -e '.[dashboard]'")
+        raise fail("the dashboard needs streamlit: pip install -e '.[dashboard]'")
     app_path = Path(__file__).resolve().parent.parent / "dashboards" / "app.py"
     cmd = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.port", str(port),
            "--server.address", "127.0.0.1", "--server.headless", str(headless).lower(),

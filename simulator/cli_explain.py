@@ -9,13 +9,14 @@ from typing import Annotated
 import typer
 from rich.table import Table as RichTable
 
-from simulator.cli_plan import _ci, err, fail, out
+from simulator.cli_plan import _ci
 from simulator.config import Scenario
+from simulator.console import err, fail, out
 from simulator.engine import simulate
 from simulator.loader import ScenarioError, load_scenario
 from simulator.metrics import summarize, worker_price
 from simulator.napkin import napkin, napkin_batch, peak_rate, per_worker_rps, workers_needed
-from simulator.plan import Planner
+from simulator.plan import Planner, with_workers
 from simulator.sampling import auto_sample_size, sample_fleet, sampling_refusal
 
 FIXED_STAGES = ("network_in", "router", "cache", "features", "preprocess", "postprocess", "network_out")
@@ -25,14 +26,9 @@ def _num(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
 
 
-def with_workers(s: Scenario, n: int) -> Scenario:
-    return s.model_copy(update={"workers": s.workers.model_copy(update={"count": n})})
-
-
 def anatomy(s: Scenario) -> dict:
     """One (fleet-sampled where exact) run's stage p99s, mean batch and utilization."""
-    k = s.workers.count if sampling_refusal(s) else auto_sample_size(s)
-    summary = summarize(simulate(sample_fleet(s, k)))
+    summary = summarize(simulate(sample_fleet(s, auto_sample_size(s))))
     stages = summary["latency_ms"]["stages"]
     return {
         "mean_batch": summary["batch_size"]["mean"],

@@ -11,22 +11,13 @@ from typing import Annotated
 import pandas as pd
 import typer
 import yaml
-from rich.console import Console
 from rich.table import Table as RichTable
 
 from simulator.config import Scenario
+from simulator.console import err, fail, out
 from simulator.loader import ScenarioError, apply_overrides, load_scenario, parse_set
 from simulator.plan import Planner, Vary, combos, label, on_instance_type, pareto
 from simulator.sampling import sampling_refusal
-
-out = Console()
-err = Console(stderr=True)
-
-
-def fail(message: str) -> typer.Exit:
-    safe = message.replace("[", r"\[")
-    err.print(f"[bold red]error:[/] {safe}", highlight=False, soft_wrap=True)
-    return typer.Exit(code=2)
 
 
 def parse_sla(text: str) -> list[str]:

@@ -62,6 +62,11 @@ class Vary:
         return cls(path, values)
 
 
+def with_workers(s: Scenario, n: int) -> Scenario:
+    """``s`` with a fleet of ``n`` workers."""
+    return s.model_copy(update={"workers": s.workers.model_copy(update={"count": n})})
+
+
 def on_instance_type(s: Scenario, instance_type: str) -> Scenario:
     """``s`` on another GPU type: price from the catalog, batch time scaled by the types'
     relative throughput (the scenario's service time is the time on its own type)."""
@@ -153,9 +158,7 @@ class Planner:
     requests: int = 0
 
     def _k(self, s: Scenario) -> int:
-        if self.sample == "off":
-            return s.workers.count
-        if sampling_refusal(s):
+        if self.sample == "off" or sampling_refusal(s):
             return s.workers.count
         if self.sample == "auto":
             return auto_sample_size(s, self.target_requests)
@@ -184,9 +187,7 @@ class Planner:
 
         def at(n: int) -> Evaluation:
             if n not in seen:
-                seen[n] = self.evaluate(
-                    s.model_copy(update={"workers": s.workers.model_copy(update={"count": n})}), key
-                )
+                seen[n] = self.evaluate(with_workers(s, n), key)
             return seen[n]
 
         best = None

@@ -55,8 +55,11 @@ def sampling_refusal(s: Scenario) -> str | None:
 
 
 def auto_sample_size(s: Scenario, target_requests: float = 100_000.0, minimum: int = 4) -> int:
-    """Workers to simulate so the measured window holds about ``target_requests``."""
+    """Workers to simulate so the measured window holds about ``target_requests``; all of
+    them where sampling would be wrong (:func:`sampling_refusal`)."""
     n = s.workers.count
+    if sampling_refusal(s):
+        return n
     rate = s.traffic.rate_rps or 0.0
     window = max(s.duration_s - s.warmup_s, 1e-9)
     if rate * window <= target_requests:
