@@ -45,8 +45,12 @@ def run(
     duration_s: Annotated[float, typer.Option(help="Seconds per load level.", min=1)] = 20.0,
     seed: Annotated[int, typer.Option(help="Seed of the load schedules and payloads.")] = 0,
     pin: Annotated[
-        bool, typer.Option(help="Give the model the last CPU core alone; the server and this client share the rest.")
-    ] = False,
+        bool,
+        typer.Option(
+            help="Give each model instance a core of its own (the server's --instance-cores auto); the front end "
+            "and this load generator share the rest."
+        ),
+    ] = True,
 ) -> None:
     """Start the reference server, find its capacity, measure 7 load levels, fit the profile
     on 30/60/80% and validate it on 20/50/70/85% (held out), then stop the server."""

@@ -187,13 +187,9 @@ def calibrate_run(
     validation.json, validation.md and validation.png under ``out``. Returns the report."""
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
-    cores = os.cpu_count() or 1
     before = os.sched_getaffinity(0)
-    if pin and cores >= 2 and "--pin-model-core" not in server_args:
-        # the model gets the last core to itself; the server's event loop, its preprocessing
-        # and this load generator share the others (as a GPU would be the model's alone)
-        server_args = [*server_args, "--pin-model-core", str(cores - 1)]
-        os.sched_setaffinity(0, set(range(cores - 1)))
+    if not pin:
+        server_args = [*server_args, "--instance-cores", "none"]
     model = server_args[server_args.index("--model") + 1] if "--model" in server_args else "resnet"
     try:
         with contextlib.ExitStack() as stack:
@@ -208,6 +204,9 @@ def _calibrate(server_args: list[str], out: Path, model: str, *, duration_s: flo
     ticks0 = cpu_ticks()
     with server(server_args) as url:
         config = _get(url + f"/v2/models/{model}/config")
+        frontend = config["parameters"]["servesim"]["frontend_cores"]
+        if any(i["core"] is not None for i in config["parameters"]["servesim"]["instances"]):
+            os.sched_setaffinity(0, frontend)  # this load generator keeps off the instances' cores too
         mcfg = config["parameters"]["servesim"]["model"]
         if model == "ranker":
             payloads = ranker_payloads(32, mcfg["dense"], 10_000, rng)
@@ -236,7 +235,7 @@ def _calibrate(server_args: list[str], out: Path, model: str, *, duration_s: flo
     profile["hardware"]["cpu_steal_pct_during_run"] = steal
     profile["capacity_rps"] = cap
     profile["fit_levels"] = [{"load": loads[i], "rate_rps": rates[i]} for i in fit_levels]
-    profile["pinned_model_core"] = "--pin-model-core" in server_args
+    profile["instances"] = config["parameters"]["servesim"]["instances"]
     summary = level_summary(requests)
     summary["load"] = loads
     summary["held_out"] = [f in VALIDATE_LOADS for f in loads]

@@ -1,10 +1,15 @@
 """The reference inference server: an ASGI app speaking the Open Inference Protocol.
 
 Pipeline per request, mirroring the simulator's stages: optional feature fetch from Redis
-→ preprocessing (JPEG decode and resize, in a CPU thread) → the dynamic batcher →
-inference (collate, forward, split) → the response, which carries the request's stage
-timings in its ``parameters`` and a ``Server-Timing`` header. Bad input gets a 4xx with a
-message, overload a 503 with ``Retry-After``; nothing a client sends can crash the server.
+→ preprocessing (JPEG decode and resize, in a CPU thread) → the dynamic batcher → a model
+instance (hand-off over shared memory, forward, outputs back) → the response, which carries
+the request's stage timings in its ``parameters`` and a ``Server-Timing`` header.
+
+This process is the front end: HTTP, decoding, the batcher. The model instances run in
+processes of their own (:mod:`reference_server.instances`), each on a core of its own when
+there are cores to spare, so the model never competes with the front end for the GIL.
+Bad input gets a 4xx with a message, overload a 503 with ``Retry-After``, a dead instance
+a 503 and readiness false; nothing a client sends can crash the server.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -25,6 +31,14 @@ from fastapi.responses import JSONResponse, Response
 
 from reference_server.batcher import DynamicBatcher, Overloaded
 from reference_server.features import FeatureStore, FeatureStoreConfig
+from reference_server.instances import (
+    InstanceDied,
+    InstanceSpec,
+    ProcessInstance,
+    ThreadInstance,
+    blocks,
+    instance_cores,
+)
 from reference_server.metrics import ServerMetrics
 from reference_server.models import ModelConfig, ServedModel
 from reference_server.protocol import ProtocolError, TensorSpec, check_inputs, decode_request, encode_response
@@ -41,10 +55,11 @@ class ServerConfig:
     max_queue_delay_ms: float = 2.0
     max_queue_size: int | None = 256
     instances: int = 1
-    threads: int = 1  # torch intra-op threads (CPU)
+    threads: int = 1  # torch intra-op threads per instance (CPU)
     features: FeatureStoreConfig | None = None
     max_body_bytes: int = 8 * 1024 * 1024
-    pin_model_core: int | None = None  # model threads on this core, everything else on the others
+    instance_mode: Literal["process", "thread"] = "process"
+    instance_cores: str = "auto"  # auto | none | a core per instance, e.g. "1"
     warmup_batches: int = 3
 
 
@@ -52,10 +67,48 @@ def _error(status: int, msg: str, headers: dict | None = None) -> JSONResponse:
     return JSONResponse({"error": msg}, status_code=status, headers=headers)
 
 
+def _instances(cfg: ServerConfig, front: ServedModel, cores: list[int | None]) -> list:
+    """Start the model instances (processes: spawned together, then awaited)."""
+    if cfg.instance_mode == "thread":
+        return [ThreadInstance(k, front, core) for k, core in enumerate(cores)]
+    layout_in, layout_out = blocks(front, cfg.max_batch_size)
+    started = []
+    try:
+        for k, core in enumerate(cores):
+            spec = InstanceSpec(
+                index=k,
+                model=cfg.model,
+                max_batch_size=cfg.max_batch_size,
+                inputs=layout_in,
+                outputs=layout_out,
+                core=core,
+                threads=cfg.threads,
+                device=None,
+                warmup_batches=cfg.warmup_batches,
+            )
+            started.append(ProcessInstance(spec))
+        for inst in started:
+            inst.wait_ready()
+    except BaseException:
+        for inst in started:
+            inst.close(timeout_s=2)
+        raise
+    return started
+
+
 def create_app(cfg: ServerConfig) -> FastAPI:
     """The FastAPI app serving one model under the configuration ``cfg``."""
-    torch.set_num_threads(cfg.threads)
-    model = ServedModel(cfg.model)
+    if cfg.instance_mode not in ("process", "thread") or cfg.instances < 1:
+        raise ValueError("--instance-mode is process or thread, and --instances at least 1")
+    cores = instance_cores(cfg.instance_cores, cfg.instances)
+    pinned = {c for c in cores if c is not None}
+    frontend_cores = sorted(set(range(os.cpu_count() or 1)) - pinned)
+    if pinned and not frontend_cores:
+        raise ValueError("--instance-cores leaves no core for the front end")
+    torch.set_num_threads(cfg.threads if cfg.instance_mode == "thread" else 1)
+    # the front end decodes and batches; in process mode it holds no weights at all
+    threaded = cfg.instance_mode == "thread"
+    model = ServedModel(cfg.model, None if threaded else "cpu", weights=threaded)
     name = cfg.model.name
     metrics = ServerMetrics(name, VERSION)
     store = FeatureStore(cfg.features) if cfg.features is not None else None
@@ -65,59 +118,46 @@ def create_app(cfg: ServerConfig) -> FastAPI:
     if store is not None:  # ids come from Redis: the request names the entity instead
         inputs = [s for s in inputs if s.name != "sparse"] + [TensorSpec("entity", "INT64", (-1, 1))]
     pre_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="preprocess")
-
-    def run_batch(items: list[dict]) -> tuple[list, dict]:
-        sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
-        t0 = time.perf_counter_ns()
-        batch = model.collate(items)
-        sync()
-        t1 = time.perf_counter_ns()
-        y = model.forward(batch)
-        sync()
-        t2 = time.perf_counter_ns()
-        outs = model.split(y, [len(next(iter(it.values()))) for it in items])
-        t3 = time.perf_counter_ns()
-        timing = {"compute_input": t1 - t0, "compute_infer": t2 - t1, "compute_output": t3 - t2}
-        metrics.observe_batch(sum(len(next(iter(it.values()))) for it in items), timing)
-        return outs, timing
-
-    batcher = DynamicBatcher(
-        run_batch,
-        max_batch_size=cfg.max_batch_size,
-        max_queue_delay_ms=cfg.max_queue_delay_ms,
-        max_queue_size=cfg.max_queue_size,
-        instances=cfg.instances,
-        pin_core=cfg.pin_model_core,
-    )
-    if cfg.pin_model_core is not None:  # the event loop and preprocessing keep off the model's core
-        others = set(range(os.cpu_count() or 1)) - {cfg.pin_model_core}
-        if cfg.pin_model_core >= (os.cpu_count() or 1) or not others:
-            raise ValueError(f"--pin-model-core {cfg.pin_model_core}: needs another core besides it")
-        os.sched_setaffinity(0, others)
     state = {"ready": False, "admitted": 0}  # admitted: past the door, not yet in the batcher's queue
+    holder: dict = {}
+
+    def batcher() -> DynamicBatcher:
+        return holder["batcher"]
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
-        batcher.start()
-        rng = np.random.default_rng(cfg.model.seed)
         loop = asyncio.get_running_loop()
-        for _ in range(cfg.warmup_batches):  # warm-up outside the statistics
-            await loop.run_in_executor(None, lambda: model.forward(model.collate(model.example(2, rng))))
+        instances = await loop.run_in_executor(None, _instances, cfg, model, cores)
+        if pinned:  # the front end (event loop, decode thread) keeps off the instances' cores
+            os.sched_setaffinity(0, frontend_cores)
+        holder["batcher"] = DynamicBatcher(
+            instances,
+            max_batch_size=cfg.max_batch_size,
+            max_queue_delay_ms=cfg.max_queue_delay_ms,
+            max_queue_size=cfg.max_queue_size,
+            on_batch=metrics.observe_batch,
+        )
+        batcher().start()
+        if threaded:
+            rng = np.random.default_rng(cfg.model.seed)
+            for _ in range(cfg.warmup_batches):  # warm-up outside the statistics
+                await loop.run_in_executor(None, lambda: model.forward(model.collate(model.example(2, rng))))
         if store is not None:
             await store.populate(cfg.model.vocab, cfg.model.seed)
         if metrics.gpu.notice:
             print(f"servesim serve: {metrics.gpu.notice}", flush=True)  # noqa: T201 - the server's console
         state["ready"] = True
-        yield
-        state["ready"] = False
-        await batcher.stop()
-        pre_pool.shutdown(wait=True)
-        if store is not None:
-            await store.close()
+        try:
+            yield
+        finally:
+            state["ready"] = False
+            await batcher().stop()
+            pre_pool.shutdown(wait=True)
+            if store is not None:
+                await store.close()
 
     app = FastAPI(title="servesim reference server", lifespan=lifespan)
     app.state.config = cfg
-    app.state.batcher = batcher
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, err: Exception):
@@ -135,9 +175,12 @@ def create_app(cfg: ServerConfig) -> FastAPI:
     async def live():
         return Response(status_code=200)
 
+    def is_ready() -> bool:
+        return state["ready"] and all(inst.alive for inst in batcher().instances)
+
     @app.get("/v2/health/ready")
     async def ready():
-        return Response(status_code=200 if state["ready"] else 503)
+        return Response(status_code=200 if is_ready() else 503)
 
     @app.get("/v2")
     async def server_metadata():
@@ -160,10 +203,11 @@ def create_app(cfg: ServerConfig) -> FastAPI:
     @app.get("/v2/models/{model_name}/ready")
     @app.get("/v2/models/{model_name}/versions/{version}/ready")
     async def model_ready(model_name: str, version: str | None = None):
-        return _known(model_name, version) or Response(status_code=200 if state["ready"] else 503)
+        return _known(model_name, version) or Response(status_code=200 if is_ready() else 503)
 
     @app.get("/v2/models/{model_name}/config")
     async def model_config(model_name: str):
+        devices = [inst.device for inst in batcher().instances]
         return _known(model_name) or {
             "name": name,
             "platform": "pytorch_libtorch",
@@ -173,13 +217,19 @@ def create_app(cfg: ServerConfig) -> FastAPI:
                 "default_queue_policy": {"max_queue_size": cfg.max_queue_size or 0},
             },
             "instance_group": [
-                {"count": cfg.instances, "kind": "KIND_GPU" if model.device.type == "cuda" else "KIND_CPU"}
+                {"count": cfg.instances, "kind": "KIND_GPU" if devices[0].startswith("cuda") else "KIND_CPU"}
             ],
             "parameters": {
                 "servesim": {
                     "model": asdict(cfg.model),
-                    "device": str(model.device),
+                    "device": devices[0],
                     "threads": cfg.threads,
+                    "instance_mode": cfg.instance_mode,
+                    "instances": [
+                        {"index": k, "pid": inst.pid, "core": cores[k], "device": inst.device, "alive": inst.alive}
+                        for k, inst in enumerate(batcher().instances)
+                    ],
+                    "frontend_cores": frontend_cores if pinned else sorted(os.sched_getaffinity(0)),
                     "features": asdict(cfg.features) if cfg.features else None,
                     "cpu": platform.processor() or platform.machine(),
                     "torch": torch.__version__,
@@ -197,7 +247,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
 
     @app.get("/metrics")
     async def prometheus():
-        return Response(metrics.scrape(len(batcher.queue)), media_type="text/plain; version=0.0.4")
+        return Response(metrics.scrape(len(batcher().queue)), media_type="text/plain; version=0.0.4")
 
     @app.post("/v2/models/{model_name}/infer")
     @app.post("/v2/models/{model_name}/versions/{version}/infer")
@@ -209,6 +259,10 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             return bad
         if not state["ready"]:
             return _error(503, "model is loading", {"Retry-After": "1"})
+        dead = batcher().unavailable()
+        if dead:
+            metrics.fail("instance_died")
+            return _error(503, f"unavailable: {dead}")
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
             metrics.fail("too_large")
@@ -221,7 +275,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         try:
             # refuse at the door, before spending CPU on the request: the queue bound counts the
             # requests still fetching features or preprocessing, else those pile up unbounded
-            if batcher.full(state["admitted"]):
+            if batcher().full(state["admitted"]):
                 raise Overloaded(f"queue full ({cfg.max_queue_size} requests)")
             req = decode_request(body, request.headers.get("inference-header-content-length"))
             check_inputs(req, inputs)
@@ -242,10 +296,13 @@ def create_app(cfg: ServerConfig) -> FastAPI:
                 timing["preprocess_us"] = (time.perf_counter_ns() - t0) / 1e3
             finally:
                 state["admitted"] -= 1
-            pending = await batcher.submit(item, n)
+            pending = await batcher().submit(item, n)
         except Overloaded as err:
             metrics.fail("overloaded")
             return _error(503, f"overloaded: {err}", {"Retry-After": "1"})
+        except InstanceDied as err:
+            metrics.fail("instance_died")
+            return _error(503, f"unavailable: {err}")
         except (ProtocolError, ValueError, KeyError) as err:
             metrics.fail("bad_request")
             return _error(400, str(err).strip("'\""))
@@ -283,6 +340,8 @@ def describe(cfg: ServerConfig) -> str:
             "max_queue_delay_ms": cfg.max_queue_delay_ms,
             "max_queue_size": cfg.max_queue_size,
             "instances": cfg.instances,
+            "instance_mode": cfg.instance_mode,
+            "instance_cores": cfg.instance_cores,
             "features": asdict(cfg.features) if cfg.features else None,
         }
     )

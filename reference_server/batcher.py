@@ -4,25 +4,51 @@ Requests wait in one FIFO queue. A model instance that is free takes a batch: at
 ``max_batch_size`` items are queued, otherwise when the oldest queued request has waited
 ``max_queue_delay_ms`` (then everything queued, up to the maximum). A request that finds
 ``max_queue_size`` requests queued is refused (:class:`Overloaded`, HTTP 503). Each
-instance runs its batches in a worker thread, one at a time, so the event loop keeps
-accepting requests while the model computes.
+model instance runs one batch at a time (:mod:`reference_server.instances`: a process of
+its own, or a thread), so the event loop keeps accepting requests while the model
+computes. An instance that dies takes no more batches; when none is left, queued and new
+requests fail with :class:`~reference_server.instances.InstanceDied` (HTTP 503).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Protocol
+
+from reference_server.instances import InstanceDied
+
+Outputs = tuple[list, dict]  # outputs per request, stage timings (ns)
 
 
-def _pin(core: int | None) -> None:
-    """Run the calling thread (a model instance) on one CPU core only."""
-    if core is not None:
-        os.sched_setaffinity(0, {core})
+class Instance(Protocol):
+    """A model instance: runs one batch at a time."""
+
+    alive: bool
+    died: str | None
+
+    def run(self, items: list[dict]) -> Awaitable[Outputs]: ...
+
+    def close(self, timeout_s: float = 10.0) -> None: ...
+
+
+class CallableInstance:
+    """A plain ``run(items) -> (outputs, timings)`` function as an instance, on a thread."""
+
+    def __init__(self, run: Callable[[list[dict]], Outputs]):
+        self._fn = run
+        self.alive, self.died = True, None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+
+    async def run(self, items: list[dict]) -> Outputs:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._fn, items)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self._pool.shutdown(wait=True)
 
 
 class Overloaded(Exception):
@@ -43,48 +69,58 @@ class Pending:
 
 
 class DynamicBatcher:
-    """Batches requests for ``run(items) -> (outputs per request, stage timings ns)``."""
+    """Batches requests for model instances (or one ``run(items) -> (outputs, timings)``)."""
 
     def __init__(
         self,
-        run: Callable[[list[dict]], tuple[list, dict]],
+        instances: Sequence[Instance] | Callable[[list[dict]], Outputs],
         *,
         max_batch_size: int,
         max_queue_delay_ms: float,
         max_queue_size: int | None = None,
-        instances: int = 1,
-        pin_core: int | None = None,
+        on_batch: Callable[[int, dict], None] | None = None,
     ):
-        if max_batch_size < 1 or max_queue_delay_ms < 0 or instances < 1:
-            raise ValueError("max_batch_size >= 1, max_queue_delay_ms >= 0 and instances >= 1")
+        if callable(instances):
+            instances = [CallableInstance(instances)]
+        if max_batch_size < 1 or max_queue_delay_ms < 0 or not instances:
+            raise ValueError("max_batch_size >= 1, max_queue_delay_ms >= 0 and at least one instance")
         if max_queue_size is not None and max_queue_size < 1:
             raise ValueError("max_queue_size must be >= 1")
-        self.run = run
+        self.instances = list(instances)
+        self.on_batch = on_batch  # (items, stage timings ns) of every batch that ran
         self.max_batch_size = max_batch_size
         self.delay_ns = int(max_queue_delay_ms * 1e6)
         self.max_queue_size = max_queue_size
-        self.instances = instances
         self.queue: deque[Pending] = deque()
         self.in_flight = 0  # requests taken into batches and not yet answered
         self.batches = 0
         self._arrived: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
-        self._executor = ThreadPoolExecutor(
-            max_workers=instances, thread_name_prefix="model", initializer=_pin, initargs=(pin_core,)
-        )
 
     def start(self) -> None:
         self._arrived = asyncio.Event()
-        self._tasks = [asyncio.create_task(self._instance()) for _ in range(self.instances)]
+        self._tasks = [asyncio.create_task(self._instance(inst)) for inst in self.instances]
 
     async def stop(self) -> None:
         """Finish everything queued, then stop the instances."""
-        while self.queue or self.in_flight:
+        while (self.queue and self.serving) or self.in_flight:
             await asyncio.sleep(0.005)
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._executor.shutdown(wait=True)
+        for inst in self.instances:
+            inst.close()
+
+    @property
+    def serving(self) -> bool:
+        """Whether any instance is alive."""
+        return any(inst.alive for inst in self.instances)
+
+    def unavailable(self) -> str | None:
+        """Why no request can be served (every instance died), or None."""
+        if self.serving:
+            return None
+        return "; ".join(inst.died or "model instance stopped" for inst in self.instances)
 
     def full(self, ahead: int = 0) -> bool:
         """Whether a request arriving now would be refused, with ``ahead`` more on their way in."""
@@ -96,6 +132,9 @@ class DynamicBatcher:
             raise ValueError(f"a request carries 1..{self.max_batch_size} items (max_batch_size); got {n}")
         if self.full():
             raise Overloaded(f"queue full ({self.max_queue_size} requests)")
+        dead = self.unavailable()
+        if dead:
+            raise InstanceDied(dead)
         p = Pending(item, n, time.perf_counter_ns(), asyncio.get_running_loop().create_future())
         self.queue.append(p)
         self._arrived.set()
@@ -110,9 +149,16 @@ class DynamicBatcher:
                 break
         return total
 
-    async def _instance(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
+    def _fail_queued(self) -> None:
+        """Every instance is gone: nothing queued will be served."""
+        err = InstanceDied(self.unavailable() or "no model instance")
+        while self.queue:
+            p = self.queue.popleft()
+            if not p.future.done():
+                p.future.set_exception(err)
+
+    async def _instance(self, inst: Instance) -> None:
+        while inst.alive:
             while not self.queue:
                 self._arrived.clear()
                 await self._arrived.wait()
@@ -139,15 +185,19 @@ class DynamicBatcher:
             self.in_flight += len(batch)
             self.batches += 1
             try:
-                outputs, timing = await loop.run_in_executor(self._executor, self.run, [p.item for p in batch])
+                outputs, timing = await inst.run([p.item for p in batch])
             except Exception as err:  # the model failed: every request of the batch gets the error
                 for p in batch:
                     if not p.future.done():
                         p.future.set_exception(err)
             else:
+                if self.on_batch is not None:
+                    self.on_batch(size, timing)
                 for p, out in zip(batch, outputs, strict=True):
                     p.timing = timing
                     if not p.future.done():
                         p.future.set_result(out)
             finally:
                 self.in_flight -= len(batch)
+        if not self.serving:
+            self._fail_queued()

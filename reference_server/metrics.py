@@ -12,9 +12,10 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
+BATCH_STAGES = (*STAGES[1:], "handoff")  # handoff: to a model instance's process and back (servesim's own)
 BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
@@ -52,6 +53,9 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         labels = ["model", "version"]
         r = self.registry
+        # process_cpu_seconds_total: the front end's CPU (the instances are other processes),
+        # which calibration divides by the requests served to get its CPU per request
+        ProcessCollector(registry=r)
         self.success = Counter("nv_inference_request_success", "Successful requests", labels, registry=r)
         self.failure = Counter("nv_inference_request_failure", "Failed requests", [*labels, "reason"], registry=r)
         self.count = Counter("nv_inference_count", "Inferences (items) performed", labels, registry=r)
@@ -72,7 +76,7 @@ class ServerMetrics:
         self.gpu_util = Gauge("nv_gpu_utilization", "GPU utilization (0..1)", ["gpu"], registry=r)
         self.gpu_mem = Gauge("nv_gpu_memory_used_bytes", "GPU memory used", ["gpu"], registry=r)
         self.stats = {k: [0, 0] for k in ("success", "fail", *STAGES)}  # count, ns
-        self.batch_stats: dict[int, dict[str, list[int]]] = defaultdict(lambda: {s: [0, 0] for s in STAGES[1:]})
+        self.batch_stats: dict[int, dict[str, list[int]]] = defaultdict(lambda: {s: [0, 0] for s in BATCH_STAGES})
         self.last_inference_ms = 0
 
     def observe(self, timing_us: dict[str, float], items: int) -> None:
@@ -94,7 +98,7 @@ class ServerMetrics:
 
     def observe_batch(self, size: int, timing_ns: dict[str, int]) -> None:
         self.exec_count.labels(self.model, self.version).inc()
-        for stage in STAGES[1:]:
+        for stage in BATCH_STAGES:
             s = self.batch_stats[size][stage]
             s[0] += 1
             s[1] += int(timing_ns.get(stage, 0))

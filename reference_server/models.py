@@ -106,44 +106,33 @@ class ModelConfig:
 
 
 class ServedModel:
-    """A model ready to serve: its tensors' metadata and a batch forward pass."""
+    """A model ready to serve: its tensors' metadata, its CPU stages and a batch forward pass.
 
-    def __init__(self, cfg: ModelConfig, device: str | None = None):
+    ``weights=False`` builds the metadata and the CPU stages only: what the front end needs
+    when the network itself runs in instance processes (:mod:`reference_server.instances`).
+    """
+
+    def __init__(self, cfg: ModelConfig, device: str | None = None, *, weights: bool = True):
         if cfg.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}")
         self.cfg = cfg
+        self.inputs, self.outputs = _specs(cfg)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if cfg.precision == "int8" and self.device.type != "cpu":
             raise ValueError("int8 (dynamic quantization) runs on the CPU only")
+        self.dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision, torch.float32)
+        self.net: nn.Module | None = None
+        if not weights:
+            return
         with torch.random.fork_rng(devices=[]):  # seeded weights, global RNG state left as it was
             torch.manual_seed(cfg.seed)
-            net = self._build(cfg)
+            net = _network(cfg)
         net.eval()
-        self.dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(cfg.precision, torch.float32)
         if cfg.precision == "int8":
             net = torch.ao.quantization.quantize_dynamic(net, {nn.Linear}, dtype=torch.qint8)
         else:
             net = net.to(self.device, self.dtype)
         self.net = net
-
-    def _build(self, cfg: ModelConfig) -> nn.Module:
-        if cfg.kind == "resnet":
-            layers = {18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}.get(cfg.depth)
-            if layers is None:
-                raise ValueError("resnet depth must be 18 or 34")
-            net: nn.Module = ResNet(layers, cfg.width)
-            self.inputs = [TensorSpec("image", "BYTES", (-1, 1))]
-            self.outputs = [TensorSpec("class", "INT64", (-1, 1)), TensorSpec("probability", "FP32", (-1, 1))]
-        elif cfg.kind == "ranker":
-            net = Ranker(cfg.dense, cfg.sparse, cfg.vocab)
-            self.inputs = [
-                TensorSpec("dense", "FP32", (-1, cfg.dense)),
-                TensorSpec("sparse", "INT64", (-1, cfg.sparse)),
-            ]
-            self.outputs = [TensorSpec("score", "FP32", (-1, 1))]
-        else:
-            raise ValueError("model kind must be resnet or ranker")
-        return net
 
     # --- the pipeline's CPU stages ---------------------------------------------------
     def preprocess(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -168,9 +157,13 @@ class ServedModel:
     # --- the batch -------------------------------------------------------------------
     def collate(self, items: list[dict[str, np.ndarray]]) -> dict[str, torch.Tensor]:
         """Stack preprocessed requests into one batch on the device (compute_input)."""
+        return self.to_device({name: np.concatenate([it[name] for it in items]) for name in items[0]})
+
+    def to_device(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """A stacked batch as tensors on the device, in the model's precision (no copy on
+        the CPU in fp32: the tensors share the arrays' memory)."""
         out = {}
-        for name in items[0]:
-            arr = np.concatenate([it[name] for it in items])
+        for name, arr in arrays.items():
             t = torch.from_numpy(arr).to(self.device)
             out[name] = t.to(self.dtype) if t.is_floating_point() and self.cfg.precision != "int8" else t
         return out
@@ -178,23 +171,24 @@ class ServedModel:
     @torch.inference_mode()
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The model on a batch (compute_infer)."""
+        if self.net is None:
+            raise RuntimeError("this model was built without weights (front end only)")
         if self.cfg.kind == "resnet":
             return torch.softmax(self.net(batch["image"]).float(), dim=1)
         return self.net(batch["dense"], batch["sparse"]).float()
 
-    def split(self, y: torch.Tensor, sizes: list[int]) -> list[dict[str, np.ndarray]]:
-        """Outputs per request (compute_output): the top class and its probability, or the score."""
+    def columns(self, y: torch.Tensor) -> dict[str, np.ndarray]:
+        """The batch's outputs, one row per item (compute_output): the top class and its
+        probability, or the score."""
         y = y.cpu()
         if self.cfg.kind == "resnet":
             p, k = y.max(dim=1)
-            cols = {"class": k.numpy().astype(np.int64)[:, None], "probability": p.numpy()[:, None]}
-        else:
-            cols = {"score": y.numpy()}
-        out, start = [], 0
-        for n in sizes:
-            out.append({name: c[start : start + n] for name, c in cols.items()})
-            start += n
-        return out
+            return {"class": k.numpy().astype(np.int64)[:, None], "probability": p.numpy()[:, None]}
+        return {"score": y.numpy()}
+
+    def split(self, y: torch.Tensor, sizes: list[int]) -> list[dict[str, np.ndarray]]:
+        """Outputs per request (compute_output)."""
+        return split_columns(self.columns(y), sizes)
 
     def example(self, batch: int, rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
         """Random preprocessed requests of one item each (warm-up and micro-benchmarks)."""
@@ -211,6 +205,37 @@ class ServedModel:
                     }
                 )
         return items
+
+
+def split_columns(cols: dict[str, np.ndarray], sizes: list[int]) -> list[dict[str, np.ndarray]]:
+    """Rows of a batch's output columns, back to the requests of ``sizes`` items each."""
+    out, start = [], 0
+    for n in sizes:
+        out.append({name: c[start : start + n] for name, c in cols.items()})
+        start += n
+    return out
+
+
+def _specs(cfg: ModelConfig) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The model's inputs and outputs as the protocol describes them."""
+    if cfg.kind == "resnet":
+        if cfg.depth not in (18, 34):
+            raise ValueError("resnet depth must be 18 or 34")
+        return [TensorSpec("image", "BYTES", (-1, 1))], [
+            TensorSpec("class", "INT64", (-1, 1)),
+            TensorSpec("probability", "FP32", (-1, 1)),
+        ]
+    if cfg.kind == "ranker":
+        return [TensorSpec("dense", "FP32", (-1, cfg.dense)), TensorSpec("sparse", "INT64", (-1, cfg.sparse))], [
+            TensorSpec("score", "FP32", (-1, 1))
+        ]
+    raise ValueError("model kind must be resnet or ranker")
+
+
+def _network(cfg: ModelConfig) -> nn.Module:
+    if cfg.kind == "resnet":
+        return ResNet({18: (2, 2, 2, 2), 34: (3, 4, 6, 3)}[cfg.depth], cfg.width)
+    return Ranker(cfg.dense, cfg.sparse, cfg.vocab)
 
 
 def jpeg(rng: np.random.Generator, side: int = 96, quality: int = 90) -> bytes:

@@ -23,8 +23,24 @@ def serve(
     max_queue_size: Annotated[
         int, typer.Option(help="Queued requests beyond which new ones get 503 (0: no cap).")
     ] = 256,
-    instances: Annotated[int, typer.Option(help="Model instances, each running one batch at a time.")] = 1,
-    threads: Annotated[int, typer.Option(help="torch intra-op threads on the CPU.")] = 1,
+    instances: Annotated[
+        int, typer.Option(help="Model instances (Triton's instance group), each running one batch at a time.")
+    ] = 1,
+    instance_cores: Annotated[
+        str,
+        typer.Option(
+            help="Cores for the instances: auto (a core each, from the last, when one is left for the front end), "
+            "none, or one per instance, e.g. 1."
+        ),
+    ] = "auto",
+    instance_mode: Annotated[
+        str,
+        typer.Option(
+            help="process: each instance in its own process (off the front end's GIL); thread: in this process "
+            "(the old design, to measure what the GIL costs)."
+        ),
+    ] = "process",
+    threads: Annotated[int, typer.Option(help="torch intra-op threads per instance on the CPU.")] = 1,
     redis_url: Annotated[
         str | None, typer.Option(help="Fetch the ranker's sparse ids from this Redis (e.g. redis://127.0.0.1:6379/0).")
     ] = None,
@@ -37,10 +53,6 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
     seed: Annotated[int, typer.Option(help="Seed of the random weights and feature data.")] = 0,
-    pin_model_core: Annotated[
-        int | None,
-        typer.Option(help="Run the model on this CPU core only, and the rest of the server on the other cores."),
-    ] = None,
 ) -> None:
     """Serve a torch model over the Open Inference Protocol (KServe v2 / Triton HTTP) with a
     dynamic batcher, optional Redis features, per-request stage timings and /metrics."""
@@ -80,7 +92,8 @@ def serve(
         instances=instances,
         threads=threads,
         features=feats,
-        pin_model_core=pin_model_core,
+        instance_mode=instance_mode,  # type: ignore[arg-type] - checked by create_app
+        instance_cores=instance_cores,
     )
     try:
         app = create_app(cfg)
