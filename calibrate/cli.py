@@ -42,7 +42,12 @@ def _levels(text: str) -> list[int]:
 def run(
     out: Annotated[Path, typer.Option(help="Folder for profile.json, measurements.csv and the validation report.")],
     server_args: ServerArgs = "--resolution 64 --width 32 --max-batch-size 8 --max-queue-delay-ms 2",
-    duration_s: Annotated[float, typer.Option(help="Seconds per load level.", min=1)] = 20.0,
+    rounds: Annotated[int, typer.Option(help="Rounds of interleaved slices (one slice per level each).", min=2)] = 10,
+    slice_s: Annotated[float, typer.Option(help="Shortest slice, s (lengthened for --min-requests).", min=1)] = 4.0,
+    min_requests: Annotated[
+        int, typer.Option(help="Requests the lightest level needs after warm-up (its p99's footing).", min=0)
+    ] = 2000,
+    reps: Annotated[int, typer.Option(help="Simulated replications per held-out level.", min=2)] = 5,
     seed: Annotated[int, typer.Option(help="Seed of the load schedules and payloads.")] = 0,
     pin: Annotated[
         bool,
@@ -52,20 +57,24 @@ def run(
         ),
     ] = True,
 ) -> None:
-    """Start the reference server, find its capacity, measure 7 load levels, fit the profile
-    on 30/60/80% and validate it on 20/50/70/85% (held out), then stop the server."""
+    """Start the reference server, find its capacity, measure 7 load levels in interleaved
+    slices, fit the profile on 30/60/80% and validate it on 20/50/70/85% (held out), then
+    stop the server. Writes profile.json, scenario.yaml and the report under --out."""
     try:
-        from calibrate.run import calibrate_run
+        from calibrate.run import Design, calibrate_run
     except ImportError as err:
         raise _need("calibrate run")(err) from None
+    design = Design(rounds=rounds, slice_s=slice_s, min_requests=min_requests)
     try:
-        report = calibrate_run(server_args.split(), out, duration_s=duration_s, seed=seed, pin=pin, log=typer.echo)
+        report = calibrate_run(server_args.split(), out, design=design, seed=seed, pin=pin, reps=reps, log=typer.echo)
     except (ValueError, RuntimeError, TimeoutError, FileNotFoundError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None
-    errs = [abs(r["error_pct"]) for r in report["validation"] if r["percentile"] in ("p50", "p99")]
+    judged = [r for r in report["validation"] if r["percentile"] in ("p50", "p99")]
+    met = sum(r["verdict"] in ("within target", "inside interval") for r in judged)
     typer.echo((out / "validation.md").read_text())
-    typer.echo(f"largest |error| of p50/p99 on held-out levels: {max(errs):.1f}%  ->  {out}")
+    worst = max(abs(r["error_pct"]) for r in judged)
+    typer.echo(f"held-out p50/p99: {met} of {len(judged)} meet the target; largest |error| {worst:.1f}%  ->  {out}")
 
 
 @app.command()
@@ -137,26 +146,36 @@ def fit(
         Path, typer.Option(help="The server's GET /v2/models/{m}/config (load writes it beside the CSV).")
     ],
     fit_levels: Annotated[str, typer.Option(help="Levels to fit on, e.g. 0,2,4; validate on the others.")],
-    out: Annotated[Path, typer.Option(help="Where to write profile.json.")],
+    out: Annotated[Path, typer.Option(help="Where to write profile.json (scenario.yaml goes beside it).")],
+    slices: Annotated[
+        Path | None, typer.Option(help="slices.csv from `calibrate run`: the front end's CPU, for its station.")
+    ] = None,
     seed: int = 0,
 ) -> None:
-    """Fit a versioned calibration profile from measured levels."""
+    """Fit a versioned calibration profile from measured levels, and write it as a scenario too."""
     try:
         import numpy as np
         import pandas as pd
 
+        from calibrate.report import write_scenario
         from calibrate.run import build_profile
     except ImportError as err:
         raise _need("calibrate fit")(err) from None
     try:
         cfg = json.loads(config.read_text())
-        profile = build_profile(cfg, pd.read_csv(measurements), _levels(fit_levels), rng=np.random.default_rng(seed))
+        cpu = pd.read_csv(slices) if slices is not None else None
+        rng = np.random.default_rng(seed)
+        profile = build_profile(cfg, pd.read_csv(measurements), _levels(fit_levels), rng=rng, slices=cpu)
     except (OSError, ValueError, KeyError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None
     out.write_text(json.dumps(profile, indent=2) + "\n")
+    write_scenario(profile, out.with_name("scenario.yaml"))
     st = profile["service_time"]
-    typer.echo(f"{out}: batch service time {st['kind']} (R² {st['r2']:.3f}, noise CV {st['noise_cv']:.2f})")
+    typer.echo(
+        f"{out}: batch service time {st['kind']} (R² {st['r2']:.3f}, robust noise CV {st['noise_cv']:.2f}); "
+        f"scenario: {out.with_name('scenario.yaml')}"
+    )
 
 
 @app.command()
@@ -166,16 +185,21 @@ def validate(
     levels: Annotated[str, typer.Option(help="Levels to validate on, e.g. 0,2,4 (default: all).")] = "",
 ) -> None:
     """Simulate the measured levels with the profile: predicted against measured per percentile."""
+    import numpy as np
     import pandas as pd
 
     from calibrate.loadgen import level_summary
     from calibrate.validate import compare
 
     prof = json.loads(profile.read_text())
-    summary = level_summary(pd.read_csv(measurements))
+    requests = pd.read_csv(measurements)
+    summary = level_summary(requests)
     if levels:
         summary = summary[summary["level"].isin(_levels(levels))]
-    typer.echo(compare(prof, summary).to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+    table = compare(prof, requests, summary, rng=np.random.default_rng(0))
+    cols = ["level", "offered_rps", "requests", "percentile", "measured_ms", "measured_lo", "measured_hi"]
+    cols += ["predicted_ms", "error_pct", "verdict"]
+    typer.echo(table[cols].to_string(index=False, float_format=lambda x: f"{x:.2f}"))
 
 
 @app.command(name="import-triton-stats")

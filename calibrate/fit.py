@@ -1,7 +1,12 @@
 """Fitting the simulator's models from measurements: pure functions, no I/O.
 
-* the batch service time: affine ``base + per_item × B`` by least squares over batches,
-  with a mean-one log-normal noise whose CV comes from the residual ratios;
+* the batch service time (the hand-off to the instance process and back, plus compute):
+  affine ``base + per_item × B`` by least squares over batches, or a per-size table, with a
+  mean-one log-normal noise fitted robustly (MAD of the log ratios); batches more than six
+  robust sigmas above the fit are stalls, set apart and counted, not noise;
+* the front end as a station: its CPU per request (the server process's CPU over the
+  requests it served, the instances being other processes), plus this load generator's when
+  it shares the front end's cores, on as many servers as the front end has;
 * per-stage delays: log-normal, gamma or exponential by maximum likelihood, the best by
   the Kolmogorov–Smirnov statistic, or the empirical distribution when none fits;
 * the request overhead outside the server's stages (network, HTTP, API): client latency
@@ -18,55 +23,91 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from calibrate.stats import robust_lognormal_cv, stalls
+
 KS_P_MIN = 0.01  # below this p-value every parametric candidate is rejected: empirical
 EMPIRICAL_POINTS = 1000
 
 
+def _noise(y: np.ndarray, pred: np.ndarray) -> dict:
+    """Robust noise of the batches around a fit, the stalls among them, and the residuals."""
+    log_ratio = np.log(y / pred)
+    stalled = stalls(log_ratio)
+    ratio = y / pred
+    return (
+        {
+            "noise_cv": robust_lognormal_cv(log_ratio),
+            "noise_cv_sd": float(np.std(ratio, ddof=1)) if len(y) > 1 else 0.0,  # the non-robust figure, for comparison
+            "stalls": int(stalled.sum()),
+            "stall_ms": [round(float(v), 2) for v in np.sort(y[stalled])[::-1][:20]],
+            "residual_ratio_quantiles": {
+                str(q): round(float(np.quantile(ratio, q)), 4) for q in (0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99)
+            },
+        },
+        stalled,
+    )
+
+
+def _r2(y: np.ndarray, pred: np.ndarray) -> float:
+    resid = y - pred
+    ss = float(((y - y.mean()) ** 2).sum())
+    return 1 - float(resid @ resid) / ss if len(y) > 1 and ss > 0 else 1.0
+
+
+def _affine_coef(b: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    if len(np.unique(b)) < 2:  # one batch size: no slope to fit
+        return 0.0, float(y.mean() / b[0])
+    per, base = np.polyfit(b, y, 1)
+    if base < 0:  # a negative intercept is noise: refit through the origin
+        return 0.0, float((b @ y) / (b @ b))
+    return float(base), float(per)
+
+
 def fit_affine(batch_size: np.ndarray, service_ms: np.ndarray) -> dict:
-    """Affine batch service time with log-normal noise, from one row per batch."""
+    """Affine batch service time with log-normal noise, from one row per batch; fitted again
+    without the stalls the first fit shows."""
     b = np.asarray(batch_size, dtype=float)
     y = np.asarray(service_ms, dtype=float)
-    if len(np.unique(b)) < 2:  # one batch size: no slope to fit
-        base, per = 0.0, float(y.mean() / b[0])
-    else:
-        per, base = np.polyfit(b, y, 1)
-        if base < 0:  # a negative intercept is noise: refit through the origin
-            base, per = 0.0, float((b @ y) / (b @ b))
+    base, per = _affine_coef(b, y)
+    _, stalled = _noise(y, base + per * b)
+    if stalled.any() and (~stalled).sum() >= 2:
+        base, per = _affine_coef(b[~stalled], y[~stalled])
     pred = base + per * b
-    ratio = y / pred
-    resid = y - pred
-    r2 = 1 - float(resid @ resid) / float(((y - y.mean()) ** 2).sum()) if len(y) > 1 and y.std() > 0 else 1.0
+    noise, stalled = _noise(y, pred)
+    keep = ~stalled
     return {
         "kind": "affine",
-        "base_ms": float(base),
-        "per_item_ms": float(per),
-        "noise_cv": float(np.std(ratio, ddof=1)) if len(y) > 1 else 0.0,
-        "r2": r2,
+        "base_ms": base,
+        "per_item_ms": per,
+        **noise,
+        "r2": _r2(y[keep], pred[keep]),
         "batches": len(y),
     }
 
 
 def fit_table(batch_size: np.ndarray, service_ms: np.ndarray, *, min_batches: int = 20) -> dict | None:
-    """Mean service time per batch size (interpolated between sizes by the simulator), with
-    log-normal noise from the pooled ratios; None unless at least two sizes have
-    ``min_batches`` batches each."""
-    df = pd.DataFrame({"b": np.asarray(batch_size, dtype=int), "y": np.asarray(service_ms, dtype=float)})
-    counts = df.groupby("b")["y"].count()
-    sizes = counts[counts >= min_batches].index
+    """Mean service time per batch size (interpolated between sizes by the simulator), the
+    stalls left out of the means, with robust log-normal noise; None unless at least two
+    sizes have ``min_batches`` batches each."""
+    b = np.asarray(batch_size, dtype=int)
+    y = np.asarray(service_ms, dtype=float)
+    counts = pd.Series(b).value_counts()
+    sizes = np.sort(counts[counts >= min_batches].index.to_numpy())
     if len(sizes) < 2:
         return None
-    df = df[df["b"].isin(sizes)]
-    means = df.groupby("b")["y"].mean()
-    ratio = df["y"] / df["b"].map(means)
-    pred = df["b"].map(means)
-    resid = df["y"] - pred
-    r2 = 1 - float((resid**2).sum()) / float(((df["y"] - df["y"].mean()) ** 2).sum())
+    keep = np.isin(b, sizes)
+    b, y = b[keep], y[keep]
+    medians = pd.Series(y).groupby(b).median()
+    _, stalled = _noise(y, medians.reindex(b).to_numpy())
+    means = pd.Series(y[~stalled]).groupby(b[~stalled]).mean()
+    pred = means.reindex(b).to_numpy()
+    noise, stalled = _noise(y, pred)
     return {
         "kind": "table",
-        "batch_ms": {int(b): round(float(m), 4) for b, m in means.items()},
-        "noise_cv": float(ratio.std(ddof=1)),
-        "r2": r2,
-        "batches": len(df),
+        "batch_ms": {int(k): round(float(m), 4) for k, m in means.items()},
+        **noise,
+        "r2": _r2(y[~stalled], pred[~stalled]),
+        "batches": len(y),
     }
 
 
@@ -106,13 +147,27 @@ def fit_distribution(samples_ms: np.ndarray, *, rng: np.random.Generator) -> dic
     return {**spec, "fit": fit}
 
 
+BATCH_STAGES_US = ("handoff_us", "compute_input_us", "compute_infer_us", "compute_output_us")
+
+
+def batch_time_us(df: pd.DataFrame) -> pd.Series:
+    """A request's batch time: the hand-off to the instance and back (when the server has
+    one), plus compute."""
+    return sum((df[c].fillna(0.0) if c in df else 0.0) for c in BATCH_STAGES_US)
+
+
 def batches_from_requests(df: pd.DataFrame) -> pd.DataFrame:
     """One row per batch from per-request rows: requests of one batch share its timings."""
-    cols = ["batch_size", "compute_input_us", "compute_infer_us", "compute_output_us"]
+    cols = ["batch_size", *(c for c in BATCH_STAGES_US if c in df)]
     ok = df[(df["status"] == 200)].dropna(subset=cols)
-    per_batch = ok.drop_duplicates(subset=cols)
-    service_ms = (per_batch["compute_input_us"] + per_batch["compute_infer_us"] + per_batch["compute_output_us"]) / 1e3
-    return pd.DataFrame({"batch_size": per_batch["batch_size"].astype(int), "service_ms": service_ms})
+    per_batch = ok.drop_duplicates(subset=[*cols, "slice"] if "slice" in ok else cols)
+    out = pd.DataFrame(
+        {"batch_size": per_batch["batch_size"].astype(int), "service_ms": batch_time_us(per_batch) / 1e3}
+    )
+    for c in ("level", "compute_infer_us", "handoff_us"):
+        if c in per_batch:
+            out[c] = per_batch[c].to_numpy()
+    return out
 
 
 def fit_round_trip(keys: np.ndarray, trips: np.ndarray, feature_ms: np.ndarray) -> dict:
@@ -123,13 +178,39 @@ def fit_round_trip(keys: np.ndarray, trips: np.ndarray, feature_ms: np.ndarray) 
     return {"per_round_trip_ms": float(coef[0]), "per_key_ms": float(coef[1])}
 
 
+def fit_frontend(slices: pd.DataFrame, *, servers: int, client_shares_cores: bool) -> dict:
+    """The front end's CPU per request, from the slices' CPU seconds over their requests."""
+    ok = slices[slices["frontend_cpu_s"].notna()]
+    if ok.empty or ok["requests"].sum() == 0:
+        raise ValueError("no slice recorded the server's CPU time (its /metrics has no process_cpu_seconds_total)")
+    n = float(ok["requests"].sum())
+    server_ms = float(ok["frontend_cpu_s"].sum()) / n * 1e3
+    client_ms = float(ok["client_cpu_s"].sum()) / n * 1e3
+    return {
+        "servers": servers,
+        "cpu_ms_per_request": server_ms,
+        "client_cpu_ms_per_request": client_ms,
+        "client_shares_cores": client_shares_cores,
+        "station_ms_per_request": server_ms + (client_ms if client_shares_cores else 0.0),
+    }
+
+
 def fit_profile(
-    requests: pd.DataFrame, *, fit_levels: list[int], rng: np.random.Generator, features: dict | None = None
+    requests: pd.DataFrame,
+    *,
+    fit_levels: list[int],
+    rng: np.random.Generator,
+    features: dict | None = None,
+    frontend: dict | None = None,
 ) -> dict:
     """The service-time models from the requests of ``fit_levels`` (warm-up excluded).
 
     With the server's feature-store settings (``features``: keys, batch_size, parallelism),
     also the Redis round trip: each request's fetch time over its sequential round trips.
+    With the front end's CPU per request (``frontend``, from :func:`fit_frontend`), the
+    front end as a station: per request, the preprocessing time measured at the lightest
+    fitting level plus the rest of its CPU; the request's remaining time outside the batch
+    at that level (network, HTTP, waiting on I/O) becomes a pure delay.
     """
     df = requests[requests["level"].isin(fit_levels) & ~requests["warmup"] & (requests["status"] == 200)]
     if df.empty:
@@ -142,16 +223,26 @@ def fit_profile(
     service = table if table is not None and table["r2"] > affine["r2"] else affine
     lowest = df[df["level"] == min(fit_levels)]
     overhead = lowest["latency_ms"] - lowest["request_us"] / 1e3
-    compute_us = df["compute_input_us"] + df["compute_infer_us"] + df["compute_output_us"]
     fetch_us = df["feature_us"].fillna(0.0) if "feature_us" in df else 0.0
     # after the batch: back on the event loop, encoding and sending the response
-    after = (df["request_us"] - fetch_us - df["preprocess_us"] - df["queue_us"] - compute_us) / 1e3
+    after = (df["request_us"] - fetch_us - df["preprocess_us"] - df["queue_us"] - batch_time_us(df)) / 1e3
     stages = {
         "preprocess": fit_distribution(df["preprocess_us"].to_numpy() / 1e3, rng=rng),
         "postprocess": fit_distribution(after.to_numpy(), rng=rng),
         "overhead": fit_distribution(overhead.to_numpy(), rng=rng),
     }
     out = {"service_time": service, "service_time_fits": {"affine": affine, "table": table}, "stages": stages}
+    if frontend is not None:
+        pre = lowest["preprocess_us"].to_numpy() / 1e3
+        extra = max(frontend["station_ms_per_request"] - float(pre.mean()), 0.0)
+        rest = (overhead + after.loc[lowest.index]).to_numpy() - extra
+        out["frontend"] = {
+            **frontend,
+            "service": fit_distribution(pre + extra, rng=rng),
+            "other_cpu_ms": extra,
+            "fixed_delay": fit_distribution(np.maximum(rest, 0.01), rng=rng),
+            "fixed_delay_clipped": float((rest < 0.01).mean()),
+        }
     if features is not None and "feature_us" in df and df["feature_us"].notna().any():
         f = df.dropna(subset=["feature_us", "feature_round_trips"])
         sequential = np.ceil(f["feature_round_trips"].to_numpy() / features["parallelism"])

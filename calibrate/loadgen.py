@@ -6,11 +6,18 @@ from the *scheduled* time, so a stalled server or client shows up as latency ins
 silently lowering the offered load (no coordinated omission). A level runs for at least
 ``duration_s`` and ``min_queries`` requests, as MLPerf LoadGen's server scenario does.
 Each record keeps the client latency and the server's stage timings from the response.
+
+:func:`run_slices` runs a randomized block design: rounds of short slices, one per level in
+a random order, back to back in one event loop over one connection pool, so a slow minute
+of the machine hits every level alike. Around each slice it reads the server's front-end
+CPU (``process_cpu_seconds_total`` in ``/metrics``), this client's own CPU, and the
+platform's hiccups.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
 from dataclasses import dataclass
@@ -19,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 TIMING_KEYS = (
+    "handoff_us",
     "feature_us",
     "preprocess_us",
     "queue_us",
@@ -85,51 +93,175 @@ def schedule(rate_rps: float, duration_s: float, min_queries: int, rng: np.rando
     return t[:stop]
 
 
+async def _post(session, endpoint: str, p: Payload, scheduled: float, row: dict) -> None:
+    """Send one request at ``scheduled`` (perf_counter s) and fill its row."""
+    delay = scheduled - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    sent = time.perf_counter()
+    row["send_lag_ms"] = (sent - scheduled) * 1e3
+    import aiohttp
+
+    try:
+        async with session.post(endpoint, data=p.body, headers=p.headers) as resp:
+            raw = await resp.read()
+            done = time.perf_counter()
+            row["status"] = resp.status
+            hl = resp.headers.get("Inference-Header-Content-Length")
+            doc = json.loads(raw[: int(hl)] if hl else raw)
+            params = doc.get("parameters", {}) if resp.status == 200 else {}
+            for k in TIMING_KEYS:
+                row[k] = params.get(k, np.nan)
+            if resp.status != 200:
+                row["error"] = str(doc.get("error", ""))[:200]
+    except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError, ValueError) as err:
+        done = time.perf_counter()
+        row["status"] = -1
+        row["error"] = type(err).__name__
+    row["latency_ms"] = (done - scheduled) * 1e3  # from the scheduled time: no coordinated omission
+
+
+async def _level(session, endpoint: str, times: np.ndarray, pick: np.ndarray, payloads: list[Payload]) -> list[dict]:
+    rows: list[dict] = [{"scheduled_s": float(t)} for t in times]
+    t0 = time.perf_counter() + 0.05
+    sends = (_post(session, endpoint, payloads[pick[i]], t0 + times[i], rows[i]) for i in range(len(times)))
+    await asyncio.gather(*sends)
+    return rows
+
+
+def _session():
+    import aiohttp
+
+    connector = aiohttp.TCPConnector(limit=256)  # beyond this, requests wait (their latency counts it)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30))
+
+
 async def run_level(
     url: str, model: str, rate_rps: float, payloads: list[Payload], *, duration_s: float, min_queries: int, seed: int
 ) -> pd.DataFrame:
     """One open-loop level; one row per request."""
-    import aiohttp
-
     rng = np.random.default_rng(seed)
     times = schedule(rate_rps, duration_s, min_queries, rng)
     pick = rng.integers(0, len(payloads), len(times))
-    endpoint = f"{url}/v2/models/{model}/infer"
-    rows: list[dict] = [{} for _ in range(len(times))]
-    connector = aiohttp.TCPConnector(limit=256)  # beyond this, requests wait (their latency counts it)
-    timeout = aiohttp.ClientTimeout(total=30)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        t0 = time.perf_counter() + 0.05
-
-        async def one(i: int) -> None:
-            scheduled = t0 + times[i]
-            delay = scheduled - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            sent = time.perf_counter()
-            p = payloads[pick[i]]
-            row = {"scheduled_s": times[i], "send_lag_ms": (sent - scheduled) * 1e3}
-            try:
-                async with session.post(endpoint, data=p.body, headers=p.headers) as resp:
-                    raw = await resp.read()
-                    done = time.perf_counter()
-                    row["status"] = resp.status
-                    hl = resp.headers.get("Inference-Header-Content-Length")
-                    doc = json.loads(raw[: int(hl)] if hl else raw)
-                    params = doc.get("parameters", {}) if resp.status == 200 else {}
-                    for k in TIMING_KEYS:
-                        row[k] = params.get(k, np.nan)
-            except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError) as err:
-                done = time.perf_counter()
-                row["status"] = -1
-                row["error"] = type(err).__name__
-            row["latency_ms"] = (done - scheduled) * 1e3  # from the scheduled time: no coordinated omission
-            rows[i] = row
-
-        await asyncio.gather(*(one(i) for i in range(len(times))))
+    async with _session() as session:
+        rows = await _level(session, f"{url}/v2/models/{model}/infer", times, pick, payloads)
     df = pd.DataFrame(rows)
     df["offered_rps"] = rate_rps
     return df
+
+
+async def _frontend_cpu_s(session, url: str) -> float:
+    """The server process's CPU seconds so far (its /metrics), or nan."""
+    try:
+        async with session.get(f"{url}/metrics") as resp:
+            text = await resp.text()
+    except Exception:  # a scrape that fails loses this slice's CPU figure, nothing else
+        return float("nan")
+    for line in text.splitlines():
+        if line.startswith("process_cpu_seconds_total "):
+            return float(line.split()[1])
+    return float("nan")
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One slice of a randomized block design."""
+
+    round: int
+    level: int
+    rate_rps: float
+    seed: int
+
+
+async def _run_slices(
+    url: str,
+    model: str,
+    plan: list[Slice],
+    payloads: list[Payload],
+    *,
+    slice_s: float,
+    meter,
+    stall_ms: float,
+    retries: int,
+    log,
+) -> tuple[list[pd.DataFrame], list[dict], list[pd.DataFrame]]:
+    endpoint = f"{url}/v2/models/{model}/infer"
+    frames, slices, hiccups = [], [], []
+    async with _session() as session:
+        for k, sl in enumerate(plan):
+            for attempt in range(retries + 1):
+                rng = np.random.default_rng([sl.seed, attempt])
+                times = schedule(sl.rate_rps, slice_s, 1, rng)
+                pick = rng.integers(0, len(payloads), len(times))
+                cpu0, client0 = await _frontend_cpu_s(session, url), time.process_time()
+                if meter is not None:
+                    meter.collect()  # drop what came before the slice
+                rows = await _level(session, endpoint, times, pick, payloads)
+                client1, cpu1 = time.process_time(), await _frontend_cpu_s(session, url)
+                h = meter.collect() if meter is not None else None
+                stalled = h is not None and h.max_ms > stall_ms
+                info = {
+                    "slice": k,
+                    "round": sl.round,
+                    "level": sl.level,
+                    "rate_rps": sl.rate_rps,
+                    "attempt": attempt,
+                    "requests": len(rows),
+                    "frontend_cpu_s": cpu1 - cpu0,
+                    "client_cpu_s": client1 - client0,
+                    "hiccup_max_ms": h.max_ms if h is not None else float("nan"),
+                    "hiccups_over_1ms": h.above(1.0) if h is not None else 0,
+                    "kept": not stalled or attempt == retries,
+                }
+                slices.append(info)
+                if h is not None and len(h.overshoot_ms):
+                    hiccups.append(
+                        pd.DataFrame({"slice": k, "attempt": attempt, "core": h.core, "overshoot_ms": h.overshoot_ms})
+                    )
+                if info["kept"]:
+                    df = pd.DataFrame(rows)
+                    df["offered_rps"] = sl.rate_rps
+                    df["level"], df["round"], df["slice"] = sl.level, sl.round, k
+                    frames.append(df)
+                    break
+                log(f"slice {k} (level {sl.level}): a {h.max_ms:.1f} ms platform stall; repeated")
+    return frames, slices, hiccups
+
+
+def run_slices(
+    url: str,
+    model: str,
+    plan: list[Slice],
+    payloads: list[Payload],
+    *,
+    slice_s: float,
+    warmup_s: float,
+    meter=None,
+    stall_ms: float = float("inf"),
+    retries: int = 0,
+    log=lambda _msg: None,
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Run ``plan`` slice after slice (each starting from an idle server, since a slice waits
+    for its last answer); a slice in which ``meter`` saw a stall longer than ``stall_ms`` is
+    run again, up to ``retries`` times. Returns the requests (the first ``warmup_s`` of each
+    slice marked ``warmup``), one row per slice run, and the recorded hiccups."""
+    # this process has imported torch and pandas: a full collection would take ~80 ms, in which
+    # no request is sent or answered; freezing what exists keeps collections to the new objects
+    gc.collect()
+    gc.freeze()
+    try:
+        frames, slices, hiccups = asyncio.run(
+            _run_slices(
+                url, model, plan, payloads, slice_s=slice_s, meter=meter, stall_ms=stall_ms, retries=retries, log=log
+            )
+        )
+    finally:
+        gc.unfreeze()
+    requests = pd.concat(frames, ignore_index=True)
+    requests["warmup"] = requests["scheduled_s"] < warmup_s
+    columns = ["slice", "attempt", "core", "overshoot_ms"]
+    recorded = pd.concat(hiccups, ignore_index=True) if hiccups else pd.DataFrame(columns=columns)
+    return requests, pd.DataFrame(slices), recorded
 
 
 def sweep(
@@ -155,6 +287,11 @@ def sweep(
     return pd.concat(frames, ignore_index=True)
 
 
+def _span(g: pd.DataFrame, ok: pd.DataFrame) -> float:
+    done = (ok["scheduled_s"] + ok["latency_ms"] / 1e3).max() if len(ok) else g["scheduled_s"].max()
+    return float(max(done, g["scheduled_s"].max()) - g["scheduled_s"].min())
+
+
 def level_summary(df: pd.DataFrame) -> pd.DataFrame:
     """Per level: offered and achieved rate, errors, latency percentiles (after warm-up)."""
     rows = []
@@ -162,9 +299,11 @@ def level_summary(df: pd.DataFrame) -> pd.DataFrame:
         ok = g[g["status"] == 200]
         lat = ok["latency_ms"].to_numpy()
         # completions over the time from the first send to the last answer: a server that
-        # falls behind finishes after the schedule ends, so the schedule's span overstates it
-        done = (ok["scheduled_s"] + ok["latency_ms"] / 1e3).max() if len(ok) else g["scheduled_s"].max()
-        span = max(done, g["scheduled_s"].max()) - g["scheduled_s"].min()
+        # falls behind finishes after the schedule ends, so the schedule's span overstates it;
+        # with interleaved slices, the sum of the slices' spans
+        span = sum(
+            _span(part, part[part["status"] == 200]) for _, part in (g.groupby("slice") if "slice" in g else [(0, g)])
+        )
         rows.append(
             {
                 "level": level,

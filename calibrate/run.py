@@ -1,5 +1,25 @@
-"""A whole calibration: start the reference server, find its capacity, sweep load levels,
-fit a profile on some levels and validate it on the others (held out), write it all.
+"""A whole calibration: start the reference server, find its capacity, measure seven load
+levels in interleaved slices, fit a profile on three and validate it on the other four
+(held out), write it all.
+
+The design, and why:
+
+* **Interleaved levels.** Rounds of short slices, one per level in a fresh random order
+  each round (a randomized block design), so a slow minute of the machine hits every level
+  alike; fitting and validation use the same slices.
+* **Enough requests.** Slices are long enough that the lightest validated level has at
+  least ``min_requests`` after warm-up (2,000 by default, so that its p99 rests on 20 tail
+  samples); the report shows each level's count.
+* **Platform hiccups.** A jHiccup-style meter on every core (:mod:`calibrate.hiccups`).
+  A slice during which some core stalled for more than ``stall_ms`` is run again (up to
+  ``retries`` times) and the stall is listed in the report. Repeating rather than
+  modelling: the calibration measures the server, and this VM's pauses (host steal,
+  noisy neighbours) say nothing about the node the profile will be used for; a fleet's
+  own pauses belong in the scenario for that fleet.
+* **The front end's CPU.** The server's ``process_cpu_seconds_total`` and this client's
+  CPU time around each slice give the CPU per request of the front-end station.
+* **The bar.** The forward pass inside the server is compared with the same model's
+  microbenchmark, pinned to the instance's core before the server starts.
 """
 
 from __future__ import annotations
@@ -15,18 +35,38 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from calibrate.fit import fit_profile
-from calibrate.loadgen import image_payloads, level_summary, ranker_payloads, sweep
+from calibrate.fit import batches_from_requests, fit_frontend, fit_profile
+from calibrate.hiccups import HiccupMeter
+from calibrate.loadgen import Slice, image_payloads, level_summary, ranker_payloads, run_slices, sweep
+from calibrate.report import markdown, write_scenario
 from calibrate.validate import chart, compare
 
 PROFILE_SCHEMA = 1
 FIT_LOADS = (0.3, 0.6, 0.8)
 VALIDATE_LOADS = (0.2, 0.5, 0.7, 0.85)
+
+
+@dataclass(frozen=True)
+class Design:
+    """How the levels are measured (see the module's docstring)."""
+
+    rounds: int = 10
+    slice_s: float = 4.0  # at least: lengthened until the lightest level has min_requests
+    warmup_s: float = 0.25  # the start of each slice, excluded (the server starts each slice idle)
+    min_requests: int = 2000
+    stall_ms: float = 10.0
+    retries: int = 2
+
+    def slice_for(self, lightest_rps: float) -> float:
+        """The slice length giving the lightest level ``min_requests`` with 10% to spare."""
+        need = 1.1 * self.min_requests / (lightest_rps * self.rounds) + self.warmup_s
+        return round(max(self.slice_s, need), 2)
 
 
 def _free_port() -> int:
@@ -69,14 +109,15 @@ def server(args: list[str], *, timeout_s: float = 120.0):
 
 
 @contextlib.contextmanager
-def redis_server():
-    """A throwaway redis-server on a free loopback port; yields its URL."""
+def redis_server(cores: set[int] | None = None):
+    """A throwaway redis-server on a free loopback port (on ``cores`` only, if given); yields its URL."""
     exe = shutil.which("redis-server")
     if exe is None:
         raise FileNotFoundError("redis-server is not installed (apt-get install redis-server)")
     port = _free_port()
     args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=pin)
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -91,9 +132,12 @@ def redis_server():
         proc.wait(timeout=10)
 
 
-def build_profile(config: dict, requests: pd.DataFrame, fit_levels: list[int], *, rng) -> dict:
+def build_profile(
+    config: dict, requests: pd.DataFrame, fit_levels: list[int], *, rng, slices: pd.DataFrame | None = None
+) -> dict:
     """A versioned profile: fits from ``requests`` (levels ``fit_levels``) and the server's
-    ``/v2/models/{m}/config``, with hardware, software and date."""
+    ``/v2/models/{m}/config``, with hardware, software and date; with the slices' CPU
+    figures (``slices``), the front end as a station too."""
     servesim = config["parameters"]["servesim"]
     server_cfg = {
         "max_batch_size": config["max_batch_size"],
@@ -103,7 +147,16 @@ def build_profile(config: dict, requests: pd.DataFrame, fit_levels: list[int], *
         "preprocess_threads": 1,
         "device": servesim["device"],
         "threads": servesim["threads"],
+        "instance_mode": servesim.get("instance_mode", "thread"),
+        "instance_cores": [i["core"] for i in servesim.get("instances", [])],
+        "frontend_cores": servesim.get("frontend_cores"),
     }
+    frontend = None
+    if slices is not None and servesim.get("frontend_cores"):
+        used = slices[slices["kept"] & slices["level"].isin(fit_levels)]
+        # the front end's work runs on its event loop and its decode thread: at most two at once
+        servers = min(len(servesim["frontend_cores"]), 2)
+        frontend = fit_frontend(used, servers=servers, client_shares_cores=True)
     return {
         "schema_version": PROFILE_SCHEMA,
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -111,7 +164,7 @@ def build_profile(config: dict, requests: pd.DataFrame, fit_levels: list[int], *
         "software": software(),
         "model": servesim["model"],
         "server": server_cfg,
-        **fit_profile(requests, fit_levels=fit_levels, rng=rng, features=servesim.get("features")),
+        **fit_profile(requests, fit_levels=fit_levels, rng=rng, features=servesim.get("features"), frontend=frontend),
         "fit_levels": [{"level": i} for i in fit_levels],
     }
 
@@ -181,99 +234,154 @@ def capacity(url: str, model: str, payloads, *, guess_rps: float, seconds: float
 
 
 def calibrate_run(
-    server_args: list[str], out: Path, *, duration_s: float = 20.0, seed: int = 0, pin: bool = False, log=print
+    server_args: list[str],
+    out: Path,
+    *,
+    design: Design | None = None,
+    seed: int = 0,
+    pin: bool = True,
+    reps: int = 5,
+    log=print,
 ) -> dict:
-    """The whole calibration (the ranker with a redis-server of its own); writes profile.json, measurements.csv,
-    validation.json, validation.md and validation.png under ``out``. Returns the report."""
+    """The whole calibration (the ranker with a redis-server of its own); writes profile.json,
+    scenario.yaml, measurements.csv, slices.csv, hiccups.csv, validation.json, validation.md
+    and validation.png under ``out``. Returns the report."""
+    design = design or Design()
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     before = os.sched_getaffinity(0)
     if not pin:
         server_args = [*server_args, "--instance-cores", "none"]
     model = server_args[server_args.index("--model") + 1] if "--model" in server_args else "resnet"
+    cores = os.cpu_count() or 1
+    frontend_guess = set(range(cores - 1)) if pin and cores >= 2 else None  # where auto leaves the front end
     try:
         with contextlib.ExitStack() as stack:
             if model == "ranker" and "--redis-url" not in server_args:  # its ids come from a real Redis
-                server_args = [*server_args, "--redis-url", stack.enter_context(redis_server())]
-            return _calibrate(server_args, out, model, duration_s=duration_s, seed=seed, rng=rng, log=log)
+                server_args = [*server_args, "--redis-url", stack.enter_context(redis_server(frontend_guess))]
+            return _calibrate(server_args, out, model, design=design, seed=seed, rng=rng, reps=reps, log=log)
     finally:
         os.sched_setaffinity(0, before)
 
 
-def _calibrate(server_args: list[str], out: Path, model: str, *, duration_s: float, seed: int, rng, log) -> dict:
+def _microbench(model_cfg: dict, max_batch: int, core: int | None) -> pd.DataFrame:
+    """The model alone, one torch thread, on the instance's core: the bar for compute inside."""
+    import torch
+
+    from calibrate.microbench import microbench
+    from reference_server.models import ModelConfig
+
+    before, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    try:
+        if core is not None:
+            os.sched_setaffinity(0, {core})
+        torch.set_num_threads(1)
+        cfg = ModelConfig(**model_cfg)
+        return microbench(cfg, [cfg.precision], max_batch, repeats=60, warmup=10)
+    finally:
+        os.sched_setaffinity(0, before)
+        torch.set_num_threads(threads)
+
+
+def compute_inside(requests: pd.DataFrame, loads: list[float], bench: pd.DataFrame) -> pd.DataFrame:
+    """Mean forward time inside the server per level, for batch 1 and the largest batch
+    size the microbenchmark timed, against the microbenchmark's mean."""
+    batches = batches_from_requests(requests[~requests["warmup"]])
+    rows = []
+    for b in sorted({int(bench["batch_size"].min()), int(bench["batch_size"].max())}):
+        ref = float(bench.loc[bench["batch_size"] == b, "mean_ms"].iloc[0])
+        for level, load in enumerate(loads):
+            x = batches.loc[(batches["level"] == level) & (batches["batch_size"] == b), "compute_infer_us"] / 1e3
+            rows.append(
+                {
+                    "load": load,
+                    "batch_size": b,
+                    "batches": len(x),
+                    "inside_ms": float(x.mean()) if len(x) else float("nan"),
+                    "microbench_ms": ref,
+                    "diff_pct": (float(x.mean()) - ref) / ref * 100 if len(x) else float("nan"),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def _calibrate(
+    server_args: list[str], out: Path, model: str, *, design: Design, seed: int, rng, reps: int, log
+) -> dict:
     ticks0 = cpu_ticks()
+    cores = os.cpu_count() or 1
     with server(server_args) as url:
         config = _get(url + f"/v2/models/{model}/config")
-        frontend = config["parameters"]["servesim"]["frontend_cores"]
-        if any(i["core"] is not None for i in config["parameters"]["servesim"]["instances"]):
-            os.sched_setaffinity(0, frontend)  # this load generator keeps off the instances' cores too
-        mcfg = config["parameters"]["servesim"]["model"]
+        servesim = config["parameters"]["servesim"]
+        mcfg = servesim["model"]
+        instance_cores = [i["core"] for i in servesim["instances"]]
+        if any(c is not None for c in instance_cores):
+            os.sched_setaffinity(0, servesim["frontend_cores"])  # this load generator keeps off the instances' cores
+        b = config["max_batch_size"]
+        bench = _microbench(mcfg, b, instance_cores[0])
         if model == "ranker":
             payloads = ranker_payloads(32, mcfg["dense"], 10_000, rng)
         else:
             payloads = image_payloads(32, side=max(64, mcfg["resolution"]), rng=rng)
         sweep(url, model, [5.0], payloads, duration_s=2.0, min_queries=10, seed=seed)  # warm the path
-        b = config["max_batch_size"]
         stats = _get(url + f"/v2/models/{model}/stats")["model_stats"][0]["batch_stats"]
         per_item = min(s["compute_infer"]["ns"] / s["compute_infer"]["count"] / 1e6 / s["batch_size"] for s in stats)
         cap = capacity(url, model, payloads, guess_rps=1000.0 / per_item, seconds=6.0, seed=seed + 100)
         log(f"capacity: {cap:.1f} req/s (batch up to {b})")
         loads = sorted(FIT_LOADS + VALIDATE_LOADS)
         rates = [round(f * cap, 2) for f in loads]
-        log(f"levels: {', '.join(f'{f:.0%}={r:g}' for f, r in zip(loads, rates, strict=True))} req/s")
-        # levels in a shuffled order, so a slow spell of the machine does not line up with load
-        parts = []
-        for k in rng.permutation(len(rates)):
-            part = sweep(url, model, [rates[k]], payloads, duration_s=duration_s, min_queries=200, seed=seed + 200 + k)
-            part["level"] = k
-            parts.append(part)
-        requests = pd.concat(parts, ignore_index=True).sort_values(["level", "scheduled_s"], ignore_index=True)
+        slice_s = design.slice_for(min(rates))
+        plan = [
+            Slice(r, int(k), rates[k], seed=int(np.random.SeedSequence([seed, r, int(k)]).generate_state(1)[0]))
+            for r in range(design.rounds)
+            for k in rng.permutation(len(rates))
+        ]
+        log(
+            f"levels: {', '.join(f'{f:.0%}={r:g}' for f, r in zip(loads, rates, strict=True))} req/s; "
+            f"{design.rounds} rounds of {len(rates)} slices of {slice_s:g} s (~{len(plan) * slice_s / 60:.1f} min)"
+        )
+        coarse = {c for c in instance_cores if c is not None}  # a 1 ms meter there slows the forward ~11%
+        with HiccupMeter(list(range(cores)), coarse=coarse) as meter:
+            requests, slices, hiccups = run_slices(
+                url,
+                model,
+                plan,
+                payloads,
+                slice_s=slice_s,
+                warmup_s=design.warmup_s,
+                meter=meter,
+                stall_ms=design.stall_ms,
+                retries=design.retries,
+                log=log,
+            )
     ticks1 = cpu_ticks()
     steal = (ticks1[0] - ticks0[0]) / max(ticks1[1] - ticks0[1], 1) * 100 if ticks0 and ticks1 else None
     fit_levels = [i for i, f in enumerate(loads) if f in FIT_LOADS]
-    profile = build_profile(config, requests, fit_levels, rng=rng)
+    profile = build_profile(config, requests, fit_levels, rng=rng, slices=slices)
     profile["hardware"]["cpu_steal_pct_during_run"] = steal
     profile["capacity_rps"] = cap
-    profile["fit_levels"] = [{"load": loads[i], "rate_rps": rates[i]} for i in fit_levels]
-    profile["instances"] = config["parameters"]["servesim"]["instances"]
+    profile["fit_levels"] = [{"level": i, "load": loads[i], "rate_rps": rates[i]} for i in fit_levels]
+    profile["design"] = {**asdict(design), "slice_s": slice_s, "levels": len(rates)}
+    profile["instances"] = servesim["instances"]
+    profile["microbench"] = bench.to_dict(orient="records")
     summary = level_summary(requests)
     summary["load"] = loads
     summary["held_out"] = [f in VALIDATE_LOADS for f in loads]
-    table = compare(profile, summary[summary["held_out"]])
+    log("fitted; simulating the held-out levels")
+    table = compare(profile, requests, summary[summary["held_out"]], reps=reps, rng=rng)
+    inside = compute_inside(requests, loads, bench)
     requests.to_csv(out / "measurements.csv", index=False)
+    slices.to_csv(out / "slices.csv", index=False)
+    hiccups.to_csv(out / "hiccups.csv", index=False)
     (out / "profile.json").write_text(json.dumps(profile, indent=2) + "\n")
-    report = {"levels": summary.to_dict(orient="records"), "validation": table.to_dict(orient="records")}
+    write_scenario(profile, out / "scenario.yaml")
+    report = {
+        "levels": summary.to_dict(orient="records"),
+        "validation": table.to_dict(orient="records"),
+        "compute_inside": inside.to_dict(orient="records"),
+        "slices_repeated": int((~slices["kept"]).sum()),
+    }
     (out / "validation.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "validation.md").write_text(markdown(profile, summary, table))
+    (out / "validation.md").write_text(markdown(profile, summary, table, inside, slices, hiccups))
     chart(table, out / "validation.png")
     return report
-
-
-def markdown(profile: dict, summary: pd.DataFrame, table: pd.DataFrame) -> str:
-    """The validation report as a Markdown table."""
-    st = profile["service_time"]
-    if st["kind"] == "table":
-        model = "per batch size " + ", ".join(f"{b}: {ms:.1f}" for b, ms in st["batch_ms"].items()) + " ms"
-    else:
-        model = f"{st['base_ms']:.2f} + {st['per_item_ms']:.2f} × B ms"
-    lines = [
-        f"# Calibration of {profile['model']['kind']} "
-        + (f"({profile['model']['resolution']} px, " if profile["model"]["kind"] == "resnet" else "(")
-        + f"{profile['model']['precision']}) on {profile['hardware']['cpu']}",
-        "",
-        f"Measured {profile['created']}; capacity {profile['capacity_rps']:.1f} req/s; batch service "
-        f"{model} (noise CV {st['noise_cv']:.2f}, R² {st['r2']:.3f}). CPU time stolen by the host "
-        f"during the run: {profile['hardware'].get('cpu_steal_pct_during_run') or 0:.1f}%.",
-        "Fitted on loads "
-        + ", ".join(f"{x['load']:.0%}" for x in profile["fit_levels"])
-        + "; validated on the others.",
-        "",
-        "| load | offered req/s | percentile | measured ms | predicted ms | error |",
-        "|---|---|---|---|---|---|",
-    ]
-    for _, r in table.iterrows():
-        lines.append(
-            f"| {r['load']:.0%} | {r['offered_rps']:.1f} | {r['percentile']} | {r['measured_ms']:.1f} | "
-            f"{r['predicted_ms']:.1f} | {r['error_pct']:+.1f}% |"
-        )
-    return "\n".join(lines) + "\n"

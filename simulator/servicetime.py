@@ -60,8 +60,9 @@ class ProfileRef(_Frozen):
         doc = json.loads(target.read_text())
         if not isinstance(doc, dict) or doc.get("schema_version") != 1 or "service_time" not in doc:
             raise ValueError(f"{target}: not a servesim calibration profile (schema_version 1)")
-        st = {k: v for k, v in doc["service_time"].items() if k not in ("r2", "batches")}
-        return Table.model_validate(st) if st.get("kind") == "table" else Affine.model_validate(st)
+        model = Table if doc["service_time"].get("kind") == "table" else Affine
+        # the fit's quality (R², batch count, stalls, residuals) rides along in the profile
+        return model.model_validate({k: v for k, v in doc["service_time"].items() if k in model.model_fields})
 
 
 ServiceTime = Annotated[

@@ -110,10 +110,11 @@ def test_perf_analyzer_csv_levels(tmp_path):
 def test_end_to_end_calibration_of_a_tiny_model(tmp_path):
     pytest.importorskip("torch", reason="calibration drives the reference server (torch)")
     pytest.importorskip("aiohttp", reason="the load generator needs aiohttp")
-    from calibrate.run import calibrate_run
+    from calibrate.run import Design, calibrate_run
 
     args = ["--resolution", "32", "--width", "8", "--max-batch-size", "4", "--max-queue-delay-ms", "2"]
-    report = calibrate_run(args, tmp_path, duration_s=2.0, log=lambda _msg: None)
+    short = Design(rounds=2, slice_s=1.5, min_requests=0)
+    report = calibrate_run(args, tmp_path, design=short, reps=2, log=lambda _msg: None)
     profile = json.loads((tmp_path / "profile.json").read_text())
     assert profile["schema_version"] == 1
     assert profile["model"]["resolution"] == 32
@@ -126,18 +127,33 @@ def test_end_to_end_calibration_of_a_tiny_model(tmp_path):
     rows = report["validation"]
     assert {r["load"] for r in rows} == {0.2, 0.5, 0.7, 0.85}  # held out: not the fitted 30/60/80%
     assert all(np.isfinite(r["error_pct"]) for r in rows)
-    for name in ("measurements.csv", "validation.json", "validation.md", "validation.png"):
+    assert profile["server"]["instance_mode"] == "process"
+    assert profile["frontend"]["cpu_ms_per_request"] > 0  # the front end's CPU, from its /metrics
+    assert profile["design"]["rounds"] == 2
+    assert {r["verdict"] for r in rows} <= {"within target", "inside interval", "miss", "shown"}
+    assert all(r["measured_lo"] <= r["measured_ms"] <= r["measured_hi"] for r in rows)
+    measured = pd.read_csv(tmp_path / "measurements.csv")
+    assert measured.groupby("level")["slice"].nunique().eq(2).all()  # every level in each of the 2 rounds
+    assert (measured.loc[measured["status"] == 200, "handoff_us"] > 0).all()
+    for name in ("measurements.csv", "slices.csv", "validation.json", "validation.md", "validation.png"):
         assert (tmp_path / name).stat().st_size > 0
+    # the profile as a scenario: it runs, at another rate too
+    from simulator.loader import load_scenario
+
+    s = load_scenario(tmp_path / "scenario.yaml")
+    assert s.preprocess.cpu_workers == profile["frontend"]["servers"]
+    assert s.workers.service_time.kind == profile["service_time"]["kind"]
 
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed (CI installs it)")
 def test_end_to_end_calibration_of_the_ranker_through_redis(tmp_path):
     pytest.importorskip("torch", reason="calibration drives the reference server (torch)")
     pytest.importorskip("aiohttp", reason="the load generator needs aiohttp")
-    from calibrate.run import calibrate_run
+    from calibrate.run import Design, calibrate_run
 
     args = ["--model", "ranker", "--feature-keys", "8", "--max-batch-size", "8", "--max-queue-delay-ms", "2"]
-    report = calibrate_run(args, tmp_path, duration_s=2.0, log=lambda _msg: None)
+    short = Design(rounds=2, slice_s=1.5, min_requests=0)
+    report = calibrate_run(args, tmp_path, design=short, reps=2, log=lambda _msg: None)
     profile = json.loads((tmp_path / "profile.json").read_text())
     assert profile["model"]["kind"] == "ranker"
     f = profile["features"]  # fitted from the server's own Redis fetch timings

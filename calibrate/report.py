@@ -1,0 +1,203 @@
+"""What a calibration writes for people: the Markdown report and the profile as a scenario.
+
+``scenario.yaml`` is the measured server as a servesim scenario, so that anyone can predict
+another rate with ``servesim run scenario.yaml --set traffic.rate_rps=R`` and check it
+with their own load generator.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from calibrate.validate import scenario_dict
+
+
+def _ci(lo: float, hi: float) -> str:
+    return "—" if not (np.isfinite(lo) and np.isfinite(hi)) else f"[{lo:.1f}, {hi:.1f}]"
+
+
+def _service(st: dict) -> str:
+    if st["kind"] == "table":
+        return "per batch size " + ", ".join(f"{b}: {ms:.2f}" for b, ms in st["batch_ms"].items()) + " ms"
+    return f"{st['base_ms']:.2f} + {st['per_item_ms']:.2f} × B ms"
+
+
+def _mean(spec: dict) -> float:
+    if spec["kind"] == "empirical":
+        return float(np.mean(spec["samples_ms"]))
+    return float(spec["mean_ms"])
+
+
+def markdown(
+    profile: dict,
+    summary: pd.DataFrame,
+    table: pd.DataFrame,
+    inside: pd.DataFrame,
+    slices: pd.DataFrame,
+    hiccups: pd.DataFrame,
+) -> str:
+    """The validation report."""
+    m, hw, st, d = profile["model"], profile["hardware"], profile["service_time"], profile["design"]
+    what = (
+        f"{m['kind']} ({m['resolution']} px, {m['precision']})"
+        if m["kind"] == "resnet"
+        else f"{m['kind']} ({m['precision']})"
+    )
+    server = profile["server"]
+    lines = [
+        f"# Calibration of {what} on {hw['cpu']}",
+        "",
+        f"Measured {profile['created']}: capacity {profile['capacity_rps']:.1f} req/s; {d['rounds']} rounds of "
+        f"{d['levels']} interleaved slices of {d['slice_s']:g} s (first {d['warmup_s']:g} s of each left out); "
+        f"CPU stolen by the host during the run: {hw.get('cpu_steal_pct_during_run') or 0:.1f}%.",
+        f"Server: {server['instances']} model instance(s) as {server['instance_mode']}es on core(s) "
+        f"{server['instance_cores']}, the front end and this load generator on core(s) {server['frontend_cores']}; "
+        f"batches up to {server['max_batch_size']}, {server['max_queue_delay_ms']:g} ms window.",
+        "Fitted on loads "
+        + ", ".join(f"{x['load']:.0%}" for x in profile["fit_levels"])
+        + "; validated on the others.",
+        "",
+        "## Held-out levels",
+        "",
+        "Measured intervals resample whole slices (95%); predicted ones are t-intervals over replications of the "
+        "same slice design. Targets: p50 within 10%, p99 within 15%, or the prediction inside the measured interval.",
+        "",
+        "| load | req/s | requests | pct | measured ms | 95% interval | predicted ms | 95% interval | error "
+        "| verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for _, r in table.iterrows():
+        lines.append(
+            f"| {r['load']:.0%} | {r['offered_rps']:.1f} | {r['requests']:,} | {r['percentile']} | "
+            f"{r['measured_ms']:.1f} | {_ci(r['measured_lo'], r['measured_hi'])} | {r['predicted_ms']:.1f} | "
+            f"{_ci(r['predicted_lo'], r['predicted_hi'])} | {r['error_pct']:+.1f}% | {r['verdict']} |"
+        )
+    judged = table[table["target_pct"].notna()]
+    ok = judged["verdict"].isin(["within target", "inside interval"])
+    worst = judged.assign(a=judged["error_pct"].abs()).groupby("percentile")["a"].max()
+    lines += [
+        "",
+        f"**{int(ok.sum())} of {len(judged)}** judged percentiles meet the target; worst |error|: "
+        + ", ".join(f"{q} {v:.1f}%" for q, v in worst.items())
+        + f". Errors (non-200) during the validated levels: {int(table.groupby('level')['errors'].first().sum())}.",
+        "",
+        "## The fitted model",
+        "",
+        f"- **Batch time** (hand-off to the instance and back, plus compute): {_service(st)}; robust noise CV "
+        f"{st['noise_cv']:.3f} (the plain standard deviation of the ratios would say {st['noise_cv_sd']:.3f}); "
+        f"R² {st['r2']:.3f} over {st['batches']:,} batches; {st['stalls']} stalled batches set apart"
+        + (f" (longest {', '.join(f'{x:.1f}' for x in st['stall_ms'][:5])} ms)" if st["stalls"] else "")
+        + ".",
+        "- **Residuals** (measured / fitted batch time) at quantiles "
+        + ", ".join(f"{q}: {v:.3f}" for q, v in st["residual_ratio_quantiles"].items())
+        + ".",
+    ]
+    fe = profile.get("frontend")
+    if fe:
+        lines.append(
+            f"- **Front end** as a station of {fe['servers']} server(s): {fe['cpu_ms_per_request']:.2f} ms of server "
+            f"CPU per request, plus {fe['client_cpu_ms_per_request']:.2f} ms of this load generator's on the same "
+            f"cores; service mean {_mean(fe['service']):.2f} ms ({fe['service']['fit']['family']}). The rest of a "
+            f"request's time outside the batch at light load (loopback, HTTP, waiting) is a pure delay of mean "
+            f"{_mean(fe['fixed_delay']):.2f} ms ({fe['fixed_delay']['fit']['family']})."
+        )
+    if "features" in profile:
+        f = profile["features"]
+        lines.append(
+            f"- **Redis**: {f['lookups_per_request']} keys per request in trips of {f['batch_size']}; "
+            + (f"a one-thread station at {f['store']['per_op_ms']:.3f} ms per trip." if "store" in f else "")
+        )
+    lines += [
+        "",
+        "## Compute inside the server against the microbenchmark",
+        "",
+        "The forward pass as the instance timed it, against `servesim calibrate microbench` (the same model, one "
+        "torch thread, on the instance's core, before the server started).",
+        "",
+        "| load | batch | batches | inside ms | microbench ms | difference |",
+        "|---|---|---|---|---|---|",
+    ]
+    for _, r in inside.iterrows():
+        diff = f"{r['diff_pct']:+.1f}%" if np.isfinite(r["diff_pct"]) else "—"
+        inside_ms = f"{r['inside_ms']:.2f}" if np.isfinite(r["inside_ms"]) else "—"
+        lines.append(
+            f"| {r['load']:.0%} | {r['batch_size']} | {r['batches']} | {inside_ms} | {r['microbench_ms']:.2f} "
+            f"| {diff} |"
+        )
+    repeated = slices[~slices["kept"]]
+    lines += [
+        "",
+        "## Platform hiccups",
+        "",
+        f"A meter on each core sleeps 1 ms and records the overshoot. Longest per slice: median "
+        f"{slices['hiccup_max_ms'].median():.2f} ms, max {slices['hiccup_max_ms'].max():.2f} ms. Slices with a stall "
+        f"over {d['stall_ms']:g} ms are run again (up to {d['retries']} times): {len(repeated)} repeated"
+        + (
+            " ("
+            + ", ".join(f"slice {int(r['slice'])} at {r['hiccup_max_ms']:.1f} ms" for _, r in repeated.iterrows())
+            + ")"
+            if len(repeated)
+            else ""
+        )
+        + ".",
+    ]
+    if len(hiccups):
+        big = hiccups.sort_values("overshoot_ms", ascending=False).head(10)
+        lines.append(
+            "Longest recorded: "
+            + ", ".join(
+                f"{r['overshoot_ms']:.1f} ms (core {int(r['core'])}, slice {int(r['slice'])})"
+                for _, r in big.iterrows()
+            )
+            + "."
+        )
+    lines += [
+        "",
+        "## Every level",
+        "",
+        "| load | offered req/s | achieved req/s | requests | errors | p50 ms | p99 ms | mean batch | held out |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for _, r in summary.iterrows():
+        lines.append(
+            f"| {r['load']:.0%} | {r['offered_rps']:.1f} | {r['achieved_rps']:.1f} | {r['requests']:,} "
+            f"| {r['errors']} | "
+            f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['mean_batch']:.2f} | {'yes' if r['held_out'] else 'no'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_scenario(profile: dict, path: Path, *, load: float = 0.5) -> None:
+    """The profile as a runnable scenario, at ``load`` × the measured capacity."""
+    rate = round(load * float(profile.get("capacity_rps", 100.0)), 1)
+    doc = scenario_dict(profile, rate, duration_s=60.0, warmup_s=2.0)
+    doc["sla"] = {"percentile": 99, "target_ms": 100}
+    fe = profile.get("frontend")
+    header = [
+        f"# The server measured by `servesim calibrate run` on {profile['hardware']['cpu']}, {profile['created']}.",
+        f"# Predict another rate: servesim run {path.name} --set traffic.rate_rps=R (capacity measured: "
+        f"{profile.get('capacity_rps', float('nan')):.0f} req/s).",
+        "# Stages, as the server is built:",
+    ]
+    if fe:
+        header += [
+            "#   router.overhead  - loopback, HTTP and the client outside the server's CPU work (a pure delay)",
+            f"#   preprocess       - the front end: {fe['servers']} server(s) of CPU per request (parse, JPEG "
+            "decode, encode),",
+            f"#                      {fe['cpu_ms_per_request']:.2f} ms of the server's own plus "
+            f"{fe['client_cpu_ms_per_request']:.2f} ms of the load generator that shared its cores;",
+            "#                      with the client on another host, lower its mean by that much",
+        ]
+    else:
+        header += ["#   router.overhead, preprocess, postprocess - the request's time outside the batch"]
+    header += [
+        "#   batching         - the server's dynamic batcher, as its /config reported it",
+        "#   workers          - the model instances (processes); service_time = hand-off + compute per batch size",
+        "",
+    ]
+    body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120)
+    path.write_text("\n".join(header) + body)
