@@ -41,7 +41,7 @@ def _levels(text: str) -> list[int]:
 @app.command()
 def run(
     out: Annotated[Path, typer.Option(help="Folder for profile.json, measurements.csv and the validation report.")],
-    server_args: ServerArgs = "--resolution 64 --width 32 --max-batch-size 8 --max-queue-delay-ms 2",
+    server_args: ServerArgs = "--resolution 64 --width 48 --max-batch-size 8 --max-queue-delay-ms 2",
     rounds: Annotated[int, typer.Option(help="Rounds of interleaved slices (one slice per level each).", min=2)] = 10,
     slice_s: Annotated[float, typer.Option(help="Shortest slice, s (lengthened for --min-requests).", min=1)] = 4.0,
     min_requests: Annotated[

@@ -179,19 +179,40 @@ def fit_round_trip(keys: np.ndarray, trips: np.ndarray, feature_ms: np.ndarray) 
 
 
 def fit_frontend(slices: pd.DataFrame, *, servers: int, client_shares_cores: bool) -> dict:
-    """The front end's CPU per request, from the slices' CPU seconds over their requests."""
-    ok = slices[slices["frontend_cpu_s"].notna()]
-    if ok.empty or ok["requests"].sum() == 0:
+    """The front end's CPU: per request, and in the background, from the slices.
+
+    Each slice gives CPU seconds per second against requests per second; a least-squares
+    line through them separates the marginal CPU per request (its slope) from the CPU the
+    front end's cores spend whatever the load (its intercept, in cores: timers, the metrics
+    scrape, the platform meter, the client's own loop). The station's service time is the
+    marginal cost stretched by the share of the cores that background leaves, as a CPU
+    shared round-robin would stretch it. With a single rate the line cannot be drawn and
+    the mean cost per request stands in for the slope.
+    """
+    ok = slices[slices["frontend_cpu_s"].notna() & (slices["requests"] > 0)]
+    if ok.empty:
         raise ValueError("no slice recorded the server's CPU time (its /metrics has no process_cpu_seconds_total)")
-    n = float(ok["requests"].sum())
-    server_ms = float(ok["frontend_cpu_s"].sum()) / n * 1e3
-    client_ms = float(ok["client_cpu_s"].sum()) / n * 1e3
+    secs = ok["seconds"] if "seconds" in ok else ok["requests"] / ok["rate_rps"]
+    rate = (ok["requests"] / secs).to_numpy()
+    parts = {"server": ok["frontend_cpu_s"] / secs, "client": ok["client_cpu_s"] / secs}
+    fits = {}
+    for name, cores in parts.items():
+        if np.ptp(rate) > 0.2 * rate.mean():
+            slope, intercept = np.polyfit(rate, cores.to_numpy(), 1)
+        else:
+            slope, intercept = float(cores.mean() / rate.mean()), 0.0
+        fits[name] = (max(float(slope), 0.0) * 1e3, max(float(intercept), 0.0))
+    marginal = fits["server"][0] + (fits["client"][0] if client_shares_cores else 0.0)
+    background = fits["server"][1] + (fits["client"][1] if client_shares_cores else 0.0)
+    left = max(servers - background, 0.05 * servers) / servers  # share of each core the requests get
     return {
         "servers": servers,
-        "cpu_ms_per_request": server_ms,
-        "client_cpu_ms_per_request": client_ms,
+        "cpu_ms_per_request": fits["server"][0],
+        "client_cpu_ms_per_request": fits["client"][0],
+        "background_cores": background,
         "client_shares_cores": client_shares_cores,
-        "station_ms_per_request": server_ms + (client_ms if client_shares_cores else 0.0),
+        "station_ms_per_request": marginal / left,
+        "capacity_rps": servers * left / marginal * 1e3 if marginal > 0 else float("inf"),
     }
 
 

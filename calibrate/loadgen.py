@@ -150,17 +150,28 @@ async def run_level(
     return df
 
 
-async def _frontend_cpu_s(session, url: str) -> float:
-    """The server process's CPU seconds so far (its /metrics), or nan."""
+async def _frontend(session, url: str) -> dict[str, float]:
+    """From the server's /metrics: its process's CPU seconds, and its garbage collections
+    (seconds in all, and how many took over 10 ms) so far; nan when it has none."""
+    out = {"cpu_s": float("nan"), "gc_s": float("nan"), "gc_over_10ms": float("nan")}
     try:
         async with session.get(f"{url}/metrics") as resp:
             text = await resp.text()
-    except Exception:  # a scrape that fails loses this slice's CPU figure, nothing else
-        return float("nan")
+    except Exception:  # a scrape that fails loses this slice's figures, nothing else
+        return out
+    total, quick = 0.0, 0.0
     for line in text.splitlines():
         if line.startswith("process_cpu_seconds_total "):
-            return float(line.split()[1])
-    return float("nan")
+            out["cpu_s"] = float(line.split()[1])
+        elif line.startswith("servesim_gc_pause_seconds_sum"):
+            out["gc_s"] = (0.0 if np.isnan(out["gc_s"]) else out["gc_s"]) + float(line.split()[-1])
+        elif line.startswith("servesim_gc_pause_seconds_count"):
+            total += float(line.split()[-1])
+        elif line.startswith("servesim_gc_pause_seconds_bucket") and 'le="0.01"' in line:
+            quick += float(line.split()[-1])
+    if not np.isnan(out["gc_s"]):
+        out["gc_over_10ms"] = total - quick
+    return out
 
 
 @dataclass(frozen=True)
@@ -193,11 +204,13 @@ async def _run_slices(
                 rng = np.random.default_rng([sl.seed, attempt])
                 times = schedule(sl.rate_rps, slice_s, 1, rng)
                 pick = rng.integers(0, len(payloads), len(times))
-                cpu0, client0 = await _frontend_cpu_s(session, url), time.process_time()
+                fe0, client0 = await _frontend(session, url), time.process_time()
                 if meter is not None:
                     meter.collect()  # drop what came before the slice
+                t_start = time.perf_counter()
                 rows = await _level(session, endpoint, times, pick, payloads)
-                client1, cpu1 = time.process_time(), await _frontend_cpu_s(session, url)
+                seconds = time.perf_counter() - t_start
+                client1, fe1 = time.process_time(), await _frontend(session, url)
                 h = meter.collect() if meter is not None else None
                 stalled = h is not None and h.max_ms > stall_ms
                 info = {
@@ -207,8 +220,11 @@ async def _run_slices(
                     "rate_rps": sl.rate_rps,
                     "attempt": attempt,
                     "requests": len(rows),
-                    "frontend_cpu_s": cpu1 - cpu0,
+                    "seconds": seconds,
+                    "frontend_cpu_s": fe1["cpu_s"] - fe0["cpu_s"],
                     "client_cpu_s": client1 - client0,
+                    "frontend_gc_s": fe1["gc_s"] - fe0["gc_s"],
+                    "frontend_gc_over_10ms": fe1["gc_over_10ms"] - fe0["gc_over_10ms"],
                     "hiccup_max_ms": h.max_ms if h is not None else float("nan"),
                     "hiccups_over_1ms": h.above(1.0) if h is not None else 0,
                     "kept": not stalled or attempt == retries,

@@ -51,7 +51,14 @@ def markdown(
     lines = [
         f"# Calibration of {what} on {hw['cpu']}",
         "",
-        f"Measured {profile['created']}: capacity {profile['capacity_rps']:.1f} req/s; {d['rounds']} rounds of "
+        f"Measured {profile['created']}: capacity {profile['capacity_rps']:.1f} req/s"
+        + (
+            f" (set by the {profile['capacity']['bottleneck']}: instances {profile['capacity']['instances_rps']:.0f}, "
+            f"front end {profile['capacity']['frontend_rps']:.0f} req/s)"
+            if "capacity" in profile
+            else ""
+        )
+        + f"; {d['rounds']} rounds of "
         f"{d['levels']} interleaved slices of {d['slice_s']:g} s (first {d['warmup_s']:g} s of each left out); "
         f"CPU stolen by the host during the run: {hw.get('cpu_steal_pct_during_run') or 0:.1f}%.",
         f"Server: {server['instances']} model instance(s) as {server['instance_mode']}es on core(s) "
@@ -101,9 +108,10 @@ def markdown(
         lines.append(
             f"- **Front end** as a station of {fe['servers']} server(s): {fe['cpu_ms_per_request']:.2f} ms of server "
             f"CPU per request, plus {fe['client_cpu_ms_per_request']:.2f} ms of this load generator's on the same "
-            f"cores; service mean {_mean(fe['service']):.2f} ms ({fe['service']['fit']['family']}). The rest of a "
-            f"request's time outside the batch at light load (loopback, HTTP, waiting) is a pure delay of mean "
-            f"{_mean(fe['fixed_delay']):.2f} ms ({fe['fixed_delay']['fit']['family']})."
+            f"cores, and {fe['background_cores']:.2f} cores busy whatever the load (timers, meters, scrapes), which "
+            f"stretch the rest: service mean {_mean(fe['service']):.2f} ms ({fe['service']['fit']['family']}). "
+            f"The rest of a request's time outside the batch at light load (loopback, HTTP, waiting) is a pure "
+            f"delay of mean {_mean(fe['fixed_delay']):.2f} ms ({fe['fixed_delay']['fit']['family']})."
         )
     if "features" in profile:
         f = profile["features"]

@@ -161,6 +161,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
             pre_pool.shutdown(wait=True)
             if store is not None:
                 await store.close()
+            metrics.close()
 
     app = FastAPI(title="servesim reference server", lifespan=lifespan)
     app.state.config = cfg
