@@ -173,7 +173,7 @@ def fit(
     write_scenario(profile, out.with_name("scenario.yaml"))
     st = profile["service_time"]
     typer.echo(
-        f"{out}: batch service time {st['kind']} (R² {st['r2']:.3f}, robust noise CV {st['noise_cv']:.2f}); "
+        f"{out}: batch service time {st['kind']} (R² {st['r2']:.3f}, robust noise CV {st['noise_cv_robust']:.2f}); "
         f"scenario: {out.with_name('scenario.yaml')}"
     )
 
@@ -231,3 +231,85 @@ def import_perf_analyzer(
     except (ValueError, OSError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None
+
+
+def _sla(text: str) -> tuple[float, float]:
+    import re
+
+    m = re.fullmatch(r"\s*p(\d+(?:\.\d+)?)\s*<=\s*(\d+(?:\.\d+)?)\s*ms\s*", text)
+    if m is None or not 0 < float(m.group(1)) < 100 or float(m.group(2)) <= 0:
+        raise typer.BadParameter(f"expected like p99<=100ms; got {text!r}", param_hint="--sla")
+    return float(m.group(1)), float(m.group(2))
+
+
+@app.command()
+def watch(
+    url: Annotated[str, typer.Option(help="The server, e.g. http://127.0.0.1:8000 (ours or a Triton).")],
+    model: Annotated[str | None, typer.Option(help="Model to watch (default: the repository's only one).")] = None,
+    interval_s: Annotated[float, typer.Option(help="Seconds between scrapes.", min=0.5)] = 10.0,
+    sla: Annotated[str, typer.Option(help="Objective on the server's latency, e.g. p99<=100ms.")] = "p99<=100ms",
+    json_path: Annotated[Path | None, typer.Option("--json", help="Append one JSON line per interval here.")] = None,
+    duration_s: Annotated[float, typer.Option(help="Stop after this many seconds (0: until Ctrl-C).", min=0)] = 0.0,
+    window: Annotated[int, typer.Option(help="Intervals in the rolling fit.", min=1)] = 6,
+) -> None:
+    """A live twin of a running server: fits the batch time and overheads from its counters
+    every interval, simulates the current rate, and says how much traffic can grow before
+    the SLA breaks (the headroom)."""
+    import math
+    import time
+    import urllib.error
+
+    from calibrate.watch import Twin, WatchError, connect, scrape
+
+    q, target = _sla(sla)
+    if json_path is not None and not json_path.parent.is_dir():
+        typer.echo(f"error: --json {json_path}: folder {json_path.parent} does not exist", err=True)
+        raise typer.Exit(code=2)
+    try:
+        name, config = connect(url, model)
+    except WatchError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    twin = Twin(config, name, percentile=q, target_ms=target, window=window)
+    out = json_path.open("a") if json_path is not None else None
+    key = f"p{q:g}"
+    typer.echo(f"watching {name} at {url} every {interval_s:g} s; SLA {key} <= {target:g} ms (server latency)")
+    typer.echo(
+        f"{'time':>8} {'req/s':>8} {'meas p50':>9} {'meas ' + key:>9} {'pred p50':>9} {'pred ' + key:>9} "
+        f"{'breaks at':>10} {'headroom':>9}"
+    )
+
+    def fmt(v, spec: str) -> str:
+        return "—" if v is None or not math.isfinite(v) else format(v, spec)
+
+    start = time.monotonic()
+    try:
+        while not duration_s or time.monotonic() - start < duration_s:
+            t0 = time.monotonic()
+            try:
+                row = twin.update(scrape(url, name))
+            except (WatchError, urllib.error.URLError, OSError, ValueError, KeyError) as err:
+                row = None
+                msg = f"scrape failed ({type(err).__name__}: {getattr(err, 'reason', err)}); keeping the last fit"
+                typer.echo(f"{time.strftime('%H:%M:%S')} {msg}")
+                if out is not None:
+                    out.write(json.dumps({"time": round(time.time(), 3), "error": msg}) + "\n")
+                    out.flush()
+            if row is not None:
+                typer.echo(
+                    f"{time.strftime('%H:%M:%S'):>8} {fmt(row['rate_rps'], '.1f'):>8} "
+                    f"{fmt(row['measured_p50_ms'], '.1f'):>9} {fmt(row[f'measured_{key}_ms'], '.1f'):>9} "
+                    f"{fmt(row.get('predicted_p50_ms'), '.1f'):>9} {fmt(row.get(f'predicted_{key}_ms'), '.1f'):>9} "
+                    f"{fmt(row.get('breaking_rate_rps'), '.1f'):>10} {fmt(row.get('headroom_pct'), '+.0f'):>8}%"
+                    + (f"  {row['note']}" if "note" in row else "")
+                )
+                if out is not None:
+                    clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+                    out.write(json.dumps(clean) + "\n")
+                    out.flush()
+            time.sleep(max(0.0, interval_s - (time.monotonic() - t0)))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if out is not None:
+            out.close()

@@ -1,9 +1,11 @@
 """Fitting the simulator's models from measurements: pure functions, no I/O.
 
 * the batch service time (the hand-off to the instance process and back, plus compute):
-  affine ``base + per_item × B`` by least squares over batches, or a per-size table, with a
-  mean-one log-normal noise fitted robustly (MAD of the log ratios); batches more than six
-  robust sigmas above the fit are stalls, set apart and counted, not noise;
+  affine ``base + per_item × B`` by least squares over batches, or a per-size table,
+  located without the stalls (batches more than six robust sigmas above the fit, counted
+  and listed); its noise is the measured ratios of batch time to the fit, as a mean-one
+  factor the simulator resamples (``noise_ratios``), so the right tail that drives p99 is
+  the one measured; the robust CV (MAD of the log ratios) is reported beside it;
 * the front end as a station: its CPU per request (the server process's CPU over the
   requests it served, the instances being other processes), plus this load generator's when
   it shares the front end's cores, on as many servers as the front end has;
@@ -29,14 +31,17 @@ KS_P_MIN = 0.01  # below this p-value every parametric candidate is rejected: em
 EMPIRICAL_POINTS = 1000
 
 
-def _noise(y: np.ndarray, pred: np.ndarray) -> dict:
+RATIO_POINTS = 1000
+
+
+def _noise(y: np.ndarray, pred: np.ndarray) -> tuple[dict, np.ndarray]:
     """Robust noise of the batches around a fit, the stalls among them, and the residuals."""
     log_ratio = np.log(y / pred)
     stalled = stalls(log_ratio)
     ratio = y / pred
     return (
         {
-            "noise_cv": robust_lognormal_cv(log_ratio),
+            "noise_cv_robust": robust_lognormal_cv(log_ratio),
             "noise_cv_sd": float(np.std(ratio, ddof=1)) if len(y) > 1 else 0.0,  # the non-robust figure, for comparison
             "stalls": int(stalled.sum()),
             "stall_ms": [round(float(v), 2) for v in np.sort(y[stalled])[::-1][:20]],
@@ -46,6 +51,15 @@ def _noise(y: np.ndarray, pred: np.ndarray) -> dict:
         },
         stalled,
     )
+
+
+def _ratios(y: np.ndarray, pred: np.ndarray) -> tuple[float, list[float]]:
+    """The mean of the measured ratios to the fit (stalls included), and the ratios over it
+    as :data:`RATIO_POINTS` quantiles averaging exactly 1."""
+    r = y / pred
+    m = float(r.mean())
+    q = np.quantile(r / m, (np.arange(RATIO_POINTS) + 0.5) / RATIO_POINTS)
+    return m, [round(float(v), 5) for v in q / q.mean()]
 
 
 def _r2(y: np.ndarray, pred: np.ndarray) -> float:
@@ -75,10 +89,13 @@ def fit_affine(batch_size: np.ndarray, service_ms: np.ndarray) -> dict:
     pred = base + per * b
     noise, stalled = _noise(y, pred)
     keep = ~stalled
+    m, ratios = _ratios(y, pred)
     return {
         "kind": "affine",
-        "base_ms": base,
-        "per_item_ms": per,
+        "base_ms": base * m,
+        "per_item_ms": per * m,
+        "noise_cv": 0.0,
+        "noise_ratios": ratios,
         **noise,
         "r2": _r2(y[keep], pred[keep]),
         "batches": len(y),
@@ -102,9 +119,12 @@ def fit_table(batch_size: np.ndarray, service_ms: np.ndarray, *, min_batches: in
     means = pd.Series(y[~stalled]).groupby(b[~stalled]).mean()
     pred = means.reindex(b).to_numpy()
     noise, stalled = _noise(y, pred)
+    m, ratios = _ratios(y, pred)
     return {
         "kind": "table",
-        "batch_ms": {int(k): round(float(m), 4) for k, m in means.items()},
+        "batch_ms": {int(k): round(float(v * m), 4) for k, v in means.items()},
+        "noise_cv": 0.0,
+        "noise_ratios": ratios,
         **noise,
         "r2": _r2(y[~stalled], pred[~stalled]),
         "batches": len(y),

@@ -26,6 +26,14 @@ def _service(st: dict) -> str:
     return f"{st['base_ms']:.2f} + {st['per_item_ms']:.2f} × B ms"
 
 
+def _noise_text(st: dict) -> str:
+    r = st.get("noise_ratios")
+    if not r:
+        return f"log-normal, CV {st['noise_cv']:.3f}"
+    q = np.quantile(r, [0.5, 0.95, 0.99])
+    return f"median {q[0]:.3f}, 95th {q[1]:.3f}, 99th {q[2]:.3f}"
+
+
 def _mean(spec: dict) -> float:
     if spec["kind"] == "empirical":
         return float(np.mean(spec["samples_ms"]))
@@ -94,8 +102,9 @@ def markdown(
         "",
         "## The fitted model",
         "",
-        f"- **Batch time** (hand-off to the instance and back, plus compute): {_service(st)}; robust noise CV "
-        f"{st['noise_cv']:.3f} (the plain standard deviation of the ratios would say {st['noise_cv_sd']:.3f}); "
+        f"- **Batch time** (hand-off to the instance and back, plus compute): {_service(st)}, times the measured "
+        f"ratios to the fit, resampled ({_noise_text(st)}); robust noise CV {st.get('noise_cv_robust', 0):.3f}, the "
+        f"plain standard deviation of the ratios {st['noise_cv_sd']:.3f}; "
         f"R² {st['r2']:.3f} over {st['batches']:,} batches; {st['stalls']} stalled batches set apart"
         + (f" (longest {', '.join(f'{x:.1f}' for x in st['stall_ms'][:5])} ms)" if st["stalls"] else "")
         + ".",

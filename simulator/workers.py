@@ -60,9 +60,13 @@ class ServiceModel:
         self._per_size = isinstance(st, Affine | Table)
         if self._per_size:
             self._means = [0.0] + [mean_service_ms(cfg, b) for b in range(1, max_batch + 1)]
-            cv = st.noise_cv
-            sigma2 = math.log1p(cv * cv)
-            self._factor = lambda n: rng.lognormal(-sigma2 / 2, math.sqrt(sigma2), n) if cv else np.ones(n)
+            if st.noise_ratios is not None:  # a calibration's measured ratios, resampled
+                ratios = np.asarray(st.noise_ratios, dtype=float)
+                self._factor = lambda n: ratios[rng.integers(0, len(ratios), n)]
+            else:
+                cv = st.noise_cv
+                sigma2 = math.log1p(cv * cv)
+                self._factor = lambda n: rng.lognormal(-sigma2 / 2, math.sqrt(sigma2), n) if cv else np.ones(n)
         else:
             sampler = Sampler(st, rng)
             self._factor = sampler.draw

@@ -24,7 +24,8 @@ def test_affine_fit_recovers_base_slope_and_noise():
     # standard errors at this n are ~1-2% of each parameter; allow 4 of them
     assert fit["base_ms"] == pytest.approx(base, rel=0.06)
     assert fit["per_item_ms"] == pytest.approx(per, rel=0.03)
-    assert fit["noise_cv"] == pytest.approx(cv, rel=0.06)
+    assert fit["noise_cv_robust"] == pytest.approx(cv, rel=0.06)
+    assert np.std(fit["noise_ratios"]) == pytest.approx(cv, rel=0.06)  # the ratios the simulator resamples
 
 
 @pytest.mark.parametrize(

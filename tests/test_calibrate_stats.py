@@ -76,14 +76,23 @@ def test_robust_noise_ignores_stalls_that_inflate_the_standard_deviation():
     stalled = rng.random(n) < 0.01
     y[stalled] += rng.uniform(30.0, 150.0, stalled.sum())  # pauses of tens of ms
     fit = fit_affine(b, y)
-    assert fit["noise_cv"] == pytest.approx(cv, rel=0.08)
+    assert fit["noise_cv_robust"] == pytest.approx(cv, rel=0.08)
     assert fit["noise_cv_sd"] > 3 * cv  # what the plain figure would have said
     assert fit["stalls"] == pytest.approx(stalled.sum(), abs=3)
-    assert fit["base_ms"] == pytest.approx(3.0, rel=0.05)
-    assert fit["per_item_ms"] == pytest.approx(1.0, rel=0.02)
+    # located without the stalls, then scaled to the whole mean, stalls included
+    inflate = float(np.mean(y / (3.0 + 1.0 * b)))
+    assert fit["base_ms"] == pytest.approx(3.0 * inflate, rel=0.05)
+    assert fit["per_item_ms"] == pytest.approx(1.0 * inflate, rel=0.02)
+    # the ratios the simulator resamples: mean one, the measured tail (body and stalls) kept
+    r = np.asarray(fit["noise_ratios"])
+    assert r.mean() == pytest.approx(1.0, abs=1e-5)  # to the rounding of the stored ratios
+    measured = y / (3.0 + 1.0 * b) / inflate
+    for q in (0.5, 0.9, 0.98):
+        assert np.quantile(r, q) == pytest.approx(np.quantile(measured, q), rel=0.03)
+    assert fit["noise_cv"] == 0.0
     table = fit_table(b, y)
     for size, ms in table["batch_ms"].items():
-        assert ms == pytest.approx(3.0 + size, rel=0.02)  # the means leave the stalls out
+        assert ms == pytest.approx((3.0 + size) * inflate, rel=0.02)
     assert robust_lognormal_cv(np.log(rng.lognormal(0, sigma, 20_000))) == pytest.approx(cv, rel=0.03)
     assert not stalls(rng.normal(0, 0.05, 10_000)).any()
 

@@ -91,8 +91,10 @@ def test_mmc_through_simpy_scheduler_matches_erlang_c(root_dir):
         (["workers.service_time.kind=deterministic", "workers.service_time.value_ms=1.0"], 1.0, 0.0),
         (["workers.service_time={kind: gamma, mean_ms: 1.0, cv: 2.0}"], 1.0, 4.0),
         (["workers.service_time={kind: uniform, low_ms: 0.5, high_ms: 1.5}"], 1.0, 1 / 12),
+        # a calibration's measured noise ratios, resampled: half 0.5, half 1.5 (mean 1, variance 0.25)
+        ([f"workers.service_time={{kind: table, batch_ms: {{1: 1.0}}, noise_ratios: {[0.5, 1.5] * 5}}}"], 1.0, 0.25),
     ],
-    ids=["M/D/1", "M/G/1-gamma-cv2", "M/G/1-uniform"],
+    ids=["M/D/1", "M/G/1-gamma-cv2", "M/G/1-uniform", "M/G/1-measured-ratios"],
 )
 @pytest.mark.parametrize("rho", [0.5, 0.8])
 def test_mg1_mean_wait_matches_pollaczek_khinchine(root_dir, service, mean, var, rho):

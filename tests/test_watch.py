@@ -1,0 +1,213 @@
+"""The live twin (``servesim calibrate watch``): parsing Triton's metrics and statistics,
+the rolling fit, the breaking rate against the simulator, bad input, and, under ``-m
+slow``, the twin's announced breaking rate against a real ramp on the reference server."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import math
+import threading
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from calibrate.watch import Scrape, Twin, histogram_quantile, parse_metrics
+from simulator.cli import app
+from tests.servers import free_port
+
+METRICS = """# HELP nv_inference_request_success Successful requests
+# TYPE nv_inference_request_success counter
+nv_inference_request_success{model="resnet",version="1"} 90.0
+nv_inference_request_success_total{model="resnet",version="2"} 10.0
+nv_inference_request_success_created{model="resnet",version="2"} 1.7e9
+nv_inference_request_success{model="other",version="1"} 555.0
+nv_inference_request_duration_us{model="resnet",version="1"} 2000000.0
+nv_inference_queue_duration_us{model="resnet",version="1"} 500000.0
+nv_inference_compute_infer_duration_us{model="resnet",version="1"} 1000000.0
+process_cpu_seconds_total 12.5
+servesim_stage_duration_seconds_bucket{le="0.01",model="resnet",stage="request",version="1"} 40.0
+servesim_stage_duration_seconds_bucket{le="0.02",model="resnet",stage="request",version="1"} 90.0
+servesim_stage_duration_seconds_bucket{le="+Inf",model="resnet",stage="request",version="1"} 100.0
+servesim_stage_duration_seconds_bucket{le="0.01",model="resnet",stage="queue",version="1"} 100.0
+"""
+
+
+def test_metrics_are_read_for_the_model_only_summed_over_versions():
+    # Triton's bare counter names and prometheus_client's _total ones both count
+    m = parse_metrics(METRICS, "resnet")
+    c = m["counters"]
+    assert c["nv_inference_request_success"] == 100.0
+    assert c["nv_inference_request_duration_us"] == 2e6
+    assert c["process_cpu_seconds_total"] == 12.5
+    assert m["buckets"] == {0.01: 40.0, 0.02: 90.0, math.inf: 100.0}
+    # within-bucket interpolation, as Prometheus' histogram_quantile
+    assert histogram_quantile(m["buckets"], 0.5) == pytest.approx(10 + 10 * (50 - 40) / 50)
+    assert histogram_quantile(m["buckets"], 0.2) == pytest.approx(5.0)
+    assert math.isnan(histogram_quantile(m["buckets"], 0.95))  # past the last finite bound
+    assert math.isnan(histogram_quantile({}, 0.5))
+
+
+def _scrape(t: float, requests: float, batches: dict[int, tuple[int, int]], per_req_us: float = 3000.0) -> Scrape:
+    compute = sum(ns for _, ns in batches.values()) / 1e3
+    counters = {
+        "nv_inference_request_success": requests,
+        "nv_inference_request_duration_us": requests * per_req_us + compute,
+        "nv_inference_queue_duration_us": requests * 1000.0,
+        "nv_inference_compute_infer_duration_us": compute,
+    }
+    return Scrape(t, counters, {}, batches)
+
+
+CONFIG = {
+    "max_batch_size": 8,
+    "dynamic_batching": {"max_queue_delay_microseconds": 2000, "default_queue_policy": {"max_queue_size": 0}},
+    "instance_group": [{"count": 1, "kind": "KIND_GPU"}],
+}
+
+
+def test_the_rolling_fit_reads_rate_batch_times_and_overheads_from_deltas():
+    twin = Twin(CONFIG, "resnet", percentile=99, target_ms=60, sim_s=10)
+    assert twin.update(_scrape(0.0, 0, {})) is None  # the first scrape only sets the baseline
+    # 10 s: 2,000 requests in 400 batches of 5 (10 ms each) and 100 of ... 0 more
+    row = twin.update(_scrape(10.0, 2000, {5: (400, 400 * 10_000_000)}))
+    assert row["rate_rps"] == pytest.approx(200.0)
+    fit = twin.fit()
+    assert fit["batch_ms"] == {5: pytest.approx(10.0)}
+    assert fit["overhead_ms"] == pytest.approx((3000.0 - 1000.0) / 1e3)  # request time less queue and compute
+    # a later interval adds a size; the window keeps both
+    row = twin.update(_scrape(20.0, 4400, {5: (400, 400 * 10_000_000), 8: (300, 300 * 14_000_000)}))
+    assert twin.fit()["batch_ms"] == {5: pytest.approx(10.0), 8: pytest.approx(14.0)}
+    assert row["rate_rps"] == pytest.approx(240.0)
+    assert row["breaking_rate_rps"] > row["rate_rps"]
+    assert row["headroom_pct"] == pytest.approx((row["breaking_rate_rps"] / 240.0 - 1) * 100)
+
+
+def test_the_breaking_rate_is_where_the_simulated_percentile_crosses_the_target():
+    twin = Twin(CONFIG, "resnet", percentile=99, target_ms=60, sim_s=10)
+    fit = {"batch_ms": {1: 5.0, 8: 14.0}, "overhead_ms": 1.0}
+    r = twin.breaking_rate(fit, 100.0)
+    assert 100.0 < r < 8 / 14.0 * 1e3  # short of the instance's peak
+    assert twin._percentiles(fit, r)[1] <= 60
+    assert twin._percentiles(fit, r * 1.03)[1] > 60
+    # an overloaded rate: the headroom is negative
+    assert twin.breaking_rate(fit, 1.5 * r) < 1.5 * r
+
+
+@contextlib.contextmanager
+def not_a_v2_server():
+    port = free_port()
+    server = http.server.HTTPServer(("127.0.0.1", port), http.server.SimpleHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_watch_refuses_what_it_cannot_watch(tmp_path):
+    runner = CliRunner()
+    down = runner.invoke(app, ["calibrate", "watch", "--url", f"http://127.0.0.1:{free_port()}", "--model", "m"])
+    assert down.exit_code == 2
+    assert "cannot reach" in down.output
+    with not_a_v2_server() as url:
+        other = runner.invoke(app, ["calibrate", "watch", "--url", url, "--model", "m"])
+    assert other.exit_code == 2
+    assert "not an Open Inference Protocol (v2) server" in other.output
+    bad_sla = runner.invoke(app, ["calibrate", "watch", "--url", "http://127.0.0.1:1", "--sla", "p99<100"])
+    assert bad_sla.exit_code == 2
+    assert "p99<=100ms" in bad_sla.output
+    nowhere = runner.invoke(
+        app, ["calibrate", "watch", "--url", "http://127.0.0.1:1", "--json", str(tmp_path / "no" / "x.jsonl")]
+    )
+    assert nowhere.exit_code == 2
+    assert "does not exist" in nowhere.output
+    for r in (down, other, bad_sla, nowhere):
+        assert "Traceback" not in r.output
+
+
+def _serve():
+    pytest.importorskip("torch", reason="the reference server needs the server extra (torch)")
+    pytest.importorskip("aiohttp", reason="the load generator needs aiohttp")
+    from tests.servers import reference_server
+
+    return reference_server
+
+
+def test_watch_follows_a_live_server_and_keeps_going_through_failed_scrapes(tmp_path):
+    reference_server = _serve()
+    from calibrate.loadgen import image_payloads, sweep
+
+    args = ("--resolution", "32", "--width", "8", "--max-batch-size", "4")
+    with reference_server(*args) as (url, _proc):
+        runner = CliRunner()
+        missing = runner.invoke(app, ["calibrate", "watch", "--url", url, "--model", "nope"])
+        assert missing.exit_code == 2
+        assert "model 'nope'" in missing.output
+        payloads = image_payloads(8, 48, np.random.default_rng(0))
+        load = threading.Thread(
+            target=sweep, args=(url, "resnet", [40.0], payloads), kwargs={"duration_s": 6.0, "min_queries": 10}
+        )
+        load.start()
+        out = tmp_path / "twin.jsonl"
+        cmd = ["calibrate", "watch", "--url", url, "--interval-s", "1", "--duration-s", "5", "--json", str(out)]
+        result = runner.invoke(app, [*cmd, "--sla", "p99<=200ms"])  # the model: the repository's only one
+        load.join()
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    live = [r for r in rows if r.get("predicted_p99_ms") is not None]
+    assert live, rows
+    assert all(20 < r["rate_rps"] < 60 for r in live)
+    assert all(r["breaking_rate_rps"] > r["rate_rps"] for r in live)
+    assert all(r["measured_p50_ms"] > 0 for r in live)
+    # the server is gone: a scrape fails, the twin says so and goes on
+    gone = CliRunner().invoke(app, [*cmd[:-2], "--json", str(tmp_path / "after.jsonl")])
+    assert gone.exit_code == 2  # cannot even connect: refused at the start, before any loop
+
+
+@pytest.mark.slow
+def test_the_twin_announces_the_breaking_rate_of_a_real_ramp():
+    """At 50% load the twin announces a breaking rate; an open-loop ramp then finds where the
+    server's measured p99 crosses the SLA. They must agree within 15%."""
+    reference_server = _serve()
+    from calibrate.loadgen import Slice, image_payloads, run_slices
+    from calibrate.watch import connect, scrape
+
+    target = 60.0
+    args = ("--resolution", "64", "--width", "48", "--max-batch-size", "4", "--max-queue-delay-ms", "2")
+    with reference_server(*args) as (url, _proc):
+        payloads = image_payloads(16, 64, np.random.default_rng(1))
+        name, config = connect(url, None)
+        twin = Twin(config, name, percentile=99, target_ms=target, sim_s=30)
+        # find the rough capacity from a short run, then sit at half of it while the twin fits
+        probe, _, _ = run_slices(url, name, [Slice(0, 0, 100.0, 1)], payloads, slice_s=3.0, warmup_s=0.5)
+        batch4 = probe.loc[probe["batch_size"] == probe["batch_size"].max(), "compute_infer_us"].median() / 1e3
+        peak = probe["batch_size"].max() / batch4 * 1e3
+        half = round(0.5 * peak, 1)
+        announced = None
+        twin.update(scrape(url, name))
+        for k in range(3):
+            run_slices(url, name, [Slice(1, 1, half, 10 + k)], payloads, slice_s=4.0, warmup_s=0.0)
+            row = twin.update(scrape(url, name))
+            if row and row.get("breaking_rate_rps"):
+                announced = row["breaking_rate_rps"]
+        assert announced is not None
+        # the ramp: 4 s per step from 60% to 110% of the rough peak
+        steps = [round(f * peak, 1) for f in np.arange(0.6, 1.13, 0.05)]
+        plan = [Slice(2, k, r, 100 + k) for k, r in enumerate(steps)]
+        ramp, _, _ = run_slices(url, name, plan, payloads, slice_s=4.0, warmup_s=0.5)
+    ok = ramp[(ramp["status"] == 200) & ~ramp["warmup"]]
+    p99 = ok.groupby("level")["request_us"].quantile(0.99) / 1e3
+    p99 = pd.Series(p99.to_numpy(), index=[steps[k] for k in p99.index])
+    over = np.flatnonzero(p99.to_numpy() > target)
+    assert len(over), p99  # the ramp crossed the SLA
+    assert over[0] > 0, p99  # and not at its first step
+    i = over[0]
+    r0, r1, y0, y1 = p99.index[i - 1], p99.index[i], math.log(p99.iloc[i - 1]), math.log(p99.iloc[i])
+    crossing = r0 + (math.log(target) - y0) / (y1 - y0) * (r1 - r0)
+    assert abs(announced - crossing) / crossing < 0.15, (announced, crossing, p99.round(1).to_dict())
