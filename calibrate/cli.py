@@ -7,6 +7,7 @@ stays light.
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Annotated
 
@@ -29,6 +30,10 @@ def _need(what: str):
         return typer.Exit(code=2)
 
     return fail
+
+
+def _terminated(signum, _frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _levels(text: str) -> list[int]:
@@ -65,11 +70,17 @@ def run(
     except ImportError as err:
         raise _need("calibrate run")(err) from None
     design = Design(rounds=rounds, slice_s=slice_s, min_requests=min_requests)
+    # SIGTERM ends the run like Ctrl-C: the context managers stop the server, its instances,
+    # redis-server and the meters (Python's default for SIGTERM would skip them)
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         report = calibrate_run(server_args.split(), out, design=design, seed=seed, pin=pin, reps=reps, log=typer.echo)
     except (ValueError, RuntimeError, TimeoutError, FileNotFoundError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None
+    except KeyboardInterrupt:
+        typer.echo("calibrate run: stopped; the server and its children are stopped too", err=True)
+        raise typer.Exit(code=130) from None
     judged = [r for r in report["validation"] if r["percentile"] in ("p50", "p99")]
     met = sum(r["verdict"] in ("within target", "inside interval") for r in judged)
     typer.echo((out / "validation.md").read_text())
@@ -99,11 +110,18 @@ def load(
         levels = [float(r) for r in rates.split(",")]
     except ValueError:
         raise typer.BadParameter(f"--rates: expected numbers like 20,50,80; got {rates!r}") from None
-    import urllib.request
+    from calibrate.watch import WatchError, connect
 
+    if not out.parent.is_dir():
+        typer.echo(f"error: --out {out}: folder {out.parent} does not exist", err=True)
+        raise typer.Exit(code=2)
+    try:  # a server that is down, not v2, or without the model: refused before any load
+        _, config = connect(url, model)
+    except WatchError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None
     payloads = image_payloads(32, image_side, np.random.default_rng(seed))
-    with urllib.request.urlopen(f"{url.rstrip('/')}/v2/models/{model}/config", timeout=10) as r:
-        out.with_suffix(".config.json").write_bytes(r.read())  # for `calibrate fit`
+    out.with_suffix(".config.json").write_text(json.dumps(config))  # for `calibrate fit`
     df = sweep(url.rstrip("/"), model, levels, payloads, duration_s=duration_s, min_queries=min_queries, seed=seed)
     df.to_csv(out, index=False)
     typer.echo(level_summary(df).to_string(index=False))

@@ -81,13 +81,16 @@ def markdown(
         "Measured intervals resample whole slices (95%); predicted ones are t-intervals over replications of the "
         "same slice design. Targets: p50 within 10%, p99 within 15%, or the prediction inside the measured interval.",
         "",
-        "| load | req/s | requests | pct | measured ms | 95% interval | predicted ms | 95% interval | error "
-        "| verdict |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "Latencies are of the successful requests; the failed ones (timeouts, 503s, 500s) are counted in the "
+        "errors column, never left out silently.",
+        "",
+        "| load | req/s | requests | errors | pct | measured ms | 95% interval | predicted ms | 95% interval "
+        "| error | verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for _, r in table.iterrows():
         lines.append(
-            f"| {r['load']:.0%} | {r['offered_rps']:.1f} | {r['requests']:,} | {r['percentile']} | "
+            f"| {r['load']:.0%} | {r['offered_rps']:.1f} | {r['requests']:,} | {r['errors']} | {r['percentile']} | "
             f"{r['measured_ms']:.1f} | {_ci(r['measured_lo'], r['measured_hi'])} | {r['predicted_ms']:.1f} | "
             f"{_ci(r['predicted_lo'], r['predicted_hi'])} | {r['error_pct']:+.1f}% | {r['verdict']} |"
         )

@@ -43,7 +43,7 @@ import pandas as pd
 
 from calibrate.fit import batches_from_requests, fit_frontend, fit_profile
 from calibrate.hiccups import HiccupMeter
-from calibrate.loadgen import Slice, image_payloads, level_summary, ranker_payloads, run_slices, sweep
+from calibrate.loadgen import Slice, image_payloads, level_summary, ranker_payloads, run_slices
 from calibrate.report import markdown, write_scenario
 from calibrate.validate import chart, compare
 
@@ -252,7 +252,7 @@ def calibrate_run(
     log=print,
 ) -> dict:
     """The whole calibration (the ranker with a redis-server of its own); writes profile.json,
-    scenario.yaml, measurements.csv, slices.csv, hiccups.csv, validation.json, validation.md
+    scenario.yaml, measurements.csv.gz, slices.csv, hiccups.csv, validation.json, validation.md
     and validation.png under ``out``. Returns the report."""
     design = design or Design()
     out.mkdir(parents=True, exist_ok=True)
@@ -331,11 +331,21 @@ def _calibrate(
             payloads = ranker_payloads(32, mcfg["dense"], 10_000, rng)
         else:
             payloads = image_payloads(32, side=max(64, mcfg["resolution"]), rng=rng)
-        sweep(url, model, [5.0], payloads, duration_s=2.0, min_queries=10, seed=seed)  # warm the path
         servers = min(len(servesim["frontend_cores"]), 2)
+        # warm the path at a gentle rate; its CPU per request (background included, so an
+        # overestimate) bounds what the front end can take, where the model alone would say
+        # tens of thousands of req/s for a small ranker
+        _, gentle_slices, _ = run_slices(
+            url, model, [Slice(-1, -1, 20.0, seed=seed)], payloads, slice_s=3.0, warmup_s=0
+        )
+        per_request_s = float(gentle_slices["frontend_cpu_s"].sum() + gentle_slices["client_cpu_s"].sum()) / max(
+            int(gentle_slices["requests"].sum()), 1
+        )
         guess = len(instance_cores) * b / float(bench["mean_ms"].iloc[-1]) * 1e3
-        # warm-up at 25% and 60% of the instances' peak: the front end's CPU per request and in
-        # the background (a line through two rates), and the hand-off
+        if per_request_s > 0:
+            guess = min(guess, servers / per_request_s)
+        # warm-up at 25% and 60% of that: the front end's CPU per request and in the
+        # background (a line through two rates), and the hand-off
         first = [Slice(-1, -1, round(f * guess, 2), seed=seed + 100 + k) for k, f in enumerate((0.25, 0.6))]
         warm, warm_slices, _ = run_slices(url, model, first, payloads, slice_s=WARMUP_S / 2, warmup_s=0.5)
         front = fit_frontend(warm_slices, servers=servers, client_shares_cores=True)
@@ -388,7 +398,7 @@ def _calibrate(
     log("fitted; simulating the held-out levels")
     table = compare(profile, requests, summary[summary["held_out"]], reps=reps, rng=rng)
     inside = compute_inside(requests, loads, bench)
-    requests.to_csv(out / "measurements.csv", index=False)
+    requests.to_csv(out / "measurements.csv.gz", index=False)
     slices.to_csv(out / "slices.csv", index=False)
     hiccups.to_csv(out / "hiccups.csv", index=False)
     (out / "profile.json").write_text(json.dumps(profile, indent=2) + "\n")

@@ -166,6 +166,35 @@ def calibration_table(report: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def validation_rows(report: dict) -> pd.DataFrame:
+    """The held-out levels as the report gives them: measured and predicted ms with their
+    95% intervals, the error and the verdict (older reports: without intervals)."""
+    df = pd.DataFrame(report["validation"])
+    out = pd.DataFrame(
+        {
+            "load": df["load"].map("{:.0%}".format),
+            "percentile": df["percentile"],
+            "measured ms": df["measured_ms"].round(1),
+            "predicted ms": df["predicted_ms"].round(1),
+            "error": df["error_pct"].map("{:+.1f}%".format),
+        }
+    )
+    if "measured_lo" in df:
+        out.insert(1, "requests", df["requests"])
+        out.insert(
+            4,
+            "measured 95%",
+            [f"[{lo:.1f}, {hi:.1f}]" for lo, hi in zip(df["measured_lo"], df["measured_hi"], strict=True)],
+        )
+        out.insert(
+            6,
+            "predicted 95%",
+            [f"[{lo:.1f}, {hi:.1f}]" for lo, hi in zip(df["predicted_lo"], df["predicted_hi"], strict=True)],
+        )
+        out["verdict"] = df["verdict"]
+    return out
+
+
 # How close a practice estimate must be to count as right: relative error per quantity.
 ESTIMATE_TOLERANCE = {"workers": 0.2, "sla_ms": 0.25, "cost_per_hour_usd": 0.2}
 

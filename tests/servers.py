@@ -59,4 +59,45 @@ def reference_server(*args: str):
                 proc.kill()
 
 
-__all__ = ["redis_server", "reference_server"]
+def children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid``, from the process table."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def wait_gone(pids: list[int], timeout_s: float = 15.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        left = [p for p in pids if running(p)]
+        if not left:
+            return []
+        time.sleep(0.1)
+    return [p for p in pids if running(p)]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, from the process table."""
+    out, todo = [], [pid]
+    while todo:
+        kids = children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+__all__ = ["children", "descendants", "redis_server", "reference_server", "running", "wait_gone"]

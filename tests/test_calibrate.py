@@ -133,10 +133,10 @@ def test_end_to_end_calibration_of_a_tiny_model(tmp_path):
     assert profile["design"]["rounds"] == 2
     assert {r["verdict"] for r in rows} <= {"within target", "inside interval", "miss", "shown"}
     assert all(r["measured_lo"] <= r["measured_ms"] <= r["measured_hi"] for r in rows)
-    measured = pd.read_csv(tmp_path / "measurements.csv")
+    measured = pd.read_csv(tmp_path / "measurements.csv.gz")
     assert measured.groupby("level")["slice"].nunique().eq(2).all()  # every level in each of the 2 rounds
     assert (measured.loc[measured["status"] == 200, "handoff_us"] > 0).all()
-    for name in ("measurements.csv", "slices.csv", "validation.json", "validation.md", "validation.png"):
+    for name in ("measurements.csv.gz", "slices.csv", "validation.json", "validation.md", "validation.png"):
         assert (tmp_path / name).stat().st_size > 0
     # the profile as a scenario: it runs, at another rate too
     from simulator.loader import load_scenario
@@ -161,7 +161,7 @@ def test_end_to_end_calibration_of_the_ranker_through_redis(tmp_path):
     assert (f["lookups_per_request"], f["batch_size"], f["parallelism"]) == (8, 1, 1)
     assert f["store"]["threads"] == 1
     assert 0 < f["store"]["per_op_ms"] < 50
-    measured = pd.read_csv(tmp_path / "measurements.csv")
+    measured = pd.read_csv(tmp_path / "measurements.csv.gz")
     assert (measured.loc[measured["status"] == 200, "feature_round_trips"] == 8).all()
     assert {r["load"] for r in report["validation"]} == {0.2, 0.5, 0.7, 0.85}
     assert all(np.isfinite(r["error_pct"]) for r in report["validation"])
@@ -263,3 +263,35 @@ def test_fit_profile_from_synthetic_requests_recovers_the_round_trip():
     light = df[df["level"] == 0]
     assert f["store"] == {"threads": 1, "per_op_ms": pytest.approx(np.median(light["feature_us"]) / 4e3)}
     assert f["store"]["per_op_ms"] == pytest.approx(0.3, rel=0.05)  # the lognormal's median
+
+
+def test_sigterm_to_calibrate_run_stops_its_server_and_every_child(tmp_path):
+    pytest.importorskip("torch", reason="calibration drives the reference server (torch)")
+    import signal
+    import subprocess
+    import time
+
+    from tests.servers import descendants, servesim_cmd, wait_gone
+
+    args = "--resolution 32 --width 8 --max-batch-size 4"
+    proc = subprocess.Popen(
+        [*servesim_cmd(), "calibrate", "run", "--out", str(tmp_path), "--server-args", args, "--rounds", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        family: list[int] = []
+        while time.monotonic() < deadline and len(family) < 4:  # the server, its instance, meters, trackers
+            time.sleep(0.5)
+            family = descendants(proc.pid)
+        assert len(family) >= 2, "calibrate run never started its server"
+        family = descendants(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 130
+        assert "Traceback" not in proc.stderr.read()
+        assert wait_gone(family, timeout_s=20) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -12,7 +12,6 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,40 +21,9 @@ pytest.importorskip("torch", reason="the reference server needs the server extra
 from calibrate.loadgen import image_payloads
 from reference_server.instances import InstanceSpec, ProcessInstance, blocks, instance_cores
 from reference_server.models import ModelConfig, ServedModel
-from tests.servers import reference_server
+from tests.servers import children, reference_server, running, wait_gone
 
 TINY = ("--resolution", "32", "--width", "8")
-
-
-def children(pid: int) -> list[int]:
-    """Processes whose parent is ``pid``, from the process table."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
-def running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def wait_gone(pids: list[int], timeout_s: float = 15.0) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        left = [p for p in pids if running(p)]
-        if not left:
-            return []
-        time.sleep(0.1)
-    return [p for p in pids if running(p)]
 
 
 def config(url: str, model: str = "resnet") -> dict:

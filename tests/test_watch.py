@@ -127,7 +127,16 @@ def test_watch_refuses_what_it_cannot_watch(tmp_path):
     )
     assert nowhere.exit_code == 2
     assert "does not exist" in nowhere.output
-    for r in (down, other, bad_sla, nowhere):
+    # the load generator refuses the same, before sending anything
+    load = ["calibrate", "load", "--rates", "10", "--out", str(tmp_path / "m.csv")]
+    load_down = runner.invoke(app, [*load, "--url", f"http://127.0.0.1:{free_port()}"])
+    assert load_down.exit_code == 2
+    assert "cannot reach" in load_down.output
+    with not_a_v2_server() as url:
+        load_other = runner.invoke(app, [*load, "--url", url])
+    assert load_other.exit_code == 2
+    assert "not an Open Inference Protocol (v2) server" in load_other.output
+    for r in (down, other, bad_sla, nowhere, load_down, load_other):
         assert "Traceback" not in r.output
 
 

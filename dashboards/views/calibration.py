@@ -7,7 +7,7 @@ import json
 import streamlit as st
 
 from dashboards import charts
-from dashboards.data import PROFILES, Choice, calibration_reports, calibration_table
+from dashboards.data import PROFILES, Choice, calibration_reports, calibration_table, validation_rows
 from simulator.config import Scenario
 
 
@@ -29,9 +29,4 @@ def render(choice: Choice | None = None, s: Scenario | None = None) -> None:
     )
     table = calibration_table(report)
     st.altair_chart(charts.calibration(table), width="content")
-    wide = table.pivot_table(index=["load", "percentile"], columns="source", values="ms").reset_index()
-    wide["error_pct"] = (wide["predicted"] / wide["measured"] - 1) * 100
-    st.dataframe(
-        wide.style.format({"measured": "{:.1f}", "predicted": "{:.1f}", "error_pct": "{:+.1f}%", "load": "{:.0%}"}),
-        hide_index=True,
-    )
+    st.dataframe(validation_rows(report), hide_index=True)
