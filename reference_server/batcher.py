@@ -108,6 +108,7 @@ class DynamicBatcher:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._fail_queued()  # only when every instance died with requests still queued
         for inst in self.instances:
             inst.close()
 

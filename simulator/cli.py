@@ -169,7 +169,7 @@ def dashboard(
     Pick and edit scenarios, see where latency lives, compare variants, the load curve, the
     timeline, plans, calibration and practice."""
     import importlib.util
-    import subprocess
+    import os
     import sys
 
     if importlib.util.find_spec("streamlit") is None:
@@ -178,10 +178,8 @@ def dashboard(
     cmd = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.port", str(port),
            "--server.address", "127.0.0.1", "--server.headless", str(headless).lower(),
            "--browser.gatherUsageStats", "false"]  # fmt: skip
-    try:
-        raise typer.Exit(subprocess.call(cmd))
-    except KeyboardInterrupt:
-        raise typer.Exit(0) from None
+    # become Streamlit (no child left behind): SIGTERM and Ctrl-C reach the server itself
+    os.execv(sys.executable, cmd)
 
 
 app.add_typer(calibrate_app, name="calibrate")

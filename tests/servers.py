@@ -10,7 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from calibrate.run import redis_server
+from calibrate.servers import redis_server
 
 
 def free_port() -> int:

@@ -214,7 +214,7 @@ def test_calibrate_fit_command_on_the_committed_measurements(tmp_path):
         "parameters": {"servesim": {"device": "cpu", "threads": 1, "model": {"kind": "resnet", "resolution": 64}}},
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
-    csv = ROOT / "calibrate/profiles/cpu-resnet64/measurements.csv"
+    csv = ROOT / "calibrate/profiles/cpu-resnet64/measurements.csv.gz"
     args = ["calibrate", "fit", str(csv), "--config", str(tmp_path / "config.json"), "--fit-levels", "1,3,5"]
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "p.json")])
     assert result.exit_code == 0, result.output

@@ -3,7 +3,11 @@ headless Chromium (the system's, driven by Playwright)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,7 +23,7 @@ from simulator.engine import simulate
 from simulator.loader import load_scenario
 from simulator.metrics import window
 from tests.helpers import ROOT
-from tests.servers import free_port, servesim_cmd, wait_http
+from tests.servers import descendants, free_port, servesim_cmd, wait_gone, wait_http
 
 APP = str(ROOT / "dashboards" / "app.py")
 TIMEOUT = 180
@@ -150,16 +154,22 @@ def test_stage_bands_add_up_to_the_percentile():
     assert cdf["probability"].iloc[-1] == pytest.approx(0.9999)
 
 
-@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (CI installs it)")
-def test_the_dashboard_in_a_real_browser(tmp_path):
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
-    port = free_port()
-    proc = subprocess.Popen(
+def start_dashboard(port: int) -> subprocess.Popen:
+    """``servesim dashboard`` in a process group of its own, which the caller kills whole."""
+    return subprocess.Popen(
         [*servesim_cmd(), "dashboard", "--port", str(port), "--headless"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,
     )
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium is not installed (CI installs it)")
+def test_the_dashboard_in_a_real_browser(tmp_path):
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    port = free_port()
+    proc = start_dashboard(port)
     try:
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/_stcore/health", proc=proc)
@@ -184,8 +194,34 @@ def test_the_dashboard_in_a_real_browser(tmp_path):
             browser.close()
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        assert wait_gone([proc.pid, *descendants(proc.pid)]) == []
+
+
+def test_sigterm_to_servesim_dashboard_frees_its_port():
+    pytest.importorskip("streamlit", reason="the dashboard needs streamlit")
+    port = free_port()
+    proc = start_dashboard(port)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/_stcore/health", proc=proc)
+        proc.send_signal(signal.SIGTERM)  # to the command itself, not its group
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) != 0:
+                    break
+            time.sleep(0.2)
+        else:
+            pytest.fail(f"port {port} still served 10 s after SIGTERM")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_practice_grading_names_what_went_wrong():
