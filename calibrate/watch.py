@@ -183,9 +183,9 @@ class Twin:
         row.update({k: v for k, v in fit.items() if k != "batch_ms"})
         if fit.get("batch_ms") is None or rate <= 0:
             return {**row, "note": "no batches yet: waiting for traffic"}
-        pred = self.predict(fit, rate)
-        breaking = self.breaking_rate(fit, rate)
-        row.update(pred)
+        p50, pq = self._percentiles(fit, rate)
+        breaking = self.breaking_rate(fit, rate, at_rate=pq)
+        row.update({"predicted_p50_ms": p50, f"predicted_p{self.percentile:g}_ms": pq})
         row["breaking_rate_rps"] = breaking
         row["headroom_pct"] = (breaking / rate - 1) * 100 if math.isfinite(breaking) else float("nan")
         return row
@@ -240,7 +240,7 @@ class Twin:
             },
             "workers": {
                 "count": 1,
-                "instances": sum(int(g.get("count", 1)) for g in cfg.get("instance_group", [{"count": 1}])),
+                "instances": self.instances,
                 "service_time": {"kind": "table", "batch_ms": fit["batch_ms"], "noise_cv": NOISE_CV},
             },
             "cost": {"price_per_hour_usd": 1.0},
@@ -260,19 +260,20 @@ class Twin:
         p50, pq = np.percentile(lat, [50, self.percentile])
         return float(p50), float(pq)
 
-    def predict(self, fit: dict, rate: float) -> dict:
-        p50, pq = self._percentiles(fit, rate)
-        return {"predicted_p50_ms": p50, f"predicted_p{self.percentile:g}_ms": pq}
+    @property
+    def instances(self) -> int:
+        return sum(int(g.get("count", 1)) for g in self.config.get("instance_group", [{"count": 1}]))
 
-    def breaking_rate(self, fit: dict, rate: float, rel_tol: float = 0.01) -> float:
+    def breaking_rate(self, fit: dict, rate: float, rel_tol: float = 0.01, *, at_rate: float | None = None) -> float:
         """The rate at which the predicted SLA percentile crosses the target (bisection; the
-        same seed at every rate, so the curve is smooth)."""
+        same seed at every rate, so the curve is smooth); ``at_rate``: the percentile at
+        ``rate`` when already simulated."""
         bmax = max(fit["batch_ms"])
-        peak = self.scenario(fit, rate).workers.instances * bmax / fit["batch_ms"][bmax] * 1e3
+        peak = self.instances * bmax / fit["batch_ms"][bmax] * 1e3
         if fit.get("frontend_cpu_ms"):
             peak = min(peak, 1e3 / fit["frontend_cpu_ms"])
         lo, hi = 0.0, 1.2 * peak
-        if self._percentiles(fit, rate)[1] > self.target_ms:
+        if (self._percentiles(fit, rate)[1] if at_rate is None else at_rate) > self.target_ms:
             hi = rate
         else:
             lo = rate
@@ -322,6 +323,6 @@ def scrape(url: str, model: str) -> Scrape:
     t = time.monotonic()
     m = parse_metrics(_get(base + "/metrics").decode(errors="replace"), model)
     stats = json.loads(_get(f"{base}/v2/models/{model}/stats"))
-    if "nv_inference_request_success" not in m["counters"]:
-        raise WatchError("/metrics has no nv_inference_request_success for this model")
+    # a counter not exported yet (prometheus_client shows a labelled series only once it
+    # has counted) is zero: an idle server is waiting for traffic, not failing
     return Scrape(t, m["counters"], m["buckets"], batch_counts(stats, model))
