@@ -275,12 +275,17 @@ def fit_profile(
     out = {"service_time": service, "service_time_fits": {"affine": affine, "table": table}, "stages": stages}
     if frontend is not None:
         pre = lowest["preprocess_us"].to_numpy() / 1e3
-        extra = max(frontend["station_ms_per_request"] - float(pre.mean()), 0.0)
-        rest = (overhead + after.loc[lowest.index]).to_numpy() - extra
+        station = frontend["station_ms_per_request"]
+        if pre.mean() <= station:  # the rest of the CPU (HTTP, parsing, encoding) on top
+            service, extra = pre + (station - pre.mean()), station - pre.mean()
+        else:  # the preprocessing's wall time holds waits (a decode thread's GIL hand-offs):
+            service, extra = pre * (station / pre.mean()), 0.0  # its CPU share; the waits are delay
+        rest = (overhead + after.loc[lowest.index]).to_numpy() + pre - service
         out["frontend"] = {
             **frontend,
-            "service": fit_distribution(pre + extra, rng=rng),
+            "service": fit_distribution(service, rng=rng),
             "other_cpu_ms": extra,
+            "preprocess_wait_ms": float((pre - service).clip(min=0).mean()),
             "fixed_delay": fit_distribution(np.maximum(rest, 0.01), rng=rng),
             "fixed_delay_clipped": float((rest < 0.01).mean()),
         }

@@ -27,6 +27,7 @@ import pandas as pd
 
 TIMING_KEYS = (
     "handoff_us",
+    "handoff_in_us",
     "feature_us",
     "preprocess_us",
     "queue_us",

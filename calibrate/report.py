@@ -119,11 +119,22 @@ def markdown(
     if fe:
         lines.append(
             f"- **Front end** as a station of {fe['servers']} server(s): {fe['cpu_ms_per_request']:.2f} ms of server "
-            f"CPU per request, plus {fe['client_cpu_ms_per_request']:.2f} ms of this load generator's on the same "
-            f"cores, and {fe['background_cores']:.2f} cores busy whatever the load (timers, meters, scrapes), which "
+            f"CPU per request"
+            + (
+                f", plus {fe['client_cpu_ms_per_request']:.2f} ms of this load generator's on the same cores"
+                if fe["client_shares_cores"]
+                else " (this load generator's loop has cores of its own)"
+            )
+            + f", and {fe['background_cores']:.2f} cores busy whatever the load (timers, meters, scrapes), which "
             f"stretch the rest: service mean {_mean(fe['service']):.2f} ms ({fe['service']['fit']['family']}). "
             f"The rest of a request's time outside the batch at light load (loopback, HTTP, waiting) is a pure "
-            f"delay of mean {_mean(fe['fixed_delay']):.2f} ms ({fe['fixed_delay']['fit']['family']})."
+            f"delay of mean {_mean(fe['fixed_delay']):.2f} ms ({fe['fixed_delay']['fit']['family']})"
+            + (
+                f", of which {fe['preprocess_wait_ms']:.2f} ms is preprocessing's wall time beyond its CPU "
+                "(a decode thread waiting for the GIL)."
+                if fe.get("preprocess_wait_ms", 0) > 0.005
+                else "."
+            )
         )
     if "features" in profile:
         f = profile["features"]

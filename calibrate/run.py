@@ -64,6 +64,11 @@ class Design:
         return round(max(self.slice_s, need), 2)
 
 
+def client_shares(servesim: dict) -> bool:
+    """Whether this load generator's loop competes with the front end's for its cores."""
+    return len(servesim["frontend_cores"]) < 2
+
+
 def build_profile(
     config: dict, requests: pd.DataFrame, fit_levels: list[int], *, rng, slices: pd.DataFrame | None = None
 ) -> dict:
@@ -77,6 +82,7 @@ def build_profile(
         "max_queue_size": config["dynamic_batching"]["default_queue_policy"]["max_queue_size"] or None,
         "instances": config["instance_group"][0]["count"],
         "preprocess_threads": 1,
+        "preprocess": servesim.get("preprocess", "thread"),
         "device": servesim["device"],
         "threads": servesim["threads"],
         "instance_mode": servesim.get("instance_mode", "thread"),
@@ -86,9 +92,11 @@ def build_profile(
     frontend = None
     if slices is not None and servesim.get("frontend_cores"):
         used = slices[slices["kept"] & slices["level"].isin(fit_levels)]
-        # the front end's work runs on its event loop and its decode thread: at most two at once
-        servers = min(len(servesim["frontend_cores"]), 2)
-        frontend = fit_frontend(used, servers=servers, client_shares_cores=True)
+        # One server: the front end's Python work holds the GIL, whether it decodes on the
+        # event loop or in a thread (on a 16-core host the thread design saturated at 1.03
+        # cores). The load generator's own loop competes for those cores only when the front
+        # end has fewer than two.
+        frontend = fit_frontend(used, servers=1, client_shares_cores=client_shares(servesim))
     return {
         "schema_version": PROFILE_SCHEMA,
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -263,7 +271,7 @@ def _calibrate(
             payloads = ranker_payloads(32, mcfg["dense"], 10_000, rng)
         else:
             payloads = image_payloads(32, side=max(64, mcfg["resolution"]), rng=rng)
-        servers = min(len(servesim["frontend_cores"]), 2)
+        servers = 1  # the front end's event loop (see build_profile)
         # warm the path at a gentle rate; its CPU per request (background included, so an
         # overestimate) bounds what the front end can take, where the model alone would say
         # tens of thousands of req/s for a small ranker
@@ -280,7 +288,7 @@ def _calibrate(
         # background (a line through two rates), and the hand-off
         first = [Slice(-1, -1, round(f * guess, 2), seed=seed + 100 + k) for k, f in enumerate((0.25, 0.6))]
         warm, warm_slices, _ = run_slices(url, model, first, payloads, slice_s=WARMUP_S / 2, warmup_s=0.5)
-        front = fit_frontend(warm_slices, servers=servers, client_shares_cores=True)
+        front = fit_frontend(warm_slices, servers=servers, client_shares_cores=client_shares(servesim))
         cap_info = capacity(bench, warm[~warm["warmup"]], front, instances=len(instance_cores))
         cap = cap_info["rps"]
         log(

@@ -62,7 +62,7 @@ def scenario_dict(profile: dict, rate_rps: float, *, duration_s: float, warmup_s
         router = {"overhead": _dist(profile["stages"]["overhead"]), "balancing": "shared"}
         preprocess = {"service": _dist(profile["stages"]["preprocess"]), "cpu_workers": server["preprocess_threads"]}
         postprocess = {"service": _dist(profile["stages"]["postprocess"])}
-    return {
+    out = {
         "name": f"calibrated-{profile['model']['kind']}",
         "seed": seed,
         "duration_s": duration_s,
@@ -85,6 +85,23 @@ def scenario_dict(profile: dict, rate_rps: float, *, duration_s: float, warmup_s
         "postprocess": postprocess,
         "cost": {"price_per_hour_usd": 1.0},
     }
+    gpu = catalog_gpu(profile)
+    if gpu is not None:  # measured on a GPU the catalog prices: that type, at its price
+        out["workers"]["instance_type"] = gpu
+        del out["cost"]
+    return out
+
+
+def catalog_gpu(profile: dict) -> str | None:
+    """The catalog key of the GPU a CUDA profile was measured on (``h100`` for an
+    'NVIDIA H100 80GB HBM3'), or None for a CPU profile or a GPU the catalog lacks."""
+    name = ((profile.get("hardware") or {}).get("gpu") or {}).get("name")
+    if not name or not str(profile.get("server", {}).get("device", "")).startswith("cuda"):
+        return None
+    from simulator.catalog import load_catalog
+
+    words = name.lower().replace("-", " ").split()
+    return next((key for key in load_catalog().instances if key in words), None)
 
 
 def scenario_from_profile(

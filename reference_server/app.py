@@ -61,6 +61,9 @@ class ServerConfig:
     max_body_bytes: int = 8 * 1024 * 1024
     instance_mode: Literal["process", "thread"] = "process"
     instance_cores: str = "auto"  # auto | none | a core per instance, e.g. "1"
+    # inline: decode on the event loop; thread: in a decode thread, which the GIL's 5 ms
+    # switch interval makes wait behind the loop (a 28 ms p99 at 20% load on a 16-core host)
+    preprocess: Literal["inline", "thread"] = "inline"
     warmup_batches: int = 3
 
 
@@ -101,6 +104,8 @@ def create_app(cfg: ServerConfig) -> FastAPI:
     """The FastAPI app serving one model under the configuration ``cfg``."""
     if cfg.instance_mode not in ("process", "thread") or cfg.instances < 1:
         raise ValueError("--instance-mode is process or thread, and --instances at least 1")
+    if cfg.preprocess not in ("inline", "thread"):
+        raise ValueError(f"--preprocess is inline or thread; got {cfg.preprocess!r}")
     cores = instance_cores(cfg.instance_cores, cfg.instances)
     pinned = {c for c in cores if c is not None}
     frontend_cores = sorted(set(range(os.cpu_count() or 1)) - pinned)
@@ -232,6 +237,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
                     "device": devices[0],
                     "threads": cfg.threads,
                     "instance_mode": cfg.instance_mode,
+                    "preprocess": cfg.preprocess,
                     "instances": [
                         {"index": k, "pid": inst.pid, "core": cores[k], "device": inst.device, "alive": inst.alive}
                         for k, inst in enumerate(batcher().instances)
@@ -299,7 +305,10 @@ def create_app(cfg: ServerConfig) -> FastAPI:
                     tensors["sparse"], fetched = await store.fetch(tensors.pop("entity"))
                     timing.update(fetched)
                 t0 = time.perf_counter_ns()
-                item = await asyncio.get_running_loop().run_in_executor(pre_pool, model.preprocess, tensors)
+                if cfg.preprocess == "inline":
+                    item = model.preprocess(tensors)
+                else:
+                    item = await asyncio.get_running_loop().run_in_executor(pre_pool, model.preprocess, tensors)
                 timing["preprocess_us"] = (time.perf_counter_ns() - t0) / 1e3
             finally:
                 state["admitted"] -= 1
@@ -349,6 +358,7 @@ def describe(cfg: ServerConfig) -> str:
             "instances": cfg.instances,
             "instance_mode": cfg.instance_mode,
             "instance_cores": cfg.instance_cores,
+            "preprocess": cfg.preprocess,
             "features": asdict(cfg.features) if cfg.features else None,
         }
     )

@@ -247,6 +247,7 @@ class ProcessInstance:
             "compute_infer": t2 - t1,
             "compute_output": t3 - t2,
             "handoff": (t0 - t_start) + (t_end - t3),  # copy in + wake-up, wake-up + copy out
+            "handoff_in": t0 - t_start,  # the first half: which side was late when the hand-off is slow
         }
         return split_columns(cols, sizes), timing
 

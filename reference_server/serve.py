@@ -40,6 +40,13 @@ def serve(
             "(the old design, to measure what the GIL costs)."
         ),
     ] = "process",
+    preprocess: Annotated[
+        str,
+        typer.Option(
+            help="inline: decode on the event loop; thread: in a decode thread (which waits for the GIL behind "
+            "the loop, up to Python's 5 ms switch interval at a time)."
+        ),
+    ] = "inline",
     threads: Annotated[int, typer.Option(help="torch intra-op threads per instance on the CPU.")] = 1,
     redis_url: Annotated[
         str | None, typer.Option(help="Fetch the ranker's sparse ids from this Redis (e.g. redis://127.0.0.1:6379/0).")
@@ -94,6 +101,7 @@ def serve(
         features=feats,
         instance_mode=instance_mode,  # type: ignore[arg-type] - checked by create_app
         instance_cores=instance_cores,
+        preprocess=preprocess,  # type: ignore[arg-type] - checked by create_app
     )
     try:
         app = create_app(cfg)

@@ -157,3 +157,28 @@ def test_front_end_station_is_recovered_from_slices_and_requests():
     st = prof["service_time"]
     one = st["batch_ms"][1] if st["kind"] == "table" else st["base_ms"] + st["per_item_ms"]
     assert one == pytest.approx((300 + 50 + 2500 + 50) / 1e3, rel=0.02)
+    # a decode thread's GIL waits: preprocessing's wall time (mean 2.0 ms) above the
+    # station's CPU (1.2 ms). The station keeps its CPU, with the wall time's shape; the
+    # 0.8 ms of waiting moves to the delay outside it
+    slow = df.assign(preprocess_us=df["preprocess_us"] * 4.0)
+    slow["request_us"] = slow[stages].sum(axis=1) + after
+    slow["latency_ms"] = slow["request_us"] / 1e3 + overhead
+    g = fit_profile(slow, fit_levels=[0, 1], rng=rng, frontend=fe)["frontend"]
+    svc = g["service"]
+    mean = np.mean(svc["samples_ms"]) if svc["kind"] == "empirical" else svc["mean_ms"]
+    assert mean == pytest.approx(1.2, rel=0.03)
+    assert g["other_cpu_ms"] == 0.0
+    assert g["preprocess_wait_ms"] == pytest.approx(2.0 - 1.2, rel=0.05)
+    delay = g["fixed_delay"]
+    dmean = np.mean(delay["samples_ms"]) if delay["kind"] == "empirical" else delay["mean_ms"]
+    assert dmean == pytest.approx(1.8 + 0.4 + 0.8, rel=0.05)
+
+
+def test_a_gpu_profile_is_priced_as_its_catalog_type():
+    from calibrate.validate import catalog_gpu
+
+    h100 = {"hardware": {"gpu": {"name": "NVIDIA H100 80GB HBM3"}}, "server": {"device": "cuda:0"}}
+    assert catalog_gpu(h100) == "h100"
+    assert catalog_gpu({**h100, "server": {"device": "cpu"}}) is None  # measured on the CPU
+    assert catalog_gpu({**h100, "hardware": {"gpu": {"name": "NVIDIA GB300"}}}) is None  # not in the catalog
+    assert catalog_gpu({"hardware": {"gpu": {"name": None}}, "server": {"device": "cpu"}}) is None

@@ -82,10 +82,11 @@ def test_the_shared_memory_hand_off_gives_the_in_process_outputs(cfg):
                     np.testing.assert_allclose(got[k], want[k], rtol=1e-5)
                 else:
                     np.testing.assert_array_equal(got[k], want[k])
-        assert set(timing) == {"compute_input", "compute_infer", "compute_output", "handoff"}
+        assert set(timing) == {"compute_input", "compute_infer", "compute_output", "handoff", "handoff_in"}
         assert all(v >= 0 for v in timing.values())
         assert timing["compute_infer"] > 0
         assert timing["handoff"] > 0
+        assert 0 < timing["handoff_in"] < timing["handoff"]
 
 
 def test_instance_cores():
