@@ -55,14 +55,15 @@ def knobs(s: Scenario, prefix: str) -> list[str]:
     if s.router.canary is not None and not s.router.canary.schedule:
         wanted["router.canary.percent"] = _num("canary (% of users)", s.router.canary.percent, f"{prefix}canary")
     types = sorted(load_catalog(s.cost.catalog).instances)
-    if s.workers.instance_type in types and s.cost.price_per_hour_usd is None:
+    if s.workers.instance_type in types:
         wanted["workers.instance_type"] = st.selectbox(
-            "instance type (price only)",
+            "instance type",
             types,
             index=types.index(s.workers.instance_type),
             key=f"{prefix}itype",
-            help="Changes the price per worker-hour; the batch time stays the scenario's "
-            "(`servesim plan --vary workers.instance_type` rescales it).",
+            help=f"The GPU the workers are: its price, and its speed. Batch times were measured on "
+            f"{s.workers.measured_on or s.workers.instance_type} and are rescaled by the catalog's relative "
+            "throughput, as `servesim run --set workers.instance_type=...` and `servesim plan` do.",
         )
     current = {
         "traffic.rate_rps": s.traffic.rate_rps,

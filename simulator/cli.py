@@ -16,11 +16,12 @@ import typer
 
 from calibrate.cli import app as calibrate_app
 from reference_server.serve import serve
+from simulator.budget import warnings as budget_warnings
 from simulator.cli_explain import explain
 from simulator.cli_plan import plan
 from simulator.cli_sweep import cluster_app, sweep
 from simulator.config import Scenario
-from simulator.console import err, fail, out
+from simulator.console import budget, check_output, err, fail, out
 from simulator.engine import simulate
 from simulator.loader import ScenarioError, load_scenario
 from simulator.metrics import summarize
@@ -42,11 +43,15 @@ SetOpt = Annotated[
 ]
 
 
-def _load(path: Path, sets: list[str] | None, extra: list[str]) -> Scenario:
+def _load(path: Path, sets: list[str] | None, extra: list[str], *, warn: bool = True) -> Scenario:
     try:
-        return load_scenario(path, (sets or []) + extra)
+        s = load_scenario(path, (sets or []) + extra)
     except ScenarioError as e:
         raise fail(str(e)) from None
+    if warn:
+        for w in budget_warnings(s):
+            err.print(f"[yellow]warning:[/] {w}", highlight=False, soft_wrap=True)
+    return s
 
 
 def _clean(obj):
@@ -87,10 +92,15 @@ def run(
         extra.append(f"seed={seed}")
     if duration_s is not None:
         extra.append(f"duration_s={duration_s}")
-    for opt, path in (("--records", records), ("--timeline", timeline)):
-        if path is not None and path.suffix not in (".parquet", ".csv"):
-            raise fail(f"{opt} {path}: use a .parquet or .csv file name")
-    s = _load(scenario, set_, extra if duration_s is None else [e for e in extra if not e.startswith("duration_s")])
+    check_output(records, "--records", (".parquet", ".csv"))
+    check_output(timeline, "--timeline", (".parquet", ".csv"))
+    check_output(json_path, "--json")
+    s = _load(
+        scenario,
+        set_,
+        extra if duration_s is None else [e for e in extra if not e.startswith("duration_s")],
+        warn=False,
+    )
     if duration_s is not None and s.warmup_s >= duration_s:
         extra.append(f"warmup_s={duration_s * 0.1:g}")
         err.print(
@@ -110,6 +120,7 @@ def run(
             "latency and utilization stand for the whole fleet, throughput and cost are scaled to it"
             + (" (the prediction log is not simulated)" if logged else "")
         )
+    budget(s)
     with err.status(f"simulating {s.name} …"):
         result = simulate(s)
     try:
@@ -143,7 +154,11 @@ def _write_table(frame: pd.DataFrame, path: Path, what: str, *, index: bool = Tr
 def check(scenario: ScenarioArg, set_: SetOpt = None) -> None:
     """Validate a scenario without running it."""
     s = _load(scenario, set_, [])
-    out.print(f"[green]ok[/]: {scenario} ({s.name}; {s.duration_s:g} s of traffic, {s.workers.count} workers)")
+    b = budget(s, quiet=True)
+    out.print(
+        f"[green]ok[/]: {scenario} ({s.name}; {s.duration_s:g} s of traffic, {s.workers.count} workers; "
+        f"a run: {b.describe()})"
+    )
 
 
 @app.command()

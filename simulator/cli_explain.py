@@ -11,7 +11,7 @@ from rich.table import Table as RichTable
 
 from simulator.cli_plan import _ci
 from simulator.config import Scenario
-from simulator.console import err, fail, out
+from simulator.console import budget, check_output, err, fail, out
 from simulator.engine import simulate
 from simulator.loader import ScenarioError, load_scenario
 from simulator.metrics import summarize, worker_price
@@ -51,11 +51,13 @@ def explain(
     count, the fewest workers that really meet the SLA, and why the two differ. The napkin's
     batch size and headroom come from the scenario's `napkin:` section (default: max batch
     size, 30%)."""
+    check_output(json_path, "--json")
     try:
         s = load_scenario(scenario, set_ or [])
         lines = napkin(s, worker_price(s))
     except (ScenarioError, ValueError) as e:
         raise fail(str(e)) from None
+    budget(s, runs=replications, what="each simulation")
     t = RichTable(title=f"napkin: {s.name}")
     for col in ("quantity", "formula", "value"):
         t.add_column(col, justify="right" if col == "value" else "left")

@@ -14,7 +14,7 @@ import yaml
 from rich.table import Table as RichTable
 
 from simulator.config import Scenario
-from simulator.console import err, fail, out
+from simulator.console import budget, check_output, err, fail, out
 from simulator.loader import ScenarioError, apply_overrides, load_scenario, parse_set
 from simulator.plan import Planner, Vary, combos, label, on_instance_type, pareto
 from simulator.sampling import sampling_refusal
@@ -106,8 +106,13 @@ def plan(
     Pareto frontier, and writes the chosen configuration as a scenario."""
     if sample not in ("auto", "off") and not sample.isdigit():
         raise fail(f"--sample {sample!r}: auto, off, or a number of workers")
-    if table is not None and table.suffix not in (".csv", ".parquet"):
-        raise fail(f"--table {table}: use a .csv or .parquet file name")
+    check_output(table, "--table", (".csv", ".parquet"))
+    check_output(out_path, "--out")
+    if max_rate and out_path is not None:
+        raise fail(
+            "--out writes the cheapest fleet meeting the SLA; --max-rate keeps each fleet and finds its highest "
+            "rate instead, so there is no one scenario to write: use --table for every point"
+        )
     try:
         sets = (set_ or []) + (parse_sla(sla) if sla else [])
         base = load_scenario(scenario, sets)
@@ -134,6 +139,9 @@ def plan(
     except ScenarioError as e:
         raise fail(str(e)) from None
     planner = Planner(replications, max(max_replications, replications), int(sample) if sample.isdigit() else sample)
+    if planner.sample == "off":  # every worker simulated: the largest fleet bisected must fit
+        for _, s in configs:
+            budget(s.model_copy(update={"workers": s.workers.model_copy(update={"count": hi})}), what="a plan point")
     err.print(f"{_sampling_note(base, planner)}")
     t0 = time.perf_counter()
     rows, best_rows, checks = [], [], {}

@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table as RichTable
 
-from simulator.console import err, fail, out
+from simulator.console import check_output, err, fail, out
 from simulator.loader import ScenarioError
 from simulator.sweep import execute, parse_grid, tasks, tidy
 
@@ -36,17 +36,14 @@ def sweep(
 
     Seeds derive from the cell and the replication, so the results are the same
     in-process, on a process pool or on a Dask cluster."""
-    if out_path.suffix not in (".parquet", ".csv"):
-        raise fail(f"--out {out_path}: use a .parquet or .csv file name")
+    check_output(out_path, "--out", (".parquet", ".csv"))
     if jobs > 1 and cluster:
         raise fail("--jobs and --cluster: pick one executor")
     try:
         g = parse_grid(grid)
         work = tasks(scenario, set_ or [], g, replications)
-    except ScenarioError as e:
+    except (ScenarioError, ValueError) as e:  # a bad cell, or one too big to run (BudgetError)
         raise fail(str(e)) from None
-    except OSError as e:
-        raise fail(f"{scenario}: cannot read: {e.strerror}") from None
     where = f"on {cluster}" if cluster else f"on {jobs} processes" if jobs > 1 else "in this process"
     err.print(f"{len(work) // replications} cells × {replications} replications = {len(work)} runs {where}")
     t0 = time.perf_counter()

@@ -9,6 +9,7 @@ by a scenario are read by :mod:`simulator.loader` after validation.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -22,6 +23,7 @@ from simulator.distributions import (
     Gamma,
     LogNormal,
     Uniform,
+    _Dist,
 )
 from simulator.servicetime import Affine, ServiceTime, Table
 from simulator.shapes import Constant, Shape
@@ -311,13 +313,38 @@ class Workers(_Frozen):
 
     count: int = Field(ge=1, description="GPU workers (one GPU each).")
     instances: int = Field(1, ge=1, description="Model instances per worker, each serving one batch at a time.")
-    instance_type: str = Field("a100", description="GPU type, a key of the instance catalog (t4, l4, a100, h100).")
+    instance_type: str = Field(
+        "a100",
+        description="GPU type, a key of the instance catalog (t4, l4, a100, h100): its price, and its speed "
+        "relative to measured_on.",
+    )
+    measured_on: str | None = Field(
+        None,
+        description="GPU type the service times were measured on (default: the instance_type the scenario file "
+        "names); another instance_type rescales them by the catalog's relative throughput.",
+    )
     service_time: ServiceTime = Field(
         description="Batch service time: affine, table, or a plain distribution (batch-size independent)."
     )
     autoscaler: Autoscaler | None = Field(None, description="Scale the fleet over time (count is the start).")
     cold_start: ColdStart = Field(ColdStart(), description="What a new worker goes through before it serves.")
     failures: Failures | None = Field(None, description="Worker crashes.")
+
+    @model_validator(mode="after")
+    def _serves(self) -> Workers:
+        mean = None
+        if isinstance(self.service_time, _Dist):  # a plain distribution (an unread file has no mean yet)
+            with contextlib.suppress(Exception):
+                mean = self.service_time.mean
+        if mean is not None and not mean > 0:
+            raise ValueError("workers.service_time has a mean of 0: a batch must take some time")
+        a = self.autoscaler
+        if a is not None and self.count > a.max_replicas:
+            raise ValueError(
+                f"workers.count ({self.count}) exceeds workers.autoscaler.max_replicas ({a.max_replicas}): "
+                "the fleet starts above what the autoscaler may keep"
+            )
+        return self
 
     @property
     def dynamic(self) -> bool:
@@ -422,6 +449,16 @@ class Scenario(_Frozen):
                     f"traffic.classes.{name}.max_instances ({c.max_instances}) exceeds the shared pool's "
                     f"{slots} model instances"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _window_inside(self) -> Scenario:
+        delay = self.batching.max_queue_delay_ms
+        if delay >= self.duration_s * 1000:
+            raise ValueError(
+                f"batching.max_queue_delay_ms ({delay:g}) is not shorter than the run ({self.duration_s:g} s): "
+                "a batching window is milliseconds (Triton's default is 0)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -25,7 +25,8 @@ import numpy as np
 import pandas as pd
 
 from simulator.catalog import load_catalog
-from simulator.config import Affine, Scenario, Table
+from simulator.config import Scenario
+from simulator.gputypes import on_type
 from simulator.loader import ScenarioError, apply_overrides, parse_set
 from simulator.metrics import peak_throughput_rps
 from simulator.replicate import interval, replicate
@@ -69,26 +70,12 @@ def with_workers(s: Scenario, n: int) -> Scenario:
 
 def on_instance_type(s: Scenario, instance_type: str) -> Scenario:
     """``s`` on another GPU type: price from the catalog, batch time scaled by the types'
-    relative throughput (the scenario's service time is the time on its own type)."""
-    if instance_type == s.workers.instance_type:
-        return s
-    catalog = load_catalog(s.cost.catalog)
-    rows = catalog.instances
-    for t in (s.workers.instance_type, instance_type):
-        if t not in rows:
-            raise ScenarioError(f"workers.instance_type {t!r} is not in the catalog ({', '.join(sorted(rows))})")
-        if rows[t].relative_throughput is None:
-            raise ScenarioError(f"the catalog has no relative_throughput for {t!r}: cannot rescale the batch time")
-    f = rows[s.workers.instance_type].relative_throughput / rows[instance_type].relative_throughput
-    st = s.workers.service_time
-    if isinstance(st, Affine):
-        st = st.model_copy(update={"base_ms": st.base_ms * f, "per_item_ms": st.per_item_ms * f})
-    elif isinstance(st, Table):
-        st = st.model_copy(update={"batch_ms": {b: v * f for b, v in st.batch_ms.items()}})
-    else:
-        raise ScenarioError("varying workers.instance_type rescales an affine or table service time only")
-    workers = s.workers.model_copy(update={"instance_type": instance_type, "service_time": st})
-    return s.model_copy(update={"workers": workers})
+    relative throughput, as `servesim run --set workers.instance_type=...` does (one
+    meaning, in :mod:`simulator.gputypes`)."""
+    try:
+        return on_type(s, instance_type, load_catalog(s.cost.catalog))
+    except ValueError as err:
+        raise ScenarioError(str(err)) from None
 
 
 def configure(base: dict, s_base: Scenario, combo: dict, loader) -> Scenario:

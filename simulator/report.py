@@ -82,12 +82,18 @@ def render(summary: dict) -> Group:
     total = sum(counts.values()) or 1
     top = sorted(counts.items(), key=lambda kv: -kv[1])[:8]
     dist = ", ".join(f"{k}: {v / total:.1%}" for k, v in sorted(top))
-    fleet.add_row("batch size", f"mean {summary['batch_size']['mean']:.2f} · {dist}")
+    mean_b = summary["batch_size"]["mean"]
+    fleet.add_row(
+        "batch size",
+        f"mean {mean_b:.2f} · {dist}" if math.isfinite(mean_b) else "no batch ran (every request was dropped first)",
+    )
     c = summary["cost"]
+    per_m = c["per_million_requests_usd"]
     fleet.add_row(
         "cost",
-        f"${c['per_hour_usd']:,.2f}/h · ${c['per_million_requests_usd']:,.4f} per million requests "
-        f"(${c['price_per_worker_hour_usd']:.4g} per worker-hour, {c['market'].replace('_', '-')}) · "
+        f"${c['per_hour_usd']:,.2f}/h · "
+        + (f"${per_m:,.4f} per million requests " if math.isfinite(per_m) else "no request completed to price ")
+        + f"(${c['price_per_worker_hour_usd']:.4g} per worker-hour, {c['market'].replace('_', '-')}) · "
         f"{c['gpu_hours_per_day']:,.0f} GPU-hours/day"
         + (
             f" · canary and shadow ${c['experiments_per_hour_usd']:,.2f}/h ({c['experiments_fraction']:.1%})"

@@ -55,6 +55,12 @@ class Affine(_Noisy):
     base_ms: float = Field(ge=0, description="Fixed cost of a batch (launch, transfer), ms.")
     per_item_ms: float = Field(ge=0, description="Marginal cost per request in the batch, ms.")
 
+    @model_validator(mode="after")
+    def _takes_time(self) -> Affine:
+        if self.base_ms + self.per_item_ms <= 0:
+            raise ValueError("base_ms and per_item_ms are both 0: a batch must take some time")
+        return self
+
 
 class Table(_Noisy):
     """Measured batch service time per batch size, linearly interpolated (and extrapolated at the ends)."""

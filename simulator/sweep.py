@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from simulator.loader import ScenarioError, load_scenario, parse_set
+from simulator.budget import check as check_budget
+from simulator.loader import ScenarioError, load_scenario, parse_set, read_scenario_text
 from simulator.replicate import derive_seed, headline, interval
 
 SUMMARY_METRICS = ("p50_ms", "p95_ms", "p99_ms", "sla_ms", "attainment", "completed_rps", "cost_per_million_usd")
@@ -64,11 +65,12 @@ def cell_key(cell: tuple[tuple[str, object], ...]) -> str:
 
 def tasks(source: Path, sets: list[str], grid: dict[str, list], replications: int) -> list[Task]:
     """Every task of the sweep; each cell is validated here, before anything runs."""
-    text = source.read_text()
+    text = read_scenario_text(source)
     out = []
     for cell in cells(grid):
         overrides = (*sets, *(f"{p}={v}" for p, v in cell))
-        load_scenario(source, list(overrides), text=text)  # a bad cell fails now, with its line
+        s = load_scenario(source, list(overrides), text=text)  # a bad cell fails now, with its line
+        check_budget(s, what=f"cell {cell_key(cell) or '(no grid)'}")  # and one too big to run, now too
         out += [Task(str(source), text, overrides, cell, cell_key(cell), r) for r in range(replications)]
     return out
 

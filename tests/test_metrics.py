@@ -80,7 +80,8 @@ def test_price_override_and_catalog(root_dir):
     path = root_dir / "scenarios/inference_platform.yaml"
     default = summarize_cost(load_scenario(path))
     assert default["price_per_worker_hour_usd"] == pytest.approx(4.0966)  # the catalog's a100 row
-    custom = summarize_cost(load_scenario(path, ["cost.price_per_hour_usd=2.5", "workers.instance_type=anything"]))
+    overrides = ["cost.price_per_hour_usd=2.5", "workers.instance_type=anything", "workers.measured_on=anything"]
+    custom = summarize_cost(load_scenario(path, overrides))
     assert custom["per_hour_usd"] == pytest.approx(130 * 2.5)
 
 
