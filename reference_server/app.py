@@ -1,7 +1,7 @@
 """The reference inference server: an ASGI app speaking the Open Inference Protocol.
 
 Pipeline per request, mirroring the simulator's stages: optional feature fetch from Redis
-→ preprocessing (JPEG decode and resize, in a CPU thread) → the dynamic batcher → a model
+→ preprocessing (JPEG decode and resize, on the event loop) → the dynamic batcher → a model
 instance (hand-off over shared memory, forward, outputs back) → the response, which carries
 the request's stage timings in its ``parameters`` and a ``Server-Timing`` header.
 
@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hmac
 import json
+import logging
+import math
 import os
 import platform
 import time
@@ -31,7 +34,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from reference_server.batcher import DynamicBatcher, Overloaded
-from reference_server.features import FeatureStore, FeatureStoreConfig
+from reference_server.features import FeatureStore, FeatureStoreConfig, StoreUnavailable
 from reference_server.instances import (
     InstanceDied,
     InstanceSpec,
@@ -42,7 +45,14 @@ from reference_server.instances import (
 )
 from reference_server.metrics import ServerMetrics
 from reference_server.models import ModelConfig, ServedModel
-from reference_server.protocol import ProtocolError, TensorSpec, check_inputs, decode_request, encode_response
+from reference_server.protocol import (
+    ProtocolError,
+    TensorSpec,
+    check_inputs,
+    check_outputs,
+    decode_request,
+    encode_response,
+)
 
 VERSION = "1"
 
@@ -65,6 +75,49 @@ class ServerConfig:
     # switch interval makes wait behind the loop (a 28 ms p99 at 20% load on a 16-core host)
     preprocess: Literal["inline", "thread"] = "inline"
     warmup_batches: int = 3
+    max_inflight_body_bytes: int = 64 * 1024 * 1024  # request bodies being read at once, all together
+    api_key: str | None = None  # a bearer token every route but health checks requires
+
+
+log = logging.getLogger("servesim.server")
+
+
+class ErrorLog:
+    """Unexpected errors, logged once each with a traceback, then counted: at most one line
+    per kind every ``every_s`` (an outage of a dependency must not write 100k lines)."""
+
+    def __init__(self, every_s: float = 10.0):
+        self.every_s = every_s
+        self.seen: dict[str, list] = {}  # kind -> [count since last line, time of last line]
+
+    def error(self, kind: str, err: BaseException) -> None:
+        now = time.monotonic()
+        entry = self.seen.get(kind)
+        if entry is None:
+            self.seen[kind] = [0, now]
+            log.error("%s", kind, exc_info=err)
+            return
+        entry[0] += 1
+        if now - entry[1] >= self.every_s:
+            log.error("%s: %d more in the last %.0f s", kind, entry[0], now - entry[1])
+            entry[0], entry[1] = 0, now
+
+
+def redact(url: str | None) -> str | None:
+    """A URL with its password (and user) replaced, for logs and the config endpoint."""
+    if not url or "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    _creds, _, host = rest.rpartition("@")
+    return f"{scheme}://***@{host}" if scheme else f"***@{host}"
+
+
+def _features_public(features: FeatureStoreConfig | None) -> dict | None:
+    if features is None:
+        return None
+    d = asdict(features)
+    d["url"] = redact(d.get("url"))
+    return d
 
 
 def _error(status: int, msg: str, headers: dict | None = None) -> JSONResponse:
@@ -124,7 +177,8 @@ def create_app(cfg: ServerConfig) -> FastAPI:
     if store is not None:  # ids come from Redis: the request names the entity instead
         inputs = [s for s in inputs if s.name != "sparse"] + [TensorSpec("entity", "INT64", (-1, 1))]
     pre_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="preprocess")
-    state = {"ready": False, "admitted": 0}  # admitted: past the door, not yet in the batcher's queue
+    # admitted: past the door, not yet in the batcher's queue; body_bytes: of bodies being read
+    state = {"ready": False, "admitted": 0, "body_bytes": 0}
     holder: dict = {}
 
     def batcher() -> DynamicBatcher:
@@ -171,10 +225,23 @@ def create_app(cfg: ServerConfig) -> FastAPI:
     app = FastAPI(title="servesim reference server", lifespan=lifespan)
     app.state.config = cfg
 
+    errors = ErrorLog()
+
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, err: Exception):
         metrics.fail("internal")
-        return _error(500, f"internal error: {type(err).__name__}: {err}")
+        errors.error(f"{type(err).__name__} outside inference", err)
+        return _error(500, "internal error (details in the server log)", {"Connection": "close"})
+
+    open_paths = ("/v2/health/live", "/v2/health/ready")
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next):
+        if cfg.api_key and request.url.path not in open_paths:
+            got = request.headers.get("authorization", "")
+            if not hmac.compare_digest(got.encode(), f"Bearer {cfg.api_key}".encode()):
+                return _error(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+        return await call_next(request)
 
     def _known(model_name: str, version: str | None = None) -> JSONResponse | None:
         if model_name != name:
@@ -192,7 +259,8 @@ def create_app(cfg: ServerConfig) -> FastAPI:
 
     @app.get("/v2/health/ready")
     async def ready():
-        return Response(status_code=200 if is_ready() else 503)
+        store_ok = store is None or await store.healthy()
+        return Response(status_code=200 if is_ready() and store_ok else 503)
 
     @app.get("/v2")
     async def server_metadata():
@@ -243,7 +311,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
                         for k, inst in enumerate(batcher().instances)
                     ],
                     "frontend_cores": frontend_cores if pinned else sorted(os.sched_getaffinity(0)),
-                    "features": asdict(cfg.features) if cfg.features else None,
+                    "features": _features_public(cfg.features),
                     "cpu": platform.processor() or platform.machine(),
                     "torch": torch.__version__,
                 }
@@ -262,9 +330,50 @@ def create_app(cfg: ServerConfig) -> FastAPI:
     async def prometheus():
         return Response(metrics.scrape(len(batcher().queue)), media_type="text/plain; version=0.0.4")
 
+    # a request carries at most max_batch_size items of each input's per-item size
+    per_item = max(math.prod(abs(d) for d in spec.shape[1:]) for spec in inputs)
+    max_elements = cfg.max_batch_size * max(per_item, 1)
+
+    async def read_body(request: Request) -> bytes | JSONResponse:
+        """The body, read as it streams in: over the limit (chunked bodies included) it is
+        refused at once, and all bodies being read together stay under a budget."""
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
+            metrics.fail("too_large")
+            return _error(
+                413, f"body of {declared} bytes exceeds the limit of {cfg.max_body_bytes}", {"Connection": "close"}
+            )
+        chunks, size = [], 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                state["body_bytes"] += len(chunk)
+                if size > cfg.max_body_bytes:
+                    metrics.fail("too_large")
+                    return _error(413, f"body exceeds the limit of {cfg.max_body_bytes} bytes", {"Connection": "close"})
+                if state["body_bytes"] > cfg.max_inflight_body_bytes:
+                    metrics.fail("overloaded")
+                    return _error(
+                        503,
+                        "overloaded: too many request bodies in flight",
+                        {"Retry-After": "1", "Connection": "close"},
+                    )
+                chunks.append(chunk)
+        finally:
+            state["body_bytes"] -= size
+        return b"".join(chunks)
+
     @app.post("/v2/models/{model_name}/infer")
     @app.post("/v2/models/{model_name}/versions/{version}/infer")
     async def infer(model_name: str, request: Request, version: str | None = None):
+        try:
+            return await _infer(model_name, request, version)
+        except Exception as err:  # answered, logged once, and the connection kept for the client's next request
+            metrics.fail("internal")
+            errors.error(f"{type(err).__name__} in inference", err)
+            return _error(500, "internal error (details in the server log)")
+
+    async def _infer(model_name: str, request: Request, version: str | None):
         t_start = time.perf_counter_ns()
         bad = _known(model_name, version)
         if bad is not None:
@@ -276,22 +385,21 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         if dead:
             metrics.fail("instance_died")
             return _error(503, f"unavailable: {dead}")
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
-            metrics.fail("too_large")
-            return _error(413, f"body of {declared} bytes exceeds the limit of {cfg.max_body_bytes}")
-        body = await request.body()
-        if len(body) > cfg.max_body_bytes:
-            metrics.fail("too_large")
-            return _error(413, f"body of {len(body)} bytes exceeds the limit of {cfg.max_body_bytes}")
+        if batcher().full(state["admitted"]):  # shed before reading the body: cheap under overload
+            metrics.fail("overloaded")
+            return _error(503, f"overloaded: queue full ({cfg.max_queue_size} requests)", {"Retry-After": "1"})
+        body = await read_body(request)
+        if isinstance(body, Response):
+            return body
         timing: dict[str, float] = {}
         try:
             # refuse at the door, before spending CPU on the request: the queue bound counts the
             # requests still fetching features or preprocessing, else those pile up unbounded
             if batcher().full(state["admitted"]):
                 raise Overloaded(f"queue full ({cfg.max_queue_size} requests)")
-            req = decode_request(body, request.headers.get("inference-header-content-length"))
+            req = decode_request(body, request.headers.get("inference-header-content-length"), max_elements)
             check_inputs(req, inputs)
+            check_outputs(req, model.outputs)
             sizes = {a.shape[0] for a in req.inputs.values()}
             if len(sizes) != 1:
                 raise ProtocolError("all inputs must have the same batch dimension (first)")
@@ -319,6 +427,10 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         except InstanceDied as err:
             metrics.fail("instance_died")
             return _error(503, f"unavailable: {err}")
+        except StoreUnavailable as err:
+            metrics.fail("feature_store")
+            errors.error("feature store unavailable", err)
+            return _error(503, str(err), {"Retry-After": "1"})
         except (ProtocolError, ValueError, KeyError) as err:
             metrics.fail("bad_request")
             return _error(400, str(err).strip("'\""))
@@ -359,6 +471,6 @@ def describe(cfg: ServerConfig) -> str:
             "instance_mode": cfg.instance_mode,
             "instance_cores": cfg.instance_cores,
             "preprocess": cfg.preprocess,
-            "features": asdict(cfg.features) if cfg.features else None,
+            "features": _features_public(cfg.features),
         }
     )

@@ -22,6 +22,17 @@ class FeatureStoreConfig:
     parallelism: int = 1  # round trips in flight per request
     entities: int = 10_000  # entities populated at start-up
     max_connections: int = 32  # pooled connections; round trips beyond wait for one
+    connect_timeout_s: float = 1.0  # opening a connection
+    timeout_s: float = 1.0  # one round trip's reply
+    pool_timeout_s: float = 1.0  # waiting for a pooled connection
+
+
+class StoreUnavailable(Exception):
+    """The feature store cannot answer (down, stalled, or restarted without its data): a
+    503 to the client, readiness false until it answers again."""
+
+
+MARKER = "feat:__populated__"  # written last by populate(): its absence means the data is gone
 
 
 def key(entity: int, j: int) -> str:
@@ -39,9 +50,18 @@ class FeatureStore:
         self.cfg = cfg
         # a bounded pool: under overload, round trips queue for a connection instead of
         # opening hundreds of sockets that Redis and this event loop then serve in turn
-        pool = aioredis.BlockingConnectionPool.from_url(cfg.url, max_connections=cfg.max_connections, timeout=None)
+        pool = aioredis.BlockingConnectionPool.from_url(
+            cfg.url,
+            max_connections=cfg.max_connections,
+            timeout=cfg.pool_timeout_s,
+            socket_connect_timeout=cfg.connect_timeout_s,
+            socket_timeout=cfg.timeout_s,
+        )
         self.client = aioredis.Redis(connection_pool=pool)
         self.round_trips = 0
+        self.down: str | None = None  # why the store is unavailable, while it is
+        self._vocab_seed: tuple[int, int] | None = None
+        self._refill: asyncio.Task | None = None
 
     async def populate(self, vocab: int, seed: int = 0) -> None:
         """Write ids for ``entities`` entities (seeded), in MSET chunks."""
@@ -56,6 +76,51 @@ class FeatureStore:
                 chunk = {}
         if chunk:
             await self.client.mset(chunk)
+        await self.client.set(MARKER, 1)
+        self._vocab_seed = (vocab, seed)
+
+    async def _call(self, coro):
+        """A Redis call whose failure (refused, reset, timed out, pool exhausted) marks the
+        store down and becomes :class:`StoreUnavailable`, without the host in the message."""
+        import redis.exceptions as rex
+
+        try:
+            return await coro
+        except (rex.ConnectionError, rex.TimeoutError, TimeoutError, OSError) as err:
+            self.down = f"feature store unavailable ({type(err).__name__})"
+            raise StoreUnavailable(self.down) from err
+
+    async def healthy(self) -> bool:
+        """Whether the store answers with its data (a ping and the marker); clears ``down``."""
+        if self.down is None:
+            return True
+        if self._refill is not None and not self._refill.done():
+            return False
+        try:
+            ok = bool(await self._call(self.client.exists(MARKER)))
+        except StoreUnavailable:
+            return False
+        if not ok:
+            self._start_refill()
+            return False
+        self.down = None
+        return True
+
+    def _start_refill(self) -> None:
+        """The store restarted empty: write the data again, in the background (this server
+        owns it), while readiness stays false and requests get 503s."""
+        self.down = "feature store has lost its data (restarted empty?); refilling"
+        if self._vocab_seed is None or (self._refill is not None and not self._refill.done()):
+            return
+
+        async def refill():
+            try:
+                await self.populate(*self._vocab_seed)
+                self.down = None
+            except Exception:  # still down: the next readiness probe or request tries again
+                self.down = "feature store unavailable while refilling"
+
+        self._refill = asyncio.get_running_loop().create_task(refill())
 
     async def fetch(self, entities: np.ndarray) -> tuple[np.ndarray, dict]:
         """The ids of each entity, (len(entities), keys) int64, and fetch statistics."""
@@ -66,16 +131,24 @@ class FeatureStore:
         cursor = iter(range(len(trips)))
         t0 = time.perf_counter_ns()
 
+        if self.down is not None and not await self.healthy():
+            raise StoreUnavailable(self.down)
+
         async def lane() -> None:
             for k in cursor:
                 keys = trips[k]
-                results[k] = [await self.client.get(keys[0])] if len(keys) == 1 else await self.client.mget(keys)
+                call = self.client.get(keys[0]) if len(keys) == 1 else self.client.mget(keys)
+                got = await self._call(call)
+                results[k] = [got] if len(keys) == 1 else got
 
         await asyncio.gather(*(lane() for _ in range(min(self.cfg.parallelism, len(trips)))))
         self.round_trips += len(trips)
         flat = [v for part in results for v in part]
         missing = [n for n, v in zip(names, flat, strict=True) if v is None]
         if missing:
+            if not await self._call(self.client.exists(MARKER)):  # not this entity: the whole store
+                self._start_refill()
+                raise StoreUnavailable(self.down)
             raise KeyError(f"no features for {missing[0]} (entity out of the populated range?)")
         ids = np.array([int(v) for v in flat], dtype=np.int64).reshape(len(entities.ravel()), self.cfg.keys)
         return ids, {"feature_us": (time.perf_counter_ns() - t0) / 1e3, "feature_round_trips": len(trips)}

@@ -88,6 +88,7 @@ class ServerMetrics:
         self.gpu_util = Gauge("nv_gpu_utilization", "GPU utilization (0..1)", ["gpu"], registry=r)
         self.gpu_mem = Gauge("nv_gpu_memory_used_bytes", "GPU memory used", ["gpu"], registry=r)
         self.stats = {k: [0, 0] for k in ("success", "fail", *STAGES)}  # count, ns
+        self.items = 0  # inferences (Triton's inference_count counts items, not requests)
         self.batch_stats: dict[int, dict[str, list[int]]] = defaultdict(lambda: {s: [0, 0] for s in BATCH_STAGES})
         self.last_inference_ms = 0
 
@@ -117,6 +118,7 @@ class ServerMetrics:
                 self.stats[stage][1] += int(us * 1e3)
         self.stats["success"][0] += 1
         self.stats["success"][1] += int(timing_us.get("request_us", 0) * 1e3)
+        self.items += items
         self.last_inference_ms = int(time.time() * 1000)
 
     def observe_batch(self, size: int, timing_ns: dict[str, int]) -> None:
@@ -150,7 +152,7 @@ class ServerMetrics:
                     "name": self.model,
                     "version": self.version,
                     "last_inference": self.last_inference_ms,
-                    "inference_count": int(self.stats["success"][0]),
+                    "inference_count": int(self.items),
                     "execution_count": int(sum(v["compute_infer"][0] for v in self.batch_stats.values())),
                     "inference_stats": {k: pair(v) for k, v in self.stats.items()},
                     "batch_stats": [

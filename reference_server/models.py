@@ -99,6 +99,7 @@ class ModelConfig:
     vocab: int = 100_000  # embedding rows (ranker)
     precision: str = "fp32"
     seed: int = 0
+    max_image_pixels: int = 0  # decoded pixels an image may have (0: max(2048², (16 × resolution)²))
 
     @property
     def name(self) -> str:
@@ -117,6 +118,7 @@ class ServedModel:
             raise ValueError(f"precision must be one of {PRECISIONS}")
         self.cfg = cfg
         self.inputs, self.outputs = _specs(cfg)
+        self.max_pixels = cfg.max_image_pixels or max(2048**2, (16 * cfg.resolution) ** 2)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if cfg.precision == "int8" and self.device.type != "cpu":
             raise ValueError("int8 (dynamic quantization) runs on the CPU only")
@@ -146,9 +148,16 @@ class ServedModel:
 
     def _decode(self, jpeg: bytes) -> np.ndarray:
         try:
-            img = Image.open(io.BytesIO(jpeg)).convert("RGB")
-        except Exception as err:  # PIL raises several types for a corrupt image
-            raise ValueError(f"image is not a decodable JPEG/PNG: {err}") from None
+            img = Image.open(io.BytesIO(jpeg))  # reads the header only
+        except Exception:  # PIL raises several types for a corrupt image
+            raise ValueError("image is not a decodable JPEG/PNG") from None
+        w, h = img.size
+        if w * h > self.max_pixels:  # refused before the pixels are decoded (a 20 KB PNG can declare 169 MP)
+            raise ValueError(f"image of {w}x{h} pixels exceeds the limit of {self.max_pixels:,} (--max-image-pixels)")
+        try:
+            img = img.convert("RGB")
+        except Exception:
+            raise ValueError("image is not a decodable JPEG/PNG") from None
         r = self.cfg.resolution
         img = img.resize((r, r), Image.BILINEAR)
         x = (np.asarray(img, dtype=np.float32) / 255.0 - _MEAN) / _STD

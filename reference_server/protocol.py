@@ -13,6 +13,7 @@ pure: bytes in, arrays out, and a :class:`ProtocolError` with a message for bad 
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass, field
 
@@ -102,7 +103,19 @@ def _shape(value, what: str) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _decode_tensor(t: dict, binary: memoryview | None, offset: int) -> tuple[str, np.ndarray, int]:
+def _reject_constant(name: str):
+    raise ProtocolError(f"body is not valid JSON: {name} is not a JSON number")
+
+
+def _finite(name: str, arr: np.ndarray) -> np.ndarray:
+    if arr.dtype.kind == "f" and arr.size and not np.isfinite(arr).all():
+        raise ProtocolError(f"input {name!r}: values must be finite numbers")
+    return arr
+
+
+def _decode_tensor(
+    t: dict, binary: memoryview | None, offset: int, max_elements: int | None = None
+) -> tuple[str, np.ndarray, int]:
     if not isinstance(t, dict) or not isinstance(t.get("name"), str):
         raise ProtocolError("each input needs a name")
     name = t["name"]
@@ -110,7 +123,12 @@ def _decode_tensor(t: dict, binary: memoryview | None, offset: int) -> tuple[str
     if dtype_name not in DTYPES:
         raise ProtocolError(f"input {name!r}: unknown datatype {dtype_name!r}")
     shape = _shape(t.get("shape"), f"input {name!r}")
-    count = int(np.prod(shape)) if shape else 1
+    count = math.prod(shape) if shape else 1
+    if max_elements is not None and count > max_elements:  # refused before a byte of it is decoded
+        raise ProtocolError(
+            f"input {name!r}: {count:,} elements exceed the {max_elements:,} a request may carry "
+            "(a request carries 1..max_batch_size items)"
+        )
     dtype = DTYPES[dtype_name]
     size = (t.get("parameters") or {}).get("binary_data_size")
     if size is not None:
@@ -123,7 +141,7 @@ def _decode_tensor(t: dict, binary: memoryview | None, offset: int) -> tuple[str
         else:
             if size != count * dtype.itemsize:
                 raise ProtocolError(f"input {name!r}: {size} bytes do not fit shape {list(shape)} of {dtype_name}")
-            arr = np.frombuffer(raw, dtype=dtype)
+            arr = _finite(name, np.frombuffer(raw, dtype=dtype))
     else:
         if "data" not in t:
             raise ProtocolError(f"input {name!r}: no data")
@@ -136,13 +154,15 @@ def _decode_tensor(t: dict, binary: memoryview | None, offset: int) -> tuple[str
         else:
             try:
                 arr = flat.astype(dtype)
-            except (TypeError, ValueError):
-                raise ProtocolError(f"input {name!r}: data is not {dtype_name}") from None
+            except (TypeError, ValueError, OverflowError):
+                raise ProtocolError(f"input {name!r}: data is not {dtype_name} (or out of its range)") from None
+            _finite(name, arr)
     return name, arr.reshape(shape), offset
 
 
-def decode_request(body: bytes, header_length: str | None) -> InferRequest:
-    """Parse an inference request body (JSON, or JSON + binary tensors)."""
+def decode_request(body: bytes, header_length: str | None, max_elements: int | None = None) -> InferRequest:
+    """Parse an inference request body (JSON, or JSON + binary tensors); a tensor of more
+    than ``max_elements`` elements is refused before its data is decoded."""
     try:
         n = int(header_length) if header_length is not None else len(body)
     except ValueError:
@@ -150,15 +170,17 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
     if not 0 <= n <= len(body):
         raise ProtocolError("Inference-Header-Content-Length exceeds the body")
     try:
-        doc = json.loads(body[:n])
+        doc = json.loads(body[:n], parse_constant=_reject_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ProtocolError(f"body is not valid JSON: {err}") from None
+    except RecursionError:
+        raise ProtocolError("body is not valid JSON: nested too deeply") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list) or not doc["inputs"]:
         raise ProtocolError("the request needs a non-empty 'inputs' list")
     binary = memoryview(body)[n:] if header_length is not None else None
     inputs, offset = {}, 0
     for t in doc["inputs"]:
-        name, arr, offset = _decode_tensor(t, binary, offset)
+        name, arr, offset = _decode_tensor(t, binary, offset, max_elements)
         if name in inputs:
             raise ProtocolError(f"input {name!r} given twice")
         inputs[name] = arr
@@ -166,6 +188,9 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
     outputs = doc.get("outputs")
     if not isinstance(params, dict) or (outputs is not None and not isinstance(outputs, list)):
         raise ProtocolError("'parameters' must be an object and 'outputs' a list")
+    for out in outputs or ():
+        if not isinstance(out, dict) or not isinstance(out.get("name"), str):
+            raise ProtocolError("each requested output needs a name")
     rid = doc.get("id")
     return InferRequest(id=str(rid) if rid is not None else None, inputs=inputs, parameters=params, outputs=outputs)
 
@@ -189,6 +214,23 @@ def check_inputs(req: InferRequest, specs: list[TensorSpec]) -> None:
             raise ProtocolError(f"input {spec.name!r} has shape {list(arr.shape)}; the model takes {list(spec.shape)}")
 
 
+def check_outputs(req: InferRequest, specs: list[TensorSpec]) -> None:
+    """Every requested output exists: checked before inference, so a bad name is a 400
+    that never counts as a success."""
+    known = {s.name for s in specs}
+    for out in req.outputs or ():
+        if out["name"] not in known:
+            raise ProtocolError(f"unknown output {out['name']!r}; the model has {sorted(known)}")
+
+
+def _json_values(arr: np.ndarray) -> list:
+    """Output values for JSON: bytes as text, and a non-finite float as null (NaN and
+    Infinity are not JSON; strict parsers refuse them)."""
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        return [x if math.isfinite(x) else None for x in arr.ravel().tolist()]
+    return [x.decode() if isinstance(x, bytes) else x for x in arr.ravel().tolist()]
+
+
 def encode_response(
     model: str, version: str, req: InferRequest, outputs: dict[str, np.ndarray], specs: list[TensorSpec], params: dict
 ) -> tuple[bytes, int | None]:
@@ -208,12 +250,12 @@ def encode_response(
             t["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
-            t["data"] = [x.decode() if isinstance(x, bytes) else x for x in arr.ravel().tolist()]
+            t["data"] = _json_values(arr)
         tensors.append(t)
     doc = {"model_name": model, "model_version": version, "outputs": tensors, "parameters": params}
     if req.id is not None:
         doc["id"] = req.id
-    head = json.dumps(doc).encode()
+    head = json.dumps(doc, allow_nan=False).encode()
     if not blobs:
         return head, None
     return head + b"".join(blobs), len(head)

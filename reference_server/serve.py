@@ -57,6 +57,22 @@ def serve(
     redis_connections: Annotated[
         int, typer.Option(help="Feature store: pooled Redis connections; round trips beyond these wait for one.")
     ] = 32,
+    max_image_pixels: Annotated[
+        int, typer.Option(help="Pixels an image may declare; more is a 400 before decoding (0: max(2048², (16·res)²)).")
+    ] = 0,
+    max_connections: Annotated[
+        int, typer.Option(help="Connections and requests in progress at once; beyond, new ones get a 503.", min=1)
+    ] = 1000,
+    grace_s: Annotated[
+        float, typer.Option(help="On SIGTERM, seconds to finish the requests in progress before closing.", min=0)
+    ] = 10.0,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SERVESIM_API_KEY",
+            help="Require 'Authorization: Bearer KEY' on every route but the health checks.",
+        ),
+    ] = None,
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
     seed: Annotated[int, typer.Option(help="Seed of the random weights and feature data.")] = 0,
@@ -88,7 +104,15 @@ def serve(
             parallelism=feature_parallelism,
             max_connections=redis_connections,
         )
-    mcfg = ModelConfig(kind=model, resolution=resolution, width=width, depth=depth, precision=precision, seed=seed)
+    mcfg = ModelConfig(
+        kind=model,
+        resolution=resolution,
+        width=width,
+        depth=depth,
+        precision=precision,
+        seed=seed,
+        max_image_pixels=max_image_pixels,
+    )
     if model == "ranker":
         mcfg.sparse = feature_keys
     cfg = ServerConfig(
@@ -102,6 +126,7 @@ def serve(
         instance_mode=instance_mode,  # type: ignore[arg-type] - checked by create_app
         instance_cores=instance_cores,
         preprocess=preprocess,  # type: ignore[arg-type] - checked by create_app
+        api_key=api_key or None,
     )
     try:
         app = create_app(cfg)
@@ -109,4 +134,18 @@ def serve(
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None
     typer.echo(f"servesim serve: http://{host}:{port} {describe(cfg)}")
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
+    if host not in ("127.0.0.1", "localhost", "::1") and not cfg.api_key:
+        typer.echo(
+            f"warning: --host {host} serves every network this machine is on, with no authentication; "
+            "set --api-key (or SERVESIM_API_KEY) to require a bearer token",
+            err=True,
+        )
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=grace_s,
+        limit_concurrency=max_connections,
+        timeout_keep_alive=5,
+    )

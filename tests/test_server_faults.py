@@ -1,0 +1,382 @@
+"""Issue 12: the reference server under the faults a demanding SRE tries, over real HTTP on
+loopback: decompression bombs, chunked bodies past the limit, element-count bombs, client
+mistakes that used to be 500s, leaky error bodies, exact counters, authentication,
+redacted credentials, and a SIGTERM that frees the port."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import time
+import urllib.error
+import urllib.request
+import zlib
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+
+from reference_server.models import jpeg
+from tests.servers import free_port, reference_server, servesim_cmd, wait_http
+
+TINY = ("--resolution", "32", "--width", "8", "--max-batch-size", "4", "--max-queue-delay-ms", "5")
+
+
+@pytest.fixture(scope="module")
+def server():
+    with reference_server(*TINY) as (url, proc):
+        yield url, proc
+
+
+def _conn(url: str) -> http.client.HTTPConnection:
+    host, port = url.removeprefix("http://").split(":")
+    return http.client.HTTPConnection(host, int(port), timeout=30)
+
+
+def _infer_body(images: list[bytes], **extra) -> bytes:
+    data = [b.decode("latin-1") for b in images]  # JSON strings carry the bytes one-to-one
+    doc = {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [len(images), 1], "data": data}], **extra}
+    return json.dumps(doc).encode()
+
+
+def _binary_body(images: list[bytes]) -> tuple[bytes, dict]:
+    raw = b"".join(struct.pack("<I", len(b)) + b for b in images)
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "image",
+                    "datatype": "BYTES",
+                    "shape": [len(images), 1],
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+            ]
+        }
+    ).encode()
+    return head + raw, {"Inference-Header-Content-Length": str(len(head))}
+
+
+def _post(conn: http.client.HTTPConnection, body: bytes, headers: dict | None = None, path="/v2/models/resnet/infer"):
+    conn.request("POST", path, body=body, headers={"Content-Type": "application/octet-stream", **(headers or {})})
+    r = conn.getresponse()
+    payload = r.read()
+    return r.status, dict(r.getheaders()), json.loads(payload) if payload else {}
+
+
+def _good(conn) -> int:
+    body, headers = _binary_body([jpeg(np.random.default_rng(1), side=48)])
+    status, _, _ = _post(conn, body, headers)
+    return status
+
+
+def _png_header_only(width: int, height: int) -> bytes:
+    """A few dozen bytes of PNG that declare width × height pixels."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _stats(url: str) -> dict:
+    with urllib.request.urlopen(url + "/v2/models/resnet/stats", timeout=10) as r:
+        return json.loads(r.read())["model_stats"][0]
+
+
+def test_a_decompression_bomb_is_refused_before_decoding(server):
+    url, _ = server
+    conn = _conn(url)
+    t0 = time.perf_counter()
+    status, _, doc = _post(conn, *_binary_body([_png_header_only(13000, 13000)]))
+    assert status == 400
+    assert "13000x13000 pixels exceeds the limit" in doc["error"]
+    assert time.perf_counter() - t0 < 2
+    assert _good(conn) == 200  # same connection, still served
+
+
+def test_a_chunked_body_past_the_limit_is_refused_without_buffering_it(server):
+    url, proc = server
+    before = _rss_mb(proc.pid)
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(
+        b"POST /v2/models/resnet/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        b"Content-Type: application/octet-stream\r\n\r\n"
+    )
+    block = b"\0" * (1 << 20)
+    reply, sent = b"", 0
+    try:
+        while sent < 64 and not reply:  # up to 64 MB, no Content-Length: 8 times the 8 MB limit
+            sock.sendall(b"%x\r\n" % len(block) + block + b"\r\n")
+            sent += 1
+            if select.select([sock], [], [], 0.05)[0]:
+                reply = sock.recv(65536)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the server answered and closed while we were still sending
+    with contextlib.suppress(OSError):  # the rest of the answer, until the server closes
+        sock.settimeout(5)
+        while b"exceeds the limit" not in reply:
+            more = sock.recv(65536)
+            if not more:
+                break
+            reply += more
+    sock.close()
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+    assert b"exceeds the limit" in reply
+    assert sent < 20  # refused as the limit passed, not after the whole body
+    assert _rss_mb(proc.pid) - before < 40  # not the 64 MB body, nor a ratchet
+
+
+def test_an_element_count_bomb_is_refused_before_its_data_is_decoded(server):
+    url, _ = server
+    raw = struct.pack("<I", 0) * 2_000_000  # 8 MB of 2M empty BYTES elements
+    head = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "image",
+                    "datatype": "BYTES",
+                    "shape": [2_000_000, 1],
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+            ]
+        }
+    ).encode()
+    t0 = time.perf_counter()
+    status, _, doc = _post(_conn(url), head + raw, {"Inference-Header-Content-Length": str(len(head))})
+    assert status == 400
+    assert "2,000,000 elements exceed the 4" in doc["error"]
+    assert time.perf_counter() - t0 < 0.5
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (
+            json.dumps(
+                {"inputs": [{"name": "image", "datatype": "INT64", "shape": [1, 1], "data": [10**20]}]}
+            ).encode(),
+            "INT64",
+        ),
+        (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [NaN]}]}', "not a JSON number"),
+        (b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [1e400]}]}', "finite"),
+    ],
+    ids=["deep-json", "int64-overflow", "nan-literal", "fp32-overflow"],
+)
+def test_client_mistakes_are_400s_not_500s(server, body, message):
+    url, _ = server
+    conn = _conn(url)
+    status, _, doc = _post(conn, body, {"Content-Type": "application/json"})
+    assert status == 400, doc
+    assert message in doc["error"]
+    assert _good(conn) == 200  # the connection survives
+
+
+def test_error_bodies_carry_no_internals(server):
+    url, _ = server
+    status, _, doc = _post(_conn(url), *_binary_body([b"not an image at all"]))
+    assert status == 400
+    assert doc["error"] == "image is not a decodable JPEG/PNG"
+    assert "0x" not in doc["error"]
+    assert "BytesIO" not in doc["error"]
+
+
+def test_counters_are_exact_after_a_known_sequence(server):
+    url, _ = server
+    conn = _conn(url)
+    before = _stats(url)
+    rng = np.random.default_rng(5)
+    for n in (1, 3, 2):  # 3 successful requests, 6 items
+        status, _, _ = _post(conn, *_binary_body([jpeg(rng, side=40) for _ in range(n)]))
+        assert status == 200
+    # an unknown requested output is refused before inference: a 400 that is no success
+    status, _, doc = _post(conn, _infer_body([jpeg(rng, side=40)], outputs=[{"name": "nope"}]))
+    assert status == 400
+    assert "unknown output 'nope'" in doc["error"]
+    after = _stats(url)
+    assert after["inference_count"] - before["inference_count"] == 6  # items, as Triton counts
+    ok = after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"]
+    assert ok == 3
+    assert after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"] == 1
+
+
+def test_an_api_key_guards_everything_but_health():
+    with reference_server(*TINY, "--api-key", "s3cret") as (url, _):
+        conn = _conn(url)
+        body, headers = _binary_body([jpeg(np.random.default_rng(2), side=40)])
+        status, h, _ = _post(conn, body, headers)
+        assert status == 401
+        assert h.get("www-authenticate") == "Bearer"
+        status, _, _ = _post(conn, body, {**headers, "Authorization": "Bearer wrong"})
+        assert status == 401
+        status, _, _ = _post(conn, body, {**headers, "Authorization": "Bearer s3cret"})
+        assert status == 200
+        with urllib.request.urlopen(url + "/v2/health/ready", timeout=5) as r:
+            assert r.status == 200
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed (CI installs it)")
+def test_the_redis_password_is_never_shown():
+    port = free_port()
+    redis = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--requirepass", "hunter2"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        redis_url = f"redis://:hunter2@127.0.0.1:{port}/0"
+        with reference_server("--model", "ranker", "--redis-url", redis_url, "--feature-keys", "4") as (url, proc):
+            with urllib.request.urlopen(url + "/v2/models/ranker/config", timeout=10) as r:
+                config = r.read().decode()
+            assert "hunter2" not in config
+            assert f"***@127.0.0.1:{port}" in config
+            proc.terminate()
+            out, err = proc.communicate(timeout=30)
+            assert "hunter2" not in out + err
+    finally:
+        redis.terminate()
+        redis.wait(timeout=10)
+
+
+def test_sigterm_frees_the_port_and_a_public_bind_is_warned_about():
+    port = free_port()
+    proc = subprocess.Popen(
+        [*servesim_cmd(), "serve", "--port", str(port), "--host", "0.0.0.0", *TINY],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/v2/health/ready", proc=proc)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert "warning: --host 0.0.0.0" in err
+        assert "--api-key" in err
+        deadline = time.monotonic() + 10
+        while True:
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("0.0.0.0", port))
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, "the port is still held 10 s after SIGTERM"
+                    time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _redis(port: int) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError("redis-server did not start")
+
+
+RANK = json.dumps(
+    {
+        "inputs": [
+            {"name": "dense", "datatype": "FP32", "shape": [1, 13], "data": [0.5] * 13},
+            {"name": "entity", "datatype": "INT64", "shape": [1, 1], "data": [7]},
+        ]
+    }
+).encode()
+
+
+def _ranked(url: str) -> tuple[int, dict, float]:
+    t0 = time.perf_counter()
+    status, headers, doc = _post(_conn(url), RANK, {"Content-Type": "application/json"}, "/v2/models/ranker/infer")
+    return status, {**headers, **doc}, time.perf_counter() - t0
+
+
+def _ready(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url + "/v2/health/ready", timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def _until(predicate, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.25)
+    return False
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed (CI installs it)")
+def test_redis_outages_are_503s_that_heal():
+    port = free_port()
+    redis = _redis(port)
+    try:
+        args = ("--model", "ranker", "--redis-url", f"redis://127.0.0.1:{port}/0", "--feature-keys", "4")
+        with reference_server(*args) as (url, proc):
+            assert _ranked(url)[0] == 200
+            # stalled (SIGSTOP): a 503 within the read timeout, not a hang
+            redis.send_signal(signal.SIGSTOP)
+            status, doc, took = _ranked(url)
+            assert status == 503, doc
+            assert doc["retry-after"] == "1"
+            assert "feature store unavailable" in doc["error"]
+            assert "127.0.0.1" not in doc["error"]
+            assert took < 5
+            redis.send_signal(signal.SIGCONT)
+            assert _until(lambda: _ranked(url)[0] == 200, 15)
+            # killed: 503s and readiness false, with a bounded log
+            redis.terminate()
+            redis.wait(timeout=10)
+            for _ in range(50):
+                assert _ranked(url)[0] == 503
+            assert _ready(url) == 503
+            # back, but empty: the server refills what it owns, then serves and is ready again
+            redis = _redis(port)
+            assert _until(lambda: _ready(url) == 200, 30)
+            assert _ranked(url)[0] == 200
+            proc.terminate()
+            _, err = proc.communicate(timeout=30)
+            assert len(err.splitlines()) < 200, err[-2000:]  # not a traceback per failed request
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            redis.send_signal(signal.SIGCONT)
+        redis.terminate()
+        redis.wait(timeout=10)
