@@ -36,6 +36,29 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            v = version("servesim")
+        except PackageNotFoundError:  # run from a checkout without installing
+            v = "0.1.0 (not installed)"
+        typer.echo(f"servesim {v}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    _show_version: Annotated[
+        bool | None,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    ] = None,
+) -> None:
+    """Discrete-event capacity and SLA simulator for ML inference serving."""
+
+
 ScenarioArg = Annotated[Path, typer.Argument(help="Scenario YAML file.", show_default=False)]
 SetOpt = Annotated[
     list[str] | None,
@@ -135,11 +158,27 @@ def run(
             json_path.write_text(json.dumps(_clean(summary), indent=2) + "\n")
             err.print(f"summary written to {json_path}")
         if records is not None:
-            _write_table(result.records.to_frame(), records, "records")
+            _write_table(records_table(result), records, "records")
         if timeline is not None:
             _write_table(pd.DataFrame(summary["timeline"]), timeline, "timeline rows", index=False)
     except OSError as e:
         raise fail(f"cannot write {e.filename}: {e.strerror}") from None
+
+
+def records_table(result) -> pd.DataFrame:
+    """Every request of a run for --records: times in ms from the start of the simulation
+    (the unit in each name), a ``warmup`` flag for arrivals before ``warmup_s`` (left out
+    of every metric), and the version and traffic class by name."""
+    s = result.scenario
+    df = result.records.to_frame()
+    df = df.rename(columns={c: f"{c}_ms" for c in df.columns if c == "arrival" or c.startswith("t_")})
+    df.insert(1, "warmup", df["arrival_ms"] < s.warmup_s * 1000.0)
+    canary = s.router.canary
+    versions = ["primary", getattr(canary, "name", None) or "canary"]
+    df["version"] = pd.Categorical.from_codes(df["version"].astype(int), versions)
+    classes = list(s.traffic.classes) or ["default"]
+    df["traffic_class"] = pd.Categorical.from_codes(df["traffic_class"].astype(int), classes)
+    return df
 
 
 def _write_table(frame: pd.DataFrame, path: Path, what: str, *, index: bool = True) -> None:

@@ -218,3 +218,9 @@ def test_a_traffic_class_may_name_a_profile(tmp_path):
             load_scenario(path)
     finally:
         path.unlink(missing_ok=True)
+
+
+def test_version():
+    res = invoke("--version")
+    assert res.exit_code == 0
+    assert res.output.startswith("servesim ")

@@ -146,6 +146,7 @@ def test_end_to_end_calibration_of_a_tiny_model(tmp_path):
     assert s.workers.service_time.kind == profile["service_time"]["kind"]
 
 
+@pytest.mark.slow  # 40 s: the tiny model's end-to-end calibration stays in the default suite
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed (CI installs it)")
 def test_end_to_end_calibration_of_the_ranker_through_redis(tmp_path):
     pytest.importorskip("torch", reason="calibration drives the reference server (torch)")

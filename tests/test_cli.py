@@ -104,8 +104,12 @@ def test_records_file(tmp_path, suffix):
     rec = tmp_path / f"records{suffix}"
     assert invoke("run", path, "--records", rec).exit_code == 0
     df = pd.read_parquet(rec) if suffix == ".parquet" else pd.read_csv(rec)
-    assert {"arrival", "t_response", "outcome", "batch_size"} <= set(df.columns)
+    assert {"arrival_ms", "t_response_ms", "outcome", "batch_size", "warmup", "version"} <= set(df.columns)
     assert len(df) > 1000
+    assert df["warmup"].any()
+    assert not df["warmup"].all()  # warmup_s 1 of 5 s
+    assert set(df["version"].astype(str)) == {"primary"}
+    assert set(df["traffic_class"].astype(str)) == {"default"}
 
 
 def test_schema_and_check(tmp_path):
