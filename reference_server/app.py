@@ -178,7 +178,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         inputs = [s for s in inputs if s.name != "sparse"] + [TensorSpec("entity", "INT64", (-1, 1))]
     pre_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="preprocess")
     # admitted: past the door, not yet in the batcher's queue; body_bytes: of bodies being read
-    state = {"ready": False, "admitted": 0, "body_bytes": 0}
+    state = {"ready": False, "draining": False, "admitted": 0, "body_bytes": 0}
     holder: dict = {}
 
     def batcher() -> DynamicBatcher:
@@ -225,6 +225,11 @@ def create_app(cfg: ServerConfig) -> FastAPI:
     app = FastAPI(title="servesim reference server", lifespan=lifespan)
     app.state.config = cfg
 
+    def drain() -> None:  # shutting down: tell load balancers first, keep serving meanwhile
+        state["draining"] = True
+
+    app.state.drain = drain
+
     errors = ErrorLog()
 
     @app.exception_handler(Exception)
@@ -259,6 +264,8 @@ def create_app(cfg: ServerConfig) -> FastAPI:
 
     @app.get("/v2/health/ready")
     async def ready():
+        if state["draining"]:
+            return Response(status_code=503)
         store_ok = store is None or await store.healthy()
         return Response(status_code=200 if is_ready() and store_ok else 503)
 

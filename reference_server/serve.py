@@ -63,8 +63,16 @@ def serve(
     max_connections: Annotated[
         int, typer.Option(help="Connections and requests in progress at once; beyond, new ones get a 503.", min=1)
     ] = 1000,
+    drain_s: Annotated[
+        float,
+        typer.Option(
+            help="On SIGTERM, seconds of readiness 503 while still serving, so load balancers stop sending "
+            "before the listener closes (a second signal skips it).",
+            min=0,
+        ),
+    ] = 1.0,
     grace_s: Annotated[
-        float, typer.Option(help="On SIGTERM, seconds to finish the requests in progress before closing.", min=0)
+        float, typer.Option(help="Then, seconds to finish the requests in progress before closing.", min=0)
     ] = 10.0,
     api_key: Annotated[
         str | None,
@@ -140,7 +148,7 @@ def serve(
             "set --api-key (or SERVESIM_API_KEY) to require a bearer token",
             err=True,
         )
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -149,3 +157,26 @@ def serve(
         limit_concurrency=max_connections,
         timeout_keep_alive=5,
     )
+    draining_server(uvicorn.Server, config, app.state.drain, drain_s).run()
+
+
+def draining_server(base, config, drain, drain_s: float):
+    """A uvicorn server whose first SIGTERM (or Ctrl-C) turns readiness false and keeps
+    serving for ``drain_s`` before uvicorn's own graceful shutdown (stop accepting, finish
+    what is in flight within the grace period); a second signal skips the wait."""
+    import threading
+
+    class Draining(base):
+        draining = False
+
+        def handle_exit(self, sig, frame):
+            if self.draining or drain_s <= 0:
+                if not self.draining:
+                    self.draining = True
+                    drain()
+                return super().handle_exit(sig, frame)
+            self.draining = True
+            drain()
+            threading.Timer(drain_s, super().handle_exit, (sig, frame)).start()
+
+    return Draining(config)

@@ -380,3 +380,19 @@ def test_redis_outages_are_503s_that_heal():
             redis.send_signal(signal.SIGCONT)
         redis.terminate()
         redis.wait(timeout=10)
+
+
+def test_sigterm_turns_readiness_false_before_the_listener_closes():
+    with reference_server(*TINY, "--drain-s", "3") as (url, proc):
+        conn = _conn(url)
+        assert _good(conn) == 200
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert _until(lambda: _ready(url) == 503, 2)
+        # still serving while load balancers take it out: live, and answering inference
+        with urllib.request.urlopen(url + "/v2/health/live", timeout=5) as r:
+            assert r.status == 200
+        assert _good(_conn(url)) == 200
+        assert time.monotonic() - t0 < 3
+        proc.wait(timeout=30)  # then it stops, within the drain and the grace period
+        assert time.monotonic() - t0 < 3 + 10 + 5
