@@ -97,6 +97,14 @@ def load(
     duration_s: Annotated[float, typer.Option(help="Minimum seconds per level.", min=0.5)] = 10.0,
     min_queries: Annotated[int, typer.Option(help="Minimum requests per level.", min=1)] = 200,
     image_side: Annotated[int, typer.Option(help="Side of the JPEGs sent, pixels.")] = 96,
+    connections: Annotated[
+        int,
+        typer.Option(
+            help="Connections this client keeps; beyond, requests wait here. More than the server's queue "
+            "to see it shed load.",
+            min=1,
+        ),
+    ] = 256,
     seed: int = 0,
 ) -> None:
     """Open-loop Poisson load at each rate; latency from the scheduled send time."""
@@ -122,7 +130,16 @@ def load(
         raise typer.Exit(code=2) from None
     payloads = image_payloads(32, image_side, np.random.default_rng(seed))
     out.with_suffix(".config.json").write_text(json.dumps(config))  # for `calibrate fit`
-    df = sweep(url.rstrip("/"), model, levels, payloads, duration_s=duration_s, min_queries=min_queries, seed=seed)
+    df = sweep(
+        url.rstrip("/"),
+        model,
+        levels,
+        payloads,
+        duration_s=duration_s,
+        min_queries=min_queries,
+        seed=seed,
+        connections=connections,
+    )
     df.to_csv(out, index=False)
     typer.echo(level_summary(df).to_string(index=False))
 

@@ -130,21 +130,34 @@ async def _level(session, endpoint: str, times: np.ndarray, pick: np.ndarray, pa
     return rows
 
 
-def _session():
+CONNECTIONS = 256
+
+
+def _session(connections: int = CONNECTIONS):
     import aiohttp
 
-    connector = aiohttp.TCPConnector(limit=256)  # beyond this, requests wait (their latency counts it)
+    # beyond ``connections`` in flight, requests wait in this client (their latency counts
+    # it): to see a server shed load, give it more than the server's queue holds
+    connector = aiohttp.TCPConnector(limit=connections)
     return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=30))
 
 
 async def run_level(
-    url: str, model: str, rate_rps: float, payloads: list[Payload], *, duration_s: float, min_queries: int, seed: int
+    url: str,
+    model: str,
+    rate_rps: float,
+    payloads: list[Payload],
+    *,
+    duration_s: float,
+    min_queries: int,
+    seed: int,
+    connections: int = CONNECTIONS,
 ) -> pd.DataFrame:
     """One open-loop level; one row per request."""
     rng = np.random.default_rng(seed)
     times = schedule(rate_rps, duration_s, min_queries, rng)
     pick = rng.integers(0, len(payloads), len(times))
-    async with _session() as session:
+    async with _session(connections) as session:
         rows = await _level(session, f"{url}/v2/models/{model}/infer", times, pick, payloads)
     df = pd.DataFrame(rows)
     df["offered_rps"] = rate_rps
@@ -291,12 +304,22 @@ def sweep(
     min_queries: int = 200,
     seed: int = 0,
     warmup_s: float = 1.0,
+    connections: int = CONNECTIONS,
 ) -> pd.DataFrame:
     """Run each rate as a level; the first ``warmup_s`` of each level is marked, not dropped."""
     frames = []
     for k, rate in enumerate(rates):
         df = asyncio.run(
-            run_level(url, model, rate, payloads, duration_s=duration_s, min_queries=min_queries, seed=seed + k)
+            run_level(
+                url,
+                model,
+                rate,
+                payloads,
+                duration_s=duration_s,
+                min_queries=min_queries,
+                seed=seed + k,
+                connections=connections,
+            )
         )
         df["level"] = k
         df["warmup"] = df["scheduled_s"] < warmup_s

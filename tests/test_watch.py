@@ -152,7 +152,8 @@ def test_watch_follows_a_live_server_and_keeps_going_through_failed_scrapes(tmp_
     reference_server = _serve()
     from calibrate.loadgen import image_payloads, sweep
 
-    args = ("--resolution", "32", "--width", "8", "--max-batch-size", "4")
+    # --drain-s 0: the server goes away the moment the load ends (a drain would serve idle scrapes first)
+    args = ("--resolution", "32", "--width", "8", "--max-batch-size", "4", "--drain-s", "0")
     with reference_server(*args) as (url, _proc):
         runner = CliRunner()
         missing = runner.invoke(app, ["calibrate", "watch", "--url", url, "--model", "nope"])
