@@ -48,28 +48,24 @@ class Payload:
     headers: dict
 
 
+def bytes_payload(raw: bytes, count: int, name: str = "image") -> Payload:
+    """One binary-tensor request: ``raw`` serialized BYTES elements as a [count, 1] input."""
+    head = json.dumps(
+        {
+            "inputs": [
+                {"name": name, "datatype": "BYTES", "shape": [count, 1], "parameters": {"binary_data_size": len(raw)}}
+            ]
+        }
+    ).encode()
+    return Payload(head + raw, {"Inference-Header-Content-Length": str(len(head))})
+
+
 def image_payloads(count: int, side: int, rng: np.random.Generator) -> list[Payload]:
     """Binary-tensor requests of one JPEG each, for the resnet model."""
     from reference_server.models import jpeg
     from reference_server.protocol import serialize_bytes
 
-    out = []
-    for _ in range(count):
-        raw = serialize_bytes(np.array([jpeg(rng, side=side)], dtype=object))
-        head = json.dumps(
-            {
-                "inputs": [
-                    {
-                        "name": "image",
-                        "datatype": "BYTES",
-                        "shape": [1, 1],
-                        "parameters": {"binary_data_size": len(raw)},
-                    }
-                ]
-            }
-        ).encode()
-        out.append(Payload(head + raw, {"Inference-Header-Content-Length": str(len(head))}))
-    return out
+    return [bytes_payload(serialize_bytes(np.array([jpeg(rng, side=side)], dtype=object)), 1) for _ in range(count)]
 
 
 def ranker_payloads(count: int, dense: int, entities: int, rng: np.random.Generator) -> list[Payload]:

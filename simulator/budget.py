@@ -16,10 +16,11 @@ admits a run that cannot fit costs the machine.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import resource
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from simulator.config import Scenario
 from simulator.shapes import rate_bound
@@ -46,6 +47,8 @@ class Budget:
     requests: float
     bytes: float
     wall_s: float
+    instances: int = 0  # model instances, the most the fleet reaches
+    parts: dict = field(default_factory=dict)  # bytes by what drives them: requests, workers, batch, features
 
     def describe(self) -> str:
         return (
@@ -81,15 +84,14 @@ def estimate(s: Scenario) -> Budget:
     f = s.features
     if f.lookups_per_request:
         trips = math.ceil(f.lookups_per_request / f.batch_size)
-    memory = (
-        BASE_BYTES
-        + n * BYTES_PER_REQUEST
-        + workers * BYTES_PER_WORKER
-        + s.batching.max_batch_size * BYTES_PER_BATCH_SLOT
-        + max(trips, min(TRIP_CHUNK_CELLS, n * trips)) * BYTES_PER_TRIP_CELL * (trips > 0)
-    )
+    parts = {
+        "requests": n * BYTES_PER_REQUEST,
+        "workers": workers * BYTES_PER_WORKER,
+        "batch": s.batching.max_batch_size * BYTES_PER_BATCH_SLOT,
+        "features": max(trips, min(TRIP_CHUNK_CELLS, n * trips)) * BYTES_PER_TRIP_CELL if trips else 0.0,
+    }
     wall = n * WALL_S_PER_REQUEST + workers * WALL_S_PER_WORKER + n * trips * WALL_S_PER_TRIP
-    return Budget(requests=n, bytes=memory, wall_s=wall)
+    return Budget(requests=n, bytes=BASE_BYTES + sum(parts.values()), wall_s=wall, instances=workers, parts=parts)
 
 
 def available_bytes() -> float:
@@ -129,33 +131,21 @@ def check(s: Scenario, *, what: str = "this run", runs: int = 1) -> Budget:
     if not math.isfinite(b.requests):
         raise BudgetError(f"{what}: rate × duration is not a finite number of requests; lower traffic.rate_rps")
     if b.bytes > avail:
-        workers = s.workers.count * s.workers.instances
-        drivers = sorted(
-            [
-                (b.requests * BYTES_PER_REQUEST, "shorten it (--duration-s) or lower the rate"),
-                (workers * BYTES_PER_WORKER, f"use fewer workers (workers.count {s.workers.count:,})"),
-                (
-                    s.batching.max_batch_size * BYTES_PER_BATCH_SLOT,
-                    f"lower batching.max_batch_size ({s.batching.max_batch_size:,})",
-                ),
-                (
-                    b.bytes
-                    - BASE_BYTES
-                    - b.requests * BYTES_PER_REQUEST
-                    - workers * BYTES_PER_WORKER
-                    - s.batching.max_batch_size * BYTES_PER_BATCH_SLOT,
-                    f"lower features.lookups_per_request ({s.features.lookups_per_request:,}) or raise its batch_size",
-                ),
-            ],
-            reverse=True,
-        )
-        remedies = [text for size, text in drivers if size > 0.2 * b.bytes] or [drivers[0][1]]
+        remedy = {
+            "requests": "shorten it (--duration-s) or lower the rate",
+            "workers": f"use fewer workers (workers.count {s.workers.count:,})",
+            "batch": f"lower batching.max_batch_size ({s.batching.max_batch_size:,})",
+            "features": f"lower features.lookups_per_request ({s.features.lookups_per_request:,}) or raise its "
+            "batch_size",
+        }
+        drivers = sorted(b.parts, key=b.parts.get, reverse=True)
+        remedies = [remedy[d] for d in drivers if b.parts[d] > 0.2 * b.bytes] or [remedy[drivers[0]]]
         remedies.append("simulate part of the fleet with --sample-workers K (exact under random routing)")
         raise BudgetError(
-            f"{what} would need {_gb(b.bytes)} of memory ({_count(b.requests)} requests, {workers:,} model "
+            f"{what} would need {_gb(b.bytes)} of memory ({_count(b.requests)} requests, {b.instances:,} model "
             f"instances), more than the {_gb(avail)} available: " + "; or ".join(remedies) + "."
         )
-    return Budget(b.requests, b.bytes, b.wall_s * runs)
+    return dataclasses.replace(b, wall_s=b.wall_s * runs)
 
 
 def _gb(x: float) -> str:

@@ -40,7 +40,7 @@ def check_output(path: Path | None, option: str, suffixes: tuple[str, ...] | Non
         raise fail(f"{option} {path}: use a {' or '.join(suffixes)} file name")
     if path.is_dir():
         raise fail(f"{option} {path}: is a folder; give a file name")
-    parent = path.parent if str(path.parent) else Path(".")
+    parent = path.parent  # Path("x.csv").parent is Path(".")
     if not parent.is_dir():
         raise fail(f"{option} {path}: folder {parent} does not exist")
     if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):

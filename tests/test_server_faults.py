@@ -25,7 +25,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("fastapi")
 
+from calibrate.loadgen import bytes_payload
 from reference_server.models import jpeg
+from reference_server.protocol import serialize_bytes
 from tests.servers import free_port, reference_server, servesim_cmd, wait_http
 
 TINY = ("--resolution", "32", "--width", "8", "--max-batch-size", "4", "--max-queue-delay-ms", "5")
@@ -49,20 +51,8 @@ def _infer_body(images: list[bytes], **extra) -> bytes:
 
 
 def _binary_body(images: list[bytes]) -> tuple[bytes, dict]:
-    raw = b"".join(struct.pack("<I", len(b)) + b for b in images)
-    head = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "image",
-                    "datatype": "BYTES",
-                    "shape": [len(images), 1],
-                    "parameters": {"binary_data_size": len(raw)},
-                }
-            ]
-        }
-    ).encode()
-    return head + raw, {"Inference-Header-Content-Length": str(len(head))}
+    p = bytes_payload(serialize_bytes(np.array(images, dtype=object)), len(images))
+    return p.body, p.headers
 
 
 def _post(conn: http.client.HTTPConnection, body: bytes, headers: dict | None = None, path="/v2/models/resnet/infer"):
@@ -147,21 +137,9 @@ def test_a_chunked_body_past_the_limit_is_refused_without_buffering_it(server):
 
 def test_an_element_count_bomb_is_refused_before_its_data_is_decoded(server):
     url, _ = server
-    raw = struct.pack("<I", 0) * 2_000_000  # 8 MB of 2M empty BYTES elements
-    head = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "image",
-                    "datatype": "BYTES",
-                    "shape": [2_000_000, 1],
-                    "parameters": {"binary_data_size": len(raw)},
-                }
-            ]
-        }
-    ).encode()
+    bomb = bytes_payload(struct.pack("<I", 0) * 2_000_000, 2_000_000)  # 8 MB of 2M empty BYTES elements
     t0 = time.perf_counter()
-    status, _, doc = _post(_conn(url), head + raw, {"Inference-Header-Content-Length": str(len(head))})
+    status, _, doc = _post(_conn(url), bomb.body, bomb.headers)
     assert status == 400
     assert "2,000,000 elements exceed the 4" in doc["error"]
     assert time.perf_counter() - t0 < 0.5
