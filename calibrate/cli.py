@@ -7,6 +7,7 @@ stays light.
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 from typing import Annotated
@@ -105,9 +106,20 @@ def load(
             min=1,
         ),
     ] = 256,
+    nice: Annotated[
+        int,
+        typer.Option(
+            help="Lower this client's CPU priority (0-19): on a machine it shares with the server, 19 "
+            "leaves the server the CPU, as a client on another machine would.",
+            min=0,
+            max=19,
+        ),
+    ] = 0,
     seed: int = 0,
 ) -> None:
     """Open-loop Poisson load at each rate; latency from the scheduled send time."""
+    if nice:
+        os.nice(nice)
     try:
         import numpy as np
 

@@ -77,6 +77,7 @@ class ServerConfig:
     warmup_batches: int = 3
     max_inflight_body_bytes: int = 64 * 1024 * 1024  # request bodies being read at once, all together
     api_key: str | None = None  # a bearer token every route but health checks requires
+    body_timeout_s: float = 10.0  # a request body that sends nothing for this long: 408
 
 
 log = logging.getLogger("servesim.server")
@@ -122,6 +123,61 @@ def _features_public(features: FeatureStoreConfig | None) -> dict | None:
 
 def _error(status: int, msg: str, headers: dict | None = None) -> JSONResponse:
     return JSONResponse({"error": msg}, status_code=status, headers=headers)
+
+
+class Door:
+    """The server's door, a plain ASGI layer in front of FastAPI's routing: a request without
+    the bearer token gets 401, and an inference request that finds the queue full gets 503
+    before anything else is spent on it (no routing, no Request object, its body unread).
+    Shedding has to cost a small fraction of serving, else at twice the capacity the loop
+    spends itself on refusals and goodput collapses."""
+
+    def __init__(self, app, *, api_key, open_paths, infer_paths, full, draining, refused, overloaded: str):
+        self.app, self.open_paths, self.infer_paths = app, open_paths, infer_paths
+        self.token = f"Bearer {api_key}".encode() if api_key else None
+        self.full, self.draining, self.refused = full, draining, refused
+        self.busy = _plain(503, overloaded, [(b"retry-after", b"1")])
+        self.denied = _plain(401, "missing or wrong bearer token", [(b"www-authenticate", b"Bearer")])
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        if self.token is not None and path not in self.open_paths:
+            got = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            if not hmac.compare_digest(got, self.token):
+                return await _send(send, self.denied)
+        if path in self.infer_paths and scope["method"] == "POST" and self.full():
+            self.refused()
+            return await _send(send, self.busy)
+        if self.draining():  # shutting down: the client's next request goes on a new connection
+            return await self.app(scope, receive, _closing(send))
+        return await self.app(scope, receive, send)
+
+
+def _closing(send):
+    async def closing(message):
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+        await send(message)
+
+    return closing
+
+
+def _plain(status: int, msg: str, headers: list[tuple[bytes, bytes]]) -> tuple[dict, dict]:
+    """A ready-made JSON error response, as ASGI messages."""
+    body = json.dumps({"error": msg}).encode()
+    start = {
+        "type": "http.response.start",
+        "status": status,
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *headers],
+    }
+    return start, {"type": "http.response.body", "body": body}
+
+
+async def _send(send, response: tuple[dict, dict]) -> None:
+    await send(response[0])
+    await send(response[1])
 
 
 def _instances(cfg: ServerConfig, front: ServedModel, cores: list[int | None]) -> list:
@@ -239,14 +295,17 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         return _error(500, "internal error (details in the server log)", {"Connection": "close"})
 
     open_paths = ("/v2/health/live", "/v2/health/ready")
-
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if cfg.api_key and request.url.path not in open_paths:
-            got = request.headers.get("authorization", "")
-            if not hmac.compare_digest(got.encode(), f"Bearer {cfg.api_key}".encode()):
-                return _error(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
-        return await call_next(request)
+    infer_paths = {f"/v2/models/{name}/infer", f"/v2/models/{name}/versions/{VERSION}/infer"}
+    app.add_middleware(
+        Door,
+        api_key=cfg.api_key,
+        open_paths=open_paths,
+        infer_paths=infer_paths,
+        full=lambda: state["ready"] and batcher().full(state["admitted"]),
+        draining=lambda: state["draining"],
+        refused=lambda: metrics.fail("overloaded"),
+        overloaded=f"overloaded: queue full ({cfg.max_queue_size} requests)",
+    )
 
     def _known(model_name: str, version: str | None = None) -> JSONResponse | None:
         if model_name != name:
@@ -343,7 +402,8 @@ def create_app(cfg: ServerConfig) -> FastAPI:
 
     async def read_body(request: Request) -> bytes | JSONResponse:
         """The body, read as it streams in: over the limit (chunked bodies included) it is
-        refused at once, and all bodies being read together stay under a budget."""
+        refused at once, all bodies being read together stay under a budget, and a body that
+        sends nothing for ``body_timeout_s`` is answered 408 (a slow upload holds no slot)."""
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
             metrics.fail("too_large")
@@ -351,8 +411,17 @@ def create_app(cfg: ServerConfig) -> FastAPI:
                 413, f"body of {declared} bytes exceeds the limit of {cfg.max_body_bytes}", {"Connection": "close"}
             )
         chunks, size = [], 0
+        stream = request.stream()
         try:
-            async for chunk in request.stream():
+            while True:
+                try:
+                    async with asyncio.timeout(cfg.body_timeout_s):
+                        chunk = await anext(stream)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    metrics.fail("timeout")
+                    return _error(408, f"request body stalled for {cfg.body_timeout_s:g} s", {"Connection": "close"})
                 size += len(chunk)
                 state["body_bytes"] += len(chunk)
                 if size > cfg.max_body_bytes:
@@ -392,9 +461,6 @@ def create_app(cfg: ServerConfig) -> FastAPI:
         if dead:
             metrics.fail("instance_died")
             return _error(503, f"unavailable: {dead}")
-        if batcher().full(state["admitted"]):  # shed before reading the body: cheap under overload
-            metrics.fail("overloaded")
-            return _error(503, f"overloaded: queue full ({cfg.max_queue_size} requests)", {"Retry-After": "1"})
         body = await read_body(request)
         if isinstance(body, Response):
             return body

@@ -33,6 +33,9 @@ class Instance(Protocol):
 
     def run(self, items: list[dict]) -> Awaitable[Outputs]: ...
 
+    # optional: ``start(items) -> Future`` hands a batch over synchronously, and the instance
+    # calls ``on_free()`` from its I/O callback the moment a batch is back (ProcessInstance)
+
     def close(self, timeout_s: float = 10.0) -> None: ...
 
 
@@ -158,35 +161,61 @@ class DynamicBatcher:
             if not p.future.done():
                 p.future.set_exception(err)
 
+    def _ready(self) -> bool:
+        """Whether a free instance would take a batch now: a full one is queued, or the oldest
+        request has waited its ``max_queue_delay_ms``."""
+        return bool(self.queue) and (
+            self._queued_items() >= self.max_batch_size
+            or time.perf_counter_ns() >= self.queue[0].t_enqueue_ns + self.delay_ns
+        )
+
+    def _launch(self, inst: Instance) -> tuple[list[Pending], int, asyncio.Future]:
+        """Take a batch from the queue and hand it to ``inst``."""
+        batch, size = [], 0
+        while self.queue and size + self.queue[0].n <= self.max_batch_size:
+            p = self.queue.popleft()
+            batch.append(p)
+            size += p.n
+        now = time.perf_counter_ns()
+        for p in batch:
+            p.t_dispatch_ns, p.batch_size = now, size
+        self.in_flight += len(batch)
+        self.batches += 1
+        items = [p.item for p in batch]
+        start = getattr(inst, "start", None)
+        try:
+            job = start(items) if start is not None else asyncio.ensure_future(inst.run(items))
+        except Exception as err:  # the instance is gone: the batch gets the error
+            job = asyncio.get_running_loop().create_future()
+            job.set_exception(err)
+        return batch, size, job
+
     async def _instance(self, inst: Instance) -> None:
+        early: list = []  # a batch handed over the moment the last one came back
+        if hasattr(inst, "start"):
+            inst.on_free = lambda: self._ready() and inst.alive and early.append(self._launch(inst))
         while inst.alive:
-            while not self.queue:
-                self._arrived.clear()
-                await self._arrived.wait()
-            deadline = self.queue[0].t_enqueue_ns + self.delay_ns
-            while self.queue and self._queued_items() < self.max_batch_size:
-                remaining = (deadline - time.perf_counter_ns()) / 1e9
-                if remaining <= 0:
-                    break
-                self._arrived.clear()
-                try:
-                    await asyncio.wait_for(self._arrived.wait(), remaining)
-                except TimeoutError:
-                    break
-            if not self.queue:  # another instance took them
-                continue
-            batch, size = [], 0
-            while self.queue and size + self.queue[0].n <= self.max_batch_size:
-                p = self.queue.popleft()
-                batch.append(p)
-                size += p.n
-            now = time.perf_counter_ns()
-            for p in batch:
-                p.t_dispatch_ns, p.batch_size = now, size
-            self.in_flight += len(batch)
-            self.batches += 1
+            if early:
+                batch, size, job = early.pop()
+            else:
+                while not self.queue:
+                    self._arrived.clear()
+                    await self._arrived.wait()
+                deadline = self.queue[0].t_enqueue_ns + self.delay_ns
+                while self.queue and self._queued_items() < self.max_batch_size:
+                    remaining = (deadline - time.perf_counter_ns()) / 1e9
+                    if remaining <= 0:
+                        break
+                    self._arrived.clear()
+                    try:
+                        await asyncio.wait_for(self._arrived.wait(), remaining)
+                    except TimeoutError:
+                        break
+                if not self.queue:  # another instance took them
+                    continue
+                batch, size, job = self._launch(inst)
             try:
-                outputs, timing = await inst.run([p.item for p in batch])
+                outputs, timing = await job
             except Exception as err:  # the model failed: every request of the batch gets the error
                 for p in batch:
                     if not p.future.done():

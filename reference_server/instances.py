@@ -40,6 +40,7 @@ import multiprocessing as mp
 import os
 import signal
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.shared_memory import SharedMemory
@@ -176,6 +177,7 @@ class ProcessInstance:
         self._seq = 0
         self._busy = False
         self.died: str | None = None
+        self.on_free: Callable[[], None] | None = None  # called the moment a batch is back
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Block until the instance has built and warmed its model (raises InstanceDied)."""
@@ -202,17 +204,18 @@ class ProcessInstance:
 
     async def run(self, items: list[dict[str, np.ndarray]]) -> tuple[list[dict], dict]:
         """One batch: outputs per request, and the stage timings in ns."""
+        return await self.start(items)
+
+    def start(self, items: list[dict[str, np.ndarray]]) -> asyncio.Future:
+        """Hand one batch to the instance now; the future gets (outputs per request, stage
+        timings in ns). The answer is taken in the pipe's I/O callback, which then calls
+        ``on_free`` (if set) before any task runs: the batcher can hand over the next batch the
+        moment this one is back, instead of after the event loop's queue of ready tasks (at twice
+        the capacity that wait left the instance idle ~15% of the time)."""
         if not self.alive:
             raise InstanceDied(self.died)
         if self._busy:
             raise RuntimeError("an instance runs one batch at a time")
-        self._busy = True
-        try:
-            return await self._run(items)
-        finally:
-            self._busy = False
-
-    async def _run(self, items: list[dict[str, np.ndarray]]) -> tuple[list[dict], dict]:
         t_start = time.perf_counter_ns()
         sizes = [len(next(iter(it.values()))) for it in items]
         total = sum(sizes)
@@ -223,33 +226,50 @@ class ProcessInstance:
                 pos += n
         self._seq += 1
         loop = asyncio.get_running_loop()
-        readable = loop.create_future()
-        fd = self._conn.fileno()
-        loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+        done = loop.create_future()
         try:
             self._conn.send((self._seq, total))
-            await readable
+        except (OSError, BrokenPipeError):
+            done.set_exception(self._dead())
+            return done
+        self._busy = True
+        loop.add_reader(self._conn.fileno(), self._answered, loop, done, sizes, t_start)
+        return done
+
+    def _dead(self) -> InstanceDied:
+        self.process.join(5)
+        self.died = self._death_message()
+        return InstanceDied(self.died)
+
+    def _answered(self, loop, done: asyncio.Future, sizes: list[int], t_start: int) -> None:
+        loop.remove_reader(self._conn.fileno())
+        self._busy = False
+        try:
             seq, result = self._conn.recv()
-        except (EOFError, OSError, BrokenPipeError):
-            self.process.join(5)
-            self.died = self._death_message()
-            raise InstanceDied(self.died) from None
-        finally:
-            loop.remove_reader(fd)
-        if isinstance(result, str):
-            raise RuntimeError(f"model instance {self.spec.index}: {result}")
-        assert seq == self._seq
-        t0, t1, t2, t3 = result
-        cols = {name: view[:total].copy() for name, view in self._out.items()}
-        t_end = time.perf_counter_ns()
-        timing = {
-            "compute_input": t1 - t0,
-            "compute_infer": t2 - t1,
-            "compute_output": t3 - t2,
-            "handoff": (t0 - t_start) + (t_end - t3),  # copy in + wake-up, wake-up + copy out
-            "handoff_in": t0 - t_start,  # the first half: which side was late when the hand-off is slow
-        }
-        return split_columns(cols, sizes), timing
+        except (EOFError, OSError):
+            if not done.done():
+                done.set_exception(self._dead())
+            return
+        if done.done():  # its waiter was cancelled
+            pass
+        elif isinstance(result, str):
+            done.set_exception(RuntimeError(f"model instance {self.spec.index}: {result}"))
+        else:
+            assert seq == self._seq
+            t0, t1, t2, t3 = result
+            total = sum(sizes)
+            cols = {name: view[:total].copy() for name, view in self._out.items()}
+            t_end = time.perf_counter_ns()
+            timing = {
+                "compute_input": t1 - t0,
+                "compute_infer": t2 - t1,
+                "compute_output": t3 - t2,
+                "handoff": (t0 - t_start) + (t_end - t3),  # copy in + wake-up, wake-up + copy out
+                "handoff_in": t0 - t_start,  # the first half: which side was late when the hand-off is slow
+            }
+            done.set_result((split_columns(cols, sizes), timing))
+        if self.on_free is not None:
+            self.on_free()
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the process (asked, then terminated, then killed) and free the blocks."""

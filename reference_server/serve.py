@@ -61,8 +61,23 @@ def serve(
         int, typer.Option(help="Pixels an image may declare; more is a 400 before decoding (0: max(2048², (16·res)²)).")
     ] = 0,
     max_connections: Annotated[
-        int, typer.Option(help="Connections and requests in progress at once; beyond, new ones get a 503.", min=1)
+        int,
+        typer.Option(
+            help="Open connections at once; a new one beyond gets a 503 and is closed (those open are served).",
+            min=1,
+        ),
     ] = 1000,
+    header_timeout_s: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a request's headers (or a new connection's first request) may take; then 408 and close.",
+            min=0.001,
+        ),
+    ] = 10.0,
+    body_timeout_s: Annotated[
+        float,
+        typer.Option(help="Seconds a request body may go without sending a byte; then 408 and close.", min=0.001),
+    ] = 10.0,
     drain_s: Annotated[
         float,
         typer.Option(
@@ -91,6 +106,7 @@ def serve(
         import uvicorn
 
         from reference_server.app import ServerConfig, create_app, describe
+        from reference_server.connections import guarded_http
         from reference_server.features import FeatureStoreConfig
         from reference_server.models import ModelConfig
     except ImportError as err:
@@ -135,6 +151,7 @@ def serve(
         instance_cores=instance_cores,
         preprocess=preprocess,  # type: ignore[arg-type] - checked by create_app
         api_key=api_key or None,
+        body_timeout_s=body_timeout_s,
     )
     try:
         app = create_app(cfg)
@@ -154,7 +171,7 @@ def serve(
         port=port,
         log_level="warning",
         timeout_graceful_shutdown=grace_s,
-        limit_concurrency=max_connections,
+        http=guarded_http(max_connections, header_timeout_s),  # not limit_concurrency: see connections.py
         timeout_keep_alive=5,
     )
     draining_server(uvicorn.Server, config, app.state.drain, drain_s).run()
@@ -163,11 +180,21 @@ def serve(
 def draining_server(base, config, drain, drain_s: float):
     """A uvicorn server whose first SIGTERM (or Ctrl-C) turns readiness false and keeps
     serving for ``drain_s`` before uvicorn's own graceful shutdown (stop accepting, finish
-    what is in flight within the grace period); a second signal skips the wait."""
+    what is in flight within the grace period); a second signal skips the wait. Draining,
+    idle keep-alive connections are closed and responses say ``Connection: close``, so
+    clients reconnect while the listener is still open instead of sending on a connection
+    that the shutdown resets."""
+    import asyncio
+    import contextlib
     import threading
 
     class Draining(base):
         draining = False
+
+        def _close_idle(self) -> None:
+            for conn in list(self.server_state.connections):
+                if hasattr(conn, "close_if_idle"):
+                    conn.close_if_idle()
 
         def handle_exit(self, sig, frame):
             if self.draining or drain_s <= 0:
@@ -177,6 +204,8 @@ def draining_server(base, config, drain, drain_s: float):
                 return super().handle_exit(sig, frame)
             self.draining = True
             drain()
+            with contextlib.suppress(RuntimeError):  # from the signal handler, on the loop's thread
+                asyncio.get_running_loop().call_soon_threadsafe(self._close_idle)
             threading.Timer(drain_s, super().handle_exit, (sig, frame)).start()
 
     return Draining(config)

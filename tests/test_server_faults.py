@@ -360,17 +360,104 @@ def test_redis_outages_are_503s_that_heal():
         redis.wait(timeout=10)
 
 
+def _closed_by_server(sock: socket.socket, timeout_s: float) -> bool:
+    readable, _, _ = select.select([sock], [], [], timeout_s)
+    return bool(readable) and sock.recv(1) == b""
+
+
 def test_sigterm_turns_readiness_false_before_the_listener_closes():
     with reference_server(*TINY, "--drain-s", "3") as (url, proc):
-        conn = _conn(url)
+        conn, idle = _conn(url), _conn(url)
         assert _good(conn) == 200
+        assert _good(idle) == 200
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert _until(lambda: _ready(url) == 503, 2)
-        # still serving while load balancers take it out: live, and answering inference
+        # an idle kept-alive connection is closed now, while new ones are still accepted, so
+        # its client does not send on a connection that the shutdown resets
+        assert _closed_by_server(idle.sock, 2)
+        # still serving while load balancers take it out: live, and answering inference, on
+        # connections that close after their response
         with urllib.request.urlopen(url + "/v2/health/live", timeout=5) as r:
             assert r.status == 200
-        assert _good(_conn(url)) == 200
+        body, headers = _binary_body([jpeg(np.random.default_rng(1), side=48)])
+        status, got, _ = _post(_conn(url), body, headers)
+        assert status == 200
+        assert got.get("connection") == "close"
         assert time.monotonic() - t0 < 3
         proc.wait(timeout=30)  # then it stops, within the drain and the grace period
         assert time.monotonic() - t0 < 3 + 10 + 5
+
+
+@pytest.fixture(scope="module")
+def guarded():
+    args = ("--max-connections", "4", "--header-timeout-s", "0.5", "--body-timeout-s", "0.5")
+    with reference_server(*TINY, *args) as (url, proc):
+        yield url, proc
+
+
+def _address(url: str) -> tuple[str, int]:
+    host, port = url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def _answer(sock: socket.socket, timeout_s: float) -> bytes:
+    """Everything the server sends until it closes the connection (or the timeout)."""
+    sock.settimeout(timeout_s)
+    out = b""
+    with contextlib.suppress(TimeoutError, ConnectionResetError):
+        while chunk := sock.recv(65536):
+            out += chunk
+    return out
+
+
+def test_a_connection_past_the_cap_is_refused_and_the_open_ones_are_still_served(guarded):
+    url, _ = guarded
+    held = [_conn(url) for _ in range(3)]
+    assert all(_good(c) == 200 for c in held)
+    with contextlib.ExitStack() as stack:
+        spare = stack.enter_context(socket.create_connection(_address(url)))  # the fourth, idle
+        time.sleep(0.1)
+        extra = stack.enter_context(socket.create_connection(_address(url)))
+        answer = _answer(extra, 5)
+        assert answer.startswith(b"HTTP/1.1 503"), answer[:80]
+        assert b"too many connections (limit 4)" in answer
+        # uvicorn's limit_concurrency answered 503 to every request while the cap was reached;
+        # here the connections already open are served as usual
+        assert [_good(c) for c in held] == [200, 200, 200]
+        spare.close()
+    for c in held:
+        c.close()
+
+
+def test_slow_headers_get_408_and_a_silent_connection_is_closed(guarded):
+    url, _ = guarded
+    with socket.create_connection(_address(url)) as slow:
+        slow.sendall(b"POST /v2/models/resnet/infer HTTP/1.1\r\nHost: x\r\n")  # and never the rest
+        t0 = time.monotonic()
+        answer = _answer(slow, 5)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:80]
+        assert time.monotonic() - t0 < 3
+    with socket.create_connection(_address(url)) as silent:
+        assert _answer(silent, 5) == b""  # closed, not held open forever
+    # a kept-alive connection idle between requests for longer than the header deadline is fine
+    conn = _conn(url)
+    assert _good(conn) == 200
+    time.sleep(1.0)
+    assert _good(conn) == 200
+    conn.close()
+
+
+def test_a_stalled_body_gets_408(guarded):
+    url, _ = guarded
+    with socket.create_connection(_address(url)) as sock:
+        head = (
+            "POST /v2/models/resnet/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Content-Length: 1000\r\n\r\n"
+        )
+        sock.sendall(head.encode() + b'{"inputs": [')
+        t0 = time.monotonic()
+        answer = _answer(sock, 5)
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:80]
+        assert b"request body stalled" in answer
+        assert time.monotonic() - t0 < 3

@@ -1,0 +1,115 @@
+"""Connection limits uvicorn lacks: a cap on open connections that refuses the *new*
+connection, a deadline for a request's headers, and idle connections closed when the server
+starts draining.
+
+uvicorn's own ``limit_concurrency`` answers 503 to *every* request while the count of open
+connections is at the limit, so a client holding more connections than the limit gets nothing
+served at all, however idle the server (measured: 2.6 req/s of goodput at 1,400 offered with
+4,096 client connections, every other request a plain-text 503). Here the connection past the
+cap gets one 503 and is closed, and the connections already open are served as before: their
+requests are shed, if at all, by the batcher's queue bound.
+
+Slow clients (a few bytes of header a second) are answered 408 and closed after
+``header_timeout_s``; a new connection that sends nothing is closed after it too. Idle
+keep-alive connections are uvicorn's (``timeout_keep_alive``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger("servesim.serve")
+
+
+def _raw(status: str, msg: str, extra: bytes = b"") -> bytes:
+    body = json.dumps({"error": msg}).encode()
+    return (
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n".encode()
+        + extra
+        + b"connection: close\r\n\r\n"
+        + body
+    )
+
+
+class _Every:
+    """A warning logged at most once every ``every_s``, with a count of the ones in between."""
+
+    def __init__(self, every_s: float = 10.0):
+        self.every_s, self.count, self.last = every_s, 0, -float("inf")
+
+    def __call__(self, msg: str) -> None:
+        self.count += 1
+        now = time.monotonic()
+        if now - self.last >= self.every_s:
+            if self.last == -float("inf"):
+                log.warning("%s (further ones are counted every %.0f s)", msg, self.every_s)
+            else:
+                log.warning("%s (%d in the last %.0f s)", msg, self.count, now - self.last)
+            self.count, self.last = 0, now
+
+
+def guarded_http(max_connections: int, header_timeout_s: float) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with a connection cap and a header deadline."""
+    if max_connections < 1 or not header_timeout_s > 0:
+        raise ValueError("max_connections >= 1 and header_timeout_s > 0")
+    busy = _raw("503 Service Unavailable", f"too many connections (limit {max_connections})", b"retry-after: 1\r\n")
+    slow = _raw("408 Request Timeout", f"request headers not received within {header_timeout_s:g} s")
+    refused, timed_out = _Every(), _Every()
+
+    class GuardedHttp(HttpToolsProtocol):
+        _deadline = None  # the header timer, armed from connection or request start to headers complete
+        _begun = False
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                refused(f"refused a connection past --max-connections {max_connections}")
+                transport.write(busy)
+                transport.close()
+                return
+            self._arm()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._begun = True
+            if self._deadline is None:  # a kept-alive connection's next request
+                self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            self._begun = False
+            super().on_headers_complete()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._deadline = self.loop.call_later(header_timeout_s, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _too_slow(self) -> None:
+            self._deadline = None
+            if self.transport.is_closing():
+                return
+            if self._begun:  # a request started and its headers never finished
+                timed_out(f"closed a connection whose request headers took over {header_timeout_s:g} s")
+                self.transport.write(slow)
+            self.transport.close()
+
+        def close_if_idle(self) -> None:
+            """Draining: a connection between requests is closed now, while the listener still
+            accepts, so its client reconnects instead of meeting a reset at shutdown."""
+            idle = (self.cycle is None or self.cycle.response_complete) and not self._begun
+            if idle and not self.transport.is_closing():
+                self.transport.close()
+
+    return GuardedHttp
