@@ -105,7 +105,12 @@ async def _post(session, endpoint: str, p: Payload, scheduled: float, row: dict)
             done = time.perf_counter()
             row["status"] = resp.status
             hl = resp.headers.get("Inference-Header-Content-Length")
-            doc = json.loads(raw[: int(hl)] if hl else raw)
+            try:
+                doc = json.loads(raw[: int(hl)] if hl else raw)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                if resp.status == 200:
+                    raise
+                doc = {"error": raw[:200].decode("utf-8", "replace")}  # a proxy's or server's plain-text error
             params = doc.get("parameters", {}) if resp.status == 200 else {}
             for k in TIMING_KEYS:
                 row[k] = params.get(k, np.nan)

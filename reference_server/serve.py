@@ -159,6 +159,14 @@ def serve(
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None
     typer.echo(f"servesim serve: http://{host}:{port} {describe(cfg)}")
+    fitted = fit_open_files(max_connections)
+    if fitted < max_connections:
+        typer.echo(
+            f"warning: --max-connections {max_connections} lowered to {fitted}: this process may open "
+            f"{fitted + FD_RESERVE} files (ulimit -n); past that, accepting fails and floods the log",
+            err=True,
+        )
+        max_connections = fitted
     if host not in ("127.0.0.1", "localhost", "::1") and not cfg.api_key:
         typer.echo(
             f"warning: --host {host} serves every network this machine is on, with no authentication; "
@@ -175,6 +183,28 @@ def serve(
         timeout_keep_alive=5,
     )
     draining_server(uvicorn.Server, config, app.state.drain, drain_s).run()
+
+
+FD_RESERVE = 128  # descriptors the server needs besides its connections: libraries, pipes, Redis
+
+
+def fit_open_files(max_connections: int) -> int:
+    """Raise the soft limit on open files towards the hard one so that ``max_connections``
+    fit beside the server's own descriptors; return how many connections do fit."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = max_connections + FD_RESERVE
+    if soft != resource.RLIM_INFINITY and soft < want:
+        raised = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY:
+        return max_connections
+    return max(1, min(max_connections, soft - FD_RESERVE))
 
 
 def draining_server(base, config, drain, drain_s: float):

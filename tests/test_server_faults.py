@@ -461,3 +461,74 @@ def test_a_stalled_body_gets_408(guarded):
         assert answer.startswith(b"HTTP/1.1 408"), answer[:80]
         assert b"request body stalled" in answer
         assert time.monotonic() - t0 < 3
+
+
+def test_the_load_generator_records_a_plain_text_error_as_its_status():
+    """A proxy's (or uvicorn's) plain-text 503 is a 503 in the measurements, not a client error."""
+    import asyncio
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from calibrate.loadgen import Payload, run_level
+
+    class Busy(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(503)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", "19")
+            self.end_headers()
+            self.wfile.write(b"Service Unavailable")
+
+        def log_message(self, *_args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Busy)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        df = asyncio.run(run_level(url, "resnet", 200.0, [Payload(b"{}", {})], duration_s=0.1, min_queries=5, seed=0))
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert set(df["status"]) == {503}
+    assert set(df["error"]) == {"Service Unavailable"}
+
+
+def _nofile(limit: int):
+    def apply():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    return apply
+
+
+def test_slow_clients_past_the_open_file_limit_lock_nobody_out_for_long():
+    """ulimit -n 256 and more slow clients than that: the cap is fitted under the limit (no
+    'Too many open files' flood), and once the header deadline passes new clients are served."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [*servesim_cmd(), "serve", "--port", str(port), "--header-timeout-s", "1", *TINY],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=_nofile(256),
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url + "/v2/health/ready", proc=proc)
+        with contextlib.ExitStack() as stack:
+            for _ in range(300):
+                s = stack.enter_context(socket.create_connection(("127.0.0.1", port)))
+                with contextlib.suppress(OSError):  # the ones past the cap are already closed
+                    s.sendall(b"POST /v2/models/resnet/infer HTTP/1.1\r\nHost: x\r\n")
+            time.sleep(1.5)  # the header deadline passes: the slow ones are closed
+            assert _good(_conn(url)) == 200
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    log = err.decode()
+    assert "--max-connections 1000 lowered to 128" in log
+    assert "Too many open files" not in log
+    assert len(log) < 5000, log[-2000:]
