@@ -31,7 +31,7 @@ def server(args: list[str], *, timeout_s: float = 120.0):
     """``servesim serve`` on a free loopback port; yields its URL; stops it afterwards."""
     port = _free_port()
     exe = Path(sys.executable).with_name("servesim")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "simulator"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "servesim"]
     proc = subprocess.Popen([*cmd, "serve", "--port", str(port), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:

@@ -21,7 +21,7 @@ def free_port() -> int:
 
 def servesim_cmd() -> list[str]:
     exe = Path(sys.executable).with_name("servesim")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "simulator"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "servesim"]
 
 
 def wait_http(url: str, timeout_s: float = 90.0, proc: subprocess.Popen | None = None) -> None:

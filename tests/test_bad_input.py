@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from simulator.cli import app
+from servesim.cli import app
 from simulator.loader import ScenarioError, load_scenario
 from simulator.plan import on_instance_type
 
@@ -48,7 +48,7 @@ def cli(*args, timeout=60, limit_bytes=None) -> subprocess.CompletedProcess:
             resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
 
     return subprocess.run(
-        [sys.executable, "-m", "simulator", *map(str, args)],
+        [sys.executable, "-m", "servesim", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,

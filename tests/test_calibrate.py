@@ -205,7 +205,7 @@ def test_round_trip_fit_recovers_per_trip_and_per_key_cost():
 def test_calibrate_fit_command_on_the_committed_measurements(tmp_path):
     from typer.testing import CliRunner
 
-    from simulator.cli import app
+    from servesim.cli import app
     from tests.helpers import ROOT
 
     config = {

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from simulator.cli import app
+from servesim.cli import app
 
 runner = CliRunner()
 
@@ -194,7 +194,7 @@ def test_missing_scenario_file(tmp_path):
 def test_console_script_prints_no_traceback(tmp_path):
     """Through the real entry point: the message on stderr, status 2, nothing else."""
     path = write(tmp_path, GOOD.replace("rate_rps: 400", "rate_rps: -400"))
-    proc = subprocess.run([sys.executable, "-m", "simulator", "run", str(path)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "servesim", "run", str(path)], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "traffic.rate_rps" in proc.stderr
     assert "line 6" in proc.stderr

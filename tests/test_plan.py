@@ -11,7 +11,7 @@ import yaml
 from scipy import optimize
 from typer.testing import CliRunner
 
-from simulator.cli import app
+from servesim.cli import app
 from simulator.config import Affine
 from simulator.loader import ScenarioError, load_scenario
 from simulator.plan import Evaluation, Planner, Vary, on_instance_type, pareto

@@ -15,9 +15,9 @@ README = (ROOT / "README.md").read_text()
 
 
 def servesim(args: list[str]) -> subprocess.CompletedProcess:
-    """The installed console script of this interpreter's environment (else ``python -m simulator``)."""
+    """The installed console script of this interpreter's environment (else ``python -m servesim``)."""
     exe = Path(sys.executable).with_name("servesim")
-    cmd = [str(exe), *args] if exe.exists() else [sys.executable, "-m", "simulator", *args]
+    cmd = [str(exe), *args] if exe.exists() else [sys.executable, "-m", "servesim", *args]
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from simulator.cli import app
+from servesim.cli import app
 from simulator.loader import ScenarioError
 from simulator.sweep import cells, execute, parse_grid, tasks, tidy
 

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from simulator.cli import app
+from servesim.cli import app
 from simulator.engine import simulate
 from simulator.timeline import time_average_level, timeline
 from tests.helpers import scenario

@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from calibrate.watch import Scrape, Twin, histogram_quantile, parse_metrics
-from simulator.cli import app
+from servesim.cli import app
 from tests.servers import free_port
 
 METRICS = """# HELP nv_inference_request_success Successful requests

@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table as RichTable
 
-from simulator.console import check_output, err, fail, out
+from servesim.console import check_output, err, fail, out
 from simulator.loader import ScenarioError
 from simulator.sweep import execute, parse_grid, tasks, tidy
 

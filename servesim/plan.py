@@ -13,8 +13,8 @@ import typer
 import yaml
 from rich.table import Table as RichTable
 
+from servesim.console import budget, check_output, err, fail, out
 from simulator.config import Scenario
-from simulator.console import budget, check_output, err, fail, out
 from simulator.loader import ScenarioError, apply_overrides, load_scenario, parse_set
 from simulator.plan import Planner, Vary, combos, label, on_instance_type, pareto
 from simulator.sampling import sampling_refusal

@@ -1,4 +1,6 @@
-"""The ``servesim`` command line: run, check and describe scenarios.
+"""The ``servesim`` command line: run, check and describe scenarios; plan, sweep and explain
+(:mod:`servesim.plan`, :mod:`servesim.sweep`, :mod:`servesim.explain`); serve, calibrate and
+the dashboard from their own packages.
 
 Bad input never produces a traceback: scenario problems print one message naming the
 YAML line and field and exit with status 2.
@@ -16,16 +18,16 @@ import typer
 
 from calibrate.cli import app as calibrate_app
 from reference_server.serve import serve
+from servesim.console import budget, check_output, err, fail, out
+from servesim.explain import explain
+from servesim.plan import plan
+from servesim.report import render
+from servesim.sweep import cluster_app, sweep
 from simulator.budget import warnings as budget_warnings
-from simulator.cli_explain import explain
-from simulator.cli_plan import plan
-from simulator.cli_sweep import cluster_app, sweep
 from simulator.config import Scenario
-from simulator.console import budget, check_output, err, fail, out
 from simulator.engine import simulate
 from simulator.loader import ScenarioError, load_scenario
 from simulator.metrics import summarize
-from simulator.report import render
 from simulator.sampling import sample_fleet, scale_summary
 
 app = typer.Typer(
@@ -228,7 +230,10 @@ def dashboard(
 
     if importlib.util.find_spec("streamlit") is None:
         raise fail("the dashboard needs streamlit: pip install -e '.[dashboard]'")
-    app_path = Path(__file__).resolve().parent.parent / "dashboards" / "app.py"
+    spec = importlib.util.find_spec("dashboards.app")
+    if spec is None or spec.origin is None:
+        raise fail("the dashboard is not installed with this servesim (dashboards/app.py)")
+    app_path = spec.origin
     cmd = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.port", str(port),
            "--server.address", "127.0.0.1", "--server.headless", str(headless).lower(),
            "--browser.gatherUsageStats", "false"]  # fmt: skip

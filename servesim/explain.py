@@ -9,9 +9,9 @@ from typing import Annotated
 import typer
 from rich.table import Table as RichTable
 
-from simulator.cli_plan import _ci
+from servesim.console import budget, check_output, err, fail, out
+from servesim.plan import _ci
 from simulator.config import Scenario
-from simulator.console import budget, check_output, err, fail, out
 from simulator.engine import simulate
 from simulator.loader import ScenarioError, load_scenario
 from simulator.metrics import summarize, worker_price

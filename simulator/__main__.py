@@ -1,5 +1,0 @@
-"""``python -m simulator`` is the ``servesim`` command."""
-
-from simulator.cli import main
-
-main()

@@ -1,0 +1,59 @@
+"""The import rules of the layout (issue 13): the model depends on nothing built around it,
+and the reference server on nothing at all of ours, so each can be read, tested and shipped
+alone. Walks every import statement, including those inside functions."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+OURS = {"servesim", "simulator", "calibrate", "reference_server", "dashboards"}
+
+# package -> the packages of ours it may import (besides itself)
+ALLOWED = {
+    "simulator": set(),
+    "reference_server": set(),
+    "calibrate": {"simulator", "reference_server"},
+    "dashboards": {"simulator", "calibrate"},
+    "servesim": {"simulator", "calibrate", "reference_server"},
+}
+
+
+def imports_of(package: str) -> dict[str, set[str]]:
+    """For each module of ``package``: the packages of ours it imports."""
+    out = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+        out[str(path.relative_to(ROOT))] = found & OURS
+    return out
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_a_package_imports_only_what_its_layer_allows(package):
+    bad = {
+        module: sorted(found - ALLOWED[package] - {package})
+        for module, found in imports_of(package).items()
+        if found - ALLOWED[package] - {package}
+    }
+    assert not bad, f"{package} may import only {sorted(ALLOWED[package])}: {bad}"
+
+
+def test_every_package_of_ours_has_its_rule():
+    packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()} - {"tests", "benchmarks"}
+    assert packages == set(ALLOWED)
+
+
+def test_python_m_servesim_is_the_command():
+    proc = subprocess.run([sys.executable, "-m", "servesim", "--version"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("servesim ")
