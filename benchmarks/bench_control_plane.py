@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from simulator.engine import simulate  # noqa: E402
-from simulator.loader import load_scenario  # noqa: E402
+from simulator.scenario.loader import load_scenario  # noqa: E402
 
 SCENARIO = ROOT / "scenarios/inference_platform.yaml"
 SHAPE = [

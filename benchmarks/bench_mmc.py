@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from simulator.engine import simulate  # noqa: E402
-from simulator.loader import load_scenario  # noqa: E402
+from simulator.scenario.loader import load_scenario  # noqa: E402
 from tests.theory import mmc_sojourn_quantile  # noqa: E402
 
 C, MEAN_MS, RHO = 8, 10.0, 0.8

@@ -27,9 +27,9 @@ import numpy as np
 import pandas as pd
 
 from calibrate.stats import slice_bootstrap_ci, t_interval
-from simulator.config import Scenario
 from simulator.engine import simulate
-from simulator.metrics import window
+from simulator.results.metrics import window
+from simulator.scenario.config import Scenario
 
 PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0}
 TARGET_PCT = {"p50": 10.0, "p99": 15.0}  # issue 11's bar on held-out levels; p95 is shown, not judged
@@ -98,7 +98,7 @@ def catalog_gpu(profile: dict) -> str | None:
     name = ((profile.get("hardware") or {}).get("gpu") or {}).get("name")
     if not name or not str(profile.get("server", {}).get("device", "")).startswith("cuda"):
         return None
-    from simulator.catalog import load_catalog
+    from simulator.scenario.catalog import load_catalog
 
     words = name.lower().replace("-", " ").split()
     return next((key for key in load_catalog().instances if key in words), None)

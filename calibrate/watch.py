@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulator.config import Scenario
 from simulator.engine import simulate
-from simulator.metrics import window
+from simulator.results.metrics import window
+from simulator.scenario.config import Scenario
 
 BATCH_PARTS = ("compute_input", "compute_infer", "compute_output", "handoff")
 NOISE_CV = 0.08  # counters carry sums only; the batch noise a calibration run measured here (0.06-0.11)

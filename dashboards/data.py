@@ -2,7 +2,7 @@
 
 No Streamlit here, so every function is testable on its own; pages cache them with
 ``st.cache_data``. Runs use fleet sampling where it is exact (see
-:mod:`simulator.sampling`), so a shipped scenario answers in seconds.
+:mod:`simulator.planning.sampling`), so a shipped scenario answers in seconds.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from simulator.anatomy import batch_histogram, e2e_cdf, stage_bands
-from simulator.config import Scenario
 from simulator.engine import simulate
-from simulator.loader import apply_overrides, load_scenario, parse_set
-from simulator.metrics import summarize, window
-from simulator.plan import with_workers
-from simulator.replicate import headline
-from simulator.sampling import auto_sample_size, sample_fleet, scale_summary
+from simulator.planning.plan import with_workers
+from simulator.planning.replicate import headline
+from simulator.planning.sampling import auto_sample_size, sample_fleet, scale_summary
+from simulator.results.anatomy import batch_histogram, e2e_cdf, stage_bands
+from simulator.results.metrics import summarize, window
+from simulator.scenario.config import Scenario
+from simulator.scenario.loader import apply_overrides, load_scenario, parse_set
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"
@@ -70,7 +70,7 @@ class Result:
     """One run, reduced: the summary dict and the tables the charts draw."""
 
     summary: dict
-    stages: pd.DataFrame  # simulator.anatomy.stage_bands
+    stages: pd.DataFrame  # simulator.results.anatomy.stage_bands
     cdf: pd.DataFrame
     batches: pd.DataFrame
     timeline: pd.DataFrame

@@ -7,9 +7,9 @@ from pathlib import Path
 import streamlit as st
 
 from dashboards.data import ROOT, Choice, scenario_files
-from simulator.catalog import load_catalog
-from simulator.config import Scenario
-from simulator.loader import ScenarioError
+from simulator.scenario.catalog import load_catalog
+from simulator.scenario.config import Scenario
+from simulator.scenario.loader import ScenarioError
 
 DEFAULT = "scenarios/inference_platform.yaml"
 

@@ -23,12 +23,12 @@ from servesim.explain import explain
 from servesim.plan import plan
 from servesim.report import render
 from servesim.sweep import cluster_app, sweep
-from simulator.budget import warnings as budget_warnings
-from simulator.config import Scenario
 from simulator.engine import simulate
-from simulator.loader import ScenarioError, load_scenario
-from simulator.metrics import summarize
-from simulator.sampling import sample_fleet, scale_summary
+from simulator.planning.budget import warnings as budget_warnings
+from simulator.planning.sampling import sample_fleet, scale_summary
+from simulator.results.metrics import summarize
+from simulator.scenario.config import Scenario
+from simulator.scenario.loader import ScenarioError, load_scenario
 
 app = typer.Typer(
     name="servesim",

@@ -49,8 +49,8 @@ def check_output(path: Path | None, option: str, suffixes: tuple[str, ...] | Non
 
 def budget(s, *, runs: int = 1, what: str = "this run", quiet: bool = False):
     """Refuse (exit 2) a run of scenario ``s`` that cannot fit in memory, before it starts;
-    say so when it will take over a minute. Returns the :class:`~simulator.budget.Budget`."""
-    from simulator.budget import BudgetError, check
+    say so when it will take over a minute. Returns the :class:`~simulator.planning.budget.Budget`."""
+    from simulator.planning.budget import BudgetError, check
 
     try:
         b = check(s, runs=runs, what=what)

@@ -11,13 +11,13 @@ from rich.table import Table as RichTable
 
 from servesim.console import budget, check_output, err, fail, out
 from servesim.plan import _ci
-from simulator.config import Scenario
 from simulator.engine import simulate
-from simulator.loader import ScenarioError, load_scenario
-from simulator.metrics import summarize, worker_price
-from simulator.napkin import napkin, napkin_batch, peak_rate, per_worker_rps, workers_needed
-from simulator.plan import Planner, with_workers
-from simulator.sampling import auto_sample_size, sample_fleet, sampling_refusal
+from simulator.planning.napkin import napkin, napkin_batch, peak_rate, per_worker_rps, workers_needed
+from simulator.planning.plan import Planner, with_workers
+from simulator.planning.sampling import auto_sample_size, sample_fleet, sampling_refusal
+from simulator.results.metrics import summarize, worker_price
+from simulator.scenario.config import Scenario
+from simulator.scenario.loader import ScenarioError, load_scenario
 
 FIXED_STAGES = ("network_in", "router", "cache", "features", "preprocess", "postprocess", "network_out")
 

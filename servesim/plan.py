@@ -14,10 +14,10 @@ import yaml
 from rich.table import Table as RichTable
 
 from servesim.console import budget, check_output, err, fail, out
-from simulator.config import Scenario
-from simulator.loader import ScenarioError, apply_overrides, load_scenario, parse_set
-from simulator.plan import Planner, Vary, combos, label, on_instance_type, pareto
-from simulator.sampling import sampling_refusal
+from simulator.planning.plan import Planner, Vary, combos, label, on_instance_type, pareto
+from simulator.planning.sampling import sampling_refusal
+from simulator.scenario.config import Scenario
+from simulator.scenario.loader import ScenarioError, apply_overrides, load_scenario, parse_set
 
 
 def parse_sla(text: str) -> list[str]:
@@ -49,7 +49,7 @@ def _sampling_note(s: Scenario, planner: Planner) -> str:
         return f"fleet sampling refused ({why}): every worker simulated"
     return (
         "fleet sampling on: k of N workers with k/N of the traffic (exact in law under random routing; "
-        "see `simulator/sampling.py`)"
+        "see `simulator/planning/sampling.py`)"
     )
 
 

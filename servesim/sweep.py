@@ -11,8 +11,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table as RichTable
 
 from servesim.console import check_output, err, fail, out
-from simulator.loader import ScenarioError
-from simulator.sweep import execute, parse_grid, tasks, tidy
+from simulator.planning.sweep import execute, parse_grid, tasks, tidy
+from simulator.scenario.loader import ScenarioError
 
 cluster_app = typer.Typer(help="A local Dask cluster to try `sweep --cluster` on.", no_args_is_help=True)
 

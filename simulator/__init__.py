@@ -7,9 +7,9 @@ Public API::
     print(summarize(run)["latency_ms"]["e2e"])
 """
 
-from simulator.config import Scenario
 from simulator.engine import Run, simulate
-from simulator.loader import ScenarioError, load_scenario, scenario_hash
-from simulator.metrics import summarize
+from simulator.results.metrics import summarize
+from simulator.scenario.config import Scenario
+from simulator.scenario.loader import ScenarioError, load_scenario, scenario_hash
 
 __all__ = ["Run", "Scenario", "ScenarioError", "load_scenario", "scenario_hash", "simulate", "summarize"]

@@ -9,8 +9,8 @@ Stages run in request order, each from the previous stage's output times:
 Delays nothing contends for are drawn in bulk. The CPU pool is an exact FCFS
 recursion. The KV store, when it has finite capacity, and the batcher with its workers
 are simulated with SimPy, with events per round trip and per batch
-(:mod:`simulator.serving`: fixed pools, versions, and the dynamic fleet of
-:mod:`simulator.pool`). A result-cache hit skips to postprocessing; a failed feature
+(:mod:`simulator.serving.dispatch`: fixed pools, versions, and the dynamic fleet of
+:mod:`simulator.serving.pool`). A result-cache hit skips to postprocessing; a failed feature
 fetch ends the request there.
 
 Every random stream derives from the one seed (:mod:`simulator.rng`), one stream per
@@ -24,20 +24,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulator.arrivals import arrivals as make_arrivals
-from simulator.batcher import Outcome
-from simulator.caches import lookup
-from simulator.config import Cache, Scenario
-from simulator.distributions import Distribution, Sampler
-from simulator.features import fetch
-from simulator.pool import FleetLog
-from simulator.predlog import ship
-from simulator.recorder import Records
+from simulator.results.records import Records
 from simulator.rng import STREAMS, streams
-from simulator.serving import assign_workers, serve_versions
-from simulator.stations import fcfs_multiserver
-from simulator.tenants import serve_classes
-from simulator.workers import BatchLog, ServiceModel
+from simulator.scenario.config import Cache, Scenario
+from simulator.scenario.distributions import Distribution, Sampler
+from simulator.serving.batcher import Outcome
+from simulator.serving.classes import serve_classes
+from simulator.serving.dispatch import assign_workers, serve_versions
+from simulator.serving.pool import FleetLog
+from simulator.serving.workers import BatchLog, ServiceModel
+from simulator.stages.arrivals import arrivals as make_arrivals
+from simulator.stages.caches import lookup
+from simulator.stages.features import fetch
+from simulator.stages.prediction_log import ship
+from simulator.stages.stations import fcfs_multiserver
 
 
 @dataclass

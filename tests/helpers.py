@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simulator.config import Scenario
+from simulator.scenario.config import Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -17,13 +17,13 @@ from collections import deque
 import numpy as np
 import simpy
 
-from simulator.arrivals import arrivals as make_arrivals
-from simulator.config import Scenario
-from simulator.distributions import Sampler
 from simulator.engine import streams
-from simulator.features import trip_keys
-from simulator.serving import assign_workers
-from simulator.workers import ServiceModel
+from simulator.scenario.config import Scenario
+from simulator.scenario.distributions import Sampler
+from simulator.serving.dispatch import assign_workers
+from simulator.serving.workers import ServiceModel
+from simulator.stages.arrivals import arrivals as make_arrivals
+from simulator.stages.features import trip_keys
 
 COMPLETED, REJECTED, TIMED_OUT = 0, 1, 2
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.batcher import Outcome
 from simulator.engine import simulate
+from simulator.serving.batcher import Outcome
 from tests.helpers import scenario
 
 LOAD_MS = 5_000.0  # cold start: model load only, deterministic

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.autoscaler import HPA, KPA, Autoscaler
-from simulator.batcher import Outcome
 from simulator.engine import simulate
-from simulator.metrics import summarize
+from simulator.results.metrics import summarize
+from simulator.serving.autoscaler import HPA, KPA, Autoscaler
+from simulator.serving.batcher import Outcome
 from tests.helpers import scenario
 
 

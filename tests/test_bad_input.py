@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from servesim.cli import app
-from simulator.loader import ScenarioError, load_scenario
-from simulator.plan import on_instance_type
+from simulator.planning.plan import on_instance_type
+from simulator.scenario.loader import ScenarioError, load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 PLATFORM = ROOT / "scenarios/inference_platform.yaml"

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.batcher import BatchQueue, Outcome
-from simulator.config import Batching, Workers
-from simulator.workers import ServiceModel, run_pool
+from simulator.scenario.config import Batching, Workers
+from simulator.serving.batcher import BatchQueue, Outcome
+from simulator.serving.workers import ServiceModel, run_pool
 
 
 def run(arrivals_ms, service_ms, instances=1, deadlines=None, **batching):

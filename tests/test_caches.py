@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from scipy import optimize
 
-from simulator.arrivals import poisson_arrivals
-from simulator.caches import lookup, zipf_probabilities
-from simulator.config import Cache
 from simulator.engine import simulate
-from simulator.metrics import summarize
+from simulator.results.metrics import summarize
+from simulator.scenario.config import Cache
+from simulator.stages.arrivals import poisson_arrivals
+from simulator.stages.caches import lookup, zipf_probabilities
 from tests.helpers import scenario
 from tests.test_theory import check
 
@@ -67,7 +67,7 @@ def test_invalidation_empties_the_cache():
 
 
 def test_lru_evicts_the_least_recently_used():
-    from simulator.caches import _replay
+    from simulator.stages.caches import _replay
 
     cfg = Cache(keys=10, capacity=2)
     keys = np.array([1, 2, 1, 3, 2, 1])

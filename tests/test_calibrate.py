@@ -139,7 +139,7 @@ def test_end_to_end_calibration_of_a_tiny_model(tmp_path):
     for name in ("measurements.csv.gz", "slices.csv", "validation.json", "validation.md", "validation.png"):
         assert (tmp_path / name).stat().st_size > 0
     # the profile as a scenario: it runs, at another rate too
-    from simulator.loader import load_scenario
+    from simulator.scenario.loader import load_scenario
 
     s = load_scenario(tmp_path / "scenario.yaml")
     assert s.preprocess.cpu_workers == profile["frontend"]["servers"]
@@ -169,7 +169,7 @@ def test_end_to_end_calibration_of_the_ranker_through_redis(tmp_path):
 
 
 def test_a_scenario_reads_its_service_time_from_a_profile(tmp_path):
-    from simulator.loader import ScenarioError, load_scenario
+    from simulator.scenario.loader import ScenarioError, load_scenario
 
     profile = {"schema_version": 1, "service_time": {"kind": "table", "batch_ms": {"1": 5.0, "4": 9.0}, "r2": 0.9}}
     (tmp_path / "profile.json").write_text(json.dumps(profile))

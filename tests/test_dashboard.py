@@ -18,10 +18,10 @@ import pytest
 pytest.importorskip("streamlit", reason="the dashboard extra (streamlit) is not installed")
 from streamlit.testing.v1 import AppTest
 
-from simulator.anatomy import e2e_cdf, stage_bands
 from simulator.engine import simulate
-from simulator.loader import load_scenario
-from simulator.metrics import window
+from simulator.results.anatomy import e2e_cdf, stage_bands
+from simulator.results.metrics import window
+from simulator.scenario.loader import load_scenario
 from tests.helpers import ROOT
 from tests.servers import descendants, free_port, servesim_cmd, wait_gone, wait_http
 

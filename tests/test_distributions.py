@@ -9,7 +9,7 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 from scipy import stats
 
-from simulator.distributions import Distribution, Empirical, LogNormal, Sampler
+from simulator.scenario.distributions import Distribution, Empirical, LogNormal, Sampler
 
 ADAPTER = TypeAdapter(Distribution)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.batcher import Outcome
-from simulator.config import Features
-from simulator.distributions import Sampler
 from simulator.engine import simulate
-from simulator.features import _makespan, fetch_contended, fetch_uncontended, trip_keys
+from simulator.scenario.config import Features
+from simulator.scenario.distributions import Sampler
+from simulator.serving.batcher import Outcome
+from simulator.stages.features import _makespan, fetch_contended, fetch_uncontended, trip_keys
 from tests.helpers import scenario
 from tests.test_theory import check
 from tests.theory import pk_mean_wait

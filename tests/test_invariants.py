@@ -7,10 +7,10 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.batcher import Outcome
 from simulator.engine import simulate
-from simulator.recorder import STAGES
-from simulator.timeline import timeline
+from simulator.results.records import STAGES
+from simulator.results.timeline import timeline
+from simulator.serving.batcher import Outcome
 from tests.helpers import scenario
 
 scenarios = st.builds(

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.config import Workers
-from simulator.loader import load_scenario
-from simulator.metrics import cost, peak_throughput_rps, sla_verdict, utilization, worker_price
-from simulator.workers import BatchLog, ServiceModel, mean_service_ms
+from simulator.results.metrics import cost, peak_throughput_rps, sla_verdict, utilization, worker_price
+from simulator.scenario.config import Workers
+from simulator.scenario.loader import load_scenario
+from simulator.serving.workers import BatchLog, ServiceModel, mean_service_ms
 from tests.helpers import ROOT
 
 
@@ -109,7 +109,7 @@ def test_bulk_and_one_by_one_service_draws_give_the_same_sequence(st):
 
 def test_cost_reports_gpu_hours_and_what_experiments_cost():
     from simulator.engine import simulate
-    from simulator.metrics import summarize
+    from simulator.results.metrics import summarize
 
     s = load_scenario(ROOT / "scenarios/canary.yaml", ["duration_s=4", "warmup_s=1"])
     c = summarize(simulate(s))["cost"]
@@ -122,7 +122,7 @@ def test_cost_reports_gpu_hours_and_what_experiments_cost():
 
 
 def test_spot_market_prices_from_the_catalog_and_is_refused_without_one(tmp_path):
-    from simulator.loader import ScenarioError
+    from simulator.scenario.loader import ScenarioError
 
     platform = ROOT / "scenarios/inference_platform.yaml"
     assert worker_price(load_scenario(platform, ["cost.market=spot"])) == pytest.approx(1.6386)

@@ -12,11 +12,11 @@ from scipy import optimize
 from typer.testing import CliRunner
 
 from servesim.cli import app
-from simulator.config import Affine
-from simulator.loader import ScenarioError, load_scenario
-from simulator.plan import Evaluation, Planner, Vary, on_instance_type, pareto
-from simulator.replicate import derive_seed, interval, replicate
-from simulator.sampling import sample_fleet, sampling_refusal
+from simulator.planning.plan import Evaluation, Planner, Vary, on_instance_type, pareto
+from simulator.planning.replicate import derive_seed, interval, replicate
+from simulator.planning.sampling import sample_fleet, sampling_refusal
+from simulator.scenario.config import Affine
+from simulator.scenario.loader import ScenarioError, load_scenario
 from tests.helpers import ROOT, scenario
 from tests.theory import mmc_sojourn_quantile
 
@@ -228,7 +228,7 @@ def test_plan_cli_bad_input_gets_a_clear_error(extra, message):
 
 
 def test_napkin_reproduces_the_platform_seed():
-    from simulator.napkin import napkin
+    from simulator.planning.napkin import napkin
 
     s = load_scenario(PLATFORM_SMALL)
     lines = {ln.quantity: ln for ln in napkin(s, 4.0966)}
@@ -296,7 +296,7 @@ def test_plan_and_explain_refuse_an_autoscaled_fleet():
 
 def test_a_replication_bills_what_the_run_report_bills():
     from simulator.engine import simulate
-    from simulator.metrics import summarize
+    from simulator.results.metrics import summarize
 
     # the canary's and the shadow's own pools count, as in `servesim run`
     s = load_scenario(ROOT / "scenarios" / "canary.yaml", ["duration_s=20", "warmup_s=2"])

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from simulator.engine import simulate
-from simulator.metrics import logging_summary, window
-from simulator.predlog import record_ms
+from simulator.results.metrics import logging_summary, window
+from simulator.stages.prediction_log import record_ms
 from tests.helpers import scenario
 
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from simulator.loader import load_scenario
+from simulator.scenario.loader import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from simulator.batcher import Outcome
 from simulator.engine import simulate
+from simulator.serving.batcher import Outcome
 from tests.helpers import scenario
 from tests.reference_model import simulate_reference
 

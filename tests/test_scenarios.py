@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from simulator.engine import simulate
-from simulator.loader import load_scenario
-from simulator.metrics import summarize
+from simulator.results.metrics import summarize
+from simulator.scenario.loader import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((ROOT / "scenarios").rglob("*.yaml"))

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from simulator.arrivals import arrivals
-from simulator.config import Traffic
-from simulator.loader import load_scenario
-from simulator.shapes import MMPP, Shape, rate_function
+from simulator.scenario.config import Traffic
+from simulator.scenario.loader import load_scenario
+from simulator.scenario.shapes import MMPP, Shape, rate_function
+from simulator.stages.arrivals import arrivals
 
 DURATION_S = 200.0
 

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from servesim.cli import app
-from simulator.loader import ScenarioError
-from simulator.sweep import cells, execute, parse_grid, tasks, tidy
+from simulator.planning.sweep import cells, execute, parse_grid, tasks, tidy
+from simulator.scenario.loader import ScenarioError
 
 runner = CliRunner()
 

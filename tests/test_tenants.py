@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.batcher import Outcome
-from simulator.config import Scenario
 from simulator.engine import simulate
-from simulator.metrics import summarize, window
+from simulator.results.metrics import summarize, window
 from simulator.rng import streams
-from simulator.tenants import serve_classes
+from simulator.scenario.config import Scenario
+from simulator.serving.batcher import Outcome
+from simulator.serving.classes import serve_classes
 from tests.helpers import ROOT, scenario
 from tests.test_theory import check
 from tests.theory import mg1_priority_waits, mmc_mean_wait, mmc_priority_waits
@@ -234,7 +234,7 @@ def test_bad_classes_are_refused(traffic, workers, message):
 
 
 def test_a_bad_quota_names_its_field_and_line(tmp_path):
-    from simulator.loader import ScenarioError, load_scenario
+    from simulator.scenario.loader import ScenarioError, load_scenario
 
     text = (ROOT / "scenarios/noisy_neighbour.yaml").read_text()
     bad = tmp_path / "bad.yaml"

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from simulator.engine import simulate
-from simulator.loader import load_scenario
-from simulator.metrics import window
+from simulator.results.metrics import window
+from simulator.scenario.loader import load_scenario
 from tests.theory import erlang_c, mmc_mean_wait, mmc_sojourn_quantile, pk_mean_wait
 
 Z_MAX = 4.0

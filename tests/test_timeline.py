@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from servesim.cli import app
 from simulator.engine import simulate
-from simulator.timeline import time_average_level, timeline
+from simulator.results.timeline import time_average_level, timeline
 from tests.helpers import scenario
 
 

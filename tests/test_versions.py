@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from simulator.batcher import Outcome
 from simulator.engine import simulate
-from simulator.metrics import summarize
-from simulator.versions import BUCKETS, Canary, bucket, on_canary
+from simulator.results.metrics import summarize
+from simulator.serving.batcher import Outcome
+from simulator.stages.canary import BUCKETS, Canary, bucket, on_canary
 from tests.helpers import scenario
 
 SVC = {"kind": "affine", "base_ms": 2.0, "per_item_ms": 0.5}

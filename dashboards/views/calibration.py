@@ -8,7 +8,7 @@ import streamlit as st
 
 from dashboards import charts
 from dashboards.data import PROFILES, Choice, calibration_reports, calibration_table, validation_rows
-from simulator.config import Scenario
+from simulator.scenario.config import Scenario
 
 
 def render(choice: Choice | None = None, s: Scenario | None = None) -> None:

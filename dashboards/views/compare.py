@@ -10,8 +10,8 @@ import streamlit as st
 from dashboards import cache, charts
 from dashboards.data import Choice
 from dashboards.views.results import kpi_row
-from simulator.config import Scenario
-from simulator.loader import ScenarioError
+from simulator.scenario.config import Scenario
+from simulator.scenario.loader import ScenarioError
 
 
 def suggestion(s: Scenario) -> str:

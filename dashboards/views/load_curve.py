@@ -7,8 +7,8 @@ import streamlit as st
 
 from dashboards import cache, charts
 from dashboards.data import Choice
-from simulator.config import Scenario
-from simulator.napkin import napkin_batch, per_worker_rps, workers_needed
+from simulator.planning.napkin import napkin_batch, per_worker_rps, workers_needed
+from simulator.scenario.config import Scenario
 
 LOAD_FACTORS = (0.5, 0.7, 0.85, 1.0, 1.1, 1.2, 1.3, 1.4)
 WORKER_FACTORS = (0.6, 0.7, 0.8, 0.9, 1.0, 1.15, 1.3, 1.6)

@@ -8,10 +8,10 @@ import streamlit as st
 
 from dashboards import charts
 from dashboards.data import Choice
-from simulator.config import Scenario
-from simulator.loader import ScenarioError
-from simulator.napkin import workers_needed
-from simulator.plan import Planner, label, on_instance_type
+from simulator.planning.napkin import workers_needed
+from simulator.planning.plan import Planner, label, on_instance_type
+from simulator.scenario.config import Scenario
+from simulator.scenario.loader import ScenarioError
 
 KNOBS = {
     "batching window (ms)": "batching.max_queue_delay_ms",

@@ -8,11 +8,11 @@ import streamlit as st
 
 from dashboards import cache
 from dashboards.data import Choice, dominant_stage, grade, question, scenario_files
-from simulator.loader import load_scenario
-from simulator.metrics import worker_price
-from simulator.napkin import napkin, workers_needed
-from simulator.plan import Planner
-from simulator.recorder import STAGES
+from simulator.planning.napkin import napkin, workers_needed
+from simulator.planning.plan import Planner
+from simulator.results.metrics import worker_price
+from simulator.results.records import STAGES
+from simulator.scenario.loader import load_scenario
 
 STAGE_NAMES = [name for name, _, _ in STAGES]
 

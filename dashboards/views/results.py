@@ -8,7 +8,7 @@ import streamlit as st
 
 from dashboards import cache, charts
 from dashboards.data import Choice, Result
-from simulator.config import Scenario
+from simulator.scenario.config import Scenario
 
 
 def kpi_row(r: Result, s: Scenario, reference: Result | None = None) -> None:

@@ -7,7 +7,7 @@ import streamlit as st
 
 from dashboards import cache, charts
 from dashboards.data import Choice
-from simulator.config import Scenario
+from simulator.scenario.config import Scenario
 
 
 def render(choice: Choice, s: Scenario) -> None:

@@ -1,0 +1,183 @@
+"""A run's budget, decided before it starts: requests, memory and wall time.
+
+The engine keeps every request of a run in memory (about 250 bytes each, measured on the
+platform scenario: 233 bytes per request between a 2 s and a 6 s run), so a long or fast
+run can need more memory than the machine has. :func:`estimate` prices a validated
+scenario from its own numbers; :func:`check` refuses the run when the estimate exceeds the
+memory available, naming the remedies, before a single array is allocated.
+
+The coefficients were measured on this project's 2-core machines (``/usr/bin/time -f %M``
+around ``servesim run``): 233 B per request, 4.1 KB and 48 µs per worker, 35 B per
+batch-size slot, 2.0 µs of wall time per request on the platform. They are deliberately
+rounded up: a budget that refuses a run that would have fitted costs a flag; one that
+admits a run that cannot fit costs the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import resource
+from dataclasses import dataclass, field
+
+from simulator.scenario.config import Scenario
+from simulator.scenario.shapes import rate_bound
+
+BYTES_PER_REQUEST = 250
+BYTES_PER_WORKER = 5_000
+BYTES_PER_BATCH_SLOT = 40
+BYTES_PER_TRIP_CELL = 32  # a feature round trip's latency sample, with its temporaries
+TRIP_CHUNK_CELLS = 1 << 22  # features.py samples round trips in chunks of this many cells
+BASE_BYTES = 250e6  # the interpreter with numpy, pandas, simpy and pydantic loaded
+WALL_S_PER_REQUEST = 2.0e-6
+WALL_S_PER_WORKER = 50e-6
+WALL_S_PER_TRIP = 30e-9
+
+
+class BudgetError(ValueError):
+    """A run that would not fit; ``str(err)`` names the estimate and the remedies."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What a run is expected to take."""
+
+    requests: float
+    bytes: float
+    wall_s: float
+    instances: int = 0  # model instances, the most the fleet reaches
+    parts: dict = field(default_factory=dict)  # bytes by what drives them: requests, workers, batch, features
+
+    def describe(self) -> str:
+        return (
+            f"~{_count(self.requests)} requests, ~{_gb(self.bytes)} of memory, ~{_duration(self.wall_s)} of wall time"
+        )
+
+
+def expected_requests(s: Scenario) -> float:
+    """An upper estimate of the arrivals: each source at its peak rate for the whole run."""
+    if s.traffic.classes:
+        return sum(rate_bound(c.shape, c.rate_rps) * s.duration_s for c in s.traffic.classes.values())
+    if s.traffic.arrivals_file is not None:
+        try:  # replayed timestamps: about one per line
+            with open(s.traffic.arrivals_file, "rb") as f:
+                return float(sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b"")) + 1)
+        except OSError:
+            return 0.0
+    return rate_bound(s.traffic.shape, s.traffic.rate_rps) * s.duration_s
+
+
+def estimate(s: Scenario) -> Budget:
+    """The requests, peak memory (bytes) and wall time (s) of simulating ``s``."""
+    n = expected_requests(s)
+    if s.router.shadow is not None:  # shadowed requests run twice
+        n *= 1 + s.router.shadow.percent / 100
+    workers = s.workers.count * s.workers.instances
+    if s.workers.autoscaler is not None:
+        workers = max(workers, s.workers.autoscaler.max_replicas * s.workers.instances)
+    workers += sum(c.workers or 0 for c in s.traffic.classes.values())
+    if s.router.shadow is not None and s.router.shadow.pool == "own":
+        workers += s.router.shadow.workers
+    trips = 0
+    f = s.features
+    if f.lookups_per_request:
+        trips = math.ceil(f.lookups_per_request / f.batch_size)
+    parts = {
+        "requests": n * BYTES_PER_REQUEST,
+        "workers": workers * BYTES_PER_WORKER,
+        "batch": s.batching.max_batch_size * BYTES_PER_BATCH_SLOT,
+        "features": max(trips, min(TRIP_CHUNK_CELLS, n * trips)) * BYTES_PER_TRIP_CELL if trips else 0.0,
+    }
+    wall = n * WALL_S_PER_REQUEST + workers * WALL_S_PER_WORKER + n * trips * WALL_S_PER_TRIP
+    return Budget(requests=n, bytes=BASE_BYTES + sum(parts.values()), wall_s=wall, instances=workers, parts=parts)
+
+
+def available_bytes() -> float:
+    """Memory this process may still take: the system's available memory, or the address
+    space left under ``RLIMIT_AS`` where that is lower."""
+    avail = math.inf
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    if math.isinf(avail):
+        with contextlib.suppress(ValueError, OSError):
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        used = 0
+        try:
+            with open("/proc/self/statm") as f:
+                used = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            pass
+        avail = min(avail, max(soft - used, 0))
+    return avail
+
+
+def check(s: Scenario, *, what: str = "this run", runs: int = 1) -> Budget:
+    """The budget of ``s``; raises :class:`BudgetError` when it cannot fit in memory.
+
+    ``runs`` counts the simulations a command makes of the scenario (their memory is not
+    held at once, but their wall time adds up)."""
+    b = estimate(s)
+    avail = available_bytes()
+    if not math.isfinite(b.requests):
+        raise BudgetError(f"{what}: rate × duration is not a finite number of requests; lower traffic.rate_rps")
+    if b.bytes > avail:
+        remedy = {
+            "requests": "shorten it (--duration-s) or lower the rate",
+            "workers": f"use fewer workers (workers.count {s.workers.count:,})",
+            "batch": f"lower batching.max_batch_size ({s.batching.max_batch_size:,})",
+            "features": f"lower features.lookups_per_request ({s.features.lookups_per_request:,}) or raise its "
+            "batch_size",
+        }
+        drivers = sorted(b.parts, key=b.parts.get, reverse=True)
+        remedies = [remedy[d] for d in drivers if b.parts[d] > 0.2 * b.bytes] or [remedy[drivers[0]]]
+        remedies.append("simulate part of the fleet with --sample-workers K (exact under random routing)")
+        raise BudgetError(
+            f"{what} would need {_gb(b.bytes)} of memory ({_count(b.requests)} requests, {b.instances:,} model "
+            f"instances), more than the {_gb(avail)} available: " + "; or ".join(remedies) + "."
+        )
+    return dataclasses.replace(b, wall_s=b.wall_s * runs)
+
+
+def _gb(x: float) -> str:
+    if math.isinf(x):
+        return "unbounded"
+    return f"{x / 1e9:,.1f} GB" if x >= 1e8 else f"{x / 1e6:,.0f} MB"
+
+
+def _count(x: float) -> str:
+    return f"{x:,.0f}" if x < 1e15 else f"{x:.2g}"
+
+
+def _duration(s: float) -> str:
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:,.1f} h"
+
+
+def warnings(s: Scenario) -> list[str]:
+    """Configurations that run but rarely mean what was intended."""
+    out = []
+    b = s.batching
+    if b.max_queue_size is not None and b.max_batch_size > b.max_queue_size:
+        out.append(
+            f"batching.max_batch_size ({b.max_batch_size}) exceeds max_queue_size ({b.max_queue_size}): "
+            f"no batch can hold more than {b.max_queue_size} requests"
+        )
+    if b.timeout_ms is not None and b.timeout_ms <= b.max_queue_delay_ms:
+        out.append(
+            f"batching.timeout_ms ({b.timeout_ms:g}) is not above max_queue_delay_ms ({b.max_queue_delay_ms:g}): "
+            "a request waiting for its batching window times out first, so light traffic is all dropped"
+        )
+    return out

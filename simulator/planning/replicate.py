@@ -1,0 +1,86 @@
+"""Replications: independent runs of one scenario, their headline numbers, and intervals.
+
+Seeds derive from the scenario's root seed, a stable key of the cell (its overrides, as
+text) and the replication number through :class:`numpy.random.SeedSequence`, so a cell's
+results do not depend on the order of a sweep or on where it runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from simulator.engine import simulate
+from simulator.results.metrics import cost, extra_workers, fleet_summary, sla_verdict, window, worker_price
+from simulator.scenario.config import Scenario
+from simulator.serving.batcher import Outcome
+
+
+def derive_seed(root: int, cell_key: str, replication: int) -> int:
+    """A 32-bit seed for replication ``replication`` of the cell named ``cell_key``."""
+    key = int.from_bytes(hashlib.sha256(cell_key.encode()).digest()[:8], "little")
+    return int(np.random.SeedSequence([root, key, replication]).generate_state(1)[0])
+
+
+def headline(s: Scenario, *, workers_billed: int | None = None, scale: float = 1.0) -> dict:
+    """Simulate ``s`` once; its SLA percentile, verdict, throughput and cost, as one flat row.
+
+    ``scale`` multiplies throughputs back when ``s`` is a fleet sample (N/k), and
+    ``workers_billed`` is the fleet the cost is for (default: what the run billed, as in
+    :func:`simulator.results.metrics.summarize`).
+    """
+    t = time.perf_counter()
+    run = simulate(s)
+    wall = time.perf_counter() - t
+    rec = run.records
+    mask = window(rec, s)
+    done = mask & rec.completed
+    e2e = (rec.t_response - rec.arrival)[done]
+    dropped = int(np.count_nonzero(mask & (rec.outcome != Outcome.COMPLETED)))
+    verdict = sla_verdict(e2e, s.sla.percentile, s.sla.target_ms, dropped if s.sla.count_dropped else 0)
+    span_s = s.duration_s - s.warmup_s
+    completed_rps = np.count_nonzero(done) / span_s * scale
+    if workers_billed is None:  # as summarize bills it: the fleet's billed mean, plus the experiment pools
+        t0, t1 = s.warmup_s * 1000.0, s.duration_s * 1000.0
+        workers_billed = fleet_summary(run, t0, t1)["billed_mean"] + extra_workers(s)
+    price = cost(workers_billed, worker_price(s), completed_rps)
+    p50, p95, p99 = np.percentile(e2e, [50, 95, 99]) if len(e2e) else (np.nan,) * 3
+    return {
+        "seed": s.seed,
+        "p50_ms": float(p50),
+        "p95_ms": float(p95),
+        "p99_ms": float(p99),
+        "sla_ms": verdict["attained_ms"],
+        "attainment": verdict["attainment"],
+        "met": verdict["met"],
+        "completed_rps": completed_rps,
+        "dropped": dropped,
+        "cost_per_hour_usd": price["per_hour_usd"],
+        "cost_per_million_usd": price["per_million_requests_usd"],
+        "requests": len(rec),
+        "wall_s": wall,
+    }
+
+
+def interval(x: np.ndarray, confidence: float = 0.95) -> tuple[float, float, float]:
+    """Mean and two-sided Student-t confidence interval of the replication values ``x``."""
+    x = np.asarray(x, dtype=float)
+    m = float(np.mean(x))
+    if len(x) < 2 or not np.all(np.isfinite(x)):  # unknown width, or a run with no answers
+        return m, float("nan"), float("nan")
+    half = float(stats.t.ppf(0.5 + confidence / 2, len(x) - 1) * np.std(x, ddof=1) / np.sqrt(len(x)))
+    return m, m - half, m + half
+
+
+def replicate(s: Scenario, replications: int, cell_key: str = "", *, start: int = 0, **kw) -> pd.DataFrame:
+    """Replications ``start`` … ``replications - 1`` of ``s`` with derived seeds: one row
+    each (see :func:`headline`)."""
+    rows = []
+    for r in range(start, replications):
+        row = headline(s.model_copy(update={"seed": derive_seed(s.seed, cell_key, r)}), **kw)
+        rows.append({"replication": r, **row})
+    return pd.DataFrame(rows)

@@ -1,0 +1,407 @@
+"""Metrics: pure functions of the per-request records and the batch log.
+
+Nothing here simulates, prints or writes. The measurement window is the arrivals in
+``[warmup_s, duration_s)``; requests are followed to completion even after the last
+arrival, so the tail is not truncated.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from simulator.engine import Run
+from simulator.results.records import STAGES, Records
+from simulator.results.timeline import timeline
+from simulator.scenario.catalog import Catalog, load_catalog
+from simulator.scenario.config import Scenario
+from simulator.scenario.loader import scenario_hash
+from simulator.serving.batcher import Outcome
+from simulator.serving.workers import BatchLog, mean_service_ms
+
+PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
+
+
+def window(records: Records, scenario: Scenario) -> np.ndarray:
+    """Mask of the requests that arrived inside the measurement window."""
+    return (records.arrival >= scenario.warmup_s * 1000.0) & (records.arrival < scenario.duration_s * 1000.0)
+
+
+def summary_stats(x: np.ndarray) -> dict[str, float]:
+    """p50/p95/p99/p99.9 and mean of ``x`` (NaN-free); NaN when empty."""
+    if len(x) == 0:
+        return {**dict.fromkeys(PERCENTILES, float("nan")), "mean": float("nan")}
+    qs = np.percentile(x, list(PERCENTILES.values()))
+    return {**dict(zip(PERCENTILES, map(float, qs), strict=True)), "mean": float(x.mean())}
+
+
+def latency_table(records: Records, mask: np.ndarray) -> pd.DataFrame:
+    """One row per stage plus ``e2e``: p50, p95, p99, p999, mean (ms) of completed requests."""
+    done = mask & records.completed
+    rows = {name: summary_stats(records.stage_ms(name)[done]) for name, _, _ in STAGES}
+    rows["e2e"] = summary_stats((records.t_response - records.arrival)[done])
+    df = pd.DataFrame.from_dict(rows, orient="index")
+    df.index.name = "stage"
+    return df
+
+
+def sla_verdict(e2e_ms: np.ndarray, percentile: float, target_ms: float, dropped: int) -> dict:
+    """The SLA verdict over completed latencies ``e2e_ms`` plus ``dropped`` requests.
+
+    ``attained_ms`` is the SLA percentile of completed requests. ``attainment`` is the
+    fraction of all requests answered within target, rejected and timed-out ones
+    counting as misses. ``met`` needs both: attained within target, and attainment of
+    at least ``percentile``% (so shedding load cannot buy a good percentile).
+    """
+    attained = float(np.percentile(e2e_ms, percentile)) if len(e2e_ms) else float("nan")
+    total = len(e2e_ms) + dropped
+    attainment = int(np.count_nonzero(e2e_ms <= target_ms)) / total if total else float("nan")
+    met = bool(len(e2e_ms)) and attained <= target_ms and attainment >= percentile / 100
+    return {
+        "percentile": percentile,
+        "target_ms": target_ms,
+        "attained_ms": attained,
+        "met": bool(met),
+        "attainment": attainment,
+    }
+
+
+def utilization(batches: BatchLog, instances: int, t0_ms: float, t1_ms: float) -> np.ndarray:
+    """Busy fraction of each instance over ``[t0_ms, t1_ms)``."""
+    busy = np.clip(np.minimum(batches.end, t1_ms) - np.maximum(batches.start, t0_ms), 0.0, None)
+    per_instance = np.bincount(batches.instance, weights=busy, minlength=instances)
+    return per_instance / (t1_ms - t0_ms)
+
+
+def peak_throughput_rps(scenario: Scenario) -> float:
+    """Most requests/s the pool can complete: every instance busy with full batches."""
+    w, b = scenario.workers, scenario.batching.max_batch_size
+    return w.count * w.instances * b / mean_service_ms(w, b) * 1000.0
+
+
+def batch_size_counts(batches: BatchLog, t0_ms: float, t1_ms: float) -> pd.Series:
+    """How many batches of each size started inside the window."""
+    inside = (batches.start >= t0_ms) & (batches.start < t1_ms)
+    counts = np.bincount(batches.size[inside])
+    sizes = np.flatnonzero(counts)
+    return pd.Series(counts[sizes], index=pd.Index(sizes, name="batch_size"), name="batches")
+
+
+def worker_price(scenario: Scenario, catalog: Catalog | None = None) -> float:
+    """Price of one worker-hour in USD: the override, or the catalog's row."""
+    if scenario.cost.price_per_hour_usd is not None:
+        return scenario.cost.price_per_hour_usd
+    catalog = catalog or load_catalog(scenario.cost.catalog)
+    try:
+        return catalog.instances[scenario.workers.instance_type].price(scenario.cost.market)
+    except KeyError:
+        known = ", ".join(sorted(catalog.instances))
+        raise ValueError(f"workers.instance_type {scenario.workers.instance_type!r} not in catalog ({known})") from None
+
+
+def cost(workers: int, price_per_hour_usd: float, completed_rps: float) -> dict[str, float]:
+    """Fleet cost per hour and per million completed requests."""
+    per_hour = workers * price_per_hour_usd
+    per_million = per_hour / (completed_rps * 3600.0) * 1e6 if completed_rps > 0 else float("inf")
+    return {
+        "per_hour_usd": per_hour,
+        "per_million_requests_usd": per_million,
+        "price_per_worker_hour_usd": price_per_hour_usd,
+    }
+
+
+def logging_summary(records: Records, scenario: Scenario, mask: np.ndarray) -> dict | None:
+    """Prediction-log volume against pipeline capacity, the lag of records, and the backlog."""
+    cfg = scenario.logging
+    if cfg is None:
+        return None
+    emitted = np.where(np.isnan(records.t_response), records.t_dropped, records.t_response)
+    sel = mask & np.isfinite(records.t_logged)
+    span_s = scenario.duration_s - scenario.warmup_s
+    offered = np.count_nonzero(sel) * cfg.record_kb * 1e3 / span_s  # bytes/s
+    capacity = cfg.bandwidth_gbps * 1e9 / 8
+    lag = (records.t_logged - emitted)[sel]
+    end = scenario.duration_s * 1000.0
+    behind = np.count_nonzero((emitted <= end) & (records.t_logged > end))
+    return {
+        "offered_gb_per_s": offered / 1e9,
+        "capacity_gb_per_s": capacity / 1e9,
+        "utilization": offered / capacity,
+        "tb_per_day": offered * 86400 / 1e12,
+        "lag_ms": summary_stats(lag),
+        "backlog_mb_at_end": behind * cfg.record_kb / 1e3,
+        "falling_behind": bool(offered >= capacity),
+    }
+
+
+def _overlap(start: np.ndarray, end: np.ndarray, t0: float, t1: float) -> np.ndarray:
+    return np.clip(np.minimum(end, t1) - np.maximum(start, t0), 0.0, None)
+
+
+def deploy_events(s: Scenario) -> list[dict]:
+    """Configured changes: canary rollout steps and rollback, cache flushes."""
+    out = []
+    c = s.router.canary
+    if c is not None:
+        steps = c.schedule or ((0.0, c.percent),)
+        for step in steps:
+            at, pct = (step.at_s, step.percent) if not isinstance(step, tuple) else step
+            out.append({"t_s": at, "event": "canary", "detail": f"{c.name} at {pct:g}% of users"})
+        if c.rollback_at_s is not None:
+            out.append({"t_s": c.rollback_at_s, "event": "rollback", "detail": f"{c.name} to 0%"})
+    for name, cache in (("result", s.caches.result), ("feature", s.caches.feature)):
+        for t in cache.invalidate_at_s if cache else ():
+            out.append({"t_s": t, "event": "deploy", "detail": f"{name} cache flushed"})
+    return sorted(out, key=lambda e: e["t_s"])
+
+
+def fleet_summary(run: Run, t0: float, t1: float) -> dict:
+    """Workers over the window [t0, t1) ms: mean active and billed, peak, and each worker's
+    active fraction of the window (1 for a fixed fleet). Dynamic fleets add their events."""
+    s = run.scenario
+    if run.fleet is None:
+        n = s.workers.count
+        return {
+            "active_mean": float(n),
+            "billed_mean": float(n),
+            "active_max": n,
+            "events": deploy_events(s),
+            "active_fraction": np.ones(n),
+        }
+    span = t1 - t0
+    a0, a1 = run.fleet.intervals("active")
+    b0, b1 = run.fleet.intervals("billed")
+    active = _overlap(a0, a1, t0, t1) / span
+    times = np.concatenate([a0, a1])
+    steps = np.concatenate([np.ones(len(a0)), -np.ones(len(a1))])
+    order = np.lexsort((steps, times))  # at equal times, leave before arriving
+    return {
+        "active_mean": float(active.sum()),
+        "billed_mean": float((_overlap(b0, b1, t0, t1) / span).sum()),
+        "active_max": int(np.cumsum(steps[order]).max()) if len(order) else 0,
+        "events": [{"t_s": t / 1000.0, "event": kind, "detail": d} for t, kind, d in run.fleet.events]
+        + deploy_events(s),
+        "active_fraction": active,
+    }
+
+
+def versions_summary(run: Run, mask: np.ndarray, price: float, billed_workers: float) -> dict | None:
+    """Per-version traffic share, latency and errors; the shadow's load, latency, cost and
+    the primary p99 it costs when it shares the primary's queues."""
+    s, rec = run.scenario, run.records
+    r = s.router
+    if r.canary is None and r.shadow is None:
+        return None
+    out: dict = {"versions": {}}
+    for code, name, cfg in ((0, "primary", None), (1, r.canary.name if r.canary else "canary", r.canary)):
+        sel = mask & (rec.version == code)
+        if code == 1 and cfg is None:
+            continue
+        done = sel & rec.completed
+        out["versions"][name] = {
+            "requests": int(sel.sum()),
+            "share": float(sel.sum() / max(mask.sum(), 1)),
+            "errors": int(np.count_nonzero(rec.outcome[sel] == Outcome.ERROR)),
+            "latency_ms": summary_stats((rec.t_response - rec.arrival)[done]),
+            "workers": cfg.workers if cfg else s.workers.count,
+        }
+    if r.shadow is not None and run.shadow is not None:
+        sh = run.shadow
+        inside = mask[sh["request"]]
+        ok = inside & (sh["outcome"] == Outcome.COMPLETED)
+        served = (sh["t_inferred"] - sh["t_preprocessed"])[ok]
+        span_s = s.duration_s - s.warmup_s
+        if r.shadow.pool == "own":
+            gpu_cost = r.shadow.workers * price
+        else:  # its share of the primary pool's batch items
+            items = float(run.batches.size.sum())
+            gpu_cost = (len(sh["request"]) / items if items else 0.0) * billed_workers * price
+        shadow = {
+            "copies": int(inside.sum()),
+            "copies_per_s": float(inside.sum() / span_s),
+            "dropped": int(np.count_nonzero(inside & (sh["outcome"] != Outcome.COMPLETED))),
+            "server_latency_ms": summary_stats(served),
+            "gpu_cost_per_hour_usd": gpu_cost,
+            "pool": r.shadow.pool,
+        }
+        if run.response_without_shadow is not None:
+            prim = mask & rec.completed & (rec.version == 0)
+            with_p99 = float(np.percentile((rec.t_response - rec.arrival)[prim], 99)) if prim.any() else float("nan")
+            alone = (run.response_without_shadow - rec.arrival)[prim]
+            alone = alone[np.isfinite(alone)]
+            without_p99 = float(np.percentile(alone, 99)) if len(alone) else float("nan")
+            shadow["primary_p99_ms"] = {
+                "with_shadow": with_p99,
+                "without_shadow": without_p99,
+                "added": with_p99 - without_p99,
+            }
+        out["shadow"] = shadow
+    return out
+
+
+def classes_summary(run: Run, mask: np.ndarray, price: float) -> dict | None:
+    """Per traffic class: outcomes, latency, its own SLA verdict, and its share of the GPUs.
+
+    ``gpu_share`` is the class's busy instance-time over its pool's instance-time in the
+    window; a class on the shared pool is charged its share of the shared pool's busy time.
+    """
+    s, rec = run.scenario, run.records
+    if not s.traffic.classes:
+        return None
+    t0, t1 = s.warmup_s * 1000.0, s.duration_s * 1000.0
+    span_s = (t1 - t0) / 1000.0
+    inst = s.workers.instances
+    busy = {name: float(_overlap(log.start, log.end, t0, t1).sum()) for name, log in run.pools.items()}
+    shared_busy = sum(busy[n] for n, c in s.traffic.classes.items() if c.workers is None)
+    out = {}
+    for code, (name, cfg) in enumerate(s.traffic.classes.items()):
+        sel = mask & (rec.traffic_class == code)
+        done = sel & rec.completed
+        outcome = rec.outcome[sel]
+        e2e = (rec.t_response - rec.arrival)[done]
+        dropped = int(np.count_nonzero(outcome != Outcome.COMPLETED))
+        sla = cfg.sla or s.sla
+        own = cfg.workers is not None
+        workers = cfg.workers if own else s.workers.count
+        if own:
+            cost_h = workers * price
+        else:
+            cost_h = s.workers.count * price * (busy[name] / shared_busy if shared_busy else 0.0)
+        b = s.batching.max_batch_size
+        w = s.workers.model_copy(update={"service_time": cfg.service_time or s.workers.service_time})
+        peak = workers * inst * b / mean_service_ms(w, b) * 1000.0
+        out[name] = {
+            "priority": cfg.priority,
+            "pool": "own" if own else "shared",
+            "workers": workers,
+            "max_instances": cfg.max_instances,
+            "requests": int(sel.sum()),
+            "completed": int(done.sum()),
+            "rejected": int(np.count_nonzero(outcome == Outcome.REJECTED)),
+            "timed_out": int(np.count_nonzero(outcome == Outcome.TIMED_OUT)),
+            "throughput_rps": float(done.sum() / span_s),
+            "latency_ms": summary_stats(e2e),
+            "queue_ms": summary_stats(rec.stage_ms("queue")[done]),
+            "mean_batch_size": float(rec.batch_size[done].mean()) if done.any() else float("nan"),
+            "sla": sla_verdict(e2e, sla.percentile, sla.target_ms, dropped if sla.count_dropped else 0),
+            "gpu_share": busy[name] / (workers * inst * (t1 - t0)),
+            "load_of_peak_capacity": float(done.sum() / span_s / peak),
+            "cost_per_hour_usd": cost_h,
+        }
+    return out
+
+
+def extra_workers(s: Scenario) -> int:
+    """Workers of the canary's and the shadow's own pools, and of classes with their own pool."""
+    r = s.router
+    own = sum(c.workers or 0 for c in s.traffic.classes.values())
+    return (
+        (r.canary.workers if r.canary else 0) + (r.shadow.workers if r.shadow and r.shadow.pool == "own" else 0) + own
+    )
+
+
+def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1.0) -> dict:
+    """Every headline number of a run, as the nested dict that ``--json`` writes.
+
+    ``timeline`` holds one record per ``interval_s`` (see :func:`simulator.results.timeline.timeline`).
+    """
+    s, rec = run.scenario, run.records
+    mask = window(rec, s)
+    t0, t1 = s.warmup_s * 1000.0, s.duration_s * 1000.0
+    span_s = (t1 - t0) / 1000.0
+    outcome = rec.outcome[mask]
+    done = mask & rec.completed
+    n_done = int(np.count_nonzero(done))
+    n_rej = int(np.count_nonzero(outcome == Outcome.REJECTED))
+    n_to = int(np.count_nonzero(outcome == Outcome.TIMED_OUT))
+    n_failed = int(np.count_nonzero(outcome == Outcome.FAILED))
+    n_crashed = int(np.count_nonzero(outcome == Outcome.CRASHED))
+    n_errors = int(np.count_nonzero(outcome == Outcome.ERROR))
+    n_dropped = n_rej + n_to + n_failed + n_crashed + n_errors
+    table = latency_table(rec, mask)
+    e2e = (rec.t_response - rec.arrival)[done]
+    fleet = fleet_summary(run, t0, t1)
+    n_workers = len(run.fleet.workers) if run.fleet else s.workers.count
+    busy = utilization(run.batches, n_workers * s.workers.instances, t0, t1)
+    busy = busy.reshape(n_workers, s.workers.instances).mean(axis=1)  # fraction of the window, per worker
+    per_worker = busy / np.maximum(fleet["active_fraction"], 1e-12)
+    sizes = batch_size_counts(run.batches, t0, t1)
+    n_total = len(rec)
+    classes = classes_summary(run, mask, worker_price(s, catalog))
+    if classes:  # each model's load over its own peak, on the shared pool
+        of_peak = sum(c["load_of_peak_capacity"] for c in classes.values() if c["pool"] == "shared")
+    else:
+        of_peak = float((sizes.index * sizes).sum()) / span_s / peak_throughput_rps(s)
+    stages = {name: table.loc[name].to_dict() for name in table.index if name != "e2e"}
+    price = worker_price(s, catalog)
+    experiments = versions_summary(run, mask, price, fleet["billed_mean"])
+    fleet_cost = cost(fleet["billed_mean"] + extra_workers(s), price, n_done / span_s)
+    shadow = (experiments or {}).get("shadow")
+    shadow_cost = shadow["gpu_cost_per_hour_usd"] if shadow else 0.0
+    canary_cost = s.router.canary.workers * price if s.router.canary else 0.0
+    return {
+        "scenario": {"name": s.name, "hash": scenario_hash(s)},
+        "requests": {
+            "arrived": int(np.count_nonzero(mask)),
+            "completed": n_done,
+            "rejected": n_rej,
+            "timed_out": n_to,
+            "failed": n_failed,
+            "crashed": n_crashed,
+            "errors": n_errors,
+            "degraded": int(np.count_nonzero(rec.degraded[done])),
+            "throughput_rps": n_done / span_s,
+            "window_s": span_s,
+        },
+        "latency_ms": {"e2e": table.loc["e2e"].to_dict(), "stages": stages},
+        "sla": sla_verdict(e2e, s.sla.percentile, s.sla.target_ms, n_dropped if s.sla.count_dropped else 0),
+        "utilization": {
+            "workers": float((busy.sum()) / max(fleet["active_fraction"].sum(), 1e-12)),
+            "per_worker": per_worker.tolist(),
+            "of_peak_capacity": of_peak,  # GPU-served requests over what full batches could serve
+        },
+        "batch_size": {
+            "mean": float((sizes.index * sizes).sum() / sizes.sum()) if len(sizes) else float("nan"),
+            "counts": {int(k): int(v) for k, v in sizes.items()},
+        },
+        "fleet": {k: v for k, v in fleet.items() if k != "active_fraction"},
+        "workers": {
+            "count": s.workers.count,
+            "instances": s.workers.instances,
+            "instance_type": s.workers.instance_type,
+        },
+        "cost": {
+            **fleet_cost,
+            "experiment_pools_per_hour_usd": extra_workers(s) * price,
+            # what the shadow and the canary cost: their own pools, or the shadow's share of the primary's
+            "experiments_per_hour_usd": shadow_cost + canary_cost,
+            "experiments_fraction": (shadow_cost + canary_cost) / fleet_cost["per_hour_usd"]
+            if fleet_cost["per_hour_usd"]
+            else 0.0,
+            "gpu_hours_per_day": (fleet["billed_mean"] + extra_workers(s)) * 24.0,
+            "market": "override" if s.cost.price_per_hour_usd is not None else s.cost.market,
+        },
+        "logging": logging_summary(rec, s, mask),
+        "experiments": experiments,
+        "classes": classes,
+        "caches": {
+            name: {
+                "hit_ratio": float(hits[looked].mean()) if looked.any() else float("nan"),
+                "lookups": int(looked.sum()),
+            }
+            for name, cfg, hits, looked in (
+                ("result", s.caches.result, rec.result_hit, mask),
+                ("feature", s.caches.feature, rec.feature_hit, mask & ~rec.result_hit),
+            )
+            if cfg is not None
+        },
+        "timeline": timeline(rec, run.batches, s, interval_s=interval_s, fleet=run.fleet, shadow=run.shadow).to_dict(
+            orient="records"
+        ),
+        "sim": {
+            "wall_s": run.wall_s,
+            "requests": n_total,
+            "requests_per_wall_s": n_total / run.wall_s if run.wall_s > 0 else float("inf"),
+            "seed": run.seed,
+        },
+    }

@@ -1,0 +1,135 @@
+"""The timeline: per-interval metrics of a run, as a tidy table.
+
+Pure functions of the records and the batch log. Offered load and drops are binned by
+arrival time, completions and their latency percentiles by response time, batches by
+start time. Time-averaged levels (requests waiting in batch queues, in flight) are
+exact integrals of the step functions, computed from prefix sums.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from simulator.results.records import Records
+from simulator.scenario.config import Scenario
+from simulator.serving.batcher import Outcome
+from simulator.serving.pool import FleetLog
+from simulator.serving.workers import BatchLog
+
+
+def time_average_level(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Time-average of N(t) = #{i: starts_i <= t < ends_i} over each interval of ``edges``.
+
+    ∫₀ˣ N(t) dt = Σ_{a_i ≤ x} (x − a_i) − Σ_{d_i ≤ x} (x − d_i), from sorted prefix sums.
+    """
+    a, d = np.sort(starts), np.sort(ends)
+    ca, cd = np.concatenate(([0.0], np.cumsum(a))), np.concatenate(([0.0], np.cumsum(d)))
+    na, nd = np.searchsorted(a, edges, side="right"), np.searchsorted(d, edges, side="right")
+    area = edges * na - ca[na] - (edges * nd - cd[nd])
+    return np.diff(area) / np.diff(edges)
+
+
+def _binned_percentiles(t: np.ndarray, x: np.ndarray, edges: np.ndarray, qs: list[float]) -> np.ndarray:
+    """Percentiles ``qs`` of x grouped by the interval of t (NaN for empty intervals)."""
+    out = np.full((len(edges) - 1, len(qs)), np.nan)
+    if len(t) == 0:
+        return out
+    order = np.argsort(t, kind="stable")
+    t, x = t[order], x[order]
+    cuts = np.searchsorted(t, edges)
+    for k in range(len(edges) - 1):
+        chunk = x[cuts[k] : cuts[k + 1]]
+        if len(chunk):
+            out[k] = np.percentile(chunk, qs)
+    return out
+
+
+def timeline(
+    records: Records,
+    batches: BatchLog,
+    scenario: Scenario,
+    *,
+    interval_s: float = 1.0,
+    fleet: FleetLog | None = None,
+    shadow: dict | None = None,
+) -> pd.DataFrame:
+    """One row per interval of ``interval_s`` over the run (the tail after the last arrival included).
+
+    Columns of parts the scenario does not model (caches, logging) are NaN.
+    """
+    duration_s, workers = scenario.duration_s, scenario.workers.count
+    if interval_s <= 0:
+        raise ValueError("interval_s must be positive")
+    r = records
+    done = r.completed
+    last = np.nanmax(r.t_response) if done.any() else 0.0
+    end_ms = max(duration_s * 1000.0, float(last))
+    edges = np.arange(0.0, end_ms + interval_s * 1000.0, interval_s * 1000.0)
+    dt_s = interval_s
+    offered = np.histogram(r.arrival, bins=edges)[0]
+    completed = np.histogram(r.t_response[done], bins=edges)[0]
+    rejected = np.histogram(r.arrival[r.outcome == Outcome.REJECTED], bins=edges)[0]
+    timed_out = np.histogram(r.arrival[r.outcome == Outcome.TIMED_OUT], bins=edges)[0]
+    failed = np.histogram(r.arrival[r.outcome == Outcome.FAILED], bins=edges)[0]
+    degraded = np.histogram(r.arrival[done & r.degraded], bins=edges)[0]
+
+    # waiting in batch queues: from reaching the queue until dispatch (or drop)
+    left_queue = np.where(done, r.t_dispatch, r.t_dropped)
+    waiting = time_average_level(r.t_preprocessed, left_queue, edges)
+    in_flight = time_average_level(r.arrival[done], r.t_response[done], edges)
+    shipped = np.isfinite(r.t_logged)
+    emitted = np.where(done, r.t_response, r.t_dropped)
+    log_backlog_mb = (
+        time_average_level(emitted[shipped], r.t_logged[shipped], edges) * scenario.logging.record_kb / 1e3
+        if scenario.logging
+        else np.full(len(edges) - 1, np.nan)
+    )
+
+    lookups = np.histogram(r.arrival, bins=edges)[0]
+    result_hits = np.histogram(r.arrival[r.result_hit], bins=edges)[0]
+    feature_lookups = np.histogram(r.arrival[~r.result_hit], bins=edges)[0]
+    feature_hits = np.histogram(r.arrival[r.feature_hit], bins=edges)[0]
+    if fleet is None:
+        active, warming, draining = (np.full(len(edges) - 1, float(v)) for v in (workers, 0, 0))
+    else:
+        active, warming, draining = (
+            time_average_level(*fleet.intervals(k), edges) for k in ("active", "warming", "draining")
+        )
+    shadow_rps = np.histogram(shadow["t_preprocessed"], bins=edges)[0] / dt_s if shadow is not None else np.nan
+    canary_share = (
+        np.histogram(r.arrival[r.version == 1], bins=edges)[0] / np.maximum(offered, 1)
+        if scenario.router.canary is not None
+        else np.nan
+    )
+    n_batches = np.histogram(batches.start, bins=edges)[0]
+    batch_items = np.histogram(batches.start, bins=edges, weights=batches.size)[0]
+    e2e = _binned_percentiles(r.t_response[done], (r.t_response - r.arrival)[done], edges, [50.0, 99.0])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_batch = batch_items / n_batches
+        result_hit_ratio = result_hits / lookups if scenario.caches.result else np.nan
+        feature_hit_ratio = feature_hits / feature_lookups if scenario.caches.feature else np.nan
+    return pd.DataFrame(
+        {
+            "t_s": edges[:-1] / 1000.0,
+            "offered_rps": offered / dt_s,
+            "completed_rps": completed / dt_s,
+            "rejected": rejected,
+            "timed_out": timed_out,
+            "failed": failed,
+            "degraded": degraded,
+            "active_workers": active,
+            "warming_workers": warming,
+            "draining_workers": draining,
+            "queue_depth": waiting,
+            "in_flight": in_flight,
+            "mean_batch_size": mean_batch,
+            "p50_ms": e2e[:, 0],
+            "p99_ms": e2e[:, 1],
+            "log_backlog_mb": log_backlog_mb,
+            "result_hit_ratio": result_hit_ratio,
+            "feature_hit_ratio": feature_hit_ratio,
+            "shadow_rps": shadow_rps,
+            "canary_share": canary_share,
+        }
+    )

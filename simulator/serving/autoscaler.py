@@ -1,0 +1,131 @@
+"""Autoscaling policies: Kubernetes HPA and Knative's KPA, as small pure state machines.
+
+A policy sees one observation per evaluation (a metric averaged per ready worker, or the
+fleet total for Knative) and answers with a desired replica count. The pool
+(:mod:`simulator.serving.pool`) makes the observations, with a scrape delay, and carries the
+decisions out through cold starts and drains. Keeping the policies free of simulation
+lets the tests feed them a metric trace and check the replica sequence exactly.
+
+HPA (``autoscaling/v2``): desired = ceil(current × metric / target), no change within
+``tolerance``; scale-down takes the highest recommendation of the last
+``scale_down_stabilization_s``; scale-up is limited per ``scale_up_period_s`` to the
+larger of +``scale_up_percent``% and +``scale_up_pods`` (``selectPolicy: Max``).
+
+KPA (Knative): desired = ceil(average concurrency / target) over a ``stable_window_s``;
+a ``panic_window_s`` average that asks for ``panic_threshold`` × the ready pods enters
+panic mode, in which the fleet never shrinks, until a stable window passes calmly. It
+scales to zero (with ``min_replicas: 0``) only once a whole stable window has been
+observed without traffic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Metric = Literal["in_flight", "queue_depth", "utilization", "p99_ms"]
+
+
+class Autoscaler(BaseModel):
+    """Autoscaler settings (Kubernetes defaults where Kubernetes has them)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    policy: Literal["hpa", "knative"] = Field("hpa", description="hpa (Kubernetes HPA) or knative (KPA).")
+    metric: Metric = Field(
+        "in_flight",
+        description="in_flight (queued + in service, per worker), queue_depth (per worker), "
+        "utilization (busy instances / instances), or p99_ms (server latency over metric_window_s).",
+    )
+    target: float = Field(gt=0, description="Target value of the metric per worker (Knative: concurrency per pod).")
+    min_replicas: int = Field(1, ge=0, description="Fewest workers.")
+    max_replicas: int = Field(1000, ge=1, description="Most workers.")
+    sync_period_s: float = Field(15.0, gt=0, description="Evaluation period, s (HPA 15 s; Knative ticks every 2 s).")
+    scrape_delay_s: float = Field(0.0, ge=0, description="Age of the metric when the autoscaler reads it, s.")
+    metric_window_s: float = Field(30.0, gt=0, description="Window of the p99_ms metric, s.")
+    tolerance: float = Field(0.1, ge=0, description="HPA: no change while |metric/target - 1| <= tolerance.")
+    scale_down_stabilization_s: float = Field(300.0, ge=0, description="HPA: scale-down stabilization window, s.")
+    scale_up_percent: float = Field(100.0, ge=0, description="HPA: scale-up policy, percent per period.")
+    scale_up_pods: int = Field(4, ge=0, description="HPA: scale-up policy, pods per period.")
+    scale_up_period_s: float = Field(15.0, gt=0, description="HPA: period of the scale-up policies, s.")
+    stable_window_s: float = Field(60.0, gt=0, description="Knative: stable window, s.")
+    panic_window_s: float = Field(6.0, gt=0, description="Knative: panic window, s.")
+    panic_threshold: float = Field(2.0, gt=1, description="Knative: panic when the panic window asks for this x ready.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Autoscaler:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("autoscaler.min_replicas must not exceed max_replicas")
+        if self.policy == "knative" and self.metric != "in_flight":
+            raise ValueError("the knative policy scales on concurrency: metric must be in_flight")
+        return self
+
+
+class HPA:
+    """Kubernetes Horizontal Pod Autoscaler decisions."""
+
+    def __init__(self, cfg: Autoscaler, initial: int | None = None):
+        self.cfg = cfg
+        # the fleet ran at ``initial`` replicas before the run: that counts as a recommendation,
+        # so the first scale-down waits out the stabilization window
+        self.recommendations: deque[tuple[float, int]] = deque([(0.0, initial)] if initial is not None else [])
+        self.scale_ups: deque[tuple[float, int]] = deque()  # (time, replicas before) for rate limits
+
+    def desired(self, t: float, current: int, metric: float) -> int:
+        """Replicas wanted at time ``t`` (s) with ``current`` replicas and a per-worker ``metric``."""
+        cfg = self.cfg
+        ratio = metric / cfg.target
+        proposal = current if abs(ratio - 1.0) <= cfg.tolerance else math.ceil(current * ratio - 1e-9)
+        if current == 0:  # scale from zero on any load
+            proposal = 1 if metric > 0 else 0
+        self.recommendations.append((t, proposal))
+        while self.recommendations and self.recommendations[0][0] <= t - cfg.scale_down_stabilization_s:
+            self.recommendations.popleft()
+        down = max(r for _, r in self.recommendations)
+        wanted = min(max(current, proposal), down)  # up: the proposal; down: the window's highest
+        if wanted > current:
+            while self.scale_ups and self.scale_ups[0][0] <= t - cfg.scale_up_period_s:
+                self.scale_ups.popleft()
+            base = self.scale_ups[0][1] if self.scale_ups else current
+            limit = max(math.ceil(base * (1 + cfg.scale_up_percent / 100)), base + cfg.scale_up_pods)
+            wanted = min(wanted, limit)
+        wanted = min(max(wanted, cfg.min_replicas), cfg.max_replicas)
+        if wanted > current:
+            self.scale_ups.append((t, current))
+        return wanted
+
+
+class KPA:
+    """Knative Pod Autoscaler decisions on total concurrency."""
+
+    def __init__(self, cfg: Autoscaler):
+        self.cfg = cfg
+        self.samples: deque[tuple[float, float]] = deque()
+        self.panic_since: float | None = None
+        self.since: float | None = None  # first observation
+
+    def desired(self, t: float, current: int, ready: int, concurrency: float) -> int:
+        """Replicas wanted at ``t`` (s) given the fleet's total in-flight ``concurrency``."""
+        cfg = self.cfg
+        if self.since is None:
+            self.since = t
+        self.samples.append((t, concurrency))
+        while self.samples[0][0] <= t - cfg.stable_window_s:
+            self.samples.popleft()
+        stable = [c for _, c in self.samples]
+        panic = [c for s, c in self.samples if s > t - cfg.panic_window_s]
+        want_stable = math.ceil(sum(stable) / len(stable) / cfg.target - 1e-9)
+        want_panic = math.ceil(sum(panic) / len(panic) / cfg.target - 1e-9)
+        if want_panic >= cfg.panic_threshold * max(ready, 1):
+            if self.panic_since is None:
+                self.panic_since = t
+        elif self.panic_since is not None and t - self.panic_since >= cfg.stable_window_s:
+            self.panic_since = None
+        # never scale down while panicking
+        wanted = max(want_panic, current) if self.panic_since is not None else want_stable
+        if wanted == 0 and t - self.since < cfg.stable_window_s:
+            wanted = min(current, 1)  # to zero only after a whole stable window without traffic
+        return min(max(wanted, cfg.min_replicas), cfg.max_replicas)

@@ -1,0 +1,182 @@
+"""Serving: the batch queues and GPU workers of every version's pool.
+
+Given when each request reaches the batching stage, compute when it is dispatched and
+done, in which batch and on which instance. A fixed fleet runs the SimPy schedulers of
+:mod:`simulator.serving.workers` (or, with batching off, the exact FCFS recursion); a changing
+fleet runs :class:`simulator.serving.pool.DynamicPool`. With a canary or a shadow, each version
+gets its own pool, and a shared-pool shadow joins the primary's queues.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simulator.rng import streams
+from simulator.scenario.config import Batching, Scenario
+from simulator.serving.batcher import BatchQueue, Outcome
+from simulator.serving.pool import DynamicPool
+from simulator.serving.workers import BatchLog, ServiceModel, run_pool
+from simulator.stages.canary import on_canary
+from simulator.stages.stations import fcfs_multiserver
+
+
+def fast_path(cfg: Batching) -> bool:
+    """Batching off and no queue limits: the pool is a plain FCFS multi-server station."""
+    return cfg.max_batch_size == 1 and cfg.max_queue_size is None and cfg.timeout_ms is None and cfg.deadline_ms is None
+
+
+def assign_workers(scenario: Scenario, n: int, rng: np.random.Generator) -> np.ndarray | None:
+    """Worker of each request (arrival order), or None when the pool shares one queue."""
+    count = scenario.workers.count
+    match scenario.router.balancing:
+        case "shared":
+            return None
+        case "round_robin":
+            return np.arange(n) % count
+        case "random":
+            return rng.integers(0, count, n)
+
+
+def sub(deadlines: np.ndarray | None, idx) -> np.ndarray | None:
+    """The deadlines of a subset of requests (None when there are none)."""
+    return None if deadlines is None else deadlines[idx]
+
+
+def serve(t_pre: np.ndarray, assign: np.ndarray | None, s: Scenario, service: ServiceModel, deadlines=None):
+    """Batching queues and GPU workers: per-request dispatch/finish times, batch size,
+    instance, outcome and drop time (request order), and the batch log. ``deadlines``:
+    each request's end-to-end deadline, with ``batching.deadline_ms``."""
+    n = len(t_pre)
+    per_worker = s.workers.instances
+    if assign is None:
+        groups = [np.argsort(t_pre, kind="stable")]
+        ids = [list(range(s.workers.count * per_worker))]
+    else:
+        by_worker = np.lexsort((t_pre, assign))  # worker, then time
+        cuts = np.searchsorted(assign[by_worker], np.arange(1, s.workers.count))
+        groups = np.split(by_worker, cuts)
+        ids = [list(range(w * per_worker, (w + 1) * per_worker)) for w in range(s.workers.count)]
+    t_dispatch = np.full(n, np.nan)
+    t_done = np.full(n, np.nan)
+    size = np.zeros(n, dtype=np.int64)
+    instance = np.full(n, -1, dtype=np.int64)
+    outcome = np.zeros(n, dtype=np.int8)
+    dropped = np.full(n, np.nan)
+    if fast_path(s.batching):
+        # service draws go to requests in queue-arrival order: the dispatch order of a shared queue
+        svc_all = np.empty(n)
+        svc_all[np.argsort(t_pre, kind="stable")] = service.draw(n, 1)
+        logs = []
+        for order, inst_ids in zip(groups, ids, strict=True):
+            svc = svc_all[order]
+            start, k = fcfs_multiserver(t_pre[order], svc, len(inst_ids))
+            t_dispatch[order], t_done[order], size[order] = start, start + svc, 1
+            instance[order] = np.asarray(inst_ids)[k] if len(order) else k
+            logs.append((start, start + svc, instance[order]))
+        batches = BatchLog(
+            start=np.concatenate([g[0] for g in logs]),
+            end=np.concatenate([g[1] for g in logs]),
+            size=np.ones(n, dtype=np.int64),
+            instance=np.concatenate([g[2] for g in logs]),
+        )
+    else:
+        queues = [BatchQueue(t_pre[order], s.batching, deadlines=sub(deadlines, order)) for order in groups]
+        results, batches = run_pool(queues, ids, service)
+        for order, columns in zip(groups, results, strict=True):
+            for full, part in zip((t_dispatch, t_done, size, instance, outcome, dropped), columns, strict=True):
+                full[order] = part
+    return t_dispatch, t_done, size, instance, outcome, dropped, batches
+
+
+def pool_scenario(s: Scenario, count: int, service_time) -> Scenario:
+    """The scenario of a version's own fixed pool: the primary's, with its own size and model."""
+    w = s.workers.model_copy(
+        update={
+            "count": count,
+            "service_time": service_time or s.workers.service_time,
+            "autoscaler": None,
+            "failures": None,
+        }
+    )
+    return s.model_copy(update={"workers": w})
+
+
+def serve_primary(s: Scenario, t_pre: np.ndarray, assign, service: ServiceModel, rng: dict, deadlines=None):
+    if s.workers.dynamic:
+        return DynamicPool(s, t_pre, service, rng, deadlines).run()
+    *per_request, batches = serve(t_pre, assign, s, service, deadlines)
+    return per_request, batches, None
+
+
+def serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, service, rng, deadlines=None):
+    """Route live requests to the primary or the canary (sticky by user), copy a share to
+    the shadow, and serve each pool. Returns versions, shadow copies, the extra pools'
+    logs, the primary fleet and batch log, per-request columns of the live requests,
+    and primary completion times without the shared shadow (or None)."""
+    n = len(t_router)
+    r = s.router
+    vr = rng["versions"]
+    version = np.zeros(n, dtype=np.int8)
+    if r.canary is None and r.shadow is None:  # one version: no copies of the columns
+        per, batches, fleet = serve_primary(
+            s, t_pre[live], None if assign is None else assign[live], service, rng, sub(deadlines, live)
+        )
+        return version, None, {}, fleet, batches, (live, per), None
+    if r.canary is not None:
+        users = vr.integers(0, r.users, n)
+        version[on_canary(r.canary, users, t_router)] = 1
+    prim = live[version[live] == 0]
+    cand = live[version[live] == 1]
+    copies = prim[vr.random(len(prim)) < r.shadow.percent / 100] if r.shadow else prim[:0]
+    shared = r.shadow is not None and r.shadow.pool == "shared"
+    t_in = np.concatenate([t_pre[prim], t_pre[copies]]) if shared else t_pre[prim]
+    a_in = None if assign is None else assign[prim]
+    if shared and a_in is not None:
+        a_in = np.concatenate([a_in, assign_workers(s, len(copies), vr)])
+    d_in = sub(deadlines, np.concatenate([prim, copies]) if shared else prim)
+    per, batches, fleet = serve_primary(s, t_in, a_in, service, rng, d_in)
+    cols = [np.empty(n, dtype=c.dtype) for c in per]
+    for c, v in zip(cols, per, strict=True):
+        c[prim] = v[: len(prim)]
+    pools: dict[str, BatchLog] = {}
+    shadow = counterfactual = None
+    if r.shadow is not None:
+        if shared:
+            sh = [v[len(prim) :] for v in per]
+        if shared and r.shadow.measure_impact:
+            fresh = streams(seed)
+            cf, _, _ = serve_primary(
+                s,
+                t_pre[prim],
+                None if assign is None else assign[prim],
+                ServiceModel(s.workers, s.batching.max_batch_size, fresh["service"]),
+                fresh,
+                sub(deadlines, prim),
+            )
+            counterfactual = np.full(n, np.nan)
+            counterfactual[prim] = cf[1]
+        elif not shared:
+            ps = pool_scenario(s, r.shadow.workers, r.shadow.service_time)
+            model = ServiceModel(ps.workers, s.batching.max_batch_size, rng["shadow_service"])
+            *sh, pools["shadow"] = serve(
+                t_pre[copies], assign_workers(ps, len(copies), vr), ps, model, sub(deadlines, copies)
+            )
+        shadow = {
+            "request": copies,
+            "t_preprocessed": t_pre[copies],
+            "t_dispatch": sh[0],
+            "t_inferred": sh[1],
+            "outcome": sh[4],
+        }
+    if r.canary is not None:
+        pc = pool_scenario(s, r.canary.workers, r.canary.service_time)
+        model = ServiceModel(pc.workers, s.batching.max_batch_size, rng["canary_service"])
+        *pc_cols, pools["canary"] = serve(
+            t_pre[cand], assign_workers(pc, len(cand), vr), pc, model, sub(deadlines, cand)
+        )
+        errors = (vr.random(len(cand)) < r.canary.error_rate) & (pc_cols[4] == Outcome.COMPLETED)
+        pc_cols[4] = np.where(errors, Outcome.ERROR, pc_cols[4])
+        for c, v in zip(cols, pc_cols, strict=True):
+            c[cand] = v
+    served_idx = np.concatenate([prim, cand])
+    return version, shadow, pools, fleet, batches, (served_idx, [c[served_idx] for c in cols]), counterfactual

@@ -1,0 +1,254 @@
+"""GPU worker pool: batch service times and the SimPy scheduler that feeds instances.
+
+Each worker runs ``workers.instances`` model instances fed by its own batch queue (or,
+with ``router.balancing: shared``, the whole pool shares one queue). Free instances sit
+in a FIFO (the longest idle serves next). One scheduler process per queue takes a
+free instance, asks the :class:`~simulator.serving.batcher.BatchQueue` for a batch (waiting out the batching
+window if it must), and hands the batch to the instance; the instance returns to the
+FIFO when its service time elapses. That is a handful of SimPy events per *batch*,
+never per request.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from simulator.scenario.config import Affine, Table, Workers
+from simulator.scenario.distributions import Sampler
+from simulator.scenario.servicetime import ProfileRef
+from simulator.serving.batcher import DONE, EXTEND, BatchQueue, Outcome
+
+_CHUNK = 1 << 16
+
+
+def mean_service_ms(cfg: Workers, batch_size: int) -> float:
+    """Mean service time of one batch of ``batch_size`` requests, ms."""
+    st = cfg.service_time
+    match st:
+        case Affine():
+            return st.base_ms + st.per_item_ms * batch_size
+        case Table():
+            sizes = sorted(st.batch_ms)
+            times = [st.batch_ms[s] for s in sizes]
+            if len(sizes) == 1:
+                return times[0]
+            if batch_size <= sizes[0]:
+                lo, hi = 0, 1
+            elif batch_size >= sizes[-1]:
+                lo, hi = len(sizes) - 2, len(sizes) - 1
+            else:
+                return float(np.interp(batch_size, sizes, times))
+            slope = (times[hi] - times[lo]) / (sizes[hi] - sizes[lo])
+            return max(0.0, times[lo] + slope * (batch_size - sizes[lo]))
+        case _:
+            return st.mean
+
+
+class ServiceModel:
+    """Draws batch service times in dispatch order from one random stream."""
+
+    def __init__(self, cfg: Workers, max_batch: int, rng: np.random.Generator):
+        st = cfg.service_time
+        if isinstance(st, ProfileRef):
+            raise ValueError("a profile service time is read by load_scenario; load the scenario from its file")
+        self._per_size = isinstance(st, Affine | Table)
+        if self._per_size:
+            self._means = [0.0] + [mean_service_ms(cfg, b) for b in range(1, max_batch + 1)]
+            if st.noise_ratios is not None:  # a calibration's measured ratios, resampled
+                ratios = np.asarray(st.noise_ratios, dtype=float)
+                self._factor = lambda n: ratios[rng.integers(0, len(ratios), n)]
+            else:
+                cv = st.noise_cv
+                sigma2 = math.log1p(cv * cv)
+                self._factor = lambda n: rng.lognormal(-sigma2 / 2, math.sqrt(sigma2), n) if cv else np.ones(n)
+        else:
+            sampler = Sampler(st, rng)
+            self._factor = sampler.draw
+        self._buf: list[float] = []
+        self._pos = 0
+
+    def draw(self, count: int, batch_size: int) -> np.ndarray:
+        """``count`` service times of batches of ``batch_size``, in order, in bulk.
+
+        The k-th value is the one the k-th call would give: the buffer is used up first,
+        and numpy's generators produce the same sequence whatever the chunking.
+        """
+        take = min(len(self._buf) - self._pos, count)
+        head = np.asarray(self._buf[self._pos : self._pos + take], dtype=float)
+        self._pos += take
+        x = np.concatenate([head, self._factor(count - take)]) if count > take else head
+        return self._means[batch_size] * x if self._per_size else x
+
+    def __call__(self, batch_size: int) -> float:
+        if self._pos == len(self._buf):
+            self._buf = self._factor(_CHUNK).tolist()
+            self._pos = 0
+        x = self._buf[self._pos]
+        self._pos += 1
+        return self._means[batch_size] * x if self._per_size else x
+
+
+@dataclass
+class BatchLog:
+    """Columnar record of every batch: when it ran, how big, on which instance."""
+
+    start: np.ndarray
+    end: np.ndarray
+    size: np.ndarray
+    instance: np.ndarray
+
+
+class Feed:
+    """One batch queue and the model instances it feeds (one worker, or the shared pool).
+
+    Free instances wait in a plain FIFO (longest idle first) with one wake-up event for the
+    scheduler when it waits for an instance: one SimPy event per hand-back instead of a
+    Store's put and get. ``extended`` wakes a scheduler that waits for more arrivals to
+    be routed to an open queue; ``crashed_at`` stops everything on a crashed worker.
+    """
+
+    def __init__(self, env: simpy.Environment, queue: BatchQueue, ids: list[int], *, start_at: float = 0.0):
+        self.env = env
+        self.queue = queue
+        self.free = deque((i, start_at) for i in ids)
+        self.n_instances = len(ids)
+        self.waiting: simpy.Event | None = None
+        self.extended: simpy.Event | None = None
+        self.busy = 0  # requests in service
+        self.crashed_at: float | None = None
+        self.b_start, self.b_end, self.b_inst = array("d"), array("d"), array("q")
+
+    def release(self, inst: int, at: float, size: int):
+        def callback(_event):
+            if self.crashed_at is not None:
+                return
+            self.busy -= size
+            self.free.append((inst, at))
+            if self.waiting is not None:
+                self.waiting.succeed()
+                self.waiting = None
+
+        return callback
+
+    def extend(self, arrivals: np.ndarray, horizon: float, at: float, deadlines: np.ndarray | None = None) -> None:
+        """At time ``at``, route more arrivals here (all before ``horizon`` are now known)
+        and wake the scheduler if it waits for them."""
+        self.queue.extend(arrivals, horizon, deadlines)
+        self._wake(at)
+
+    def close(self, at: float) -> None:
+        """No more arrivals (the worker drains)."""
+        self.queue.close()
+        self._wake(at)
+
+    def _wake(self, at: float) -> None:
+        if self.extended is not None:
+            self.extended.succeed(at)
+            self.extended = None
+
+    def results(self) -> tuple[tuple[np.ndarray, ...], BatchLog]:
+        """Per-request (queue order) start, end, batch size, instance, outcome, drop time; the batch log.
+
+        On a crashed worker, batches still running at the crash and requests still queued
+        are lost (``Outcome.CRASHED``, dropped at the crash).
+        """
+        (start, end, size, inst, outcome, dropped), log = queue_results(
+            self.queue, self.b_start, self.b_end, self.b_inst
+        )
+        if self.crashed_at is not None:
+            lost = (outcome == Outcome.COMPLETED) & ~(end <= self.crashed_at)
+            outcome[lost] = Outcome.CRASHED
+            dropped[lost] = self.crashed_at
+            start[lost], end[lost], size[lost], inst[lost] = np.nan, np.nan, 0, -1
+            kept = log.end <= self.crashed_at
+            log = BatchLog(log.start[kept], log.end[kept], log.size[kept], log.instance[kept])
+        return (start, end, size, inst, outcome, dropped), log
+
+
+def queue_results(queue: BatchQueue, b_start: array, b_end: array, b_inst: array):
+    """Per-request columns (queue order) and the batch log of one queue's dispatched batches,
+    given each batch's start, end and instance in dispatch order."""
+    members, sizes = queue.members()
+    log = BatchLog(_np(b_start, float), _np(b_end, float), sizes, _np(b_inst, np.int64))
+    start = np.full(queue.m, np.nan)
+    end = np.full(queue.m, np.nan)
+    size = np.zeros(queue.m, dtype=np.int64)
+    inst = np.full(queue.m, -1, dtype=np.int64)
+    start[members] = np.repeat(log.start, sizes)
+    end[members] = np.repeat(log.end, sizes)
+    size[members] = np.repeat(sizes, sizes)
+    inst[members] = np.repeat(log.instance, sizes)
+    return (start, end, size, inst, queue.outcome, queue.drop_time), log
+
+
+def schedule(env: simpy.Environment, feed: Feed, service: ServiceModel):
+    """The scheduler of one feed: take a free instance, form a batch, run it; repeat.
+
+    Times are exact: the scheduler keeps its own logical clock (SimPy's ``now`` accrues
+    rounding as ``now + delay``), so a window that closes at t closes at t.
+    """
+    queue, free = feed.queue, feed.free
+    clock = 0.0
+    while True:
+        if not free:
+            feed.waiting = env.event()
+            yield feed.waiting
+            if feed.crashed_at is not None:
+                return
+        inst, free_at = free.popleft()
+        if free_at > clock:
+            clock = free_at
+        while True:
+            decision = queue.decide(clock)
+            if decision is DONE:
+                return
+            if decision is EXTEND:
+                feed.extended = env.event()
+                at = yield feed.extended
+                clock = max(clock, at)
+            elif isinstance(decision, float):
+                yield env.timeout(max(0.0, decision - env.now))
+                clock = decision
+            else:
+                break
+            if feed.crashed_at is not None:
+                return
+        done = clock + service(decision)
+        feed.busy += decision
+        feed.b_start.append(clock)
+        feed.b_end.append(done)
+        feed.b_inst.append(inst)
+        env.timeout(max(0.0, done - env.now)).callbacks.append(feed.release(inst, done, decision))
+
+
+def run_pool(queues: list[BatchQueue], instances: list[list[int]], service: ServiceModel) -> tuple[list, BatchLog]:
+    """Simulate a fixed set of closed queues, each feeding its instances, in one environment.
+
+    ``instances[k]`` are the global ids of the model instances fed by ``queues[k]`` (one
+    queue per worker, or one queue shared by the whole pool). Returns, per queue, the
+    per-request arrays of :meth:`Feed.results`, and the batch log of the whole pool.
+    """
+    env = simpy.Environment()
+    feeds = [Feed(env, queue, ids) for queue, ids in zip(queues, instances, strict=True)]
+    for feed in feeds:
+        env.process(schedule(env, feed, service))
+    env.run()
+    results, logs = zip(*(feed.results() for feed in feeds), strict=True) if feeds else ((), ())
+    return list(results), concat_logs(logs)
+
+
+def concat_logs(logs) -> BatchLog:
+    """One batch log from several."""
+    if not logs:
+        return BatchLog(np.zeros(0), np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    return BatchLog(*(np.concatenate([getattr(p, f) for p in logs]) for f in ("start", "end", "size", "instance")))
+
+
+def _np(values: array, dtype) -> np.ndarray:
+    return np.frombuffer(values, dtype=dtype).copy() if len(values) else np.zeros(0, dtype=dtype)

@@ -1,0 +1,154 @@
+"""Feature fetch from a remote KV store: fan-out in batched round trips.
+
+A request needs ``lookups_per_request`` keys. They travel in ``ceil(L / batch_size)``
+round trips, at most ``parallelism`` in flight; a round trip starts as soon as a slot
+frees (list scheduling). With an uncontended store every round trip's latency is an
+independent draw, so the whole stage is computed in bulk with numpy. A store of
+finite capacity (``features.store``) couples requests: round trips queue FCFS for the
+store's threads, and the fork-join is simulated with SimPy, one process per slot.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import simpy
+
+from simulator.scenario.config import Features
+from simulator.scenario.distributions import Sampler
+
+_CHUNK_CELLS = 1 << 22  # round trips sampled per numpy chunk
+
+
+def trip_keys(cfg: Features) -> np.ndarray:
+    """Keys carried by each round trip of one request."""
+    n = math.ceil(cfg.lookups_per_request / cfg.batch_size)
+    keys = np.full(n, cfg.batch_size, dtype=np.int64)
+    keys[-1] = cfg.lookups_per_request - (n - 1) * cfg.batch_size
+    return keys
+
+
+def _trip_latency(cfg: Features, sampler: Sampler | None, rows: int, keys: np.ndarray) -> np.ndarray:
+    n = len(keys)
+    lat = sampler.draw(rows * n).reshape(rows, n) if sampler is not None else np.zeros((rows, n))
+    if cfg.per_key_ms:
+        lat = lat + cfg.per_key_ms * keys
+    return lat
+
+
+def _makespan(lat: np.ndarray, slots: int, start: np.ndarray | None = None, cfg: Features | None = None) -> np.ndarray:
+    """Completion time of each row's round trips list-scheduled on ``slots`` slots.
+
+    With ``cfg`` windows, a trip starting in a slowdown takes ``multiplier`` times longer
+    and a trip overlapping an outage never returns (∞); ``start`` gives each row's
+    absolute start time (ms) to place its trips against the windows.
+    """
+    rows, n = lat.shape
+    if cfg is not None and (cfg.outages or cfg.slowdowns):
+        return _makespan_windows(lat, slots, start, cfg)
+    if slots >= n:
+        return lat.max(axis=1)
+    free = np.zeros((rows, slots))
+    r = np.arange(rows)
+    for j in range(n):
+        k = free.argmin(axis=1)
+        free[r, k] += lat[:, j]
+    return free.max(axis=1)
+
+
+def _makespan_windows(lat: np.ndarray, slots: int, start: np.ndarray, cfg: Features) -> np.ndarray:
+    rows, n = lat.shape
+    free = np.repeat(start[:, None], min(slots, n), axis=1)
+    r = np.arange(rows)
+    for j in range(n):
+        k = free.argmin(axis=1)
+        t0 = free[r, k]
+        dur = lat[:, j].copy()
+        for w in cfg.slowdowns:
+            inside = (t0 >= w.start_s * 1000) & (t0 < (w.start_s + w.duration_s) * 1000)
+            dur[inside] *= w.multiplier
+        t1 = t0 + dur
+        for w in cfg.outages:
+            lo, hi = w.start_s * 1000, (w.start_s + w.duration_s) * 1000
+            t1[(t0 < hi) & (t1 > lo)] = np.inf
+        free[r, k] = t1
+    return free.max(axis=1) - start
+
+
+def fetch_uncontended(cfg: Features, start: np.ndarray, sampler: Sampler | None) -> np.ndarray:
+    """Feature-fetch durations (ms) when the store never queues (∞: never returned)."""
+    if cfg.lookups_per_request == 0:
+        return np.zeros_like(start)
+    keys = trip_keys(cfg)
+    rows_per_chunk = max(1, _CHUNK_CELLS // len(keys))
+    out = np.empty_like(start)
+    for lo in range(0, len(start), rows_per_chunk):
+        hi = min(lo + rows_per_chunk, len(start))
+        lat = _trip_latency(cfg, sampler, hi - lo, keys)
+        out[lo:hi] = _makespan(lat, cfg.parallelism, start[lo:hi], cfg)
+    return out
+
+
+def fetch(cfg: Features, start: np.ndarray, sampler: Sampler | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Feature stage: end times, and which requests were degraded (timed out, default
+    features) or failed (timed out with ``on_timeout: fail``; end time = when they gave up)."""
+    if cfg.lookups_per_request and cfg.store is not None:
+        order = np.argsort(start, kind="stable")
+        end = np.empty_like(start)
+        end[order] = fetch_contended(cfg, start[order], sampler)
+    else:
+        end = start + fetch_uncontended(cfg, start, sampler)
+    late = np.zeros(len(start), dtype=bool)
+    if cfg.timeout_ms is not None:
+        give_up = start + cfg.timeout_ms
+        late = end > give_up
+        end = np.where(late, give_up, end)
+    return end, late & (cfg.on_timeout == "default"), late & (cfg.on_timeout == "fail")
+
+
+def fetch_contended(cfg: Features, start: np.ndarray, sampler: Sampler | None) -> np.ndarray:
+    """Feature-fetch completion times through a store with ``cfg.store.threads`` threads.
+
+    Each round trip spends half its network latency reaching the store, queues FCFS for
+    a thread, holds it for ``per_op_ms + per_key_ms × keys``, and spends the other half
+    returning. ``start`` must be sorted.
+    """
+    store_cfg = cfg.store
+    keys = trip_keys(cfg)
+    n = len(keys)
+    env = simpy.Environment()
+    threads = simpy.Resource(env, capacity=store_cfg.threads)
+    hold = (store_cfg.per_op_ms + store_cfg.per_key_ms * keys).tolist()
+    done = np.empty_like(start)
+    slots = min(cfg.parallelism, n)
+
+    def lane(i: int, lat: list[float], cursor: list[int]):
+        while cursor[0] < n:
+            j = cursor[0]
+            cursor[0] += 1
+            half = lat[j] / 2
+            yield env.timeout(half)
+            with threads.request() as req:
+                yield req
+                yield env.timeout(hold[j])
+            yield env.timeout(half)
+        done[i] = max(done[i], env.now)
+
+    def feeder():
+        rows_per_chunk = max(1, _CHUNK_CELLS // n)
+        for lo in range(0, len(start), rows_per_chunk):
+            hi = min(lo + rows_per_chunk, len(start))
+            lat = _trip_latency(cfg, sampler, hi - lo, keys)
+            for i in range(lo, hi):
+                t = start[i]
+                if t > env.now:
+                    yield env.timeout(t - env.now)
+                done[i] = t
+                row, cursor = lat[i - lo].tolist(), [0]
+                for _ in range(slots):
+                    env.process(lane(i, row, cursor))
+
+    env.process(feeder())
+    env.run()
+    return done
