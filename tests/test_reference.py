@@ -55,11 +55,22 @@ def _compare(s):
     np.testing.assert_array_equal(fast.records.outcome, ref["outcome"])
     for col in COLUMNS:
         np.testing.assert_allclose(getattr(fast.records, col), ref[col], rtol=0, atol=1e-9, err_msg=col)
-    fast_log = [
-        (t, tuple(np.flatnonzero((fast.records.t_dispatch == t) & (fast.records.instance == i))))
-        for t, i in zip(fast.batches.start, fast.batches.instance, strict=True)
-    ]
-    assert len(fast_log) == len(ref["log"])
+    # batch for batch: the same start, instance, members and size, in the same order
+    r = fast.records
+
+    def members(t, i):
+        return tuple(np.flatnonzero((r.t_dispatch == t) & (r.instance == i)))
+
+    b = fast.batches
+    fast_log = sorted(
+        (round(float(t), 6), int(i), int(k), members(t, i)) for t, i, k in zip(b.start, b.instance, b.size, strict=True)
+    )
+    ref_log = sorted((round(float(t), 6), int(i), len(ids), tuple(sorted(ids))) for t, ids, i in ref["log"])
+    assert len(fast_log) == len(ref_log)
+    for got, want in zip(fast_log, ref_log, strict=True):
+        assert got[1:] == want[1:], f"batch at {got[0]} ms: engine {got[1:]}, reference {want[1:]}"
+        assert abs(got[0] - want[0]) <= 1e-6
+        assert got[2] == len(got[3])  # the batch log's size is its members in the records
     return fast, ref
 
 

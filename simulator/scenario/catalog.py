@@ -6,13 +6,13 @@ from importlib import resources
 from pathlib import Path
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from simulator.scenario.frozen import Frozen
 
 
-class Instance(BaseModel):
+class Instance(Frozen):
     """One catalog row: a GPU type and its price per GPU-hour, with source and date."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     gpu: str = Field(description="GPU model.")
     aws_instance: str | None = Field(None, description="Cloud instance type the price is taken from.")
@@ -39,10 +39,8 @@ class Instance(BaseModel):
         return self.price_per_gpu_hour_usd
 
 
-class Catalog(BaseModel):
+class Catalog(Frozen):
     """Instance types by key (t4, l4, a100, h100, ...)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     instances: dict[str, Instance]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from simulator.scenario.distributions import (
     Deterministic,
@@ -24,17 +24,14 @@ from simulator.scenario.distributions import (
     Uniform,
     _Dist,
 )
+from simulator.scenario.frozen import Frozen
 from simulator.scenario.servicetime import Affine, ServiceTime, Table
 from simulator.scenario.shapes import Constant, Shape
 from simulator.serving.autoscaler import Autoscaler
 from simulator.stages.canary import Canary, Shadow
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class SLA(_Frozen):
+class SLA(Frozen):
     """The latency objective the run is judged against."""
 
     percentile: float = Field(99.0, gt=0, lt=100, description="Latency percentile the SLA is set on, e.g. 99.")
@@ -44,7 +41,7 @@ class SLA(_Frozen):
     )
 
 
-class TrafficClass(_Frozen):
+class TrafficClass(Frozen):
     """A tenant or model sharing the platform: its own traffic, model, SLA and latency class.
 
     Its requests go through the same network, router, features and preprocessing as
@@ -87,7 +84,7 @@ class TrafficClass(_Frozen):
         return self
 
 
-class Traffic(_Frozen):
+class Traffic(Frozen):
     """Open-loop arrivals: Poisson at ``rate_rps`` shaped over time by ``shape``, or replayed
     timestamps from ``arrivals_file``, or the sum of several traffic ``classes``."""
 
@@ -122,7 +119,7 @@ class Traffic(_Frozen):
         return self
 
 
-class Network(_Frozen):
+class Network(Frozen):
     """Client ↔ API hops: a latency per direction plus payload transfer over a bandwidth."""
 
     client_to_api: Distribution | None = Field(None, description="One-way latency client → API, ms.")
@@ -132,14 +129,14 @@ class Network(_Frozen):
     )
 
 
-class Activator(_Frozen):
+class Activator(Frozen):
     """Knative's activator: while no worker serves, requests wait here instead of failing."""
 
     capacity: int | None = Field(None, ge=1, description="Most requests buffered at once (none: unbounded).")
     timeout_ms: float = Field(60_000.0, gt=0, description="A request buffered this long gets an error (rejected), ms.")
 
 
-class Router(_Frozen):
+class Router(Frozen):
     """API layer and traffic router: auth, schema normalisation, version choice."""
 
     overhead: Distribution | None = Field(None, description="Per-request API/router processing time, ms.")
@@ -159,7 +156,7 @@ class Router(_Frozen):
     )
 
 
-class KVStore(_Frozen):
+class KVStore(Frozen):
     """A remote KV store of finite capacity: each round trip holds one server thread."""
 
     threads: int = Field(ge=1, description="Server threads serving round trips concurrently.")
@@ -167,7 +164,7 @@ class KVStore(_Frozen):
     per_key_ms: float = Field(0.0, ge=0, description="Thread time per key in a round trip, ms.")
 
 
-class Window(_Frozen):
+class Window(Frozen):
     """A time window of the run."""
 
     start_s: float = Field(ge=0, description="Window start, s.")
@@ -180,7 +177,7 @@ class Slowdown(Window):
     multiplier: float = Field(gt=0, description="Latency multiplier inside the window.")
 
 
-class Features(_Frozen):
+class Features(Frozen):
     """Online feature fetch from a remote KV store, in batched round trips.
 
     ``lookups_per_request`` keys are fetched in ``ceil(lookups / batch_size)`` round trips,
@@ -218,7 +215,7 @@ class Features(_Frozen):
         return self
 
 
-class Cache(_Frozen):
+class Cache(Frozen):
     """A cache in front of a stage: Zipf key popularity, TTL, optional LRU capacity."""
 
     keys: int = Field(1_000_000, ge=1, description="Size of the key space (distinct inputs or entities).")
@@ -233,14 +230,14 @@ class Cache(_Frozen):
     miss: Distribution | None = Field(None, description="Latency of the lookup on a miss, ms (before the work).")
 
 
-class Caches(_Frozen):
+class Caches(Frozen):
     """Optional caches: results (skip the model on a hit) and features (skip the fetch)."""
 
     result: Cache | None = Field(None, description="Result cache after the router, keyed by model version and input.")
     feature: Cache | None = Field(None, description="Feature cache in front of the KV store, keyed by entity.")
 
 
-class Preprocess(_Frozen):
+class Preprocess(Frozen):
     """CPU preprocessing (decode, resize, tokenise) on a pool of CPU workers, FCFS."""
 
     service: Distribution | None = Field(None, description="CPU time per request, ms.")
@@ -249,7 +246,7 @@ class Preprocess(_Frozen):
     )
 
 
-class Batching(_Frozen):
+class Batching(Frozen):
     """Dynamic batching with Triton's semantics.
 
     A batch forms when a model instance is free. It closes at once with
@@ -277,7 +274,7 @@ class Batching(_Frozen):
         return self
 
 
-class ColdStart(_Frozen):
+class ColdStart(Frozen):
     """What a new worker goes through before it serves (each stage a distribution, ms)."""
 
     provision: Distribution | None = Field(None, description="Node provisioning, ms (skipped from the warm pool).")
@@ -292,14 +289,14 @@ class ColdStart(_Frozen):
     )
 
 
-class Crash(_Frozen):
+class Crash(Frozen):
     """A scheduled worker crash."""
 
     at_s: float = Field(ge=0, description="When, s.")
     worker: int = Field(0, ge=0, description="Which worker (the n-th of those serving at that time).")
 
 
-class Failures(_Frozen):
+class Failures(Frozen):
     """Worker crashes: random (MTBF) and scheduled. Queued and in-flight requests on a
     crashed worker are lost; a replacement serves after ``mttr_s``."""
 
@@ -308,7 +305,7 @@ class Failures(_Frozen):
     crashes: tuple[Crash, ...] = Field((), description="Scheduled crashes.")
 
 
-class Workers(_Frozen):
+class Workers(Frozen):
     """The GPU worker pool: ``count`` workers, each running ``instances`` model instances."""
 
     count: int = Field(ge=1, description="GPU workers (one GPU each).")
@@ -352,20 +349,20 @@ class Workers(_Frozen):
         return self.autoscaler is not None or self.failures is not None
 
 
-class Postprocess(_Frozen):
+class Postprocess(Frozen):
     """Postprocessing and response serialisation."""
 
     service: Distribution | None = Field(None, description="Per-request time, ms.")
 
 
-class PredictionLog(_Frozen):
+class PredictionLog(Frozen):
     """Asynchronous prediction logging: one record per request into a pipeline of finite bandwidth."""
 
     record_kb: float = Field(gt=0, description="Log record size per request, KB (input + output + metadata).")
     bandwidth_gbps: float = Field(gt=0, description="Pipeline throughput, Gbit/s.")
 
 
-class Cost(_Frozen):
+class Cost(Frozen):
     """How worker-hours are priced."""
 
     catalog: str | None = Field(None, description="Instance catalog YAML (default: the one shipped with servesim).")
@@ -377,7 +374,7 @@ class Cost(_Frozen):
     )
 
 
-class Napkin(_Frozen):
+class Napkin(Frozen):
     """The back-of-envelope assumptions that ``servesim explain`` writes out, then checks."""
 
     batch_size: int | None = Field(
@@ -386,7 +383,7 @@ class Napkin(_Frozen):
     headroom: float = Field(0.3, ge=0, description="Fraction added on top of rate / per-worker throughput.")
 
 
-class Scenario(_Frozen):
+class Scenario(Frozen):
     """One serving system and the traffic it sees."""
 
     name: str = Field(description="Short name of the scenario.")

@@ -15,15 +15,15 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 from scipy import stats
+
+from simulator.scenario.frozen import Frozen
 
 _Z99 = float(stats.norm.ppf(0.99))
 
 
-class _Dist(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class _Dist(Frozen):
     @property
     def mean(self) -> float:  # pragma: no cover - overridden
         raise NotImplementedError

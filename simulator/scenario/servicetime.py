@@ -13,16 +13,13 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from simulator.scenario.distributions import Deterministic, Empirical, Exponential, Gamma, LogNormal, Uniform
+from simulator.scenario.frozen import Frozen
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class _Noisy(_Frozen):
+class _Noisy(Frozen):
     """The mean-one noise factor of a batch-size dependent service time."""
 
     noise_cv: float = Field(0.0, ge=0, description="cv of the log-normal multiplicative noise (0: deterministic).")
@@ -77,7 +74,7 @@ class Table(_Noisy):
         return self
 
 
-class ProfileRef(_Frozen):
+class ProfileRef(Frozen):
     """The batch service time fitted by ``servesim calibrate``: a profile.json's ``service_time``.
 
     The loader reads the file and puts the fitted affine or table model in its place.

@@ -22,15 +22,15 @@ from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from simulator.scenario.distributions import read_rows
+from simulator.scenario.frozen import Frozen
 
 RateFn = Callable[[np.ndarray], np.ndarray]  # seconds -> requests per second
 
 
-class _Shape(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+class _Shape(Frozen):
     absolute: ClassVar[bool] = False
 
 
@@ -40,9 +40,7 @@ class Constant(_Shape):
     kind: Literal["constant"] = "constant"
 
 
-class Step(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class Step(Frozen):
     at_s: float = Field(ge=0, description="From this time on, s.")
     rate_rps: float = Field(ge=0, description="Arrival rate, requests per second.")
 
@@ -92,9 +90,7 @@ class Diurnal(_Shape):
     peak_at_s: float = Field(0.0, description="Time of the peak, s.")
 
 
-class Burst(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class Burst(Frozen):
     start_s: float = Field(ge=0, description="Burst start, s.")
     duration_s: float = Field(gt=0, description="Burst length, s.")
     multiplier: float = Field(ge=0, description="Rate multiplier during the burst.")

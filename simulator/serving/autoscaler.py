@@ -24,15 +24,15 @@ import math
 from collections import deque
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from simulator.scenario.frozen import Frozen
 
 Metric = Literal["in_flight", "queue_depth", "utilization", "p99_ms"]
 
 
-class Autoscaler(BaseModel):
+class Autoscaler(Frozen):
     """Autoscaler settings (Kubernetes defaults where Kubernetes has them)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     policy: Literal["hpa", "knative"] = Field("hpa", description="hpa (Kubernetes HPA) or knative (KPA).")
     metric: Metric = Field(

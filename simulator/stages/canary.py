@@ -16,23 +16,20 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from simulator.scenario.frozen import Frozen
 from simulator.scenario.servicetime import ServiceTime
 
 BUCKETS = 10_000
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class RolloutStep(_Frozen):
+class RolloutStep(Frozen):
     at_s: float = Field(ge=0, description="From this time on, s.")
     percent: float = Field(ge=0, le=100, description="Canary share of users, percent.")
 
 
-class Canary(_Frozen):
+class Canary(Frozen):
     """A candidate version taking a sticky share of users."""
 
     name: str = Field("canary", description="Version name in reports.")
@@ -63,7 +60,7 @@ class Canary(_Frozen):
         return share
 
 
-class Shadow(_Frozen):
+class Shadow(Frozen):
     """Mirror a share of requests to a shadow version; nobody waits for the copies."""
 
     name: str = Field("shadow", description="Version name in reports.")
