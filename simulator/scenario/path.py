@@ -1,0 +1,154 @@
+"""The request path's sections outside the batcher: network, router and activator, feature
+store and fetch, caches, pre- and postprocessing, prediction logging."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from simulator.scenario.distributions import (
+    Distribution,
+)
+from simulator.scenario.frozen import Frozen
+from simulator.stages.canary import Canary, Shadow
+
+
+class Network(Frozen):
+    """Client ↔ API hops: a latency per direction plus payload transfer over a bandwidth."""
+
+    client_to_api: Distribution | None = Field(None, description="One-way latency client → API, ms.")
+    api_to_client: Distribution | None = Field(None, description="One-way latency API → client, ms.")
+    bandwidth_gbps: float | None = Field(
+        None, gt=0, description="Per-connection bandwidth, Gbit/s, for payload transfer time (none: no transfer time)."
+    )
+
+
+class Activator(Frozen):
+    """Knative's activator: while no worker serves, requests wait here instead of failing."""
+
+    capacity: int | None = Field(None, ge=1, description="Most requests buffered at once (none: unbounded).")
+    timeout_ms: float = Field(60_000.0, gt=0, description="A request buffered this long gets an error (rejected), ms.")
+
+
+class Router(Frozen):
+    """API layer and traffic router: auth, schema normalisation, version choice."""
+
+    overhead: Distribution | None = Field(None, description="Per-request API/router processing time, ms.")
+    balancing: Literal["random", "round_robin", "shared"] = Field(
+        "random",
+        description=(
+            "How requests reach workers: random (uniform, like kube-proxy) or round_robin to per-worker batch "
+            "queues, or shared: one queue feeding every instance of the pool (an M/M/c-style central queue)."
+        ),
+    )
+    users: int = Field(100_000, ge=1, description="User population; a user's id fixes its canary bucket.")
+    canary: Canary | None = Field(None, description="A candidate version on its own pool, sticky per user.")
+    shadow: Shadow | None = Field(None, description="Mirror a share of primary requests to a shadow version.")
+    activator: Activator | None = Field(
+        None,
+        description="Buffer requests while no worker serves (scale from zero, all crashed); none: reject them (503).",
+    )
+
+
+class KVStore(Frozen):
+    """A remote KV store of finite capacity: each round trip holds one server thread."""
+
+    threads: int = Field(ge=1, description="Server threads serving round trips concurrently.")
+    per_op_ms: float = Field(0.0, ge=0, description="Thread time per round trip, ms.")
+    per_key_ms: float = Field(0.0, ge=0, description="Thread time per key in a round trip, ms.")
+
+
+class Window(Frozen):
+    """A time window of the run."""
+
+    start_s: float = Field(ge=0, description="Window start, s.")
+    duration_s: float = Field(gt=0, description="Window length, s.")
+
+
+class Slowdown(Window):
+    """A window in which something takes ``multiplier`` times longer."""
+
+    multiplier: float = Field(gt=0, description="Latency multiplier inside the window.")
+
+
+class Features(Frozen):
+    """Online feature fetch from a remote KV store, in batched round trips.
+
+    ``lookups_per_request`` keys are fetched in ``ceil(lookups / batch_size)`` round trips,
+    ``parallelism`` in flight at a time. ``batch_size: 1`` is one GET per key; a large
+    batch is an MGET.
+    """
+
+    lookups_per_request: int = Field(0, ge=0, description="Keys fetched per request (0: no feature fetch).")
+    batch_size: int = Field(1, ge=1, description="Keys per round trip (MGET size).")
+    parallelism: int = Field(1, ge=1, description="Round trips in flight at once per request.")
+    round_trip: Distribution | None = Field(
+        None, description="Network + client latency of one round trip, ms (excludes store thread time)."
+    )
+    per_key_ms: float = Field(
+        0.0, ge=0, description="Extra round-trip latency per key carried, ms (uncontended store)."
+    )
+    store: KVStore | None = Field(None, description="Finite store capacity; none means the store never queues.")
+    timeout_ms: float | None = Field(
+        None, gt=0, description="Client timeout of the whole fetch, ms; then on_timeout applies."
+    )
+    on_timeout: Literal["default", "fail"] = Field(
+        "default", description="default: go on with default features (flagged degraded); fail: the request fails."
+    )
+    outages: tuple[Window, ...] = Field((), description="Store outages: round trips overlapping one never return.")
+    slowdowns: tuple[Slowdown, ...] = Field((), description="Windows where round trips take `multiplier` times longer.")
+
+    @model_validator(mode="after")
+    def _needs_latency(self) -> Features:
+        if self.lookups_per_request > 0 and self.round_trip is None and self.store is None:
+            raise ValueError("features with lookups_per_request > 0 need round_trip or store")
+        if self.outages and self.timeout_ms is None:
+            raise ValueError("features.outages need features.timeout_ms (how long a request waits)")
+        if (self.outages or self.slowdowns) and self.store is not None:
+            raise ValueError("outage and slowdown windows are modelled for the uncontended store only (no store:)")
+        return self
+
+
+class Cache(Frozen):
+    """A cache in front of a stage: Zipf key popularity, TTL, optional LRU capacity."""
+
+    keys: int = Field(1_000_000, ge=1, description="Size of the key space (distinct inputs or entities).")
+    zipf_s: float = Field(1.0, ge=0, description="Zipf exponent of key popularity (0: uniform).")
+    hit_rate: float | None = Field(
+        None, ge=0, le=1, description="Override: hits are independent coin flips with this probability."
+    )
+    ttl_s: float | None = Field(None, gt=0, description="Entry lifetime from insertion, s (none: no expiry).")
+    capacity: int | None = Field(None, ge=1, description="LRU capacity in entries (none: unbounded).")
+    invalidate_at_s: tuple[float, ...] = Field((), description="Times the whole cache is flushed (deploys), s.")
+    hit: Distribution | None = Field(None, description="Latency of a hit, ms.")
+    miss: Distribution | None = Field(None, description="Latency of the lookup on a miss, ms (before the work).")
+
+
+class Caches(Frozen):
+    """Optional caches: results (skip the model on a hit) and features (skip the fetch)."""
+
+    result: Cache | None = Field(None, description="Result cache after the router, keyed by model version and input.")
+    feature: Cache | None = Field(None, description="Feature cache in front of the KV store, keyed by entity.")
+
+
+class Preprocess(Frozen):
+    """CPU preprocessing (decode, resize, tokenise) on a pool of CPU workers, FCFS."""
+
+    service: Distribution | None = Field(None, description="CPU time per request, ms.")
+    cpu_workers: int | None = Field(
+        None, ge=1, description="CPU workers in the pool (none: unlimited, preprocessing never queues)."
+    )
+
+
+class Postprocess(Frozen):
+    """Postprocessing and response serialisation."""
+
+    service: Distribution | None = Field(None, description="Per-request time, ms.")
+
+
+class PredictionLog(Frozen):
+    """Asynchronous prediction logging: one record per request into a pipeline of finite bandwidth."""
+
+    record_kb: float = Field(gt=0, description="Log record size per request, KB (input + output + metadata).")
+    bandwidth_gbps: float = Field(gt=0, description="Pipeline throughput, Gbit/s.")
