@@ -17,6 +17,7 @@ from simulator.scenario.catalog import Catalog, load_catalog
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import scenario_hash
 from simulator.serving.batcher import Outcome
+from simulator.serving.pool import WorkerState
 from simulator.serving.workers import BatchLog, mean_service_ms
 
 PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
@@ -169,8 +170,8 @@ def fleet_summary(run: Run, t0: float, t1: float) -> dict:
             "active_fraction": np.ones(n),
         }
     span = t1 - t0
-    a0, a1 = run.fleet.intervals("active")
-    b0, b1 = run.fleet.intervals("billed")
+    a0, a1 = run.fleet.intervals(WorkerState.ACTIVE)
+    b0, b1 = run.fleet.intervals(WorkerState.BILLED)
     active = _overlap(a0, a1, t0, t1) / span
     times = np.concatenate([a0, a1])
     steps = np.concatenate([np.ones(len(a0)), -np.ones(len(a1))])
@@ -179,7 +180,7 @@ def fleet_summary(run: Run, t0: float, t1: float) -> dict:
         "active_mean": float(active.sum()),
         "billed_mean": float((_overlap(b0, b1, t0, t1) / span).sum()),
         "active_max": int(np.cumsum(steps[order]).max()) if len(order) else 0,
-        "events": [{"t_s": t / 1000.0, "event": kind, "detail": d} for t, kind, d in run.fleet.events]
+        "events": [{"t_s": t / 1000.0, "event": str(kind), "detail": d} for t, kind, d in run.fleet.events]
         + deploy_events(s),
         "active_fraction": active,
     }

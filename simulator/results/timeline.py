@@ -14,7 +14,7 @@ import pandas as pd
 from simulator.results.records import Records
 from simulator.scenario.config import Scenario
 from simulator.serving.batcher import Outcome
-from simulator.serving.pool import FleetLog
+from simulator.serving.pool import FleetLog, WorkerState
 from simulator.serving.workers import BatchLog
 
 
@@ -94,7 +94,8 @@ def timeline(
         active, warming, draining = (np.full(len(edges) - 1, float(v)) for v in (workers, 0, 0))
     else:
         active, warming, draining = (
-            time_average_level(*fleet.intervals(k), edges) for k in ("active", "warming", "draining")
+            time_average_level(*fleet.intervals(k), edges)
+            for k in (WorkerState.ACTIVE, WorkerState.WARMING, WorkerState.DRAINING)
         )
     shadow_rps = np.histogram(shadow["t_preprocessed"], bins=edges)[0] / dt_s if shadow is not None else np.nan
     canary_share = (

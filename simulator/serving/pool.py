@@ -31,6 +31,7 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import numpy as np
 import simpy
@@ -42,6 +43,32 @@ from simulator.serving.batcher import BatchQueue, Outcome
 from simulator.serving.workers import BatchLog, Feed, ServiceModel, concat_logs, schedule
 
 INF = math.inf
+
+
+class Transition(StrEnum):
+    """What happens to a worker at a scheduled time (the fleet's own event queue)."""
+
+    READY = "ready"  # its cold start is over: it serves from now
+    CRASH = "crash"  # a random failure (mean time between failures)
+    SCHEDULED_CRASH = "scheduled_crash"  # a failure the scenario names (workers.failures.crashes)
+
+
+class FleetEvent(StrEnum):
+    """What the fleet log records, for reports and the timeline."""
+
+    READY = "ready"
+    CRASH = "crash"
+    SCALE_UP = "scale_up"
+    SCALE_DOWN = "scale_down"
+
+
+class WorkerState(StrEnum):
+    """The spans of a worker's life that :meth:`FleetLog.intervals` measures."""
+
+    WARMING = "warming"  # requested, not yet serving (cold start)
+    ACTIVE = "active"  # serving
+    DRAINING = "draining"  # taking no new requests, finishing its queue
+    BILLED = "billed"  # from request to gone: what the fleet pays for
 
 
 @dataclass
@@ -65,23 +92,23 @@ class FleetLog:
     """What the fleet did: each worker's life and the control-plane events."""
 
     workers: list[Worker]
-    events: list[tuple[float, str, str]] = field(default_factory=list)
+    events: list[tuple[float, FleetEvent, str]] = field(default_factory=list)
 
-    def intervals(self, state: str) -> tuple[np.ndarray, np.ndarray]:
+    def intervals(self, state: WorkerState | str) -> tuple[np.ndarray, np.ndarray]:
         """(start, end) ms of every worker's stay in ``state``: warming, active, draining, billed."""
         w = self.workers
         req = np.array([x.requested_at for x in w])
         ready = np.array([x.ready_at for x in w])
         drain = np.array([x.drain_at for x in w])
         gone = np.array([min(x.gone_at, x.crashed_at) for x in w])
-        match state:
-            case "warming":
+        match WorkerState(state):
+            case WorkerState.WARMING:
                 return req, np.minimum(ready, gone)
-            case "active":
+            case WorkerState.ACTIVE:
                 return ready, np.minimum(drain, gone)
-            case "draining":
+            case WorkerState.DRAINING:
                 return np.minimum(drain, gone), gone
-            case "billed":
+            case WorkerState.BILLED:
                 return req, gone
         raise ValueError(state)
 
@@ -125,7 +152,7 @@ class DynamicPool:
         self.load = [Sampler(d, self.rng_fleet) if d else None for d in (cs.model_load, cs.warmup)]
 
     # --- the fleet -------------------------------------------------------------
-    def _push(self, t: float, kind: str, arg: int) -> None:
+    def _push(self, t: float, kind: Transition, arg: int) -> None:
         self.seq += 1
         heapq.heappush(self.transitions, (t, self.seq, kind, arg))
 
@@ -142,29 +169,29 @@ class DynamicPool:
         feed = Feed(self.env, queue, list(range(wid * per, (wid + 1) * per)), start_at=ready_at)
         w = Worker(wid, t, ready_at, feed)
         self.workers.append(w)
-        self._push(ready_at, "ready", wid)
+        self._push(ready_at, Transition.READY, wid)
         return w
 
     def _crash_time(self, w: Worker) -> None:
         f = self.s.workers.failures
         if f is not None and f.mtbf_s is not None:
-            self._push(w.ready_at + self.rng_fleet.exponential(f.mtbf_s * 1000.0), "crash", w.wid)
+            self._push(w.ready_at + self.rng_fleet.exponential(f.mtbf_s * 1000.0), Transition.CRASH, w.wid)
 
     def _apply(self, t: float) -> None:
         """Carry out every transition due by ``t``: readiness, random and scheduled crashes."""
         while self.transitions and self.transitions[0][0] <= t:
             at, _, kind, arg = heapq.heappop(self.transitions)
-            if kind == "scheduled_crash":
+            if kind is Transition.SCHEDULED_CRASH:
                 serving = [w for w in self.workers if w.serving(at)]
                 if arg < len(serving):
                     self._crash(serving[arg], at)
                 continue
             w = self.workers[arg]
-            if kind == "ready" and w.gone_at == INF and w.drain_at == INF:
+            if kind is Transition.READY and w.gone_at == INF and w.drain_at == INF:
                 self.env.process(schedule(self.env, w.feed, self.service))
                 self._crash_time(w)
-                self.log.events.append((at, "ready", f"worker {arg}"))
-            elif kind == "crash" and w.serving(at):
+                self.log.events.append((at, FleetEvent.READY, f"worker {arg}"))
+            elif kind is Transition.CRASH and w.serving(at):
                 self._crash(w, at)
 
     def _crash(self, w: Worker, at: float) -> None:
@@ -175,7 +202,9 @@ class DynamicPool:
             w.feed.waiting = None
         mttr = self.s.workers.failures.mttr_s * 1000.0
         self._start_worker(at, ready_at=at + mttr)
-        self.log.events.append((at, "crash", f"worker {w.wid}; replacement serves at {(at + mttr) / 1000:g} s"))
+        self.log.events.append(
+            (at, FleetEvent.CRASH, f"worker {w.wid}; replacement serves at {(at + mttr) / 1000:g} s")
+        )
 
     def _counting(self, t: float) -> list[Worker]:
         """Workers the autoscaler counts as replicas: serving or starting, not draining."""
@@ -187,7 +216,7 @@ class DynamicPool:
         if desired > n:
             for _ in range(desired - n):
                 self._start_worker(t)
-            self.log.events.append((t, "scale_up", f"{n} -> {desired}"))
+            self.log.events.append((t, FleetEvent.SCALE_UP, f"{n} -> {desired}"))
         elif desired < n:
             # cancel workers still starting (newest first), then drain the newest serving ones
             victims = sorted(current, key=lambda w: (w.ready_at <= t, -w.wid))[: n - desired]
@@ -199,7 +228,7 @@ class DynamicPool:
                     w.feed.close(t)
                 pool = self.s.workers.cold_start.warm_pool
                 self.warm_free = min(self.warm_free + 1, pool)  # the node goes back to the warm pool
-            self.log.events.append((t, "scale_down", f"{n} -> {desired}"))
+            self.log.events.append((t, FleetEvent.SCALE_DOWN, f"{n} -> {desired}"))
 
     # --- metrics -----------------------------------------------------------------
     def _observe(self, t: float) -> float:
@@ -308,7 +337,7 @@ class DynamicPool:
         for _ in range(s.workers.count):
             self._start_worker(0.0, ready_at=0.0)
         for c in s.workers.failures.crashes if s.workers.failures else ():
-            self._push(c.at_s * 1000.0, "scheduled_crash", c.worker)
+            self._push(c.at_s * 1000.0, Transition.SCHEDULED_CRASH, c.worker)
         next_tick, next_scrape = period, period - delay
         t = 0.0
         while True:
