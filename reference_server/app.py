@@ -43,6 +43,7 @@ from reference_server.instances import (
     blocks,
     instance_cores,
 )
+from reference_server.logs import ErrorLog
 from reference_server.metrics import ServerMetrics
 from reference_server.models import ModelConfig, ServedModel
 from reference_server.protocol import (
@@ -81,27 +82,6 @@ class ServerConfig:
 
 
 log = logging.getLogger("servesim.server")
-
-
-class ErrorLog:
-    """Unexpected errors, logged once each with a traceback, then counted: at most one line
-    per kind every ``every_s`` (an outage of a dependency must not write 100k lines)."""
-
-    def __init__(self, every_s: float = 10.0):
-        self.every_s = every_s
-        self.seen: dict[str, list] = {}  # kind -> [count since last line, time of last line]
-
-    def error(self, kind: str, err: BaseException) -> None:
-        now = time.monotonic()
-        entry = self.seen.get(kind)
-        if entry is None:
-            self.seen[kind] = [0, now]
-            log.error("%s", kind, exc_info=err)
-            return
-        entry[0] += 1
-        if now - entry[1] >= self.every_s:
-            log.error("%s: %d more in the last %.0f s", kind, entry[0], now - entry[1])
-            entry[0], entry[1] = 0, now
 
 
 def redact(url: str | None) -> str | None:
@@ -286,7 +266,7 @@ def create_app(cfg: ServerConfig) -> FastAPI:
 
     app.state.drain = drain
 
-    errors = ErrorLog()
+    errors = ErrorLog(log)
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, err: Exception):

@@ -192,8 +192,13 @@ class DynamicBatcher:
 
     async def _instance(self, inst: Instance) -> None:
         early: list = []  # a batch handed over the moment the last one came back
+
+        def on_free() -> None:
+            if self._ready() and inst.alive:
+                early.append(self._launch(inst))
+
         if hasattr(inst, "start"):
-            inst.on_free = lambda: self._ready() and inst.alive and early.append(self._launch(inst))
+            inst.on_free = on_free
         while inst.alive:
             if early:
                 batch, size, job = early.pop()

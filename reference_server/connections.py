@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from reference_server.logs import ErrorLog
 
 log = logging.getLogger("servesim.serve")
 
@@ -35,30 +36,13 @@ def _raw(status: str, msg: str, extra: bytes = b"") -> bytes:
     )
 
 
-class _Every:
-    """A warning logged at most once every ``every_s``, with a count of the ones in between."""
-
-    def __init__(self, every_s: float = 10.0):
-        self.every_s, self.count, self.last = every_s, 0, -float("inf")
-
-    def __call__(self, msg: str) -> None:
-        self.count += 1
-        now = time.monotonic()
-        if now - self.last >= self.every_s:
-            if self.last == -float("inf"):
-                log.warning("%s (further ones are counted every %.0f s)", msg, self.every_s)
-            else:
-                log.warning("%s (%d in the last %.0f s)", msg, self.count, now - self.last)
-            self.count, self.last = 0, now
-
-
 def guarded_http(max_connections: int, header_timeout_s: float) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with a connection cap and a header deadline."""
     if max_connections < 1 or not header_timeout_s > 0:
         raise ValueError("max_connections >= 1 and header_timeout_s > 0")
     busy = _raw("503 Service Unavailable", f"too many connections (limit {max_connections})", b"retry-after: 1\r\n")
     slow = _raw("408 Request Timeout", f"request headers not received within {header_timeout_s:g} s")
-    refused, timed_out = _Every(), _Every()
+    once = ErrorLog(log)
 
     class GuardedHttp(HttpToolsProtocol):
         _deadline = None  # the header timer, armed from connection or request start to headers complete
@@ -67,7 +51,7 @@ def guarded_http(max_connections: int, header_timeout_s: float) -> type[HttpTool
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             if len(self.connections) > max_connections:
-                refused(f"refused a connection past --max-connections {max_connections}")
+                once.warning(f"refused a connection past --max-connections {max_connections}")
                 transport.write(busy)
                 transport.close()
                 return
@@ -101,7 +85,7 @@ def guarded_http(max_connections: int, header_timeout_s: float) -> type[HttpTool
             if self.transport.is_closing():
                 return
             if self._begun:  # a request started and its headers never finished
-                timed_out(f"closed a connection whose request headers took over {header_timeout_s:g} s")
+                once.warning(f"closed a connection whose request headers took over {header_timeout_s:g} s")
                 self.transport.write(slow)
             self.transport.close()
 

@@ -250,26 +250,29 @@ class ProcessInstance:
             if not done.done():
                 done.set_exception(self._dead())
             return
-        if done.done():  # its waiter was cancelled
-            pass
-        elif isinstance(result, str):
-            done.set_exception(RuntimeError(f"model instance {self.spec.index}: {result}"))
-        else:
-            assert seq == self._seq
-            t0, t1, t2, t3 = result
-            total = sum(sizes)
-            cols = {name: view[:total].copy() for name, view in self._out.items()}
-            t_end = time.perf_counter_ns()
-            timing = {
-                "compute_input": t1 - t0,
-                "compute_infer": t2 - t1,
-                "compute_output": t3 - t2,
-                "handoff": (t0 - t_start) + (t_end - t3),  # copy in + wake-up, wake-up + copy out
-                "handoff_in": t0 - t_start,  # the first half: which side was late when the hand-off is slow
-            }
-            done.set_result((split_columns(cols, sizes), timing))
+        if not done.done():  # else its waiter was cancelled: nothing to answer
+            if isinstance(result, str):
+                done.set_exception(RuntimeError(f"model instance {self.spec.index}: {result}"))
+            else:
+                assert seq == self._seq
+                done.set_result(self._outputs(result, sizes, t_start))
         if self.on_free is not None:
             self.on_free()
+
+    def _outputs(self, stamps: tuple, sizes: list[int], t_start: int) -> tuple[list[dict], dict]:
+        """The batch's outputs per request, copied out of shared memory, and its stage timings."""
+        t0, t1, t2, t3 = stamps
+        total = sum(sizes)
+        cols = {name: view[:total].copy() for name, view in self._out.items()}
+        t_end = time.perf_counter_ns()
+        timing = {
+            "compute_input": t1 - t0,
+            "compute_infer": t2 - t1,
+            "compute_output": t3 - t2,
+            "handoff": (t0 - t_start) + (t_end - t3),  # copy in + wake-up, wake-up + copy out
+            "handoff_in": t0 - t_start,  # the first half: which side was late when the hand-off is slow
+        }
+        return split_columns(cols, sizes), timing
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the process (asked, then terminated, then killed) and free the blocks."""
