@@ -191,17 +191,16 @@ FD_RESERVE = 128  # descriptors the server needs besides its connections: librar
 def fit_open_files(max_connections: int) -> int:
     """Raise the soft limit on open files towards the hard one so that ``max_connections``
     fit beside the server's own descriptors; return how many connections do fit."""
+    import contextlib
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = max_connections + FD_RESERVE
     if soft != resource.RLIM_INFINITY and soft < want:
         raised = want if hard == resource.RLIM_INFINITY else min(want, hard)
-        try:
+        with contextlib.suppress(ValueError, OSError):  # not allowed: keep the soft limit
             resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
             soft = raised
-        except (ValueError, OSError):
-            pass
     if soft == resource.RLIM_INFINITY:
         return max_connections
     return max(1, min(max_connections, soft - FD_RESERVE))
@@ -227,13 +226,11 @@ def draining_server(base, config, drain, drain_s: float):
                     conn.close_if_idle()
 
         def handle_exit(self, sig, frame):
-            if self.draining or drain_s <= 0:
-                if not self.draining:
-                    self.draining = True
-                    drain()
+            again, self.draining = self.draining, True
+            if not again:
+                drain()
+            if again or drain_s <= 0:
                 return super().handle_exit(sig, frame)
-            self.draining = True
-            drain()
             with contextlib.suppress(RuntimeError):  # from the signal handler, on the loop's thread
                 asyncio.get_running_loop().call_soon_threadsafe(self._close_idle)
             threading.Timer(drain_s, super().handle_exit, (sig, frame)).start()

@@ -506,8 +506,9 @@ def _nofile(limit: int):
 
 
 def test_slow_clients_past_the_open_file_limit_lock_nobody_out_for_long():
-    """ulimit -n 256 and more slow clients than that: the cap is fitted under the limit (no
-    'Too many open files' flood), and once the header deadline passes new clients are served."""
+    """ulimit -n 256 and more slow clients than that: the cap is fitted under the limit, the log
+    stays small, and once the header deadline passes new clients are served. (Without the fit
+    this run did not flood the log either: the lowered cap is what the test pins down.)"""
     port = free_port()
     proc = subprocess.Popen(
         [*servesim_cmd(), "serve", "--port", str(port), "--header-timeout-s", "1", *TINY],
