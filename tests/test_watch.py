@@ -177,7 +177,10 @@ def test_watch_follows_a_live_server_and_keeps_going_through_failed_scrapes(tmp_
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     live = [r for r in rows if r.get("predicted_p99_ms") is not None]
     assert live, rows
-    assert all(20 < r["rate_rps"] < 60 for r in live)
+    # the first and last 1 s intervals straddle the load's start and end (a partial second of
+    # traffic, seen once in CI as a rate under 20): the rate is judged on the ones inside it
+    assert all(20 < r["rate_rps"] < 60 for r in live[1:-1])
+    assert all(0 < r["rate_rps"] < 60 for r in live)
     assert all(r["breaking_rate_rps"] > r["rate_rps"] for r in live)
     assert all(r["measured_p50_ms"] > 0 for r in live)
     failed = [r for r in rows if "error" in r]
