@@ -22,6 +22,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -233,7 +234,7 @@ async def _run_slices(
     log,
 ) -> tuple[list[pd.DataFrame], list[dict], list[pd.DataFrame]]:
     endpoint = f"{url}/v2/models/{model}/infer"
-    frames, slices, hiccups = [], [], []
+    frames, slices, hiccups, speed = [], [], [], []
     async with _session() as session:
         for k, sl in enumerate(plan):
             for attempt in range(retries + 1):
@@ -243,7 +244,7 @@ async def _run_slices(
                 fe0, client0 = await _frontend(session, url), time.process_time()
                 if meter is not None:
                     meter.collect()  # drop what came before the slice
-                t_start = time.perf_counter()
+                t_start, t_start_ns = time.perf_counter(), time.perf_counter_ns()
                 rows = await _level(session, endpoint, times, pick, payloads)
                 seconds = time.perf_counter() - t_start
                 client1, fe1 = time.process_time(), await _frontend(session, url)
@@ -270,6 +271,9 @@ async def _run_slices(
                     hiccups.append(
                         pd.DataFrame({"slice": k, "attempt": attempt, "core": h.core, "overshoot_ms": h.overshoot_ms})
                     )
+                if h is not None and len(h.chunk_us):
+                    w = h.speed_windows(t_start_ns, SPEED_WINDOW_S)
+                    speed.append(w.assign(slice=k, attempt=attempt, level=sl.level)[SPEED_COLUMNS])
                 if info["kept"]:
                     df = pd.DataFrame(rows)
                     df["offered_rps"] = sl.rate_rps
@@ -277,7 +281,20 @@ async def _run_slices(
                     frames.append(df)
                     break
                 log(f"slice {k} (level {sl.level}): a {h.max_ms:.1f} ms platform stall; repeated")
-    return frames, slices, hiccups
+    return frames, slices, hiccups, speed
+
+
+SPEED_WINDOW_S = 0.25  # the platform-speed meter's chunk times are summarised per window of this
+SPEED_COLUMNS = ["slice", "attempt", "level", "core", "window", "chunk_us", "chunk_wall_us", "chunks"]
+
+
+class SliceRuns(NamedTuple):
+    """What :func:`run_slices` measured."""
+
+    requests: pd.DataFrame  # one row per request; the first ``warmup_s`` of each slice marked ``warmup``
+    slices: pd.DataFrame  # one row per slice run (repeats included)
+    hiccups: pd.DataFrame  # the sleep meter's recorded overshoots
+    speed: pd.DataFrame  # the speed meter's median chunk time per slice, core and window
 
 
 def run_slices(
@@ -292,17 +309,16 @@ def run_slices(
     stall_ms: float = float("inf"),
     retries: int = 0,
     log=lambda _msg: None,
-) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+) -> SliceRuns:
     """Run ``plan`` slice after slice (each starting from an idle server, since a slice waits
     for its last answer); a slice in which ``meter`` saw a stall longer than ``stall_ms`` is
-    run again, up to ``retries`` times. Returns the requests (the first ``warmup_s`` of each
-    slice marked ``warmup``), one row per slice run, and the recorded hiccups."""
+    run again, up to ``retries`` times."""
     # this process has imported torch and pandas: a full collection would take ~80 ms, in which
     # no request is sent or answered; freezing what exists keeps collections to the new objects
     gc.collect()
     gc.freeze()
     try:
-        frames, slices, hiccups = asyncio.run(
+        frames, slices, hiccups, speed = asyncio.run(
             _run_slices(
                 url, model, plan, payloads, slice_s=slice_s, meter=meter, stall_ms=stall_ms, retries=retries, log=log
             )
@@ -313,7 +329,8 @@ def run_slices(
     requests["warmup"] = requests["scheduled_s"] < warmup_s
     columns = ["slice", "attempt", "core", "overshoot_ms"]
     recorded = pd.concat(hiccups, ignore_index=True) if hiccups else pd.DataFrame(columns=columns)
-    return requests, pd.DataFrame(slices), recorded
+    chunks = pd.concat(speed, ignore_index=True) if speed else pd.DataFrame(columns=SPEED_COLUMNS)
+    return SliceRuns(requests, pd.DataFrame(slices), recorded, chunks)
 
 
 def sweep(

@@ -186,6 +186,27 @@ def markdown(
             )
             + "."
         )
+    ps = profile.get("platform_speed") or {}
+    if ps:
+        q = ps["quantiles"]
+        corr = ps.get("spearman_p99_vs_slowest")
+        lines += [
+            "",
+            "## Platform speed",
+            "",
+            "The same meters time a fixed chunk of pure-Python work (every 10 ms; every 20 ms on an "
+            "instance's core) and take its CPU time. A sleep meter sees pauses; this sees the CPU doing the same "
+            "work slower. "
+            f"Per {ps['window_s'] or 0:g} s window, the median core's chunk time over its usual: p50 "
+            f"{q['0.5']:.2f}, p90 {q['0.9']:.2f}, p99 {q['0.99']:.2f}, max {ps['max']:.2f}; "
+            f"{ps['share_slow']:.1%} of {ps['windows']:,} windows at {ps['slow_threshold']:g}× or slower."
+            + (
+                f" Across {ps['slices_correlated']} slices, a slice's p99 (over its level's median slice) "
+                f"against its slowest window: Spearman {corr:+.2f}."
+                if corr is not None
+                else ""
+            ),
+        ]
     lines += [
         "",
         "## Every level",

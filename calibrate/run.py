@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate.fit import batches_from_requests, fit_frontend, fit_profile
-from calibrate.hiccups import HiccupMeter
+from calibrate.hiccups import HiccupMeter, platform_speed
 from calibrate.loadgen import Slice, image_payloads, level_summary, ranker_payloads, run_slices
 from calibrate.report import markdown, write_scenario
 from calibrate.servers import get_json, redis_server, server
@@ -192,7 +192,7 @@ def calibrate_run(
     log=print,
 ) -> dict:
     """The whole calibration (the ranker with a redis-server of its own); writes profile.json,
-    scenario.yaml, measurements.csv.gz, slices.csv, hiccups.csv, validation.json, validation.md
+    scenario.yaml, measurements.csv.gz, slices.csv, hiccups.csv, speed.csv, validation.json, validation.md
     and validation.png under ``out``. Returns the report."""
     design = design or Design()
     out.mkdir(parents=True, exist_ok=True)
@@ -275,7 +275,7 @@ def _calibrate(
         # warm the path at a gentle rate; its CPU per request (background included, so an
         # overestimate) bounds what the front end can take, where the model alone would say
         # tens of thousands of req/s for a small ranker
-        _, gentle_slices, _ = run_slices(
+        _, gentle_slices, *_ = run_slices(
             url, model, [Slice(-1, -1, 20.0, seed=seed)], payloads, slice_s=3.0, warmup_s=0
         )
         per_request_s = float(gentle_slices["frontend_cpu_s"].sum() + gentle_slices["client_cpu_s"].sum()) / max(
@@ -287,7 +287,7 @@ def _calibrate(
         # warm-up at 25% and 60% of that: the front end's CPU per request and in the
         # background (a line through two rates), and the hand-off
         first = [Slice(-1, -1, round(f * guess, 2), seed=seed + 100 + k) for k, f in enumerate((0.25, 0.6))]
-        warm, warm_slices, _ = run_slices(url, model, first, payloads, slice_s=WARMUP_S / 2, warmup_s=0.5)
+        warm, warm_slices, *_ = run_slices(url, model, first, payloads, slice_s=WARMUP_S / 2, warmup_s=0.5)
         front = fit_frontend(warm_slices, servers=servers, client_shares_cores=client_shares(servesim))
         cap_info = capacity(bench, warm[~warm["warmup"]], front, instances=len(instance_cores))
         cap = cap_info["rps"]
@@ -309,7 +309,7 @@ def _calibrate(
         )
         coarse = {c for c in instance_cores if c is not None}  # a 1 ms meter there slows the forward ~11%
         with HiccupMeter(list(range(cores)), coarse=coarse) as meter:
-            requests, slices, hiccups = run_slices(
+            requests, slices, hiccups, speed = run_slices(
                 url,
                 model,
                 plan,
@@ -321,11 +321,18 @@ def _calibrate(
                 retries=design.retries,
                 log=log,
             )
+    ok = requests[~requests["warmup"] & (requests["status"] == 200)]
+    slice_p99 = ok.groupby("slice")["latency_ms"].quantile(0.99)
+    level_of = ok.groupby("slice")["level"].first()
+    slice_p99 = slice_p99 / slice_p99.groupby(level_of).transform("median")
+    per_slice, speed_summary = platform_speed(speed, slice_p99, coarse=coarse)
+    slices = slices.merge(per_slice, on=["slice", "attempt"], how="left")
     ticks1 = cpu_ticks()
     steal = (ticks1[0] - ticks0[0]) / max(ticks1[1] - ticks0[1], 1) * 100 if ticks0 and ticks1 else None
     fit_levels = [i for i, f in enumerate(loads) if f in FIT_LOADS]
     profile = build_profile(config, requests, fit_levels, rng=rng, slices=slices)
     profile["hardware"]["cpu_steal_pct_during_run"] = steal
+    profile["platform_speed"] = speed_summary
     profile["capacity_rps"] = cap
     profile["capacity"] = cap_info
     profile["fit_levels"] = [{"level": i, "load": loads[i], "rate_rps": rates[i]} for i in fit_levels]
@@ -341,6 +348,7 @@ def _calibrate(
     requests.to_csv(out / "measurements.csv.gz", index=False)
     slices.to_csv(out / "slices.csv", index=False)
     hiccups.to_csv(out / "hiccups.csv", index=False)
+    speed.to_csv(out / "speed.csv", index=False)
     (out / "profile.json").write_text(json.dumps(profile, indent=2) + "\n")
     write_scenario(profile, out / "scenario.yaml")
     report = {

@@ -205,7 +205,7 @@ def test_the_twin_announces_the_breaking_rate_of_a_real_ramp():
         name, config = connect(url, None)
         twin = Twin(config, name, percentile=99, target_ms=target, sim_s=30)
         # find the rough capacity from a short run, then sit at half of it while the twin fits
-        probe, _, _ = run_slices(url, name, [Slice(0, 0, 100.0, 1)], payloads, slice_s=3.0, warmup_s=0.5)
+        probe, *_ = run_slices(url, name, [Slice(0, 0, 100.0, 1)], payloads, slice_s=3.0, warmup_s=0.5)
         batch4 = probe.loc[probe["batch_size"] == probe["batch_size"].max(), "compute_infer_us"].median() / 1e3
         peak = probe["batch_size"].max() / batch4 * 1e3
         half = round(0.5 * peak, 1)
@@ -220,7 +220,7 @@ def test_the_twin_announces_the_breaking_rate_of_a_real_ramp():
         # the ramp: 4 s per step from 60% to 110% of the rough peak
         steps = [round(f * peak, 1) for f in np.arange(0.6, 1.13, 0.05)]
         plan = [Slice(2, k, r, 100 + k) for k, r in enumerate(steps)]
-        ramp, _, _ = run_slices(url, name, plan, payloads, slice_s=4.0, warmup_s=0.5)
+        ramp, *_ = run_slices(url, name, plan, payloads, slice_s=4.0, warmup_s=0.5)
     ok = ramp[(ramp["status"] == 200) & ~ramp["warmup"]]
     p99 = ok.groupby("level")["request_us"].quantile(0.99) / 1e3
     p99 = pd.Series(p99.to_numpy(), index=[steps[k] for k in p99.index])
