@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from simulator.results.records import Records
-from simulator.rng import STREAMS, streams
+from simulator.rng import STREAMS, Streams, streams
 from simulator.scenario.config import Cache, Scenario
 from simulator.scenario.distributions import Distribution, Sampler
 from simulator.serving.batcher import Outcome
@@ -97,19 +97,19 @@ def _cache(cfg: Cache | None, t: np.ndarray, rng: np.random.Generator) -> tuple[
     return hit, t + lat
 
 
-def _feature_stage(s: Scenario, start: np.ndarray, need: np.ndarray, rng: dict) -> tuple[np.ndarray, ...]:
+def _feature_stage(s: Scenario, start: np.ndarray, need: np.ndarray, rng: Streams) -> tuple[np.ndarray, ...]:
     """Feature stage for the requests that ``need`` it: end times, degraded, failed, cache hits."""
     n = len(start)
     end = start.copy()
     degraded, failed = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
     hit = np.zeros(n, dtype=bool)
     idx = np.flatnonzero(need)
-    c_hit, c_end = _cache(s.caches.feature, start[idx], rng["feature_cache"])
+    c_hit, c_end = _cache(s.caches.feature, start[idx], rng.feature_cache)
     hit[idx] = c_hit
     end[idx] = c_end
     go = idx[~c_hit]
     f = s.features
-    sampler = Sampler(f.round_trip, rng["features"]) if f.round_trip is not None else None
+    sampler = Sampler(f.round_trip, rng.features) if f.round_trip is not None else None
     end[go], degraded[go], failed[go] = fetch(f, end[go], sampler)
     return end, degraded, failed, hit
 
@@ -120,24 +120,24 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
     seed = scenario.seed if seed is None else seed
     rng = streams(seed)
     s = scenario
-    t0, klass = make_arrivals(s.traffic, s.duration_s * 1000.0, rng=rng["arrivals"])
+    t0, klass = make_arrivals(s.traffic, s.duration_s * 1000.0, rng=rng.arrivals)
     n = len(t0)
 
     t_api = (
         t0
-        + _delay(s.network.client_to_api, n, rng["network_in"])
+        + _delay(s.network.client_to_api, n, rng.network_in)
         + _transfer_ms(_per_class(s, "payload_kb", klass), s.network.bandwidth_gbps)
     )
-    t_router = t_api + _delay(s.router.overhead, n, rng["router"])
+    t_router = t_api + _delay(s.router.overhead, n, rng.router)
 
     # result cache: a hit skips features, preprocessing and the model
-    result_hit, t_cache = _cache(s.caches.result, t_router, rng["result_cache"])
+    result_hit, t_cache = _cache(s.caches.result, t_router, rng.result_cache)
     need = ~result_hit
     t_feat, degraded, failed, feature_hit = _feature_stage(s, t_cache, need, rng)
 
-    pre_svc = np.broadcast_to(_delay(s.preprocess.service, n, rng["preprocess"]), (n,))
-    assign = assign_workers(s, n, rng["routing"])
-    service = ServiceModel(s.workers, s.batching.max_batch_size, rng["service"])
+    pre_svc = np.broadcast_to(_delay(s.preprocess.service, n, rng.preprocess), (n,))
+    assign = assign_workers(s, n, rng.routing)
+    service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service)
     live = need & ~failed
     everyone = bool(live.all())
     idx = slice(None) if everyone else np.flatnonzero(live)
@@ -184,8 +184,8 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
         for column in (t_feat, t_pre, t_dispatch, t_inferred):
             column[failed] = np.nan
 
-    post = _delay(s.postprocess.service, n, rng["postprocess"])
-    back = _delay(s.network.api_to_client, n, rng["network_out"]) + _transfer_ms(
+    post = _delay(s.postprocess.service, n, rng.postprocess)
+    back = _delay(s.network.api_to_client, n, rng.network_out) + _transfer_ms(
         _per_class(s, "response_kb", klass), s.network.bandwidth_gbps
     )
     t_post = t_inferred + post

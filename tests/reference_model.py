@@ -116,22 +116,22 @@ def simulate_reference(s: Scenario, seed: int | None = None) -> dict:
     seed = s.seed if seed is None else seed
     rng = streams(seed)
     env = simpy.Environment()
-    t0, _ = make_arrivals(s.traffic, s.duration_s * 1000.0, rng=rng["arrivals"])
+    t0, _ = make_arrivals(s.traffic, s.duration_s * 1000.0, rng=rng.arrivals)
     n = len(t0)
 
     def draws(dist, stream):
-        return Sampler(dist, rng[stream]).draw(n) if dist is not None else np.zeros(n)
+        return Sampler(dist, getattr(rng, stream)).draw(n) if dist is not None else np.zeros(n)
 
     net_in = draws(s.network.client_to_api, "network_in")
     router = draws(s.router.overhead, "router")
     f = s.features
     keys = trip_keys(f) if f.lookups_per_request else np.zeros(0, dtype=int)
     if f.lookups_per_request:
-        lat = Sampler(f.round_trip, rng["features"]).draw(n * len(keys)).reshape(n, len(keys))
+        lat = Sampler(f.round_trip, rng.features).draw(n * len(keys)).reshape(n, len(keys))
         lat = lat + f.per_key_ms * keys
     pre = draws(s.preprocess.service, "preprocess")
-    service = ServiceModel(s.workers, s.batching.max_batch_size, rng["service"])
-    assign = assign_workers(s, n, rng["routing"])
+    service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service)
+    assign = assign_workers(s, n, rng.routing)
     post = draws(s.postprocess.service, "postprocess")
     net_out = draws(s.network.api_to_client, "network_out")
     if s.network.bandwidth_gbps is not None or f.store is not None:

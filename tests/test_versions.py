@@ -111,3 +111,18 @@ def test_shared_shadow_competes_with_primary_traffic():
     out = summarize(run)["experiments"]["shadow"]
     assert out["primary_p99_ms"]["added"] > 1.0  # 50% more load on the same GPUs
     assert run.batches.size.sum() == run.records.completed.sum() + len(run.shadow["request"])
+
+
+def test_the_shadow_share_moves_no_draw_of_the_canary():
+    """Common random numbers: each purpose draws from its own stream, so copying 10% or 50%
+    of the primary to an own-pool shadow leaves every canary request's routing, errors and
+    times as they were (one stream once served users, copies, routing and errors alike)."""
+    canary = {**CANARY, "workers": 2}
+    runs = [
+        simulate(_scenario(canary=canary, shadow={"percent": p, "pool": "own", "workers": 2})).records for p in (10, 50)
+    ]
+    on = runs[0].version == 1
+    assert on.sum() > 1000
+    np.testing.assert_array_equal(runs[0].version, runs[1].version)
+    np.testing.assert_array_equal(runs[0].outcome[on], runs[1].outcome[on])
+    np.testing.assert_array_equal(runs[0].t_response[on], runs[1].t_response[on])

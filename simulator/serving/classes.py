@@ -22,6 +22,7 @@ from collections import deque
 import numpy as np
 import simpy
 
+from simulator.rng import Streams
 from simulator.scenario.config import Scenario
 from simulator.serving.batcher import DONE, BatchQueue
 from simulator.serving.dispatch import assign_workers, pool_scenario, serve, sub
@@ -142,7 +143,7 @@ def schedule_classes(env: simpy.Environment, feed: ClassFeed, services: list[Ser
 
 
 def serve_classes(
-    s: Scenario, t_pre: np.ndarray, klass: np.ndarray, assign: np.ndarray | None, rng: dict, deadlines=None
+    s: Scenario, t_pre: np.ndarray, klass: np.ndarray, assign: np.ndarray | None, rng: Streams, deadlines=None
 ):
     """Serve live requests (``t_pre``, their class, their shared-pool worker or None for a
     shared queue): per-request columns as :func:`simulator.serving.dispatch.serve` returns them
@@ -151,7 +152,7 @@ def serve_classes(
     names = list(s.traffic.classes)
     classes = list(s.traffic.classes.values())
     k = len(classes)
-    children = rng["classes"].spawn(2 * k)  # service times, then own-pool routing, per class
+    children = rng.classes.spawn(2 * k)  # service times, then own-pool routing, per class
     n = len(t_pre)
     cols = [
         np.full(n, np.nan),

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.rng import streams
+from simulator.rng import Streams, streams
 from simulator.scenario.config import Batching, Scenario
 from simulator.serving.batcher import BatchQueue, Outcome
 from simulator.serving.pool import DynamicPool
@@ -101,7 +101,7 @@ def pool_scenario(s: Scenario, count: int, service_time) -> Scenario:
     return s.model_copy(update={"workers": w})
 
 
-def serve_primary(s: Scenario, t_pre: np.ndarray, assign, service: ServiceModel, rng: dict, deadlines=None):
+def serve_primary(s: Scenario, t_pre: np.ndarray, assign, service: ServiceModel, rng: Streams, deadlines=None):
     if s.workers.dynamic:
         return DynamicPool(s, t_pre, service, rng, deadlines).run()
     *per_request, batches = serve(t_pre, assign, s, service, deadlines)
@@ -115,7 +115,6 @@ def serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, servic
     and primary completion times without the shared shadow (or None)."""
     n = len(t_router)
     r = s.router
-    vr = rng["versions"]
     version = np.zeros(n, dtype=np.int8)
     if r.canary is None and r.shadow is None:  # one version: no copies of the columns
         per, batches, fleet = serve_primary(
@@ -123,16 +122,16 @@ def serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, servic
         )
         return version, None, {}, fleet, batches, (live, per), None
     if r.canary is not None:
-        users = vr.integers(0, r.users, n)
+        users = rng.versions.integers(0, r.users, n)
         version[on_canary(r.canary, users, t_router)] = 1
     prim = live[version[live] == 0]
     cand = live[version[live] == 1]
-    copies = prim[vr.random(len(prim)) < r.shadow.percent / 100] if r.shadow else prim[:0]
+    copies = prim[rng.shadow_copies.random(len(prim)) < r.shadow.percent / 100] if r.shadow else prim[:0]
     shared = r.shadow is not None and r.shadow.pool == "shared"
     t_in = np.concatenate([t_pre[prim], t_pre[copies]]) if shared else t_pre[prim]
     a_in = None if assign is None else assign[prim]
     if shared and a_in is not None:
-        a_in = np.concatenate([a_in, assign_workers(s, len(copies), vr)])
+        a_in = np.concatenate([a_in, assign_workers(s, len(copies), rng.shadow_routing)])
     d_in = sub(deadlines, np.concatenate([prim, copies]) if shared else prim)
     per, batches, fleet = serve_primary(s, t_in, a_in, service, rng, d_in)
     cols = [np.empty(n, dtype=c.dtype) for c in per]
@@ -149,7 +148,7 @@ def serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, servic
                 s,
                 t_pre[prim],
                 None if assign is None else assign[prim],
-                ServiceModel(s.workers, s.batching.max_batch_size, fresh["service"]),
+                ServiceModel(s.workers, s.batching.max_batch_size, fresh.service),
                 fresh,
                 sub(deadlines, prim),
             )
@@ -157,9 +156,9 @@ def serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, servic
             counterfactual[prim] = cf[1]
         elif not shared:
             ps = pool_scenario(s, r.shadow.workers, r.shadow.service_time)
-            model = ServiceModel(ps.workers, s.batching.max_batch_size, rng["shadow_service"])
+            model = ServiceModel(ps.workers, s.batching.max_batch_size, rng.shadow_service)
             *sh, pools["shadow"] = serve(
-                t_pre[copies], assign_workers(ps, len(copies), vr), ps, model, sub(deadlines, copies)
+                t_pre[copies], assign_workers(ps, len(copies), rng.shadow_routing), ps, model, sub(deadlines, copies)
             )
         shadow = {
             "request": copies,
@@ -170,11 +169,11 @@ def serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, servic
         }
     if r.canary is not None:
         pc = pool_scenario(s, r.canary.workers, r.canary.service_time)
-        model = ServiceModel(pc.workers, s.batching.max_batch_size, rng["canary_service"])
+        model = ServiceModel(pc.workers, s.batching.max_batch_size, rng.canary_service)
         *pc_cols, pools["canary"] = serve(
-            t_pre[cand], assign_workers(pc, len(cand), vr), pc, model, sub(deadlines, cand)
+            t_pre[cand], assign_workers(pc, len(cand), rng.canary_routing), pc, model, sub(deadlines, cand)
         )
-        errors = (vr.random(len(cand)) < r.canary.error_rate) & (pc_cols[4] == Outcome.COMPLETED)
+        errors = (rng.canary_errors.random(len(cand)) < r.canary.error_rate) & (pc_cols[4] == Outcome.COMPLETED)
         pc_cols[4] = np.where(errors, Outcome.ERROR, pc_cols[4])
         for c, v in zip(cols, pc_cols, strict=True):
             c[cand] = v

@@ -36,6 +36,7 @@ from enum import StrEnum
 import numpy as np
 import simpy
 
+from simulator.rng import Streams
 from simulator.scenario.config import Scenario
 from simulator.scenario.distributions import Sampler
 from simulator.serving.autoscaler import HPA, KPA
@@ -121,14 +122,14 @@ class DynamicPool:
         s: Scenario,
         t_pre: np.ndarray,
         service: ServiceModel,
-        rng: dict[str, np.random.Generator],
+        rng: Streams,
         deadlines: np.ndarray | None = None,
     ):
         self.s = s
         self.env = simpy.Environment()
         self.service = service
-        self.rng_route = rng["routing"]
-        self.rng_fleet = rng["fleet"]
+        self.rng_route = rng.routing
+        self.rng_fleet = rng.fleet
         self.order = np.argsort(t_pre, kind="stable")
         self.q = t_pre[self.order]
         self.dl = None if deadlines is None else deadlines[self.order]
