@@ -7,7 +7,7 @@ import pytest
 
 from simulator.engine import simulate
 from simulator.results.metrics import summarize
-from simulator.serving.autoscaler import HPA, KPA, Autoscaler
+from simulator.serving.autoscaler import HPA, KPA, Autoscaler, Observation
 from simulator.serving.batcher import Outcome
 from tests.helpers import scenario
 
@@ -19,7 +19,7 @@ def hpa_sequence(trace, start, **cfg):
     current, out = start, []
     for k, metric in enumerate(trace, 1):
         value = metric(current) if callable(metric) else metric
-        current = policy.desired(15.0 * k, current, value)
+        current = policy.desired(15.0 * k, Observation(current, current, value))
         out.append(current)
     return out
 
@@ -56,7 +56,7 @@ def test_kpa_panics_on_a_burst_and_never_scales_down_while_panicking():
         t = 2.0 * k
         concurrency = 200.0 if 20 <= t < 30 else 20.0
         samples.append((t, concurrency))
-        current = kpa.desired(t, current, current, concurrency)
+        current = kpa.desired(t, Observation(current, current, concurrency))
         seq[t] = (current, kpa.panic_since)
     assert seq[18.0] == (2, None)
     # the 6 s panic window at 20 s averages (20 + 20 + 200) / 3 = 80: 8 pods >= 2 x 2 ready: panic

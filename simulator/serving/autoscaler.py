@@ -1,7 +1,8 @@
 """Autoscaling policies: Kubernetes HPA and Knative's KPA, as small pure state machines.
 
-A policy sees one observation per evaluation (a metric averaged per ready worker, or the
-fleet total for Knative) and answers with a desired replica count. The pool
+A policy (:class:`Policy`) sees one :class:`Observation` per evaluation (the replicas it
+counts, those ready, and the scraped metric: averaged per ready worker, or the fleet total
+for Knative) and answers with a desired replica count. The pool
 (:mod:`simulator.serving.pool`) makes the observations, with a scrape delay, and carries the
 decisions out through cold starts and drains. Keeping the policies free of simulation
 lets the tests feed them a metric trace and check the replica sequence exactly.
@@ -22,7 +23,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Literal
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 from pydantic import Field, model_validator
 
@@ -64,6 +66,23 @@ class Autoscaler(Frozen):
         return self
 
 
+@dataclass(frozen=True)
+class Observation:
+    """What the autoscaler reads at one evaluation."""
+
+    current: int  # replicas it counts: ready and starting
+    ready: int  # replicas serving
+    metric: float  # the scraped metric: per ready worker (HPA), or the fleet's total concurrency (Knative)
+
+
+class Policy(Protocol):
+    """An autoscaling policy: a desired replica count per evaluation."""
+
+    def desired(self, t: float, obs: Observation) -> int:
+        """Replicas wanted at time ``t`` (s)."""
+        ...
+
+
 class HPA:
     """Kubernetes Horizontal Pod Autoscaler decisions."""
 
@@ -74,9 +93,9 @@ class HPA:
         self.recommendations: deque[tuple[float, int]] = deque([(0.0, initial)] if initial is not None else [])
         self.scale_ups: deque[tuple[float, int]] = deque()  # (time, replicas before) for rate limits
 
-    def desired(self, t: float, current: int, metric: float) -> int:
-        """Replicas wanted at time ``t`` (s) with ``current`` replicas and a per-worker ``metric``."""
-        cfg = self.cfg
+    def desired(self, t: float, obs: Observation) -> int:
+        """Replicas wanted at time ``t`` (s) with ``obs.current`` replicas and a per-worker metric."""
+        cfg, current, metric = self.cfg, obs.current, obs.metric
         ratio = metric / cfg.target
         proposal = current if abs(ratio - 1.0) <= cfg.tolerance else math.ceil(current * ratio - 1e-9)
         if current == 0:  # scale from zero on any load
@@ -107,9 +126,9 @@ class KPA:
         self.panic_since: float | None = None
         self.since: float | None = None  # first observation
 
-    def desired(self, t: float, current: int, ready: int, concurrency: float) -> int:
-        """Replicas wanted at ``t`` (s) given the fleet's total in-flight ``concurrency``."""
-        cfg = self.cfg
+    def desired(self, t: float, obs: Observation) -> int:
+        """Replicas wanted at ``t`` (s) given the fleet's total in-flight concurrency (``obs.metric``)."""
+        cfg, current, ready, concurrency = self.cfg, obs.current, obs.ready, obs.metric
         if self.since is None:
             self.since = t
         self.samples.append((t, concurrency))

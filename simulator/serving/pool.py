@@ -39,7 +39,7 @@ import simpy
 from simulator.rng import Streams
 from simulator.scenario.config import Scenario
 from simulator.scenario.distributions import Sampler
-from simulator.serving.autoscaler import HPA, KPA
+from simulator.serving.autoscaler import HPA, KPA, Observation, Policy
 from simulator.serving.batcher import BatchQueue, Outcome
 from simulator.serving.workers import BatchLog, Feed, ServiceModel, concat_logs, schedule
 
@@ -143,7 +143,7 @@ class DynamicPool:
         self.warm_free = s.workers.cold_start.warm_pool
         self.end_ms = float(self.q[-1]) if len(self.q) else 0.0
         a = s.workers.autoscaler
-        self.policy = (HPA(a, initial=s.workers.count) if a.policy == "hpa" else KPA(a)) if a else None
+        self.policy: Policy | None = (HPA(a, initial=s.workers.count) if a.policy == "hpa" else KPA(a)) if a else None
         self.observations: list[float] = []
         self.rejected: list[np.ndarray] = []  # no backend, no activator: 503 at once
         self.held: deque[int] = deque()  # in the activator's buffer (positions in self.q), oldest first
@@ -377,13 +377,9 @@ class DynamicPool:
         return False
 
     def _tick(self, t: float, metric: float) -> None:
-        counted = len(self._counting(t))
-        if isinstance(self.policy, KPA):
-            ready = sum(1 for w in self.workers if w.serving(t))
-            desired = self.policy.desired(t / 1000.0, counted, ready, metric)
-        else:
-            desired = self.policy.desired(t / 1000.0, counted, metric)
-        self._scale(t, desired)
+        ready = sum(1 for w in self.workers if w.serving(t))
+        obs = Observation(current=len(self._counting(t)), ready=ready, metric=metric)
+        self._scale(t, self.policy.desired(t / 1000.0, obs))
 
     def run(self) -> tuple[tuple[np.ndarray, ...], BatchLog, FleetLog]:
         """Simulate; per-request columns in request order (as ``engine.serve``), batch log, fleet log."""
