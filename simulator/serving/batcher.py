@@ -43,15 +43,44 @@ class Outcome(IntEnum):
     ERROR = 5  # answered with an error (a version's error rate)
 
 
-DONE = None  # decide(): no request will ever arrive again
+class Dispatch:
+    """decide(): run a batch of ``size`` requests from the head now."""
 
+    __slots__ = ("size",)
 
-class _Extend:
+    def __init__(self, size: int):
+        self.size = size
+
     def __repr__(self) -> str:
-        return "EXTEND"
+        return f"Dispatch({self.size})"
 
 
-EXTEND = _Extend()  # decide(): the answer depends on arrivals not routed here yet
+class Wait:
+    """decide(): nothing to run before ``until`` (ms); ask again then."""
+
+    __slots__ = ("until",)
+
+    def __init__(self, until: float):
+        self.until = until
+
+    def __repr__(self) -> str:
+        return f"Wait({self.until})"
+
+
+class _Marker:
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+EXTEND = _Marker("EXTEND")  # decide(): the answer depends on arrivals not routed here yet
+DONE = _Marker("DONE")  # decide(): no request will ever arrive again
+
+Decision = Dispatch | Wait | _Marker  # what BatchQueue.decide answers
 
 
 class BatchQueue:
@@ -86,6 +115,7 @@ class BatchQueue:
         self.scan = 0  # arrivals before this index have been admitted or rejected
         self.batch_pos = array("q")  # queue position of each dispatched batch's first request
         self.batch_size = array("q")
+        self._dispatch = tuple(Dispatch(k) for k in range(self.max_b + 1))  # no allocation per batch
         self.closed = False
         self.extend(arrivals, math.inf if closed else -math.inf, deadlines)
         self.closed = closed
@@ -180,21 +210,21 @@ class BatchQueue:
         self.qh += k
 
     def take(self, k: int) -> None:
-        """Dispatch the ``k`` requests at the head (after ``decide(now, take=False)`` said ``k``)."""
+        """Dispatch the ``k`` requests at the head (after ``decide(now, take=False)`` said ``Dispatch(k)``)."""
         self._take(k)
 
     def head_arrival(self) -> float:
         """When the oldest queued request reached the queue (inf when empty)."""
         return self.q[self._req(self.qh)] if self.qt > self.qh else math.inf
 
-    def decide(self, now: float, *, take: bool = True) -> int | float | _Extend | None:
-        """With a free instance at ``now``: the size of the batch it takes from the head
-        (an ``int``), a time to wake up and ask again (a ``float``), ``EXTEND`` (ask again
-        when more arrivals are known), or ``DONE``. With ``take=False`` a ready batch is
-        only sized, and stays queued until :meth:`take`."""
+    def decide(self, now: float, *, take: bool = True) -> Decision:
+        """With a free instance at ``now``: :class:`Dispatch` (the batch it takes from the
+        head), :class:`Wait` (a time to wake up and ask again), ``EXTEND`` (ask again when
+        more arrivals are known), or ``DONE``. With ``take=False`` a ready batch is only
+        sized, and stays queued until :meth:`take`."""
         d = self._decide(now)
-        if take and type(d) is int:
-            self._take(d)
+        if take and type(d) is Dispatch:
+            self._take(d.size)
         return d
 
     def _shed_late(self, now: float) -> None:
@@ -216,28 +246,28 @@ class BatchQueue:
                 self._drop[i] = dl[i]
             self.qh += len(late)
 
-    def _decide(self, now: float) -> int | float | _Extend | None:
+    def _decide(self, now: float) -> Decision:
         self.advance(now)
         if self.dl is not None:
             self._shed_late(now)
         n = self.qt - self.qh
         if n == 0:
             if self.scan < self.m:
-                return self.q[self.scan]
+                return Wait(self.q[self.scan])
             return DONE if self.closed else EXTEND
         if n >= self.max_b:
-            return self.max_b
+            return self._dispatch[self.max_b]
         if self.preferred and n >= self.preferred[0]:
-            return self.preferred[bisect.bisect_right(self.preferred, n) - 1]
+            return self._dispatch[self.preferred[bisect.bisect_right(self.preferred, n) - 1]]
         head = self._req(self.qh)
         deadline = self.q[head] + self.delay
         if deadline <= now:
-            return n
+            return self._dispatch[n]
         idx = self.scan + self.thresholds[bisect.bisect_right(self.thresholds, n)] - n - 1
         wake = deadline if idx >= self.m else min(deadline, self.q[idx])
         if self.expiry is not None:
             wake = min(wake, self.expiry[head])
-        return wake if wake <= self.horizon else EXTEND
+        return Wait(wake) if wake <= self.horizon else EXTEND
 
     def members(self) -> tuple[np.ndarray, np.ndarray]:
         """Request indices of all dispatched batches in dispatch order, and each batch's size."""

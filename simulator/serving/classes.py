@@ -24,7 +24,7 @@ import simpy
 
 from simulator.rng import Streams
 from simulator.scenario.config import Scenario
-from simulator.serving.batcher import DONE, BatchQueue
+from simulator.serving.batcher import DONE, BatchQueue, Dispatch, Wait
 from simulator.serving.dispatch import assign_workers, pool_scenario, serve, sub
 from simulator.serving.workers import BatchLog, ServiceModel, concat_logs, queue_results
 
@@ -93,12 +93,12 @@ class ClassFeed:
                 if d is DONE:
                     continue
                 pending = True
-                if type(d) is int:
+                if type(d) is Dispatch:
                     head = q.head_arrival()
                     if head < best_head:
-                        best, best_k, best_head = c, d, head
-                elif d < wake:
-                    wake = d
+                        best, best_k, best_head = c, d.size, head
+                elif type(d) is Wait and d.until < wake:
+                    wake = d.until
             if best >= 0:
                 return best, best_k
         return None, wake, blocked, pending

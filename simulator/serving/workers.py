@@ -22,7 +22,7 @@ import simpy
 from simulator.scenario.config import Affine, Table, Workers
 from simulator.scenario.distributions import Sampler
 from simulator.scenario.servicetime import ProfileRef
-from simulator.serving.batcher import DONE, EXTEND, BatchQueue, Outcome
+from simulator.serving.batcher import DONE, EXTEND, BatchQueue, Outcome, Wait
 
 _CHUNK = 1 << 16
 
@@ -212,19 +212,20 @@ def schedule(env: simpy.Environment, feed: Feed, service: ServiceModel):
                 feed.extended = env.event()
                 at = yield feed.extended
                 clock = max(clock, at)
-            elif isinstance(decision, float):
-                yield env.timeout(max(0.0, decision - env.now))
-                clock = decision
+            elif type(decision) is Wait:
+                yield env.timeout(max(0.0, decision.until - env.now))
+                clock = decision.until
             else:
                 break
             if feed.crashed_at is not None:
                 return
-        done = clock + service(decision)
-        feed.busy += decision
+        size = decision.size
+        done = clock + service(size)
+        feed.busy += size
         feed.b_start.append(clock)
         feed.b_end.append(done)
         feed.b_inst.append(inst)
-        env.timeout(max(0.0, done - env.now)).callbacks.append(feed.release(inst, done, decision))
+        env.timeout(max(0.0, done - env.now)).callbacks.append(feed.release(inst, done, size))
 
 
 def run_pool(queues: list[BatchQueue], instances: list[list[int]], service: ServiceModel) -> tuple[list, BatchLog]:
