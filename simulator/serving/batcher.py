@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 import math
 from array import array
+from dataclasses import dataclass
 from enum import IntEnum
 
 import numpy as np
@@ -43,28 +44,18 @@ class Outcome(IntEnum):
     ERROR = 5  # answered with an error (a version's error rate)
 
 
+@dataclass(frozen=True, slots=True)
 class Dispatch:
     """decide(): run a batch of ``size`` requests from the head now."""
 
-    __slots__ = ("size",)
-
-    def __init__(self, size: int):
-        self.size = size
-
-    def __repr__(self) -> str:
-        return f"Dispatch({self.size})"
+    size: int
 
 
+@dataclass(frozen=True, slots=True)
 class Wait:
     """decide(): nothing to run before ``until`` (ms); ask again then."""
 
-    __slots__ = ("until",)
-
-    def __init__(self, until: float):
-        self.until = until
-
-    def __repr__(self) -> str:
-        return f"Wait({self.until})"
+    until: float
 
 
 class _Marker:
