@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 from typing import Annotated
@@ -84,13 +85,17 @@ def _print_summary(table, params: list[str]) -> None:
     out.print(t)
 
 
+def _interrupt(_signum, _frame) -> None:
+    raise KeyboardInterrupt
+
+
 @cluster_app.command("start")
 def cluster_start(
     workers: Annotated[int, typer.Option(help="Worker processes (one thread each).", min=1)] = 2,
     port: Annotated[int, typer.Option(help="Scheduler port on 127.0.0.1.")] = 8786,
     dashboard_port: Annotated[int, typer.Option(help="Dask dashboard port (0: none).")] = 0,
 ) -> None:
-    """Start a local Dask cluster and wait (Ctrl-C stops it). Point `servesim sweep
+    """Start a local Dask cluster and wait (Ctrl-C or SIGTERM stops it). Point `servesim sweep
     --cluster tcp://127.0.0.1:PORT` at it; on a real cluster, start `dask scheduler` and
     `dask worker` with servesim installed on every machine instead."""
     try:
@@ -98,6 +103,11 @@ def cluster_start(
     except ModuleNotFoundError:
         raise fail("the cluster needs dask: pip install -e '.[cluster]'") from None
     address = f":{dashboard_port}" if dashboard_port else None
+    # Ctrl-C and SIGTERM stop the cluster and its workers. Installed by hand: a process started
+    # in the background by a non-interactive shell inherits SIGINT ignored, and Python then
+    # leaves it ignored (a test's SIGINT once left this command and its worker running)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
     try:
         cluster = LocalCluster(
             n_workers=workers,

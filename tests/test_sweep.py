@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 
@@ -107,8 +108,11 @@ def test_sweep_cli_writes_the_tidy_table(small, tmp_path):
 
 
 def test_cluster_start_serves_a_sweep(small, tmp_path):
+    """A sweep on `servesim cluster start` gives the local sweep's numbers; SIGINT then stops
+    the cluster and its worker processes, even when SIGINT came to it ignored (as it does
+    to a command a non-interactive shell starts in the background)."""
     pytest.importorskip("distributed", reason="the cluster extra (dask) is not installed")
-    from tests.servers import free_port, servesim_cmd
+    from tests.servers import descendants, free_port, servesim_cmd, wait_gone
 
     port = free_port()
     proc = subprocess.Popen(
@@ -116,7 +120,10 @@ def test_cluster_start_serves_a_sweep(small, tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
     )
+    kids: list[int] = []
     try:
         first = proc.stdout.readline()
         assert f"Dask scheduler at tcp://127.0.0.1:{port}" in first, first
@@ -128,6 +135,12 @@ def test_cluster_start_serves_a_sweep(small, tmp_path):
         assert runner.invoke(app, [*args[:-1], str(tmp_path / "here.csv")]).exit_code == 0
         here = pd.read_csv(tmp_path / "here.csv")
         pd.testing.assert_frame_equal(remote.drop(columns="wall_s"), here.drop(columns="wall_s"))
-    finally:
+        kids = descendants(proc.pid)
+        assert kids, "the cluster's worker processes"
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=30)
+        assert proc.wait(timeout=30) == 0
+        assert wait_gone(kids) == []
+    finally:
+        if proc.poll() is None:  # a failure above: leave nothing running
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
