@@ -204,7 +204,9 @@ def fit_frontend(slices: pd.DataFrame, *, servers: int, client_shares_cores: boo
     Each slice gives CPU seconds per second against requests per second; a least-squares
     line through them separates the marginal CPU per request (its slope) from the CPU the
     front end's cores spend whatever the load (its intercept, in cores: timers, the metrics
-    scrape, the platform meter, the client's own loop). The station's service time is the
+    scrape, the platform meter, the client's own loop). With ``sidecar_cpu_s`` (a
+    redis-server's CPU), and on a front end of one core, the client's and the sidecar's CPU
+    count as the front end's. The station's service time is the
     marginal cost stretched by the share of the cores that background leaves, as a CPU
     shared round-robin would stretch it. With a single rate the line cannot be drawn and
     the mean cost per request stands in for the slope.
@@ -215,6 +217,8 @@ def fit_frontend(slices: pd.DataFrame, *, servers: int, client_shares_cores: boo
     secs = ok["seconds"] if "seconds" in ok else ok["requests"] / ok["rate_rps"]
     rate = (ok["requests"] / secs).to_numpy()
     parts = {"server": ok["frontend_cpu_s"] / secs, "client": ok["client_cpu_s"] / secs}
+    if "sidecar_cpu_s" in ok and ok["sidecar_cpu_s"].notna().all():
+        parts["sidecar"] = ok["sidecar_cpu_s"] / secs
     fits = {}
     for name, cores in parts.items():
         if np.ptp(rate) > 0.2 * rate.mean():
@@ -222,13 +226,16 @@ def fit_frontend(slices: pd.DataFrame, *, servers: int, client_shares_cores: boo
         else:
             slope, intercept = float(cores.mean() / rate.mean()), 0.0
         fits[name] = (max(float(slope), 0.0) * 1e3, max(float(intercept), 0.0))
-    marginal = fits["server"][0] + (fits["client"][0] if client_shares_cores else 0.0)
-    background = fits["server"][1] + (fits["client"][1] if client_shares_cores else 0.0)
+    # on a front end of one core, this client and a redis-server pinned there take its CPU too
+    shared = [p for p in ("client", "sidecar") if p in fits] if client_shares_cores else []
+    marginal = fits["server"][0] + sum(fits[p][0] for p in shared)
+    background = fits["server"][1] + sum(fits[p][1] for p in shared)
     left = max(servers - background, 0.05 * servers) / servers  # share of each core the requests get
     return {
         "servers": servers,
         "cpu_ms_per_request": fits["server"][0],
         "client_cpu_ms_per_request": fits["client"][0],
+        "sidecar_cpu_ms_per_request": fits["sidecar"][0] if "sidecar" in fits else None,
         "background_cores": background,
         "client_shares_cores": client_shares_cores,
         "station_ms_per_request": marginal / left,
@@ -243,6 +250,7 @@ def fit_profile(
     rng: np.random.Generator,
     features: dict | None = None,
     frontend: dict | None = None,
+    fetch_cost: dict | None = None,
 ) -> dict:
     """The service-time models from the requests of ``fit_levels`` (warm-up excluded).
 
@@ -309,4 +317,42 @@ def fit_profile(
                 / np.ceil(light["feature_round_trips"].to_numpy() / features["parallelism"])
             )
             out["features"]["store"] = {"threads": 1, "per_op_ms": float(np.median(per_trip))}
+            if fetch_cost is not None and "frontend" in out and features["parallelism"] == 1:
+                _loop_on_trips(out, light, per_trip, fetch_cost, overhead, after, rng=rng)
     return out
+
+
+def _loop_on_trips(
+    out: dict,
+    light: pd.DataFrame,
+    per_trip: np.ndarray,
+    fetch_cost: dict,
+    overhead: pd.Series,
+    after: pd.Series,
+    *,
+    rng: np.random.Generator,
+) -> None:
+    """The ranker's event loop as one thread visited once per Redis round trip.
+
+    Its Redis client's work is most of the loop's CPU per request (``fetch_cost``: the
+    server's own client timed alone, CPU per trip), and each GET's continuation queues
+    behind the other requests' work on the one loop. So the loop is the feature store's
+    one-thread station: each trip holds it for the loop's whole CPU per request spread
+    over the trips (at least the client's CPU per trip), and waits for Redis's answer, the
+    light-load trip time less the client's CPU, off the loop. The front end's separate
+    station goes (its CPU is on the trips now, counted once), and the light-load time
+    outside the fetch and the batch becomes a pure delay, less the CPU the trips took over
+    from the rest of the request (parsing, the response), so light-load latency is kept.
+    """
+    fe, f = out["frontend"], out["features"]
+    trips = float(light["feature_round_trips"].mean())
+    client = float(fetch_cost["cpu_ms_per_trip"])
+    hold = max(fe["station_ms_per_request"] / trips, client)
+    moved = trips * (hold - client)  # the rest of the request's CPU, now on the trips
+    f["store"] = {"threads": 1, "per_op_ms": hold}
+    f["store_wait"] = fit_distribution(np.clip(per_trip - client, 0.001, None), rng=rng)
+    f["loop"] = {"client_cpu_ms_per_trip": client, "trips_per_request": trips, "moved_ms": moved}
+    rest = (overhead.loc[light.index] + after.loc[light.index] + light["preprocess_us"] / 1e3).to_numpy() - moved
+    fe["on_store"] = True
+    fe["fixed_delay"] = fit_distribution(np.maximum(rest, 0.01), rng=rng)
+    fe["fixed_delay_clipped"] = float((rest < 0.01).mean())

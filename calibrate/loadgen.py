@@ -17,11 +17,14 @@ platform's hiccups.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -187,6 +190,17 @@ async def run_level(
     return df
 
 
+def process_cpu_s(pids: tuple[int, ...]) -> float:
+    """CPU seconds (user + system) the processes ``pids`` have used so far, from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 async def _frontend(session, url: str) -> dict[str, float]:
     """From the server's /metrics: its process's CPU seconds, and its garbage collections
     (seconds in all, and how many took over 10 ms) so far; nan when it has none."""
@@ -232,7 +246,8 @@ async def _run_slices(
     stall_ms: float,
     retries: int,
     log,
-) -> tuple[list[pd.DataFrame], list[dict], list[pd.DataFrame]]:
+    sidecars: tuple[int, ...] = (),
+) -> tuple[list[pd.DataFrame], list[dict], list[pd.DataFrame], list[pd.DataFrame]]:
     endpoint = f"{url}/v2/models/{model}/infer"
     frames, slices, hiccups, speed = [], [], [], []
     async with _session() as session:
@@ -241,13 +256,13 @@ async def _run_slices(
                 rng = np.random.default_rng([sl.seed, attempt])
                 times = schedule(sl.rate_rps, slice_s, 1, rng)
                 pick = rng.integers(0, len(payloads), len(times))
-                fe0, client0 = await _frontend(session, url), time.process_time()
+                fe0, client0, side0 = await _frontend(session, url), time.process_time(), process_cpu_s(sidecars)
                 if meter is not None:
                     meter.collect()  # drop what came before the slice
                 t_start, t_start_ns = time.perf_counter(), time.perf_counter_ns()
                 rows = await _level(session, endpoint, times, pick, payloads)
                 seconds = time.perf_counter() - t_start
-                client1, fe1 = time.process_time(), await _frontend(session, url)
+                client1, side1, fe1 = time.process_time(), process_cpu_s(sidecars), await _frontend(session, url)
                 h = meter.collect() if meter is not None else None
                 stalled = h is not None and h.max_ms > stall_ms
                 info = {
@@ -260,6 +275,7 @@ async def _run_slices(
                     "seconds": seconds,
                     "frontend_cpu_s": fe1["cpu_s"] - fe0["cpu_s"],
                     "client_cpu_s": client1 - client0,
+                    "sidecar_cpu_s": side1 - side0 if sidecars else float("nan"),
                     "frontend_gc_s": fe1["gc_s"] - fe0["gc_s"],
                     "frontend_gc_over_10ms": fe1["gc_over_10ms"] - fe0["gc_over_10ms"],
                     "hiccup_max_ms": h.max_ms if h is not None else float("nan"),
@@ -309,10 +325,12 @@ def run_slices(
     stall_ms: float = float("inf"),
     retries: int = 0,
     log=lambda _msg: None,
+    sidecars: tuple[int, ...] = (),
 ) -> SliceRuns:
     """Run ``plan`` slice after slice (each starting from an idle server, since a slice waits
     for its last answer); a slice in which ``meter`` saw a stall longer than ``stall_ms`` is
-    run again, up to ``retries`` times."""
+    run again, up to ``retries`` times. The CPU of the ``sidecars`` (a redis-server on the
+    front end's cores) is read around each slice too."""
     # this process has imported torch and pandas: a full collection would take ~80 ms, in which
     # no request is sent or answered; freezing what exists keeps collections to the new objects
     gc.collect()
@@ -320,7 +338,16 @@ def run_slices(
     try:
         frames, slices, hiccups, speed = asyncio.run(
             _run_slices(
-                url, model, plan, payloads, slice_s=slice_s, meter=meter, stall_ms=stall_ms, retries=retries, log=log
+                url,
+                model,
+                plan,
+                payloads,
+                slice_s=slice_s,
+                meter=meter,
+                stall_ms=stall_ms,
+                retries=retries,
+                log=log,
+                sidecars=sidecars,
             )
         )
     finally:

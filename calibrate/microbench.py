@@ -66,3 +66,49 @@ def microbench(
                 }
             )
     return pd.DataFrame(rows)
+
+
+def feature_fetch_cost(url: str, features: dict, *, fetches: int = 1000, warmup: int = 50, seed: int = 0) -> dict:
+    """One request's feature fetch alone: ``fetches`` sequential fetches of one entity each
+    through the server's own client (:class:`reference_server.features.FeatureStore`, the
+    server's settings, on uvloop as the server runs), against a populated Redis at ``url``.
+
+    Returns the CPU and wall time per fetch and per round trip (ms). With nothing else on
+    the event loop, CPU per fetch is what the fetch costs the server's loop; the rest of
+    the wall time is Redis's answer and the kernel, which the loop waits through.
+    """
+    import asyncio
+
+    from reference_server.features import FeatureStore, FeatureStoreConfig
+
+    fields = ("keys", "batch_size", "parallelism", "entities", "max_connections")
+    cfg = FeatureStoreConfig(url=url, **{k: features[k] for k in fields if k in features})
+    entities = np.random.default_rng(seed).integers(0, cfg.entities, warmup + fetches)
+
+    async def go() -> tuple[float, float, int]:
+        store = FeatureStore(cfg)
+        try:
+            for e in entities[:warmup]:
+                await store.fetch(np.array([e]))
+            trips0 = store.round_trips
+            c0, w0 = time.process_time(), time.perf_counter()
+            for e in entities[warmup:]:
+                await store.fetch(np.array([e]))
+            return time.process_time() - c0, time.perf_counter() - w0, store.round_trips - trips0
+        finally:
+            await store.close()
+
+    try:
+        import uvloop
+
+        cpu, wall, trips = uvloop.run(go())
+    except ImportError:
+        cpu, wall, trips = asyncio.run(go())
+    return {
+        "fetches": fetches,
+        "round_trips_per_fetch": trips / fetches,
+        "cpu_ms_per_fetch": cpu / fetches * 1e3,
+        "wall_ms_per_fetch": wall / fetches * 1e3,
+        "cpu_ms_per_trip": cpu / trips * 1e3,
+        "wall_ms_per_trip": wall / trips * 1e3,
+    }

@@ -122,6 +122,11 @@ def markdown(
             f"CPU per request"
             + (
                 f", plus {fe['client_cpu_ms_per_request']:.2f} ms of this load generator's on the same cores"
+                + (
+                    f" and {fe['sidecar_cpu_ms_per_request']:.2f} ms of the redis-server's"
+                    if fe.get("sidecar_cpu_ms_per_request") is not None
+                    else ""
+                )
                 if fe["client_shares_cores"]
                 else " (this load generator's loop has cores of its own)"
             )

@@ -38,6 +38,7 @@ import pandas as pd
 from calibrate.fit import batches_from_requests, fit_frontend, fit_profile
 from calibrate.hiccups import HiccupMeter, platform_speed
 from calibrate.loadgen import Slice, image_payloads, level_summary, ranker_payloads, run_slices
+from calibrate.microbench import feature_fetch_cost
 from calibrate.report import markdown, write_scenario
 from calibrate.servers import get_json, redis_server, server
 from calibrate.validate import chart, compare
@@ -64,13 +65,30 @@ class Design:
         return round(max(self.slice_s, need), 2)
 
 
+def redis_pids(url: str) -> tuple[int, ...]:
+    """The redis-server behind ``url``, by its own INFO (its CPU is read around each slice)."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=2)
+    try:
+        return (int(client.info("server")["process_id"]),)
+    finally:
+        client.close()
+
+
 def client_shares(servesim: dict) -> bool:
     """Whether this load generator's loop competes with the front end's for its cores."""
     return len(servesim["frontend_cores"]) < 2
 
 
 def build_profile(
-    config: dict, requests: pd.DataFrame, fit_levels: list[int], *, rng, slices: pd.DataFrame | None = None
+    config: dict,
+    requests: pd.DataFrame,
+    fit_levels: list[int],
+    *,
+    rng,
+    slices: pd.DataFrame | None = None,
+    fetch_cost: dict | None = None,
 ) -> dict:
     """A versioned profile: fits from ``requests`` (levels ``fit_levels``) and the server's
     ``/v2/models/{m}/config``, with hardware, software and date; with the slices' CPU
@@ -104,7 +122,14 @@ def build_profile(
         "software": software(),
         "model": servesim["model"],
         "server": server_cfg,
-        **fit_profile(requests, fit_levels=fit_levels, rng=rng, features=servesim.get("features"), frontend=frontend),
+        **fit_profile(
+            requests,
+            fit_levels=fit_levels,
+            rng=rng,
+            features=servesim.get("features"),
+            frontend=frontend,
+            fetch_cost=fetch_cost,
+        ),
         "fit_levels": [{"level": i} for i in fit_levels],
     }
 
@@ -267,6 +292,16 @@ def _calibrate(
             os.sched_setaffinity(0, servesim["frontend_cores"])  # this load generator keeps off the instances' cores
         b = config["max_batch_size"]
         bench = _microbench(mcfg, b, instance_cores[0])
+        fetch_cost, sidecars = None, ()
+        if servesim.get("features") and "--redis-url" in server_args:
+            # the server's Redis client alone, on the front end's cores: its CPU per round trip
+            redis_url = server_args[server_args.index("--redis-url") + 1]
+            sidecars = redis_pids(redis_url)
+            fetch_cost = feature_fetch_cost(redis_url, servesim["features"])
+            log(
+                f"feature fetch alone: {fetch_cost['cpu_ms_per_trip'] * 1e3:.0f} us of CPU and "
+                f"{fetch_cost['wall_ms_per_trip'] * 1e3:.0f} us of wall time per round trip"
+            )
         if model == "ranker":
             payloads = ranker_payloads(32, mcfg["dense"], 10_000, rng)
         else:
@@ -276,7 +311,7 @@ def _calibrate(
         # overestimate) bounds what the front end can take, where the model alone would say
         # tens of thousands of req/s for a small ranker
         _, gentle_slices, *_ = run_slices(
-            url, model, [Slice(-1, -1, 20.0, seed=seed)], payloads, slice_s=3.0, warmup_s=0
+            url, model, [Slice(-1, -1, 20.0, seed=seed)], payloads, slice_s=3.0, warmup_s=0, sidecars=sidecars
         )
         per_request_s = float(gentle_slices["frontend_cpu_s"].sum() + gentle_slices["client_cpu_s"].sum()) / max(
             int(gentle_slices["requests"].sum()), 1
@@ -287,7 +322,9 @@ def _calibrate(
         # warm-up at 25% and 60% of that: the front end's CPU per request and in the
         # background (a line through two rates), and the hand-off
         first = [Slice(-1, -1, round(f * guess, 2), seed=seed + 100 + k) for k, f in enumerate((0.25, 0.6))]
-        warm, warm_slices, *_ = run_slices(url, model, first, payloads, slice_s=WARMUP_S / 2, warmup_s=0.5)
+        warm, warm_slices, *_ = run_slices(
+            url, model, first, payloads, slice_s=WARMUP_S / 2, warmup_s=0.5, sidecars=sidecars
+        )
         front = fit_frontend(warm_slices, servers=servers, client_shares_cores=client_shares(servesim))
         cap_info = capacity(bench, warm[~warm["warmup"]], front, instances=len(instance_cores))
         cap = cap_info["rps"]
@@ -320,6 +357,7 @@ def _calibrate(
                 stall_ms=design.stall_ms,
                 retries=design.retries,
                 log=log,
+                sidecars=sidecars,
             )
     ok = requests[~requests["warmup"] & (requests["status"] == 200)]
     slice_p99 = ok.groupby("slice")["latency_ms"].quantile(0.99)
@@ -330,7 +368,9 @@ def _calibrate(
     ticks1 = cpu_ticks()
     steal = (ticks1[0] - ticks0[0]) / max(ticks1[1] - ticks0[1], 1) * 100 if ticks0 and ticks1 else None
     fit_levels = [i for i, f in enumerate(loads) if f in FIT_LOADS]
-    profile = build_profile(config, requests, fit_levels, rng=rng, slices=slices)
+    profile = build_profile(config, requests, fit_levels, rng=rng, slices=slices, fetch_cost=fetch_cost)
+    if fetch_cost is not None:
+        profile["feature_fetch_microbench"] = fetch_cost
     profile["hardware"]["cpu_steal_pct_during_run"] = steal
     profile["platform_speed"] = speed_summary
     profile["capacity_rps"] = cap

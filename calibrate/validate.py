@@ -51,12 +51,15 @@ def scenario_dict(profile: dict, rate_rps: float, *, duration_s: float, warmup_s
         features = {k: f[k] for k in ("lookups_per_request", "batch_size", "parallelism")}
         if "store" in f:  # round trips queue for the server's event loop: a one-thread station
             features["store"] = f["store"]
+            if "store_wait" in f:  # and wait for Redis off the loop
+                features["round_trip"] = _dist(f["store_wait"])
         else:
             features["round_trip"] = _dist(f["round_trip"])
     fe = profile.get("frontend")
     if fe is not None:
         router = {"overhead": _dist(fe["fixed_delay"]), "balancing": "shared"}
-        preprocess = {"service": _dist(fe["service"]), "cpu_workers": fe["servers"]}
+        # the ranker's loop CPU is on the feature store's station (``on_store``): no second station
+        preprocess = {} if fe.get("on_store") else {"service": _dist(fe["service"]), "cpu_workers": fe["servers"]}
         postprocess: dict = {}
     else:
         router = {"overhead": _dist(profile["stages"]["overhead"]), "balancing": "shared"}

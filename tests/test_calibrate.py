@@ -296,3 +296,58 @@ def test_sigterm_to_calibrate_run_stops_its_server_and_every_child(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_the_rankers_event_loop_becomes_the_feature_stores_one_thread():
+    """26 GETs per request, each 0.15 ms at light load of which 0.10 ms is the client's CPU
+    (the fetch timed alone); the loop spends 3.0 ms of CPU per request in all. The fit puts
+    the loop's 3.0 ms on the trips (3.0 / 26 per trip), leaves Redis's 0.05 ms answer off the
+    loop, drops the front end's second station, and takes the 0.4 ms of CPU moved onto the
+    trips out of the delay outside, so light-load latency is unchanged."""
+    from calibrate.fit import fit_profile
+    from calibrate.validate import scenario_dict
+
+    rng = np.random.default_rng(11)
+    n, trips = 3000, 26
+    b = rng.integers(1, 9, n)
+    per_trip = rng.gamma(100.0, 0.15 / 100.0, (n, trips))  # ms, mean 0.15
+    df = pd.DataFrame(
+        {
+            "level": rng.integers(0, 2, n),
+            "warmup": False,
+            "status": 200,
+            "batch_size": b,
+            "compute_input_us": 50.0,
+            "compute_infer_us": (300.0 + 20.0 * b) * rng.lognormal(0, 0.03, n),
+            "compute_output_us": 50.0,
+            "preprocess_us": rng.gamma(16.0, 10.0, n),  # 0.16 ms
+            "queue_us": rng.exponential(1000.0, n),
+            "feature_us": per_trip.sum(axis=1) * 1e3,
+            "feature_round_trips": trips,
+        }
+    )
+    stages = ["feature_us", "preprocess_us", "queue_us", "compute_input_us", "compute_infer_us", "compute_output_us"]
+    after = rng.gamma(4.0, 100.0, n)  # 0.4 ms
+    df["request_us"] = df[stages].sum(axis=1) + after
+    df["latency_ms"] = df["request_us"] / 1e3 + rng.gamma(9.0, 200.0, n) / 1e3  # 1.8 ms outside
+    fe = {"servers": 1, "station_ms_per_request": 3.0, "cpu_ms_per_request": 3.0, "background_cores": 0.0}
+    cost = {"cpu_ms_per_trip": 0.10, "wall_ms_per_trip": 0.15}
+    features = {"keys": trips, "batch_size": 1, "parallelism": 1}
+    prof = fit_profile(df, fit_levels=[0, 1], rng=rng, features=features, frontend=fe, fetch_cost=cost)
+    f, front = prof["features"], prof["frontend"]
+    assert f["store"] == {"threads": 1, "per_op_ms": pytest.approx(3.0 / 26)}
+    wait = f["store_wait"]
+    wmean = np.mean(wait["samples_ms"]) if wait["kind"] == "empirical" else wait["mean_ms"]
+    assert wmean == pytest.approx(0.05, rel=0.1)
+    assert f["loop"]["moved_ms"] == pytest.approx(3.0 - 2.6)
+    delay = front["fixed_delay"]
+    dmean = np.mean(delay["samples_ms"]) if delay["kind"] == "empirical" else delay["mean_ms"]
+    assert dmean == pytest.approx(1.8 + 0.4 + 0.16 - 0.4, rel=0.05)
+    # light load, end to end: delay + 26 x (hold + wait) = what was measured outside the batch
+    assert dmean + trips * (3.0 / 26 + wmean) == pytest.approx(1.8 + 0.4 + 0.16 + 26 * 0.15, rel=0.03)
+    prof["server"] = {"max_batch_size": 8, "max_queue_delay_ms": 2.0, "max_queue_size": None, "instances": 1}
+    prof["model"] = {"kind": "ranker"}
+    doc = scenario_dict(prof, 100.0, duration_s=10.0, warmup_s=1.0)
+    assert doc["preprocess"] == {}  # one station for the one loop
+    assert doc["features"]["store"]["per_op_ms"] == pytest.approx(3.0 / 26)
+    assert doc["features"]["round_trip"]["kind"] == wait["kind"]

@@ -116,6 +116,15 @@ def test_front_end_station_is_recovered_from_slices_and_requests():
     assert fe["capacity_rps"] == pytest.approx((1 - background) / (server_ms + client_ms) * 1e3, rel=0.05)
     alone = fit_frontend(slices, servers=1, client_shares_cores=False)
     assert alone["station_ms_per_request"] == pytest.approx(server_ms / (1 - 0.10), rel=0.05)
+    # a redis-server pinned to the front end's one core (0.5 ms per request, 0.02 cores idle)
+    # takes that core's CPU too; on a front end of its own cores it does not count
+    side = slices.assign(sidecar_cpu_s=(0.02 + per_s * 0.5 / 1e3) * seconds * rng.normal(1, 0.01, 12))
+    shared = fit_frontend(side, servers=1, client_shares_cores=True)
+    assert shared["sidecar_cpu_ms_per_request"] == pytest.approx(0.5, rel=0.1)
+    assert shared["station_ms_per_request"] == pytest.approx((server_ms + client_ms + 0.5) / (1 - 0.17), rel=0.05)
+    assert fit_frontend(side, servers=1, client_shares_cores=False)["station_ms_per_request"] == pytest.approx(
+        alone["station_ms_per_request"], rel=1e-9
+    )
     one_rate = slices[slices["level"] == 1]  # no line through one rate: the mean cost per request
     assert fit_frontend(one_rate, servers=1, client_shares_cores=False)["cpu_ms_per_request"] == pytest.approx(
         server_ms + 0.10 / 300 * 1e3, rel=0.05
