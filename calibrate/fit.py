@@ -339,7 +339,8 @@ def _loop_on_trips(
     behind the other requests' work on the one loop. So the loop is the feature store's
     one-thread station: each trip holds it for the loop's whole CPU per request spread
     over the trips (at least the client's CPU per trip), and waits for Redis's answer, the
-    light-load trip time less the client's CPU, off the loop. The front end's separate
+    light-load trip time less the client's CPU (and a redis-server's, when it shares the
+    loop's one core), off the loop. The front end's separate
     station goes (its CPU is on the trips now, counted once), and the light-load time
     outside the fetch and the batch becomes a pure delay, less the CPU the trips took over
     from the rest of the request (parsing, the response), so light-load latency is kept.
@@ -347,11 +348,19 @@ def _loop_on_trips(
     fe, f = out["frontend"], out["features"]
     trips = float(light["feature_round_trips"].mean())
     client = float(fetch_cost["cpu_ms_per_trip"])
-    hold = max(fe["station_ms_per_request"] / trips, client)
-    moved = trips * (hold - client)  # the rest of the request's CPU, now on the trips
+    # a redis-server on the loop's own core answers with that core's CPU: on the trips already
+    side = fe.get("sidecar_cpu_ms_per_request") or 0.0
+    on_core = client + (side / trips if fe.get("client_shares_cores") else 0.0)
+    hold = max(fe["station_ms_per_request"] / trips, on_core)
+    moved = trips * (hold - on_core)  # the rest of the request's CPU, now on the trips
     f["store"] = {"threads": 1, "per_op_ms": hold}
-    f["store_wait"] = fit_distribution(np.clip(per_trip - client, 0.001, None), rng=rng)
-    f["loop"] = {"client_cpu_ms_per_trip": client, "trips_per_request": trips, "moved_ms": moved}
+    f["store_wait"] = fit_distribution(np.clip(per_trip - on_core, 0.001, None), rng=rng)
+    f["loop"] = {
+        "client_cpu_ms_per_trip": client,
+        "on_core_ms_per_trip": on_core,
+        "trips_per_request": trips,
+        "moved_ms": moved,
+    }
     rest = (overhead.loc[light.index] + after.loc[light.index] + light["preprocess_us"] / 1e3).to_numpy() - moved
     fe["on_store"] = True
     fe["fixed_delay"] = fit_distribution(np.maximum(rest, 0.01), rng=rng)
