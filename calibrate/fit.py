@@ -243,6 +243,47 @@ def fit_frontend(slices: pd.DataFrame, *, servers: int, client_shares_cores: boo
     }
 
 
+SPEED_ELASTICITY_MAX = 1.5  # a fitted elasticity above this is noise, not the platform
+
+
+def fit_speed(slices: pd.DataFrame, fit_levels: list[int], *, client_shares_cores: bool) -> dict | None:
+    """The platform's speed per slice, as the factor it puts on the front end's CPU.
+
+    The speed meter gives each slice run its mean slowdown ``s`` (chunk time over the run's
+    usual). On the 2-core VM a slice's CPU per request tracked it within every level
+    (r 0.78–0.98), the platform running some slices ~30% slower than others: a slow slice
+    is a busier front end, and at 70–85% load that is the difference between a p99 of 40
+    and of 400 ms. The elasticity ``beta`` comes from the fitted levels' slices: the least-
+    squares slope of log(CPU per request) on log(s), each relative to its level's median (so
+    the load's own effect on the CPU cancels). Each kept slice's factor is ``s ** beta``
+    over the mean of those, so the factors average one, as the CPU per request they scale
+    does. None without a speed meter or with too few slices to fit."""
+    if "slowdown_mean" not in slices:
+        return None
+    ok = slices[slices["kept"] & slices["slowdown_mean"].notna() & (slices["requests"] > 0)]
+    if len(ok) < 3:
+        return None
+    cpu = ok["frontend_cpu_s"] + (ok["client_cpu_s"] if client_shares_cores else 0.0)
+    if client_shares_cores and "sidecar_cpu_s" in ok:
+        cpu = cpu + ok["sidecar_cpu_s"].fillna(0.0)
+    per = np.log(cpu / ok["requests"])
+    speed = np.log(ok["slowdown_mean"])
+    fit = ok["level"].isin(fit_levels).to_numpy()
+    x = (speed - speed.groupby(ok["level"]).transform("median")).to_numpy()[fit]
+    y = (per - per.groupby(ok["level"]).transform("median")).to_numpy()[fit]
+    if len(x) < 3 or float(x @ x) <= 0:
+        return None
+    beta = float(np.clip((x @ y) / (x @ x), 0.0, SPEED_ELASTICITY_MAX))
+    r = float(np.corrcoef(x, y)[0, 1]) if np.std(y) > 0 else 0.0
+    raw = ok["slowdown_mean"].to_numpy() ** beta
+    return {
+        "elasticity": beta,
+        "r": r,
+        "slices_fitted": int(fit.sum()),
+        "slice_factors": [round(float(v), 4) for v in raw / raw.mean()],
+    }
+
+
 def fit_profile(
     requests: pd.DataFrame,
     *,

@@ -212,6 +212,16 @@ def markdown(
                 else ""
             ),
         ]
+    sp = (profile.get("frontend") or {}).get("speed")
+    if sp:
+        f = np.asarray(sp["slice_factors"])
+        lines += [
+            "",
+            f"A slice's front-end CPU per request against its mean slowdown, within each fitted level: "
+            f"elasticity {sp['elasticity']:.2f} (r {sp['r']:+.2f}, {sp['slices_fitted']} slices). Each simulated "
+            f"slice runs the front end at the speed of a measured slice drawn at random: factors "
+            f"{f.min():.2f}–{f.max():.2f} (p10 {np.percentile(f, 10):.2f}, p90 {np.percentile(f, 90):.2f}), mean one.",
+        ]
     lines += [
         "",
         "## Every level",

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate.fit import batches_from_requests, fit_frontend, fit_profile
+from calibrate.fit import batches_from_requests, fit_frontend, fit_profile, fit_speed
 from calibrate.hiccups import HiccupMeter, platform_speed
 from calibrate.loadgen import Slice, image_payloads, level_summary, ranker_payloads, run_slices
 from calibrate.microbench import feature_fetch_cost
@@ -115,6 +115,9 @@ def build_profile(
         # cores). The load generator's own loop competes for those cores only when the front
         # end has fewer than two.
         frontend = fit_frontend(used, servers=1, client_shares_cores=client_shares(servesim))
+        speed = fit_speed(slices, fit_levels, client_shares_cores=client_shares(servesim))
+        if speed is not None:
+            frontend["speed"] = speed
     return {
         "schema_version": PROFILE_SCHEMA,
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

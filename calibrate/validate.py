@@ -41,8 +41,25 @@ def _dist(spec: dict) -> dict:
     return {k: v for k, v in spec.items() if k != "fit"}
 
 
-def scenario_dict(profile: dict, rate_rps: float, *, duration_s: float, warmup_s: float, seed: int = 0) -> dict:
-    """The calibrated server under Poisson load at ``rate_rps``, as a scenario document."""
+def _scaled(spec: dict, factor: float) -> dict:
+    """A distribution spec with every time in it (``*_ms``, samples included) times ``factor``."""
+    if factor == 1.0:
+        return spec
+    out = dict(spec)
+    for k, v in spec.items():
+        if k.endswith("_ms") and isinstance(v, int | float):
+            out[k] = v * factor
+        elif k == "samples_ms":
+            out[k] = [x * factor for x in v]
+    return out
+
+
+def scenario_dict(
+    profile: dict, rate_rps: float, *, duration_s: float, warmup_s: float, seed: int = 0, speed: float = 1.0
+) -> dict:
+    """The calibrated server under Poisson load at ``rate_rps``, as a scenario document;
+    ``speed`` multiplies the front end's CPU times (a slice's platform speed, see
+    :func:`calibrate.fit.fit_speed`; 1 is the run's average)."""
     server = profile["server"]
     st = profile["service_time"]
     features = {}
@@ -50,7 +67,7 @@ def scenario_dict(profile: dict, rate_rps: float, *, duration_s: float, warmup_s
         f = profile["features"]
         features = {k: f[k] for k in ("lookups_per_request", "batch_size", "parallelism")}
         if "store" in f:  # round trips queue for the server's event loop: a one-thread station
-            features["store"] = f["store"]
+            features["store"] = {**f["store"], "per_op_ms": f["store"]["per_op_ms"] * speed}
             if "store_wait" in f:  # and wait for Redis off the loop
                 features["round_trip"] = _dist(f["store_wait"])
         else:
@@ -59,7 +76,11 @@ def scenario_dict(profile: dict, rate_rps: float, *, duration_s: float, warmup_s
     if fe is not None:
         router = {"overhead": _dist(fe["fixed_delay"]), "balancing": "shared"}
         # the ranker's loop CPU is on the feature store's station (``on_store``): no second station
-        preprocess = {} if fe.get("on_store") else {"service": _dist(fe["service"]), "cpu_workers": fe["servers"]}
+        preprocess = (
+            {}
+            if fe.get("on_store")
+            else {"service": _scaled(_dist(fe["service"]), speed), "cpu_workers": fe["servers"]}
+        )
         postprocess: dict = {}
     else:
         router = {"overhead": _dist(profile["stages"]["overhead"]), "balancing": "shared"}
@@ -115,8 +136,11 @@ def scenario_from_profile(
     return Scenario.model_validate(scenario_dict(profile, rate_rps, duration_s=duration_s, warmup_s=warm, seed=seed))
 
 
-def _latencies(profile: dict, rate_rps: float, *, slice_s: float, warmup_s: float, seed: int) -> np.ndarray:
-    s = scenario_from_profile(profile, rate_rps, duration_s=slice_s, warmup_s=warmup_s, seed=seed)
+def _latencies(
+    profile: dict, rate_rps: float, *, slice_s: float, warmup_s: float, seed: int, speed: float = 1.0
+) -> np.ndarray:
+    doc = scenario_dict(profile, rate_rps, duration_s=slice_s, warmup_s=warmup_s, seed=seed, speed=speed)
+    s = Scenario.model_validate(doc)
     rec = simulate(s).records
     done = window(rec, s) & rec.completed
     return (rec.t_response - rec.arrival)[done]
@@ -133,14 +157,19 @@ def predict(
     seed: int = 0,
 ) -> dict[str, tuple[float, float, float]]:
     """Simulated p50/p95/p99 (ms) at ``rate_rps`` over ``slices`` pooled runs of ``slice_s``
-    each, repeated ``reps`` times: the mean over repetitions and its 95% t-interval."""
+    each, repeated ``reps`` times: the mean over repetitions and its 95% t-interval. With
+    the platform's measured speed per slice (``frontend.speed.slice_factors``), each
+    simulated slice runs at the speed of a measured slice drawn at random, as the measured
+    levels did."""
     warm = min(2.0, slice_s / 10) if warmup_s is None else warmup_s
+    factors = ((profile.get("frontend") or {}).get("speed") or {}).get("slice_factors") or [1.0]
     per_rep = {q: [] for q in PERCENTILES}
     for r in range(reps):
         pooled = []
         for j in range(slices):
-            sub = int(np.random.SeedSequence([seed, r, j]).generate_state(1)[0])
-            pooled.append(_latencies(profile, rate_rps, slice_s=slice_s, warmup_s=warm, seed=sub))
+            sub, pick = np.random.SeedSequence([seed, r, j]).generate_state(2)
+            speed = float(factors[int(pick) % len(factors)])
+            pooled.append(_latencies(profile, rate_rps, slice_s=slice_s, warmup_s=warm, seed=int(sub), speed=speed))
         x = np.concatenate(pooled)
         for q, pct in PERCENTILES.items():
             per_rep[q].append(float(np.percentile(x, pct)) if len(x) else float("nan"))

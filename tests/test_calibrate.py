@@ -351,3 +351,68 @@ def test_the_rankers_event_loop_becomes_the_feature_stores_one_thread():
     assert doc["preprocess"] == {}  # one station for the one loop
     assert doc["features"]["store"]["per_op_ms"] == pytest.approx(3.0 / 26)
     assert doc["features"]["round_trip"]["kind"] == wait["kind"]
+
+
+def test_the_platform_speed_per_slice_is_recovered_and_averages_one():
+    """Slices at three loads, each with the speed meter's mean slowdown s; the CPU per
+    request is the load's own cost times s**0.8 and 3% noise. The fit recovers the
+    elasticity from the fitted levels alone (the load's effect cancels within a level) and
+    gives every kept slice a factor, mean one, ordered as the speeds are."""
+    from calibrate.fit import fit_speed
+
+    rng = np.random.default_rng(5)
+    rows = []
+    for i in range(60):
+        level = i % 3
+        s = rng.choice([0.7, 1.0]) * rng.lognormal(0, 0.05)  # a two-speed platform, as measured
+        per_ms = (4.0, 3.5, 3.2)[level] * s**0.8 * rng.lognormal(0, 0.03)
+        n = 500 + 300 * level
+        rows.append(
+            {
+                "slice": i,
+                "level": level,
+                "kept": i != 7,
+                "requests": n,
+                "frontend_cpu_s": 0.8 * per_ms * n / 1e3,
+                "client_cpu_s": 0.15 * per_ms * n / 1e3,
+                "sidecar_cpu_s": 0.05 * per_ms * n / 1e3,
+                "slowdown_mean": s,
+            }
+        )
+    slices = pd.DataFrame(rows)
+    sp = fit_speed(slices, [0, 2], client_shares_cores=True)
+    assert sp["elasticity"] == pytest.approx(0.8, abs=0.08)
+    assert sp["r"] > 0.9
+    assert sp["slices_fitted"] == 40  # levels 0 and 2 (slice 7, of level 1, not kept)
+    f = np.asarray(sp["slice_factors"])
+    assert len(f) == 59
+    assert f.mean() == pytest.approx(1.0, abs=1e-3)
+    kept = slices[slices["kept"]]
+    assert np.all(np.diff(f[np.argsort(kept["slowdown_mean"].to_numpy())]) >= 0)
+    assert fit_speed(slices.drop(columns="slowdown_mean"), [0, 2], client_shares_cores=True) is None
+
+
+def test_each_simulated_slice_runs_at_a_measured_platform_speed():
+    """A front-end station at 80% load: slices at 0.8x and 1.2x its CPU (mean one) give a
+    heavier tail than every slice at the mean speed, as a queue's convexity in its load
+    says; the factors scale the station's service times and nothing else."""
+    from calibrate.validate import predict, scenario_dict
+
+    prof = {
+        "model": {"kind": "resnet"},
+        "server": {"max_batch_size": 8, "max_queue_delay_ms": 1.0, "max_queue_size": None, "instances": 1},
+        "service_time": {"kind": "affine", "base_ms": 0.5, "per_item_ms": 0.05, "noise_cv": 0.0},
+        "frontend": {
+            "servers": 1,
+            "service": {"kind": "exponential", "mean_ms": 4.0},
+            "fixed_delay": {"kind": "deterministic", "value_ms": 1.0},
+        },
+    }
+    doc = scenario_dict(prof, 200.0, duration_s=5.0, warmup_s=0.5, speed=1.2)
+    assert doc["preprocess"]["service"] == {"kind": "exponential", "mean_ms": pytest.approx(4.8)}
+    assert doc["router"]["overhead"] == {"kind": "deterministic", "value_ms": 1.0}
+    even = predict(prof, 200.0, slices=8, slice_s=5.0, warmup_s=0.5, reps=6, seed=1)
+    prof["frontend"]["speed"] = {"slice_factors": [0.8, 1.2]}
+    mixed = predict(prof, 200.0, slices=8, slice_s=5.0, warmup_s=0.5, reps=6, seed=1)
+    even_hi, mixed_lo = even["p99"][2], mixed["p99"][1]
+    assert mixed_lo > even_hi  # M/M/1 p99 at 0.64, 0.8, 0.96 load: 51, 92, 460 ms (x4.6 ln 100 / (1 - rho))
