@@ -127,6 +127,10 @@ def test_calibration_page_shows_measured_against_predicted():
     assert charts(at) == 1
     assert at.selectbox(key="profile").value == "cpu-resnet64"
     assert len(at.dataframe) == 1
+    at.selectbox(key="profile").set_value("cpu-ranker-mget").run()  # the ranker through Redis
+    assert not at.exception
+    assert charts(at) == 1
+    assert "ranker" in at.caption[0].value
 
 
 def test_practice_page_compares_estimates_with_the_simulator():

@@ -10,6 +10,8 @@ from dashboards import charts
 from dashboards.data import PROFILES, Choice, calibration_reports, calibration_table, validation_rows
 from simulator.scenario.config import Scenario
 
+MAIN_PROFILE = "cpu-resnet64"
+
 
 def render(choice: Choice | None = None, s: Scenario | None = None) -> None:
     st.header("Calibration: measured vs predicted")
@@ -17,7 +19,9 @@ def render(choice: Choice | None = None, s: Scenario | None = None) -> None:
     if not reports:
         st.info("No calibration reports under calibrate/profiles/ (run `servesim calibrate run --out ...`).")
         return
-    name = st.selectbox("profile", sorted(reports), key="profile")
+    names = sorted(reports)
+    main = names.index(MAIN_PROFILE) if MAIN_PROFILE in names else 0  # the README's own profile first
+    name = st.selectbox("profile", names, index=main, key="profile")
     report = reports[name]
     profile = json.loads((PROFILES / name / "profile.json").read_text())
     hw, model = profile["hardware"], profile["model"]
