@@ -357,7 +357,7 @@ def test_the_platform_speed_per_slice_is_recovered_and_averages_one():
     """Slices at three loads, each with the speed meter's mean slowdown s; the CPU per
     request is the load's own cost times s**0.8 and 3% noise. The fit recovers the
     elasticity from the fitted levels alone (the load's effect cancels within a level) and
-    gives every kept slice a factor, mean one, ordered as the speeds are."""
+    gives every fitted slice a factor, mean one, ordered as the speeds are."""
     from calibrate.fit import fit_speed
 
     rng = np.random.default_rng(5)
@@ -385,10 +385,11 @@ def test_the_platform_speed_per_slice_is_recovered_and_averages_one():
     assert sp["r"] > 0.9
     assert sp["slices_fitted"] == 40  # levels 0 and 2 (slice 7, of level 1, not kept)
     f = np.asarray(sp["slice_factors"])
-    assert len(f) == 59
+    assert len(f) == 40  # the fitted slices only: the held-out ones give nothing
     assert f.mean() == pytest.approx(1.0, abs=1e-3)
-    kept = slices[slices["kept"]]
-    assert np.all(np.diff(f[np.argsort(kept["slowdown_mean"].to_numpy())]) >= 0)
+    fitted = slices[slices["kept"] & slices["level"].isin([0, 2])]
+    assert sp["slices"] == fitted["slice"].tolist()
+    assert np.all(np.diff(f[np.argsort(fitted["slowdown_mean"].to_numpy())]) >= 0)
     assert fit_speed(slices.drop(columns="slowdown_mean"), [0, 2], client_shares_cores=True) is None
 
 
@@ -412,7 +413,46 @@ def test_each_simulated_slice_runs_at_a_measured_platform_speed():
     assert doc["preprocess"]["service"] == {"kind": "exponential", "mean_ms": pytest.approx(4.8)}
     assert doc["router"]["overhead"] == {"kind": "deterministic", "value_ms": 1.0}
     even = predict(prof, 200.0, slices=8, slice_s=5.0, warmup_s=0.5, reps=6, seed=1)
-    prof["frontend"]["speed"] = {"slice_factors": [0.8, 1.2]}
+    prof["frontend"]["speed"] = {"slices": [3, 9], "slice_factors": [0.8, 1.2]}
     mixed = predict(prof, 200.0, slices=8, slice_s=5.0, warmup_s=0.5, reps=6, seed=1)
     even_hi, mixed_lo = even["p99"][2], mixed["p99"][1]
     assert mixed_lo > even_hi  # M/M/1 p99 at 0.64, 0.8, 0.96 load: 51, 92, 460 ms (x4.6 ln 100 / (1 - rho))
+
+
+def test_the_instances_speed_per_slice_is_recovered_and_used_by_slice():
+    """Batches in 30 slices, each slice at 0.85x or 1.15x an affine batch time, with 5%
+    noise within a slice. Each slice's factor is its median ratio to the fit (mean one); the
+    noise within a slice is the ratios over their slice's factor, much narrower than the
+    ratios of all batches together; a scenario at a slice's speed has that slice's batch
+    time and the within-slice noise, and the default scenario is unchanged."""
+    from calibrate.fit import fit_affine, instance_slice_speed
+    from calibrate.validate import scenario_dict
+
+    rng = np.random.default_rng(3)
+    true = np.where(np.arange(30) % 2 == 0, 0.85, 1.15)
+    sl = np.repeat(np.arange(30), 200)
+    b = rng.integers(1, 9, len(sl))
+    y = (2.0 + 0.5 * b) * true[sl] * rng.lognormal(0, 0.05, len(sl))
+    service = fit_affine(b, y)
+    ss = instance_slice_speed(pd.DataFrame({"batch_size": b, "service_ms": y, "slice": sl}), service)
+    f = np.asarray(ss["factors"])
+    assert ss["slices"] == list(range(30))
+    assert f.mean() == pytest.approx(1.0, abs=1e-3)
+    assert f == pytest.approx(true / true.mean(), rel=0.02)
+    within, every = np.asarray(ss["noise_ratios_within"]), np.asarray(service["noise_ratios"])
+    assert np.percentile(within, 99) == pytest.approx(np.exp(2.326 * 0.05), rel=0.03)
+    assert np.percentile(every, 99) > 1.15
+    prof = {
+        "model": {"kind": "resnet"},
+        "server": {"max_batch_size": 8, "max_queue_delay_ms": 1.0, "max_queue_size": None, "instances": 1},
+        "service_time": {**service, "slice_speed": ss},
+        "stages": {k: {"kind": "deterministic", "value_ms": 0.1} for k in ("overhead", "preprocess", "postprocess")},
+    }
+    prof["server"]["preprocess_threads"] = 1
+    plain = scenario_dict(prof, 100.0, duration_s=5.0, warmup_s=0.5)["workers"]["service_time"]
+    slow = scenario_dict(prof, 100.0, duration_s=5.0, warmup_s=0.5, instance_speed=1.15)["workers"]["service_time"]
+    assert plain["noise_ratios"] == service["noise_ratios"]
+    assert "slice_speed" not in plain
+    assert slow["base_ms"] == pytest.approx(1.15 * service["base_ms"])
+    assert slow["per_item_ms"] == pytest.approx(1.15 * service["per_item_ms"])
+    assert slow["noise_ratios"] == ss["noise_ratios_within"]
