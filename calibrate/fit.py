@@ -184,7 +184,7 @@ def batches_from_requests(df: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(
         {"batch_size": per_batch["batch_size"].astype(int), "service_ms": batch_time_us(per_batch) / 1e3}
     )
-    for c in ("level", "slice", "compute_infer_us", "handoff_us"):
+    for c in ("level", "compute_infer_us", "handoff_us"):
         if c in per_batch:
             out[c] = per_batch[c].to_numpy()
     return out
@@ -244,46 +244,6 @@ def fit_frontend(slices: pd.DataFrame, *, servers: int, client_shares_cores: boo
 
 
 SPEED_ELASTICITY_MAX = 1.5  # a fitted elasticity above this is noise, not the platform
-SLICE_BATCHES_MIN = 20  # batches a slice needs for its own batch-time factor
-
-
-def fitted_batch_ms(service: dict, batch_size: np.ndarray) -> np.ndarray:
-    """The fitted batch time (ms) of each batch size, for an affine or a table fit."""
-    b = np.asarray(batch_size, dtype=float)
-    if service["kind"] == "affine":
-        return service["base_ms"] + service["per_item_ms"] * b
-    table = {int(k): float(v) for k, v in service["batch_ms"].items()}
-    sizes = np.array(sorted(table), dtype=float)
-    return np.interp(b, sizes, [table[int(k)] for k in sizes])
-
-
-def instance_slice_speed(batches: pd.DataFrame, service: dict) -> dict | None:
-    """How fast the instances ran in each slice, and the batch noise within a slice.
-
-    The batch time's ratio to the fit, its median per slice, is that slice's factor (mean
-    one over the slices): on the 2-core VM the instance's core ran some slices 15–25% slower
-    than others, for the whole slice, as the front end's did. Resampled batch by batch, that
-    slowness would be spread thin; a slice that is slow throughout is what fattens a level's
-    tail. The ratios over their slice's factor (mean one, :data:`RATIO_POINTS` quantiles) are
-    the noise within a slice. None without slice ids or with fewer than three slices of
-    :data:`SLICE_BATCHES_MIN` batches."""
-    if "slice" not in batches:
-        return None
-    ratio = batches["service_ms"].to_numpy() / fitted_batch_ms(service, batches["batch_size"].to_numpy())
-    by = pd.Series(ratio).groupby(batches["slice"].to_numpy())
-    med = by.median()[by.size() >= SLICE_BATCHES_MIN]
-    if len(med) < 3:
-        return None
-    factors = med / med.mean()
-    keep = np.isin(batches["slice"].to_numpy(), factors.index)
-    within = ratio[keep] / factors.reindex(batches["slice"].to_numpy()[keep]).to_numpy()
-    within = within / within.mean()
-    q = np.quantile(within, (np.arange(RATIO_POINTS) + 0.5) / RATIO_POINTS)
-    return {
-        "slices": [int(k) for k in factors.index],
-        "factors": [round(float(v), 4) for v in factors],
-        "noise_ratios_within": [round(float(v), 5) for v in q / q.mean()],
-    }
 
 
 def fit_speed(slices: pd.DataFrame, fit_levels: list[int], *, client_shares_cores: bool) -> dict | None:
@@ -353,9 +313,6 @@ def fit_profile(
     table = fit_table(b, y)
     # the table when it explains the batches better (batch time is rarely linear from 1)
     service = table if table is not None and table["r2"] > affine["r2"] else affine
-    per_slice = instance_slice_speed(batches, service)
-    if per_slice is not None:
-        service = {**service, "slice_speed": per_slice}
     lowest = df[df["level"] == min(fit_levels)]
     overhead = lowest["latency_ms"] - lowest["request_us"] / 1e3
     fetch_us = df["feature_us"].fillna(0.0) if "feature_us" in df else 0.0

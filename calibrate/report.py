@@ -34,19 +34,6 @@ def _noise_text(st: dict) -> str:
     return f"median {q[0]:.3f}, 95th {q[1]:.3f}, 99th {q[2]:.3f}"
 
 
-def _slice_speed_text(st: dict) -> str:
-    ss = st.get("slice_speed")
-    if not ss:
-        return ""
-    f = np.asarray(ss["factors"])
-    within = _noise_text({"noise_ratios": ss["noise_ratios_within"]})
-    return (
-        f" Per fitted slice, the batch time's median ratio to the fit: {f.min():.2f}–{f.max():.2f} over "
-        f"{len(f)} slices (p10 {np.percentile(f, 10):.2f}, p90 {np.percentile(f, 90):.2f}); each simulated slice "
-        f"runs the instances at one of these, with the noise within a slice ({within})."
-    )
-
-
 def _mean(spec: dict) -> float:
     if spec["kind"] == "empirical":
         return float(np.mean(spec["samples_ms"]))
@@ -123,8 +110,7 @@ def markdown(
         f"plain standard deviation of the ratios {st['noise_cv_sd']:.3f}; "
         f"R² {st['r2']:.3f} over {st['batches']:,} batches; {st['stalls']} stalled batches set apart"
         + (f" (longest {', '.join(f'{x:.1f}' for x in st['stall_ms'][:5])} ms)" if st["stalls"] else "")
-        + "."
-        + _slice_speed_text(st),
+        + ".",
         "- **Residuals** (measured / fitted batch time) at quantiles "
         + ", ".join(f"{q}: {v:.3f}" for q, v in st["residual_ratio_quantiles"].items())
         + ".",

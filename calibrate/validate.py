@@ -54,19 +54,6 @@ def _scaled(spec: dict, factor: float) -> dict:
     return out
 
 
-def _service_time(st: dict, instance_speed: float | None) -> dict:
-    out = {k: v for k, v in st.items() if k in SERVICE_KEYS}
-    if instance_speed is None or "slice_speed" not in st:
-        return out
-    out["noise_ratios"] = st["slice_speed"]["noise_ratios_within"]
-    if out["kind"] == "affine":
-        out["base_ms"] *= instance_speed
-        out["per_item_ms"] *= instance_speed
-    else:
-        out["batch_ms"] = {k: v * instance_speed for k, v in out["batch_ms"].items()}
-    return out
-
-
 def scenario_dict(
     profile: dict,
     rate_rps: float,
@@ -75,14 +62,10 @@ def scenario_dict(
     warmup_s: float,
     seed: int = 0,
     speed: float = 1.0,
-    instance_speed: float | None = None,
 ) -> dict:
-    """The calibrated server under Poisson load at ``rate_rps``, as a scenario document.
-
+    """The calibrated server under Poisson load at ``rate_rps``, as a scenario document;
     ``speed`` multiplies the front end's CPU times (a slice's platform speed, see
-    :func:`calibrate.fit.fit_speed`; 1 is the run's average). With ``instance_speed`` (a
-    slice's batch-time factor, :func:`calibrate.fit.instance_slice_speed`), the batch time
-    is that slice's: the fit times the factor, with the noise measured within a slice."""
+    :func:`calibrate.fit.fit_speed`; 1 is the run's average)."""
     server = profile["server"]
     st = profile["service_time"]
     features = {}
@@ -127,7 +110,7 @@ def scenario_dict(
         "workers": {
             "count": 1,
             "instances": server["instances"],
-            "service_time": _service_time(st, instance_speed),
+            "service_time": {k: v for k, v in st.items() if k in SERVICE_KEYS},
         },
         "postprocess": postprocess,
         "cost": {"price_per_hour_usd": 1.0},
@@ -167,25 +150,19 @@ def _latencies(
     warmup_s: float,
     seed: int,
     speed: float = 1.0,
-    instance_speed: float | None = None,
 ) -> np.ndarray:
-    doc = scenario_dict(
-        profile, rate_rps, duration_s=slice_s, warmup_s=warmup_s, seed=seed, speed=speed, instance_speed=instance_speed
-    )
+    doc = scenario_dict(profile, rate_rps, duration_s=slice_s, warmup_s=warmup_s, seed=seed, speed=speed)
     s = Scenario.model_validate(doc)
     rec = simulate(s).records
     done = window(rec, s) & rec.completed
     return (rec.t_response - rec.arrival)[done]
 
 
-def slice_speeds(profile: dict) -> tuple[dict[int, float], dict[int, float]]:
-    """The fitted slices' speed factors, by slice: the front end's and the instances'."""
+def slice_speeds(profile: dict) -> dict[int, float]:
+    """The front end's speed factor of each fitted slice, by slice (older profiles: by position)."""
     fs = (profile.get("frontend") or {}).get("speed") or {}
     factors = fs.get("slice_factors", [])
-    front = dict(zip(fs.get("slices") or range(len(factors)), factors, strict=True))
-    ss = (profile.get("service_time") or {}).get("slice_speed") or {}
-    inst = dict(zip(ss.get("slices", []), ss.get("factors", []), strict=True))
-    return front, inst
+    return dict(zip(fs.get("slices") or range(len(factors)), factors, strict=True))
 
 
 def predict(
@@ -200,13 +177,12 @@ def predict(
 ) -> dict[str, tuple[float, float, float]]:
     """Simulated p50/p95/p99 (ms) at ``rate_rps`` over ``slices`` pooled runs of ``slice_s``
     each, repeated ``reps`` times: the mean over repetitions and its 95% t-interval. With
-    the speeds measured per fitted slice (the front end's, ``frontend.speed``, and the
-    instances', ``service_time.slice_speed``), each simulated slice runs at the speeds of
-    one fitted slice drawn at random, both from the same slice, as the measured levels
+    the front end's speed measured per fitted slice (``frontend.speed``), each simulated
+    slice runs at the speed of one fitted slice drawn at random, as the measured levels
     did."""
     warm = min(2.0, slice_s / 10) if warmup_s is None else warmup_s
-    front, inst = slice_speeds(profile)
-    drawn = sorted(set(front) | set(inst)) or [None]
+    front = slice_speeds(profile)
+    drawn = sorted(front) or [None]
     per_rep = {q: [] for q in PERCENTILES}
     for r in range(reps):
         pooled = []
@@ -221,7 +197,6 @@ def predict(
                     warmup_s=warm,
                     seed=int(sub),
                     speed=front.get(k, 1.0),
-                    instance_speed=inst.get(k, 1.0) if inst else None,
                 )
             )
         x = np.concatenate(pooled)
