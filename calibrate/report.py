@@ -34,6 +34,37 @@ def _noise_text(st: dict) -> str:
     return f"median {q[0]:.3f}, 95th {q[1]:.3f}, 99th {q[2]:.3f}"
 
 
+def _fetch_in_flight(profile: dict) -> list[str]:
+    """The feature fetch's cost against the fetches in flight, and what it means for the model."""
+    rows = (profile.get("feature_fetch_microbench") or {}).get("by_in_flight")
+    if not rows:
+        return []
+    by = pd.DataFrame(rows)
+    low = by.loc[by["cpu_ms_per_fetch"].idxmin()]
+    top = by.iloc[-1]
+    out = [
+        "",
+        "## The feature fetch under concurrency",
+        "",
+        "The server's own Redis client, alone on the front end's core, with N fetches in flight back to back "
+        "(CPU of the client and of the redis-server per fetch; failed: the pool's wait for a connection timed out, "
+        "a 503 in the server).",
+        "",
+        "| in flight | fetches/s | CPU ms per fetch | failed |",
+        "|---|---|---|---|",
+        *(
+            f"| {int(r.in_flight)} | {r.fetches_per_s:,.0f} | {r.cpu_ms_per_fetch:.2f} | {int(r.failed)} |"
+            for r in by.itertuples()
+        ),
+        "",
+        f"Lowest at {int(low.in_flight)} in flight ({low.cpu_ms_per_fetch:.2f} ms); at {int(top.in_flight)}, "
+        f"{top.cpu_ms_per_fetch / low.cpu_ms_per_fetch - 1:+.0%}. The model holds the loop for a fixed time per round "
+        "trip: where the cost rises with the fetches in flight, a level that queues that many is slower than "
+        "predicted, and past the rise the server can tip into a congestion collapse the model does not have.",
+    ]
+    return out
+
+
 def _mean(spec: dict) -> float:
     if spec["kind"] == "empirical":
         return float(np.mean(spec["samples_ms"]))
@@ -147,6 +178,7 @@ def markdown(
             f"- **Redis**: {f['lookups_per_request']} keys per request in trips of {f['batch_size']}; "
             + (f"a one-thread station at {f['store']['per_op_ms']:.3f} ms per trip." if "store" in f else "")
         )
+    lines += _fetch_in_flight(profile)
     lines += [
         "",
         "## Compute inside the server against the microbenchmark",

@@ -38,7 +38,7 @@ import pandas as pd
 from calibrate.fit import batches_from_requests, fit_frontend, fit_profile, fit_speed
 from calibrate.hiccups import HiccupMeter, platform_speed
 from calibrate.loadgen import Slice, image_payloads, level_summary, ranker_payloads, run_slices
-from calibrate.microbench import feature_fetch_cost
+from calibrate.microbench import feature_fetch_cost, feature_fetch_in_flight
 from calibrate.report import markdown, write_scenario
 from calibrate.servers import get_json, redis_server, server
 from calibrate.validate import chart, compare
@@ -304,6 +304,14 @@ def _calibrate(
             log(
                 f"feature fetch alone: {fetch_cost['cpu_ms_per_trip'] * 1e3:.0f} us of CPU and "
                 f"{fetch_cost['wall_ms_per_trip'] * 1e3:.0f} us of wall time per round trip"
+            )
+            # and under concurrency: what the fixed cost per trip of the model leaves out
+            by = feature_fetch_in_flight(redis_url, servesim["features"], sidecars=sidecars)
+            fetch_cost["by_in_flight"] = by.to_dict(orient="records")
+            log(
+                "feature fetch in flight: "
+                + ", ".join(f"{int(r.in_flight)}: {r.cpu_ms_per_fetch:.2f} ms" for r in by.itertuples())
+                + " of CPU per fetch"
             )
         if model == "ranker":
             payloads = ranker_payloads(32, mcfg["dense"], 10_000, rng)

@@ -164,6 +164,8 @@ def test_end_to_end_calibration_of_the_ranker_through_redis(tmp_path):
     assert 0 < f["store"]["per_op_ms"] < 50
     measured = pd.read_csv(tmp_path / "measurements.csv.gz")
     assert (measured.loc[measured["status"] == 200, "feature_round_trips"] == 8).all()
+    assert [r["in_flight"] for r in profile["feature_fetch_microbench"]["by_in_flight"]] == [1, 8, 32, 64, 128]
+    assert "## The feature fetch under concurrency" in (tmp_path / "validation.md").read_text()
     assert {r["load"] for r in report["validation"]} == {0.2, 0.5, 0.7, 0.85}
     assert all(np.isfinite(r["error_pct"]) for r in report["validation"])
 
@@ -417,3 +419,41 @@ def test_each_simulated_slice_runs_at_a_measured_platform_speed():
     mixed = predict(prof, 200.0, slices=8, slice_s=5.0, warmup_s=0.5, reps=6, seed=1)
     even_hi, mixed_lo = even["p99"][2], mixed["p99"][1]
     assert mixed_lo > even_hi  # M/M/1 p99 at 0.64, 0.8, 0.96 load: 51, 92, 460 ms (x4.6 ln 100 / (1 - rho))
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed (CI installs it)")
+def test_the_feature_fetch_is_measured_alone_and_under_concurrency(tmp_path):
+    """Against a real redis-server: the server's own client, alone (CPU and wall time per
+    round trip) and with 1, 4 and 16 fetches in flight over 2 pooled connections (fetches/s,
+    the client's and the redis-server's CPU per fetch, nothing failed); the report shows it."""
+    import asyncio
+
+    from calibrate.microbench import feature_fetch_cost, feature_fetch_in_flight
+    from calibrate.report import _fetch_in_flight
+    from calibrate.run import redis_pids
+    from reference_server.features import FeatureStore, FeatureStoreConfig
+    from tests.servers import redis_server
+
+    features = {"keys": 4, "batch_size": 1, "parallelism": 1, "entities": 200, "max_connections": 2}
+    with redis_server() as url:
+
+        async def fill() -> None:
+            store = FeatureStore(FeatureStoreConfig(url=url, **features))
+            await store.populate(1000)
+            await store.close()
+
+        asyncio.run(fill())
+        alone = feature_fetch_cost(url, features, fetches=200, warmup=20)
+        assert alone["round_trips_per_fetch"] == 4
+        assert 0 < alone["cpu_ms_per_trip"] <= alone["wall_ms_per_trip"]
+        pids = redis_pids(url)
+        by = feature_fetch_in_flight(url, features, in_flight=(1, 4, 16), seconds=0.3, sidecars=pids)
+    assert by["in_flight"].tolist() == [1, 4, 16]
+    assert (by["fetches_per_s"] > 0).all()
+    assert (by["client_cpu_ms_per_fetch"] > 0).all()
+    assert by["sidecar_cpu_ms_per_fetch"].notna().all()
+    assert (by["failed"] == 0).all()
+    assert (by["cpu_ms_per_fetch"] >= by["client_cpu_ms_per_fetch"]).all()
+    text = "\n".join(_fetch_in_flight({"feature_fetch_microbench": {"by_in_flight": by.to_dict(orient="records")}}))
+    assert "## The feature fetch under concurrency" in text
+    assert "| 16 |" in text
