@@ -32,7 +32,8 @@ from simulator.serving.batcher import Outcome
 from simulator.serving.classes import serve_classes
 from simulator.serving.dispatch import assign_workers, serve_versions
 from simulator.serving.pool import FleetLog
-from simulator.serving.workers import BatchLog, ServiceModel
+from simulator.serving.served import BatchLog, Served
+from simulator.serving.workers import ServiceModel
 from simulator.stages.arrivals import arrivals as make_arrivals
 from simulator.stages.caches import lookup
 from simulator.stages.features import fetch
@@ -163,36 +164,32 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
         version, shadow, pools, fleet, batches, served, counterfactual = serve_versions(
             s, seed, t_router, t_pre, np.arange(n) if everyone else idx, assign, service, rng, deadlines
         )
-    live_idx, per_request = served
+    live_idx, on_pool = served
     if everyone and len(live_idx) == n and np.array_equal(live_idx, np.arange(n)):
-        t_dispatch, t_inferred, batch_size, instance, outcome, t_dropped = per_request
+        pooled = on_pool
     else:
         # requests served from the result cache take zero time in the later stages
-        t_dispatch, t_inferred = t_feat.copy(), t_feat.copy()
-        batch_size = np.zeros(n, dtype=np.int64)
-        instance = np.full(n, -1, dtype=np.int64)
-        outcome = np.zeros(n, dtype=np.int8)
-        t_dropped = np.full(n, np.nan)
-        for column, values in zip(
-            (t_dispatch, t_inferred, batch_size, instance, outcome, t_dropped), per_request, strict=True
-        ):
-            column[live_idx] = values
-    del per_request, served
+        pooled = Served.empty(n)._replace(t_dispatch=t_feat.copy(), t_done=t_feat.copy())
+        pooled.scatter(live_idx, on_pool)
+    del on_pool, served
     if failed.any():  # they gave up on their features and go no further
-        outcome[failed] = Outcome.FAILED
-        t_dropped[failed] = t_feat[failed]
-        for column in (t_feat, t_pre, t_dispatch, t_inferred):
+        pooled.outcome[failed] = Outcome.FAILED
+        pooled.t_dropped[failed] = t_feat[failed]
+        for column in (t_feat, t_pre, pooled.t_dispatch, pooled.t_done):
             column[failed] = np.nan
 
     post = _delay(s.postprocess.service, n, rng.postprocess)
     back = _delay(s.network.api_to_client, n, rng.network_out) + _transfer_ms(
         _per_class(s, "response_kb", klass), s.network.bandwidth_gbps
     )
-    t_post = t_inferred + post
+    t_post = pooled.t_done + post
     t_resp = t_post + back
     if counterfactual is not None:  # primary responses had the shadow not shared their queues
         counterfactual = counterfactual + post + back
-    t_logged = ship(s.logging, np.where(np.isnan(t_resp), t_dropped, t_resp)) if s.logging else np.full(n, np.nan)
+    if s.logging:  # each request is logged when it ends: with its response, or when it was dropped
+        t_logged = ship(s.logging, np.where(np.isnan(t_resp), pooled.t_dropped, t_resp))
+    else:
+        t_logged = np.full(n, np.nan)
     records = Records(
         arrival=t0,
         t_api=t_api,
@@ -200,18 +197,18 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
         t_cache=t_cache,
         t_features=t_feat,
         t_preprocessed=t_pre,
-        t_dispatch=t_dispatch,
-        t_inferred=t_inferred,
+        t_dispatch=pooled.t_dispatch,
+        t_inferred=pooled.t_done,
         t_postprocessed=t_post,
         t_response=t_resp,
-        t_dropped=t_dropped,
+        t_dropped=pooled.t_dropped,
         t_logged=t_logged,
-        outcome=outcome,
+        outcome=pooled.outcome,
         degraded=degraded,
         result_hit=result_hit,
         feature_hit=feature_hit,
-        batch_size=batch_size,
-        instance=instance,
+        batch_size=pooled.batch_size,
+        instance=pooled.instance,
         version=version,
         traffic_class=klass,
     )

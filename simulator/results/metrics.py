@@ -18,7 +18,8 @@ from simulator.scenario.config import Scenario
 from simulator.scenario.loader import scenario_hash
 from simulator.serving.batcher import Outcome
 from simulator.serving.pool import WorkerState
-from simulator.serving.workers import BatchLog, mean_service_ms
+from simulator.serving.served import BatchLog
+from simulator.serving.workers import mean_service_ms
 
 PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
 

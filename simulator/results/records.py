@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.serving.batcher import Outcome
-from simulator.serving.workers import BatchLog
+from simulator.serving.served import BatchLog
 
 # stage name, timestamp it starts from, timestamp it ends at
 STAGES: tuple[tuple[str, str, str], ...] = (

@@ -15,7 +15,7 @@ from simulator.results.records import Records
 from simulator.scenario.config import Scenario
 from simulator.serving.batcher import Outcome
 from simulator.serving.pool import FleetLog, WorkerState
-from simulator.serving.workers import BatchLog
+from simulator.serving.served import BatchLog
 
 
 def time_average_level(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) -> np.ndarray:

@@ -26,7 +26,8 @@ from simulator.rng import Streams
 from simulator.scenario.config import Scenario
 from simulator.serving.batcher import DONE, BatchQueue, Dispatch, Wait
 from simulator.serving.dispatch import assign_workers, pool_scenario, serve, sub
-from simulator.serving.workers import BatchLog, ServiceModel, concat_logs, queue_results
+from simulator.serving.served import BatchLog, Served, concat_logs
+from simulator.serving.workers import ServiceModel, queue_results
 
 PRIORITY = {"realtime": 0, "bulk": 1}
 
@@ -146,28 +147,16 @@ def serve_classes(
     s: Scenario, t_pre: np.ndarray, klass: np.ndarray, assign: np.ndarray | None, rng: Streams, deadlines=None
 ):
     """Serve live requests (``t_pre``, their class, their shared-pool worker or None for a
-    shared queue): per-request columns as :func:`simulator.serving.dispatch.serve` returns them
-    (dispatch, done, batch size, instance, outcome, drop time), the shared pool's batch
-    log, and each class's batch log by name (instances of its own pool where it has one)."""
+    shared queue): the requests as :class:`~simulator.serving.served.Served` columns, the shared
+    pool's batch log, and each class's batch log by name (instances of its own pool where it
+    has one)."""
     names = list(s.traffic.classes)
     classes = list(s.traffic.classes.values())
     k = len(classes)
     children = rng.classes.spawn(2 * k)  # service times, then own-pool routing, per class
     n = len(t_pre)
-    cols = [
-        np.full(n, np.nan),
-        np.full(n, np.nan),
-        np.zeros(n, np.int64),
-        np.full(n, -1, np.int64),
-        np.zeros(n, np.int8),
-        np.full(n, np.nan),
-    ]
+    served = Served.empty(n)
     logs: dict[str, BatchLog] = {}
-
-    def put(idx: np.ndarray, values) -> None:
-        for full, part in zip(cols, values, strict=True):
-            full[idx] = part
-
     shared = [c for c in range(k) if classes[c].workers is None]
     services = [
         ServiceModel(
@@ -182,10 +171,10 @@ def serve_classes(
             continue
         idx = np.flatnonzero(klass == c)
         ps = pool_scenario(s, classes[c].workers, classes[c].service_time)
-        *values, logs[names[c]] = serve(
+        part, logs[names[c]] = serve(
             t_pre[idx], assign_workers(ps, len(idx), children[k + c]), ps, services[c], sub(deadlines, idx)
         )
-        put(idx, values)
+        served.scatter(idx, part)
 
     env = simpy.Environment()
     quota = Quota(env, [classes[c].max_instances or math.inf for c in range(k)])
@@ -213,9 +202,9 @@ def serve_classes(
     class_logs: list[list[BatchLog]] = [[] for _ in range(k)]
     for feed, per_class in zip(feeds, members, strict=True):
         for c in shared:
-            values, log = queue_results(feed.queues[c], *feed.logs[c])
-            put(per_class[c], values)
+            part, log = queue_results(feed.queues[c], *feed.logs[c])
+            served.scatter(per_class[c], part)
             class_logs[c].append(log)
     for c in shared:
         logs[names[c]] = concat_logs(class_logs[c])
-    return cols, concat_logs([logs[names[c]] for c in shared]), logs
+    return served, concat_logs([logs[names[c]] for c in shared]), logs

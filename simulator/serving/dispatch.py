@@ -14,8 +14,9 @@ import numpy as np
 from simulator.rng import Streams, streams
 from simulator.scenario.config import Batching, Scenario
 from simulator.serving.batcher import BatchQueue, Outcome
-from simulator.serving.pool import DynamicPool
-from simulator.serving.workers import BatchLog, ServiceModel, run_pool
+from simulator.serving.pool import DynamicPool, FleetLog
+from simulator.serving.served import BatchLog, Served, concat_logs
+from simulator.serving.workers import ServiceModel, run_pool
 from simulator.stages.canary import on_canary
 from simulator.stages.stations import fcfs_multiserver
 
@@ -42,10 +43,11 @@ def sub(deadlines: np.ndarray | None, idx) -> np.ndarray | None:
     return None if deadlines is None else deadlines[idx]
 
 
-def serve(t_pre: np.ndarray, assign: np.ndarray | None, s: Scenario, service: ServiceModel, deadlines=None):
-    """Batching queues and GPU workers: per-request dispatch/finish times, batch size,
-    instance, outcome and drop time (request order), and the batch log. ``deadlines``:
-    each request's end-to-end deadline, with ``batching.deadline_ms``."""
+def serve(
+    t_pre: np.ndarray, assign: np.ndarray | None, s: Scenario, service: ServiceModel, deadlines=None
+) -> tuple[Served, BatchLog]:
+    """Batching queues and GPU workers: the requests (in the order of ``t_pre``) and the
+    batch log. ``deadlines``: each request's end-to-end deadline, with ``batching.deadline_ms``."""
     n = len(t_pre)
     per_worker = s.workers.instances
     if assign is None:
@@ -56,12 +58,7 @@ def serve(t_pre: np.ndarray, assign: np.ndarray | None, s: Scenario, service: Se
         cuts = np.searchsorted(assign[by_worker], np.arange(1, s.workers.count))
         groups = np.split(by_worker, cuts)
         ids = [list(range(w * per_worker, (w + 1) * per_worker)) for w in range(s.workers.count)]
-    t_dispatch = np.full(n, np.nan)
-    t_done = np.full(n, np.nan)
-    size = np.zeros(n, dtype=np.int64)
-    instance = np.full(n, -1, dtype=np.int64)
-    outcome = np.zeros(n, dtype=np.int8)
-    dropped = np.full(n, np.nan)
+    served = Served.empty(n)
     if fast_path(s.batching):
         # service draws go to requests in queue-arrival order: the dispatch order of a shared queue
         svc_all = np.empty(n)
@@ -70,22 +67,16 @@ def serve(t_pre: np.ndarray, assign: np.ndarray | None, s: Scenario, service: Se
         for order, inst_ids in zip(groups, ids, strict=True):
             svc = svc_all[order]
             start, k = fcfs_multiserver(t_pre[order], svc, len(inst_ids))
-            t_dispatch[order], t_done[order], size[order] = start, start + svc, 1
-            instance[order] = np.asarray(inst_ids)[k] if len(order) else k
-            logs.append((start, start + svc, instance[order]))
-        batches = BatchLog(
-            start=np.concatenate([g[0] for g in logs]),
-            end=np.concatenate([g[1] for g in logs]),
-            size=np.ones(n, dtype=np.int64),
-            instance=np.concatenate([g[2] for g in logs]),
-        )
+            served.t_dispatch[order], served.t_done[order], served.batch_size[order] = start, start + svc, 1
+            served.instance[order] = np.asarray(inst_ids)[k] if len(order) else k
+            logs.append(BatchLog(start, start + svc, np.ones(len(order), np.int64), served.instance[order]))
+        batches = concat_logs(logs)
     else:
         queues = [BatchQueue(t_pre[order], s.batching, deadlines=sub(deadlines, order)) for order in groups]
         results, batches = run_pool(queues, ids, service)
-        for order, columns in zip(groups, results, strict=True):
-            for full, part in zip((t_dispatch, t_done, size, instance, outcome, dropped), columns, strict=True):
-                full[order] = part
-    return t_dispatch, t_done, size, instance, outcome, dropped, batches
+        for order, part in zip(groups, results, strict=True):
+            served.scatter(order, part)
+    return served, batches
 
 
 def pool_scenario(s: Scenario, count: int, service_time) -> Scenario:
@@ -101,18 +92,23 @@ def pool_scenario(s: Scenario, count: int, service_time) -> Scenario:
     return s.model_copy(update={"workers": w})
 
 
-def serve_primary(s: Scenario, t_pre: np.ndarray, assign, service: ServiceModel, rng: Streams, deadlines=None):
+def serve_primary(
+    s: Scenario, t_pre: np.ndarray, assign, service: ServiceModel, rng: Streams, deadlines=None
+) -> tuple[Served, BatchLog, FleetLog | None]:
+    """The primary's pool, fixed or dynamic: its requests, its batch log, and its fleet log
+    (None for a fixed pool)."""
     if s.workers.dynamic:
         return DynamicPool(s, t_pre, service, rng, deadlines).run()
-    *per_request, batches = serve(t_pre, assign, s, service, deadlines)
-    return per_request, batches, None
+    served, batches = serve(t_pre, assign, s, service, deadlines)
+    return served, batches, None
 
 
 def serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, service, rng, deadlines=None):
     """Route live requests to the primary or the canary (sticky by user), copy a share to
     the shadow, and serve each pool. Returns versions, shadow copies, the extra pools'
-    logs, the primary fleet and batch log, per-request columns of the live requests,
-    and primary completion times without the shared shadow (or None)."""
+    logs, the primary fleet and batch log, the served live requests (their indices and
+    their :class:`Served` columns), and primary completion times without the shared shadow
+    (or None)."""
     n = len(t_router)
     r = s.router
     version = np.zeros(n, dtype=np.int8)
@@ -134,17 +130,16 @@ def serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, servic
         a_in = np.concatenate([a_in, assign_workers(s, len(copies), rng.shadow_routing)])
     d_in = sub(deadlines, np.concatenate([prim, copies]) if shared else prim)
     per, batches, fleet = serve_primary(s, t_in, a_in, service, rng, d_in)
-    cols = [np.empty(n, dtype=c.dtype) for c in per]
-    for c, v in zip(cols, per, strict=True):
-        c[prim] = v[: len(prim)]
+    served = Served.empty(n)
+    served.scatter(prim, per.take(slice(None, len(prim))))
     pools: dict[str, BatchLog] = {}
     shadow = counterfactual = None
     if r.shadow is not None:
         if shared:
-            sh = [v[len(prim) :] for v in per]
+            sh = per.take(slice(len(prim), None))
         if shared and r.shadow.measure_impact:
             fresh = streams(seed)
-            cf, _, _ = serve_primary(
+            alone, _, _ = serve_primary(
                 s,
                 t_pre[prim],
                 None if assign is None else assign[prim],
@@ -153,29 +148,28 @@ def serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, servic
                 sub(deadlines, prim),
             )
             counterfactual = np.full(n, np.nan)
-            counterfactual[prim] = cf[1]
+            counterfactual[prim] = alone.t_done
         elif not shared:
             ps = pool_scenario(s, r.shadow.workers, r.shadow.service_time)
             model = ServiceModel(ps.workers, s.batching.max_batch_size, rng.shadow_service)
-            *sh, pools["shadow"] = serve(
+            sh, pools["shadow"] = serve(
                 t_pre[copies], assign_workers(ps, len(copies), rng.shadow_routing), ps, model, sub(deadlines, copies)
             )
         shadow = {
             "request": copies,
             "t_preprocessed": t_pre[copies],
-            "t_dispatch": sh[0],
-            "t_inferred": sh[1],
-            "outcome": sh[4],
+            "t_dispatch": sh.t_dispatch,
+            "t_inferred": sh.t_done,
+            "outcome": sh.outcome,
         }
     if r.canary is not None:
         pc = pool_scenario(s, r.canary.workers, r.canary.service_time)
         model = ServiceModel(pc.workers, s.batching.max_batch_size, rng.canary_service)
-        *pc_cols, pools["canary"] = serve(
+        on_canary_pool, pools["canary"] = serve(
             t_pre[cand], assign_workers(pc, len(cand), rng.canary_routing), pc, model, sub(deadlines, cand)
         )
-        errors = (rng.canary_errors.random(len(cand)) < r.canary.error_rate) & (pc_cols[4] == Outcome.COMPLETED)
-        pc_cols[4] = np.where(errors, Outcome.ERROR, pc_cols[4])
-        for c, v in zip(cols, pc_cols, strict=True):
-            c[cand] = v
+        errors = rng.canary_errors.random(len(cand)) < r.canary.error_rate
+        on_canary_pool.outcome[errors & (on_canary_pool.outcome == Outcome.COMPLETED)] = Outcome.ERROR
+        served.scatter(cand, on_canary_pool)
     served_idx = np.concatenate([prim, cand])
-    return version, shadow, pools, fleet, batches, (served_idx, [c[served_idx] for c in cols]), counterfactual
+    return version, shadow, pools, fleet, batches, (served_idx, served.take(served_idx)), counterfactual

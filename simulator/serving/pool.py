@@ -41,7 +41,8 @@ from simulator.scenario.config import Scenario
 from simulator.scenario.distributions import Sampler
 from simulator.serving.autoscaler import HPA, KPA, Observation, Policy
 from simulator.serving.batcher import BatchQueue, Outcome
-from simulator.serving.workers import BatchLog, Feed, ServiceModel, concat_logs, schedule
+from simulator.serving.served import BatchLog, Served, concat_logs
+from simulator.serving.workers import Feed, ServiceModel, schedule
 
 INF = math.inf
 
@@ -381,36 +382,30 @@ class DynamicPool:
         obs = Observation(current=len(self._counting(t)), ready=ready, metric=metric)
         self._scale(t, self.policy.desired(t / 1000.0, obs))
 
-    def run(self) -> tuple[tuple[np.ndarray, ...], BatchLog, FleetLog]:
-        """Simulate; per-request columns in request order (as ``engine.serve``), batch log, fleet log."""
+    def run(self) -> tuple[Served, BatchLog, FleetLog]:
+        """Simulate; the requests in request order, the batch log and the fleet log."""
         self.env.process(self.control())
         self.env.run()
         n = len(self.q)
-        cols = (
-            np.full(n, np.nan), np.full(n, np.nan), np.zeros(n, dtype=np.int64), np.full(n, -1, dtype=np.int64),
-            np.zeros(n, dtype=np.int8), np.full(n, np.nan),
-        )  # fmt: skip
+        by_arrival = Served.empty(n)  # in the order the pool saw them
         logs = []
         for w in self.workers:
-            per_feed, log = w.feed.results()
+            part, log = w.feed.results()
             logs.append(log)
             if w.wid in self.routed:
-                pos = np.concatenate(self.routed[w.wid])
-                for full, part in zip(cols, per_feed, strict=True):
-                    full[pos] = part
+                by_arrival.scatter(np.concatenate(self.routed[w.wid]), part)
             last = float(log.end.max()) if len(log.end) else 0.0
             if w.drain_at < INF:
                 w.gone_at = max(w.drain_at, last)
             elif w.gone_at == INF and w.crashed_at == INF:
                 w.gone_at = max(self.end_ms, last, w.requested_at)  # still up when the traffic ended
         for chunk in self.rejected:
-            cols[4][chunk] = Outcome.REJECTED
-            cols[5][chunk] = self.q[chunk]
+            by_arrival.outcome[chunk] = Outcome.REJECTED
+            by_arrival.t_dropped[chunk] = self.q[chunk]
         if self.expired:
             gone = np.asarray(self.expired, dtype=np.int64)
-            cols[4][gone] = Outcome.REJECTED
-            cols[5][gone] = self.q[gone] + self.s.router.activator.timeout_ms
-        out = tuple(np.empty_like(c) for c in cols)
-        for full, o in zip(cols, out, strict=True):
-            o[self.order] = full
-        return out, concat_logs(logs), self.log
+            by_arrival.outcome[gone] = Outcome.REJECTED
+            by_arrival.t_dropped[gone] = self.q[gone] + self.s.router.activator.timeout_ms
+        served = Served.empty(n)
+        served.scatter(self.order, by_arrival)
+        return served, concat_logs(logs), self.log

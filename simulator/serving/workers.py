@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from array import array
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 import simpy
@@ -23,6 +22,7 @@ from simulator.scenario.config import Affine, Table, Workers
 from simulator.scenario.distributions import Sampler
 from simulator.scenario.servicetime import ProfileRef
 from simulator.serving.batcher import DONE, EXTEND, BatchQueue, Outcome, Wait
+from simulator.serving.served import BatchLog, Served, concat_logs
 
 _CHUNK = 1 << 16
 
@@ -94,16 +94,6 @@ class ServiceModel:
         return self._means[batch_size] * x if self._per_size else x
 
 
-@dataclass
-class BatchLog:
-    """Columnar record of every batch: when it ran, how big, on which instance."""
-
-    start: np.ndarray
-    end: np.ndarray
-    size: np.ndarray
-    instance: np.ndarray
-
-
 class Feed:
     """One batch queue and the model instances it feeds (one worker, or the shared pool).
 
@@ -152,39 +142,34 @@ class Feed:
             self.extended.succeed(at)
             self.extended = None
 
-    def results(self) -> tuple[tuple[np.ndarray, ...], BatchLog]:
-        """Per-request (queue order) start, end, batch size, instance, outcome, drop time; the batch log.
+    def results(self) -> tuple[Served, BatchLog]:
+        """Its requests (in queue order) and its batch log.
 
         On a crashed worker, batches still running at the crash and requests still queued
         are lost (``Outcome.CRASHED``, dropped at the crash).
         """
-        (start, end, size, inst, outcome, dropped), log = queue_results(
-            self.queue, self.b_start, self.b_end, self.b_inst
-        )
+        served, log = queue_results(self.queue, self.b_start, self.b_end, self.b_inst)
         if self.crashed_at is not None:
-            lost = (outcome == Outcome.COMPLETED) & ~(end <= self.crashed_at)
-            outcome[lost] = Outcome.CRASHED
-            dropped[lost] = self.crashed_at
-            start[lost], end[lost], size[lost], inst[lost] = np.nan, np.nan, 0, -1
-            kept = log.end <= self.crashed_at
-            log = BatchLog(log.start[kept], log.end[kept], log.size[kept], log.instance[kept])
-        return (start, end, size, inst, outcome, dropped), log
+            lost = (served.outcome == Outcome.COMPLETED) & ~(served.t_done <= self.crashed_at)
+            served.outcome[lost] = Outcome.CRASHED
+            served.t_dropped[lost] = self.crashed_at
+            served.t_dispatch[lost], served.t_done[lost] = np.nan, np.nan
+            served.batch_size[lost], served.instance[lost] = 0, -1
+            log = log.take(log.end <= self.crashed_at)
+        return served, log
 
 
-def queue_results(queue: BatchQueue, b_start: array, b_end: array, b_inst: array):
-    """Per-request columns (queue order) and the batch log of one queue's dispatched batches,
+def queue_results(queue: BatchQueue, b_start: array, b_end: array, b_inst: array) -> tuple[Served, BatchLog]:
+    """One queue's requests (queue order) and the batch log of its dispatched batches,
     given each batch's start, end and instance in dispatch order."""
     members, sizes = queue.members()
     log = BatchLog(_np(b_start, float), _np(b_end, float), sizes, _np(b_inst, np.int64))
-    start = np.full(queue.m, np.nan)
-    end = np.full(queue.m, np.nan)
-    size = np.zeros(queue.m, dtype=np.int64)
-    inst = np.full(queue.m, -1, dtype=np.int64)
-    start[members] = np.repeat(log.start, sizes)
-    end[members] = np.repeat(log.end, sizes)
-    size[members] = np.repeat(sizes, sizes)
-    inst[members] = np.repeat(log.instance, sizes)
-    return (start, end, size, inst, queue.outcome, queue.drop_time), log
+    served = Served.empty(queue.m)._replace(outcome=queue.outcome, t_dropped=queue.drop_time)
+    served.t_dispatch[members] = np.repeat(log.start, sizes)
+    served.t_done[members] = np.repeat(log.end, sizes)
+    served.batch_size[members] = np.repeat(sizes, sizes)
+    served.instance[members] = np.repeat(log.instance, sizes)
+    return served, log
 
 
 def schedule(env: simpy.Environment, feed: Feed, service: ServiceModel):
@@ -228,12 +213,14 @@ def schedule(env: simpy.Environment, feed: Feed, service: ServiceModel):
         env.timeout(max(0.0, done - env.now)).callbacks.append(feed.release(inst, done, size))
 
 
-def run_pool(queues: list[BatchQueue], instances: list[list[int]], service: ServiceModel) -> tuple[list, BatchLog]:
+def run_pool(
+    queues: list[BatchQueue], instances: list[list[int]], service: ServiceModel
+) -> tuple[list[Served], BatchLog]:
     """Simulate a fixed set of closed queues, each feeding its instances, in one environment.
 
     ``instances[k]`` are the global ids of the model instances fed by ``queues[k]`` (one
-    queue per worker, or one queue shared by the whole pool). Returns, per queue, the
-    per-request arrays of :meth:`Feed.results`, and the batch log of the whole pool.
+    queue per worker, or one queue shared by the whole pool). Returns, per queue, its
+    requests as :meth:`Feed.results` gives them, and the batch log of the whole pool.
     """
     env = simpy.Environment()
     feeds = [Feed(env, queue, ids) for queue, ids in zip(queues, instances, strict=True)]
@@ -242,13 +229,6 @@ def run_pool(queues: list[BatchQueue], instances: list[list[int]], service: Serv
     env.run()
     results, logs = zip(*(feed.results() for feed in feeds), strict=True) if feeds else ((), ())
     return list(results), concat_logs(logs)
-
-
-def concat_logs(logs) -> BatchLog:
-    """One batch log from several."""
-    if not logs:
-        return BatchLog(np.zeros(0), np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64))
-    return BatchLog(*(np.concatenate([getattr(p, f) for p in logs]) for f in ("start", "end", "size", "instance")))
 
 
 def _np(values: array, dtype) -> np.ndarray:
