@@ -31,7 +31,7 @@ from simulator.scenario.distributions import Distribution, Sampler
 from simulator.serving.batcher import Outcome
 from simulator.serving.classes import serve_classes
 from simulator.serving.dispatch import assign_workers, serve_versions
-from simulator.serving.pool import FleetLog
+from simulator.serving.fleet import FleetLog
 from simulator.serving.served import BatchLog, Served
 from simulator.serving.workers import ServiceModel
 from simulator.stages.arrivals import arrivals as make_arrivals

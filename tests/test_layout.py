@@ -57,3 +57,23 @@ def test_python_m_servesim_is_the_command():
     proc = subprocess.run([sys.executable, "-m", "servesim", "--version"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("servesim ")
+
+
+def test_the_map_in_simulator_readme_names_every_module_in_its_folder():
+    import re
+
+    text = (ROOT / "simulator/README.md").read_text(encoding="utf-8")
+    tree = text[text.index("```\nsimulator/") : text.index("```", text.index("```\nsimulator/") + 3)]
+    mapped, folder = set(), ""
+    for line in tree.splitlines()[2:]:
+        if m := re.match(r"^  (\w+)/", line):
+            folder = m.group(1) + "/"
+        elif m := re.match(r"^  (\w+\.py)\b", line):
+            folder, name = "", m.group(1)
+            mapped.add(name)
+        elif m := re.match(r"^    (\w+\.py)\b", line):
+            mapped.add(folder + m.group(1))
+    modules = {
+        str(p.relative_to(ROOT / "simulator")) for p in (ROOT / "simulator").rglob("*.py") if p.name != "__init__.py"
+    }
+    assert modules == mapped, f"not in the map: {sorted(modules - mapped)}; gone: {sorted(mapped - modules)}"

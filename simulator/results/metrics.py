@@ -17,7 +17,7 @@ from simulator.scenario.catalog import Catalog, load_catalog
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import scenario_hash
 from simulator.serving.batcher import Outcome
-from simulator.serving.pool import WorkerState
+from simulator.serving.fleet import WorkerState
 from simulator.serving.served import BatchLog
 from simulator.serving.workers import mean_service_ms
 

@@ -14,7 +14,7 @@ import pandas as pd
 from simulator.results.records import Records
 from simulator.scenario.config import Scenario
 from simulator.serving.batcher import Outcome
-from simulator.serving.pool import FleetLog, WorkerState
+from simulator.serving.fleet import FleetLog, WorkerState
 from simulator.serving.served import BatchLog
 
 

@@ -204,6 +204,22 @@ class BatchQueue:
         """Dispatch the ``k`` requests at the head (after ``decide(now, take=False)`` said ``Dispatch(k)``)."""
         self._take(k)
 
+    def queued(self, now: float) -> int:
+        """Requests waiting in the queue at ``now`` (admitting and expiring up to then)."""
+        self.advance(now)
+        return len(self)
+
+    def unfinished(self, now: float) -> bool:
+        """Whether requests are waiting at ``now``, or known arrivals are still to come."""
+        self.advance(now)
+        return len(self) > 0 or self.scan < self.m
+
+    def batch_arrivals(self, k: int) -> list[float]:
+        """When each request of the ``k``-th dispatched batch reached the queue."""
+        pos0, size = self.batch_pos[k], self.batch_size[k]
+        requests = range(pos0, pos0 + size) if self.buf is None else self.buf[pos0 : pos0 + size]
+        return [self.q[i] for i in requests]
+
     def head_arrival(self) -> float:
         """When the oldest queued request reached the queue (inf when empty)."""
         return self.q[self._req(self.qh)] if self.qt > self.qh else math.inf

@@ -14,7 +14,9 @@ import numpy as np
 from simulator.rng import Streams, streams
 from simulator.scenario.config import Batching, Scenario
 from simulator.serving.batcher import BatchQueue, Outcome
-from simulator.serving.pool import DynamicPool, FleetLog
+from simulator.serving.fleet import FleetLog
+from simulator.serving.pool import DynamicPool
+from simulator.serving.router import Router
 from simulator.serving.served import BatchLog, Served, concat_logs
 from simulator.serving.workers import ServiceModel, run_pool
 from simulator.stages.canary import on_canary
@@ -28,14 +30,7 @@ def fast_path(cfg: Batching) -> bool:
 
 def assign_workers(scenario: Scenario, n: int, rng: np.random.Generator) -> np.ndarray | None:
     """Worker of each request (arrival order), or None when the pool shares one queue."""
-    count = scenario.workers.count
-    match scenario.router.balancing:
-        case "shared":
-            return None
-        case "round_robin":
-            return np.arange(n) % count
-        case "random":
-            return rng.integers(0, count, n)
+    return Router(scenario.router.balancing, rng).pick(n, scenario.workers.count)
 
 
 def sub(deadlines: np.ndarray | None, idx) -> np.ndarray | None:
@@ -98,7 +93,7 @@ def serve_primary(
     """The primary's pool, fixed or dynamic: its requests, its batch log, and its fleet log
     (None for a fixed pool)."""
     if s.workers.dynamic:
-        return DynamicPool(s, t_pre, service, rng, deadlines).run()
+        return DynamicPool(s.workers, s.batching, s.router, t_pre, service, rng, deadlines).run()
     served, batches = serve(t_pre, assign, s, service, deadlines)
     return served, batches, None
 
