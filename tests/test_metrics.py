@@ -132,3 +132,32 @@ def test_spot_market_prices_from_the_catalog_and_is_refused_without_one(tmp_path
     )
     with pytest.raises(ScenarioError, match=r"cost\.market: the catalog has no spot price for 'a100'"):
         load_scenario(platform, ["cost.market=spot", f"cost.catalog={catalog}"])
+
+
+def test_prices_are_resolved_at_load_and_metrics_read_no_file(tmp_path, monkeypatch):
+    import pickle
+
+    import simulator.scenario.catalog as catalog_module
+    from simulator.engine import simulate
+    from simulator.planning.plan import on_instance_type
+    from simulator.results.metrics import summarize
+
+    catalog = tmp_path / "quote.yaml"
+    catalog.write_text(
+        "instances:\n"
+        "  a100: {gpu: A100, price_per_gpu_hour_usd: 3.0, source: quote, as_of: '2026-11', relative_throughput: 1.0}\n"
+        "  t4: {gpu: T4, price_per_gpu_hour_usd: 0.5, source: quote, as_of: '2026-11', relative_throughput: 0.25}\n"
+    )
+    overrides = ["duration_s=1", "warmup_s=0", f"cost.catalog={catalog}"]
+    s = load_scenario(ROOT / "scenarios/inference_platform.yaml", overrides)
+    t4 = on_instance_type(s, "t4")  # a copy on another type is priced as that type
+    catalog.unlink()
+
+    def no_reading(*_args, **_kwargs):
+        raise AssertionError("a metric read the catalog")
+
+    monkeypatch.setattr(catalog_module, "load_catalog", no_reading)
+    assert worker_price(s) == 3.0
+    assert worker_price(t4) == 0.5
+    assert worker_price(pickle.loads(pickle.dumps(t4))) == 0.5  # as a process pool or a Dask worker gets it
+    assert summarize(simulate(s))["cost"]["price_per_worker_hour_usd"] == 3.0

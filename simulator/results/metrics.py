@@ -13,7 +13,6 @@ import pandas as pd
 from simulator.engine import Run
 from simulator.results.records import STAGES, Records
 from simulator.results.timeline import timeline
-from simulator.scenario.catalog import Catalog, load_catalog
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import scenario_hash
 from simulator.serving.batcher import Outcome
@@ -89,16 +88,10 @@ def batch_size_counts(batches: BatchLog, t0_ms: float, t1_ms: float) -> pd.Serie
     return pd.Series(counts[sizes], index=pd.Index(sizes, name="batch_size"), name="batches")
 
 
-def worker_price(scenario: Scenario, catalog: Catalog | None = None) -> float:
-    """Price of one worker-hour in USD: the override, or the catalog's row."""
-    if scenario.cost.price_per_hour_usd is not None:
-        return scenario.cost.price_per_hour_usd
-    catalog = catalog or load_catalog(scenario.cost.catalog)
-    try:
-        return catalog.instances[scenario.workers.instance_type].price(scenario.cost.market)
-    except KeyError:
-        known = ", ".join(sorted(catalog.instances))
-        raise ValueError(f"workers.instance_type {scenario.workers.instance_type!r} not in catalog ({known})") from None
+def worker_price(scenario: Scenario) -> float:
+    """Price of one worker-hour in USD, resolved when the scenario was loaded: the override,
+    or the catalog's row (:attr:`Scenario.price_per_worker_hour_usd`)."""
+    return scenario.price_per_worker_hour_usd
 
 
 def cost(workers: int, price_per_hour_usd: float, completed_rps: float) -> dict[str, float]:
@@ -302,7 +295,7 @@ def extra_workers(s: Scenario) -> int:
     )
 
 
-def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1.0) -> dict:
+def summarize(run: Run, *, interval_s: float = 1.0) -> dict:
     """Every headline number of a run, as the nested dict that ``--json`` writes.
 
     ``timeline`` holds one record per ``interval_s`` (see :func:`simulator.results.timeline.timeline`).
@@ -329,13 +322,13 @@ def summarize(run: Run, catalog: Catalog | None = None, *, interval_s: float = 1
     per_worker = busy / np.maximum(fleet["active_fraction"], 1e-12)
     sizes = batch_size_counts(run.batches, t0, t1)
     n_total = len(rec)
-    classes = classes_summary(run, mask, worker_price(s, catalog))
+    classes = classes_summary(run, mask, worker_price(s))
     if classes:  # each model's load over its own peak, on the shared pool
         of_peak = sum(c["load_of_peak_capacity"] for c in classes.values() if c["pool"] == "shared")
     else:
         of_peak = float((sizes.index * sizes).sum()) / span_s / peak_throughput_rps(s)
     stages = {name: table.loc[name].to_dict() for name in table.index if name != "e2e"}
-    price = worker_price(s, catalog)
+    price = worker_price(s)
     experiments = versions_summary(run, mask, price, fleet["billed_mean"])
     fleet_cost = cost(fleet["billed_mean"] + extra_workers(s), price, n_done / span_s)
     shadow = (experiments or {}).get("shadow")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from importlib import resources
 from pathlib import Path
 
@@ -48,7 +49,21 @@ class Catalog(Frozen):
 def load_catalog(path: str | Path | None = None) -> Catalog:
     """The catalog at ``path``, or the one shipped with servesim."""
     if path is None:
-        text = resources.files("simulator.scenario").joinpath("data/instances.yaml").read_text()
-    else:
-        text = Path(path).read_text()
+        return _shipped()
+    return Catalog.model_validate(yaml.safe_load(Path(path).read_text()))
+
+
+@functools.cache
+def _shipped() -> Catalog:
+    """The catalog shipped with servesim, read once (it is package data; a Catalog is frozen)."""
+    text = resources.files("simulator.scenario").joinpath("data/instances.yaml").read_text()
     return Catalog.model_validate(yaml.safe_load(text))
+
+
+def worker_hour_price(catalog: Catalog, instance_type: str, market: str) -> float:
+    """USD per worker-hour of ``instance_type`` on ``market``; ValueError naming what is missing."""
+    row = catalog.instances.get(instance_type)
+    if row is None:
+        known = ", ".join(sorted(catalog.instances))
+        raise ValueError(f"workers.instance_type {instance_type!r} not in catalog ({known})")
+    return row.price(market)

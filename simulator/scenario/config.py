@@ -13,8 +13,10 @@ checks that span sections, and exports every section under one name.
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+import yaml
+from pydantic import Field, PrivateAttr, model_validator
 
+from simulator.scenario.catalog import Catalog, load_catalog, worker_hour_price
 from simulator.scenario.distributions import (
     Deterministic,
     Empirical,
@@ -73,6 +75,44 @@ class Scenario(Frozen):
     logging: PredictionLog | None = Field(None, description="Prediction logging pipeline (none: not modelled).")
     cost: Cost = Field(Cost(), description="Pricing.")
     napkin: Napkin = Field(Napkin(), description="Back-of-envelope assumptions checked by `servesim explain`.")
+
+    # one worker-hour in USD, resolved once at load (the override, or the catalog's row for
+    # workers.instance_type on cost.market), so that no metric reads a file; or why it could not be
+    _price_usd: float | None = PrivateAttr(None)
+    _price_problem: str | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _resolve_price(self) -> Scenario:
+        self._set_price(None if self.cost.price_per_hour_usd is not None else _catalog_or_problem(self.cost.catalog))
+        return self
+
+    def repriced(self, catalog: Catalog) -> Scenario:
+        """A copy priced from ``catalog``: for a copy that changed ``workers.instance_type`` or
+        ``cost`` (a copy is not validated again, so it keeps the price it was made with)."""
+        new = self.model_copy()
+        new._set_price(catalog)
+        return new
+
+    def _set_price(self, catalog: Catalog | str | None) -> None:
+        # a string: why the catalog could not be read
+        if self.cost.price_per_hour_usd is not None:
+            self._price_usd, self._price_problem = self.cost.price_per_hour_usd, None
+        elif isinstance(catalog, str):
+            self._price_usd, self._price_problem = None, catalog
+        else:
+            try:
+                price = worker_hour_price(catalog, self.workers.instance_type, self.cost.market)
+            except ValueError as err:
+                self._price_usd, self._price_problem = None, str(err)
+            else:
+                self._price_usd, self._price_problem = price, None
+
+    @property
+    def price_per_worker_hour_usd(self) -> float:
+        """USD per worker-hour, as resolved at load; ValueError if the catalog had none."""
+        if self._price_usd is None:
+            raise ValueError(self._price_problem or "the price of a worker-hour was not resolved")
+        return self._price_usd
 
     @model_validator(mode="after")
     def _napkin_batch_fits(self) -> Scenario:
@@ -134,6 +174,13 @@ class Scenario(Frozen):
         return self
 
 
+def _catalog_or_problem(path: str | None) -> Catalog | str:
+    try:
+        return load_catalog(path)
+    except (OSError, ValueError, yaml.YAMLError) as err:
+        return f"cost.catalog: cannot read {path}: {err}"
+
+
 __all__ = [
     "SLA",
     "Affine",
@@ -159,6 +206,13 @@ __all__ = [
     "Uniform",
     "Workers",
 ]
+
+
+def _catalog_or_problem(path: str | None) -> Catalog | str:
+    try:
+        return load_catalog(path)
+    except (OSError, ValueError, yaml.YAMLError) as err:
+        return f"cost.catalog: cannot read {path}: {err}"
 
 
 __all__ = [

@@ -44,7 +44,7 @@ def on_type(s: Scenario, instance_type: str, catalog: Catalog) -> Scenario:
     w = s.workers
     source = w.measured_on or w.instance_type
     if instance_type == source:
-        return s.model_copy(update={"workers": w.model_copy(update={"instance_type": instance_type})})
+        return s.model_copy(update={"workers": w.model_copy(update={"instance_type": instance_type})}).repriced(catalog)
     f = speed_ratio(catalog, source, instance_type)
     workers = w.model_copy(
         update={
@@ -72,4 +72,4 @@ def on_type(s: Scenario, instance_type: str, catalog: Catalog) -> Scenario:
             for name, c in s.traffic.classes.items()
         }
         update["traffic"] = s.traffic.model_copy(update={"classes": classes})
-    return s.model_copy(update=update)
+    return s.model_copy(update=update).repriced(catalog)

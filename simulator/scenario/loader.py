@@ -304,6 +304,9 @@ def load_scenario(
         w["measured_on"] = w.get("instance_type", "a100")
     parsed = [parse_set(o) for o in overrides or []]
     data = apply_overrides(data, parsed)
+    cost = data.get("cost")
+    if isinstance(cost, dict) and isinstance(cost.get("catalog"), str):  # relative to the file, as every path
+        cost["catalog"] = str((source.parent / cost["catalog"]).resolve())
     overridden = {p for p, _ in parsed}
     try:
         scenario = Scenario.model_validate(data)
@@ -333,16 +336,16 @@ def _format_errors(source: str, errors: list[tuple[Path_, str]], lines: dict, ov
 
 
 def _check_pricing(scenario: Scenario, base_dir: Path, errors: list[tuple[Path_, str]]) -> Scenario:
-    """Resolve ``cost.catalog``, rescale the batch times to ``workers.instance_type`` where
-    they were measured on another type, and check that the type has a price."""
+    """Rescale the batch times to ``workers.instance_type`` where they were measured on
+    another type, and check that the type has a price (the scenario resolved it from
+    ``cost.catalog``, already a path from the file's folder, when it was validated)."""
     cost = scenario.cost
     w = scenario.workers
     retyped = w.measured_on is not None and w.measured_on != w.instance_type
     if cost.price_per_hour_usd is not None and not retyped:
         return scenario
-    path = (base_dir / cost.catalog).resolve() if cost.catalog else None
     try:
-        catalog = load_catalog(path)
+        catalog = load_catalog(cost.catalog)
     except (OSError, ValueError, yaml.YAMLError) as err:
         errors.append((("cost", "catalog"), _file_msg(err) if isinstance(err, OSError) else f"bad catalog: {err}"))
         return scenario
@@ -362,8 +365,6 @@ def _check_pricing(scenario: Scenario, base_dir: Path, errors: list[tuple[Path_,
         )
     elif cost.market == "spot" and row.spot_price_per_gpu_hour_usd is None:
         errors.append((("cost", "market"), f"the catalog has no spot price for {scenario.workers.instance_type!r}"))
-    if path is not None:
-        scenario = scenario.model_copy(update={"cost": cost.model_copy(update={"catalog": str(path)})})
     return scenario
 
 
