@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from servesim.cli import app
 from simulator.engine import simulate
-from simulator.results.timeline import time_average_level, timeline
+from simulator.results.timeline import COLUMNS, time_average_level, timeline
 from tests.helpers import scenario
 
 
@@ -48,6 +48,8 @@ def test_timeline_conserves_counts_and_littles_law():
     span = len(tl) * dt * 1000
     done = r.completed
     assert tl.in_flight.mean() * span == pytest.approx((r.t_response - r.arrival)[done].sum(), rel=1e-9)
+    # every column is declared, with its unit and whether a sampled run scales it to the fleet
+    assert list(tl.columns) == list(COLUMNS)
 
 
 def test_cli_writes_timeline(tmp_path, root_dir):

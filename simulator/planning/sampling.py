@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 
+from simulator.results.timeline import FLEET_WIDE
 from simulator.scenario.config import Scenario
 
 
@@ -97,24 +98,5 @@ def scale_summary(summary: dict, n: int, k: int) -> dict:
     out["fleet"] = {**fleet, **scaled}
     c = summary["cost"]
     out["cost"] = {**c, "per_hour_usd": c["per_hour_usd"] * f, "gpu_hours_per_day": c["gpu_hours_per_day"] * f}
-    out["timeline"] = [{k: v * f if k in _FLEET_WIDE else v for k, v in row.items()} for row in summary["timeline"]]
+    out["timeline"] = [{k: v * f if k in FLEET_WIDE else v for k, v in row.items()} for row in summary["timeline"]]
     return out
-
-
-# timeline columns that are sums over workers (rates, counts); the rest are per request
-_FLEET_WIDE = frozenset(
-    {
-        "offered_rps",
-        "completed_rps",
-        "rejected",
-        "timed_out",
-        "failed",
-        "degraded",
-        "active_workers",
-        "warming_workers",
-        "draining_workers",
-        "queue_depth",
-        "in_flight",
-        "shadow_rps",
-    }
-)

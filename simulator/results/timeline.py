@@ -8,6 +8,8 @@ exact integrals of the step functions, computed from prefix sums.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -16,6 +18,44 @@ from simulator.scenario.config import Scenario
 from simulator.serving.batcher import Outcome
 from simulator.serving.fleet import FleetLog, WorkerState
 from simulator.serving.served import BatchLog
+
+
+@dataclass(frozen=True)
+class Column:
+    """One timeline column: its unit, what it means, and whether it is a sum over the fleet
+    (rates, counts and levels that grow with the number of workers) or a per-request or
+    per-worker figure (percentiles, ratios, mean batch size)."""
+
+    unit: str
+    description: str
+    fleet_wide: bool = False
+
+
+COLUMNS: dict[str, Column] = {
+    "t_s": Column("s", "start of the interval"),
+    "offered_rps": Column("req/s", "arrivals", fleet_wide=True),
+    "completed_rps": Column("req/s", "responses", fleet_wide=True),
+    "rejected": Column("requests", "rejected arrivals (queue full, no worker)", fleet_wide=True),
+    "timed_out": Column("requests", "arrivals that timed out in a batch queue", fleet_wide=True),
+    "failed": Column("requests", "arrivals that failed (features, crashes, errors)", fleet_wide=True),
+    "degraded": Column("requests", "responses served degraded (feature defaults)", fleet_wide=True),
+    "active_workers": Column("workers", "time-average of workers serving", fleet_wide=True),
+    "warming_workers": Column("workers", "time-average of workers starting (cold start)", fleet_wide=True),
+    "draining_workers": Column("workers", "time-average of workers draining", fleet_wide=True),
+    "queue_depth": Column("requests", "time-average of requests waiting in batch queues", fleet_wide=True),
+    "in_flight": Column("requests", "time-average of requests in the system", fleet_wide=True),
+    "mean_batch_size": Column("requests", "mean size of the batches started"),
+    "p50_ms": Column("ms", "median end-to-end latency of the responses"),
+    "p99_ms": Column("ms", "p99 end-to-end latency of the responses"),
+    "log_backlog_mb": Column("MB", "time-average of prediction-log records not yet shipped"),
+    "result_hit_ratio": Column("ratio", "result-cache hits per lookup"),
+    "feature_hit_ratio": Column("ratio", "feature-cache hits per lookup"),
+    "shadow_rps": Column("req/s", "copies sent to the shadow", fleet_wide=True),
+    "canary_share": Column("ratio", "share of arrivals routed to the canary"),
+}
+
+# the columns that are sums over the fleet: a sampled run scales them back up
+FLEET_WIDE = frozenset(name for name, c in COLUMNS.items() if c.fleet_wide)
 
 
 def time_average_level(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) -> np.ndarray:
@@ -56,7 +96,8 @@ def timeline(
 ) -> pd.DataFrame:
     """One row per interval of ``interval_s`` over the run (the tail after the last arrival included).
 
-    Columns of parts the scenario does not model (caches, logging) are NaN.
+    The columns are :data:`COLUMNS`, in that order; those of parts the scenario does not
+    model (caches, logging) are NaN.
     """
     duration_s, workers = scenario.duration_s, scenario.workers.count
     if interval_s <= 0:
