@@ -26,7 +26,7 @@ import numpy as np
 
 from simulator.results.records import Records
 from simulator.rng import STREAMS, Streams, streams
-from simulator.scenario.config import Cache, Scenario
+from simulator.scenario.config import Cache, Features, Network, Preprocess, Router, Scenario, Traffic
 from simulator.scenario.distributions import Distribution, Sampler
 from simulator.serving.batcher import Outcome
 from simulator.serving.classes import serve_classes
@@ -60,12 +60,12 @@ def _delay(dist: Distribution | None, n: int, rng: np.random.Generator) -> np.nd
     return 0.0 if dist is None else Sampler(dist, rng).draw(n)
 
 
-def _per_class(s: Scenario, field: str, klass: np.ndarray) -> float | np.ndarray:
+def _per_class(traffic: Traffic, field: str, klass: np.ndarray) -> float | np.ndarray:
     """A payload size per request: its class's, else the traffic section's."""
-    default = getattr(s.traffic, field)
-    if not s.traffic.classes:
+    default = getattr(traffic, field)
+    if not traffic.classes:
         return default
-    sizes = [default if getattr(c, field) is None else getattr(c, field) for c in s.traffic.classes.values()]
+    sizes = [default if getattr(c, field) is None else getattr(c, field) for c in traffic.classes.values()]
     return np.asarray(sizes)[klass]
 
 
@@ -82,11 +82,11 @@ def _in_order(start: np.ndarray, fn) -> np.ndarray:
     return out
 
 
-def _preprocess(s: Scenario, t_feat: np.ndarray, svc: np.ndarray) -> np.ndarray:
-    """CPU preprocessing end times: a pure delay, or an FCFS pool of ``cpu_workers``."""
-    if s.preprocess.cpu_workers is None:
-        return t_feat + svc
-    return _in_order(t_feat, lambda st, o: fcfs_multiserver(st, svc[o], s.preprocess.cpu_workers)[0] + svc[o])
+def _inbound(network: Network, router: Router, t0: np.ndarray, payload_kb, rng: Streams) -> tuple[np.ndarray, ...]:
+    """When each request reaches the API (network in, with its payload) and leaves the router."""
+    n = len(t0)
+    t_api = t0 + _delay(network.client_to_api, n, rng.network_in) + _transfer_ms(payload_kb, network.bandwidth_gbps)
+    return t_api, t_api + _delay(router.overhead, n, rng.router)
 
 
 def _cache(cfg: Cache | None, t: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -98,21 +98,87 @@ def _cache(cfg: Cache | None, t: np.ndarray, rng: np.random.Generator) -> tuple[
     return hit, t + lat
 
 
-def _feature_stage(s: Scenario, start: np.ndarray, need: np.ndarray, rng: Streams) -> tuple[np.ndarray, ...]:
+def _feature_stage(
+    f: Features, cache: Cache | None, start: np.ndarray, need: np.ndarray, rng: Streams
+) -> tuple[np.ndarray, ...]:
     """Feature stage for the requests that ``need`` it: end times, degraded, failed, cache hits."""
     n = len(start)
     end = start.copy()
     degraded, failed = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
     hit = np.zeros(n, dtype=bool)
     idx = np.flatnonzero(need)
-    c_hit, c_end = _cache(s.caches.feature, start[idx], rng.feature_cache)
+    c_hit, c_end = _cache(cache, start[idx], rng.feature_cache)
     hit[idx] = c_hit
     end[idx] = c_end
     go = idx[~c_hit]
-    f = s.features
     sampler = Sampler(f.round_trip, rng.features) if f.round_trip is not None else None
     end[go], degraded[go], failed[go] = fetch(f, end[go], sampler)
     return end, degraded, failed, hit
+
+
+def _preprocess(cfg: Preprocess, t_feat: np.ndarray, live: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """When the ``live`` requests leave CPU preprocessing (a pure delay, or an FCFS pool of
+    ``cpu_workers``); the others keep their feature-stage time."""
+    n = len(t_feat)
+    svc = np.broadcast_to(_delay(cfg.service, n, rng), (n,))  # one draw per request, live or not
+
+    def run(t: np.ndarray, s: np.ndarray) -> np.ndarray:
+        if cfg.cpu_workers is None:
+            return t + s
+        return _in_order(t, lambda st, o: fcfs_multiserver(st, s[o], cfg.cpu_workers)[0] + s[o])
+
+    if live.all():
+        return run(t_feat, svc)
+    idx = np.flatnonzero(live)
+    t_pre = t_feat.copy()
+    t_pre[idx] = run(t_feat[idx], svc[idx])
+    return t_pre
+
+
+@dataclass
+class _Serving:
+    """What the serving stage leaves besides the per-request columns."""
+
+    version: np.ndarray
+    batches: BatchLog
+    pools: dict[str, BatchLog]
+    fleet: FleetLog | None
+    shadow: dict[str, np.ndarray] | None
+    counterfactual: np.ndarray | None
+
+
+def _serve(
+    s: Scenario, seed: int, t_router: np.ndarray, t_pre: np.ndarray, t_feat: np.ndarray, klass, live, deadlines, rng
+) -> tuple[Served, _Serving]:
+    """Batching and the GPU pools, for the ``live`` requests (not served from the result cache,
+    features fetched): every request's serving columns, and the rest of what serving leaves.
+    ``deadlines``: each request's end-to-end deadline (with ``batching.deadline_ms``), or None."""
+    n = len(t_pre)
+    everyone = bool(live.all())
+    live_idx = np.arange(n) if everyone else np.flatnonzero(live)
+    assign = assign_workers(s, n, rng.routing)
+    if s.traffic.classes:
+        on_pool, batches, pools = serve_classes(
+            s,
+            t_pre[live_idx],
+            klass[live_idx],
+            None if assign is None else assign[live_idx],
+            rng,
+            None if deadlines is None else deadlines[live_idx],
+        )
+        rest = _Serving(np.zeros(n, np.int8), batches, pools, None, None, None)
+    else:
+        service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service)
+        version, shadow, pools, fleet, batches, (live_idx, on_pool), counterfactual = serve_versions(
+            s, seed, t_router, t_pre, live_idx, assign, service, rng, deadlines
+        )
+        rest = _Serving(version, batches, pools, fleet, shadow, counterfactual)
+    if everyone and len(live_idx) == n and np.array_equal(live_idx, np.arange(n)):
+        return on_pool, rest
+    # requests served from the result cache take zero time in the later stages
+    pooled = Served.empty(n)._replace(t_dispatch=t_feat.copy(), t_done=t_feat.copy())
+    pooled.scatter(live_idx, on_pool)
+    return pooled, rest
 
 
 def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
@@ -123,55 +189,15 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
     s = scenario
     t0, klass = make_arrivals(s.traffic, s.duration_s * 1000.0, rng=rng.arrivals)
     n = len(t0)
-
-    t_api = (
-        t0
-        + _delay(s.network.client_to_api, n, rng.network_in)
-        + _transfer_ms(_per_class(s, "payload_kb", klass), s.network.bandwidth_gbps)
-    )
-    t_router = t_api + _delay(s.router.overhead, n, rng.router)
-
+    t_api, t_router = _inbound(s.network, s.router, t0, _per_class(s.traffic, "payload_kb", klass), rng)
     # result cache: a hit skips features, preprocessing and the model
     result_hit, t_cache = _cache(s.caches.result, t_router, rng.result_cache)
     need = ~result_hit
-    t_feat, degraded, failed, feature_hit = _feature_stage(s, t_cache, need, rng)
-
-    pre_svc = np.broadcast_to(_delay(s.preprocess.service, n, rng.preprocess), (n,))
-    assign = assign_workers(s, n, rng.routing)
-    service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service)
+    t_feat, degraded, failed, feature_hit = _feature_stage(s.features, s.caches.feature, t_cache, need, rng)
     live = need & ~failed
-    everyone = bool(live.all())
-    idx = slice(None) if everyone else np.flatnonzero(live)
-    if everyone:
-        t_pre = _preprocess(s, t_feat, pre_svc)
-    else:
-        t_pre = t_feat.copy()
-        t_pre[idx] = _preprocess(s, t_feat[idx], pre_svc[idx])
-    del pre_svc
+    t_pre = _preprocess(s.preprocess, t_feat, live, rng.preprocess)
     deadlines = None if s.batching.deadline_ms is None else t0 + s.batching.deadline_ms
-    if s.traffic.classes:
-        live_idx = np.arange(n) if everyone else idx
-        per, batches, pools = serve_classes(
-            s,
-            t_pre[live_idx],
-            klass[live_idx],
-            None if assign is None else assign[live_idx],
-            rng,
-            None if deadlines is None else deadlines[live_idx],
-        )
-        version, shadow, fleet, served, counterfactual = np.zeros(n, np.int8), None, None, (live_idx, per), None
-    else:
-        version, shadow, pools, fleet, batches, served, counterfactual = serve_versions(
-            s, seed, t_router, t_pre, np.arange(n) if everyone else idx, assign, service, rng, deadlines
-        )
-    live_idx, on_pool = served
-    if everyone and len(live_idx) == n and np.array_equal(live_idx, np.arange(n)):
-        pooled = on_pool
-    else:
-        # requests served from the result cache take zero time in the later stages
-        pooled = Served.empty(n)._replace(t_dispatch=t_feat.copy(), t_done=t_feat.copy())
-        pooled.scatter(live_idx, on_pool)
-    del on_pool, served
+    pooled, serving = _serve(s, seed, t_router, t_pre, t_feat, klass, live, deadlines, rng)
     if failed.any():  # they gave up on their features and go no further
         pooled.outcome[failed] = Outcome.FAILED
         pooled.t_dropped[failed] = t_feat[failed]
@@ -180,10 +206,11 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
 
     post = _delay(s.postprocess.service, n, rng.postprocess)
     back = _delay(s.network.api_to_client, n, rng.network_out) + _transfer_ms(
-        _per_class(s, "response_kb", klass), s.network.bandwidth_gbps
+        _per_class(s.traffic, "response_kb", klass), s.network.bandwidth_gbps
     )
     t_post = pooled.t_done + post
     t_resp = t_post + back
+    counterfactual = serving.counterfactual
     if counterfactual is not None:  # primary responses had the shadow not shared their queues
         counterfactual = counterfactual + post + back
     if s.logging:  # each request is logged when it ends: with its response, or when it was dropped
@@ -209,18 +236,18 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
         feature_hit=feature_hit,
         batch_size=pooled.batch_size,
         instance=pooled.instance,
-        version=version,
+        version=serving.version,
         traffic_class=klass,
     )
     return Run(
         scenario=s,
         seed=seed,
         records=records,
-        batches=batches,
+        batches=serving.batches,
         wall_s=time.perf_counter() - wall0,
-        fleet=fleet,
-        pools=pools,
-        shadow=shadow,
+        fleet=serving.fleet,
+        pools=serving.pools,
+        shadow=serving.shadow,
         response_without_shadow=counterfactual,
     )
 
