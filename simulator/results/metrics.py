@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.engine import Run
+from simulator.results import summary
 from simulator.results.records import STAGES, Records
 from simulator.results.timeline import timeline
 from simulator.scenario.config import Scenario
@@ -46,7 +47,7 @@ def latency_table(records: Records, mask: np.ndarray) -> pd.DataFrame:
     return df
 
 
-def sla_verdict(e2e_ms: np.ndarray, percentile: float, target_ms: float, dropped: int) -> dict:
+def sla_verdict(e2e_ms: np.ndarray, percentile: float, target_ms: float, dropped: int) -> summary.SLAVerdict:
     """The SLA verdict over completed latencies ``e2e_ms`` plus ``dropped`` requests.
 
     ``attained_ms`` is the SLA percentile of completed requests. ``attainment`` is the
@@ -295,8 +296,69 @@ def extra_workers(s: Scenario) -> int:
     )
 
 
-def summarize(run: Run, *, interval_s: float = 1.0) -> dict:
-    """Every headline number of a run, as the nested dict that ``--json`` writes.
+def _requests(rec: Records, mask: np.ndarray, done: np.ndarray, span_s: float) -> summary.Requests:
+    outcome = rec.outcome[mask]
+    n_done = int(np.count_nonzero(done))
+    return {
+        "arrived": int(np.count_nonzero(mask)),
+        "completed": n_done,
+        "rejected": int(np.count_nonzero(outcome == Outcome.REJECTED)),
+        "timed_out": int(np.count_nonzero(outcome == Outcome.TIMED_OUT)),
+        "failed": int(np.count_nonzero(outcome == Outcome.FAILED)),
+        "crashed": int(np.count_nonzero(outcome == Outcome.CRASHED)),
+        "errors": int(np.count_nonzero(outcome == Outcome.ERROR)),
+        "degraded": int(np.count_nonzero(rec.degraded[done])),
+        "throughput_rps": n_done / span_s,
+        "window_s": span_s,
+    }
+
+
+def _cost(s: Scenario, fleet: dict, experiments: dict | None, completed_rps: float) -> summary.Cost:
+    price = worker_price(s)
+    fleet_cost = cost(fleet["billed_mean"] + extra_workers(s), price, completed_rps)
+    shadow = (experiments or {}).get("shadow")
+    shadow_cost = shadow["gpu_cost_per_hour_usd"] if shadow else 0.0
+    canary_cost = s.router.canary.workers * price if s.router.canary else 0.0
+    return {
+        **fleet_cost,
+        "experiment_pools_per_hour_usd": extra_workers(s) * price,
+        # what the shadow and the canary cost: their own pools, or the shadow's share of the primary's
+        "experiments_per_hour_usd": shadow_cost + canary_cost,
+        "experiments_fraction": (shadow_cost + canary_cost) / fleet_cost["per_hour_usd"]
+        if fleet_cost["per_hour_usd"]
+        else 0.0,
+        "gpu_hours_per_day": (fleet["billed_mean"] + extra_workers(s)) * 24.0,
+        "market": "override" if s.cost.price_per_hour_usd is not None else s.cost.market,
+    }
+
+
+def _caches(s: Scenario, rec: Records, mask: np.ndarray) -> dict[str, summary.CacheStats]:
+    return {
+        name: {
+            "hit_ratio": float(hits[looked].mean()) if looked.any() else float("nan"),
+            "lookups": int(looked.sum()),
+        }
+        for name, cfg, hits, looked in (
+            ("result", s.caches.result, rec.result_hit, mask),
+            ("feature", s.caches.feature, rec.feature_hit, mask & ~rec.result_hit),
+        )
+        if cfg is not None
+    }
+
+
+def _sim(run: Run) -> summary.Sim:
+    n = len(run.records)
+    return {
+        "wall_s": run.wall_s,
+        "requests": n,
+        "requests_per_wall_s": n / run.wall_s if run.wall_s > 0 else float("inf"),
+        "seed": run.seed,
+    }
+
+
+def summarize(run: Run, *, interval_s: float = 1.0) -> summary.Summary:
+    """Every headline number of a run, as the nested dict that ``--json`` writes
+    (:class:`simulator.results.summary.Summary`).
 
     ``timeline`` holds one record per ``interval_s`` (see :func:`simulator.results.timeline.timeline`).
     """
@@ -304,15 +366,9 @@ def summarize(run: Run, *, interval_s: float = 1.0) -> dict:
     mask = window(rec, s)
     t0, t1 = s.warmup_s * 1000.0, s.duration_s * 1000.0
     span_s = (t1 - t0) / 1000.0
-    outcome = rec.outcome[mask]
     done = mask & rec.completed
-    n_done = int(np.count_nonzero(done))
-    n_rej = int(np.count_nonzero(outcome == Outcome.REJECTED))
-    n_to = int(np.count_nonzero(outcome == Outcome.TIMED_OUT))
-    n_failed = int(np.count_nonzero(outcome == Outcome.FAILED))
-    n_crashed = int(np.count_nonzero(outcome == Outcome.CRASHED))
-    n_errors = int(np.count_nonzero(outcome == Outcome.ERROR))
-    n_dropped = n_rej + n_to + n_failed + n_crashed + n_errors
+    requests = _requests(rec, mask, done, span_s)
+    n_dropped = sum(requests[k] for k in ("rejected", "timed_out", "failed", "crashed", "errors"))
     table = latency_table(rec, mask)
     e2e = (rec.t_response - rec.arrival)[done]
     fleet = fleet_summary(run, t0, t1)
@@ -321,34 +377,19 @@ def summarize(run: Run, *, interval_s: float = 1.0) -> dict:
     busy = busy.reshape(n_workers, s.workers.instances).mean(axis=1)  # fraction of the window, per worker
     per_worker = busy / np.maximum(fleet["active_fraction"], 1e-12)
     sizes = batch_size_counts(run.batches, t0, t1)
-    n_total = len(rec)
     classes = classes_summary(run, mask, worker_price(s))
     if classes:  # each model's load over its own peak, on the shared pool
         of_peak = sum(c["load_of_peak_capacity"] for c in classes.values() if c["pool"] == "shared")
     else:
         of_peak = float((sizes.index * sizes).sum()) / span_s / peak_throughput_rps(s)
-    stages = {name: table.loc[name].to_dict() for name in table.index if name != "e2e"}
-    price = worker_price(s)
-    experiments = versions_summary(run, mask, price, fleet["billed_mean"])
-    fleet_cost = cost(fleet["billed_mean"] + extra_workers(s), price, n_done / span_s)
-    shadow = (experiments or {}).get("shadow")
-    shadow_cost = shadow["gpu_cost_per_hour_usd"] if shadow else 0.0
-    canary_cost = s.router.canary.workers * price if s.router.canary else 0.0
+    experiments = versions_summary(run, mask, worker_price(s), fleet["billed_mean"])
     return {
         "scenario": {"name": s.name, "hash": scenario_hash(s)},
-        "requests": {
-            "arrived": int(np.count_nonzero(mask)),
-            "completed": n_done,
-            "rejected": n_rej,
-            "timed_out": n_to,
-            "failed": n_failed,
-            "crashed": n_crashed,
-            "errors": n_errors,
-            "degraded": int(np.count_nonzero(rec.degraded[done])),
-            "throughput_rps": n_done / span_s,
-            "window_s": span_s,
+        "requests": requests,
+        "latency_ms": {
+            "e2e": table.loc["e2e"].to_dict(),
+            "stages": {name: table.loc[name].to_dict() for name in table.index if name != "e2e"},
         },
-        "latency_ms": {"e2e": table.loc["e2e"].to_dict(), "stages": stages},
         "sla": sla_verdict(e2e, s.sla.percentile, s.sla.target_ms, n_dropped if s.sla.count_dropped else 0),
         "utilization": {
             "workers": float((busy.sum()) / max(fleet["active_fraction"].sum(), 1e-12)),
@@ -365,38 +406,13 @@ def summarize(run: Run, *, interval_s: float = 1.0) -> dict:
             "instances": s.workers.instances,
             "instance_type": s.workers.instance_type,
         },
-        "cost": {
-            **fleet_cost,
-            "experiment_pools_per_hour_usd": extra_workers(s) * price,
-            # what the shadow and the canary cost: their own pools, or the shadow's share of the primary's
-            "experiments_per_hour_usd": shadow_cost + canary_cost,
-            "experiments_fraction": (shadow_cost + canary_cost) / fleet_cost["per_hour_usd"]
-            if fleet_cost["per_hour_usd"]
-            else 0.0,
-            "gpu_hours_per_day": (fleet["billed_mean"] + extra_workers(s)) * 24.0,
-            "market": "override" if s.cost.price_per_hour_usd is not None else s.cost.market,
-        },
+        "cost": _cost(s, fleet, experiments, requests["completed"] / span_s),
         "logging": logging_summary(rec, s, mask),
         "experiments": experiments,
         "classes": classes,
-        "caches": {
-            name: {
-                "hit_ratio": float(hits[looked].mean()) if looked.any() else float("nan"),
-                "lookups": int(looked.sum()),
-            }
-            for name, cfg, hits, looked in (
-                ("result", s.caches.result, rec.result_hit, mask),
-                ("feature", s.caches.feature, rec.feature_hit, mask & ~rec.result_hit),
-            )
-            if cfg is not None
-        },
+        "caches": _caches(s, rec, mask),
         "timeline": timeline(rec, run.batches, s, interval_s=interval_s, fleet=run.fleet, shadow=run.shadow).to_dict(
             orient="records"
         ),
-        "sim": {
-            "wall_s": run.wall_s,
-            "requests": n_total,
-            "requests_per_wall_s": n_total / run.wall_s if run.wall_s > 0 else float("inf"),
-            "seed": run.seed,
-        },
+        "sim": _sim(run),
     }
