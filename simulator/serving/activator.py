@@ -26,8 +26,8 @@ class Activator:
         self.held: deque[int] = deque()  # buffered, oldest first
         self.expired: list[int] = []  # buffered past the timeout (or flushed with no worker to come)
 
-    def __bool__(self) -> bool:
-        """Whether requests are buffered."""
+    def buffering(self) -> bool:
+        """Whether requests are in the buffer."""
         return bool(self.held)
 
     def expire(self, t: float) -> None:

@@ -91,7 +91,7 @@ class DynamicPool:
             self.activator.hold(chunk)
             chunk = chunk[:0]
         times = self.q[chunk]
-        if serving and self.activator:  # a worker serves again: the buffer drains into the queues now
+        if serving and self.activator.buffering():  # a worker serves again: the buffer drains into the queues now
             released = self.activator.release(t)
             chunk = np.concatenate([released, chunk])
             times = np.concatenate([np.full(len(released), t), times])
@@ -131,10 +131,10 @@ class DynamicPool:
                 next_tick += period
             nxt = min(next_tick, next_scrape, fleet.next_transition())
             self._route(t, nxt)
-            if self.pos >= len(self.q) and (not self.activator or nxt == INF):
+            if self.pos >= len(self.q) and (not self.activator.buffering() or nxt == INF):
                 # every arrival routed (or buffered with no worker ever to come): no more
                 # arrivals for any queue; the fleet goes on while work is left
-                if self.activator:
+                if self.activator.buffering():
                     self.activator.expire(INF)
                 fleet.close(t)
                 if nxt == INF or not fleet.working(t):

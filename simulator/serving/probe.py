@@ -33,7 +33,7 @@ def scrape(cfg: Autoscaler, serving: list[Worker], t: float, activator: Activato
                 total += queued
             case "utilization":
                 total += 1 - len(w.feed.free) / w.feed.n_instances
-    if activator and cfg.metric in ("in_flight", "queue_depth"):  # the activator reports its buffer
+    if activator.buffering() and cfg.metric in ("in_flight", "queue_depth"):  # the activator reports its buffer
         total += activator.waiting(t)
     if cfg.policy == "knative":
         return total

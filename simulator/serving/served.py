@@ -40,11 +40,6 @@ class Served(NamedTuple):
             t_dropped=np.full(n, np.nan),
         )
 
-    @property
-    def n(self) -> int:
-        """How many requests."""
-        return len(self.t_dispatch)
-
     def scatter(self, idx, part: Served) -> None:
         """Write ``part`` (one entry per index) into the entries ``idx``, in place."""
         for full, values in zip(self, part, strict=True):
