@@ -183,12 +183,18 @@ def _catalog_or_problem(path: str | None) -> Catalog | str:
 
 __all__ = [
     "SLA",
+    "Activator",
     "Affine",
     "Batching",
+    "Cache",
+    "Caches",
+    "ColdStart",
     "Cost",
+    "Crash",
     "Deterministic",
     "Empirical",
     "Exponential",
+    "Failures",
     "Features",
     "Gamma",
     "KVStore",
@@ -196,47 +202,16 @@ __all__ = [
     "Napkin",
     "Network",
     "Postprocess",
-    "Preprocess",
-    "Router",
-    "Scenario",
-    "ServiceTime",
-    "Table",
-    "Traffic",
-    "TrafficClass",
-    "Uniform",
-    "Workers",
-]
-
-
-def _catalog_or_problem(path: str | None) -> Catalog | str:
-    try:
-        return load_catalog(path)
-    except (OSError, ValueError, yaml.YAMLError) as err:
-        return f"cost.catalog: cannot read {path}: {err}"
-
-
-__all__ = [
-    "SLA",
-    "Activator",
-    "Batching",
-    "Cache",
-    "Caches",
-    "ColdStart",
-    "Cost",
-    "Crash",
-    "Failures",
-    "Features",
-    "KVStore",
-    "Napkin",
-    "Network",
-    "Postprocess",
     "PredictionLog",
     "Preprocess",
     "Router",
     "Scenario",
+    "ServiceTime",
     "Slowdown",
+    "Table",
     "Traffic",
     "TrafficClass",
+    "Uniform",
     "Window",
     "Workers",
 ]
