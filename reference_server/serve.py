@@ -103,10 +103,9 @@ def serve(
     """Serve a torch model over the Open Inference Protocol (KServe v2 / Triton HTTP) with a
     dynamic batcher, optional Redis features, per-request stage timings and /metrics."""
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401 - here for the message below
 
-        from reference_server.app import ServerConfig, create_app, describe
-        from reference_server.connections import guarded_http
+        from reference_server.app import ServerConfig
         from reference_server.features import FeatureStoreConfig
         from reference_server.models import ModelConfig
     except ImportError as err:
@@ -119,40 +118,58 @@ def serve(
     if model not in ("resnet", "ranker") or precision not in ("fp32", "fp16", "bf16", "int8"):
         typer.echo("error: --model is resnet or ranker; --precision is fp32, fp16, bf16 or int8", err=True)
         raise typer.Exit(code=2)
-    feats = None
-    if redis_url:
-        feats = FeatureStoreConfig(
-            url=redis_url,
-            keys=feature_keys,
-            batch_size=feature_batch_size,
-            parallelism=feature_parallelism,
-            max_connections=redis_connections,
-        )
-    mcfg = ModelConfig(
-        kind=model,
-        resolution=resolution,
-        width=width,
-        depth=depth,
-        precision=precision,
-        seed=seed,
-        max_image_pixels=max_image_pixels,
-    )
-    if model == "ranker":
-        mcfg.sparse = feature_keys
     cfg = ServerConfig(
-        model=mcfg,
+        model=ModelConfig(
+            kind=model,
+            resolution=resolution,
+            width=width,
+            depth=depth,
+            precision=precision,
+            seed=seed,
+            max_image_pixels=max_image_pixels,
+            **({"sparse": feature_keys} if model == "ranker" else {}),
+        ),
         max_batch_size=max_batch_size,
         max_queue_delay_ms=max_queue_delay_ms,
         max_queue_size=max_queue_size or None,
         instances=instances,
         threads=threads,
-        features=feats,
+        features=None
+        if not redis_url
+        else FeatureStoreConfig(
+            url=redis_url,
+            keys=feature_keys,
+            batch_size=feature_batch_size,
+            parallelism=feature_parallelism,
+            max_connections=redis_connections,
+        ),
         instance_mode=instance_mode,  # type: ignore[arg-type] - checked by create_app
         instance_cores=instance_cores,
         preprocess=preprocess,  # type: ignore[arg-type] - checked by create_app
         api_key=api_key or None,
         body_timeout_s=body_timeout_s,
     )
+    _serve(
+        cfg,
+        host=host,
+        port=port,
+        max_connections=max_connections,
+        header_timeout_s=header_timeout_s,
+        grace_s=grace_s,
+        drain_s=drain_s,
+    )
+
+
+def _serve(
+    cfg, *, host: str, port: int, max_connections: int, header_timeout_s: float, grace_s: float, drain_s: float
+) -> None:
+    """Build the app for ``cfg`` (a configuration it refuses: exit 2) and serve it until a
+    signal; warn where the open-file limit or an exposed address needs it."""
+    import uvicorn
+
+    from reference_server.app import create_app, describe
+    from reference_server.connections import guarded_http
+
     try:
         app = create_app(cfg)
     except ValueError as err:
