@@ -79,15 +79,43 @@ def markdown(
     slices: pd.DataFrame,
     hiccups: pd.DataFrame,
 ) -> str:
-    """The validation report."""
-    m, hw, st, d = profile["model"], profile["hardware"], profile["service_time"], profile["design"]
+    """The validation report, in Markdown.
+
+    Parameters
+    ----------
+    profile : dict
+        The fitted profile (``profile.json``).
+    summary : DataFrame
+        One row per level (``level_summary``, with ``load`` and ``held_out``).
+    table : DataFrame
+        The held-out comparison (``calibrate.validate.compare``).
+    inside : DataFrame
+        Compute inside the server against the microbenchmark (``compute_inside``).
+    slices, hiccups : DataFrame
+        Every slice measured, and every hiccup recorded.
+    """
+    lines = [
+        *_header(profile),
+        *_held_out(table),
+        *_fitted_model(profile),
+        *_fetch_in_flight(profile),
+        *_compute_inside(inside),
+        *_hiccups(profile["design"], slices, hiccups),
+        *_platform_speed(profile),
+        *_every_level(summary),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _header(profile: dict) -> list[str]:
+    """The title, what was measured how, and the server's layout."""
+    m, hw, d, server = profile["model"], profile["hardware"], profile["design"], profile["server"]
     what = (
         f"{m['kind']} ({m['resolution']} px, {m['precision']})"
         if m["kind"] == "resnet"
         else f"{m['kind']} ({m['precision']})"
     )
-    server = profile["server"]
-    lines = [
+    return [
         f"# Calibration of {what} on {hw['cpu']}",
         "",
         f"Measured {profile['created']}: capacity {profile['capacity_rps']:.1f} req/s"
@@ -106,6 +134,12 @@ def markdown(
         "Fitted on loads "
         + ", ".join(f"{x['load']:.0%}" for x in profile["fit_levels"])
         + "; validated on the others.",
+    ]
+
+
+def _held_out(table: pd.DataFrame) -> list[str]:
+    """The held-out levels: measured against predicted, with intervals and verdicts."""
+    lines = [
         "",
         "## Held-out levels",
         "",
@@ -128,11 +162,19 @@ def markdown(
     judged = table[table["target_pct"].notna()]
     ok = judged["verdict"].isin(["within target", "inside interval"])
     worst = judged.assign(a=judged["error_pct"].abs()).groupby("percentile")["a"].max()
-    lines += [
+    return [
+        *lines,
         "",
         f"**{int(ok.sum())} of {len(judged)}** judged percentiles meet the target; worst |error|: "
         + ", ".join(f"{q} {v:.1f}%" for q, v in worst.items())
         + f". Errors (non-200) during the validated levels: {int(table.groupby('level')['errors'].first().sum())}.",
+    ]
+
+
+def _fitted_model(profile: dict) -> list[str]:
+    """The fitted batch time, its residuals, the front end and Redis."""
+    st = profile["service_time"]
+    lines = [
         "",
         "## The fitted model",
         "",
@@ -146,40 +188,48 @@ def markdown(
         + ", ".join(f"{q}: {v:.3f}" for q, v in st["residual_ratio_quantiles"].items())
         + ".",
     ]
-    fe = profile.get("frontend")
-    if fe:
-        lines.append(
-            f"- **Front end** as a station of {fe['servers']} server(s): {fe['cpu_ms_per_request']:.2f} ms of server "
-            f"CPU per request"
-            + (
-                f", plus {fe['client_cpu_ms_per_request']:.2f} ms of this load generator's on the same cores"
-                + (
-                    f" and {fe['sidecar_cpu_ms_per_request']:.2f} ms of the redis-server's"
-                    if fe.get("sidecar_cpu_ms_per_request") is not None
-                    else ""
-                )
-                if fe["client_shares_cores"]
-                else " (this load generator's loop has cores of its own)"
-            )
-            + f", and {fe['background_cores']:.2f} cores busy whatever the load (timers, meters, scrapes), which "
-            f"stretch the rest: service mean {_mean(fe['service']):.2f} ms ({fe['service']['fit']['family']}). "
-            f"The rest of a request's time outside the batch at light load (loopback, HTTP, waiting) is a pure "
-            f"delay of mean {_mean(fe['fixed_delay']):.2f} ms ({fe['fixed_delay']['fit']['family']})"
-            + (
-                f", of which {fe['preprocess_wait_ms']:.2f} ms is preprocessing's wall time beyond its CPU "
-                "(a decode thread waiting for the GIL)."
-                if fe.get("preprocess_wait_ms", 0) > 0.005
-                else "."
-            )
-        )
+    if profile.get("frontend"):
+        lines.append(_frontend(profile["frontend"]))
     if "features" in profile:
         f = profile["features"]
         lines.append(
             f"- **Redis**: {f['lookups_per_request']} keys per request in trips of {f['batch_size']}; "
             + (f"a one-thread station at {f['store']['per_op_ms']:.3f} ms per trip." if "store" in f else "")
         )
-    lines += _fetch_in_flight(profile)
-    lines += [
+    return lines
+
+
+def _frontend(fe: dict) -> str:
+    """The front-end station, as one bullet."""
+    return (
+        f"- **Front end** as a station of {fe['servers']} server(s): {fe['cpu_ms_per_request']:.2f} ms of server "
+        f"CPU per request"
+        + (
+            f", plus {fe['client_cpu_ms_per_request']:.2f} ms of this load generator's on the same cores"
+            + (
+                f" and {fe['sidecar_cpu_ms_per_request']:.2f} ms of the redis-server's"
+                if fe.get("sidecar_cpu_ms_per_request") is not None
+                else ""
+            )
+            if fe["client_shares_cores"]
+            else " (this load generator's loop has cores of its own)"
+        )
+        + f", and {fe['background_cores']:.2f} cores busy whatever the load (timers, meters, scrapes), which "
+        f"stretch the rest: service mean {_mean(fe['service']):.2f} ms ({fe['service']['fit']['family']}). "
+        f"The rest of a request's time outside the batch at light load (loopback, HTTP, waiting) is a pure "
+        f"delay of mean {_mean(fe['fixed_delay']):.2f} ms ({fe['fixed_delay']['fit']['family']})"
+        + (
+            f", of which {fe['preprocess_wait_ms']:.2f} ms is preprocessing's wall time beyond its CPU "
+            "(a decode thread waiting for the GIL)."
+            if fe.get("preprocess_wait_ms", 0) > 0.005
+            else "."
+        )
+    )
+
+
+def _compute_inside(inside: pd.DataFrame) -> list[str]:
+    """The forward pass inside the server against the microbenchmark (issue 11's bar)."""
+    lines = [
         "",
         "## Compute inside the server against the microbenchmark",
         "",
@@ -196,8 +246,13 @@ def markdown(
             f"| {r['load']:.0%} | {r['batch_size']} | {r['batches']} | {inside_ms} | {r['microbench_ms']:.2f} "
             f"| {diff} |"
         )
+    return lines
+
+
+def _hiccups(d: dict, slices: pd.DataFrame, hiccups: pd.DataFrame) -> list[str]:
+    """The sleep meters' stalls: per slice, the slices run again, the longest recorded."""
     repeated = slices[~slices["kept"]]
-    lines += [
+    lines = [
         "",
         "## Platform hiccups",
         "",
@@ -223,6 +278,12 @@ def markdown(
             )
             + "."
         )
+    return lines
+
+
+def _platform_speed(profile: dict) -> list[str]:
+    """The speed meters per window, and the front end's speed per slice."""
+    lines = []
     ps = profile.get("platform_speed") or {}
     if ps:
         q = ps["quantiles"]
@@ -254,7 +315,12 @@ def markdown(
             f"slice runs the front end at the speed of a measured slice drawn at random: factors "
             f"{f.min():.2f}–{f.max():.2f} (p10 {np.percentile(f, 10):.2f}, p90 {np.percentile(f, 90):.2f}), mean one.",
         ]
-    lines += [
+    return lines
+
+
+def _every_level(summary: pd.DataFrame) -> list[str]:
+    """Every level measured, fitted or held out."""
+    lines = [
         "",
         "## Every level",
         "",
@@ -267,7 +333,7 @@ def markdown(
             f"| {r['errors']} | "
             f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['mean_batch']:.2f} | {'yes' if r['held_out'] else 'no'} |"
         )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def write_scenario(profile: dict, path: Path, *, load: float = 0.5) -> None:
