@@ -204,8 +204,8 @@ def fit(
         import numpy as np
         import pandas as pd
 
+        from calibrate.profile import build_profile
         from calibrate.report import write_scenario
-        from calibrate.run import build_profile
     except ImportError as err:
         raise _need("calibrate fit")(err) from None
     try:

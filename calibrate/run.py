@@ -25,25 +25,23 @@ The design, and why:
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 import os
-import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from calibrate.fit import batches_from_requests, fit_frontend, fit_profile, fit_speed
+from calibrate.fit import fit_frontend
 from calibrate.hiccups import HiccupMeter, platform_speed
 from calibrate.loadgen import Slice, image_payloads, level_summary, ranker_payloads, run_slices
 from calibrate.microbench import feature_fetch_cost, feature_fetch_in_flight
+from calibrate.profile import build_profile, capacity, client_shares, compute_inside, cpu_ticks
 from calibrate.report import markdown, write_scenario
 from calibrate.servers import get_json, redis_server, server
 from calibrate.validate import chart, compare
 
-PROFILE_SCHEMA = 1
 FIT_LOADS = (0.3, 0.6, 0.8)
 VALIDATE_LOADS = (0.2, 0.5, 0.7, 0.85)
 
@@ -76,137 +74,7 @@ def redis_pids(url: str) -> tuple[int, ...]:
         client.close()
 
 
-def client_shares(servesim: dict) -> bool:
-    """Whether this load generator's loop competes with the front end's for its cores."""
-    return len(servesim["frontend_cores"]) < 2
-
-
-def build_profile(
-    config: dict,
-    requests: pd.DataFrame,
-    fit_levels: list[int],
-    *,
-    rng,
-    slices: pd.DataFrame | None = None,
-    fetch_cost: dict | None = None,
-) -> dict:
-    """A versioned profile: fits from ``requests`` (levels ``fit_levels``) and the server's
-    ``/v2/models/{m}/config``, with hardware, software and date; with the slices' CPU
-    figures (``slices``), the front end as a station too."""
-    servesim = config["parameters"]["servesim"]
-    server_cfg = {
-        "max_batch_size": config["max_batch_size"],
-        "max_queue_delay_ms": config["dynamic_batching"]["max_queue_delay_microseconds"] / 1000.0,
-        "max_queue_size": config["dynamic_batching"]["default_queue_policy"]["max_queue_size"] or None,
-        "instances": config["instance_group"][0]["count"],
-        "preprocess_threads": 1,
-        "preprocess": servesim.get("preprocess", "thread"),
-        "device": servesim["device"],
-        "threads": servesim["threads"],
-        "instance_mode": servesim.get("instance_mode", "thread"),
-        "instance_cores": [i["core"] for i in servesim.get("instances", [])],
-        "frontend_cores": servesim.get("frontend_cores"),
-    }
-    frontend = None
-    if slices is not None and servesim.get("frontend_cores"):
-        used = slices[slices["kept"] & slices["level"].isin(fit_levels)]
-        # One server: the front end's Python work holds the GIL, whether it decodes on the
-        # event loop or in a thread (on a 16-core host the thread design saturated at 1.03
-        # cores). The load generator's own loop competes for those cores only when the front
-        # end has fewer than two.
-        frontend = fit_frontend(used, servers=1, client_shares_cores=client_shares(servesim))
-        speed = fit_speed(slices, fit_levels, client_shares_cores=client_shares(servesim))
-        if speed is not None:
-            frontend["speed"] = speed
-    return {
-        "schema_version": PROFILE_SCHEMA,
-        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "hardware": hardware(),
-        "software": software(),
-        "model": servesim["model"],
-        "server": server_cfg,
-        **fit_profile(
-            requests,
-            fit_levels=fit_levels,
-            rng=rng,
-            features=servesim.get("features"),
-            frontend=frontend,
-            fetch_cost=fetch_cost,
-        ),
-        "fit_levels": [{"level": i} for i in fit_levels],
-    }
-
-
-def hardware() -> dict:
-    """What the measurements ran on."""
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    gpu = {"name": None, "driver": None}
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        gpu = {"name": pynvml.nvmlDeviceGetName(h), "driver": pynvml.nvmlSystemGetDriverVersion()}
-    except Exception:  # no GPU or no driver: recorded as none
-        pass
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "gpu": gpu}
-
-
-def software() -> dict:
-    import scipy
-    import simpy
-    import torch
-
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "scipy": scipy.__version__,
-        "simpy": simpy.__version__,
-        "servesim": "0.1.0",
-    }
-
-
-def cpu_ticks() -> tuple[int, int] | None:
-    """(steal, total) CPU ticks so far (Linux), to report how much the host took from this VM."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    return (fields[7] if len(fields) > 7 else 0), sum(fields)
-
-
 WARMUP_S = 6.0  # the warm-up phase, which also measures the front end's CPU per request
-
-
-def capacity(bench: pd.DataFrame, warm: pd.DataFrame, front: dict, *, instances: int) -> dict:
-    """The throughput at which the first resource saturates: the model instances (largest
-    batch back to back: its microbenchmarked time plus the measured hand-off) or the front
-    end (its cores, less their background CPU, over its marginal CPU per request), req/s.
-
-    An overload probe measures something else: how the front end collapses under 503s.
-    On this VM it read 521 to 720 req/s for the same server, so levels defined against it
-    moved by ±15% from run to run."""
-    b = int(bench["batch_size"].max())
-    t_max = float(bench.loc[bench["batch_size"] == b, "mean_ms"].iloc[0])
-    ok = warm[warm["status"] == 200]
-    handoff = float(ok["handoff_us"].median() / 1e3) if "handoff_us" in ok and ok["handoff_us"].notna().any() else 0.0
-    inst = instances * b / (t_max + handoff) * 1e3
-    return {
-        "rps": min(inst, front["capacity_rps"]),
-        "bottleneck": "instances" if inst <= front["capacity_rps"] else "front end",
-        "instances_rps": inst,
-        "frontend_rps": front["capacity_rps"],
-        "batch_ms": t_max,
-        "handoff_ms": handoff,
-        "frontend_ms_per_request": front["station_ms_per_request"],
-        "frontend_background_cores": front["background_cores"],
-    }
 
 
 def calibrate_run(
@@ -259,31 +127,10 @@ def _microbench(model_cfg: dict, max_batch: int, core: int | None) -> pd.DataFra
         torch.set_num_threads(threads)
 
 
-def compute_inside(requests: pd.DataFrame, loads: list[float], bench: pd.DataFrame) -> pd.DataFrame:
-    """Mean forward time inside the server per level, for batch 1 and the largest batch
-    size the microbenchmark timed, against the microbenchmark's mean."""
-    batches = batches_from_requests(requests[~requests["warmup"]])
-    rows = []
-    for b in sorted({int(bench["batch_size"].min()), int(bench["batch_size"].max())}):
-        ref = float(bench.loc[bench["batch_size"] == b, "mean_ms"].iloc[0])
-        for level, load in enumerate(loads):
-            x = batches.loc[(batches["level"] == level) & (batches["batch_size"] == b), "compute_infer_us"] / 1e3
-            rows.append(
-                {
-                    "load": load,
-                    "batch_size": b,
-                    "batches": len(x),
-                    "inside_ms": float(x.mean()) if len(x) else float("nan"),
-                    "microbench_ms": ref,
-                    "diff_pct": (float(x.mean()) - ref) / ref * 100 if len(x) else float("nan"),
-                }
-            )
-    return pd.DataFrame(rows)
-
-
 def _calibrate(
     server_args: list[str], out: Path, model: str, *, design: Design, seed: int, rng, reps: int, log
 ) -> dict:
+    """Measure the server ``server_args`` starts, fit, validate, write (see the module)."""
     ticks0 = cpu_ticks()
     cores = os.cpu_count() or 1
     with server(server_args) as url:
@@ -295,56 +142,15 @@ def _calibrate(
             os.sched_setaffinity(0, servesim["frontend_cores"])  # this load generator keeps off the instances' cores
         b = config["max_batch_size"]
         bench = _microbench(mcfg, b, instance_cores[0])
-        fetch_cost, sidecars = None, ()
-        if servesim.get("features") and "--redis-url" in server_args:
-            # the server's Redis client alone, on the front end's cores: its CPU per round trip
-            redis_url = server_args[server_args.index("--redis-url") + 1]
-            sidecars = redis_pids(redis_url)
-            fetch_cost = feature_fetch_cost(redis_url, servesim["features"])
-            log(
-                f"feature fetch alone: {fetch_cost['cpu_ms_per_trip'] * 1e3:.0f} us of CPU and "
-                f"{fetch_cost['wall_ms_per_trip'] * 1e3:.0f} us of wall time per round trip"
-            )
-            # and under concurrency: what the fixed cost per trip of the model leaves out
-            by = feature_fetch_in_flight(redis_url, servesim["features"], sidecars=sidecars)
-            fetch_cost["by_in_flight"] = by.to_dict(orient="records")
-            log(
-                "feature fetch in flight: "
-                + ", ".join(f"{int(r.in_flight)}: {r.cpu_ms_per_fetch:.2f} ms" for r in by.itertuples())
-                + " of CPU per fetch"
-            )
+        fetch_cost, sidecars = _fetch_alone(server_args, servesim, log)
         if model == "ranker":
             payloads = ranker_payloads(32, mcfg["dense"], 10_000, rng)
         else:
             payloads = image_payloads(32, side=max(64, mcfg["resolution"]), rng=rng)
-        servers = 1  # the front end's event loop (see build_profile)
-        # warm the path at a gentle rate; its CPU per request (background included, so an
-        # overestimate) bounds what the front end can take, where the model alone would say
-        # tens of thousands of req/s for a small ranker
-        _, gentle_slices, *_ = run_slices(
-            url, model, [Slice(-1, -1, 20.0, seed=seed)], payloads, slice_s=3.0, warmup_s=0, sidecars=sidecars
-        )
-        per_request_s = float(gentle_slices["frontend_cpu_s"].sum() + gentle_slices["client_cpu_s"].sum()) / max(
-            int(gentle_slices["requests"].sum()), 1
-        )
-        guess = len(instance_cores) * b / float(bench["mean_ms"].iloc[-1]) * 1e3
-        if per_request_s > 0:
-            guess = min(guess, servers / per_request_s)
-        # warm-up at 25% and 60% of that: the front end's CPU per request and in the
-        # background (a line through two rates), and the hand-off
-        first = [Slice(-1, -1, round(f * guess, 2), seed=seed + 100 + k) for k, f in enumerate((0.25, 0.6))]
-        warm, warm_slices, *_ = run_slices(
-            url, model, first, payloads, slice_s=WARMUP_S / 2, warmup_s=0.5, sidecars=sidecars
-        )
-        front = fit_frontend(warm_slices, servers=servers, client_shares_cores=client_shares(servesim))
-        cap_info = capacity(bench, warm[~warm["warmup"]], front, instances=len(instance_cores))
-        cap = cap_info["rps"]
-        log(
-            f"capacity: {cap:.1f} req/s, set by the {cap_info['bottleneck']} (instances "
-            f"{cap_info['instances_rps']:.0f}, front end {cap_info['frontend_rps']:.0f} req/s; batches up to {b})"
-        )
+        probe = _Probe(url, model, payloads, seed, sidecars)
+        cap_info = _capacity(probe, servesim, bench, instances=len(instance_cores), max_batch=b, log=log)
         loads = sorted(FIT_LOADS + VALIDATE_LOADS)
-        rates = [round(f * cap, 2) for f in loads]
+        rates = [round(f * cap_info["rps"], 2) for f in loads]
         slice_s = design.slice_for(min(rates))
         plan = [
             Slice(r, int(k), rates[k], seed=int(np.random.SeedSequence([seed, r, int(k)]).generate_state(1)[0]))
@@ -370,21 +176,17 @@ def _calibrate(
                 log=log,
                 sidecars=sidecars,
             )
-    ok = requests[~requests["warmup"] & (requests["status"] == 200)]
-    slice_p99 = ok.groupby("slice")["latency_ms"].quantile(0.99)
-    level_of = ok.groupby("slice")["level"].first()
-    slice_p99 = slice_p99 / slice_p99.groupby(level_of).transform("median")
-    per_slice, speed_summary = platform_speed(speed, slice_p99, coarse=coarse)
-    slices = slices.merge(per_slice, on=["slice", "attempt"], how="left")
+    slices, speed_summary = _speed_per_slice(requests, slices, speed, coarse)
     ticks1 = cpu_ticks()
-    steal = (ticks1[0] - ticks0[0]) / max(ticks1[1] - ticks0[1], 1) * 100 if ticks0 and ticks1 else None
     fit_levels = [i for i, f in enumerate(loads) if f in FIT_LOADS]
     profile = build_profile(config, requests, fit_levels, rng=rng, slices=slices, fetch_cost=fetch_cost)
     if fetch_cost is not None:
         profile["feature_fetch_microbench"] = fetch_cost
-    profile["hardware"]["cpu_steal_pct_during_run"] = steal
+    profile["hardware"]["cpu_steal_pct_during_run"] = (
+        (ticks1[0] - ticks0[0]) / max(ticks1[1] - ticks0[1], 1) * 100 if ticks0 and ticks1 else None
+    )
     profile["platform_speed"] = speed_summary
-    profile["capacity_rps"] = cap
+    profile["capacity_rps"] = cap_info["rps"]
     profile["capacity"] = cap_info
     profile["fit_levels"] = [{"level": i, "load": loads[i], "rate_rps": rates[i]} for i in fit_levels]
     profile["design"] = {**asdict(design), "slice_s": slice_s, "levels": len(rates)}
@@ -396,6 +198,89 @@ def _calibrate(
     log("fitted; simulating the held-out levels")
     table = compare(profile, requests, summary[summary["held_out"]], reps=reps, rng=rng)
     inside = compute_inside(requests, loads, bench)
+    return _write(out, profile, requests, slices, hiccups, speed, summary, table, inside)
+
+
+def _fetch_alone(server_args: list[str], servesim: dict, log) -> tuple[dict | None, tuple[int, ...]]:
+    """With a Redis feature store: the server's Redis client alone on the front end's cores,
+    its CPU per round trip, and per fetch against the fetches in flight; and the
+    redis-server's pid (its CPU is read around each slice). Else (None, ())."""
+    if not (servesim.get("features") and "--redis-url" in server_args):
+        return None, ()
+    redis_url = server_args[server_args.index("--redis-url") + 1]
+    sidecars = redis_pids(redis_url)
+    fetch_cost = feature_fetch_cost(redis_url, servesim["features"])
+    log(
+        f"feature fetch alone: {fetch_cost['cpu_ms_per_trip'] * 1e3:.0f} us of CPU and "
+        f"{fetch_cost['wall_ms_per_trip'] * 1e3:.0f} us of wall time per round trip"
+    )
+    # and under concurrency: what the fixed cost per trip of the model leaves out
+    by = feature_fetch_in_flight(redis_url, servesim["features"], sidecars=sidecars)
+    fetch_cost["by_in_flight"] = by.to_dict(orient="records")
+    log(
+        "feature fetch in flight: "
+        + ", ".join(f"{int(r.in_flight)}: {r.cpu_ms_per_fetch:.2f} ms" for r in by.itertuples())
+        + " of CPU per fetch"
+    )
+    return fetch_cost, sidecars
+
+
+@dataclass(frozen=True)
+class _Probe:
+    """What a warm-up slice needs: the server, its model, the payloads, the seed, the sidecars."""
+
+    url: str
+    model: str
+    payloads: list
+    seed: int
+    sidecars: tuple[int, ...]
+
+    def run(self, rates_seeds: list[tuple[float, int]], *, slice_s: float, warmup_s: float):
+        slices = [Slice(-1, -1, rate, seed=seed) for rate, seed in rates_seeds]
+        return run_slices(
+            self.url, self.model, slices, self.payloads, slice_s=slice_s, warmup_s=warmup_s, sidecars=self.sidecars
+        )
+
+
+def _capacity(probe: _Probe, servesim: dict, bench: pd.DataFrame, *, instances: int, max_batch: int, log) -> dict:
+    """Warm the path and find the capacity (see :func:`calibrate.profile.capacity`)."""
+    servers = 1  # the front end's event loop (see build_profile)
+    # warm the path at a gentle rate; its CPU per request (background included, so an
+    # overestimate) bounds what the front end can take, where the model alone would say
+    # tens of thousands of req/s for a small ranker
+    _, gentle_slices, *_ = probe.run([(20.0, probe.seed)], slice_s=3.0, warmup_s=0)
+    per_request_s = float(gentle_slices["frontend_cpu_s"].sum() + gentle_slices["client_cpu_s"].sum()) / max(
+        int(gentle_slices["requests"].sum()), 1
+    )
+    b = max_batch
+    guess = instances * b / float(bench["mean_ms"].iloc[-1]) * 1e3
+    if per_request_s > 0:
+        guess = min(guess, servers / per_request_s)
+    # warm-up at 25% and 60% of that: the front end's CPU per request and in the
+    # background (a line through two rates), and the hand-off
+    first = [(round(f * guess, 2), probe.seed + 100 + k) for k, f in enumerate((0.25, 0.6))]
+    warm, warm_slices, *_ = probe.run(first, slice_s=WARMUP_S / 2, warmup_s=0.5)
+    front = fit_frontend(warm_slices, servers=servers, client_shares_cores=client_shares(servesim))
+    cap_info = capacity(bench, warm[~warm["warmup"]], front, instances=instances)
+    log(
+        f"capacity: {cap_info['rps']:.1f} req/s, set by the {cap_info['bottleneck']} (instances "
+        f"{cap_info['instances_rps']:.0f}, front end {cap_info['frontend_rps']:.0f} req/s; batches up to {b})"
+    )
+    return cap_info
+
+
+def _speed_per_slice(requests: pd.DataFrame, slices: pd.DataFrame, speed: pd.DataFrame, coarse: set[int]):
+    """The platform's speed per slice, merged into ``slices``, and its summary."""
+    ok = requests[~requests["warmup"] & (requests["status"] == 200)]
+    slice_p99 = ok.groupby("slice")["latency_ms"].quantile(0.99)
+    level_of = ok.groupby("slice")["level"].first()
+    slice_p99 = slice_p99 / slice_p99.groupby(level_of).transform("median")
+    per_slice, speed_summary = platform_speed(speed, slice_p99, coarse=coarse)
+    return slices.merge(per_slice, on=["slice", "attempt"], how="left"), speed_summary
+
+
+def _write(out: Path, profile, requests, slices, hiccups, speed, summary, table, inside) -> dict:
+    """Write everything a run leaves under ``out``; return the report."""
     requests.to_csv(out / "measurements.csv.gz", index=False)
     slices.to_csv(out / "slices.csv", index=False)
     hiccups.to_csv(out / "hiccups.csv", index=False)
