@@ -17,7 +17,20 @@ def _ms(x: float) -> str:
 
 
 def render(summary: dict) -> Group:
-    """Rich renderables for a run summary."""
+    """Rich renderables for a run summary (:class:`simulator.results.summary.Summary`)."""
+    return Group(
+        _head(summary),
+        _latency(summary),
+        _sla(summary["sla"]),
+        _classes(summary.get("classes")),
+        _fleet(summary),
+        _fleet_events(summary.get("fleet", {})),
+        _timeline_line(summary.get("timeline", [])),
+    )
+
+
+def _head(summary: dict) -> Table:
+    """The scenario's name, what happened to the requests, and the throughput."""
     req = summary["requests"]
     head = Table(title=f"servesim · {summary['scenario']['name']}", show_header=False, box=None, pad_edge=False)
     head.add_column(style="bold")
@@ -30,7 +43,11 @@ def render(summary: dict) -> Group:
         + (f" · {req['degraded']:,} degraded" if req["degraded"] else ""),
     )
     head.add_row("throughput", f"{req['throughput_rps']:,.1f} req/s over {req['window_s']:g} s (after warm-up)")
+    return head
 
+
+def _latency(summary: dict) -> Table:
+    """Percentiles per stage, and end to end."""
     lat = Table(title="latency (ms), completed requests", title_justify="left")
     lat.add_column("stage")
     for col in ("p50", "p95", "p99", "p99.9", "mean"):
@@ -47,10 +64,13 @@ def render(summary: dict) -> Group:
         _ms(e["mean"]),
         end_section=True,
     )
+    return lat
 
-    sla = summary["sla"]
+
+def _sla(sla: dict) -> Text:
+    """The SLA's verdict, and what was attained."""
     verdict = Text("MET", style="bold green") if sla["met"] else Text("MISSED", style="bold red")
-    sla_line = Text.assemble(
+    return Text.assemble(
         "SLA p",
         f"{sla['percentile']:g}",
         " ≤ ",
@@ -59,13 +79,15 @@ def render(summary: dict) -> Group:
         f"  (attained {_ms(sla['attained_ms'])} ms; {sla['attainment']:.2%} of requests within target)",
     )
 
-    w = summary["workers"]
-    util = summary["utilization"]
-    per_worker = util["per_worker"]
+
+def _fleet(summary: dict) -> Table:
+    """Workers, utilization, batches, cost, then whatever else the run had (versions,
+    shadow, caches, the prediction log) and how fast it was simulated."""
     fleet = Table(title="workers and batches", title_justify="left", show_header=False, box=None)
     fleet.add_column(style="bold")
     fleet.add_column()
-    fl = summary.get("fleet", {})
+    w, util, fl = summary["workers"], summary["utilization"], summary.get("fleet", {})
+    per_worker = util["per_worker"]
     scaled = any(e["event"] in ("scale_up", "scale_down", "crash") for e in fl.get("events", []))
     size = (
         f"{w['count']} at start, {fl['active_mean']:.1f} serving on average, peak {fl['active_max']}"
@@ -87,10 +109,22 @@ def render(summary: dict) -> Group:
         "batch size",
         f"mean {mean_b:.2f} · {dist}" if math.isfinite(mean_b) else "no batch ran (every request was dropped first)",
     )
-    c = summary["cost"]
-    per_m = c["per_million_requests_usd"]
+    fleet.add_row("cost", _cost(summary["cost"]))
+    for label, line in _extras(summary):
+        fleet.add_row(label, line)
+    sim = summary["sim"]
     fleet.add_row(
-        "cost",
+        "simulated",
+        f"{sim['requests']:,} requests in {sim['wall_s']:.2f} s wall "
+        f"({sim['requests_per_wall_s']:,.0f} req/s) · seed {sim['seed']}",
+    )
+    return fleet
+
+
+def _cost(c: dict) -> str:
+    """The run's cost, as one line."""
+    per_m = c["per_million_requests_usd"]
+    return (
         f"${c['per_hour_usd']:,.2f}/h · "
         + (f"${per_m:,.4f} per million requests " if math.isfinite(per_m) else "no request completed to price ")
         + f"(${c['price_per_worker_hour_usd']:.4g} per worker-hour, {c['market'].replace('_', '-')}) · "
@@ -99,15 +133,22 @@ def render(summary: dict) -> Group:
             f" · canary and shadow ${c['experiments_per_hour_usd']:,.2f}/h ({c['experiments_fraction']:.1%})"
             if c["experiments_per_hour_usd"]
             else ""
-        ),
+        )
     )
+
+
+def _extras(summary: dict) -> list[tuple[str, str]]:
+    """Rows for what only some runs have: versions and shadow, caches, the prediction log."""
+    rows = []
     exp = summary.get("experiments")
     if exp:
         for name, v in exp["versions"].items():
-            fleet.add_row(
-                f"version {name}",
-                f"{v['share']:.1%} of requests · p50 {_ms(v['latency_ms']['p50'])} · "
-                f"p99 {_ms(v['latency_ms']['p99'])} ms" + (f" · {v['errors']:,} errors" if v["errors"] else ""),
+            rows.append(
+                (
+                    f"version {name}",
+                    f"{v['share']:.1%} of requests · p50 {_ms(v['latency_ms']['p50'])} · "
+                    f"p99 {_ms(v['latency_ms']['p99'])} ms" + (f" · {v['errors']:,} errors" if v["errors"] else ""),
+                )
             )
         sh = exp.get("shadow")
         if sh:
@@ -117,34 +158,24 @@ def render(summary: dict) -> Group:
             )
             if "primary_p99_ms" in sh:
                 line += f" · adds {sh['primary_p99_ms']['added']:+.2f} ms to the primary's p99"
-            fleet.add_row("shadow", line)
+            rows.append(("shadow", line))
     for name, c in summary.get("caches", {}).items():
-        fleet.add_row(f"{name} cache", f"hit ratio {c['hit_ratio']:.1%} of {c['lookups']:,} lookups")
+        rows.append((f"{name} cache", f"hit ratio {c['hit_ratio']:.1%} of {c['lookups']:,} lookups"))
     log = summary.get("logging")
     if log:
-        fleet.add_row(
-            "prediction log",
-            f"{log['offered_gb_per_s']:.3g} GB/s of {log['capacity_gb_per_s']:.3g} GB/s capacity "
-            f"({log['utilization']:.0%}; {log['tb_per_day']:.3g} TB/day) · lag p99 {_ms(log['lag_ms']['p99'])} ms"
-            + (
-                f" · FALLING BEHIND: {log['backlog_mb_at_end']:,.0f} MB backlog at end" if log["falling_behind"] else ""
-            ),
+        rows.append(
+            (
+                "prediction log",
+                f"{log['offered_gb_per_s']:.3g} GB/s of {log['capacity_gb_per_s']:.3g} GB/s capacity "
+                f"({log['utilization']:.0%}; {log['tb_per_day']:.3g} TB/day) · lag p99 {_ms(log['lag_ms']['p99'])} ms"
+                + (
+                    f" · FALLING BEHIND: {log['backlog_mb_at_end']:,.0f} MB backlog at end"
+                    if log["falling_behind"]
+                    else ""
+                ),
+            )
         )
-    sim = summary["sim"]
-    fleet.add_row(
-        "simulated",
-        f"{sim['requests']:,} requests in {sim['wall_s']:.2f} s wall "
-        f"({sim['requests_per_wall_s']:,.0f} req/s) · seed {sim['seed']}",
-    )
-    return Group(
-        head,
-        lat,
-        sla_line,
-        _classes(summary.get("classes")),
-        fleet,
-        _fleet_events(summary.get("fleet", {})),
-        _timeline_line(summary.get("timeline", [])),
-    )
+    return rows
 
 
 def _classes(classes: dict | None) -> Table | Text:
