@@ -113,71 +113,20 @@ def plan(
             "--out writes the cheapest fleet meeting the SLA; --max-rate keeps each fleet and finds its highest "
             "rate instead, so there is no one scenario to write: use --table for every point"
         )
-    try:
-        sets = (set_ or []) + (parse_sla(sla) if sla else [])
-        base = load_scenario(scenario, sets)
-        if base.workers.autoscaler is not None or base.traffic.classes:
-            raise ScenarioError(
-                "plan bisects workers.count of one fixed fleet; this scenario has "
-                + ("workers.autoscaler" if base.workers.autoscaler is not None else "traffic.classes")
-                + " (remove it with --set, e.g. --set workers.autoscaler=null)"
-            )
-        varies = [Vary.parse(v) for v in vary or []]
-        ranges = [v for v in varies if v.lo is not None]
-        if any(v.path != "workers.count" for v in ranges):
-            raise ScenarioError("a lo..hi range is for workers.count only; list other values with commas")
-        if max_rate and ranges:
-            raise ScenarioError("--max-rate keeps the fleet fixed: list worker counts as values, not a range")
-        lo, hi = (ranges[0].lo, ranges[0].hi) if ranges else (1, 4 * base.workers.count)
-        configs = []
-        for combo in combos(varies):
-            plain = [f"{k}={v}" for k, v in combo.items() if k != "workers.instance_type"]
-            s = load_scenario(scenario, sets + plain)
-            if "workers.instance_type" in combo:
-                s = on_instance_type(s, str(combo["workers.instance_type"]))
-            configs.append((combo, s))
-    except ScenarioError as e:
-        raise fail(str(e)) from None
+    sets, base, configs, (lo, hi) = _configs(scenario, set_ or [], sla, vary or [], max_rate)
     planner = Planner(replications, max(max_replications, replications), int(sample) if sample.isdigit() else sample)
     if planner.sample == "off":  # every worker simulated: the largest fleet bisected must fit
         for _, s in configs:
             budget(s.model_copy(update={"workers": s.workers.model_copy(update={"count": hi})}), what="a plan point")
     err.print(f"{_sampling_note(base, planner)}")
     t0 = time.perf_counter()
-    rows, best_rows, checks = [], [], {}
-    with err.status("planning …") as status:
-        for i, (combo, s) in enumerate(configs):
-            status.update(f"planning {label(combo)} ({i + 1}/{len(configs)}) …")
-            key = label(combo)
-            if max_rate:
-                best, evals = planner.max_rate(s, key)
-            else:
-                best, evals, checks[key] = planner.min_workers(s, lo, hi, key)
-            for ev in evals:
-                rows.append({"config": key, **combo, **ev.row(), "chosen": ev is best})
-            best_rows.append(
-                {"config": key, **(best.row() if best else {"workers": None, "met": False}), "combo": combo, "s": s}
-            )
+    rows, best_rows, checks = _evaluate(planner, configs, lo, hi, max_rate)
     wall = time.perf_counter() - t0
     points = pd.DataFrame(rows)
     _print_ranked(best_rows, base, max_rate)
     if not max_rate:
         _print_frontier(points)
-        for key, check in checks.items():
-            if not check["monotone"]:
-                err.print(
-                    f"[yellow]warning:[/] {key}: the verdict is not monotone in the worker count "
-                    f"(met at fewer but missed at more: {check['violations'][:3]}); the bisection's answer is suspect"
-                )
-            elif check["within_noise"]:
-                n_noise = len(check["within_noise"])
-                err.print(
-                    f"note: {key}: {n_noise} pair(s) of counts got opposite verdicts with no significant "
-                    f"difference between them (e.g. {check['within_noise'][0]}): the SLA percentile sits at the "
-                    "target over that range, so the minimum is uncertain by a few workers"
-                )
-        verified = sum(c["monotone"] for c in checks.values())
-        out.print(f"monotone in the worker count: verified for {verified} of {len(checks)} configurations")
+        _print_checks(checks)
     out.print(
         f"{planner.evaluated} points, {planner.requests:,} requests simulated in {wall:.1f} s "
         f"({planner.requests / max(wall, 1e-9):,.0f} req/s)"
@@ -200,6 +149,81 @@ def plan(
         raise fail(f"cannot write {e.filename}: {e.strerror}") from None
     if not max_rate and not feasible:
         raise fail(f"no configuration meets the SLA with workers.count in {lo}..{hi}")
+
+
+def _configs(
+    scenario: Path, set_: list[str], sla: str | None, vary: list[str], max_rate: bool
+) -> tuple[list[str], Scenario, list[tuple[dict, Scenario]], tuple[int, int]]:
+    """The overrides (--set, then --sla), the base scenario, one scenario per combination of
+    the varied knobs, and the worker counts to bisect; a scenario, --sla or --vary that plan
+    cannot take exits 2."""
+    try:
+        sets = set_ + (parse_sla(sla) if sla else [])
+        base = load_scenario(scenario, sets)
+        if base.workers.autoscaler is not None or base.traffic.classes:
+            raise ScenarioError(
+                "plan bisects workers.count of one fixed fleet; this scenario has "
+                + ("workers.autoscaler" if base.workers.autoscaler is not None else "traffic.classes")
+                + " (remove it with --set, e.g. --set workers.autoscaler=null)"
+            )
+        varies = [Vary.parse(v) for v in vary]
+        ranges = [v for v in varies if v.lo is not None]
+        if any(v.path != "workers.count" for v in ranges):
+            raise ScenarioError("a lo..hi range is for workers.count only; list other values with commas")
+        if max_rate and ranges:
+            raise ScenarioError("--max-rate keeps the fleet fixed: list worker counts as values, not a range")
+        lo, hi = (ranges[0].lo, ranges[0].hi) if ranges else (1, 4 * base.workers.count)
+        configs = []
+        for combo in combos(varies):
+            plain = [f"{k}={v}" for k, v in combo.items() if k != "workers.instance_type"]
+            s = load_scenario(scenario, sets + plain)
+            if "workers.instance_type" in combo:
+                s = on_instance_type(s, str(combo["workers.instance_type"]))
+            configs.append((combo, s))
+    except ScenarioError as e:
+        raise fail(str(e)) from None
+    return sets, base, configs, (lo, hi)
+
+
+def _evaluate(
+    planner: Planner, configs: list[tuple[dict, Scenario]], lo: int, hi: int, max_rate: bool
+) -> tuple[list[dict], list[dict], dict]:
+    """Every configuration's search (fewest workers, or with --max-rate the highest rate):
+    every point evaluated, the best per configuration, and the monotonicity checks."""
+    rows, best_rows, checks = [], [], {}
+    with err.status("planning …") as status:
+        for i, (combo, s) in enumerate(configs):
+            status.update(f"planning {label(combo)} ({i + 1}/{len(configs)}) …")
+            key = label(combo)
+            if max_rate:
+                best, evals = planner.max_rate(s, key)
+            else:
+                best, evals, checks[key] = planner.min_workers(s, lo, hi, key)
+            for ev in evals:
+                rows.append({"config": key, **combo, **ev.row(), "chosen": ev is best})
+            best_rows.append(
+                {"config": key, **(best.row() if best else {"workers": None, "met": False}), "combo": combo, "s": s}
+            )
+    return rows, best_rows, checks
+
+
+def _print_checks(checks: dict) -> None:
+    """Whether the verdict was monotone in the worker count, per configuration."""
+    for key, check in checks.items():
+        if not check["monotone"]:
+            err.print(
+                f"[yellow]warning:[/] {key}: the verdict is not monotone in the worker count "
+                f"(met at fewer but missed at more: {check['violations'][:3]}); the bisection's answer is suspect"
+            )
+        elif check["within_noise"]:
+            n_noise = len(check["within_noise"])
+            err.print(
+                f"note: {key}: {n_noise} pair(s) of counts got opposite verdicts with no significant "
+                f"difference between them (e.g. {check['within_noise'][0]}): the SLA percentile sits at the "
+                "target over that range, so the minimum is uncertain by a few workers"
+            )
+    verified = sum(c["monotone"] for c in checks.values())
+    out.print(f"monotone in the worker count: verified for {verified} of {len(checks)} configurations")
 
 
 def _print_ranked(best_rows: list[dict], s: Scenario, max_rate: bool) -> None:
