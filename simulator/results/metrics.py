@@ -12,7 +12,9 @@ import pandas as pd
 
 from simulator.engine import Run
 from simulator.results import summary
+from simulator.results.experiments import classes_summary, versions_summary
 from simulator.results.records import STAGES, Records
+from simulator.results.stats import overlap, sla_verdict, summary_stats, window
 from simulator.results.timeline import timeline
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import scenario_hash
@@ -21,20 +23,23 @@ from simulator.serving.fleet import WorkerState
 from simulator.serving.served import BatchLog
 from simulator.serving.workers import mean_service_ms
 
-PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
-
-
-def window(records: Records, scenario: Scenario) -> np.ndarray:
-    """Mask of the requests that arrived inside the measurement window."""
-    return (records.arrival >= scenario.warmup_s * 1000.0) & (records.arrival < scenario.duration_s * 1000.0)
-
-
-def summary_stats(x: np.ndarray) -> dict[str, float]:
-    """p50/p95/p99/p99.9 and mean of ``x`` (NaN-free); NaN when empty."""
-    if len(x) == 0:
-        return {**dict.fromkeys(PERCENTILES, float("nan")), "mean": float("nan")}
-    qs = np.percentile(x, list(PERCENTILES.values()))
-    return {**dict(zip(PERCENTILES, map(float, qs), strict=True)), "mean": float(x.mean())}
+# the window and the SLA verdict live in stats.py; readers have always found them here
+__all__ = [
+    "batch_size_counts",
+    "cost",
+    "deploy_events",
+    "extra_workers",
+    "fleet_summary",
+    "latency_table",
+    "logging_summary",
+    "peak_throughput_rps",
+    "sla_verdict",
+    "summarize",
+    "summary_stats",
+    "utilization",
+    "window",
+    "worker_price",
+]
 
 
 def latency_table(records: Records, mask: np.ndarray) -> pd.DataFrame:
@@ -45,27 +50,6 @@ def latency_table(records: Records, mask: np.ndarray) -> pd.DataFrame:
     df = pd.DataFrame.from_dict(rows, orient="index")
     df.index.name = "stage"
     return df
-
-
-def sla_verdict(e2e_ms: np.ndarray, percentile: float, target_ms: float, dropped: int) -> summary.SLAVerdict:
-    """The SLA verdict over completed latencies ``e2e_ms`` plus ``dropped`` requests.
-
-    ``attained_ms`` is the SLA percentile of completed requests. ``attainment`` is the
-    fraction of all requests answered within target, rejected and timed-out ones
-    counting as misses. ``met`` needs both: attained within target, and attainment of
-    at least ``percentile``% (so shedding load cannot buy a good percentile).
-    """
-    attained = float(np.percentile(e2e_ms, percentile)) if len(e2e_ms) else float("nan")
-    total = len(e2e_ms) + dropped
-    attainment = int(np.count_nonzero(e2e_ms <= target_ms)) / total if total else float("nan")
-    met = bool(len(e2e_ms)) and attained <= target_ms and attainment >= percentile / 100
-    return {
-        "percentile": percentile,
-        "target_ms": target_ms,
-        "attained_ms": attained,
-        "met": bool(met),
-        "attainment": attainment,
-    }
 
 
 def utilization(batches: BatchLog, instances: int, t0_ms: float, t1_ms: float) -> np.ndarray:
@@ -130,10 +114,6 @@ def logging_summary(records: Records, scenario: Scenario, mask: np.ndarray) -> d
     }
 
 
-def _overlap(start: np.ndarray, end: np.ndarray, t0: float, t1: float) -> np.ndarray:
-    return np.clip(np.minimum(end, t1) - np.maximum(start, t0), 0.0, None)
-
-
 def deploy_events(s: Scenario) -> list[dict]:
     """Configured changes: canary rollout steps and rollback, cache flushes."""
     out = []
@@ -167,124 +147,18 @@ def fleet_summary(run: Run, t0: float, t1: float) -> dict:
     span = t1 - t0
     a0, a1 = run.fleet.intervals(WorkerState.ACTIVE)
     b0, b1 = run.fleet.intervals(WorkerState.BILLED)
-    active = _overlap(a0, a1, t0, t1) / span
+    active = overlap(a0, a1, t0, t1) / span
     times = np.concatenate([a0, a1])
     steps = np.concatenate([np.ones(len(a0)), -np.ones(len(a1))])
     order = np.lexsort((steps, times))  # at equal times, leave before arriving
     return {
         "active_mean": float(active.sum()),
-        "billed_mean": float((_overlap(b0, b1, t0, t1) / span).sum()),
+        "billed_mean": float((overlap(b0, b1, t0, t1) / span).sum()),
         "active_max": int(np.cumsum(steps[order]).max()) if len(order) else 0,
         "events": [{"t_s": t / 1000.0, "event": str(kind), "detail": d} for t, kind, d in run.fleet.events]
         + deploy_events(s),
         "active_fraction": active,
     }
-
-
-def versions_summary(run: Run, mask: np.ndarray, price: float, billed_workers: float) -> dict | None:
-    """Per-version traffic share, latency and errors; the shadow's load, latency, cost and
-    the primary p99 it costs when it shares the primary's queues."""
-    s, rec = run.scenario, run.records
-    r = s.router
-    if r.canary is None and r.shadow is None:
-        return None
-    out: dict = {"versions": {}}
-    for code, name, cfg in ((0, "primary", None), (1, r.canary.name if r.canary else "canary", r.canary)):
-        sel = mask & (rec.version == code)
-        if code == 1 and cfg is None:
-            continue
-        done = sel & rec.completed
-        out["versions"][name] = {
-            "requests": int(sel.sum()),
-            "share": float(sel.sum() / max(mask.sum(), 1)),
-            "errors": int(np.count_nonzero(rec.outcome[sel] == Outcome.ERROR)),
-            "latency_ms": summary_stats((rec.t_response - rec.arrival)[done]),
-            "workers": cfg.workers if cfg else s.workers.count,
-        }
-    if r.shadow is not None and run.shadow is not None:
-        sh = run.shadow
-        inside = mask[sh["request"]]
-        ok = inside & (sh["outcome"] == Outcome.COMPLETED)
-        served = (sh["t_inferred"] - sh["t_preprocessed"])[ok]
-        span_s = s.duration_s - s.warmup_s
-        if r.shadow.pool == "own":
-            gpu_cost = r.shadow.workers * price
-        else:  # its share of the primary pool's batch items
-            items = float(run.batches.size.sum())
-            gpu_cost = (len(sh["request"]) / items if items else 0.0) * billed_workers * price
-        shadow = {
-            "copies": int(inside.sum()),
-            "copies_per_s": float(inside.sum() / span_s),
-            "dropped": int(np.count_nonzero(inside & (sh["outcome"] != Outcome.COMPLETED))),
-            "server_latency_ms": summary_stats(served),
-            "gpu_cost_per_hour_usd": gpu_cost,
-            "pool": r.shadow.pool,
-        }
-        if run.response_without_shadow is not None:
-            prim = mask & rec.completed & (rec.version == 0)
-            with_p99 = float(np.percentile((rec.t_response - rec.arrival)[prim], 99)) if prim.any() else float("nan")
-            alone = (run.response_without_shadow - rec.arrival)[prim]
-            alone = alone[np.isfinite(alone)]
-            without_p99 = float(np.percentile(alone, 99)) if len(alone) else float("nan")
-            shadow["primary_p99_ms"] = {
-                "with_shadow": with_p99,
-                "without_shadow": without_p99,
-                "added": with_p99 - without_p99,
-            }
-        out["shadow"] = shadow
-    return out
-
-
-def classes_summary(run: Run, mask: np.ndarray, price: float) -> dict | None:
-    """Per traffic class: outcomes, latency, its own SLA verdict, and its share of the GPUs.
-
-    ``gpu_share`` is the class's busy instance-time over its pool's instance-time in the
-    window; a class on the shared pool is charged its share of the shared pool's busy time.
-    """
-    s, rec = run.scenario, run.records
-    if not s.traffic.classes:
-        return None
-    t0, t1 = s.warmup_s * 1000.0, s.duration_s * 1000.0
-    span_s = (t1 - t0) / 1000.0
-    inst = s.workers.instances
-    busy = {name: float(_overlap(log.start, log.end, t0, t1).sum()) for name, log in run.pools.items()}
-    shared_busy = sum(busy[n] for n, c in s.traffic.classes.items() if c.workers is None)
-    out = {}
-    for code, (name, cfg) in enumerate(s.traffic.classes.items()):
-        sel = mask & (rec.traffic_class == code)
-        done = sel & rec.completed
-        outcome = rec.outcome[sel]
-        e2e = (rec.t_response - rec.arrival)[done]
-        dropped = int(np.count_nonzero(outcome != Outcome.COMPLETED))
-        sla = cfg.sla or s.sla
-        own = cfg.workers is not None
-        workers = cfg.workers if own else s.workers.count
-        if own:
-            cost_h = workers * price
-        else:
-            cost_h = s.workers.count * price * (busy[name] / shared_busy if shared_busy else 0.0)
-        b = s.batching.max_batch_size
-        w = s.workers.model_copy(update={"service_time": cfg.service_time or s.workers.service_time})
-        peak = workers * inst * b / mean_service_ms(w, b) * 1000.0
-        out[name] = {
-            "priority": cfg.priority,
-            "pool": "own" if own else "shared",
-            "workers": workers,
-            "max_instances": cfg.max_instances,
-            "requests": int(sel.sum()),
-            "completed": int(done.sum()),
-            "rejected": int(np.count_nonzero(outcome == Outcome.REJECTED)),
-            "timed_out": int(np.count_nonzero(outcome == Outcome.TIMED_OUT)),
-            "throughput_rps": float(done.sum() / span_s),
-            "latency_ms": summary_stats(e2e),
-            "queue_ms": summary_stats(rec.stage_ms("queue")[done]),
-            "mean_batch_size": float(rec.batch_size[done].mean()) if done.any() else float("nan"),
-            "sla": sla_verdict(e2e, sla.percentile, sla.target_ms, dropped if sla.count_dropped else 0),
-            "gpu_share": busy[name] / (workers * inst * (t1 - t0)),
-            "load_of_peak_capacity": float(done.sum() / span_s / peak),
-            "cost_per_hour_usd": cost_h,
-        }
-    return out
 
 
 def extra_workers(s: Scenario) -> int:

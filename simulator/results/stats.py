@@ -1,0 +1,51 @@
+"""The statistics every summary section uses: the measurement window, percentiles with
+the mean, the SLA verdict, and the overlap of intervals with the window. Pure functions."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simulator.results import summary
+from simulator.results.records import Records
+from simulator.scenario.config import Scenario
+
+PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
+
+
+def window(records: Records, scenario: Scenario) -> np.ndarray:
+    """Mask of the requests that arrived inside the measurement window."""
+    return (records.arrival >= scenario.warmup_s * 1000.0) & (records.arrival < scenario.duration_s * 1000.0)
+
+
+def summary_stats(x: np.ndarray) -> dict[str, float]:
+    """p50/p95/p99/p99.9 and mean of ``x`` (NaN-free); NaN when empty."""
+    if len(x) == 0:
+        return {**dict.fromkeys(PERCENTILES, float("nan")), "mean": float("nan")}
+    qs = np.percentile(x, list(PERCENTILES.values()))
+    return {**dict(zip(PERCENTILES, map(float, qs), strict=True)), "mean": float(x.mean())}
+
+
+def sla_verdict(e2e_ms: np.ndarray, percentile: float, target_ms: float, dropped: int) -> summary.SLAVerdict:
+    """The SLA verdict over completed latencies ``e2e_ms`` plus ``dropped`` requests.
+
+    ``attained_ms`` is the SLA percentile of completed requests. ``attainment`` is the
+    fraction of all requests answered within target, rejected and timed-out ones
+    counting as misses. ``met`` needs both: attained within target, and attainment of
+    at least ``percentile``% (so shedding load cannot buy a good percentile).
+    """
+    attained = float(np.percentile(e2e_ms, percentile)) if len(e2e_ms) else float("nan")
+    total = len(e2e_ms) + dropped
+    attainment = int(np.count_nonzero(e2e_ms <= target_ms)) / total if total else float("nan")
+    met = bool(len(e2e_ms)) and attained <= target_ms and attainment >= percentile / 100
+    return {
+        "percentile": percentile,
+        "target_ms": target_ms,
+        "attained_ms": attained,
+        "met": bool(met),
+        "attainment": attainment,
+    }
+
+
+def overlap(start: np.ndarray, end: np.ndarray, t0: float, t1: float) -> np.ndarray:
+    """Per interval [start, end): its overlap with [t0, t1), ms."""
+    return np.clip(np.minimum(end, t1) - np.maximum(start, t0), 0.0, None)
