@@ -123,7 +123,8 @@ def load(
     try:
         import numpy as np
 
-        from calibrate.loadgen import image_payloads, level_summary, sweep
+        from calibrate.loadgen import level_summary, sweep
+        from calibrate.payloads import image_payloads
     except ImportError as err:
         raise _need("calibrate load")(err) from None
     try:

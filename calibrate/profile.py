@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate.fit import batches_from_requests, fit_frontend, fit_profile, fit_speed
+from calibrate.fit import batches_from_requests, fit_profile
+from calibrate.station import fit_frontend, fit_speed
 
 PROFILE_SCHEMA = 1
 

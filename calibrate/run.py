@@ -33,13 +33,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate.fit import fit_frontend
 from calibrate.hiccups import HiccupMeter, platform_speed
-from calibrate.loadgen import Slice, image_payloads, level_summary, ranker_payloads, run_slices
+from calibrate.loadgen import Slice, level_summary, run_slices
 from calibrate.microbench import feature_fetch_cost, feature_fetch_in_flight
+from calibrate.payloads import image_payloads, ranker_payloads
 from calibrate.profile import build_profile, capacity, client_shares, compute_inside, cpu_ticks
 from calibrate.report import markdown, write_scenario
 from calibrate.servers import get_json, redis_server, server
+from calibrate.station import fit_frontend
 from calibrate.validate import chart, compare
 
 FIT_LOADS = (0.3, 0.6, 0.8)

@@ -65,7 +65,7 @@ def scenario_dict(
 ) -> dict:
     """The calibrated server under Poisson load at ``rate_rps``, as a scenario document;
     ``speed`` multiplies the front end's CPU times (a slice's platform speed, see
-    :func:`calibrate.fit.fit_speed`; 1 is the run's average)."""
+    :func:`calibrate.station.fit_speed`; 1 is the run's average)."""
     server = profile["server"]
     st = profile["service_time"]
     features = {}
