@@ -29,7 +29,7 @@ from simulator.rng import STREAMS, Streams, streams
 from simulator.scenario.config import Cache, Features, Network, Preprocess, Router, Scenario, Traffic
 from simulator.scenario.distributions import Distribution, Sampler
 from simulator.serving.batcher import Outcome
-from simulator.serving.classes import serve_classes
+from simulator.serving.classes import serve_by_class
 from simulator.serving.dispatch import assign_workers, serve_versions
 from simulator.serving.fleet import FleetLog
 from simulator.serving.served import BatchLog, Served
@@ -158,8 +158,11 @@ def _serve(
     live_idx = np.arange(n) if everyone else np.flatnonzero(live)
     assign = assign_workers(s, n, rng.routing)
     if s.traffic.classes:
-        on_pool, batches, pools = serve_classes(
-            s,
+        on_pool, batches, pools = serve_by_class(
+            s.traffic.classes,
+            s.workers,
+            s.batching,
+            s.router,
             t_pre[live_idx],
             klass[live_idx],
             None if assign is None else assign[live_idx],
@@ -170,7 +173,7 @@ def _serve(
     else:
         service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service)
         version, shadow, pools, fleet, batches, (live_idx, on_pool), counterfactual = serve_versions(
-            s, seed, t_router, t_pre, live_idx, assign, service, rng, deadlines
+            s.router, s.workers, s.batching, seed, t_router, t_pre, live_idx, assign, service, rng, deadlines
         )
         rest = _Serving(version, batches, pools, fleet, shadow, counterfactual)
     if everyone and len(live_idx) == n and np.array_equal(live_idx, np.arange(n)):

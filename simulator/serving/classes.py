@@ -23,9 +23,10 @@ import numpy as np
 import simpy
 
 from simulator.rng import Streams
-from simulator.scenario.config import Scenario
+from simulator.scenario.config import Batching, Scenario, TrafficClass, Workers
+from simulator.scenario.config import Router as RouterConfig
 from simulator.serving.batcher import DONE, BatchQueue, Dispatch, Wait
-from simulator.serving.dispatch import assign_workers, pool_scenario, serve, sub
+from simulator.serving.dispatch import pool_workers, route, serve, sub
 from simulator.serving.served import BatchLog, Served, concat_logs
 from simulator.serving.workers import ServiceModel, queue_results
 
@@ -146,12 +147,27 @@ def schedule_classes(env: simpy.Environment, feed: ClassFeed, services: list[Ser
 def serve_classes(
     s: Scenario, t_pre: np.ndarray, klass: np.ndarray, assign: np.ndarray | None, rng: Streams, deadlines=None
 ):
+    """:func:`serve_by_class` with the sections of the scenario ``s`` (for callers that hold one)."""
+    return serve_by_class(s.traffic.classes, s.workers, s.batching, s.router, t_pre, klass, assign, rng, deadlines)
+
+
+def serve_by_class(
+    traffic_classes: dict[str, TrafficClass],
+    workers: Workers,
+    batching: Batching,
+    router: RouterConfig,
+    t_pre: np.ndarray,
+    klass: np.ndarray,
+    assign: np.ndarray | None,
+    rng: Streams,
+    deadlines=None,
+):
     """Serve live requests (``t_pre``, their class, their shared-pool worker or None for a
     shared queue): the requests as :class:`~simulator.serving.served.Served` columns, the shared
     pool's batch log, and each class's batch log by name (instances of its own pool where it
     has one)."""
-    names = list(s.traffic.classes)
-    classes = list(s.traffic.classes.values())
+    names = list(traffic_classes)
+    classes = list(traffic_classes.values())
     k = len(classes)
     children = rng.classes.spawn(2 * k)  # service times, then own-pool routing, per class
     n = len(t_pre)
@@ -160,8 +176,8 @@ def serve_classes(
     shared = [c for c in range(k) if classes[c].workers is None]
     services = [
         ServiceModel(
-            s.workers.model_copy(update={"service_time": cl.service_time or s.workers.service_time}),
-            s.batching.max_batch_size,
+            workers.model_copy(update={"service_time": cl.service_time or workers.service_time}),
+            batching.max_batch_size,
             children[c],
         )
         for c, cl in enumerate(classes)
@@ -170,20 +186,19 @@ def serve_classes(
         if c in shared:
             continue
         idx = np.flatnonzero(klass == c)
-        ps = pool_scenario(s, classes[c].workers, classes[c].service_time)
-        part, logs[names[c]] = serve(
-            t_pre[idx], assign_workers(ps, len(idx), children[k + c]), ps, services[c], sub(deadlines, idx)
-        )
+        pw = pool_workers(workers, classes[c].workers, classes[c].service_time)
+        to = route(router.balancing, pw.count, len(idx), children[k + c])
+        part, logs[names[c]] = serve(t_pre[idx], to, pw, batching, services[c], sub(deadlines, idx))
         served.scatter(idx, part)
 
     env = simpy.Environment()
     quota = Quota(env, [classes[c].max_instances or math.inf for c in range(k)])
     levels = [[c for c in shared if PRIORITY[classes[c].priority] == p] for p in sorted(set(PRIORITY.values()))]
     levels = [lv for lv in levels if lv]
-    per_worker = s.workers.instances
-    n_feeds = 1 if assign is None else s.workers.count
+    per_worker = workers.instances
+    n_feeds = 1 if assign is None else workers.count
     if assign is None:
-        ids = [list(range(s.workers.count * per_worker))]
+        ids = [list(range(workers.count * per_worker))]
     else:
         ids = [list(range(w * per_worker, (w + 1) * per_worker)) for w in range(n_feeds)]
     # requests of each (feed, class) in queue-arrival order
@@ -193,7 +208,7 @@ def serve_classes(
     feeds, members = [], []
     for f in range(n_feeds):
         per_class = [parts[f * k + c] if c in shared else parts[f * k + c][:0] for c in range(k)]
-        queues = [BatchQueue(t_pre[idx], s.batching, deadlines=sub(deadlines, idx)) for idx in per_class]
+        queues = [BatchQueue(t_pre[idx], batching, deadlines=sub(deadlines, idx)) for idx in per_class]
         feeds.append(ClassFeed(env, queues, levels, ids[f]))
         members.append(per_class)
     for feed in feeds:

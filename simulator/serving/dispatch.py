@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from simulator.rng import Streams, streams
-from simulator.scenario.config import Batching, Scenario
+from simulator.scenario.config import Batching, Scenario, Workers
+from simulator.scenario.config import Router as RouterConfig
 from simulator.serving.batcher import BatchQueue, Outcome
 from simulator.serving.fleet import FleetLog
 from simulator.serving.pool import DynamicPool
@@ -28,9 +29,15 @@ def fast_path(cfg: Batching) -> bool:
     return cfg.max_batch_size == 1 and cfg.max_queue_size is None and cfg.timeout_ms is None and cfg.deadline_ms is None
 
 
+def route(balancing: str, count: int, n: int, rng: np.random.Generator) -> np.ndarray | None:
+    """Worker of each of ``n`` requests (arrival order) among ``count``, or None when the
+    pool shares one queue (``balancing``: the router section's)."""
+    return Router(balancing, rng).pick(n, count)
+
+
 def assign_workers(scenario: Scenario, n: int, rng: np.random.Generator) -> np.ndarray | None:
-    """Worker of each request (arrival order), or None when the pool shares one queue."""
-    return Router(scenario.router.balancing, rng).pick(n, scenario.workers.count)
+    """The primary pool's :func:`route`, from the scenario (the engine's entry)."""
+    return route(scenario.router.balancing, scenario.workers.count, n, rng)
 
 
 def sub(deadlines: np.ndarray | None, idx) -> np.ndarray | None:
@@ -39,22 +46,28 @@ def sub(deadlines: np.ndarray | None, idx) -> np.ndarray | None:
 
 
 def serve(
-    t_pre: np.ndarray, assign: np.ndarray | None, s: Scenario, service: ServiceModel, deadlines=None
+    t_pre: np.ndarray,
+    assign: np.ndarray | None,
+    workers: Workers,
+    batching: Batching,
+    service: ServiceModel,
+    deadlines=None,
 ) -> tuple[Served, BatchLog]:
-    """Batching queues and GPU workers: the requests (in the order of ``t_pre``) and the
-    batch log. ``deadlines``: each request's end-to-end deadline, with ``batching.deadline_ms``."""
+    """Batching queues and a fixed pool of GPU workers: the requests (in the order of
+    ``t_pre``) and the batch log. ``assign``: each request's worker, or None for one shared
+    queue; ``deadlines``: each request's end-to-end deadline, with ``batching.deadline_ms``."""
     n = len(t_pre)
-    per_worker = s.workers.instances
+    per_worker = workers.instances
     if assign is None:
         groups = [np.argsort(t_pre, kind="stable")]
-        ids = [list(range(s.workers.count * per_worker))]
+        ids = [list(range(workers.count * per_worker))]
     else:
         by_worker = np.lexsort((t_pre, assign))  # worker, then time
-        cuts = np.searchsorted(assign[by_worker], np.arange(1, s.workers.count))
+        cuts = np.searchsorted(assign[by_worker], np.arange(1, workers.count))
         groups = np.split(by_worker, cuts)
-        ids = [list(range(w * per_worker, (w + 1) * per_worker)) for w in range(s.workers.count)]
+        ids = [list(range(w * per_worker, (w + 1) * per_worker)) for w in range(workers.count)]
     served = Served.empty(n)
-    if fast_path(s.batching):
+    if fast_path(batching):
         # service draws go to requests in queue-arrival order: the dispatch order of a shared queue
         svc_all = np.empty(n)
         svc_all[np.argsort(t_pre, kind="stable")] = service.draw(n, 1)
@@ -67,49 +80,75 @@ def serve(
             logs.append(BatchLog(start, start + svc, np.ones(len(order), np.int64), served.instance[order]))
         batches = concat_logs(logs)
     else:
-        queues = [BatchQueue(t_pre[order], s.batching, deadlines=sub(deadlines, order)) for order in groups]
+        queues = [BatchQueue(t_pre[order], batching, deadlines=sub(deadlines, order)) for order in groups]
         results, batches = run_pool(queues, ids, service)
         for order, part in zip(groups, results, strict=True):
             served.scatter(order, part)
     return served, batches
 
 
-def pool_scenario(s: Scenario, count: int, service_time) -> Scenario:
-    """The scenario of a version's own fixed pool: the primary's, with its own size and model."""
-    w = s.workers.model_copy(
+def pool_workers(workers: Workers, count: int, service_time) -> Workers:
+    """The workers of a version's (or a class's) own fixed pool: the primary's, with its own
+    size and model, and neither autoscaler nor failures."""
+    return workers.model_copy(
         update={
             "count": count,
-            "service_time": service_time or s.workers.service_time,
+            "service_time": service_time or workers.service_time,
             "autoscaler": None,
             "failures": None,
         }
     )
-    return s.model_copy(update={"workers": w})
 
 
 def serve_primary(
-    s: Scenario, t_pre: np.ndarray, assign, service: ServiceModel, rng: Streams, deadlines=None
+    workers: Workers,
+    batching: Batching,
+    router: RouterConfig,
+    t_pre: np.ndarray,
+    assign,
+    service: ServiceModel,
+    rng: Streams,
+    deadlines=None,
 ) -> tuple[Served, BatchLog, FleetLog | None]:
     """The primary's pool, fixed or dynamic: its requests, its batch log, and its fleet log
     (None for a fixed pool)."""
-    if s.workers.dynamic:
-        return DynamicPool(s.workers, s.batching, s.router, t_pre, service, rng, deadlines).run()
-    served, batches = serve(t_pre, assign, s, service, deadlines)
+    if workers.dynamic:
+        return DynamicPool(workers, batching, router, t_pre, service, rng, deadlines).run()
+    served, batches = serve(t_pre, assign, workers, batching, service, deadlines)
     return served, batches, None
 
 
-def serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, service, rng, deadlines=None):
+def serve_versions(
+    router: RouterConfig,
+    workers: Workers,
+    batching: Batching,
+    seed: int,
+    t_router,
+    t_pre,
+    live,
+    assign,
+    service,
+    rng,
+    deadlines=None,
+):
     """Route live requests to the primary or the canary (sticky by user), copy a share to
     the shadow, and serve each pool. Returns versions, shadow copies, the extra pools'
     logs, the primary fleet and batch log, the served live requests (their indices and
     their :class:`Served` columns), and primary completion times without the shared shadow
     (or None)."""
     n = len(t_router)
-    r = s.router
+    r = router
     version = np.zeros(n, dtype=np.int8)
     if r.canary is None and r.shadow is None:  # one version: no copies of the columns
         per, batches, fleet = serve_primary(
-            s, t_pre[live], None if assign is None else assign[live], service, rng, sub(deadlines, live)
+            workers,
+            batching,
+            router,
+            t_pre[live],
+            None if assign is None else assign[live],
+            service,
+            rng,
+            sub(deadlines, live),
         )
         return version, None, {}, fleet, batches, (live, per), None
     if r.canary is not None:
@@ -122,9 +161,9 @@ def serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, servic
     t_in = np.concatenate([t_pre[prim], t_pre[copies]]) if shared else t_pre[prim]
     a_in = None if assign is None else assign[prim]
     if shared and a_in is not None:
-        a_in = np.concatenate([a_in, assign_workers(s, len(copies), rng.shadow_routing)])
+        a_in = np.concatenate([a_in, route(r.balancing, workers.count, len(copies), rng.shadow_routing)])
     d_in = sub(deadlines, np.concatenate([prim, copies]) if shared else prim)
-    per, batches, fleet = serve_primary(s, t_in, a_in, service, rng, d_in)
+    per, batches, fleet = serve_primary(workers, batching, router, t_in, a_in, service, rng, d_in)
     served = Served.empty(n)
     served.scatter(prim, per.take(slice(None, len(prim))))
     pools: dict[str, BatchLog] = {}
@@ -135,21 +174,22 @@ def serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, servic
         if shared and r.shadow.measure_impact:
             fresh = streams(seed)
             alone, _, _ = serve_primary(
-                s,
+                workers,
+                batching,
+                router,
                 t_pre[prim],
                 None if assign is None else assign[prim],
-                ServiceModel(s.workers, s.batching.max_batch_size, fresh.service),
+                ServiceModel(workers, batching.max_batch_size, fresh.service),
                 fresh,
                 sub(deadlines, prim),
             )
             counterfactual = np.full(n, np.nan)
             counterfactual[prim] = alone.t_done
         elif not shared:
-            ps = pool_scenario(s, r.shadow.workers, r.shadow.service_time)
-            model = ServiceModel(ps.workers, s.batching.max_batch_size, rng.shadow_service)
-            sh, pools["shadow"] = serve(
-                t_pre[copies], assign_workers(ps, len(copies), rng.shadow_routing), ps, model, sub(deadlines, copies)
-            )
+            pw = pool_workers(workers, r.shadow.workers, r.shadow.service_time)
+            model = ServiceModel(pw, batching.max_batch_size, rng.shadow_service)
+            to = route(r.balancing, pw.count, len(copies), rng.shadow_routing)
+            sh, pools["shadow"] = serve(t_pre[copies], to, pw, batching, model, sub(deadlines, copies))
         shadow = {
             "request": copies,
             "t_preprocessed": t_pre[copies],
@@ -158,11 +198,10 @@ def serve_versions(s: Scenario, seed: int, t_router, t_pre, live, assign, servic
             "outcome": sh.outcome,
         }
     if r.canary is not None:
-        pc = pool_scenario(s, r.canary.workers, r.canary.service_time)
-        model = ServiceModel(pc.workers, s.batching.max_batch_size, rng.canary_service)
-        on_canary_pool, pools["canary"] = serve(
-            t_pre[cand], assign_workers(pc, len(cand), rng.canary_routing), pc, model, sub(deadlines, cand)
-        )
+        pc = pool_workers(workers, r.canary.workers, r.canary.service_time)
+        model = ServiceModel(pc, batching.max_batch_size, rng.canary_service)
+        to = route(r.balancing, pc.count, len(cand), rng.canary_routing)
+        on_canary_pool, pools["canary"] = serve(t_pre[cand], to, pc, batching, model, sub(deadlines, cand))
         errors = rng.canary_errors.random(len(cand)) < r.canary.error_rate
         on_canary_pool.outcome[errors & (on_canary_pool.outcome == Outcome.COMPLETED)] = Outcome.ERROR
         served.scatter(cand, on_canary_pool)
