@@ -43,7 +43,31 @@ from simulator.stages.stations import fcfs_multiserver
 
 @dataclass
 class Run:
-    """One simulation run: its inputs, per-request records, batch log and cost of running."""
+    """One simulation run: its inputs, per-request records, batch log and cost of running.
+
+    Attributes
+    ----------
+    scenario : Scenario
+        The scenario simulated.
+    seed : int
+        The seed it ran with.
+    records : Records
+        One row per arrival: the time (ms) each stage ended, outcome, batch and instance.
+    batches : BatchLog
+        One row per batch of the primary pool: start and end (ms), size, instance.
+    wall_s : float
+        Wall-clock time the simulation took, s.
+    fleet : FleetLog or None
+        The workers' life cycle, when the fleet changes during the run (autoscaler,
+        failures); None for a fixed fleet.
+    pools : dict of str to BatchLog
+        Batch logs of the other pools: the canary's, a shadow's own, or each traffic class's.
+    shadow : dict of str to ndarray or None
+        The shadow copies: source request, times (ms) and outcome; None without a shadow.
+    response_without_shadow : ndarray or None
+        Primary response times (ms) of the same run without shared-pool shadow copies,
+        when ``router.shadow.measure_impact`` asks for them.
+    """
 
     scenario: Scenario
     seed: int
@@ -185,7 +209,23 @@ def _serve(
 
 
 def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
-    """Run one scenario; ``seed`` overrides the scenario's own."""
+    """Run one scenario.
+
+    Parameters
+    ----------
+    scenario : Scenario
+        What to simulate (see :func:`simulator.load_scenario`).
+    seed : int, optional
+        Overrides ``scenario.seed``. Every random draw flows from it through one
+        ``numpy.random.Generator`` stream per purpose (:class:`simulator.rng.Streams`), so
+        the same scenario and seed give identical records on any machine.
+
+    Returns
+    -------
+    Run
+        The per-request records (times in ms from the start of the run), the batch log,
+        and what else the run left (fleet log, extra pools, shadow copies).
+    """
     wall0 = time.perf_counter()
     seed = scenario.seed if seed is None else seed
     rng = streams(seed)

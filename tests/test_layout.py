@@ -77,3 +77,25 @@ def test_the_map_in_simulator_readme_names_every_module_in_its_folder():
         str(p.relative_to(ROOT / "simulator")) for p in (ROOT / "simulator").rglob("*.py") if p.name != "__init__.py"
     }
     assert modules == mapped, f"not in the map: {sorted(modules - mapped)}; gone: {sorted(mapped - modules)}"
+
+
+def test_the_public_api_is_documented_in_numpydoc_with_every_parameter():
+    import inspect
+    import re
+
+    import simulator
+
+    for name in simulator.__all__:
+        obj = getattr(simulator, name)
+        doc = inspect.getdoc(obj) or ""
+        assert doc, f"simulator.{name} has no docstring"
+        if inspect.isfunction(obj):
+            sections = set(re.findall(r"^(\w+)\n-{3,}$", doc, flags=re.M))
+            assert {"Parameters", "Returns"} <= sections, f"simulator.{name}: sections {sorted(sections)}"
+            params = doc.split("Parameters\n----------\n", 1)[1].split("\n\n")[0]
+            documented = set(re.findall(r"^(\w+) :", params, flags=re.M))
+            wanted = set(inspect.signature(obj).parameters)
+            assert wanted <= documented, f"simulator.{name}: undocumented {sorted(wanted - documented)}"
+    run_doc = inspect.getdoc(simulator.Run)
+    fields = set(simulator.Run.__dataclass_fields__)
+    assert fields <= set(re.findall(r"^(\w+) :", run_doc, flags=re.M)), "Run's attributes are not all documented"

@@ -231,10 +231,26 @@ def _sim(run: Run) -> summary.Sim:
 
 
 def summarize(run: Run, *, interval_s: float = 1.0) -> summary.Summary:
-    """Every headline number of a run, as the nested dict that ``--json`` writes
-    (:class:`simulator.results.summary.Summary`).
+    """Every headline number of a run, as the nested dict that ``--json`` writes.
 
-    ``timeline`` holds one record per ``interval_s`` (see :func:`simulator.results.timeline.timeline`).
+    Counted over the requests that arrived in ``[warmup_s, duration_s)``, each followed to
+    its end (the tail after the last arrival is not cut off).
+
+    Parameters
+    ----------
+    run : Run
+        A finished run (:func:`simulator.simulate`).
+    interval_s : float
+        Width of the timeline's intervals, s.
+
+    Returns
+    -------
+    Summary
+        A typed dict (:class:`simulator.results.summary.Summary`): requests and
+        throughput (req/s), latency per stage and end to end (ms), the SLA verdict,
+        utilization, workers, batch sizes, cost (USD), caches, experiments, the fleet,
+        and ``timeline``, one record per ``interval_s`` (see
+        :func:`simulator.results.timeline.timeline`). Pure: it reads no file.
     """
     s, rec = run.scenario, run.records
     mask = window(rec, s)

@@ -55,7 +55,15 @@ class Napkin(Frozen):
 
 
 class Scenario(Frozen):
-    """One serving system and the traffic it sees."""
+    """One serving system and the traffic it sees.
+
+    Frozen and validated once, at load (:func:`simulator.load_scenario`). The sections
+    follow a request's path: ``traffic``, ``network``, ``router``, ``caches``,
+    ``features``, ``preprocess``, ``batching``, ``workers``, ``postprocess``; then ``sla``,
+    ``cost`` and ``logging``. Units are in the field names (``_ms``, ``_s``, ``_rps``,
+    ``_kb``, ``_usd``), and every field is described: ``servesim schema`` prints them all.
+    Derive a variant with ``model_copy(update=...)`` or load with ``--set`` overrides.
+    """
 
     name: str = Field(description="Short name of the scenario.")
     description: str = Field("", description="What question the scenario answers.")

@@ -270,6 +270,22 @@ def load_scenario(
 ) -> Scenario:
     """Load and validate a scenario file (or ``text``), applying ``--set`` overrides.
 
+    Parameters
+    ----------
+    source : str or Path
+        The scenario's YAML file; with ``text``, only names it in messages (and relative
+        paths in it, such as ``cost.catalog``, resolve from its folder).
+    overrides : list of str, optional
+        ``path=value`` overrides applied before validation, as ``--set`` gives them (the
+        value is YAML: ``workers.count=8``, ``router.shadow=null``).
+    text : str, optional
+        The YAML itself, instead of reading ``source``.
+
+    Returns
+    -------
+    Scenario
+        The validated, frozen scenario, its worker-hour price resolved from the catalog.
+
     Raises
     ------
     ScenarioError
@@ -369,6 +385,17 @@ def _check_pricing(scenario: Scenario, base_dir: Path, errors: list[tuple[Path_,
 
 
 def scenario_hash(scenario: Scenario) -> str:
-    """A short stable hash of the validated scenario: with the seed, it identifies a run."""
+    """A short stable hash of the validated scenario: with the seed, it identifies a run.
+
+    Parameters
+    ----------
+    scenario : Scenario
+        A validated scenario.
+
+    Returns
+    -------
+    str
+        12 hex digits of the SHA-256 of its canonical JSON (field order does not matter).
+    """
     blob = json.dumps(scenario.model_dump(mode="json"), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:12]
