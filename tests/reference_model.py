@@ -5,9 +5,14 @@ stages with ``yield env.timeout(...)``, the CPU pool is a ``simpy.Resource``, an
 batcher is a scheduler process that reacts to arrivals and timers. Slow, obvious, and
 only used on small inputs.
 
-It consumes random inputs the way the engine documents them (one stream per stage,
-drawn in request order; service times in dispatch order), so with ``order: sequential``
-empirical inputs both models see identical numbers and must agree to float precision.
+It reads its inputs itself, from the scenario as documented, with none of the engine's
+code: the arrival trace from its file (seconds, sorted, cut at the duration), every
+delay and batch time from ``order: sequential`` empirical lists (replayed in request
+order per stage, and batch times in dispatch order, cycling), and the worker of each
+request by the documented balancing (``random`` from the routing stream, ``round_robin``
+in turn, ``shared`` one queue). So a bug in the engine's arrivals, samplers, service
+model or router cannot hide behind a reference that shares it; the two models must
+agree to float precision.
 """
 
 from __future__ import annotations
@@ -17,13 +22,8 @@ from collections import deque
 import numpy as np
 import simpy
 
-from simulator.engine import streams
+from simulator.rng import streams
 from simulator.scenario.config import Scenario
-from simulator.scenario.distributions import Sampler
-from simulator.serving.dispatch import assign_workers
-from simulator.serving.workers import ServiceModel
-from simulator.stages.arrivals import arrivals as make_arrivals
-from simulator.stages.features import trip_keys
 
 COMPLETED, REJECTED, TIMED_OUT = 0, 1, 2
 
@@ -111,29 +111,70 @@ class RefBatcher:
         yield self.free.put(inst)
 
 
+def _replay(dist, n: int) -> np.ndarray:
+    """``n`` values of an ``order: sequential`` empirical list, replayed in order, cycling
+    (zeros for a stage the scenario leaves out)."""
+    if dist is None:
+        return np.zeros(n)
+    if dist.kind != "empirical" or dist.order != "sequential":
+        raise NotImplementedError("the reference model replays order: sequential empirical inputs only")
+    values = np.asarray(dist.samples_ms, dtype=float)
+    return values[np.arange(n) % len(values)]
+
+
+def _trace(path: str, duration_ms: float) -> np.ndarray:
+    """The arrival trace: one time in seconds per line, sorted, those before the end, in ms."""
+    with open(path, encoding="utf-8") as fh:
+        times = np.sort(np.array([float(line) for line in fh if line.strip()]) * 1000.0)
+    return times[times < duration_ms]
+
+
+def _workers_of(balancing: str, count: int, n: int, rng: np.random.Generator) -> np.ndarray | None:
+    """Each request's worker by the documented balancing; None for one shared queue."""
+    if balancing == "shared":
+        return None
+    if balancing == "round_robin":
+        return np.arange(n) % count
+    return rng.integers(0, count, n)
+
+
+def _trip_keys(lookups: int, per_trip: int) -> list[int]:
+    """Keys per round trip: full trips of ``per_trip``, the remainder in the last."""
+    full, rest = divmod(lookups, per_trip)
+    return [per_trip] * full + ([rest] if rest else [])
+
+
 def simulate_reference(s: Scenario, seed: int | None = None) -> dict:
     """Run the reference model; returns per-request arrays (request order) and the batch log."""
     seed = s.seed if seed is None else seed
     rng = streams(seed)
     env = simpy.Environment()
-    t0, _ = make_arrivals(s.traffic, s.duration_s * 1000.0, rng=rng.arrivals)
+    if s.traffic.arrivals_file is None:
+        raise NotImplementedError("the reference model replays an arrival trace (traffic.arrivals_file)")
+    t0 = _trace(s.traffic.arrivals_file, s.duration_s * 1000.0)
     n = len(t0)
-
-    def draws(dist, stream):
-        return Sampler(dist, getattr(rng, stream)).draw(n) if dist is not None else np.zeros(n)
-
-    net_in = draws(s.network.client_to_api, "network_in")
-    router = draws(s.router.overhead, "router")
+    net_in = _replay(s.network.client_to_api, n)
+    router = _replay(s.router.overhead, n)
     f = s.features
-    keys = trip_keys(f) if f.lookups_per_request else np.zeros(0, dtype=int)
+    keys = np.asarray(_trip_keys(f.lookups_per_request, f.batch_size) if f.lookups_per_request else [], dtype=float)
     if f.lookups_per_request:
-        lat = Sampler(f.round_trip, rng.features).draw(n * len(keys)).reshape(n, len(keys))
-        lat = lat + f.per_key_ms * keys
-    pre = draws(s.preprocess.service, "preprocess")
-    service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service)
-    assign = assign_workers(s, n, rng.routing)
-    post = draws(s.postprocess.service, "postprocess")
-    net_out = draws(s.network.api_to_client, "network_out")
+        lat = _replay(f.round_trip, n * len(keys)).reshape(n, len(keys)) + f.per_key_ms * keys
+    pre = _replay(s.preprocess.service, n)
+    st = s.workers.service_time
+    if st.kind != "empirical" or st.order != "sequential":
+        raise NotImplementedError("the reference model replays an order: sequential empirical batch time")
+    batch_values = np.asarray(st.samples_ms, dtype=float)
+    dispatched = [0]
+
+    def service(_size: int) -> float:
+        """The next batch time in dispatch order, whatever the batch's size."""
+        k = dispatched[0]
+        dispatched[0] += 1
+        return float(batch_values[k % len(batch_values)])
+
+    assign = _workers_of(s.router.balancing, s.workers.count, n, rng.routing)
+    post = _replay(s.postprocess.service, n)
+    net_out = _replay(s.network.api_to_client, n)
     if s.network.bandwidth_gbps is not None or f.store is not None:
         raise NotImplementedError("the reference model covers the uncontended, bandwidth-free case")
 
