@@ -5,18 +5,24 @@ stages with ``yield env.timeout(...)``, the CPU pool is a ``simpy.Resource``, an
 batcher is a scheduler process that reacts to arrivals and timers. Slow, obvious, and
 only used on small inputs.
 
-It reads its inputs itself, from the scenario as documented, with none of the engine's
+It makes its inputs itself, from the scenario as documented, with none of the engine's
 code: the arrival trace from its file (seconds, sorted, cut at the duration), every
 delay and batch time from ``order: sequential`` empirical lists (replayed in request
 order per stage, and batch times in dispatch order, cycling), and the worker of each
 request by the documented balancing (``random`` from the routing stream, ``round_robin``
 in turn, ``shared`` one queue). So a bug in the engine's arrivals, samplers, service
-model or router cannot hide behind a reference that shares it; the two models must
-agree to float precision.
+model or router cannot hide behind a reference that shares it; with those inputs the
+two models must agree to float precision (``tests/test_reference.py``).
+
+As the speed peer of ``benchmarks/bench_platform.py`` it also takes constant-rate
+Poisson arrivals (exponential gaps), parametric delays (each distribution's own
+``sample``) and an affine batch time with log-normal noise, drawn its own way: the
+same system, not the same numbers.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import numpy as np
@@ -111,22 +117,59 @@ class RefBatcher:
         yield self.free.put(inst)
 
 
-def _replay(dist, n: int) -> np.ndarray:
-    """``n`` values of an ``order: sequential`` empirical list, replayed in order, cycling
-    (zeros for a stage the scenario leaves out)."""
+def _sequential(dist) -> bool:
+    return dist.kind == "empirical" and dist.order == "sequential"
+
+
+def _replay(dist, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` values of a stage's delay: an ``order: sequential`` empirical list replayed in
+    order, cycling; any other distribution drawn by its own ``sample`` (zeros for a stage
+    the scenario leaves out)."""
     if dist is None:
         return np.zeros(n)
-    if dist.kind != "empirical" or dist.order != "sequential":
-        raise NotImplementedError("the reference model replays order: sequential empirical inputs only")
+    if not _sequential(dist):
+        return dist.sample(n, rng=rng)
     values = np.asarray(dist.samples_ms, dtype=float)
     return values[np.arange(n) % len(values)]
 
 
-def _trace(path: str, duration_ms: float) -> np.ndarray:
-    """The arrival trace: one time in seconds per line, sorted, those before the end, in ms."""
-    with open(path, encoding="utf-8") as fh:
-        times = np.sort(np.array([float(line) for line in fh if line.strip()]) * 1000.0)
+def _arrivals(traffic, duration_ms: float, rng: np.random.Generator) -> np.ndarray:
+    """The arrival trace from its file (seconds, sorted, those before the end), in ms; or a
+    constant-rate Poisson process, by exponential gaps."""
+    if traffic.arrivals_file is not None:
+        with open(traffic.arrivals_file, encoding="utf-8") as fh:
+            times = np.sort(np.array([float(line) for line in fh if line.strip()]) * 1000.0)
+        return times[times < duration_ms]
+    if traffic.classes or traffic.shape.kind != "constant":
+        raise NotImplementedError("the reference model takes a trace or constant-rate Poisson arrivals")
+    gaps = rng.exponential(1000.0 / traffic.rate_rps, int(traffic.rate_rps * duration_ms / 1000.0 * 1.2) + 64)
+    times = np.cumsum(gaps)
     return times[times < duration_ms]
+
+
+def _batch_time(st, rng: np.random.Generator):
+    """The batch time of a batch of ``size``, called in dispatch order: a sequential
+    empirical list replayed (whatever the size), or ``base_ms + per_item_ms × size`` times
+    a mean-one log-normal of CV ``noise_cv``."""
+    dispatched = [0]
+    if st.kind == "empirical" and _sequential(st):
+        values = np.asarray(st.samples_ms, dtype=float)
+
+        def replayed(_size: int) -> float:
+            k = dispatched[0]
+            dispatched[0] += 1
+            return float(values[k % len(values)])
+
+        return replayed
+    if st.kind != "affine" or st.noise_ratios is not None:
+        raise NotImplementedError("the reference model takes a sequential empirical or an affine batch time")
+    sigma = math.sqrt(math.log1p(st.noise_cv**2))
+
+    def affine(size: int) -> float:
+        noise = rng.lognormal(-sigma * sigma / 2, sigma) if st.noise_cv else 1.0
+        return (st.base_ms + st.per_item_ms * size) * noise
+
+    return affine
 
 
 def _workers_of(balancing: str, count: int, n: int, rng: np.random.Generator) -> np.ndarray | None:
@@ -149,32 +192,19 @@ def simulate_reference(s: Scenario, seed: int | None = None) -> dict:
     seed = s.seed if seed is None else seed
     rng = streams(seed)
     env = simpy.Environment()
-    if s.traffic.arrivals_file is None:
-        raise NotImplementedError("the reference model replays an arrival trace (traffic.arrivals_file)")
-    t0 = _trace(s.traffic.arrivals_file, s.duration_s * 1000.0)
+    t0 = _arrivals(s.traffic, s.duration_s * 1000.0, rng.arrivals)
     n = len(t0)
-    net_in = _replay(s.network.client_to_api, n)
-    router = _replay(s.router.overhead, n)
+    net_in = _replay(s.network.client_to_api, n, rng.network_in)
+    router = _replay(s.router.overhead, n, rng.router)
     f = s.features
     keys = np.asarray(_trip_keys(f.lookups_per_request, f.batch_size) if f.lookups_per_request else [], dtype=float)
     if f.lookups_per_request:
-        lat = _replay(f.round_trip, n * len(keys)).reshape(n, len(keys)) + f.per_key_ms * keys
-    pre = _replay(s.preprocess.service, n)
-    st = s.workers.service_time
-    if st.kind != "empirical" or st.order != "sequential":
-        raise NotImplementedError("the reference model replays an order: sequential empirical batch time")
-    batch_values = np.asarray(st.samples_ms, dtype=float)
-    dispatched = [0]
-
-    def service(_size: int) -> float:
-        """The next batch time in dispatch order, whatever the batch's size."""
-        k = dispatched[0]
-        dispatched[0] += 1
-        return float(batch_values[k % len(batch_values)])
-
+        lat = _replay(f.round_trip, n * len(keys), rng.features).reshape(n, len(keys)) + f.per_key_ms * keys
+    pre = _replay(s.preprocess.service, n, rng.preprocess)
+    service = _batch_time(s.workers.service_time, rng.service)
     assign = _workers_of(s.router.balancing, s.workers.count, n, rng.routing)
-    post = _replay(s.postprocess.service, n)
-    net_out = _replay(s.network.api_to_client, n)
+    post = _replay(s.postprocess.service, n, rng.postprocess)
+    net_out = _replay(s.network.api_to_client, n, rng.network_out)
     if s.network.bandwidth_gbps is not None or f.store is not None:
         raise NotImplementedError("the reference model covers the uncontended, bandwidth-free case")
 

@@ -40,9 +40,10 @@ def assign_workers(scenario: Scenario, n: int, rng: np.random.Generator) -> np.n
     return route(scenario.router.balancing, scenario.workers.count, n, rng)
 
 
-def sub(deadlines: np.ndarray | None, idx) -> np.ndarray | None:
-    """The deadlines of a subset of requests (None when there are none)."""
-    return None if deadlines is None else deadlines[idx]
+def sub(column: np.ndarray | None, idx) -> np.ndarray | None:
+    """An optional per-request column (deadlines, workers) of a subset of requests; None
+    stays None."""
+    return None if column is None else column[idx]
 
 
 def serve(
@@ -141,14 +142,7 @@ def serve_versions(
     version = np.zeros(n, dtype=np.int8)
     if r.canary is None and r.shadow is None:  # one version: no copies of the columns
         per, batches, fleet = serve_primary(
-            workers,
-            batching,
-            router,
-            t_pre[live],
-            None if assign is None else assign[live],
-            service,
-            rng,
-            sub(deadlines, live),
+            workers, batching, router, t_pre[live], sub(assign, live), service, rng, sub(deadlines, live)
         )
         return version, None, {}, fleet, batches, (live, per), None
     if r.canary is not None:
@@ -159,7 +153,7 @@ def serve_versions(
     copies = prim[rng.shadow_copies.random(len(prim)) < r.shadow.percent / 100] if r.shadow else prim[:0]
     shared = r.shadow is not None and r.shadow.pool == "shared"
     t_in = np.concatenate([t_pre[prim], t_pre[copies]]) if shared else t_pre[prim]
-    a_in = None if assign is None else assign[prim]
+    a_in = sub(assign, prim)
     if shared and a_in is not None:
         a_in = np.concatenate([a_in, route(r.balancing, workers.count, len(copies), rng.shadow_routing)])
     d_in = sub(deadlines, np.concatenate([prim, copies]) if shared else prim)
@@ -171,25 +165,16 @@ def serve_versions(
     if r.shadow is not None:
         if shared:
             sh = per.take(slice(len(prim), None))
-        if shared and r.shadow.measure_impact:
-            fresh = streams(seed)
-            alone, _, _ = serve_primary(
-                workers,
-                batching,
-                router,
-                t_pre[prim],
-                None if assign is None else assign[prim],
-                ServiceModel(workers, batching.max_batch_size, fresh.service),
-                fresh,
-                sub(deadlines, prim),
+        else:
+            own = (rng.shadow_service, rng.shadow_routing)
+            sh, pools["shadow"] = _own_pool(
+                r.shadow, r.balancing, workers, batching, t_pre[copies], own, sub(deadlines, copies)
             )
+        if shared and r.shadow.measure_impact:
             counterfactual = np.full(n, np.nan)
-            counterfactual[prim] = alone.t_done
-        elif not shared:
-            pw = pool_workers(workers, r.shadow.workers, r.shadow.service_time)
-            model = ServiceModel(pw, batching.max_batch_size, rng.shadow_service)
-            to = route(r.balancing, pw.count, len(copies), rng.shadow_routing)
-            sh, pools["shadow"] = serve(t_pre[copies], to, pw, batching, model, sub(deadlines, copies))
+            counterfactual[prim] = _without_shadow(
+                workers, batching, router, seed, t_pre[prim], sub(assign, prim), sub(deadlines, prim)
+            )
         shadow = {
             "request": copies,
             "t_preprocessed": t_pre[copies],
@@ -198,12 +183,31 @@ def serve_versions(
             "outcome": sh.outcome,
         }
     if r.canary is not None:
-        pc = pool_workers(workers, r.canary.workers, r.canary.service_time)
-        model = ServiceModel(pc, batching.max_batch_size, rng.canary_service)
-        to = route(r.balancing, pc.count, len(cand), rng.canary_routing)
-        on_canary_pool, pools["canary"] = serve(t_pre[cand], to, pc, batching, model, sub(deadlines, cand))
+        own = (rng.canary_service, rng.canary_routing)
+        on_canary_pool, pools["canary"] = _own_pool(
+            r.canary, r.balancing, workers, batching, t_pre[cand], own, sub(deadlines, cand)
+        )
         errors = rng.canary_errors.random(len(cand)) < r.canary.error_rate
         on_canary_pool.outcome[errors & (on_canary_pool.outcome == Outcome.COMPLETED)] = Outcome.ERROR
         served.scatter(cand, on_canary_pool)
     served_idx = np.concatenate([prim, cand])
     return version, shadow, pools, fleet, batches, (served_idx, served.take(served_idx)), counterfactual
+
+
+def _own_pool(version, balancing: str, workers: Workers, batching: Batching, t_pre, streams_of, deadlines):
+    """A version's own fixed pool, the canary's or a shadow's with ``pool: own``: its
+    ``workers`` and ``service_time``, the primary's batching and balancing, and the
+    version's own (service, routing) streams ``streams_of``."""
+    service_rng, routing_rng = streams_of
+    pw = pool_workers(workers, version.workers, version.service_time)
+    model = ServiceModel(pw, batching.max_batch_size, service_rng)
+    return serve(t_pre, route(balancing, pw.count, len(t_pre), routing_rng), pw, batching, model, deadlines)
+
+
+def _without_shadow(workers: Workers, batching: Batching, router: RouterConfig, seed: int, t_pre, assign, deadlines):
+    """The primary's completion times had the shared-pool shadow sent nothing: the same
+    requests served again from fresh streams of the same seed (``measure_impact``)."""
+    fresh = streams(seed)
+    service = ServiceModel(workers, batching.max_batch_size, fresh.service)
+    alone, _, _ = serve_primary(workers, batching, router, t_pre, assign, service, fresh, deadlines)
+    return alone.t_done
