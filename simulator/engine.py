@@ -32,7 +32,7 @@ from simulator.serving.batcher import Outcome
 from simulator.serving.classes import serve_by_class
 from simulator.serving.dispatch import assign_workers, serve_versions
 from simulator.serving.fleet import FleetLog
-from simulator.serving.served import BatchLog, Served
+from simulator.serving.served import BatchLog, Served, ServingLog
 from simulator.serving.workers import ServiceModel
 from simulator.stages.arrivals import arrivals as make_arrivals
 from simulator.stages.caches import lookup
@@ -159,21 +159,9 @@ def _preprocess(cfg: Preprocess, t_feat: np.ndarray, live: np.ndarray, rng: np.r
     return t_pre
 
 
-@dataclass
-class _Serving:
-    """What the serving stage leaves besides the per-request columns."""
-
-    version: np.ndarray
-    batches: BatchLog
-    pools: dict[str, BatchLog]
-    fleet: FleetLog | None
-    shadow: dict[str, np.ndarray] | None
-    counterfactual: np.ndarray | None
-
-
 def _serve(
     s: Scenario, seed: int, t_router: np.ndarray, t_pre: np.ndarray, t_feat: np.ndarray, klass, live, deadlines, rng
-) -> tuple[Served, _Serving]:
+) -> tuple[Served, ServingLog]:
     """Batching and the GPU pools, for the ``live`` requests (not served from the result cache,
     features fetched): every request's serving columns, and the rest of what serving leaves.
     ``deadlines``: each request's end-to-end deadline (with ``batching.deadline_ms``), or None."""
@@ -182,7 +170,7 @@ def _serve(
     live_idx = np.arange(n) if everyone else np.flatnonzero(live)
     assign = assign_workers(s, n, rng.routing)
     if s.traffic.classes:
-        on_pool, batches, pools = serve_by_class(
+        classes = serve_by_class(
             s.traffic.classes,
             s.workers,
             s.batching,
@@ -193,13 +181,14 @@ def _serve(
             rng,
             None if deadlines is None else deadlines[live_idx],
         )
-        rest = _Serving(np.zeros(n, np.int8), batches, pools, None, None, None)
+        on_pool = classes.served
+        rest = ServingLog(np.zeros(n, np.int8), classes.batches, classes.pools, None, None, None)
     else:
         service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service)
-        version, shadow, pools, fleet, batches, (live_idx, on_pool), counterfactual = serve_versions(
+        versions = serve_versions(
             s.router, s.workers, s.batching, seed, t_router, t_pre, live_idx, assign, service, rng, deadlines
         )
-        rest = _Serving(version, batches, pools, fleet, shadow, counterfactual)
+        live_idx, on_pool, rest = versions.idx, versions.served, versions.log
     if everyone and len(live_idx) == n and np.array_equal(live_idx, np.arange(n)):
         return on_pool, rest
     # requests served from the result cache take zero time in the later stages

@@ -27,7 +27,7 @@ from simulator.scenario.config import Batching, Scenario, TrafficClass, Workers
 from simulator.scenario.config import Router as RouterConfig
 from simulator.serving.batcher import DONE, BatchQueue, Dispatch, Wait
 from simulator.serving.dispatch import pool_workers, route, serve, sub
-from simulator.serving.served import BatchLog, Served, concat_logs
+from simulator.serving.served import BatchLog, ClassesRun, Served, concat_logs
 from simulator.serving.workers import ServiceModel, queue_results
 
 PRIORITY = {"realtime": 0, "bulk": 1}
@@ -146,7 +146,7 @@ def schedule_classes(env: simpy.Environment, feed: ClassFeed, services: list[Ser
 
 def serve_classes(
     s: Scenario, t_pre: np.ndarray, klass: np.ndarray, assign: np.ndarray | None, rng: Streams, deadlines=None
-):
+) -> ClassesRun:
     """:func:`serve_by_class` with the sections of the scenario ``s`` (for callers that hold one)."""
     return serve_by_class(s.traffic.classes, s.workers, s.batching, s.router, t_pre, klass, assign, rng, deadlines)
 
@@ -161,7 +161,7 @@ def serve_by_class(
     assign: np.ndarray | None,
     rng: Streams,
     deadlines=None,
-):
+) -> ClassesRun:
     """Serve live requests (``t_pre``, their class, their shared-pool worker or None for a
     shared queue): the requests as :class:`~simulator.serving.served.Served` columns, the shared
     pool's batch log, and each class's batch log by name (instances of its own pool where it
@@ -188,8 +188,9 @@ def serve_by_class(
         idx = np.flatnonzero(klass == c)
         pw = pool_workers(workers, classes[c].workers, classes[c].service_time)
         to = route(router.balancing, pw.count, len(idx), children[k + c])
-        part, logs[names[c]] = serve(t_pre[idx], to, pw, batching, services[c], sub(deadlines, idx))
-        served.scatter(idx, part)
+        run = serve(t_pre[idx], to, pw, batching, services[c], sub(deadlines, idx))
+        logs[names[c]] = run.batches
+        served.scatter(idx, run.served)
 
     env = simpy.Environment()
     quota = Quota(env, [classes[c].max_instances or math.inf for c in range(k)])
@@ -217,9 +218,10 @@ def serve_by_class(
     class_logs: list[list[BatchLog]] = [[] for _ in range(k)]
     for feed, per_class in zip(feeds, members, strict=True):
         for c in shared:
-            part, log = queue_results(feed.queues[c], *feed.logs[c])
+            run = queue_results(feed.queues[c], *feed.logs[c])
+            part, log = run.served, run.batches
             served.scatter(per_class[c], part)
             class_logs[c].append(log)
     for c in shared:
         logs[names[c]] = concat_logs(class_logs[c])
-    return served, concat_logs([logs[names[c]] for c in shared]), logs
+    return ClassesRun(served, concat_logs([logs[names[c]] for c in shared]), logs)

@@ -15,10 +15,9 @@ from simulator.rng import Streams, streams
 from simulator.scenario.config import Batching, Scenario, Workers
 from simulator.scenario.config import Router as RouterConfig
 from simulator.serving.batcher import BatchQueue, Outcome
-from simulator.serving.fleet import FleetLog
 from simulator.serving.pool import DynamicPool
 from simulator.serving.router import Router
-from simulator.serving.served import BatchLog, Served, concat_logs
+from simulator.serving.served import BatchLog, PoolRun, Served, ServingLog, VersionsRun, concat_logs
 from simulator.serving.workers import ServiceModel, run_pool
 from simulator.stages.canary import on_canary
 from simulator.stages.stations import fcfs_multiserver
@@ -53,7 +52,7 @@ def serve(
     batching: Batching,
     service: ServiceModel,
     deadlines=None,
-) -> tuple[Served, BatchLog]:
+) -> PoolRun:
     """Batching queues and a fixed pool of GPU workers: the requests (in the order of
     ``t_pre``) and the batch log. ``assign``: each request's worker, or None for one shared
     queue; ``deadlines``: each request's end-to-end deadline, with ``batching.deadline_ms``."""
@@ -82,10 +81,11 @@ def serve(
         batches = concat_logs(logs)
     else:
         queues = [BatchQueue(t_pre[order], batching, deadlines=sub(deadlines, order)) for order in groups]
-        results, batches = run_pool(queues, ids, service)
-        for order, part in zip(groups, results, strict=True):
+        pool = run_pool(queues, ids, service)
+        for order, part in zip(groups, pool.served, strict=True):
             served.scatter(order, part)
-    return served, batches
+        batches = pool.batches
+    return PoolRun(served, batches)
 
 
 def pool_workers(workers: Workers, count: int, service_time) -> Workers:
@@ -110,13 +110,12 @@ def serve_primary(
     service: ServiceModel,
     rng: Streams,
     deadlines=None,
-) -> tuple[Served, BatchLog, FleetLog | None]:
+) -> PoolRun:
     """The primary's pool, fixed or dynamic: its requests, its batch log, and its fleet log
     (None for a fixed pool)."""
     if workers.dynamic:
         return DynamicPool(workers, batching, router, t_pre, service, rng, deadlines).run()
-    served, batches = serve(t_pre, assign, workers, batching, service, deadlines)
-    return served, batches, None
+    return serve(t_pre, assign, workers, batching, service, deadlines)
 
 
 def serve_versions(
@@ -133,18 +132,18 @@ def serve_versions(
     deadlines=None,
 ):
     """Route live requests to the primary or the canary (sticky by user), copy a share to
-    the shadow, and serve each pool. Returns versions, shadow copies, the extra pools'
-    logs, the primary fleet and batch log, the served live requests (their indices and
-    their :class:`Served` columns), and primary completion times without the shared shadow
-    (or None)."""
+    the shadow, and serve each pool: the served live requests (their indices and their
+    :class:`Served` columns) and a :class:`ServingLog` (versions, the primary's batch and
+    fleet logs, the other pools' logs, the shadow copies, and the primary's completion
+    times without the shared shadow, or None)."""
     n = len(t_router)
     r = router
     version = np.zeros(n, dtype=np.int8)
     if r.canary is None and r.shadow is None:  # one version: no copies of the columns
-        per, batches, fleet = serve_primary(
+        primary = serve_primary(
             workers, batching, router, t_pre[live], sub(assign, live), service, rng, sub(deadlines, live)
         )
-        return version, None, {}, fleet, batches, (live, per), None
+        return VersionsRun(live, primary.served, ServingLog(version, primary.batches, {}, primary.fleet, None, None))
     if r.canary is not None:
         users = rng.versions.integers(0, r.users, n)
         version[on_canary(r.canary, users, t_router)] = 1
@@ -157,7 +156,8 @@ def serve_versions(
     if shared and a_in is not None:
         a_in = np.concatenate([a_in, route(r.balancing, workers.count, len(copies), rng.shadow_routing)])
     d_in = sub(deadlines, np.concatenate([prim, copies]) if shared else prim)
-    per, batches, fleet = serve_primary(workers, batching, router, t_in, a_in, service, rng, d_in)
+    primary = serve_primary(workers, batching, router, t_in, a_in, service, rng, d_in)
+    per = primary.served
     served = Served.empty(n)
     served.scatter(prim, per.take(slice(None, len(prim))))
     pools: dict[str, BatchLog] = {}
@@ -167,9 +167,8 @@ def serve_versions(
             sh = per.take(slice(len(prim), None))
         else:
             own = (rng.shadow_service, rng.shadow_routing)
-            sh, pools["shadow"] = _own_pool(
-                r.shadow, r.balancing, workers, batching, t_pre[copies], own, sub(deadlines, copies)
-            )
+            run = _own_pool(r.shadow, r.balancing, workers, batching, t_pre[copies], own, sub(deadlines, copies))
+            sh, pools["shadow"] = run.served, run.batches
         if shared and r.shadow.measure_impact:
             counterfactual = np.full(n, np.nan)
             counterfactual[prim] = _without_shadow(
@@ -184,17 +183,17 @@ def serve_versions(
         }
     if r.canary is not None:
         own = (rng.canary_service, rng.canary_routing)
-        on_canary_pool, pools["canary"] = _own_pool(
-            r.canary, r.balancing, workers, batching, t_pre[cand], own, sub(deadlines, cand)
-        )
+        run = _own_pool(r.canary, r.balancing, workers, batching, t_pre[cand], own, sub(deadlines, cand))
+        on_canary_pool, pools["canary"] = run.served, run.batches
         errors = rng.canary_errors.random(len(cand)) < r.canary.error_rate
         on_canary_pool.outcome[errors & (on_canary_pool.outcome == Outcome.COMPLETED)] = Outcome.ERROR
         served.scatter(cand, on_canary_pool)
     served_idx = np.concatenate([prim, cand])
-    return version, shadow, pools, fleet, batches, (served_idx, served.take(served_idx)), counterfactual
+    log = ServingLog(version, primary.batches, pools, primary.fleet, shadow, counterfactual)
+    return VersionsRun(served_idx, served.take(served_idx), log)
 
 
-def _own_pool(version, balancing: str, workers: Workers, batching: Batching, t_pre, streams_of, deadlines):
+def _own_pool(version, balancing: str, workers: Workers, batching: Batching, t_pre, streams_of, deadlines) -> PoolRun:
     """A version's own fixed pool, the canary's or a shadow's with ``pool: own``: its
     ``workers`` and ``service_time``, the primary's batching and balancing, and the
     version's own (service, routing) streams ``streams_of``."""
@@ -209,5 +208,4 @@ def _without_shadow(workers: Workers, batching: Batching, router: RouterConfig, 
     requests served again from fresh streams of the same seed (``measure_impact``)."""
     fresh = streams(seed)
     service = ServiceModel(workers, batching.max_batch_size, fresh.service)
-    alone, _, _ = serve_primary(workers, batching, router, t_pre, assign, service, fresh, deadlines)
-    return alone.t_done
+    return serve_primary(workers, batching, router, t_pre, assign, service, fresh, deadlines).served.t_done

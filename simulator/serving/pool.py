@@ -39,7 +39,7 @@ from simulator.serving.batcher import Outcome
 from simulator.serving.fleet import Fleet, FleetEvent, FleetLog, Transition, Worker, WorkerState
 from simulator.serving.probe import scrape
 from simulator.serving.router import Router
-from simulator.serving.served import BatchLog, Served, concat_logs
+from simulator.serving.served import PoolRun, Served, concat_logs
 from simulator.serving.workers import ServiceModel
 
 INF = math.inf
@@ -146,7 +146,7 @@ class DynamicPool:
         obs = Observation(current=len(self.fleet.counting()), ready=len(self.fleet.serving(t)), metric=metric)
         self.fleet.scale(t, self.policy.desired(t / 1000.0, obs))
 
-    def run(self) -> tuple[Served, BatchLog, FleetLog]:
+    def run(self) -> PoolRun:
         """Simulate; the requests in request order, the batch log and the fleet log."""
         self.env.process(self.control())
         self.env.run()
@@ -154,7 +154,8 @@ class DynamicPool:
         by_arrival = Served.empty(n)  # in the order the pool saw them
         logs = []
         for w in self.fleet.workers:
-            part, log = w.feed.results()
+            run = w.feed.results()
+            part, log = run.served, run.batches
             logs.append(log)
             if w.wid in self.routed:
                 by_arrival.scatter(np.concatenate(self.routed[w.wid]), part)
@@ -162,7 +163,7 @@ class DynamicPool:
         self.activator.mark(by_arrival.outcome, by_arrival.t_dropped, Outcome.REJECTED)
         served = Served.empty(n)
         served.scatter(self.order, by_arrival)
-        return served, concat_logs(logs), self.fleet.log
+        return PoolRun(served, concat_logs(logs), self.fleet.log)
 
 
 __all__ = ["DynamicPool", "FleetEvent", "FleetLog", "Transition", "Worker", "WorkerState"]

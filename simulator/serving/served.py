@@ -9,9 +9,12 @@ order of the requests it was given; the callers put the pieces together with
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from simulator.serving.fleet import FleetLog
 
 
 class Served(NamedTuple):
@@ -66,6 +69,43 @@ class BatchLog:
     def take(self, idx) -> BatchLog:
         """The batches ``idx`` (an index array or a mask)."""
         return BatchLog(*(getattr(self, f.name)[idx] for f in fields(self)))
+
+
+class PoolRun(NamedTuple):
+    """One pool's run: its requests (in the order it was given them), its batch log, and
+    its fleet log (None for a fixed pool)."""
+
+    served: Served
+    batches: BatchLog
+    fleet: FleetLog | None = None
+
+
+class ClassesRun(NamedTuple):
+    """The traffic classes' run: the requests, the shared pool's batch log, and each
+    class's batch log by name."""
+
+    served: Served
+    batches: BatchLog
+    pools: dict[str, BatchLog]
+
+
+class ServingLog(NamedTuple):
+    """What the serving stage leaves besides the per-request columns."""
+
+    version: np.ndarray  # each request's version: 0 the primary, 1 the canary
+    batches: BatchLog  # the primary pool's
+    pools: dict[str, BatchLog]  # the canary's, an own shadow's, or each class's
+    fleet: FleetLog | None  # the primary's, when it changes during the run
+    shadow: dict[str, np.ndarray] | None  # the shadow copies: source request, times, outcome
+    counterfactual: np.ndarray | None  # primary completion times without the shared shadow
+
+
+class VersionsRun(NamedTuple):
+    """The versions' run: the live requests served (their indices and columns), and the rest."""
+
+    idx: np.ndarray
+    served: Served
+    log: ServingLog
 
 
 def concat_logs(logs) -> BatchLog:

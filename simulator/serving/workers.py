@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections import deque
+from typing import NamedTuple
 
 import numpy as np
 import simpy
@@ -22,7 +23,7 @@ from simulator.scenario.config import Affine, Table, Workers
 from simulator.scenario.distributions import Sampler
 from simulator.scenario.servicetime import ProfileRef
 from simulator.serving.batcher import DONE, EXTEND, BatchQueue, Outcome, Wait
-from simulator.serving.served import BatchLog, Served, concat_logs
+from simulator.serving.served import BatchLog, PoolRun, Served, concat_logs
 
 _CHUNK = 1 << 16
 
@@ -142,13 +143,14 @@ class Feed:
             self.extended.succeed(at)
             self.extended = None
 
-    def results(self) -> tuple[Served, BatchLog]:
+    def results(self) -> PoolRun:
         """Its requests (in queue order) and its batch log.
 
         On a crashed worker, batches still running at the crash and requests still queued
         are lost (``Outcome.CRASHED``, dropped at the crash).
         """
-        served, log = queue_results(self.queue, self.b_start, self.b_end, self.b_inst)
+        run = queue_results(self.queue, self.b_start, self.b_end, self.b_inst)
+        served, log = run.served, run.batches
         if self.crashed_at is not None:
             lost = (served.outcome == Outcome.COMPLETED) & ~(served.t_done <= self.crashed_at)
             served.outcome[lost] = Outcome.CRASHED
@@ -156,10 +158,10 @@ class Feed:
             served.t_dispatch[lost], served.t_done[lost] = np.nan, np.nan
             served.batch_size[lost], served.instance[lost] = 0, -1
             log = log.take(log.end <= self.crashed_at)
-        return served, log
+        return PoolRun(served, log)
 
 
-def queue_results(queue: BatchQueue, b_start: array, b_end: array, b_inst: array) -> tuple[Served, BatchLog]:
+def queue_results(queue: BatchQueue, b_start: array, b_end: array, b_inst: array) -> PoolRun:
     """One queue's requests (queue order) and the batch log of its dispatched batches,
     given each batch's start, end and instance in dispatch order."""
     members, sizes = queue.members()
@@ -169,7 +171,7 @@ def queue_results(queue: BatchQueue, b_start: array, b_end: array, b_inst: array
     served.t_done[members] = np.repeat(log.end, sizes)
     served.batch_size[members] = np.repeat(sizes, sizes)
     served.instance[members] = np.repeat(log.instance, sizes)
-    return served, log
+    return PoolRun(served, log)
 
 
 def schedule(env: simpy.Environment, feed: Feed, service: ServiceModel):
@@ -213,9 +215,14 @@ def schedule(env: simpy.Environment, feed: Feed, service: ServiceModel):
         env.timeout(max(0.0, done - env.now)).callbacks.append(feed.release(inst, done, size))
 
 
-def run_pool(
-    queues: list[BatchQueue], instances: list[list[int]], service: ServiceModel
-) -> tuple[list[Served], BatchLog]:
+class FeedsRun(NamedTuple):
+    """A fixed pool's queues run together: each queue's requests, and the pool's batch log."""
+
+    served: list[Served]
+    batches: BatchLog
+
+
+def run_pool(queues: list[BatchQueue], instances: list[list[int]], service: ServiceModel) -> FeedsRun:
     """Simulate a fixed set of closed queues, each feeding its instances, in one environment.
 
     ``instances[k]`` are the global ids of the model instances fed by ``queues[k]`` (one
@@ -227,8 +234,8 @@ def run_pool(
     for feed in feeds:
         env.process(schedule(env, feed, service))
     env.run()
-    results, logs = zip(*(feed.results() for feed in feeds), strict=True) if feeds else ((), ())
-    return list(results), concat_logs(logs)
+    runs = [feed.results() for feed in feeds]
+    return FeedsRun([run.served for run in runs], concat_logs([run.batches for run in runs]))
 
 
 def _np(values: array, dtype) -> np.ndarray:

@@ -11,6 +11,7 @@ store's threads, and the fork-join is simulated with SimPy, one process per slot
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import simpy
@@ -90,7 +91,15 @@ def fetch_uncontended(cfg: Features, start: np.ndarray, sampler: Sampler | None)
     return out
 
 
-def fetch(cfg: Features, start: np.ndarray, sampler: Sampler | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+class Fetched(NamedTuple):
+    """The feature stage's columns, one entry per request."""
+
+    end: np.ndarray  # when the stage ended (ms): fetched, or given up
+    degraded: np.ndarray  # timed out and served with default features
+    failed: np.ndarray  # timed out with on_timeout: fail
+
+
+def fetch(cfg: Features, start: np.ndarray, sampler: Sampler | None) -> Fetched:
     """Feature stage: end times, and which requests were degraded (timed out, default
     features) or failed (timed out with ``on_timeout: fail``; end time = when they gave up)."""
     if cfg.lookups_per_request and cfg.store is not None:
@@ -104,7 +113,7 @@ def fetch(cfg: Features, start: np.ndarray, sampler: Sampler | None) -> tuple[np
         give_up = start + cfg.timeout_ms
         late = end > give_up
         end = np.where(late, give_up, end)
-    return end, late & (cfg.on_timeout == "default"), late & (cfg.on_timeout == "fail")
+    return Fetched(end, late & (cfg.on_timeout == "default"), late & (cfg.on_timeout == "fail"))
 
 
 def fetch_contended(cfg: Features, start: np.ndarray, sampler: Sampler | None) -> np.ndarray:
