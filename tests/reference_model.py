@@ -152,7 +152,7 @@ def _batch_time(st, rng: np.random.Generator):
     empirical list replayed (whatever the size), or ``base_ms + per_item_ms × size`` times
     a mean-one log-normal of CV ``noise_cv``."""
     dispatched = [0]
-    if st.kind == "empirical" and _sequential(st):
+    if _sequential(st):
         values = np.asarray(st.samples_ms, dtype=float)
 
         def replayed(_size: int) -> float:
