@@ -142,8 +142,10 @@ def _arrivals(traffic, duration_ms: float, rng: np.random.Generator) -> np.ndarr
         return times[times < duration_ms]
     if traffic.classes or traffic.shape.kind != "constant":
         raise NotImplementedError("the reference model takes a trace or constant-rate Poisson arrivals")
-    gaps = rng.exponential(1000.0 / traffic.rate_rps, int(traffic.rate_rps * duration_ms / 1000.0 * 1.2) + 64)
-    times = np.cumsum(gaps)
+    mean_gap, chunk = 1000.0 / traffic.rate_rps, int(traffic.rate_rps * duration_ms / 1000.0 * 1.2) + 64
+    times = np.cumsum(rng.exponential(mean_gap, chunk))
+    while times[-1] < duration_ms:  # rarely: the first chunk fell short of the end
+        times = np.concatenate([times, times[-1] + np.cumsum(rng.exponential(mean_gap, chunk))])
     return times[times < duration_ms]
 
 
@@ -151,9 +153,9 @@ def _batch_time(st, rng: np.random.Generator):
     """The batch time of a batch of ``size``, called in dispatch order: a sequential
     empirical list replayed (whatever the size), or ``base_ms + per_item_ms × size`` times
     a mean-one log-normal of CV ``noise_cv``."""
-    dispatched = [0]
     if _sequential(st):
         values = np.asarray(st.samples_ms, dtype=float)
+        dispatched = [0]
 
         def replayed(_size: int) -> float:
             k = dispatched[0]
