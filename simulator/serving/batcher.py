@@ -276,6 +276,33 @@ class BatchQueue:
             wake = min(wake, self.expiry[head])
         return Wait(wake) if wake <= self.horizon else EXTEND
 
+    def settled(self) -> int:
+        """How many arrivals, from the first, have left the queue for good (dispatched,
+        rejected, timed out): every arrival before this index is settled."""
+        if self.qt == self.qh:
+            return self.scan
+        return self.qh if self.buf is None else min(self.scan, self.buf[self.qh])
+
+    def trim(self, cut: int) -> None:
+        """Forget the first ``cut`` arrivals (settled, and read by the caller) and the
+        batches dispatched so far; later arrivals are renumbered from 0. What is left is
+        the queue's state: waiting requests and arrivals not admitted yet."""
+        for column in (self.q, self.expiry, self.dl, self._outcome, self._drop):
+            if column is not None:
+                del column[:cut]
+        self.m -= cut
+        self.scan -= cut
+        if self.buf is None:
+            self.qh -= cut
+            self.qt -= cut
+        else:
+            rest = np.frombuffer(self.buf, dtype=np.int64)[self.qh : self.qt] - cut
+            self.buf = array("q", rest.tobytes())
+            self.qt -= self.qh
+            self.qh = 0
+        del self.batch_pos[:]
+        del self.batch_size[:]
+
     def members(self) -> tuple[np.ndarray, np.ndarray]:
         """Request indices of all dispatched batches in dispatch order, and each batch's size."""
         sizes = np.frombuffer(self.batch_size, dtype=np.int64) if len(self.batch_size) else np.zeros(0, np.int64)

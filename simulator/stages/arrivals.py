@@ -1,8 +1,11 @@
 """Arrival sources: open-loop Poisson (constant or shaped over time), or replayed timestamps.
 
 An arrival source turns a :class:`~simulator.scenario.config.Traffic` section into sorted arrival
-times in ms over ``[0, duration)``. Poisson gaps are generated in bulk, in chunks, and
-never clipped (a clipped gap would silently raise the rate).
+times in ms over ``[0, duration)``. Poisson gaps are drawn in blocks of a fixed size and
+never clipped (a clipped gap would silently raise the rate). Because the blocks do not
+depend on how far ahead anyone asks, a source read in time chunks
+(:meth:`ArrivalSource.take`, as the streaming engine does) gives exactly the times it
+gives read in one piece.
 """
 
 from __future__ import annotations
@@ -13,22 +16,57 @@ from simulator.scenario.config import Traffic
 from simulator.scenario.distributions import read_numbers
 from simulator.scenario.shapes import Constant, RateFn, Shape, rate_bound, rate_function
 
+BLOCK = 1 << 16  # Poisson gaps drawn per block
+
+
+class ArrivalSource:
+    """Sorted arrival times (ms) of one source, handed out in successive time chunks.
+
+    ``take(until)`` returns the arrivals in ``[previous until, until)``. A Poisson source
+    at ``rate_rps`` draws its gaps ``BLOCK`` at a time; with ``rate`` (a shape) each block
+    of candidates is thinned with ``BLOCK`` uniforms drawn right after it (Lewis and
+    Shedler: a candidate at t is kept with probability λ(t)/bound). A trace replays
+    ``times``.
+    """
+
+    def __init__(
+        self,
+        *,
+        rate_rps: float | None = None,
+        rate: RateFn | None = None,
+        rng: np.random.Generator | None = None,
+        times: np.ndarray | None = None,
+    ):
+        self._rate, self._bound, self._rng = rate, rate_rps, rng
+        self._buf = np.empty(0) if times is None else np.asarray(times, dtype=float)
+        self._last = 0.0  # the last candidate drawn
+        self._parts: list[np.ndarray] = []
+        self._finite = times is not None or not rate_rps or rate_rps <= 0
+
+    def _block(self) -> None:
+        rng, bound = self._rng, self._bound
+        cand = self._last + np.cumsum(rng.exponential(1000.0 / bound, BLOCK))
+        self._last = float(cand[-1])
+        if self._rate is not None:
+            cand = cand[rng.random(BLOCK) * bound < self._rate(cand / 1000.0)]
+        self._parts.append(cand)
+
+    def take(self, until_ms: float) -> np.ndarray:
+        """The arrivals before ``until_ms`` not handed out yet, sorted."""
+        if not self._finite and self._last < until_ms:
+            self._parts = [self._buf]
+            while self._last < until_ms:
+                self._block()
+            self._buf = np.concatenate(self._parts)
+            self._parts = []
+        cut = int(np.searchsorted(self._buf, until_ms, side="left"))
+        out, self._buf = self._buf[:cut], self._buf[cut:]
+        return out
+
 
 def poisson_arrivals(rate_rps: float, duration_ms: float, *, rng: np.random.Generator) -> np.ndarray:
     """Arrival times (ms) of a Poisson process of ``rate_rps`` over ``[0, duration_ms)``."""
-    mean_gap = 1000.0 / rate_rps
-    expected = rate_rps * duration_ms / 1000.0
-    chunk = int(expected + 6 * np.sqrt(expected) + 16)
-    parts, t0 = [], 0.0
-    while True:
-        times = t0 + np.cumsum(rng.exponential(mean_gap, chunk))
-        if times[-1] >= duration_ms:
-            parts.append(times[: np.searchsorted(times, duration_ms, side="left")])
-            break
-        parts.append(times)
-        t0 = times[-1]
-        chunk = max(1024, chunk // 4)
-    return np.concatenate(parts)
+    return ArrivalSource(rate_rps=rate_rps, rng=rng).take(duration_ms)
 
 
 def trace_arrivals(path: str, duration_ms: float) -> np.ndarray:
@@ -43,19 +81,29 @@ def nhpp_arrivals(rate: RateFn, bound_rps: float, duration_ms: float, *, rng: np
     Exact: candidates from a Poisson stream at the bound, each kept with probability
     λ(t)/bound (Lewis and Shedler).
     """
-    if bound_rps <= 0:
-        return np.empty(0)
-    candidates = poisson_arrivals(bound_rps, duration_ms, rng=rng)
-    keep = rng.random(len(candidates)) * bound_rps < rate(candidates / 1000.0)
-    return candidates[keep]
+    return ArrivalSource(rate_rps=bound_rps, rate=rate, rng=rng).take(duration_ms)
+
+
+def shaped_source(rate_rps: float | None, shape: Shape, duration_ms: float, *, rng: np.random.Generator):
+    """The :class:`ArrivalSource` of Poisson arrivals at ``rate_rps`` shaped by ``shape``."""
+    if isinstance(shape, Constant):
+        return ArrivalSource(rate_rps=rate_rps, rng=rng)
+    rate = rate_function(shape, rate_rps, duration_ms / 1000.0, rng=rng)
+    return ArrivalSource(rate_rps=rate_bound(shape, rate_rps), rate=rate, rng=rng)
 
 
 def shaped_arrivals(rate_rps: float | None, shape: Shape, duration_ms: float, *, rng: np.random.Generator):
     """Poisson arrivals (ms) at ``rate_rps`` shaped by ``shape``."""
-    if isinstance(shape, Constant):
-        return poisson_arrivals(rate_rps, duration_ms, rng=rng)
-    rate = rate_function(shape, rate_rps, duration_ms / 1000.0, rng=rng)
-    return nhpp_arrivals(rate, rate_bound(shape, rate_rps), duration_ms, rng=rng)
+    return shaped_source(rate_rps, shape, duration_ms, rng=rng).take(duration_ms)
+
+
+def source(traffic: Traffic, duration_ms: float, *, rng: np.random.Generator) -> ArrivalSource:
+    """The arrival source of a traffic section without classes (a trace, or Poisson)."""
+    if traffic.classes:
+        raise ValueError("traffic classes have one source each; see arrivals()")
+    if traffic.arrivals_file is not None:
+        return ArrivalSource(times=trace_arrivals(traffic.arrivals_file, duration_ms))
+    return shaped_source(traffic.rate_rps, traffic.shape, duration_ms, rng=rng)
 
 
 def arrivals(traffic: Traffic, duration_ms: float, *, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -74,8 +122,5 @@ def arrivals(traffic: Traffic, duration_ms: float, *, rng: np.random.Generator) 
         klass = np.repeat(np.arange(len(parts), dtype=np.int8), [len(p) for p in parts])
         order = np.argsort(times, kind="stable")
         return times[order], klass[order]
-    if traffic.arrivals_file is not None:
-        times = trace_arrivals(traffic.arrivals_file, duration_ms)
-    else:
-        times = shaped_arrivals(traffic.rate_rps, traffic.shape, duration_ms, rng=rng)
+    times = source(traffic, duration_ms, rng=rng).take(duration_ms)
     return times, np.zeros(len(times), dtype=np.int8)

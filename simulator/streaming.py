@@ -1,0 +1,483 @@
+"""The streaming engine: the model of :mod:`simulator.engine`, in time chunks, in bounded memory.
+
+:func:`simulate` holds every request of a run; an hour of a 200k req/s platform would need
+tens of GB. :func:`stream` simulates the same model chunk by chunk of arrival time and
+hands out each request's record once it is settled, so a caller can reduce the records
+(:class:`simulator.results.reduce.Reduction`) or write them out, and drop them.
+
+**Exact carry-over.** Every stage keeps its state from one chunk to the next: the arrival
+source's blocks, each random stream (a request's draws are made in request order when it
+arrives, as the whole-run engine makes them), the FCFS stations' free times and Lindley
+sums, and the SimPy environment with its batch queues, schedulers and batches in flight.
+Any request arriving after time H reaches every stage after H (delays are never
+negative), so an order-dependent stage processes, in each chunk, exactly its inputs
+earlier than the chunk's end H and keeps the rest for the next: a *horizon*. The batch
+queues are told that every arrival before H is known, and the environment runs to H. A
+request's record is the same, bit for bit, as the whole-run engine's on the same seed
+(``tests/test_streaming.py`` checks it request for request on every supported scenario).
+
+**What it covers:** one version (no canary or shadow), a fixed fleet (no autoscaler or
+failures), no traffic classes, no caches, and feature fetches from an uncontended store.
+:func:`unsupported` names what a scenario uses beyond that; such runs keep the
+whole-run engine.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from simulator.engine import _per_class, _transfer_ms
+from simulator.results.records import Records
+from simulator.rng import streams
+from simulator.scenario.config import Scenario
+from simulator.scenario.distributions import Sampler
+from simulator.serving.batcher import BatchQueue, Outcome
+from simulator.serving.dispatch import fast_path
+from simulator.serving.served import BatchLog, concat_logs
+from simulator.serving.workers import Feed, ServiceModel, schedule
+from simulator.stages.arrivals import source
+from simulator.stages.features import fetch
+from simulator.stages.prediction_log import record_ms
+from simulator.stages.stations import FcfsStation, Lindley
+
+TARGET_CHUNK_REQUESTS = 250_000  # requests per chunk, by default
+
+
+def unsupported(s: Scenario) -> str | None:
+    """What in ``s`` the streaming engine does not simulate, or None when it covers ``s``."""
+    reasons = [
+        (bool(s.traffic.classes), "traffic classes"),
+        (s.router.canary is not None, "a canary"),
+        (s.router.shadow is not None, "a shadow"),
+        (s.workers.dynamic, "an autoscaler or failures"),
+        (s.caches.result is not None or s.caches.feature is not None, "caches"),
+        (s.features.store is not None and s.features.lookups_per_request > 0, "a feature store of finite capacity"),
+    ]
+    found = [why for cond, why in reasons if cond]
+    return ", ".join(found) if found else None
+
+
+def chunk_ms(s: Scenario, requests_per_chunk: int = TARGET_CHUNK_REQUESTS) -> float:
+    """A chunk length (ms) holding about ``requests_per_chunk`` arrivals at the peak rate."""
+    from simulator.planning.budget import expected_requests
+
+    rate = max(expected_requests(s) / s.duration_s, 1.0)
+    return float(min(max(requests_per_chunk / rate * 1000.0, 50.0), 60_000.0))
+
+
+@dataclass
+class Piece:
+    """What one chunk of the run settled: records of requests ``first`` … (in request
+    order, a contiguous run of ids), and the batches that started."""
+
+    first: int  # id (arrival index) of the first record
+    records: Records
+    batches: BatchLog
+    watermark_ms: float  # every later record's times are at or after this
+    horizon_ms: float  # arrivals before this have been simulated
+
+
+class _Horizon:
+    """Inputs of an order-dependent stage waiting for their turn: columns kept in request
+    order; :meth:`ready` hands out, sorted by time, those before the horizon."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, np.ndarray] | None = None
+
+    def push(self, **cols: np.ndarray) -> None:
+        if self.cols is None:
+            self.cols = cols
+        else:
+            self.cols = {k: np.concatenate([self.cols[k], v]) for k, v in cols.items()}
+
+    def ready(self, key: str, horizon: float) -> dict[str, np.ndarray]:
+        """The inputs with ``key`` < ``horizon``, sorted by ``key`` (ties in request order)."""
+        c = self.cols
+        t = c[key]
+        go = t < horizon
+        if go.all():
+            take, self.cols = c, None
+        else:
+            take = {k: v[go] for k, v in c.items()}
+            self.cols = {k: v[~go] for k, v in c.items()}
+        order = np.argsort(take[key], kind="stable")
+        return {k: v[order] for k, v in take.items()}
+
+
+class _Pool:
+    """The primary pool, fixed: per-worker batch queues (or one shared) fed chunk by chunk."""
+
+    def __init__(self, s: Scenario, service: ServiceModel):
+        w = s.workers
+        self.cfg = s.batching
+        self.service = service
+        self.shared = s.router.balancing == "shared"
+        per = w.instances
+        self.ids = (
+            [list(range(w.count * per))]
+            if self.shared
+            else [list(range(k * per, (k + 1) * per)) for k in range(w.count)]
+        )
+        self.fast = fast_path(self.cfg)
+        self.waiting = _Horizon()
+        self.deadlines = self.cfg.deadline_ms is not None
+        if self.fast:
+            self.stations = [FcfsStation(len(ids)) for ids in self.ids]
+        else:
+            self.env = simpy.Environment()
+            self.feeds = []
+            for ids in self.ids:
+                dl = np.empty(0) if self.deadlines else None
+                feed = Feed(self.env, BatchQueue(np.empty(0), self.cfg, closed=False, deadlines=dl), ids)
+                feed.gid = np.empty(0, dtype=np.int64)  # request id of each queued arrival
+                self.env.process(schedule(self.env, feed, service))
+                self.feeds.append(feed)
+
+    def run(self, t_pre, rid, worker, deadline, horizon: float, final: bool):
+        """Feed the requests (request order) and run to ``horizon``; returns the settled
+        requests' serving columns (ids and columns), and the batches that started."""
+        self.waiting.push(t=t_pre, id=rid, w=worker, dl=deadline)
+        ready = None if self.waiting.cols is None else self.waiting.ready("t", math.inf if final else horizon)
+        if self.fast:
+            return self._fcfs(ready)
+        return self._batches(ready, horizon, final)
+
+    def _groups(self, ready):
+        """Each queue's share of ``ready`` (in time order)."""
+        if self.shared:
+            return [np.arange(len(ready["t"]))]
+        by = np.argsort(ready["w"], kind="stable")  # worker, then time (ready is in time order)
+        cuts = np.searchsorted(ready["w"][by], np.arange(1, len(self.ids)))
+        return np.split(by, cuts)
+
+    def _fcfs(self, ready):
+        if ready is None or not len(ready["t"]):
+            return None, BatchLog.empty()
+        n = len(ready["t"])
+        svc = self.service.draw(n, 1)  # in queue-arrival order, as the whole-run engine draws them
+        start = np.empty(n)
+        inst = np.empty(n, dtype=np.int64)
+        for q, idx in enumerate(self._groups(ready)):
+            st, k = self.stations[q].run(ready["t"][idx], svc[idx])
+            start[idx] = st
+            inst[idx] = np.asarray(self.ids[q])[k] if len(idx) else k
+        cols = {
+            "t_dispatch": start,
+            "t_done": start + svc,
+            "batch_size": np.ones(n, dtype=np.int64),
+            "instance": inst,
+            "outcome": np.zeros(n, dtype=np.int8),
+            "t_dropped": np.full(n, np.nan),
+        }
+        return (ready["id"], cols), BatchLog(start, start + svc, np.ones(n, np.int64), inst)
+
+    def _batches(self, ready, horizon: float, final: bool):
+        now = self.env.now
+        if ready is None:  # nothing new, but every queue learns the horizon
+            ready = {"t": np.empty(0), "id": np.empty(0, np.int64), "w": np.empty(0, np.int64), "dl": np.empty(0)}
+        for q, idx in enumerate(self._groups(ready)):
+            feed = self.feeds[q]
+            feed.extend(ready["t"][idx], horizon, now, ready["dl"][idx] if self.deadlines else None)
+            feed.gid = np.concatenate([feed.gid, ready["id"][idx]])
+        if final:
+            for feed in self.feeds:
+                feed.close(now)
+            self.env.run()
+        elif horizon > now:
+            self.env.run(until=horizon)
+        return self._harvest()
+
+    def _harvest(self):
+        ids, parts, logs = [], [], []
+        for feed in self.feeds:
+            q = feed.queue
+            cut = q.settled()
+            members, sizes = q.members()
+            sizes = np.array(sizes)  # a copy: the queue's buffer is trimmed below
+            nb = len(sizes)
+            b_start = np.frombuffer(feed.b_start, dtype=float)[:nb].copy()
+            b_end = np.frombuffer(feed.b_end, dtype=float)[:nb].copy()
+            b_inst = np.frombuffer(feed.b_inst, dtype=np.int64)[:nb].copy()
+            logs.append(BatchLog(b_start, b_end, sizes, b_inst))
+            cols = {
+                "t_dispatch": np.full(cut, np.nan),
+                "t_done": np.full(cut, np.nan),
+                "batch_size": np.zeros(cut, dtype=np.int64),
+                "instance": np.full(cut, -1, dtype=np.int64),
+                "outcome": q.outcome[:cut],
+                "t_dropped": q.drop_time[:cut],
+            }
+            cols["t_dispatch"][members] = np.repeat(b_start, sizes)
+            cols["t_done"][members] = np.repeat(b_end, sizes)
+            cols["batch_size"][members] = np.repeat(sizes, sizes)
+            cols["instance"][members] = np.repeat(b_inst, sizes)
+            ids.append(feed.gid[:cut])
+            parts.append(cols)
+            feed.gid = feed.gid[cut:]
+            q.trim(cut)
+            del feed.b_start[:nb], feed.b_end[:nb], feed.b_inst[:nb]
+        merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        return (np.concatenate(ids), merged), concat_logs(logs)
+
+
+_FLOAT_COLS = (
+    "arrival",
+    "t_api",
+    "t_router",
+    "t_features",
+    "t_preprocessed",
+    "post",
+    "back",
+    "t_dispatch",
+    "t_inferred",
+    "t_dropped",
+    "t_emitted",
+    "t_logged",
+)
+
+
+class _Ledger:
+    """Per-request columns of the requests not handed out yet: ids ``lo`` … ``lo + len``."""
+
+    def __init__(self, logging: bool):
+        self.lo = 0
+        self.cols: dict[str, np.ndarray] = {}
+        self.logging = logging
+
+    def __len__(self) -> int:
+        return len(self.cols["arrival"]) if self.cols else 0
+
+    def append(self, **cols: np.ndarray) -> None:
+        if not self.cols:
+            self.cols = cols
+        else:
+            self.cols = {k: np.concatenate([self.cols[k], cols[k]]) for k in self.cols}
+
+    def settle(self, rid: np.ndarray, served: dict[str, np.ndarray]) -> np.ndarray:
+        """Record the serving columns of requests ``rid``; returns their rows."""
+        row = rid - self.lo
+        c = self.cols
+        c["t_dispatch"][row] = served["t_dispatch"]
+        c["t_inferred"][row] = served["t_done"]
+        c["batch_size"][row] = served["batch_size"]
+        c["instance"][row] = served["instance"]
+        c["outcome"][row] = served["outcome"]
+        c["t_dropped"][row] = served["t_dropped"]
+        c["settled"][row] = True
+        return row
+
+    def hand_out(self) -> tuple[int, dict[str, np.ndarray]]:
+        """The settled (and, with logging, shipped) requests at the front, removed."""
+        c = self.cols
+        done = c["settled"] & (c["shipped"] if self.logging else True)
+        k = int(np.argmin(done)) if not done.all() else len(done)
+        first = self.lo
+        out = {name: v[:k] for name, v in c.items()}
+        self.cols = {name: v[k:] for name, v in c.items()}
+        self.lo += k
+        return first, out
+
+
+def stream(
+    scenario: Scenario,
+    *,
+    seed: int | None = None,
+    chunk_s: float | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> Iterator[Piece]:
+    """Simulate ``scenario`` chunk by chunk; yields each chunk's settled records.
+
+    Parameters
+    ----------
+    scenario : Scenario
+        What to simulate; :func:`unsupported` must be None for it.
+    seed : int, optional
+        Overrides ``scenario.seed``; the same streams as :func:`simulator.simulate`.
+    chunk_s : float, optional
+        Simulated seconds of arrivals per chunk (default: about 250,000 arrivals).
+    progress : callable, optional
+        Called with the simulated time reached (s) after each chunk.
+
+    Yields
+    ------
+    Piece
+        The records settled in the chunk (a contiguous run of request ids, in order) and
+        the batches started. Concatenated, the pieces' records equal
+        ``simulate(scenario, seed=seed).records``.
+    """
+    s = scenario
+    why = unsupported(s)
+    if why is not None:
+        raise ValueError(f"the streaming engine does not simulate {why}")
+    seed = s.seed if seed is None else seed
+    rng = streams(seed)
+    end_ms = s.duration_s * 1000.0
+    step = chunk_ms(s) if chunk_s is None else chunk_s * 1000.0
+    if step <= 0:
+        raise ValueError("chunk_s must be positive")
+    arrivals = source(s.traffic, end_ms, rng=rng.arrivals)
+    draw = {
+        name: (Sampler(dist, g) if dist is not None else None)
+        for name, dist, g in (
+            ("in", s.network.client_to_api, rng.network_in),
+            ("router", s.router.overhead, rng.router),
+            ("pre", s.preprocess.service, rng.preprocess),
+            ("post", s.postprocess.service, rng.postprocess),
+            ("back", s.network.api_to_client, rng.network_out),
+        )
+    }
+    trips = Sampler(s.features.round_trip, rng.features) if s.features.round_trip is not None else None
+    pay_in = _transfer_ms(_per_class(s.traffic, "payload_kb", None), s.network.bandwidth_gbps)
+    pay_out = _transfer_ms(_per_class(s.traffic, "response_kb", None), s.network.bandwidth_gbps)
+    pool = _Pool(s, ServiceModel(s.workers, s.batching.max_batch_size, rng.service))
+    routing = None if s.router.balancing == "shared" else _router(s, rng.routing)
+    cpu = FcfsStation(s.preprocess.cpu_workers) if s.preprocess.cpu_workers is not None else None
+    cpu_wait = _Horizon()
+    log_station = Lindley() if s.logging else None
+    log_wait = _Horizon()
+    ship_ms = record_ms(s.logging) if s.logging else 0.0
+    ledger = _Ledger(s.logging is not None)
+    next_id = 0
+    lo = 0.0
+    while True:
+        hi = min(lo + step, end_ms)
+        final = hi >= end_ms
+        t0 = arrivals.take(hi if not final else end_ms)
+        n = len(t0)
+        rid = np.arange(next_id, next_id + n, dtype=np.int64)
+        next_id += n
+
+        def d(name, n=n):
+            return 0.0 if draw[name] is None else draw[name].draw(n)
+
+        t_api = t0 + d("in") + pay_in
+        t_router = t_api + d("router")
+        fetched = fetch(s.features, t_router, trips)
+        failed = fetched.failed
+        live = ~failed
+        svc = np.broadcast_to(d("pre"), (n,))
+        post = np.broadcast_to(d("post"), (n,)).copy()
+        back = np.broadcast_to(d("back"), (n,)) + pay_out
+        worker = routing(n) if routing is not None else np.zeros(n, dtype=np.int64)
+        deadline = t0 + s.batching.deadline_ms if s.batching.deadline_ms is not None else np.zeros(n)
+        t_feat = fetched.end.copy()
+        t_pre = np.full(n, np.nan)
+        nan = np.full(n, np.nan)
+        ledger.append(
+            arrival=t0,
+            t_api=t_api,
+            t_router=t_router,
+            t_features=np.where(failed, np.nan, t_feat),
+            t_preprocessed=t_pre.copy(),
+            post=post,
+            back=np.asarray(back, dtype=float).copy(),
+            t_dispatch=nan.copy(),
+            t_inferred=nan.copy(),
+            t_dropped=np.where(failed, t_feat, np.nan),
+            t_emitted=nan.copy(),
+            t_logged=nan.copy(),
+            outcome=np.where(failed, np.int8(Outcome.FAILED), np.int8(0)).astype(np.int8),
+            degraded=fetched.degraded,
+            batch_size=np.zeros(n, dtype=np.int64),
+            instance=np.full(n, -1, dtype=np.int64),
+            settled=failed.copy(),
+            shipped=np.zeros(n, dtype=bool),
+            worker=worker,
+            deadline=deadline,
+        )
+        # preprocessing: a pure delay, or an FCFS pool of CPU workers (with a horizon)
+        if cpu is None:
+            p_id, p_t = rid[live], t_feat[live] + svc[live]
+        else:
+            cpu_wait.push(t=t_feat[live], s=np.asarray(svc[live], dtype=float), id=rid[live])
+            if cpu_wait.cols is None:
+                p_id, p_t = rid[:0], t_feat[:0]
+            else:
+                r = cpu_wait.ready("t", math.inf if final else hi)
+                p_id, p_t = r["id"], cpu.run(r["t"], r["s"])[0] + r["s"]
+        c = ledger.cols
+        rows = p_id - ledger.lo
+        c["t_preprocessed"][rows] = p_t
+        settled, batches = pool.run(p_t, p_id, c["worker"][rows], c["deadline"][rows], hi, final)
+        new_rows = [np.flatnonzero(failed) + (next_id - n - ledger.lo)]
+        if settled is not None:
+            new_rows.append(ledger.settle(*settled))
+        rows = np.concatenate(new_rows).astype(np.int64)
+        c["t_emitted"][rows] = np.where(
+            c["outcome"][rows] == Outcome.COMPLETED,
+            c["t_inferred"][rows] + c["post"][rows] + c["back"][rows],
+            c["t_dropped"][rows],
+        )
+        if log_station is not None:
+            log_wait.push(t=c["t_emitted"][rows], id=rows + ledger.lo)
+            open_rows = ~c["settled"]
+            bound = hi if not open_rows.any() else min(hi, float(c["arrival"][open_rows].min()))
+            if log_wait.cols is not None:
+                r = log_wait.ready("t", math.inf if final else bound)
+                if len(r["t"]):
+                    shipped = log_station.run(r["t"], np.full(len(r["t"]), ship_ms)) + ship_ms
+                    c["t_logged"][r["id"] - ledger.lo] = shipped
+                    c["shipped"][r["id"] - ledger.lo] = True
+        first, cols = ledger.hand_out()
+        watermark = hi if not len(ledger) else min(hi, float(ledger.cols["arrival"].min()))
+        yield Piece(first, _records(cols), batches, math.inf if final else watermark, hi)
+        if progress is not None:
+            progress(hi / 1000.0)
+        if final:
+            return
+        lo = hi
+
+
+def _router(s: Scenario, g: np.random.Generator):
+    from simulator.serving.router import Router
+
+    router = Router(s.router.balancing, g)
+    return lambda n: router.pick(n, s.workers.count)
+
+
+def _records(c: dict[str, np.ndarray]) -> Records:
+    """The ledger's columns as records (the engine's arithmetic, for identical times)."""
+    n = len(c["arrival"])
+    t_post = c["t_inferred"] + c["post"]
+    t_resp = t_post + c["back"]
+    return Records(
+        arrival=c["arrival"],
+        t_api=c["t_api"],
+        t_router=c["t_router"],
+        t_cache=c["t_router"],
+        t_features=c["t_features"],
+        t_preprocessed=c["t_preprocessed"],
+        t_dispatch=c["t_dispatch"],
+        t_inferred=c["t_inferred"],
+        t_postprocessed=t_post,
+        t_response=t_resp,
+        t_dropped=c["t_dropped"],
+        t_logged=c["t_logged"],
+        outcome=c["outcome"],
+        degraded=c["degraded"],
+        result_hit=np.zeros(n, dtype=bool),
+        feature_hit=np.zeros(n, dtype=bool),
+        batch_size=c["batch_size"],
+        instance=c["instance"],
+        version=np.zeros(n, dtype=np.int8),
+        traffic_class=np.zeros(n, dtype=np.int8),
+    )
+
+
+def simulate_streaming(scenario: Scenario, *, seed: int | None = None, chunk_s: float | None = None):
+    """All of a streamed run's records at once, as :func:`simulator.simulate` returns them
+    (for checks on runs small enough to keep): ``(Records, BatchLog, wall_s)``."""
+    wall0 = time.perf_counter()
+    pieces = list(stream(scenario, seed=seed, chunk_s=chunk_s))
+    fields_ = [f for f in Records.__dataclass_fields__]
+    records = Records(*(np.concatenate([getattr(p.records, f) for p in pieces]) for f in fields_))
+    log = BatchLog(
+        *(np.concatenate([getattr(p.batches, f) for p in pieces]) for f in ("start", "end", "size", "instance"))
+    )
+    return records, log, time.perf_counter() - wall0

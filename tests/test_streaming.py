@@ -1,0 +1,106 @@
+"""The streaming engine against the whole-run engine: identical records, request for request.
+
+``simulator.streaming.stream`` simulates in time chunks and carries every stage's state
+across them (stations, random streams, the SimPy batch queues). On the same seed its
+records must equal ``simulate``'s exactly, whatever the chunk length, on every kind of
+scenario it supports; anything else would be a bug in the carry-over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import numpy as np
+import pytest
+
+from simulator import load_scenario, simulate
+from simulator.streaming import simulate_streaming, stream, unsupported
+from tests.helpers import ROOT
+
+CASES = {
+    "platform": ("inference_platform.yaml", ["duration_s=0.6", "warmup_s=0.1", "workers.count=40"]),
+    "platform_shared": (
+        "inference_platform.yaml",
+        ["duration_s=0.4", "warmup_s=0.1", "workers.count=30", "router.balancing=shared"],
+    ),
+    "platform_round_robin": (
+        "inference_platform.yaml",
+        ["duration_s=0.4", "warmup_s=0.1", "router.balancing=round_robin"],
+    ),
+    "queue_limits": (
+        "inference_platform.yaml",
+        ["duration_s=0.4", "warmup_s=0.1", "workers.count=25", "batching.max_queue_size=40", "batching.timeout_ms=15"],
+    ),
+    "cpu_pool": ("vision_preprocessing.yaml", ["preprocess.cpu_workers=2"]),
+    "cpu_single": ("vision_preprocessing.yaml", ["preprocess.cpu_workers=1", "traffic.rate_rps=50"]),
+    "deadlines": ("cv_degradation.yaml", ["duration_s=40", "warmup_s=5"]),
+    "mmc": ("validation/mmc.yaml", ["duration_s=20"]),
+    "md1": ("validation/md1.yaml", ["duration_s=20"]),
+    "fast_path_instances": ("validation/mmc.yaml", ["duration_s=15", "router.balancing=random", "workers.instances=2"]),
+    "feature_outage_fail": (
+        "feature_store_outage.yaml",
+        ["duration_s=4", "warmup_s=0.5", "features.on_timeout=fail", "features.outages=[{start_s: 1, duration_s: 1.5}]"],
+    ),
+    "log_behind": ("inference_platform.yaml", ["duration_s=0.4", "warmup_s=0.1", "logging.bandwidth_gbps=4"]),
+    "diurnal": (
+        "validation/mmc.yaml",
+        ["duration_s=20", "traffic.shape={kind: diurnal, period_s: 10, peak_to_mean: 1.2}"],
+    ),
+}
+
+
+def _equal(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_streamed_records_equal_whole_run(case):
+    path, overrides = CASES[case]
+    s = load_scenario(ROOT / "scenarios" / path, overrides)
+    assert unsupported(s) is None
+    whole = simulate(s)
+    for chunk_s in (0.05, 0.731):
+        records, batches, _ = simulate_streaming(s, chunk_s=chunk_s)
+        differ = [
+            f.name
+            for f in fields(whole.records)
+            if not _equal(getattr(whole.records, f.name), getattr(records, f.name))
+        ]
+        assert differ == [], f"{case}, chunks of {chunk_s} s: columns differ: {differ}"
+        key_a, key_b = (
+            np.lexsort((whole.batches.instance, whole.batches.start)),
+            np.lexsort((batches.instance, batches.start)),
+        )
+        for name in ("start", "end", "size", "instance"):
+            assert np.array_equal(getattr(whole.batches, name)[key_a], getattr(batches, name)[key_b]), name
+
+
+def test_pieces_are_contiguous_and_hold_little():
+    """Each piece continues where the last stopped; the engine holds only the requests in
+    flight, not the run."""
+    s = load_scenario(ROOT / "scenarios/inference_platform.yaml", ["duration_s=1", "warmup_s=0.1"])
+    nxt, sizes = 0, []
+    for piece in stream(s, chunk_s=0.1):
+        assert piece.first == nxt
+        nxt += len(piece.records)
+        sizes.append(len(piece.records))
+        if np.isfinite(piece.watermark_ms):
+            assert piece.watermark_ms <= piece.horizon_ms
+    assert nxt == len(simulate(s).records)
+    assert max(sizes) < 0.2 * nxt  # about one chunk's worth at a time
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("autoscaling.yaml", "an autoscaler"),
+        ("canary.yaml", "a canary"),
+        ("noisy_neighbour.yaml", "traffic classes"),
+        ("cache_ttl.yaml", "caches"),
+    ],
+)
+def test_what_it_does_not_simulate_is_named(path, why):
+    s = load_scenario(ROOT / "scenarios" / path)
+    assert why in unsupported(s)
+    with pytest.raises(ValueError, match=why):
+        next(stream(s))
