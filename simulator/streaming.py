@@ -481,3 +481,59 @@ def simulate_streaming(scenario: Scenario, *, seed: int | None = None, chunk_s: 
         *(np.concatenate([getattr(p.batches, f) for p in pieces]) for f in ("start", "end", "size", "instance"))
     )
     return records, log, time.perf_counter() - wall0
+
+
+STREAM_ABOVE_REQUESTS = 5_000_000  # "auto" streams runs expected to be larger than this
+
+
+def prefer_streaming(s: Scenario) -> bool:
+    """Whether ``engine="auto"`` streams ``s``: the streaming engine covers it and the run
+    is large (over :data:`STREAM_ABOVE_REQUESTS` arrivals, about 1.2 GB held whole).
+    Smaller runs keep the whole-run engine and its exact percentiles."""
+    from simulator.planning.budget import expected_requests
+
+    return unsupported(s) is None and expected_requests(s) > STREAM_ABOVE_REQUESTS
+
+
+def summarize_stream(
+    scenario: Scenario,
+    *,
+    seed: int | None = None,
+    interval_s: float = 1.0,
+    chunk_s: float | None = None,
+    on_piece: Callable[[Piece], None] | None = None,
+    progress: Callable[[float], None] | None = None,
+):
+    """Stream ``scenario`` and reduce it: the run's summary, in bounded memory.
+
+    Parameters
+    ----------
+    scenario : Scenario
+        What to simulate (:func:`unsupported` must be None).
+    seed : int, optional
+        Overrides ``scenario.seed``.
+    interval_s : float
+        Width of the timeline's intervals, s.
+    chunk_s : float, optional
+        Simulated seconds per chunk (default: about 250,000 arrivals).
+    on_piece : callable, optional
+        Called with each :class:`Piece` before it is dropped (``--records`` writes it).
+    progress : callable, optional
+        Called with the simulated time reached (s) after each chunk.
+
+    Returns
+    -------
+    Summary
+        As :func:`simulator.summarize` returns it; latency percentiles from mergeable
+        sketches (within 0.5% of the exact rank value), counts and timeline exact.
+    """
+    from simulator.results.reduce import Reduction
+
+    wall0 = time.perf_counter()
+    seed = scenario.seed if seed is None else seed
+    reduction = Reduction(scenario, seed, interval_s=interval_s)
+    for piece in stream(scenario, seed=seed, chunk_s=chunk_s, progress=progress):
+        if on_piece is not None:
+            on_piece(piece)
+        reduction.add(piece.records, piece.batches, piece.watermark_ms)
+    return reduction.summary(time.perf_counter() - wall0)

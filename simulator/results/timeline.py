@@ -63,7 +63,8 @@ def time_average_level(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) 
 
     ∫₀ˣ N(t) dt = Σ_{a_i ≤ x} (x − a_i) − Σ_{d_i ≤ x} (x − d_i), from sorted prefix sums.
     """
-    a, d = np.sort(starts), np.sort(ends)
+    keep = np.isfinite(starts) & np.isfinite(ends)  # a request that never got there is never counted
+    a, d = np.sort(starts[keep]), np.sort(ends[keep])
     ca, cd = np.concatenate(([0.0], np.cumsum(a))), np.concatenate(([0.0], np.cumsum(d)))
     na, nd = np.searchsorted(a, edges, side="right"), np.searchsorted(d, edges, side="right")
     area = edges * na - ca[na] - (edges * nd - cd[nd])
