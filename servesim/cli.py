@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -22,6 +23,7 @@ from servesim.console import budget, check_output, err, fail, out
 from servesim.explain import explain
 from servesim.plan import plan
 from servesim.report import render
+from servesim.streamed import records_frame, run_streamed
 from servesim.sweep import cluster_app, sweep
 from simulator.engine import simulate
 from simulator.planning.budget import warnings as budget_warnings
@@ -29,6 +31,16 @@ from simulator.planning.sampling import sample_fleet, scale_summary
 from simulator.results.metrics import summarize
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import ScenarioError, load_scenario
+from simulator.streaming import prefer_streaming, unsupported
+
+
+class Engine(StrEnum):
+    """Which engine ``servesim run`` simulates with."""
+
+    auto = "auto"
+    whole = "whole"
+    stream = "stream"
+
 
 app = typer.Typer(
     name="servesim",
@@ -110,6 +122,15 @@ def run(
             min=1,
         ),
     ] = None,
+    engine: Annotated[
+        Engine,
+        typer.Option(
+            help="whole: hold every request (exact percentiles); stream: time chunks in bounded memory "
+            "(percentiles within 0.5%); auto: stream runs of over 5M requests where the streaming engine "
+            "covers the scenario.",
+            case_sensitive=False,
+        ),
+    ] = Engine.auto,
 ) -> None:
     """Simulate a scenario and print per-stage latency, the SLA verdict, utilization and cost."""
     extra = []
@@ -145,13 +166,18 @@ def run(
             "latency and utilization stand for the whole fleet, throughput and cost are scaled to it"
             + (" (the prediction log is not simulated)" if logged else "")
         )
-    budget(s)
-    with err.status(f"simulating {s.name} …"):
-        result = simulate(s)
-    try:
-        summary = summarize(result, interval_s=interval_s)
-    except ValueError as e:
-        raise fail(str(e)) from None
+    streamed = _streamed(s, engine)
+    b = budget(s, streamed=streamed, records=records is not None)
+    if streamed:
+        summary = run_streamed(s, interval_s=interval_s, records=records, show_progress=b.wall_s > 5)
+        records = None  # written chunk by chunk
+    else:
+        with err.status(f"simulating {s.name} …"):
+            result = simulate(s)
+        try:
+            summary = summarize(result, interval_s=interval_s)
+        except ValueError as e:
+            raise fail(str(e)) from None
     if s.workers.count < n:
         summary = scale_summary(summary, n, s.workers.count)
     out.print(render(summary))
@@ -160,27 +186,11 @@ def run(
             json_path.write_text(json.dumps(_clean(summary), indent=2) + "\n")
             err.print(f"summary written to {json_path}")
         if records is not None:
-            _write_table(records_table(result), records, "records")
+            _write_table(records_frame(result.records, s), records, "records")
         if timeline is not None:
             _write_table(pd.DataFrame(summary["timeline"]), timeline, "timeline rows", index=False)
     except OSError as e:
         raise fail(f"cannot write {e.filename}: {e.strerror}") from None
-
-
-def records_table(result) -> pd.DataFrame:
-    """Every request of a run for --records: times in ms from the start of the simulation
-    (the unit in each name), a ``warmup`` flag for arrivals before ``warmup_s`` (left out
-    of every metric), and the version and traffic class by name."""
-    s = result.scenario
-    df = result.records.to_frame()
-    df = df.rename(columns={c: f"{c}_ms" for c in df.columns if c == "arrival" or c.startswith("t_")})
-    df.insert(1, "warmup", df["arrival_ms"] < s.warmup_s * 1000.0)
-    canary = s.router.canary
-    versions = ["primary", getattr(canary, "name", None) or "canary"]
-    df["version"] = pd.Categorical.from_codes(df["version"].astype(int), versions)
-    classes = list(s.traffic.classes) or ["default"]
-    df["traffic_class"] = pd.Categorical.from_codes(df["traffic_class"].astype(int), classes)
-    return df
 
 
 def _write_table(frame: pd.DataFrame, path: Path, what: str, *, index: bool = True) -> None:
@@ -191,11 +201,21 @@ def _write_table(frame: pd.DataFrame, path: Path, what: str, *, index: bool = Tr
     err.print(f"{len(frame):,} {what} written to {path}")
 
 
+def _streamed(s: Scenario, engine: Engine) -> bool:
+    """Whether this run streams: asked for, or ``auto`` and the run is long."""
+    if engine is Engine.stream:
+        why = unsupported(s)
+        if why is not None:
+            raise fail(f"--engine stream: the streaming engine does not simulate {why} yet; use --engine whole")
+        return True
+    return engine is Engine.auto and prefer_streaming(s)
+
+
 @app.command()
 def check(scenario: ScenarioArg, set_: SetOpt = None) -> None:
     """Validate a scenario without running it."""
     s = _load(scenario, set_, [])
-    b = budget(s, quiet=True)
+    b = budget(s, quiet=True, streamed=prefer_streaming(s))
     out.print(
         f"[green]ok[/]: {scenario} ({s.name}; {s.duration_s:g} s of traffic, {s.workers.count} workers; "
         f"a run: {b.describe()})"

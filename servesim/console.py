@@ -47,13 +47,15 @@ def check_output(path: Path | None, option: str, suffixes: tuple[str, ...] | Non
         raise fail(f"{option} {path}: not writable")
 
 
-def budget(s, *, runs: int = 1, what: str = "this run", quiet: bool = False):
+def budget(
+    s, *, runs: int = 1, what: str = "this run", quiet: bool = False, streamed: bool = False, records: bool = False
+):
     """Refuse (exit 2) a run of scenario ``s`` that cannot fit in memory, before it starts;
     say so when it will take over a minute. Returns the :class:`~simulator.planning.budget.Budget`."""
     from simulator.planning.budget import BudgetError, check
 
     try:
-        b = check(s, runs=runs, what=what)
+        b = check(s, runs=runs, what=what, streamed=streamed, records=records)
     except BudgetError as e:
         raise fail(str(e)) from None
     if b.wall_s > 60 and not quiet:

@@ -103,7 +103,7 @@ def test_check_agrees_with_run():
     ("args", "needles"),
     [
         (["--set", "traffic.rate_rps=1000000000"], ["would need", "GB of memory", "--duration-s", "--sample-workers"]),
-        (["--duration-s", "3600"], ["would need", "--duration-s"]),
+        (["--engine", "whole", "--duration-s", "3600"], ["would need", "--duration-s", "--engine stream"]),
         (["--set", "workers.count=10000000"], ["would need", "workers.count"]),
         (["--set", "batching.max_batch_size=1000000000"], ["would need", "batching.max_batch_size"]),
     ],

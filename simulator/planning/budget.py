@@ -1,8 +1,9 @@
 """A run's budget, decided before it starts: requests, memory and wall time.
 
-The engine keeps every request of a run in memory (about 250 bytes each, measured on the
-platform scenario: 233 bytes per request between a 2 s and a 6 s run), so a long or fast
-run can need more memory than the machine has. :func:`estimate` prices a validated
+The whole-run engine keeps every request of a run in memory (about 250 bytes each,
+measured on the platform scenario: 233 bytes per request between a 2 s and a 6 s run), so
+a long or fast run can need more memory than the machine has; the streaming engine
+(:mod:`simulator.streaming`) holds one chunk of requests and the timeline instead. :func:`estimate` prices a validated
 scenario from its own numbers; :func:`check` refuses the run when the estimate exceeds the
 memory available, naming the remedies, before a single array is allocated.
 
@@ -31,6 +32,9 @@ BYTES_PER_BATCH_SLOT = 40
 BYTES_PER_TRIP_CELL = 32  # a feature round trip's latency sample, with its temporaries
 TRIP_CHUNK_CELLS = 1 << 22  # features.py samples round trips in chunks of this many cells
 BASE_BYTES = 250e6  # the interpreter with numpy, pandas, simpy and pydantic loaded
+BYTES_PER_CHUNK_REQUEST = 600  # streamed: a chunk's requests in flight through the stages, with temporaries
+BYTES_PER_RECORD_ROW = 200  # --records from a whole run: the table built from the records
+BYTES_PER_TIMELINE_ROW = 2_000  # a timeline interval: its sums while running, its row in the summary
 WALL_S_PER_REQUEST = 2.0e-6
 WALL_S_PER_WORKER = 50e-6
 WALL_S_PER_TRIP = 30e-9
@@ -69,8 +73,10 @@ def expected_requests(s: Scenario) -> float:
     return rate_bound(s.traffic.shape, s.traffic.rate_rps) * s.duration_s
 
 
-def estimate(s: Scenario) -> Budget:
-    """The requests, peak memory (bytes) and wall time (s) of simulating ``s``."""
+def estimate(s: Scenario, *, streamed: bool = False, records: bool = False, interval_s: float = 1.0) -> Budget:
+    """The requests, peak memory (bytes) and wall time (s) of simulating ``s``: held whole,
+    or ``streamed`` in chunks (:mod:`simulator.streaming`), whose memory holds one chunk
+    and the timeline, not the run. ``records``: the run writes every request out."""
     n = expected_requests(s)
     if s.router.shadow is not None:  # shadowed requests run twice
         n *= 1 + s.router.shadow.percent / 100
@@ -84,8 +90,16 @@ def estimate(s: Scenario) -> Budget:
     f = s.features
     if f.lookups_per_request:
         trips = math.ceil(f.lookups_per_request / f.batch_size)
+    if streamed:
+        from simulator.streaming import chunk_ms
+
+        per_chunk = expected_requests(s) / s.duration_s * chunk_ms(s) / 1000.0  # at the peak rate
+        held = min(n, per_chunk) * BYTES_PER_CHUNK_REQUEST
+        held += s.duration_s / interval_s * BYTES_PER_TIMELINE_ROW
+    else:
+        held = n * (BYTES_PER_REQUEST + (BYTES_PER_RECORD_ROW if records else 0))
     parts = {
-        "requests": n * BYTES_PER_REQUEST,
+        "requests": held,
         "workers": workers * BYTES_PER_WORKER,
         "batch": s.batching.max_batch_size * BYTES_PER_BATCH_SLOT,
         "features": max(trips, min(TRIP_CHUNK_CELLS, n * trips)) * BYTES_PER_TRIP_CELL if trips else 0.0,
@@ -121,18 +135,22 @@ def available_bytes() -> float:
     return avail
 
 
-def check(s: Scenario, *, what: str = "this run", runs: int = 1) -> Budget:
+def check(
+    s: Scenario, *, what: str = "this run", runs: int = 1, streamed: bool = False, records: bool = False
+) -> Budget:
     """The budget of ``s``; raises :class:`BudgetError` when it cannot fit in memory.
 
     ``runs`` counts the simulations a command makes of the scenario (their memory is not
-    held at once, but their wall time adds up)."""
-    b = estimate(s)
+    held at once, but their wall time adds up); ``streamed`` and ``records`` as for
+    :func:`estimate`."""
+    b = estimate(s, streamed=streamed, records=records)
     avail = available_bytes()
     if not math.isfinite(b.requests):
         raise BudgetError(f"{what}: rate × duration is not a finite number of requests; lower traffic.rate_rps")
     if b.bytes > avail:
         remedy = {
-            "requests": "shorten it (--duration-s) or lower the rate",
+            "requests": "shorten it (--duration-s) or lower the rate"
+            + (", or leave out --records" if records and not streamed else ""),
             "workers": f"use fewer workers (workers.count {s.workers.count:,})",
             "batch": f"lower batching.max_batch_size ({s.batching.max_batch_size:,})",
             "features": f"lower features.lookups_per_request ({s.features.lookups_per_request:,}) or raise its "
@@ -140,6 +158,11 @@ def check(s: Scenario, *, what: str = "this run", runs: int = 1) -> Budget:
         }
         drivers = sorted(b.parts, key=b.parts.get, reverse=True)
         remedies = [remedy[d] for d in drivers if b.parts[d] > 0.2 * b.bytes] or [remedy[drivers[0]]]
+        if not streamed:
+            from simulator.streaming import unsupported
+
+            if unsupported(s) is None:
+                remedies.append("stream it in bounded memory (--engine stream)")
         remedies.append("simulate part of the fleet with --sample-workers K (exact under random routing)")
         raise BudgetError(
             f"{what} would need {_gb(b.bytes)} of memory ({_count(b.requests)} requests, {b.instances:,} model "
