@@ -131,6 +131,10 @@ def run(
             case_sensitive=False,
         ),
     ] = Engine.auto,
+    chunk_s: Annotated[
+        float | None,
+        typer.Option(help="Streaming engine: simulated seconds per chunk (default: about 250,000 requests).", min=1e-3),
+    ] = None,
 ) -> None:
     """Simulate a scenario and print per-stage latency, the SLA verdict, utilization and cost."""
     extra = []
@@ -169,7 +173,7 @@ def run(
     streamed = _streamed(s, engine)
     b = budget(s, streamed=streamed, records=records is not None)
     if streamed:
-        summary = run_streamed(s, interval_s=interval_s, records=records, show_progress=b.wall_s > 5)
+        summary = run_streamed(s, interval_s=interval_s, records=records, show_progress=b.wall_s > 5, chunk_s=chunk_s)
         records = None  # written chunk by chunk
     else:
         with err.status(f"simulating {s.name} …"):

@@ -64,7 +64,9 @@ class RecordsWriter:
             records_frame(Records(*([] for _ in Records.__dataclass_fields__)), self.scenario).to_parquet(self.path)
 
 
-def run_streamed(s: Scenario, *, interval_s: float, records: Path | None, show_progress: bool):
+def run_streamed(
+    s: Scenario, *, interval_s: float, records: Path | None, show_progress: bool, chunk_s: float | None = None
+):
     """Stream ``s`` with a progress bar over simulated time; the summary."""
     writer = RecordsWriter(records, s) if records is not None else None
     columns = (
@@ -81,6 +83,7 @@ def run_streamed(s: Scenario, *, interval_s: float, records: Path | None, show_p
             summary = summarize_stream(
                 s,
                 interval_s=interval_s,
+                chunk_s=chunk_s,
                 on_piece=writer,
                 progress=lambda t: bar.update(task, completed=t),
             )

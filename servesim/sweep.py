@@ -71,7 +71,7 @@ def sweep(
 def _print_summary(table, params: list[str]) -> None:
     summary = table[table["kind"] == "summary"]
     t = RichTable(title="per cell: mean [95% CI] over replications")
-    for col in (*params, "p50 ms", "p99 ms", "SLA met", "$/M req"):
+    for col in (*params, "p50 ms", "p99 ms", "pooled p99 ms", "SLA met", "$/M req"):
         t.add_column(col, justify="right")
     for _, r in summary.iterrows():
         ci = f"{r['p99_ms']:.1f} [{r['p99_ms_ci_lo']:.1f}, {r['p99_ms_ci_hi']:.1f}]"
@@ -79,6 +79,7 @@ def _print_summary(table, params: list[str]) -> None:
             *(str(r[p]) for p in params),
             f"{r['p50_ms']:.1f}",
             ci,
+            f"{r['pooled_p99_ms']:.1f}",
             f"{r['met_fraction']:.0%}",
             f"{r['cost_per_million_usd']:.4f}",
         )

@@ -39,7 +39,12 @@ CASES = {
     "fast_path_instances": ("validation/mmc.yaml", ["duration_s=15", "router.balancing=random", "workers.instances=2"]),
     "feature_outage_fail": (
         "feature_store_outage.yaml",
-        ["duration_s=4", "warmup_s=0.5", "features.on_timeout=fail", "features.outages=[{start_s: 1, duration_s: 1.5}]"],
+        [
+            "duration_s=4",
+            "warmup_s=0.5",
+            "features.on_timeout=fail",
+            "features.outages=[{start_s: 1, duration_s: 1.5}]",
+        ],
     ),
     "log_behind": ("inference_platform.yaml", ["duration_s=0.4", "warmup_s=0.1", "logging.bandwidth_gbps=4"]),
     "diurnal": (
@@ -104,3 +109,53 @@ def test_what_it_does_not_simulate_is_named(path, why):
     assert why in unsupported(s)
     with pytest.raises(ValueError, match=why):
         next(stream(s))
+
+
+def test_run_streams_records_a_row_group_per_chunk(tmp_path):
+    """``servesim run --engine stream --records``: the same rows as the whole-run engine
+    writes, a Parquet row group per chunk (or CSV rows appended), and the same counts."""
+    import json
+
+    import pandas as pd
+    import pyarrow.parquet as pq
+    from typer.testing import CliRunner
+
+    from servesim.cli import app
+
+    runner = CliRunner()
+    args = ["run", str(ROOT / "scenarios/inference_platform.yaml"), "--duration-s", "1", "--set", "warmup_s=0.2"]
+    args += ["--set", "traffic.rate_rps=60000", "--set", "workers.count=40", "--chunk-s", "0.3"]
+    files = {}
+    for engine, suffix in (("whole", "parquet"), ("stream", "parquet"), ("stream", "csv")):
+        rec, js = tmp_path / f"{engine}.{suffix}", tmp_path / f"{engine}-{suffix}.json"
+        res = runner.invoke(app, [*args, "--engine", engine, "--records", str(rec), "--json", str(js)])
+        assert res.exit_code == 0, res.output
+        files[engine, suffix] = rec, json.loads(js.read_text())
+    (whole, s_whole), (streamed, s_streamed) = files["whole", "parquet"], files["stream", "parquet"]
+    assert pq.ParquetFile(streamed).num_row_groups > 1
+    a, b = pd.read_parquet(whole), pd.read_parquet(streamed)
+    pd.testing.assert_frame_equal(a, b)
+    c = pd.read_csv(files["stream", "csv"][0], index_col="request")
+    assert len(c) == len(a)
+    assert np.allclose(c["t_response_ms"], a["t_response_ms"], rtol=1e-12, equal_nan=True)
+    assert s_streamed["requests"] == s_whole["requests"]
+    assert s_streamed["batch_size"] == s_whole["batch_size"]
+
+
+def test_engine_choice_and_budget():
+    from typer.testing import CliRunner
+
+    from servesim.cli import app
+    from simulator.planning.budget import estimate
+    from simulator.streaming import prefer_streaming
+
+    hour = load_scenario(ROOT / "scenarios/inference_platform.yaml", ["duration_s=3600"])
+    assert prefer_streaming(hour)  # 720M requests: streamed by default
+    assert estimate(hour, streamed=True).bytes < 1e9 < estimate(hour).bytes / 100
+    short = load_scenario(ROOT / "scenarios/inference_platform.yaml")
+    assert not prefer_streaming(short)  # 2M requests: held whole, exact percentiles
+    res = CliRunner().invoke(app, ["run", str(ROOT / "scenarios/autoscaling.yaml"), "--engine", "stream"])
+    assert res.exit_code == 2
+    assert "an autoscaler" in res.output
+    assert "--engine whole" in res.output
+    assert "Traceback" not in res.output

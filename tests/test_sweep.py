@@ -6,13 +6,15 @@ import os
 import signal
 import subprocess
 
+import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from servesim.cli import app
+from simulator.engine import simulate
 from simulator.planning.sweep import cells, execute, parse_grid, tasks, tidy
-from simulator.scenario.loader import ScenarioError
+from simulator.scenario.loader import ScenarioError, load_scenario
 
 runner = CliRunner()
 
@@ -75,6 +77,28 @@ def test_tidy_table_has_replications_and_summaries(small):
         g = reps[reps["cell"] == row["cell"]]
         assert row["p99_ms"] == pytest.approx(g["p99_ms"].mean())
         assert row["p99_ms_ci_lo"] <= row["p99_ms"] <= row["p99_ms_ci_hi"]
+        # pooled over every request of the cell's replications, from merged sketches
+        assert g["p99_ms"].min() * 0.99 <= row["pooled_p99_ms"] <= g["p99_ms"].max() * 1.01
+    assert "e2e_sketch" not in table.columns
+
+
+def test_pooled_percentiles_merge_the_replications_sketches(small):
+    """The cell's pooled p99 is the p99 of all its replications' requests together: from
+    the merged sketches, within the sketch's error of the exact pooled value."""
+    from simulator.planning.replicate import derive_seed
+    from simulator.results.metrics import window
+
+    work = tasks(small, [], parse_grid(["workers.count=3"]), 3)
+    table = tidy(execute(work), ["workers.count"])
+    pooled = table[table["kind"] == "summary"].iloc[0]["pooled_p99_ms"]
+    s = load_scenario(small, ["workers.count=3"])
+    lat = []
+    for r in range(3):
+        run = simulate(s.model_copy(update={"seed": derive_seed(s.seed, work[0].cell_key, r)}))
+        done = window(run.records, s) & run.records.completed
+        lat.append((run.records.t_response - run.records.arrival)[done])
+    exact = np.percentile(np.concatenate(lat), 99, method="lower")
+    assert abs(pooled - exact) <= 0.005 * exact
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ compared with pinned outputs.
 from __future__ import annotations
 
 import zlib
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ import pytest
 from simulator.engine import simulate
 from simulator.results.metrics import window
 from simulator.scenario.loader import load_scenario
+from simulator.streaming import simulate_streaming
 from tests.theory import erlang_c, mmc_mean_wait, mmc_sojourn_quantile, pk_mean_wait
 
 Z_MAX = 4.0
@@ -35,11 +37,19 @@ def check(estimates, expected: float, what: str) -> None:
 
 
 def _replicate(path, overrides, reps):
-    """Run ``reps`` replications; seeds differ between checks so that they stay independent."""
+    """Run ``reps`` replications; seeds differ between checks so that they stay independent.
+
+    Every other replication runs through the streaming engine (in 0.5 s chunks), so each
+    check holds for both engines (their records are identical on a seed:
+    ``tests/test_streaming.py``)."""
     s = load_scenario(path, overrides)
     first = zlib.crc32(" ".join(overrides).encode()) % 10**6 * 100
     for seed in range(first, first + reps):
-        run = simulate(s, seed=seed)
+        if seed % 2:
+            records, _, _ = simulate_streaming(s, seed=seed, chunk_s=0.5)
+            run = SimpleNamespace(records=records)
+        else:
+            run = simulate(s, seed=seed)
         mask = window(run.records, s) & run.records.completed
         yield run, mask
 

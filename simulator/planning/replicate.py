@@ -16,6 +16,7 @@ from scipy import stats
 
 from simulator.engine import simulate
 from simulator.results.metrics import cost, extra_workers, fleet_summary, sla_verdict, window, worker_price
+from simulator.results.sketch import LatencySketch
 from simulator.scenario.config import Scenario
 from simulator.serving.batcher import Outcome
 
@@ -26,12 +27,15 @@ def derive_seed(root: int, cell_key: str, replication: int) -> int:
     return int(np.random.SeedSequence([root, key, replication]).generate_state(1)[0])
 
 
-def headline(s: Scenario, *, workers_billed: int | None = None, scale: float = 1.0) -> dict:
+def headline(
+    s: Scenario, *, workers_billed: int | None = None, scale: float = 1.0, sketch: LatencySketch | None = None
+) -> dict:
     """Simulate ``s`` once; its SLA percentile, verdict, throughput and cost, as one flat row.
 
     ``scale`` multiplies throughputs back when ``s`` is a fleet sample (N/k), and
     ``workers_billed`` is the fleet the cost is for (default: what the run billed, as in
-    :func:`simulator.results.metrics.summarize`).
+    :func:`simulator.results.metrics.summarize`). ``sketch``, if given, takes the
+    completed requests' end-to-end latencies (to pool them across replications).
     """
     t = time.perf_counter()
     run = simulate(s)
@@ -40,6 +44,8 @@ def headline(s: Scenario, *, workers_billed: int | None = None, scale: float = 1
     mask = window(rec, s)
     done = mask & rec.completed
     e2e = (rec.t_response - rec.arrival)[done]
+    if sketch is not None:
+        sketch.add(e2e)
     dropped = int(np.count_nonzero(mask & (rec.outcome != Outcome.COMPLETED)))
     verdict = sla_verdict(e2e, s.sla.percentile, s.sla.target_ms, dropped if s.sla.count_dropped else 0)
     span_s = s.duration_s - s.warmup_s

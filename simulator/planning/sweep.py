@@ -19,8 +19,10 @@ import pandas as pd
 
 from simulator.planning.budget import check as check_budget
 from simulator.planning.replicate import derive_seed, headline, interval
+from simulator.results.sketch import LatencySketch
 from simulator.scenario.loader import ScenarioError, load_scenario, parse_set, read_scenario_text
 
+POOLED = {"p50": 0.50, "p95": 0.95, "p99": 0.99, "p999": 0.999}
 SUMMARY_METRICS = ("p50_ms", "p95_ms", "p99_ms", "sla_ms", "attainment", "completed_rps", "cost_per_million_usd")
 
 
@@ -76,10 +78,13 @@ def tasks(source: Path, sets: list[str], grid: dict[str, list], replications: in
 
 
 def run_task(task: Task) -> dict:
-    """One row: the cell's values, the replication, its seed and headline numbers."""
+    """One row: the cell's values, the replication, its seed and headline numbers, and the
+    sketch of its end-to-end latencies (``e2e_sketch``), which the cell's summary pools."""
     s = load_scenario(task.source, list(task.overrides), text=task.text)
     s = s.model_copy(update={"seed": derive_seed(s.seed, task.cell_key, task.replication)})
-    return {"cell": task.cell_key, **dict(task.cell), "replication": task.replication, **headline(s)}
+    sketch = LatencySketch()
+    row = headline(s, sketch=sketch)
+    return {"cell": task.cell_key, **dict(task.cell), "replication": task.replication, **row, "e2e_sketch": sketch}
 
 
 def execute(
@@ -120,13 +125,20 @@ def _dask(all_tasks: list[Task], address: str, tick) -> Iterator[dict]:
 
 
 def summarize_cells(rows: pd.DataFrame, params: list[str]) -> pd.DataFrame:
-    """One summary row per cell: the mean and 95% t-interval of each metric over replications."""
+    """One summary row per cell: the mean and 95% t-interval of each metric over
+    replications, and the pooled percentiles (``pooled_p50_ms`` …): of every request of
+    every replication, from their merged sketches."""
     out = []
     for key, g in rows.groupby("cell", sort=False):
         row = {"cell": key, **{p: g[p].iloc[0] for p in params}, "replication": -1, "kind": "summary"}
         for m in SUMMARY_METRICS:
             mean, lo, hi = interval(g[m].to_numpy())
             row.update({m: mean, f"{m}_ci_lo": lo, f"{m}_ci_hi": hi})
+        if "e2e_sketch" in g:
+            pooled = LatencySketch()
+            for sketch in g["e2e_sketch"]:
+                pooled.merge(sketch)
+            row.update({f"pooled_{k}_ms": pooled.quantile(q) for k, q in POOLED.items()})
         row["met_fraction"] = float(np.mean(g["met"]))
         row["requests"] = int(g["requests"].sum())
         out.append(row)
@@ -136,5 +148,5 @@ def summarize_cells(rows: pd.DataFrame, params: list[str]) -> pd.DataFrame:
 def tidy(rows: pd.DataFrame, params: list[str]) -> pd.DataFrame:
     """The replication rows (kind ``replication``) followed by the per-cell summaries
     (replication -1), the grid's ``params`` as columns."""
-    reps = rows.assign(kind="replication")
+    reps = rows.drop(columns="e2e_sketch", errors="ignore").assign(kind="replication")
     return pd.concat([reps, summarize_cells(rows, params)], ignore_index=True)

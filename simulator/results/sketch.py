@@ -18,6 +18,7 @@ are kept beside it for the mean.
 from __future__ import annotations
 
 import math
+import pickle
 
 import numpy as np
 from ddsketch import DDSketch
@@ -70,6 +71,15 @@ class LatencySketch:
             self._dd.merge(other._dd)
         self.count += other.count
         self.total += other.total
+
+    def __eq__(self, other: object) -> bool:
+        """Equal state: the same accuracy, values and buckets (as from the same inputs)."""
+        if not isinstance(other, LatencySketch):
+            return NotImplemented
+        same = (self.relative_accuracy, self.count, self.total) == (other.relative_accuracy, other.count, other.total)
+        return same and pickle.dumps(self._dd) == pickle.dumps(other._dd)
+
+    __hash__ = None  # mutable
 
     def quantile(self, q: float) -> float:
         """The ``q`` quantile (0 ≤ q ≤ 1), NaN when empty; the value of rank ⌊q (n − 1)⌋,
