@@ -168,7 +168,8 @@ def _serve(
     n = len(t_pre)
     everyone = bool(live.all())
     live_idx = np.arange(n) if everyone else np.flatnonzero(live)
-    assign = assign_workers(s, n, rng.routing)
+    # a dynamic pool routes by itself, from the same stream, at each epoch
+    assign = None if s.workers.dynamic and not s.traffic.classes else assign_workers(s, n, rng.routing)
     if s.traffic.classes:
         classes = serve_by_class(
             s.traffic.classes,

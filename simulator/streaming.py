@@ -16,8 +16,9 @@ queues are told that every arrival before H is known, and the environment runs t
 request's record is the same, bit for bit, as the whole-run engine's on the same seed
 (``tests/test_streaming.py`` checks it request for request on every supported scenario).
 
-**What it covers:** one version (no canary or shadow), a fixed fleet (no autoscaler or
-failures), no traffic classes, no caches, and feature fetches from an uncontended store.
+**What it covers:** one version (no canary or shadow), a fixed fleet or one under an
+autoscaler with cold starts, failures and the activator (:class:`_Dynamic`), no traffic
+classes, no caches, and feature fetches from an uncontended store.
 :func:`unsupported` names what a scenario uses beyond that; such runs keep the
 whole-run engine.
 """
@@ -39,7 +40,8 @@ from simulator.scenario.config import Scenario
 from simulator.scenario.distributions import Sampler
 from simulator.serving.batcher import BatchQueue, Outcome
 from simulator.serving.dispatch import fast_path
-from simulator.serving.served import BatchLog, concat_logs
+from simulator.serving.fleet import FleetLog
+from simulator.serving.served import BatchLog, Served, concat_logs
 from simulator.serving.workers import Feed, ServiceModel, schedule
 from simulator.stages.arrivals import source
 from simulator.stages.features import fetch
@@ -55,7 +57,6 @@ def unsupported(s: Scenario) -> str | None:
         (bool(s.traffic.classes), "traffic classes"),
         (s.router.canary is not None, "a canary"),
         (s.router.shadow is not None, "a shadow"),
-        (s.workers.dynamic, "an autoscaler or failures"),
         (s.caches.result is not None or s.caches.feature is not None, "caches"),
         (s.features.store is not None and s.features.lookups_per_request > 0, "a feature store of finite capacity"),
     ]
@@ -81,6 +82,7 @@ class Piece:
     batches: BatchLog
     watermark_ms: float  # every later record's times are at or after this
     horizon_ms: float  # arrivals before this have been simulated
+    fleet: FleetLog | None = None  # a dynamic pool's workers and events, with the last piece
 
 
 class _Horizon:
@@ -226,6 +228,154 @@ class _Pool:
         return (np.concatenate(ids), merged), concat_logs(logs)
 
 
+class _Dynamic:
+    """The primary pool under an autoscaler (or with failures), fed chunk by chunk.
+
+    :class:`~simulator.serving.pool.DynamicPool` itself, told that arrivals come in parts
+    (its control process waits for each chunk when an epoch reaches past what is known).
+    A request is handed out once its batch has *ended* (a later crash cannot take it
+    back) or it was dropped; a crashed worker settles everything it held at once. Batches
+    stay while the autoscaler's p99 window may still read them.
+    """
+
+    def __init__(self, s: Scenario, service: ServiceModel, rng):
+        from simulator.serving.pool import DynamicPool
+
+        self.deadlines = s.batching.deadline_ms is not None
+        dl = np.empty(0) if self.deadlines else None
+        self.pool = DynamicPool(s.workers, s.batching, s.router, np.empty(0), service, rng, dl, final=False)
+        self.env = self.pool.env
+        self.env.process(self.pool.control())
+        a = s.workers.autoscaler
+        self.window = a.metric_window_s * 1000.0 if a is not None and a.metric == "p99_ms" else 0.0
+        self.timeout = s.router.activator.timeout_ms if s.router.activator is not None else 0.0
+        self.waiting = _Horizon()
+        self.last_end: dict[int, float] = {}
+
+    def run(self, t_pre, rid, worker, deadline, horizon: float, final: bool):
+        self.waiting.push(t=t_pre, id=rid, dl=deadline)
+        empty = {"t": np.empty(0), "id": np.empty(0, np.int64), "dl": np.empty(0)}
+        ready = empty if self.waiting.cols is None else self.waiting.ready("t", math.inf if final else horizon)
+        self.pool.push(ready["t"], ready["id"], ready["dl"] if self.deadlines else None, horizon, final)
+        if final:
+            self.env.run()
+        elif horizon > self.env.now:
+            self.env.run(until=horizon)
+        return self._harvest(math.inf if final else self.env.now, final)
+
+    def _harvest(self, now: float, final: bool):
+        pool = self.pool
+        ids, parts, logs = [], [], []
+        for w in pool.fleet.workers:
+            feed = w.feed
+            routed = pool.routed.get(w.wid)
+            if feed.queue.m == 0 and not len(feed.b_end):
+                continue
+            if feed.crashed_at is not None or final:
+                run = feed.results()  # everything it held settles
+                cut, nb = feed.queue.m, len(feed.b_end)
+                cols = {k: np.array(v) for k, v in zip(Served._fields, run.served, strict=True)}
+                log = BatchLog(
+                    *(np.array(v) for v in (run.batches.start, run.batches.end, run.batches.size, run.batches.instance))
+                )
+                del run  # its views of the queue's buffers, before the queue is trimmed
+            else:
+                cut, nb, cols, log = self._settled(feed)
+            if len(log.end):
+                self.last_end[w.wid] = max(self.last_end.get(w.wid, 0.0), float(log.end.max()))
+            positions = np.concatenate(routed) if routed else np.empty(0, np.int64)
+            ids.append(pool.ids[positions[:cut]])
+            pool.routed[w.wid] = [positions[cut:]] if len(positions) > cut else []
+            parts.append(cols)
+            logs.append(log)
+            feed.queue.trim(cut, nb)
+            del feed.b_start[:nb], feed.b_end[:nb], feed.b_inst[:nb]
+        ids_a, parts_a = self._activator()
+        ids += ids_a
+        parts += parts_a
+        if final:
+            for w in pool.fleet.workers:
+                pool.fleet.settle(w, self.last_end.get(w.wid, 0.0), pool.end_ms)
+        self._forget()
+        if not ids:
+            return None, BatchLog.empty()
+        merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        return (np.concatenate(ids), merged), concat_logs(logs)
+
+    def _settled(self, feed):
+        """A live worker's requests settled by now, and its batches no longer needed."""
+        q = feed.queue
+        members, sizes = q.members()
+        sizes = np.array(sizes)
+        b_end = np.frombuffer(feed.b_end, dtype=float)[: len(sizes)].copy()
+        gone = b_end <= self.env.now - self.window
+        nb = int(np.argmin(gone)) if not gone.all() else len(gone)
+        ended = b_end <= self.env.now
+        first_open = int(np.argmin(ended)) if not ended.all() else len(ended)
+        nb = min(nb, first_open)
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        cut = q.settled() if nb == len(sizes) else min(q.settled(), int(members[starts[nb]]))
+        b_start = np.frombuffer(feed.b_start, dtype=float)[:nb].copy()
+        b_inst = np.frombuffer(feed.b_inst, dtype=np.int64)[:nb].copy()
+        b_end, sizes_nb, mem = b_end[:nb], sizes[:nb], members[: starts[nb]]
+        cols = {
+            "t_dispatch": np.full(cut, np.nan),
+            "t_done": np.full(cut, np.nan),
+            "batch_size": np.zeros(cut, dtype=np.int64),
+            "instance": np.full(cut, -1, dtype=np.int64),
+            "outcome": q.outcome[:cut],
+            "t_dropped": q.drop_time[:cut],
+        }
+        cols["t_dispatch"][mem] = np.repeat(b_start, sizes_nb)
+        cols["t_done"][mem] = np.repeat(b_end, sizes_nb)
+        cols["batch_size"][mem] = np.repeat(sizes_nb, sizes_nb)
+        cols["instance"][mem] = np.repeat(b_inst, sizes_nb)
+        return cut, nb, cols, BatchLog(b_start, b_end, sizes_nb, b_inst)
+
+    def _activator(self):
+        """Requests the router's activator rejected, or held past its timeout, so far."""
+        a, pool = self.pool.activator, self.pool
+        ids, parts = [], []
+        for positions, extra in (
+            (np.concatenate(a.rejected) if a.rejected else None, 0.0),
+            (np.asarray(a.expired, dtype=np.int64) if a.expired else None, self.timeout),
+        ):
+            if positions is None or not len(positions):
+                continue
+            n = len(positions)
+            ids.append(pool.ids[positions])
+            parts.append(
+                {
+                    "t_dispatch": np.full(n, np.nan),
+                    "t_done": np.full(n, np.nan),
+                    "batch_size": np.zeros(n, dtype=np.int64),
+                    "instance": np.full(n, -1, dtype=np.int64),
+                    "outcome": np.full(n, Outcome.REJECTED, dtype=np.int8),
+                    "t_dropped": pool.q[positions] + extra,
+                }
+            )
+        a.rejected.clear()
+        a.expired.clear()
+        return ids, parts
+
+    def _forget(self) -> None:
+        """Drop the queue-arrival positions no one will read again."""
+        pool = self.pool
+        low = pool.pos
+        if pool.activator.held:
+            low = min(low, min(pool.activator.held))
+        for parts in pool.routed.values():
+            if parts and len(parts[0]):
+                low = min(low, int(parts[0][0]))
+        for col in (pool.q, pool.ids, pool.dl):
+            if col is not None:
+                col.drop_before(low)
+
+    @property
+    def fleet(self):
+        return self.pool.fleet.log
+
+
 _FLOAT_COLS = (
     "arrival",
     "t_api",
@@ -335,8 +485,9 @@ def stream(
     trips = Sampler(s.features.round_trip, rng.features) if s.features.round_trip is not None else None
     pay_in = _transfer_ms(_per_class(s.traffic, "payload_kb", None), s.network.bandwidth_gbps)
     pay_out = _transfer_ms(_per_class(s.traffic, "response_kb", None), s.network.bandwidth_gbps)
-    pool = _Pool(s, ServiceModel(s.workers, s.batching.max_batch_size, rng.service))
-    routing = None if s.router.balancing == "shared" else _router(s, rng.routing)
+    service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service)
+    pool = _Dynamic(s, service, rng) if s.workers.dynamic else _Pool(s, service)
+    routing = None if s.router.balancing == "shared" or s.workers.dynamic else _router(s, rng.routing)
     cpu = FcfsStation(s.preprocess.cpu_workers) if s.preprocess.cpu_workers is not None else None
     cpu_wait = _Horizon()
     log_station = Lindley() if s.logging else None
@@ -426,7 +577,8 @@ def stream(
                     c["shipped"][r["id"] - ledger.lo] = True
         first, cols = ledger.hand_out()
         watermark = hi if not len(ledger) else min(hi, float(ledger.cols["arrival"].min()))
-        yield Piece(first, _records(cols), batches, math.inf if final else watermark, hi)
+        fleet = pool.fleet if final and s.workers.dynamic else None
+        yield Piece(first, _records(cols), batches, math.inf if final else watermark, hi, fleet)
         if progress is not None:
             progress(hi / 1000.0)
         if final:
@@ -532,8 +684,10 @@ def summarize_stream(
     wall0 = time.perf_counter()
     seed = scenario.seed if seed is None else seed
     reduction = Reduction(scenario, seed, interval_s=interval_s)
+    fleet = None
     for piece in stream(scenario, seed=seed, chunk_s=chunk_s, progress=progress):
         if on_piece is not None:
             on_piece(piece)
         reduction.add(piece.records, piece.batches, piece.watermark_ms)
-    return reduction.summary(time.perf_counter() - wall0)
+        fleet = piece.fleet or fleet
+    return reduction.summary(time.perf_counter() - wall0, fleet)

@@ -82,19 +82,25 @@ def test_bad_values_and_empty_sketch():
         ("inference_platform.yaml", ["duration_s=1.5", "warmup_s=0.3"]),
         ("cv_degradation.yaml", ["duration_s=40", "warmup_s=5"]),  # drops (deadlines, full queues)
         ("feature_store_outage.yaml", ["duration_s=4", "warmup_s=0.5", "features.on_timeout=fail"]),
+        ("autoscaling.yaml", ["duration_s=150"]),  # a fleet that grows, cold starts, a backlog
+        ("scale_to_zero.yaml", []),  # the activator's buffer and rejections
     ],
 )
 def test_reduced_summary_matches_the_whole_run(path, overrides):
     """Counts, batches, utilization and cost exactly; percentiles within the sketch's
     error of the exact rank values; the timeline to rounding (its levels are sums taken in
-    another order), its windowed percentiles exactly."""
+    another order: the whole run's prefix sums lose about 1e-9 under a long backlog), its
+    windowed percentiles exactly."""
     s = load_scenario(ROOT / "scenarios" / path, overrides)
     run = simulate(s)
     whole = summarize(run, interval_s=0.5)
     red = Reduction(s, s.seed, interval_s=0.5)
-    for piece in stream(s, chunk_s=0.23):
+    fleet = None
+    for piece in stream(s, chunk_s=0.23 if s.duration_s < 60 else 7.0):
         red.add(piece.records, piece.batches, piece.watermark_ms)
-    got = red.summary(wall_s=1.0)
+        fleet = piece.fleet or fleet
+    got = red.summary(wall_s=1.0, fleet=fleet)
+    assert got["fleet"] == whole["fleet"]
     assert got["requests"] == whole["requests"]
     assert got["batch_size"] == whole["batch_size"]
     assert got["utilization"]["per_worker"] == pytest.approx(whole["utilization"]["per_worker"], rel=1e-12)
@@ -115,4 +121,4 @@ def test_reduced_summary_matches_the_whole_run(path, overrides):
     for a, b in zip(got["timeline"], whole["timeline"], strict=True):
         assert a.keys() == b.keys()
         for key in a:
-            assert a[key] == pytest.approx(b[key], rel=1e-9, abs=1e-9, nan_ok=True), key
+            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9, nan_ok=True), key

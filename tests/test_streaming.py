@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from simulator import load_scenario, simulate
+from simulator.serving.fleet import WorkerState
 from simulator.streaming import simulate_streaming, stream, unsupported
 from tests.helpers import ROOT
 
@@ -47,6 +48,13 @@ CASES = {
         ],
     ),
     "log_behind": ("inference_platform.yaml", ["duration_s=0.4", "warmup_s=0.1", "logging.bandwidth_gbps=4"]),
+    "autoscaler": ("autoscaling.yaml", ["duration_s=150"]),
+    "autoscaler_p99_metric": (
+        "autoscaling.yaml",
+        ["duration_s=70", "workers.autoscaler.metric=p99_ms", "workers.autoscaler.target=80"],
+    ),
+    "crashes": ("autoscaling.yaml", ["duration_s=120", "workers.failures={mtbf_s: 40, mttr_s: 10}"]),
+    "scale_to_zero": ("scale_to_zero.yaml", []),
     "diurnal": (
         "validation/mmc.yaml",
         ["duration_s=20", "traffic.shape={kind: diurnal, period_s: 10, peak_to_mean: 1.2}"],
@@ -78,6 +86,12 @@ def test_streamed_records_equal_whole_run(case):
         )
         for name in ("start", "end", "size", "instance"):
             assert np.array_equal(getattr(whole.batches, name)[key_a], getattr(batches, name)[key_b]), name
+    if whole.fleet is not None:  # a dynamic pool: the same workers' lives and events
+        fleet = list(stream(s, chunk_s=0.731))[-1].fleet
+        assert fleet.events == whole.fleet.events
+        for state in WorkerState:
+            for a, b in zip(whole.fleet.intervals(state), fleet.intervals(state), strict=True):
+                assert np.array_equal(a, b), state
 
 
 def test_pieces_are_contiguous_and_hold_little():
@@ -98,7 +112,6 @@ def test_pieces_are_contiguous_and_hold_little():
 @pytest.mark.parametrize(
     ("path", "why"),
     [
-        ("autoscaling.yaml", "an autoscaler"),
         ("canary.yaml", "a canary"),
         ("noisy_neighbour.yaml", "traffic classes"),
         ("cache_ttl.yaml", "caches"),
@@ -154,8 +167,8 @@ def test_engine_choice_and_budget():
     assert estimate(hour, streamed=True).bytes < 1e9 < estimate(hour).bytes / 100
     short = load_scenario(ROOT / "scenarios/inference_platform.yaml")
     assert not prefer_streaming(short)  # 2M requests: held whole, exact percentiles
-    res = CliRunner().invoke(app, ["run", str(ROOT / "scenarios/autoscaling.yaml"), "--engine", "stream"])
+    res = CliRunner().invoke(app, ["run", str(ROOT / "scenarios/canary.yaml"), "--engine", "stream"])
     assert res.exit_code == 2
-    assert "an autoscaler" in res.output
+    assert "a canary" in res.output
     assert "--engine whole" in res.output
     assert "Traceback" not in res.output

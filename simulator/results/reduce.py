@@ -14,18 +14,20 @@ the interval's own responses.
 from __future__ import annotations
 
 import itertools
+from types import SimpleNamespace
 
 import numpy as np
 
 from simulator.results import summary
-from simulator.results.metrics import _cost, deploy_events, peak_throughput_rps
+from simulator.results.metrics import _cost, fleet_summary, peak_throughput_rps
 from simulator.results.records import STAGES, Records
 from simulator.results.sketch import LatencySketch
 from simulator.results.stats import PERCENTILES
-from simulator.results.timeline import COLUMNS
+from simulator.results.timeline import COLUMNS, _workers
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import scenario_hash
 from simulator.serving.batcher import Outcome
+from simulator.serving.fleet import FleetLog
 from simulator.serving.served import BatchLog
 
 _DROPS = ("rejected", "timed_out", "failed", "crashed", "errors")
@@ -113,8 +115,8 @@ class Reduction:
         self.stages = {name: LatencySketch() for name, _, _ in STAGES}
         self.e2e = LatencySketch()
         self.within = 0  # completed in the window within the SLA target
-        self.instances = s.workers.count * s.workers.instances
-        self.busy = np.zeros(self.instances)
+        self.busy = np.zeros(s.workers.count * s.workers.instances)  # per instance; grows with a dynamic fleet
+        self.fleet_log: FleetLog | None = None
         self.sizes = np.zeros(s.batching.max_batch_size + 1, dtype=np.int64)
         self.lag = LatencySketch()
         self.logged = 0
@@ -156,7 +158,10 @@ class Reduction:
 
     def _batches(self, b: BatchLog) -> None:
         busy = np.clip(np.minimum(b.end, self.t1) - np.maximum(b.start, self.t0), 0.0, None)
-        self.busy += np.bincount(b.instance, weights=busy, minlength=self.instances)
+        add = np.bincount(b.instance, weights=busy, minlength=len(self.busy))
+        if len(add) > len(self.busy):  # a dynamic fleet's new workers
+            self.busy = np.concatenate([self.busy, np.zeros(len(add) - len(self.busy))])
+        self.busy += add
         inside = (b.start >= self.t0) & (b.start < self.t1)
         self.sizes += np.bincount(b.size[inside], minlength=len(self.sizes))[: len(self.sizes)]
         self.bins.add("batches", b.start)
@@ -199,9 +204,11 @@ class Reduction:
             self._closed[int(kc[lo])] = tuple(np.percentile(xc[lo:hi], [50.0, 99.0]))
         self._open = [(t[~closed], x[~closed])]
 
-    def summary(self, wall_s: float) -> summary.Summary:
-        """The run's summary, shaped as :func:`simulator.results.metrics.summarize`'s."""
+    def summary(self, wall_s: float, fleet: FleetLog | None = None) -> summary.Summary:
+        """The run's summary, shaped as :func:`simulator.results.metrics.summarize`'s;
+        ``fleet``: a dynamic pool's log (the last piece's)."""
         s = self.s
+        self.fleet_log = fleet
         span_s = (self.t1 - self.t0) / 1000.0
         c = self.counts
         n_dropped = sum(c[k] for k in _DROPS)
@@ -213,12 +220,17 @@ class Reduction:
             "throughput_rps": c["completed"] / span_s,
             "window_s": span_s,
         }
-        per_worker = (self.busy / (self.t1 - self.t0)).reshape(s.workers.count, s.workers.instances).mean(axis=1)
+        n = s.workers.count
+        fleet = fleet_summary(SimpleNamespace(scenario=s, fleet=self.fleet_log), self.t0, self.t1)
+        n_workers = len(self.fleet_log.workers) if self.fleet_log else n
+        busy = np.zeros(n_workers * s.workers.instances)
+        busy[: len(self.busy)] = self.busy
+        busy = (busy / (self.t1 - self.t0)).reshape(n_workers, s.workers.instances).mean(axis=1)
+        per_worker = busy / np.maximum(fleet["active_fraction"], 1e-12)
+        active = fleet.pop("active_fraction")
         sizes = {int(k): int(v) for k, v in enumerate(self.sizes) if v}
         n_batches = sum(sizes.values())
         items = sum(k * v for k, v in sizes.items())
-        n = s.workers.count
-        fleet = {"active_mean": float(n), "billed_mean": float(n), "active_max": n, "events": deploy_events(s)}
         total = self.e2e.count + (n_dropped if s.sla.count_dropped else 0)
         attained = self.e2e.quantile(s.sla.percentile / 100.0)
         attainment = self.within / total if total else float("nan")
@@ -237,7 +249,7 @@ class Reduction:
                 "attainment": attainment,
             },
             "utilization": {
-                "workers": float(per_worker.sum() / max(n, 1e-12)),
+                "workers": float(busy.sum() / max(active.sum(), 1e-12)),
                 "per_worker": per_worker.tolist(),
                 "of_peak_capacity": items / span_s / peak_throughput_rps(s),
             },
@@ -295,9 +307,7 @@ class Reduction:
                 "timed_out": col("timed_out", n),
                 "failed": col("failed", n),
                 "degraded": col("degraded", n),
-                "active_workers": np.full(n, float(s.workers.count)),
-                "warming_workers": np.zeros(n),
-                "draining_workers": np.zeros(n),
+                **_workers(self.fleet_log, s.workers.count, np.arange(0.0, end_ms + w, w)[: n + 1]),
                 "queue_depth": col("queue_depth", n) / w,
                 "in_flight": col("in_flight", n) / w,
                 "mean_batch_size": col("batch_items", n) / col("batches", n),

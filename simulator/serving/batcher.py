@@ -283,25 +283,34 @@ class BatchQueue:
             return self.scan
         return self.qh if self.buf is None else min(self.scan, self.buf[self.qh])
 
-    def trim(self, cut: int) -> None:
-        """Forget the first ``cut`` arrivals (settled, and read by the caller) and the
-        batches dispatched so far; later arrivals are renumbered from 0. What is left is
-        the queue's state: waiting requests and arrivals not admitted yet."""
+    def trim(self, cut: int, batches: int | None = None) -> None:
+        """Forget the first ``cut`` arrivals (settled, and read by the caller) and the first
+        ``batches`` dispatched batches (default: all; their requests must be among the
+        first ``cut``); later arrivals are renumbered from 0. What is left is the queue's
+        state: waiting requests, arrivals not admitted yet, and the batches kept (so that
+        :meth:`batch_arrivals` still answers for them)."""
+        nb = len(self.batch_size) if batches is None else batches
         for column in (self.q, self.expiry, self.dl, self._outcome, self._drop):
             if column is not None:
                 del column[:cut]
         self.m -= cut
         self.scan -= cut
-        if self.buf is None:
+        kept = np.frombuffer(self.batch_pos, dtype=np.int64)[nb:].copy() if len(self.batch_pos) > nb else None
+        del self.batch_pos[:]
+        del self.batch_size[:nb]
+        if self.buf is None:  # positions are request indices
             self.qh -= cut
             self.qt -= cut
+            shift = cut
         else:
-            rest = np.frombuffer(self.buf, dtype=np.int64)[self.qh : self.qt] - cut
+            p0 = self.qh if kept is None else min(self.qh, int(kept[0]))
+            rest = np.frombuffer(self.buf, dtype=np.int64)[p0 : self.qt] - cut
             self.buf = array("q", rest.tobytes())
-            self.qt -= self.qh
-            self.qh = 0
-        del self.batch_pos[:]
-        del self.batch_size[:]
+            self.qh -= p0
+            self.qt -= p0
+            shift = p0
+        if kept is not None:
+            self.batch_pos.frombytes((kept - shift).tobytes())
 
     def members(self) -> tuple[np.ndarray, np.ndarray]:
         """Request indices of all dispatched batches in dispatch order, and each batch's size."""

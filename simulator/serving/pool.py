@@ -45,6 +45,33 @@ from simulator.serving.workers import ServiceModel
 INF = math.inf
 
 
+class Shifted:
+    """A growing array read by absolute position, whose front can be dropped: position p
+    is ``values[p - base]``."""
+
+    def __init__(self, values: np.ndarray):
+        self.values = values
+        self.base = 0
+
+    def __len__(self) -> int:  # positions handed out so far: base + what is held
+        return self.base + len(self.values)
+
+    def __getitem__(self, p):
+        return self.values[p - self.base]
+
+    def append(self, more: np.ndarray) -> None:
+        self.values = np.concatenate([self.values, more]) if len(self.values) else np.asarray(more)
+
+    def searchsorted(self, t: float) -> int:
+        return self.base + int(np.searchsorted(self.values, t, side="left"))
+
+    def drop_before(self, p: int) -> None:
+        """Forget positions before ``p``."""
+        if p > self.base:
+            self.values = self.values[p - self.base :]
+            self.base = p
+
+
 class DynamicPool:
     """Fleet, router, activator and autoscaler in one SimPy environment.
 
@@ -61,37 +88,60 @@ class DynamicPool:
         service: ServiceModel,
         rng: Streams,
         deadlines: np.ndarray | None = None,
+        *,
+        final: bool = True,
     ):
         self.cfg = workers
         self.env = simpy.Environment()
         self.order = np.argsort(t_pre, kind="stable")
-        self.q = t_pre[self.order]
-        self.dl = None if deadlines is None else deadlines[self.order]
+        self.q = Shifted(t_pre[self.order])  # queue-arrival times in order; positions count from the first
+        self.dl = None if deadlines is None else Shifted(deadlines[self.order])
+        self.ids = Shifted(self.order)  # the request behind each position
+        self.final = final  # every arrival is in q
+        self.known = INF if final else -INF  # every arrival before this is in q
+        self.more: simpy.Event | None = None  # the control process waits here for arrivals
         self.pos = 0  # next request (in queue-arrival order) to route
         self.routed: dict[int, list[np.ndarray]] = {}  # worker id -> positions in self.q, in order
         self.fleet = Fleet(self.env, workers, batching, service, rng.fleet)
         self.router = Router(router.balancing, rng.routing)
         self.activator = Activator(router.activator, self.q)
-        self.end_ms = float(self.q[-1]) if len(self.q) else 0.0
+        self.end_ms = float(self.q[len(self.q) - 1]) if len(self.q) else 0.0
         a = workers.autoscaler
         self.policy: Policy | None = (HPA(a, initial=workers.count) if a.policy == "hpa" else KPA(a)) if a else None
         self.observations: list[float] = []
+
+    def push(self, t_pre: np.ndarray, ids: np.ndarray, deadlines: np.ndarray | None, known: float, final: bool):
+        """More arrivals, sorted by ``t_pre`` (all at or after those pushed before), with their
+        request ids: every arrival before ``known`` is now in (``final``: every arrival)."""
+        self.q.append(t_pre)
+        self.ids.append(ids)
+        if self.dl is not None:
+            self.dl.append(deadlines)
+        self.known, self.final = (INF, True) if final else (known, False)
+        if len(t_pre):
+            self.end_ms = float(t_pre[-1])
+        if self.more is not None:
+            self.more.succeed()
+            self.more = None
 
     @property
     def log(self) -> FleetLog:
         return self.fleet.log
 
-    def _route(self, t: float, horizon: float) -> None:
-        """Send the requests that reach the batching stage in [t, horizon) to the workers serving at ``t``."""
-        stop = int(np.searchsorted(self.q, horizon, side="left"))
-        serving = self.fleet.serving(t)
+    def _route(self, t: float, horizon: float, serving=None) -> None:
+        """Send the requests that reach the batching stage in [t, horizon) to the workers
+        serving at ``t`` (``serving``: the epoch's, when an epoch is routed in parts)."""
+        horizon = min(horizon, self.known)
+        stop = self.q.searchsorted(horizon)
+        first = serving is None
+        serving = self.fleet.serving(t) if first else serving
         chunk = np.arange(self.pos, stop)
         self.pos = stop
         if len(chunk) and not serving:
             self.activator.hold(chunk)
             chunk = chunk[:0]
         times = self.q[chunk]
-        if serving and self.activator.buffering():  # a worker serves again: the buffer drains into the queues now
+        if first and serving and self.activator.buffering():  # a worker serves again: the buffer drains now
             released = self.activator.release(t)
             chunk = np.concatenate([released, chunk])
             times = np.concatenate([np.full(len(released), t), times])
@@ -130,8 +180,13 @@ class DynamicPool:
                 self._tick(t, self.observations.pop(0))
                 next_tick += period
             nxt = min(next_tick, next_scrape, fleet.next_transition())
+            serving = fleet.serving(t)
             self._route(t, nxt)
-            if self.pos >= len(self.q) and (not self.activator.buffering() or nxt == INF):
+            while self.known < nxt:  # streamed: the epoch's arrivals come in parts
+                self.more = self.env.event()
+                yield self.more
+                self._route(self.env.now, nxt, serving)
+            if self.final and self.pos >= len(self.q) and (not self.activator.buffering() or nxt == INF):
                 # every arrival routed (or buffered with no worker ever to come): no more
                 # arrivals for any queue; the fleet goes on while work is left
                 if self.activator.buffering():
@@ -151,6 +206,7 @@ class DynamicPool:
         self.env.process(self.control())
         self.env.run()
         n = len(self.q)
+        self.order = self.ids[np.arange(n)]
         by_arrival = Served.empty(n)  # in the order the pool saw them
         logs = []
         for w in self.fleet.workers:
