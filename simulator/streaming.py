@@ -112,6 +112,24 @@ class _Horizon:
         return {k: v[order] for k, v in take.items()}
 
 
+def _settled_columns(q: BatchQueue, cut: int, members: np.ndarray, log: BatchLog) -> dict[str, np.ndarray]:
+    """Serving columns of a queue's first ``cut`` arrivals: from the batches of ``log``
+    (their ``members``, in order) where they ran, else how and when they were dropped."""
+    cols = {
+        "t_dispatch": np.full(cut, np.nan),
+        "t_done": np.full(cut, np.nan),
+        "batch_size": np.zeros(cut, dtype=np.int64),
+        "instance": np.full(cut, -1, dtype=np.int64),
+        "outcome": q.outcome[:cut],
+        "t_dropped": q.drop_time[:cut],
+    }
+    cols["t_dispatch"][members] = np.repeat(log.start, log.size)
+    cols["t_done"][members] = np.repeat(log.end, log.size)
+    cols["batch_size"][members] = np.repeat(log.size, log.size)
+    cols["instance"][members] = np.repeat(log.instance, log.size)
+    return cols
+
+
 class _Pool:
     """The primary pool, fixed: per-worker batch queues (or one shared) fed chunk by chunk."""
 
@@ -206,19 +224,9 @@ class _Pool:
             b_start = np.frombuffer(feed.b_start, dtype=float)[:nb].copy()
             b_end = np.frombuffer(feed.b_end, dtype=float)[:nb].copy()
             b_inst = np.frombuffer(feed.b_inst, dtype=np.int64)[:nb].copy()
-            logs.append(BatchLog(b_start, b_end, sizes, b_inst))
-            cols = {
-                "t_dispatch": np.full(cut, np.nan),
-                "t_done": np.full(cut, np.nan),
-                "batch_size": np.zeros(cut, dtype=np.int64),
-                "instance": np.full(cut, -1, dtype=np.int64),
-                "outcome": q.outcome[:cut],
-                "t_dropped": q.drop_time[:cut],
-            }
-            cols["t_dispatch"][members] = np.repeat(b_start, sizes)
-            cols["t_done"][members] = np.repeat(b_end, sizes)
-            cols["batch_size"][members] = np.repeat(sizes, sizes)
-            cols["instance"][members] = np.repeat(b_inst, sizes)
+            log = BatchLog(b_start, b_end, sizes, b_inst)
+            logs.append(log)
+            cols = _settled_columns(q, cut, members, log)
             ids.append(feed.gid[:cut])
             parts.append(cols)
             feed.gid = feed.gid[cut:]
@@ -317,20 +325,8 @@ class _Dynamic:
         cut = q.settled() if nb == len(sizes) else min(q.settled(), int(members[starts[nb]]))
         b_start = np.frombuffer(feed.b_start, dtype=float)[:nb].copy()
         b_inst = np.frombuffer(feed.b_inst, dtype=np.int64)[:nb].copy()
-        b_end, sizes_nb, mem = b_end[:nb], sizes[:nb], members[: starts[nb]]
-        cols = {
-            "t_dispatch": np.full(cut, np.nan),
-            "t_done": np.full(cut, np.nan),
-            "batch_size": np.zeros(cut, dtype=np.int64),
-            "instance": np.full(cut, -1, dtype=np.int64),
-            "outcome": q.outcome[:cut],
-            "t_dropped": q.drop_time[:cut],
-        }
-        cols["t_dispatch"][mem] = np.repeat(b_start, sizes_nb)
-        cols["t_done"][mem] = np.repeat(b_end, sizes_nb)
-        cols["batch_size"][mem] = np.repeat(sizes_nb, sizes_nb)
-        cols["instance"][mem] = np.repeat(b_inst, sizes_nb)
-        return cut, nb, cols, BatchLog(b_start, b_end, sizes_nb, b_inst)
+        log = BatchLog(b_start, b_end[:nb], sizes[:nb], b_inst)
+        return cut, nb, _settled_columns(q, cut, members[: starts[nb]], log), log
 
     def _activator(self):
         """Requests the router's activator rejected, or held past its timeout, so far."""
