@@ -8,6 +8,7 @@ scenario it supports; anything else would be a bug in the carry-over.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import fields
 
 import numpy as np
@@ -172,3 +173,23 @@ def test_engine_choice_and_budget():
     assert "a canary" in res.output
     assert "--engine whole" in res.output
     assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("servers", [2, 8, 65])
+def test_the_compiled_fcfs_loop_equals_heapq_in_chunks(servers):
+    """numba's heap and Python's heapq pick the same server for every request and give the
+    same start times, in one run or in chunks with the state carried over."""
+    from simulator.stages.stations import FcfsStation
+
+    g = np.random.default_rng(servers)
+    n = 50_000
+    a = np.sort(g.uniform(0.0, 1e4, n))
+    a[100:110] = a[100]  # simultaneous arrivals
+    s = g.exponential(0.95 * servers * 1e4 / n, n)
+    s[200:260] = 0.5  # equal service times: ties in the heap
+    reference = FcfsStation(servers, compiled=False).run(a, s)
+    station = FcfsStation(servers, compiled=True)
+    cuts = [0, 1, 105, 20_000, n]
+    parts = [station.run(a[i:j], s[i:j]) for i, j in itertools.pairwise(cuts)]
+    assert np.array_equal(np.concatenate([p[0] for p in parts]), reference[0])
+    assert np.array_equal(np.concatenate([p[1] for p in parts]), reference[1])
