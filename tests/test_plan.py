@@ -12,9 +12,11 @@ from scipy import optimize
 from typer.testing import CliRunner
 
 from servesim.cli import app
+from simulator.engine import simulate
 from simulator.planning.plan import Evaluation, Planner, Vary, on_instance_type, pareto
 from simulator.planning.replicate import derive_seed, interval, replicate
 from simulator.planning.sampling import sample_fleet, sampling_refusal
+from simulator.results.metrics import summarize
 from simulator.scenario.config import Affine
 from simulator.scenario.loader import ScenarioError, load_scenario
 from tests.helpers import ROOT, scenario
@@ -138,13 +140,71 @@ def test_sampling_is_refused_where_it_would_be_wrong(change, reason):
         sample_fleet(s, 2)
 
 
-def test_sampling_is_refused_for_an_autoscaled_fleet():
-    s = load_scenario(ROOT / "scenarios" / "autoscaling.yaml")
-    assert "autoscaler" in sampling_refusal(s)
+def test_an_autoscaled_fleet_is_sampled_one_worker_in_f():
+    s = load_scenario(ROOT / "scenarios" / "autoscaling.yaml")  # 3 workers, 3..18 replicas
+    assert sampling_refusal(s) is None
+    one = sample_fleet(s, 1)
+    assert one.workers.count == 1
+    assert (one.workers.autoscaler.min_replicas, one.workers.autoscaler.max_replicas) == (1, 6)
+    assert one.traffic.rate_rps == pytest.approx(200)
     result = runner.invoke(app, ["run", str(ROOT / "scenarios" / "autoscaling.yaml"), "--sample-workers", "2"])
     assert result.exit_code == 2
-    assert "fleet sampling would be wrong here: workers.autoscaler" in result.output
+    assert "one worker in every f" in result.output
+    assert "K = 1, 3" in result.output
     assert "Traceback" not in result.output
+    kpa = s.model_copy(
+        update={
+            "workers": s.workers.model_copy(
+                update={"autoscaler": s.workers.autoscaler.model_copy(update={"policy": "knative"})}
+            )
+        }
+    )
+    with pytest.raises(ValueError, match="Knative"):
+        sample_fleet(kpa, 1)
+
+
+@pytest.mark.slow
+def test_a_sampled_autoscaled_fleet_follows_the_full_one():
+    """The autoscaling scenario (HPA on in-flight, 90 s cold starts, traffic tripled for
+    three minutes) at 4x its size, against 1 worker in 4 of it: 6 replications each. The
+    sample's decisions step 4 full workers at a time, so this is a measurement with a
+    tolerance, not an identity: p50, p99, the share of requests dropped and the serving
+    workers (scaled back) agree within 4 standard errors or 3%."""
+    base = load_scenario(ROOT / "scenarios" / "autoscaling.yaml")
+    full = base.model_copy(
+        update={
+            "traffic": base.traffic.model_copy(update={"rate_rps": 2400.0}),
+            "workers": base.workers.model_copy(
+                update={
+                    "count": 12,
+                    "autoscaler": base.workers.autoscaler.model_copy(update={"min_replicas": 12, "max_replicas": 72}),
+                }
+            ),
+        }
+    )
+    sampled = sample_fleet(full, 3)
+    assert sampled.workers.autoscaler.max_replicas == 18
+
+    def measure(s):
+        rows = []
+        for seed in range(6):
+            m = summarize(simulate(s, seed=500 + seed))
+            r = m["requests"]
+            rows.append(
+                (
+                    m["latency_ms"]["e2e"]["p50"],
+                    m["latency_ms"]["e2e"]["p99"],
+                    (r["rejected"] + r["timed_out"]) / r["arrived"],
+                    m["fleet"]["active_mean"] * (12 / s.workers.count),
+                )
+            )
+        return np.array(rows)
+
+    a, b = measure(full), measure(sampled)
+    for i, name in enumerate(("p50", "p99", "dropped", "serving workers")):
+        se = np.sqrt(a[:, i].var(ddof=1) / len(a) + b[:, i].var(ddof=1) / len(b))
+        diff = abs(a[:, i].mean() - b[:, i].mean())
+        assert diff <= max(4 * se, 0.03 * abs(a[:, i].mean())), (name, a[:, i].mean(), b[:, i].mean(), se)
 
 
 def test_an_instance_type_rescales_the_batch_time_by_relative_throughput():

@@ -145,8 +145,8 @@ class Planner:
     requests: int = 0
 
     def _k(self, s: Scenario) -> int:
-        if self.sample == "off" or sampling_refusal(s):
-            return s.workers.count
+        if self.sample == "off" or sampling_refusal(s) or s.workers.autoscaler is not None:
+            return s.workers.count  # an autoscaled fleet is sampled by `run --sample-workers` only
         if self.sample == "auto":
             return auto_sample_size(s, self.target_requests)
         return min(int(self.sample), s.workers.count)
