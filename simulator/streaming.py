@@ -154,71 +154,112 @@ def stream(
         the batches started. Concatenated, the pieces' records equal
         ``simulate(scenario, seed=seed).records``.
     """
-    s = scenario
-    why = unsupported(s)
+    why = unsupported(scenario)
     if why is not None:
         raise ValueError(f"the streaming engine does not simulate {why}")
-    seed = s.seed if seed is None else seed
-    rng = streams(seed)
-    end_ms = s.duration_s * 1000.0
-    step = chunk_ms(s) if chunk_s is None else chunk_s * 1000.0
+    step = chunk_ms(scenario) if chunk_s is None else chunk_s * 1000.0
     if step <= 0:
         raise ValueError("chunk_s must be positive")
-    arrivals = source(s.traffic, end_ms, rng=rng.arrivals)
-    draw = {
-        name: (Sampler(dist, g) if dist is not None else None)
-        for name, dist, g in (
-            ("in", s.network.client_to_api, rng.network_in),
-            ("router", s.router.overhead, rng.router),
-            ("pre", s.preprocess.service, rng.preprocess),
-            ("post", s.postprocess.service, rng.postprocess),
-            ("back", s.network.api_to_client, rng.network_out),
-        )
-    }
-    trips = Sampler(s.features.round_trip, rng.features) if s.features.round_trip is not None else None
-    pay_in = _transfer_ms(_per_class(s.traffic, "payload_kb", None), s.network.bandwidth_gbps)
-    pay_out = _transfer_ms(_per_class(s.traffic, "response_kb", None), s.network.bandwidth_gbps)
-    service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service)
-    pool = StreamedDynamicPool(s, service, rng) if s.workers.dynamic else StreamedPool(s, service)
-    routing = None if s.router.balancing == "shared" or s.workers.dynamic else _router(s, rng.routing)
-    cpu = FcfsStation(s.preprocess.cpu_workers) if s.preprocess.cpu_workers is not None else None
-    cpu_wait = Horizon()
-    log_station = Lindley() if s.logging else None
-    log_wait = Horizon()
-    ship_ms = record_ms(s.logging) if s.logging else 0.0
-    ledger = _Ledger(s.logging is not None)
-    next_id = 0
+    run = _Run(scenario, scenario.seed if seed is None else seed)
+    end_ms = scenario.duration_s * 1000.0
     lo = 0.0
     while True:
         hi = min(lo + step, end_ms)
         final = hi >= end_ms
-        t0 = arrivals.take(hi if not final else end_ms)
+        yield run.chunk(hi, final)
+        if progress is not None:
+            progress(hi / 1000.0)
+        if final:
+            return
+        lo = hi
+
+
+class _Run:
+    """One streamed run's state between chunks: the arrival source, one sampler per stage,
+    the stations with their horizons, the pool, and the ledger of unsettled requests."""
+
+    def __init__(self, s: Scenario, seed: int):
+        self.s = s
+        rng = streams(seed)
+        self.arrivals = source(s.traffic, s.duration_s * 1000.0, rng=rng.arrivals)
+        self.draw = {
+            name: (Sampler(dist, g) if dist is not None else None)
+            for name, dist, g in (
+                ("in", s.network.client_to_api, rng.network_in),
+                ("router", s.router.overhead, rng.router),
+                ("pre", s.preprocess.service, rng.preprocess),
+                ("post", s.postprocess.service, rng.postprocess),
+                ("back", s.network.api_to_client, rng.network_out),
+            )
+        }
+        self.trips = Sampler(s.features.round_trip, rng.features) if s.features.round_trip is not None else None
+        self.pay_in = _transfer_ms(_per_class(s.traffic, "payload_kb", None), s.network.bandwidth_gbps)
+        self.pay_out = _transfer_ms(_per_class(s.traffic, "response_kb", None), s.network.bandwidth_gbps)
+        service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service)
+        self.pool = StreamedDynamicPool(s, service, rng) if s.workers.dynamic else StreamedPool(s, service)
+        self.routing = None if s.router.balancing == "shared" or s.workers.dynamic else _router(s, rng.routing)
+        self.cpu = FcfsStation(s.preprocess.cpu_workers) if s.preprocess.cpu_workers is not None else None
+        self.cpu_wait = Horizon()
+        self.log_station = Lindley() if s.logging else None
+        self.log_wait = Horizon()
+        self.ship_ms = record_ms(s.logging) if s.logging else 0.0
+        self.ledger = _Ledger(s.logging is not None)
+        self.next_id = 0
+
+    def chunk(self, hi: float, final: bool) -> Piece:
+        """Arrivals before ``hi`` through every stage; the requests settled by then."""
+        rid, live, failed, t_feat, svc = self._arrive(hi)
+        p_id, p_t = self._preprocess(rid, live, t_feat, svc, hi, final)
+        ledger = self.ledger
+        c = ledger.cols
+        rows = p_id - ledger.lo
+        c["t_preprocessed"][rows] = p_t
+        settled, batches = self.pool.run(p_t, p_id, c["worker"][rows], c["deadline"][rows], hi, final)
+        new_rows = [np.flatnonzero(failed) + (rid[0] - ledger.lo if len(rid) else 0)]
+        if settled is not None:
+            new_rows.append(ledger.settle(*settled))
+        rows = np.concatenate(new_rows).astype(np.int64)
+        c["t_emitted"][rows] = np.where(
+            c["outcome"][rows] == Outcome.COMPLETED,
+            c["t_inferred"][rows] + c["post"][rows] + c["back"][rows],
+            c["t_dropped"][rows],
+        )
+        if self.log_station is not None:
+            self._ship(rows, hi, final)
+        first, cols = ledger.hand_out()
+        watermark = hi if not len(ledger) else min(hi, float(ledger.cols["arrival"].min()))
+        fleet = self.pool.fleet if final and self.s.workers.dynamic else None
+        return Piece(first, _records(cols), batches, math.inf if final else watermark, hi, fleet)
+
+    def _arrive(self, hi: float):
+        """The chunk's arrivals, their draws (in request order, as the whole-run engine makes
+        them), the stages nothing contends for, and their rows in the ledger."""
+        s = self.s
+        t0 = self.arrivals.take(hi)
         n = len(t0)
-        rid = np.arange(next_id, next_id + n, dtype=np.int64)
-        next_id += n
+        rid = np.arange(self.next_id, self.next_id + n, dtype=np.int64)
+        self.next_id += n
 
-        def d(name, n=n):
-            return 0.0 if draw[name] is None else draw[name].draw(n)
+        def d(name):
+            return 0.0 if self.draw[name] is None else self.draw[name].draw(n)
 
-        t_api = t0 + d("in") + pay_in
+        t_api = t0 + d("in") + self.pay_in
         t_router = t_api + d("router")
-        fetched = fetch(s.features, t_router, trips)
+        fetched = fetch(s.features, t_router, self.trips)
         failed = fetched.failed
-        live = ~failed
         svc = np.broadcast_to(d("pre"), (n,))
         post = np.broadcast_to(d("post"), (n,)).copy()
-        back = np.broadcast_to(d("back"), (n,)) + pay_out
-        worker = routing(n) if routing is not None else np.zeros(n, dtype=np.int64)
+        back = np.broadcast_to(d("back"), (n,)) + self.pay_out
+        worker = self.routing(n) if self.routing is not None else np.zeros(n, dtype=np.int64)
         deadline = t0 + s.batching.deadline_ms if s.batching.deadline_ms is not None else np.zeros(n)
         t_feat = fetched.end.copy()
-        t_pre = np.full(n, np.nan)
         nan = np.full(n, np.nan)
-        ledger.append(
+        self.ledger.append(
             arrival=t0,
             t_api=t_api,
             t_router=t_router,
             t_features=np.where(failed, np.nan, t_feat),
-            t_preprocessed=t_pre.copy(),
+            t_preprocessed=nan.copy(),
             post=post,
             back=np.asarray(back, dtype=float).copy(),
             t_dispatch=nan.copy(),
@@ -235,48 +276,34 @@ def stream(
             worker=worker,
             deadline=deadline,
         )
-        # preprocessing: a pure delay, or an FCFS pool of CPU workers (with a horizon)
-        if cpu is None:
-            p_id, p_t = rid[live], t_feat[live] + svc[live]
-        else:
-            cpu_wait.push(t=t_feat[live], s=np.asarray(svc[live], dtype=float), id=rid[live])
-            if cpu_wait.cols is None:
-                p_id, p_t = rid[:0], t_feat[:0]
-            else:
-                r = cpu_wait.ready("t", math.inf if final else hi)
-                p_id, p_t = r["id"], cpu.run(r["t"], r["s"])[0] + r["s"]
+        return rid, ~failed, failed, t_feat, svc
+
+    def _preprocess(self, rid, live, t_feat, svc, hi: float, final: bool):
+        """Preprocessing: a pure delay, or an FCFS pool of CPU workers (with a horizon).
+        The requests that leave it now, and when."""
+        if self.cpu is None:
+            return rid[live], t_feat[live] + svc[live]
+        self.cpu_wait.push(t=t_feat[live], s=np.asarray(svc[live], dtype=float), id=rid[live])
+        if self.cpu_wait.cols is None:
+            return rid[:0], t_feat[:0]
+        r = self.cpu_wait.ready("t", math.inf if final else hi)
+        return r["id"], self.cpu.run(r["t"], r["s"])[0] + r["s"]
+
+    def _ship(self, rows: np.ndarray, hi: float, final: bool) -> None:
+        """The prediction log: records of the requests settled now join its FCFS pipeline,
+        which ships those emitted before any unsettled request could emit."""
+        ledger = self.ledger
         c = ledger.cols
-        rows = p_id - ledger.lo
-        c["t_preprocessed"][rows] = p_t
-        settled, batches = pool.run(p_t, p_id, c["worker"][rows], c["deadline"][rows], hi, final)
-        new_rows = [np.flatnonzero(failed) + (next_id - n - ledger.lo)]
-        if settled is not None:
-            new_rows.append(ledger.settle(*settled))
-        rows = np.concatenate(new_rows).astype(np.int64)
-        c["t_emitted"][rows] = np.where(
-            c["outcome"][rows] == Outcome.COMPLETED,
-            c["t_inferred"][rows] + c["post"][rows] + c["back"][rows],
-            c["t_dropped"][rows],
-        )
-        if log_station is not None:
-            log_wait.push(t=c["t_emitted"][rows], id=rows + ledger.lo)
-            open_rows = ~c["settled"]
-            bound = hi if not open_rows.any() else min(hi, float(c["arrival"][open_rows].min()))
-            if log_wait.cols is not None:
-                r = log_wait.ready("t", math.inf if final else bound)
-                if len(r["t"]):
-                    shipped = log_station.run(r["t"], np.full(len(r["t"]), ship_ms)) + ship_ms
-                    c["t_logged"][r["id"] - ledger.lo] = shipped
-                    c["shipped"][r["id"] - ledger.lo] = True
-        first, cols = ledger.hand_out()
-        watermark = hi if not len(ledger) else min(hi, float(ledger.cols["arrival"].min()))
-        fleet = pool.fleet if final and s.workers.dynamic else None
-        yield Piece(first, _records(cols), batches, math.inf if final else watermark, hi, fleet)
-        if progress is not None:
-            progress(hi / 1000.0)
-        if final:
+        self.log_wait.push(t=c["t_emitted"][rows], id=rows + ledger.lo)
+        open_rows = ~c["settled"]
+        bound = hi if not open_rows.any() else min(hi, float(c["arrival"][open_rows].min()))
+        if self.log_wait.cols is None:
             return
-        lo = hi
+        r = self.log_wait.ready("t", math.inf if final else bound)
+        if len(r["t"]):
+            shipped = self.log_station.run(r["t"], np.full(len(r["t"]), self.ship_ms)) + self.ship_ms
+            c["t_logged"][r["id"] - ledger.lo] = shipped
+            c["shipped"][r["id"] - ledger.lo] = True
 
 
 def _router(s: Scenario, g: np.random.Generator):

@@ -193,3 +193,20 @@ def test_the_compiled_fcfs_loop_equals_heapq_in_chunks(servers):
     parts = [station.run(a[i:j], s[i:j]) for i, j in itertools.pairwise(cuts)]
     assert np.array_equal(np.concatenate([p[0] for p in parts]), reference[0])
     assert np.array_equal(np.concatenate([p[1] for p in parts]), reference[1])
+
+
+def test_progress_reaches_the_end_and_the_bar_runs(tmp_path):
+    """A streamed run reports the simulated time after every chunk (the CLI's bar and its
+    time left read it), up to the run's end."""
+    from servesim.streamed import run_streamed
+    from simulator.streaming import summarize_stream
+
+    s = load_scenario(ROOT / "scenarios/validation/mmc.yaml", ["duration_s=12"])
+    seen: list[float] = []
+    summarize_stream(s, chunk_s=2.5, progress=seen.append)
+    assert seen == sorted(seen)
+    assert seen[-1] == pytest.approx(12.0)
+    assert len(seen) == 5
+    out = run_streamed(s, interval_s=1.0, records=tmp_path / "r.csv", show_progress=True, chunk_s=2.5)
+    assert out["requests"]["arrived"] > 0
+    assert (tmp_path / "r.csv").stat().st_size > 0
