@@ -18,6 +18,7 @@ from simulator.planning.sampling import auto_sample_size, sample_fleet, sampling
 from simulator.results.metrics import summarize, worker_price
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import ScenarioError, load_scenario
+from simulator.streaming import prefer_streaming, summarize_stream
 
 FIXED_STAGES = ("network_in", "router", "cache", "features", "preprocess", "postprocess", "network_out")
 
@@ -28,7 +29,8 @@ def _num(x: float) -> str:
 
 def anatomy(s: Scenario) -> dict:
     """One (fleet-sampled where exact) run's stage p99s, mean batch and utilization."""
-    summary = summarize(simulate(sample_fleet(s, auto_sample_size(s))))
+    sampled = sample_fleet(s, auto_sample_size(s))
+    summary = summarize_stream(sampled) if prefer_streaming(sampled) else summarize(simulate(sampled))
     stages = summary["latency_ms"]["stages"]
     return {
         "mean_batch": summary["batch_size"]["mean"],
@@ -57,7 +59,7 @@ def explain(
         lines = napkin(s, worker_price(s))
     except (ScenarioError, ValueError) as e:
         raise fail(str(e)) from None
-    budget(s, runs=replications, what="each simulation")
+    budget(s, runs=replications, what="each simulation", streamed=prefer_streaming(s))
     t = RichTable(title=f"napkin: {s.name}")
     for col in ("quantity", "formula", "value"):
         t.add_column(col, justify="right" if col == "value" else "left")

@@ -18,6 +18,7 @@ from simulator.planning.plan import Planner, Vary, combos, label, on_instance_ty
 from simulator.planning.sampling import sampling_refusal
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import ScenarioError, apply_overrides, load_scenario, parse_set
+from simulator.streaming import prefer_streaming
 
 
 def parse_sla(text: str) -> list[str]:
@@ -117,7 +118,8 @@ def plan(
     planner = Planner(replications, max(max_replications, replications), int(sample) if sample.isdigit() else sample)
     if planner.sample == "off":  # every worker simulated: the largest fleet bisected must fit
         for _, s in configs:
-            budget(s.model_copy(update={"workers": s.workers.model_copy(update={"count": hi})}), what="a plan point")
+            point = s.model_copy(update={"workers": s.workers.model_copy(update={"count": hi})})
+            budget(point, what="a plan point", streamed=prefer_streaming(point))
     err.print(f"{_sampling_note(base, planner)}")
     t0 = time.perf_counter()
     rows, best_rows, checks = _evaluate(planner, configs, lo, hi, max_rate)

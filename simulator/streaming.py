@@ -375,6 +375,7 @@ def summarize_stream(
     chunk_s: float | None = None,
     on_piece: Callable[[Piece], None] | None = None,
     progress: Callable[[float], None] | None = None,
+    e2e_sketch=None,
 ):
     """Stream ``scenario`` and reduce it: the run's summary, in bounded memory.
 
@@ -392,6 +393,9 @@ def summarize_stream(
         Called with each :class:`Piece` before it is dropped (``--records`` writes it).
     progress : callable, optional
         Called with the simulated time reached (s) after each chunk.
+    e2e_sketch : LatencySketch, optional
+        Takes the end-to-end latencies of the window's completed requests (merged in), to
+        pool them across replications.
 
     Returns
     -------
@@ -410,4 +414,6 @@ def summarize_stream(
             on_piece(piece)
         reduction.add(piece.records, piece.batches, piece.watermark_ms)
         fleet = piece.fleet or fleet
+    if e2e_sketch is not None:
+        e2e_sketch.merge(reduction.e2e)
     return reduction.summary(time.perf_counter() - wall0, fleet)

@@ -122,3 +122,18 @@ def test_reduced_summary_matches_the_whole_run(path, overrides):
         assert a.keys() == b.keys()
         for key in a:
             assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9, nan_ok=True), key
+
+
+def test_a_long_runs_headline_is_streamed_with_the_same_numbers():
+    """plan, explain and sweep price a run of over 5M requests by streaming it: its row has
+    the whole run's counts and cost, and percentiles within the sketch's error."""
+    from simulator.planning.replicate import _headline_streamed, headline
+
+    s = load_scenario(ROOT / "scenarios/inference_platform.yaml", ["duration_s=1.5", "warmup_s=0.3"])
+    whole, pooled = headline(s), LatencySketch()
+    streamed = _headline_streamed(s, None, 1.0, pooled)
+    for key in ("completed_rps", "dropped", "requests", "cost_per_hour_usd", "cost_per_million_usd", "met"):
+        assert streamed[key] == pytest.approx(whole[key], rel=1e-12), key
+    for key in ("p50_ms", "p95_ms", "p99_ms", "sla_ms"):
+        assert streamed[key] == pytest.approx(whole[key], rel=0.01), key  # rank value vs interpolation
+    assert pooled.count == round(whole["completed_rps"] * 1.2)

@@ -19,6 +19,7 @@ from simulator.results.metrics import cost, extra_workers, fleet_summary, sla_ve
 from simulator.results.sketch import LatencySketch
 from simulator.scenario.config import Scenario
 from simulator.serving.batcher import Outcome
+from simulator.streaming import prefer_streaming, summarize_stream
 
 
 def derive_seed(root: int, cell_key: str, replication: int) -> int:
@@ -37,6 +38,8 @@ def headline(
     :func:`simulator.results.metrics.summarize`). ``sketch``, if given, takes the
     completed requests' end-to-end latencies (to pool them across replications).
     """
+    if prefer_streaming(s):  # a long run: in bounded memory, percentiles from its sketch
+        return _headline_streamed(s, workers_billed, scale, sketch)
     t = time.perf_counter()
     run = simulate(s)
     wall = time.perf_counter() - t
@@ -68,6 +71,36 @@ def headline(
         "cost_per_hour_usd": price["per_hour_usd"],
         "cost_per_million_usd": price["per_million_requests_usd"],
         "requests": len(rec),
+        "wall_s": wall,
+    }
+
+
+def _headline_streamed(s: Scenario, workers_billed, scale: float, sketch: LatencySketch | None) -> dict:
+    """:func:`headline` of a run too long to hold: streamed, its summary's numbers."""
+    t = time.perf_counter()
+    m = summarize_stream(s, e2e_sketch=sketch)
+    wall = time.perf_counter() - t
+    r = m["requests"]
+    span_s = s.duration_s - s.warmup_s
+    completed_rps = r["completed"] / span_s * scale
+    if workers_billed is None:
+        workers_billed = m["fleet"]["billed_mean"] + extra_workers(s)
+    price = cost(workers_billed, worker_price(s), completed_rps)
+    e2e = m["latency_ms"]["e2e"]
+    dropped = sum(r[k] for k in ("rejected", "timed_out", "failed", "crashed", "errors"))
+    return {
+        "seed": s.seed,
+        "p50_ms": e2e["p50"],
+        "p95_ms": e2e["p95"],
+        "p99_ms": e2e["p99"],
+        "sla_ms": m["sla"]["attained_ms"],
+        "attainment": m["sla"]["attainment"],
+        "met": m["sla"]["met"],
+        "completed_rps": completed_rps,
+        "dropped": dropped,
+        "cost_per_hour_usd": price["per_hour_usd"],
+        "cost_per_million_usd": price["per_million_requests_usd"],
+        "requests": m["sim"]["requests"],
         "wall_s": wall,
     }
 

@@ -21,6 +21,7 @@ from simulator.planning.budget import check as check_budget
 from simulator.planning.replicate import derive_seed, headline, interval
 from simulator.results.sketch import LatencySketch
 from simulator.scenario.loader import ScenarioError, load_scenario, parse_set, read_scenario_text
+from simulator.streaming import prefer_streaming
 
 POOLED = {"p50": 0.50, "p95": 0.95, "p99": 0.99, "p999": 0.999}
 SUMMARY_METRICS = ("p50_ms", "p95_ms", "p99_ms", "sla_ms", "attainment", "completed_rps", "cost_per_million_usd")
@@ -72,7 +73,8 @@ def tasks(source: Path, sets: list[str], grid: dict[str, list], replications: in
     for cell in cells(grid):
         overrides = (*sets, *(f"{p}={v}" for p, v in cell))
         s = load_scenario(source, list(overrides), text=text)  # a bad cell fails now, with its line
-        check_budget(s, what=f"cell {cell_key(cell) or '(no grid)'}")  # and one too big to run, now too
+        # and one too big to run, now too (a long run is streamed: priced by its chunk)
+        check_budget(s, what=f"cell {cell_key(cell) or '(no grid)'}", streamed=prefer_streaming(s))
         out += [Task(str(source), text, overrides, cell, cell_key(cell), r) for r in range(replications)]
     return out
 
