@@ -169,6 +169,12 @@ def run(
             f"fleet sampling: {sample_workers} of {n} workers with {sample_workers}/{n} of the traffic; "
             "latency and utilization stand for the whole fleet, throughput and cost are scaled to it"
             + (" (the prediction log is not simulated)" if logged else "")
+            + (
+                f"; its HPA decides from the sample's own metric, {a.min_replicas}..{a.max_replicas} replicas "
+                "(close to the full fleet, not exact: see README, fleet sampling)"
+                if (a := s.workers.autoscaler) is not None
+                else ""
+            )
         )
     streamed = _streamed(s, engine)
     b = budget(s, streamed=streamed, records=records is not None)
