@@ -177,7 +177,7 @@ def run(
             )
         )
     streamed = _streamed(s, engine)
-    b = budget(s, streamed=streamed, records=records is not None)
+    b = budget(s, streamed=streamed, records=records is not None, interval_s=interval_s)
     if streamed:
         summary = run_streamed(s, interval_s=interval_s, records=records, show_progress=b.wall_s > 5, chunk_s=chunk_s)
         records = None  # written chunk by chunk

@@ -48,14 +48,21 @@ def check_output(path: Path | None, option: str, suffixes: tuple[str, ...] | Non
 
 
 def budget(
-    s, *, runs: int = 1, what: str = "this run", quiet: bool = False, streamed: bool = False, records: bool = False
+    s,
+    *,
+    runs: int = 1,
+    what: str = "this run",
+    quiet: bool = False,
+    streamed: bool = False,
+    records: bool = False,
+    interval_s: float = 1.0,
 ):
     """Refuse (exit 2) a run of scenario ``s`` that cannot fit in memory, before it starts;
     say so when it will take over a minute. Returns the :class:`~simulator.planning.budget.Budget`."""
     from simulator.planning.budget import BudgetError, check
 
     try:
-        b = check(s, runs=runs, what=what, streamed=streamed, records=records)
+        b = check(s, runs=runs, what=what, streamed=streamed, records=records, interval_s=interval_s)
     except BudgetError as e:
         raise fail(str(e)) from None
     if b.wall_s > 60 and not quiet:

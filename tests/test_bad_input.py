@@ -106,6 +106,7 @@ def test_check_agrees_with_run():
         (["--engine", "whole", "--duration-s", "3600"], ["would need", "--duration-s", "--engine stream"]),
         (["--set", "workers.count=10000000"], ["would need", "workers.count"]),
         (["--set", "batching.max_batch_size=1000000000"], ["would need", "batching.max_batch_size"]),
+        (["--duration-s", "86400", "--interval-s", "0.001"], ["would need", "--interval-s"]),
     ],
 )
 def test_runaway_runs_are_refused_before_any_large_allocation(args, needles):

@@ -95,13 +95,13 @@ def estimate(s: Scenario, *, streamed: bool = False, records: bool = False, inte
 
         per_chunk = expected_requests(s) / s.duration_s * chunk_ms(s) / 1000.0  # at the peak rate
         held = min(n, per_chunk) * BYTES_PER_CHUNK_REQUEST
-        held += s.duration_s / interval_s * BYTES_PER_TIMELINE_ROW
     else:
         held = n * (BYTES_PER_REQUEST + (BYTES_PER_RECORD_ROW if records else 0))
     parts = {
         "requests": held,
         "workers": workers * BYTES_PER_WORKER,
         "batch": s.batching.max_batch_size * BYTES_PER_BATCH_SLOT,
+        "timeline": s.duration_s / interval_s * BYTES_PER_TIMELINE_ROW,
         "features": max(trips, min(TRIP_CHUNK_CELLS, n * trips)) * BYTES_PER_TRIP_CELL if trips else 0.0,
     }
     wall = n * WALL_S_PER_REQUEST + workers * WALL_S_PER_WORKER + n * trips * WALL_S_PER_TRIP
@@ -136,14 +136,20 @@ def available_bytes() -> float:
 
 
 def check(
-    s: Scenario, *, what: str = "this run", runs: int = 1, streamed: bool = False, records: bool = False
+    s: Scenario,
+    *,
+    what: str = "this run",
+    runs: int = 1,
+    streamed: bool = False,
+    records: bool = False,
+    interval_s: float = 1.0,
 ) -> Budget:
     """The budget of ``s``; raises :class:`BudgetError` when it cannot fit in memory.
 
     ``runs`` counts the simulations a command makes of the scenario (their memory is not
     held at once, but their wall time adds up); ``streamed`` and ``records`` as for
-    :func:`estimate`."""
-    b = estimate(s, streamed=streamed, records=records)
+    :func:`estimate`; ``interval_s`` the timeline's interval."""
+    b = estimate(s, streamed=streamed, records=records, interval_s=interval_s)
     avail = available_bytes()
     if not math.isfinite(b.requests):
         raise BudgetError(f"{what}: rate × duration is not a finite number of requests; lower traffic.rate_rps")
@@ -153,6 +159,7 @@ def check(
             + (", or leave out --records" if records and not streamed else ""),
             "workers": f"use fewer workers (workers.count {s.workers.count:,})",
             "batch": f"lower batching.max_batch_size ({s.batching.max_batch_size:,})",
+            "timeline": f"widen the timeline's intervals (--interval-s {interval_s:g})",
             "features": f"lower features.lookups_per_request ({s.features.lookups_per_request:,}) or raise its "
             "batch_size",
         }
