@@ -101,6 +101,10 @@ def test_reduced_summary_matches_the_whole_run(path, overrides):
         fleet = piece.fleet or fleet
     got = red.summary(wall_s=1.0, fleet=fleet)
     assert got["fleet"] == whole["fleet"]
+    if whole["logging"] is not None:  # the prediction log: volume and backlog exact, lag from its sketch
+        lag_got, lag_whole = got["logging"].pop("lag_ms"), whole["logging"].pop("lag_ms")
+        assert got["logging"] == whole["logging"]
+        assert lag_got["mean"] == pytest.approx(lag_whole["mean"], rel=1e-9)
     assert got["requests"] == whole["requests"]
     assert got["batch_size"] == whole["batch_size"]
     assert got["utilization"]["per_worker"] == pytest.approx(whole["utilization"]["per_worker"], rel=1e-12)

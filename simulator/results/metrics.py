@@ -97,18 +97,25 @@ def logging_summary(records: Records, scenario: Scenario, mask: np.ndarray) -> d
         return None
     emitted = np.where(np.isnan(records.t_response), records.t_dropped, records.t_response)
     sel = mask & np.isfinite(records.t_logged)
-    span_s = scenario.duration_s - scenario.warmup_s
-    offered = np.count_nonzero(sel) * cfg.record_kb * 1e3 / span_s  # bytes/s
-    capacity = cfg.bandwidth_gbps * 1e9 / 8
     lag = (records.t_logged - emitted)[sel]
     end = scenario.duration_s * 1000.0
     behind = np.count_nonzero((emitted <= end) & (records.t_logged > end))
+    return logging_figures(scenario, int(np.count_nonzero(sel)), summary_stats(lag), int(behind))
+
+
+def logging_figures(scenario: Scenario, logged: int, lag_ms: dict[str, float], behind: int) -> dict:
+    """The prediction-log section from its counts: ``logged`` records of the window shipped,
+    their lag's statistics, and ``behind`` records emitted by the end but not yet shipped."""
+    cfg = scenario.logging
+    span_s = scenario.duration_s - scenario.warmup_s
+    offered = logged * cfg.record_kb * 1e3 / span_s  # bytes/s
+    capacity = cfg.bandwidth_gbps * 1e9 / 8
     return {
         "offered_gb_per_s": offered / 1e9,
         "capacity_gb_per_s": capacity / 1e9,
         "utilization": offered / capacity,
         "tb_per_day": offered * 86400 / 1e12,
-        "lag_ms": summary_stats(lag),
+        "lag_ms": lag_ms,
         "backlog_mb_at_end": behind * cfg.record_kb / 1e3,
         "falling_behind": bool(offered >= capacity),
     }

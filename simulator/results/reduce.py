@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from simulator.results import summary
-from simulator.results.metrics import _cost, fleet_summary, peak_throughput_rps
+from simulator.results.metrics import _cost, fleet_summary, logging_figures, peak_throughput_rps
 from simulator.results.records import STAGES, Records
 from simulator.results.sketch import LatencySketch
 from simulator.results.stats import PERCENTILES
@@ -257,7 +257,7 @@ class Reduction:
             "fleet": fleet,
             "workers": {"count": n, "instances": s.workers.instances, "instance_type": s.workers.instance_type},
             "cost": _cost(s, fleet, None, c["completed"] / span_s),
-            "logging": self._logging_summary(span_s),
+            "logging": self._logging_summary(),
             "experiments": None,
             "classes": None,
             "caches": {},
@@ -270,21 +270,10 @@ class Reduction:
             },
         }
 
-    def _logging_summary(self, span_s: float) -> dict | None:
-        cfg = self.s.logging
-        if cfg is None:
+    def _logging_summary(self) -> dict | None:
+        if self.s.logging is None:
             return None
-        offered = self.logged * cfg.record_kb * 1e3 / span_s
-        capacity = cfg.bandwidth_gbps * 1e9 / 8
-        return {
-            "offered_gb_per_s": offered / 1e9,
-            "capacity_gb_per_s": capacity / 1e9,
-            "utilization": offered / capacity,
-            "tb_per_day": offered * 86400 / 1e12,
-            "lag_ms": self.lag.summary(PERCENTILES),
-            "backlog_mb_at_end": self.behind * cfg.record_kb / 1e3,
-            "falling_behind": bool(offered >= capacity),
-        }
+        return logging_figures(self.s, self.logged, self.lag.summary(PERCENTILES), self.behind)
 
     def timeline(self) -> list[dict[str, float]]:
         """The timeline's rows, as ``timeline.timeline`` gives them."""
