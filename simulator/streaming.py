@@ -40,6 +40,7 @@ from simulator.scenario.config import Scenario
 from simulator.scenario.distributions import Sampler
 from simulator.serving.batcher import Outcome
 from simulator.serving.fleet import FleetLog
+from simulator.serving.router import Router
 from simulator.serving.served import BatchLog
 from simulator.serving.streamed import Horizon, StreamedDynamicPool, StreamedPool
 from simulator.serving.workers import ServiceModel
@@ -197,7 +198,10 @@ class _Run:
         self.pay_out = _transfer_ms(_per_class(s.traffic, "response_kb", None), s.network.bandwidth_gbps)
         service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service)
         self.pool = StreamedDynamicPool(s, service, rng) if s.workers.dynamic else StreamedPool(s, service)
-        self.routing = None if s.router.balancing == "shared" or s.workers.dynamic else _router(s, rng.routing)
+        # a dynamic pool routes by itself; a fixed one is routed here, as the whole-run engine does
+        self.router = (
+            None if s.router.balancing == "shared" or s.workers.dynamic else Router(s.router.balancing, rng.routing)
+        )
         self.cpu = FcfsStation(s.preprocess.cpu_workers) if s.preprocess.cpu_workers is not None else None
         self.cpu_wait = Horizon()
         self.log_station = Lindley() if s.logging else None
@@ -250,7 +254,7 @@ class _Run:
         svc = np.broadcast_to(d("pre"), (n,))
         post = np.broadcast_to(d("post"), (n,)).copy()
         back = np.broadcast_to(d("back"), (n,)) + self.pay_out
-        worker = self.routing(n) if self.routing is not None else np.zeros(n, dtype=np.int64)
+        worker = self.router.pick(n, s.workers.count) if self.router is not None else np.zeros(n, dtype=np.int64)
         deadline = t0 + s.batching.deadline_ms if s.batching.deadline_ms is not None else np.zeros(n)
         t_feat = fetched.end.copy()
         nan = np.full(n, np.nan)
@@ -304,13 +308,6 @@ class _Run:
             shipped = self.log_station.run(r["t"], np.full(len(r["t"]), self.ship_ms)) + self.ship_ms
             c["t_logged"][r["id"] - ledger.lo] = shipped
             c["shipped"][r["id"] - ledger.lo] = True
-
-
-def _router(s: Scenario, g: np.random.Generator):
-    from simulator.serving.router import Router
-
-    router = Router(s.router.balancing, g)
-    return lambda n: router.pick(n, s.workers.count)
 
 
 def _records(c: dict[str, np.ndarray]) -> Records:

@@ -19,8 +19,8 @@ import simpy
 from simulator.scenario.config import Scenario
 from simulator.serving.batcher import BatchQueue, Outcome
 from simulator.serving.dispatch import fast_path
-from simulator.serving.served import BatchLog, Served, concat_logs
-from simulator.serving.workers import Feed, ServiceModel, schedule
+from simulator.serving.served import BatchLog, PoolRun, Served, concat_logs
+from simulator.serving.workers import Feed, ServiceModel, queue_results, schedule
 from simulator.stages.stations import FcfsStation
 
 
@@ -51,22 +51,15 @@ class Horizon:
         return {k: v[order] for k, v in take.items()}
 
 
-def settled_columns(q: BatchQueue, cut: int, members: np.ndarray, log: BatchLog) -> dict[str, np.ndarray]:
-    """Serving columns of a queue's first ``cut`` arrivals: from the batches of ``log``
-    (their ``members``, in order) where they ran, else how and when they were dropped."""
-    cols = {
-        "t_dispatch": np.full(cut, np.nan),
-        "t_done": np.full(cut, np.nan),
-        "batch_size": np.zeros(cut, dtype=np.int64),
-        "instance": np.full(cut, -1, dtype=np.int64),
-        "outcome": q.outcome[:cut],
-        "t_dropped": q.drop_time[:cut],
-    }
-    cols["t_dispatch"][members] = np.repeat(log.start, log.size)
-    cols["t_done"][members] = np.repeat(log.end, log.size)
-    cols["batch_size"][members] = np.repeat(log.size, log.size)
-    cols["instance"][members] = np.repeat(log.instance, log.size)
-    return cols
+def settle(feed: Feed, cut: int, batches: int | None = None, *, results: PoolRun | None = None):
+    """A feed's first ``cut`` arrivals as serving columns, and its first ``batches``
+    dispatched batches (default: all), copied out of the queue's buffers so that the
+    queue can be trimmed: :func:`~simulator.serving.workers.queue_results` (or the feed's
+    own ``results``, a crashed worker's) cut to what has settled."""
+    run = results if results is not None else queue_results(feed.queue, feed.b_start, feed.b_end, feed.b_inst)
+    nb = len(run.batches.start) if batches is None else batches
+    cols = {k: np.array(v[:cut]) for k, v in run.served._asdict().items()}
+    return cols, run.batches.take(np.arange(nb))
 
 
 class StreamedPool:
@@ -126,15 +119,9 @@ class StreamedPool:
             st, k = self.stations[q].run(ready["t"][idx], svc[idx])
             start[idx] = st
             inst[idx] = np.asarray(self.ids[q])[k] if len(idx) else k
-        cols = {
-            "t_dispatch": start,
-            "t_done": start + svc,
-            "batch_size": np.ones(n, dtype=np.int64),
-            "instance": inst,
-            "outcome": np.zeros(n, dtype=np.int8),
-            "t_dropped": np.full(n, np.nan),
-        }
-        return (ready["id"], cols), BatchLog(start, start + svc, np.ones(n, np.int64), inst)
+        ones = np.ones(n, dtype=np.int64)
+        served = Served(start, start + svc, ones, inst, np.zeros(n, dtype=np.int8), np.full(n, np.nan))
+        return (ready["id"], served._asdict()), BatchLog(start, start + svc, ones, inst)
 
     def _batches(self, ready, horizon: float, final: bool):
         now = self.env.now
@@ -157,15 +144,9 @@ class StreamedPool:
         for feed in self.feeds:
             q = feed.queue
             cut = q.settled()
-            members, sizes = q.members()
-            sizes = np.array(sizes)  # a copy: the queue's buffer is trimmed below
-            nb = len(sizes)
-            b_start = np.frombuffer(feed.b_start, dtype=float)[:nb].copy()
-            b_end = np.frombuffer(feed.b_end, dtype=float)[:nb].copy()
-            b_inst = np.frombuffer(feed.b_inst, dtype=np.int64)[:nb].copy()
-            log = BatchLog(b_start, b_end, sizes, b_inst)
+            cols, log = settle(feed, cut)
+            nb = len(log.start)
             logs.append(log)
-            cols = settled_columns(q, cut, members, log)
             ids.append(feed.gid[:cut])
             parts.append(cols)
             feed.gid = feed.gid[cut:]
@@ -208,9 +189,9 @@ class StreamedDynamicPool:
             self.env.run()
         elif horizon > self.env.now:
             self.env.run(until=horizon)
-        return self._harvest(math.inf if final else self.env.now, final)
+        return self._harvest(final)
 
-    def _harvest(self, now: float, final: bool):
+    def _harvest(self, final: bool):
         pool = self.pool
         ids, parts, logs = [], [], []
         for w in pool.fleet.workers:
@@ -218,16 +199,12 @@ class StreamedDynamicPool:
             routed = pool.routed.get(w.wid)
             if feed.queue.m == 0 and not len(feed.b_end):
                 continue
-            if feed.crashed_at is not None or final:
-                run = feed.results()  # everything it held settles
+            if feed.crashed_at is not None or final:  # everything it held settles
                 cut, nb = feed.queue.m, len(feed.b_end)
-                cols = {k: np.array(v) for k, v in zip(Served._fields, run.served, strict=True)}
-                log = BatchLog(
-                    *(np.array(v) for v in (run.batches.start, run.batches.end, run.batches.size, run.batches.instance))
-                )
-                del run  # its views of the queue's buffers, before the queue is trimmed
+                cols, log = settle(feed, cut, results=feed.results())
             else:
-                cut, nb, cols, log = self._settled(feed)
+                cut, nb = self._settled(feed)
+                cols, log = settle(feed, cut, nb)
             if len(log.end):
                 self.last_end[w.wid] = max(self.last_end.get(w.wid, 0.0), float(log.end.max()))
             positions = np.concatenate(routed) if routed else np.empty(0, np.int64)
@@ -249,23 +226,18 @@ class StreamedDynamicPool:
         merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         return (np.concatenate(ids), merged), concat_logs(logs)
 
-    def _settled(self, feed):
-        """A live worker's requests settled by now, and its batches no longer needed."""
+    def _settled(self, feed) -> tuple[int, int]:
+        """How many of a live worker's arrivals have settled (dropped, or in a batch that
+        ended), and how many of its first batches are no longer needed: ended, and out of
+        the p99 metric's window (``window`` ≥ 0, so out of the window implies ended)."""
         q = feed.queue
         members, sizes = q.members()
-        sizes = np.array(sizes)
-        b_end = np.frombuffer(feed.b_end, dtype=float)[: len(sizes)].copy()
+        b_end = np.frombuffer(feed.b_end, dtype=float)[: len(sizes)]
         gone = b_end <= self.env.now - self.window
         nb = int(np.argmin(gone)) if not gone.all() else len(gone)
-        ended = b_end <= self.env.now
-        first_open = int(np.argmin(ended)) if not ended.all() else len(ended)
-        nb = min(nb, first_open)
-        starts = np.concatenate([[0], np.cumsum(sizes)])
-        cut = q.settled() if nb == len(sizes) else min(q.settled(), int(members[starts[nb]]))
-        b_start = np.frombuffer(feed.b_start, dtype=float)[:nb].copy()
-        b_inst = np.frombuffer(feed.b_inst, dtype=np.int64)[:nb].copy()
-        log = BatchLog(b_start, b_end[:nb], sizes[:nb], b_inst)
-        return cut, nb, settled_columns(q, cut, members[: starts[nb]], log), log
+        if nb == len(sizes):
+            return q.settled(), nb
+        return min(q.settled(), int(members[int(sizes[:nb].sum())])), nb
 
     def _activator(self):
         """Requests the router's activator rejected, or held past its timeout, so far."""
@@ -279,16 +251,8 @@ class StreamedDynamicPool:
                 continue
             n = len(positions)
             ids.append(pool.ids[positions])
-            parts.append(
-                {
-                    "t_dispatch": np.full(n, np.nan),
-                    "t_done": np.full(n, np.nan),
-                    "batch_size": np.zeros(n, dtype=np.int64),
-                    "instance": np.full(n, -1, dtype=np.int64),
-                    "outcome": np.full(n, Outcome.REJECTED, dtype=np.int8),
-                    "t_dropped": pool.q[positions] + extra,
-                }
-            )
+            rejected = np.full(n, Outcome.REJECTED, dtype=np.int8)
+            parts.append(Served.empty(n)._replace(outcome=rejected, t_dropped=pool.q[positions] + extra)._asdict())
         a.rejected.clear()
         a.expired.clear()
         return ids, parts
@@ -311,4 +275,4 @@ class StreamedDynamicPool:
         return self.pool.fleet.log
 
 
-__all__ = ["Horizon", "StreamedDynamicPool", "StreamedPool", "settled_columns"]
+__all__ = ["Horizon", "StreamedDynamicPool", "StreamedPool", "settle"]
