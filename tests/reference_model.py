@@ -8,8 +8,8 @@ only used on small inputs.
 It makes its inputs itself, from the scenario as documented, with none of the engine's
 code: the arrival trace from its file (seconds, sorted, cut at the duration), every
 delay and batch time from ``order: sequential`` empirical lists (replayed in request
-order per stage, and batch times in dispatch order, cycling), and the worker of each
-request by the documented balancing (``random`` from the routing stream, ``round_robin``
+order per stage, and batch times in each batch queue's dispatch order, cycling), and
+the worker of each request by the documented balancing (``random`` from the routing stream, ``round_robin``
 in turn, ``shared`` one queue). So a bug in the engine's arrivals, samplers, service
 model or router cannot hide behind a reference that shares it; with those inputs the
 two models must agree to float precision (``tests/test_reference.py``).
@@ -203,7 +203,6 @@ def simulate_reference(s: Scenario, seed: int | None = None) -> dict:
     if f.lookups_per_request:
         lat = _replay(f.round_trip, n * len(keys), rng.features).reshape(n, len(keys)) + f.per_key_ms * keys
     pre = _replay(s.preprocess.service, n, rng.preprocess)
-    service = _batch_time(s.workers.service_time, rng.service)
     assign = _workers_of(s.router.balancing, s.workers.count, n, rng.routing)
     post = _replay(s.postprocess.service, n, rng.postprocess)
     net_out = _replay(s.network.api_to_client, n, rng.network_out)
@@ -214,10 +213,24 @@ def simulate_reference(s: Scenario, seed: int | None = None) -> dict:
     log: list = []
     per = s.workers.instances
     if assign is None:
-        batchers = [RefBatcher(env, s.batching, list(range(s.workers.count * per)), service, log)]
-    else:
         batchers = [
-            RefBatcher(env, s.batching, list(range(w * per, (w + 1) * per)), service, log)
+            RefBatcher(
+                env,
+                s.batching,
+                list(range(s.workers.count * per)),
+                _batch_time(s.workers.service_time, rng.service),
+                log,
+            )
+        ]
+    else:  # each worker's batch times replayed in its own dispatch order
+        batchers = [
+            RefBatcher(
+                env,
+                s.batching,
+                list(range(w * per, (w + 1) * per)),
+                _batch_time(s.workers.service_time, rng.service),
+                log,
+            )
             for w in range(s.workers.count)
         ]
     cols = {

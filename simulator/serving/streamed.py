@@ -18,6 +18,7 @@ import simpy
 
 from simulator.scenario.config import Scenario
 from simulator.serving.batcher import BatchQueue, Outcome
+from simulator.serving.compiled import CompiledFeed, covers
 from simulator.serving.dispatch import fast_path
 from simulator.serving.served import BatchLog, PoolRun, Served, concat_logs
 from simulator.serving.workers import Feed, ServiceModel, queue_results, schedule
@@ -65,7 +66,7 @@ def settle(feed: Feed, cut: int, batches: int | None = None, *, results: PoolRun
 class StreamedPool:
     """The primary pool, fixed: per-worker batch queues (or one shared) fed chunk by chunk."""
 
-    def __init__(self, s: Scenario, service: ServiceModel):
+    def __init__(self, s: Scenario, service: ServiceModel, *, compiled: bool | None = None):
         w = s.workers
         self.cfg = s.batching
         self.service = service
@@ -79,16 +80,21 @@ class StreamedPool:
         self.fast = fast_path(self.cfg)
         self.waiting = Horizon()
         self.deadlines = self.cfg.deadline_ms is not None
+        self.compiled = not self.fast and (covers(self.cfg) if compiled is None else compiled)
         if self.fast:
             self.stations = [FcfsStation(len(ids)) for ids in self.ids]
+        elif self.compiled:
+            self.feeds = [CompiledFeed(self.cfg, ids, service.feed(k)) for k, ids in enumerate(self.ids)]
+            for feed in self.feeds:
+                feed.gid = np.empty(0, dtype=np.int64)  # request id of each queued arrival
         else:
             self.env = simpy.Environment()
             self.feeds = []
-            for ids in self.ids:
+            for k, ids in enumerate(self.ids):
                 dl = np.empty(0) if self.deadlines else None
                 feed = Feed(self.env, BatchQueue(np.empty(0), self.cfg, closed=False, deadlines=dl), ids)
                 feed.gid = np.empty(0, dtype=np.int64)  # request id of each queued arrival
-                self.env.process(schedule(self.env, feed, service))
+                self.env.process(schedule(self.env, feed, service.feed(k)))
                 self.feeds.append(feed)
 
     def run(self, t_pre, rid, worker, deadline, horizon: float, final: bool):
@@ -98,6 +104,8 @@ class StreamedPool:
         ready = None if self.waiting.cols is None else self.waiting.ready("t", math.inf if final else horizon)
         if self.fast:
             return self._fcfs(ready)
+        if self.compiled:
+            return self._compiled(ready, horizon, final)
         return self._batches(ready, horizon, final)
 
     def _groups(self, ready):
@@ -138,6 +146,28 @@ class StreamedPool:
         elif horizon > now:
             self.env.run(until=horizon)
         return self._harvest()
+
+    def _compiled(self, ready, horizon: float, final: bool):
+        ids, parts, logs = [], [], []
+        groups = self._groups(ready) if ready is not None else [None] * len(self.feeds)
+        for feed, idx in zip(self.feeds, groups, strict=True):
+            if idx is not None and len(idx):
+                feed.extend(ready["t"][idx], horizon)
+                feed.gid = np.concatenate([feed.gid, ready["id"][idx]])
+            else:
+                feed.extend(ready["t"][:0] if ready is not None else np.empty(0), horizon)
+            if final:
+                feed.close()
+            feed.run()
+            cut = feed.settled()
+            run = feed.results(cut)
+            ids.append(feed.gid[:cut])
+            feed.gid = feed.gid[cut:]
+            parts.append(run.served._asdict())
+            logs.append(run.batches)
+            feed.trim(cut)
+        merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        return (np.concatenate(ids), merged), concat_logs(logs)
 
     def _harvest(self):
         ids, parts, logs = [], [], []

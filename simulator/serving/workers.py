@@ -52,9 +52,16 @@ def mean_service_ms(cfg: Workers, batch_size: int) -> float:
 
 
 class ServiceModel:
-    """Draws batch service times in dispatch order from one random stream."""
+    """Draws batch service times in dispatch order from one random stream.
+
+    A fixed pool gives each of its batch queues a stream of its own (:meth:`feed`): a
+    queue's batch times then depend only on its own dispatch order, so each queue can be
+    simulated on its own (the compiled scheduler of :mod:`simulator.serving.compiled`)
+    with the same numbers as the SimPy scheduler.
+    """
 
     def __init__(self, cfg: Workers, max_batch: int, rng: np.random.Generator):
+        self._args = (cfg, max_batch, rng)
         st = cfg.service_time
         if isinstance(st, ProfileRef):
             raise ValueError("a profile service time is read by load_scenario; load the scenario from its file")
@@ -74,6 +81,24 @@ class ServiceModel:
         self._buf: list[float] = []
         self._pos = 0
 
+    def feed(self, k: int) -> ServiceModel:
+        """The model of a fixed pool's ``k``-th queue: its own stream, a child of this one's
+        seed (the same for every call, whatever this model has drawn)."""
+        cfg, max_batch, rng = self._args
+        seq = rng.bit_generator.seed_seq
+        child = np.random.SeedSequence(seq.entropy, spawn_key=(*seq.spawn_key, k), pool_size=seq.pool_size)
+        return ServiceModel(cfg, max_batch, np.random.default_rng(child))
+
+    def block(self) -> np.ndarray:
+        """The next block of factors, as :meth:`__call__` draws them (a batch's time is
+        ``means[size] × factor``, or the factor itself without ``means``)."""
+        return np.asarray(self._factor(_CHUNK), dtype=float)
+
+    @property
+    def means(self) -> np.ndarray | None:
+        """Mean batch time by batch size (index 0 unused), or None for a plain distribution."""
+        return np.asarray(self._means, dtype=float) if self._per_size else None
+
     def draw(self, count: int, batch_size: int) -> np.ndarray:
         """``count`` service times of batches of ``batch_size``, in order, in bulk.
 
@@ -88,7 +113,7 @@ class ServiceModel:
 
     def __call__(self, batch_size: int) -> float:
         if self._pos == len(self._buf):
-            self._buf = self._factor(_CHUNK).tolist()
+            self._buf = self.block().tolist()
             self._pos = 0
         x = self._buf[self._pos]
         self._pos += 1
@@ -226,13 +251,14 @@ def run_pool(queues: list[BatchQueue], instances: list[list[int]], service: Serv
     """Simulate a fixed set of closed queues, each feeding its instances, in one environment.
 
     ``instances[k]`` are the global ids of the model instances fed by ``queues[k]`` (one
-    queue per worker, or one queue shared by the whole pool). Returns, per queue, its
+    queue per worker, or one queue shared by the whole pool); queue ``k`` draws its batch
+    times from ``service.feed(k)``. Returns, per queue, its
     requests as :meth:`Feed.results` gives them, and the batch log of the whole pool.
     """
     env = simpy.Environment()
     feeds = [Feed(env, queue, ids) for queue, ids in zip(queues, instances, strict=True)]
-    for feed in feeds:
-        env.process(schedule(env, feed, service))
+    for k, feed in enumerate(feeds):
+        env.process(schedule(env, feed, service.feed(k)))
     env.run()
     runs = [feed.results() for feed in feeds]
     return FeedsRun([run.served for run in runs], concat_logs([run.batches for run in runs]))
