@@ -102,7 +102,7 @@ def main() -> None:
     theory = mmc_sojourn_quantile(0.99, C, LAM, 1 / MEAN_MS)
     models = {
         "servesim (FCFS recursion)": (servesim, args.requests),
-        "servesim (SimPy batcher path)": (
+        "servesim (batch queue, compiled)": (
             lambda n, s: servesim(n, s, ["batching.max_queue_size=100000000"]),
             args.requests // 4,
         ),
@@ -127,7 +127,7 @@ def main() -> None:
     for name in ("Ciw", "SimPy, process per request"):
         print(
             f"servesim / {name}: {base / rates[name]:.1f}x   "
-            f"(SimPy batcher path: {rates['servesim (SimPy batcher path)'] / rates[name]:.1f}x)"
+            f"(batch-queue path: {rates['servesim (batch queue, compiled)'] / rates[name]:.1f}x)"
         )
 
 

@@ -8,7 +8,9 @@ hands out each request's record once it is settled, so a caller can reduce the r
 **Exact carry-over.** Every stage keeps its state from one chunk to the next: the arrival
 source's blocks, each random stream (a request's draws are made in request order when it
 arrives, as the whole-run engine makes them), the FCFS stations' free times and Lindley
-sums, and the SimPy environment with its batch queues, schedulers and batches in flight.
+sums, a fixed pool's compiled batch queues (:mod:`simulator.serving.compiled`) with their
+instances, and a dynamic pool's SimPy environment with its batch queues, schedulers and
+batches in flight.
 Any request arriving after time H reaches every stage after H (delays are never
 negative), so an order-dependent stage processes, in each chunk, exactly its inputs
 earlier than the chunk's end H and keeps the rest for the next: a *horizon*. The batch
@@ -29,6 +31,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -394,6 +397,13 @@ def summarize_stream(
         Takes the end-to-end latencies of the window's completed requests (merged in), to
         pool them across replications.
 
+    Notes
+    -----
+    Each piece is handed to ``on_piece`` and reduced on a second thread while the next
+    chunk is simulated (numpy and the compiled loops release the GIL), one piece at a
+    time and in order, so the summary is the same as a sequential reduction's. On the
+    two-core machines of ``benchmarks/README.md`` that takes a quarter off the wall time.
+
     Returns
     -------
     Summary
@@ -405,12 +415,24 @@ def summarize_stream(
     wall0 = time.perf_counter()
     seed = scenario.seed if seed is None else seed
     reduction = Reduction(scenario, seed, interval_s=interval_s)
-    fleet = None
-    for piece in stream(scenario, seed=seed, chunk_s=chunk_s, progress=progress):
+
+    def take(piece: Piece) -> None:
         if on_piece is not None:
             on_piece(piece)
         reduction.add(piece.records, piece.batches, piece.watermark_ms)
-        fleet = piece.fleet or fleet
+
+    fleet = None
+    # a piece is written and reduced on a second thread while the next chunk is simulated
+    # (numpy and the compiled loops release the GIL); pieces are taken one by one, in order
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="servesim-reduce") as pipeline:
+        pending = None
+        for piece in stream(scenario, seed=seed, chunk_s=chunk_s, progress=progress):
+            if pending is not None:
+                pending.result()
+            pending = pipeline.submit(take, piece)
+            fleet = piece.fleet or fleet
+        if pending is not None:
+            pending.result()
     if e2e_sketch is not None:
         e2e_sketch.merge(reduction.e2e)
     return reduction.summary(time.perf_counter() - wall0, fleet)

@@ -9,9 +9,10 @@ Sketches merge exactly, so replications, sweep cells and Dask workers can pool t
 
 The library adds one value per Python call (about a microsecond each), too slow for the
 millions of latencies a chunk holds. :meth:`LatencySketch.add` computes the buckets
-with numpy, using the library's own mapping (``key = ceil(log2(v) · m)``), counts them,
-and hands the library one weighted value per occupied bucket, the bucket's own
-representative, which the library maps back to the same bucket. The exact sum and count
+with numpy, using the library's own mapping (``key = ceil(log2(v) · m)``), and counts
+them; when a percentile, a merge or a pickle needs the library's sketch, it hands the
+library one weighted value per occupied bucket, the bucket's own representative, which
+the library maps back to the same bucket. The exact sum and count
 are kept beside it for the mean.
 """
 
@@ -39,6 +40,8 @@ class LatencySketch:
         self._multiplier = math.log(2) / math.log1p(gamma_mantissa)  # the mapping's, in log2 units
         self.count = 0
         self.total = 0.0
+        self._zeros = 0  # values mapped to zero, not handed to the library yet
+        self._pending: dict[float, tuple[int, np.ndarray]] = {}  # sign -> (first key, counts per key)
 
     def add(self, values: np.ndarray) -> None:
         """Add every value of ``values`` (finite; NaNs are a caller's bug and are refused)."""
@@ -51,33 +54,60 @@ class LatencySketch:
         self.total += float(x.sum())
         tiny = self._mapping.min_possible
         pos, neg = x[x > tiny], -x[x < -tiny]
-        zeros = len(x) - len(pos) - len(neg)
-        if zeros:
-            self._dd.add(0.0, float(zeros))
+        self._zeros += len(x) - len(pos) - len(neg)
         for part, sign in ((pos, 1.0), (neg, -1.0)):
-            if not len(part):
-                continue
-            keys = np.ceil(np.log2(part) * self._multiplier).astype(np.int64)
-            first = int(keys.min())
-            counts = np.bincount(keys - first)  # a few thousand buckets at most: no sort
+            if len(part):
+                keys = np.ceil(np.log2(part) * self._multiplier).astype(np.int64)
+                first = int(keys.min())
+                self._counted(sign, first, np.bincount(keys - first))  # a few thousand buckets: no sort
+
+    def _counted(self, sign: float, first: int, counts: np.ndarray) -> None:
+        """Add ``counts`` of the buckets ``first``… to the pending counts of that sign."""
+        have = self._pending.get(sign)
+        if have is None:
+            self._pending[sign] = (first, counts)
+            return
+        lo = min(first, have[0])
+        hi = max(first + len(counts), have[0] + len(have[1]))
+        out = np.zeros(hi - lo, dtype=np.int64)
+        out[have[0] - lo : have[0] - lo + len(have[1])] += have[1]
+        out[first - lo : first - lo + len(counts)] += counts
+        self._pending[sign] = (lo, out)
+
+    def _flush(self) -> None:
+        """Hand the pending bucket counts to the library: one weighted value per occupied
+        bucket, its representative (the same calls, whenever they are made)."""
+        if self._zeros:
+            self._dd.add(0.0, float(self._zeros))
+            self._zeros = 0
+        for sign, (first, counts) in sorted(self._pending.items()):
             for k in np.flatnonzero(counts).tolist():
                 self._dd.add(sign * self._mapping.value(k + first), float(counts[k]))
+        self._pending = {}
 
     def merge(self, other: LatencySketch) -> None:
         """Add ``other``'s values to this sketch (same relative accuracy)."""
         if other.relative_accuracy != self.relative_accuracy:
             raise ValueError("sketches of different accuracy do not merge")
         if other.count:
+            self._zeros += other._zeros
+            for sign, (first, counts) in other._pending.items():
+                self._counted(sign, first, counts)
+            self._flush()
             self._dd.merge(other._dd)
         self.count += other.count
         self.total += other.total
+
+    def __getstate__(self) -> dict:
+        self._flush()
+        return self.__dict__
 
     def __eq__(self, other: object) -> bool:
         """Equal state: the same accuracy, values and buckets (as from the same inputs)."""
         if not isinstance(other, LatencySketch):
             return NotImplemented
         same = (self.relative_accuracy, self.count, self.total) == (other.relative_accuracy, other.count, other.total)
-        return same and pickle.dumps(self._dd) == pickle.dumps(other._dd)
+        return same and pickle.dumps(self) == pickle.dumps(other)
 
     __hash__ = None  # mutable
 
@@ -86,6 +116,7 @@ class LatencySketch:
         within the relative accuracy."""
         if not self.count:
             return float("nan")
+        self._flush()
         return float(self._dd.get_quantile_value(q))
 
     @property

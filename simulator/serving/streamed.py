@@ -112,7 +112,8 @@ class StreamedPool:
         """Each queue's share of ``ready`` (in time order)."""
         if self.shared:
             return [np.arange(len(ready["t"]))]
-        by = np.argsort(ready["w"], kind="stable")  # worker, then time (ready is in time order)
+        w = ready["w"].astype(np.int16) if len(self.ids) <= np.iinfo(np.int16).max else ready["w"]
+        by = np.argsort(w, kind="stable")  # worker, then time (ready is in time order); radix on int16
         cuts = np.searchsorted(ready["w"][by], np.arange(1, len(self.ids)))
         return np.split(by, cuts)
 

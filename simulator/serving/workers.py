@@ -7,6 +7,12 @@ free instance, asks the :class:`~simulator.serving.batcher.BatchQueue` for a bat
 window if it must), and hands the batch to the instance; the instance returns to the
 FIFO when its service time elapses. That is a handful of SimPy events per *batch*,
 never per request.
+
+This SimPy scheduler is the reference, and it runs every dynamic pool and every queue
+with end-to-end deadlines. A fixed pool's other queues run the same decisions compiled
+(:mod:`simulator.serving.compiled`, checked against this scheduler request for request);
+each fixed-pool queue draws its batch times from a stream of its own
+(:meth:`ServiceModel.feed`), so either scheduler gives the same numbers.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from simulator.scenario.servicetime import ProfileRef
 from simulator.serving.batcher import DONE, EXTEND, BatchQueue, Outcome, Wait
 from simulator.serving.served import BatchLog, PoolRun, Served, concat_logs
 
-_CHUNK = 1 << 16
+_CHUNK = 1 << 12
 
 
 def mean_service_ms(cfg: Workers, batch_size: int) -> float:
