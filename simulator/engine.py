@@ -35,7 +35,7 @@ from simulator.serving.fleet import FleetLog
 from simulator.serving.served import BatchLog, Served, ServingLog
 from simulator.serving.workers import ServiceModel
 from simulator.stages.arrivals import arrivals as make_arrivals
-from simulator.stages.caches import lookup
+from simulator.stages.caches import CacheDraws, CacheState
 from simulator.stages.features import fetch
 from simulator.stages.prediction_log import ship
 from simulator.stages.stations import fcfs_multiserver
@@ -113,31 +113,37 @@ def _inbound(network: Network, router: Router, t0: np.ndarray, payload_kb, rng: 
     return t_api, t_api + _delay(router.overhead, n, rng.router)
 
 
-def _cache(cfg: Cache | None, t: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Hits of a cache looked up at ``t``, and when each lookup is done."""
+def _cache(
+    cfg: Cache | None, t: np.ndarray, rng: np.random.Generator, need: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Hits of a cache looked up at ``t`` by the requests that ``need`` it (default: all),
+    and when each lookup is done (the others: at ``t``). Every request draws its key and
+    its hit and miss latencies, in request order, looked up or not (:class:`CacheDraws`)."""
+    n = len(t)
     if cfg is None:
-        return np.zeros(len(t), dtype=bool), t
-    hit = lookup(cfg, t, rng=rng)
-    lat = np.where(hit, _delay(cfg.hit, len(t), rng), _delay(cfg.miss, len(t), rng))
-    return hit, t + lat
+        return np.zeros(n, dtype=bool), t
+    drawn, hit_ms, miss_ms = CacheDraws(cfg, rng)(n)
+    idx = np.arange(n) if need is None else np.flatnonzero(need)
+    hit = np.zeros(n, dtype=bool)
+    hit[idx] = CacheState(cfg).resolve(t[idx], drawn[idx])
+    return hit, cache_done(t, hit, hit_ms, miss_ms, idx)
+
+
+def cache_done(t: np.ndarray, hit: np.ndarray, hit_ms: np.ndarray, miss_ms: np.ndarray, idx) -> np.ndarray:
+    """When the lookups of requests ``idx`` are done (the others keep ``t``)."""
+    end = t.copy()
+    end[idx] = t[idx] + np.where(hit[idx], hit_ms[idx], miss_ms[idx])
+    return end
 
 
 def _feature_stage(
     f: Features, cache: Cache | None, start: np.ndarray, need: np.ndarray, rng: Streams
 ) -> tuple[np.ndarray, ...]:
     """Feature stage for the requests that ``need`` it: end times, degraded, failed, cache hits."""
-    n = len(start)
-    end = start.copy()
-    degraded, failed = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
-    hit = np.zeros(n, dtype=bool)
-    idx = np.flatnonzero(need)
-    c_hit, c_end = _cache(cache, start[idx], rng.feature_cache)
-    hit[idx] = c_hit
-    end[idx] = c_end
-    go = idx[~c_hit]
+    hit, end = _cache(cache, start, rng.feature_cache, need)
     sampler = Sampler(f.round_trip, rng.features) if f.round_trip is not None else None
-    end[go], degraded[go], failed[go] = fetch(f, end[go], sampler)
-    return end, degraded, failed, hit
+    fetched = fetch(f, end, sampler, need & ~hit)
+    return fetched.end, fetched.degraded, fetched.failed, hit
 
 
 def _preprocess(cfg: Preprocess, t_feat: np.ndarray, live: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -46,6 +46,16 @@ class Streams:
 STREAMS = tuple(f.name for f in fields(Streams))
 
 
+def child(rng: Generator, k: int) -> Generator:
+    """The ``k``-th child stream of ``rng``'s seed: the same generator whatever ``rng`` has
+    drawn, and independent of it (a purpose's sub-streams, such as each batch queue's
+    service times or a cache's hit and miss latencies)."""
+    seq = rng.bit_generator.seed_seq
+    return np.random.default_rng(
+        np.random.SeedSequence(seq.entropy, spawn_key=(*seq.spawn_key, k), pool_size=seq.pool_size)
+    )
+
+
 def streams(seed: int) -> Streams:
     """One independent generator per purpose, all from ``seed``."""
     children = np.random.SeedSequence(seed).spawn(len(STREAMS))

@@ -18,10 +18,17 @@ queues are told that every arrival before H is known, and the environment runs t
 request's record is the same, bit for bit, as the whole-run engine's on the same seed
 (``tests/test_streaming.py`` checks it request for request on every supported scenario).
 
+**Caches.** A cache's hits depend on the order of all lookups, so each cache is a stage
+with a horizon too (:class:`_CacheStage`): lookups before the chunk's end are replayed in
+time order against the contents carried from the last chunk. Every request draws its key,
+its hit and miss latencies and its feature round trips when it arrives, looked up or not
+(the whole-run engine draws them the same way), so a request's draws do not depend on
+which others hit.
+
 **What it covers:** one version (no canary or shadow), a fixed fleet or one under an
 autoscaler with cold starts, failures and the activator (the pools of
-:mod:`simulator.serving.streamed`), no traffic classes, no caches, and feature fetches
-from an uncontended store.
+:mod:`simulator.serving.streamed`), result and feature caches, no traffic classes, and
+feature fetches from an uncontended store.
 :func:`unsupported` names what a scenario uses beyond that; such runs keep the
 whole-run engine.
 """
@@ -36,10 +43,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.engine import _per_class, _transfer_ms
+from simulator.engine import _per_class, _transfer_ms, cache_done
 from simulator.results.records import Records
 from simulator.rng import streams
-from simulator.scenario.config import Scenario
+from simulator.scenario.config import Cache, Scenario
 from simulator.scenario.distributions import Sampler
 from simulator.serving.batcher import Outcome
 from simulator.serving.fleet import FleetLog
@@ -48,7 +55,8 @@ from simulator.serving.served import BatchLog
 from simulator.serving.streamed import Horizon, StreamedDynamicPool, StreamedPool
 from simulator.serving.workers import ServiceModel
 from simulator.stages.arrivals import source
-from simulator.stages.features import fetch
+from simulator.stages.caches import CacheDraws, CacheState
+from simulator.stages.features import Fetched, fetch, fetch_drawn, trips
 from simulator.stages.prediction_log import record_ms
 from simulator.stages.stations import FcfsStation, Lindley
 
@@ -61,7 +69,6 @@ def unsupported(s: Scenario) -> str | None:
         (bool(s.traffic.classes), "traffic classes"),
         (s.router.canary is not None, "a canary"),
         (s.router.shadow is not None, "a shadow"),
-        (s.caches.result is not None or s.caches.feature is not None, "caches"),
         (s.features.store is not None and s.features.lookups_per_request > 0, "a feature store of finite capacity"),
     ]
     found = [why for cond, why in reasons if cond]
@@ -205,8 +212,19 @@ class _Run:
         self.router = (
             None if s.router.balancing == "shared" or s.workers.dynamic else Router(s.router.balancing, rng.routing)
         )
+        self.caches = {
+            name: _CacheStage(cfg, g)
+            for name, cfg, g in (
+                ("result", s.caches.result, rng.result_cache),
+                ("feature", s.caches.feature, rng.feature_cache),
+            )
+            if cfg is not None
+        }
+        # past a cache, requests reach the later stages out of request order: ties by id
+        tie = "id" if self.caches else None
+        self.pool.waiting = Horizon(tie)
         self.cpu = FcfsStation(s.preprocess.cpu_workers) if s.preprocess.cpu_workers is not None else None
-        self.cpu_wait = Horizon()
+        self.cpu_wait = Horizon(tie)
         self.log_station = Lindley() if s.logging else None
         self.log_wait = Horizon()
         self.ship_ms = record_ms(s.logging) if s.logging else 0.0
@@ -215,14 +233,15 @@ class _Run:
 
     def chunk(self, hi: float, final: bool) -> Piece:
         """Arrivals before ``hi`` through every stage; the requests settled by then."""
-        rid, live, failed, t_feat, svc = self._arrive(hi)
-        p_id, p_t = self._preprocess(rid, live, t_feat, svc, hi, final)
+        done_ids, f_id, f_t, failed = self._arrive(hi, final)
         ledger = self.ledger
         c = ledger.cols
+        live = ~failed
+        p_id, p_t = self._preprocess(f_id[live], f_t[live], c["svc"][f_id[live] - ledger.lo], hi, final)
         rows = p_id - ledger.lo
         c["t_preprocessed"][rows] = p_t
         settled, batches = self.pool.run(p_t, p_id, c["worker"][rows], c["deadline"][rows], hi, final)
-        new_rows = [np.flatnonzero(failed) + (rid[0] - ledger.lo if len(rid) else 0)]
+        new_rows = [done_ids - ledger.lo, f_id[failed] - ledger.lo]
         if settled is not None:
             new_rows.append(ledger.settle(*settled))
         rows = np.concatenate(new_rows).astype(np.int64)
@@ -238,9 +257,12 @@ class _Run:
         fleet = self.pool.fleet if final and self.s.workers.dynamic else None
         return Piece(first, _records(cols), batches, math.inf if final else watermark, hi, fleet)
 
-    def _arrive(self, hi: float):
-        """The chunk's arrivals, their draws (in request order, as the whole-run engine makes
-        them), the stages nothing contends for, and their rows in the ledger."""
+    def _arrive(self, hi: float, final: bool):
+        """The chunk's arrivals and their draws (in request order, as the whole-run engine
+        makes them) into the ledger, then the caches and the feature stage for the
+        requests that reach them before ``hi``. Returns the ids of the requests served from
+        the result cache, and of those past the feature stage (when, and whether they
+        failed)."""
         s = self.s
         t0 = self.arrivals.take(hi)
         n = len(t0)
@@ -252,47 +274,94 @@ class _Run:
 
         t_api = t0 + d("in") + self.pay_in
         t_router = t_api + d("router")
-        fetched = fetch(s.features, t_router, self.trips)
-        failed = fetched.failed
-        svc = np.broadcast_to(d("pre"), (n,))
         post = np.broadcast_to(d("post"), (n,)).copy()
         back = np.broadcast_to(d("back"), (n,)) + self.pay_out
         worker = self.router.pick(n, s.workers.count) if self.router is not None else np.zeros(n, dtype=np.int64)
         deadline = t0 + s.batching.deadline_ms if s.batching.deadline_ms is not None else np.zeros(n)
-        t_feat = fetched.end.copy()
         nan = np.full(n, np.nan)
+        cached = {}
+        for name, cache in self.caches.items():
+            cached[name], cached[name + "_hit_ms"], cached[name + "_miss_ms"] = cache.draws(n)
+        if self.caches:  # the round trips of every request, used once it passes the caches
+            cached["trips"] = trips(s.features, self.trips, n)
         self.ledger.append(
             arrival=t0,
             t_api=t_api,
             t_router=t_router,
-            t_features=np.where(failed, np.nan, t_feat),
+            t_cache=t_router.copy(),
+            t_features=nan.copy(),
             t_preprocessed=nan.copy(),
+            svc=np.asarray(np.broadcast_to(d("pre"), (n,)), dtype=float),
             post=post,
             back=np.asarray(back, dtype=float).copy(),
             t_dispatch=nan.copy(),
             t_inferred=nan.copy(),
-            t_dropped=np.where(failed, t_feat, np.nan),
+            t_dropped=nan.copy(),
             t_emitted=nan.copy(),
             t_logged=nan.copy(),
-            outcome=np.where(failed, np.int8(Outcome.FAILED), np.int8(0)).astype(np.int8),
-            degraded=fetched.degraded,
+            outcome=np.zeros(n, dtype=np.int8),
+            degraded=np.zeros(n, dtype=bool),
+            result_hit=np.zeros(n, dtype=bool),
+            feature_hit=np.zeros(n, dtype=bool),
             batch_size=np.zeros(n, dtype=np.int64),
             instance=np.full(n, -1, dtype=np.int64),
-            settled=failed.copy(),
+            settled=np.zeros(n, dtype=bool),
             shipped=np.zeros(n, dtype=bool),
             worker=worker,
             deadline=deadline,
+            **cached,
         )
-        return rid, ~failed, failed, t_feat, svc
+        if not self.caches:  # every arrival reaches the feature stage now, in request order
+            return rid[:0], *self._features(rid, t_router, fetch(s.features, t_router, self.trips))
+        horizon = math.inf if final else hi
+        ledger = self.ledger
+        c = ledger.cols
+        served_ids = rid[:0]
+        f_id, f_t = rid, t_router
+        if "result" in self.caches:
+            f_id, f_t, hit = self.caches["result"].resolve(ledger, "result", rid, t_router, horizon)
+            rows = f_id - ledger.lo
+            c["t_cache"][rows] = f_t
+            served_ids = f_id[hit]
+            r = rows[hit]  # served from the result cache: no time in the later stages
+            for col in ("t_features", "t_preprocessed", "t_dispatch", "t_inferred"):
+                c[col][r] = f_t[hit]
+            c["result_hit"][r] = True
+            c["settled"][r] = True
+            f_id, f_t = f_id[~hit], f_t[~hit]
+        go = np.ones(len(f_id), dtype=bool)
+        if "feature" in self.caches:
+            f_id, f_t, hit = self.caches["feature"].resolve(ledger, "feature", f_id, f_t, horizon)
+            c["feature_hit"][f_id - ledger.lo] = hit
+            go = ~hit
+        lat = c["trips"][f_id - ledger.lo][go]
+        fetched = fetch_drawn(s.features, f_t[go], lat)
+        end, degraded, failed = f_t.copy(), np.zeros(len(f_id), dtype=bool), np.zeros(len(f_id), dtype=bool)
+        end[go], degraded[go], failed[go] = fetched
+        return served_ids, *self._features(f_id, f_t, Fetched(end, degraded, failed))
 
-    def _preprocess(self, rid, live, t_feat, svc, hi: float, final: bool):
+    def _features(self, ids: np.ndarray, start: np.ndarray, fetched: Fetched):
+        """Write the feature stage's columns of requests ``ids``; returns the ids, when
+        their stage ended and whether they failed (those are settled: they go no further)."""
+        c = self.ledger.cols
+        rows = ids - self.ledger.lo
+        failed = fetched.failed
+        c["t_features"][rows] = np.where(failed, np.nan, fetched.end)
+        c["degraded"][rows] = fetched.degraded
+        f = rows[failed]
+        c["t_dropped"][f] = fetched.end[failed]
+        c["outcome"][f] = Outcome.FAILED
+        c["settled"][f] = True
+        return ids, fetched.end, failed
+
+    def _preprocess(self, ids, t_feat, svc, hi: float, final: bool):
         """Preprocessing: a pure delay, or an FCFS pool of CPU workers (with a horizon).
         The requests that leave it now, and when."""
         if self.cpu is None:
-            return rid[live], t_feat[live] + svc[live]
-        self.cpu_wait.push(t=t_feat[live], s=np.asarray(svc[live], dtype=float), id=rid[live])
+            return ids, t_feat + svc
+        self.cpu_wait.push(t=t_feat, s=np.asarray(svc, dtype=float), id=ids)
         if self.cpu_wait.cols is None:
-            return rid[:0], t_feat[:0]
+            return ids[:0], t_feat[:0]
         r = self.cpu_wait.ready("t", math.inf if final else hi)
         return r["id"], self.cpu.run(r["t"], r["s"])[0] + r["s"]
 
@@ -313,6 +382,26 @@ class _Run:
             c["shipped"][r["id"] - ledger.lo] = True
 
 
+class _CacheStage:
+    """A cache on the streamed path: its contents carried between chunks, and the lookups
+    waiting for their turn (a :class:`Horizon`: they are replayed in time order)."""
+
+    def __init__(self, cfg: Cache, rng: np.random.Generator):
+        self.draws = CacheDraws(cfg, rng)
+        self.state = CacheState(cfg)
+        self.wait = Horizon(tie="id")
+
+    def resolve(self, ledger: _Ledger, name: str, ids: np.ndarray, t: np.ndarray, horizon: float):
+        """Lookups of requests ``ids`` at ``t`` join those waiting; those before
+        ``horizon`` are looked up now, in time order: their ids, when done, and hits."""
+        self.wait.push(t=t, id=ids)
+        r = self.wait.ready("t", horizon)
+        rows = r["id"] - ledger.lo
+        c = ledger.cols
+        hit = self.state.resolve(r["t"], c[name][rows])
+        return r["id"], cache_done(r["t"], hit, c[name + "_hit_ms"][rows], c[name + "_miss_ms"][rows], slice(None)), hit
+
+
 def _records(c: dict[str, np.ndarray]) -> Records:
     """The ledger's columns as records (the engine's arithmetic, for identical times)."""
     n = len(c["arrival"])
@@ -322,7 +411,7 @@ def _records(c: dict[str, np.ndarray]) -> Records:
         arrival=c["arrival"],
         t_api=c["t_api"],
         t_router=c["t_router"],
-        t_cache=c["t_router"],
+        t_cache=c["t_cache"],
         t_features=c["t_features"],
         t_preprocessed=c["t_preprocessed"],
         t_dispatch=c["t_dispatch"],
@@ -333,8 +422,8 @@ def _records(c: dict[str, np.ndarray]) -> Records:
         t_logged=c["t_logged"],
         outcome=c["outcome"],
         degraded=c["degraded"],
-        result_hit=np.zeros(n, dtype=bool),
-        feature_hit=np.zeros(n, dtype=bool),
+        result_hit=c["result_hit"],
+        feature_hit=c["feature_hit"],
         batch_size=c["batch_size"],
         instance=c["instance"],
         version=np.zeros(n, dtype=np.int8),

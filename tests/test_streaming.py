@@ -3,7 +3,8 @@
 ``simulator.streaming.stream`` simulates in time chunks and carries every stage's state
 across them (stations, random streams, the SimPy batch queues). On the same seed its
 records must equal ``simulate``'s exactly, whatever the chunk length, on every kind of
-scenario it supports; anything else would be a bug in the carry-over.
+scenario it supports (caches included: their contents carry over); anything else would be a
+bug in the carry-over.
 """
 
 from __future__ import annotations
@@ -60,6 +61,32 @@ CASES = {
         "validation/mmc.yaml",
         ["duration_s=20", "traffic.shape={kind: diurnal, period_s: 10, peak_to_mean: 1.2}"],
     ),
+    "result_cache_ttl": ("cache_ttl.yaml", ["duration_s=30", "warmup_s=5"]),
+    "result_cache_lru_flushed": (
+        "cache_ttl.yaml",
+        ["duration_s=30", "warmup_s=5", "caches.result.capacity=500", "caches.result.invalidate_at_s=[10, 21]"],
+    ),
+    "feature_cache": (
+        "recsys_feature_fetch.yaml",
+        [
+            "duration_s=20",
+            "warmup_s=2",
+            "caches.feature={keys: 2000, zipf_s: 1.1, ttl_s: 5, hit: {kind: lognormal, mean_ms: 0.3, cv: 0.5}, "
+            "miss: {kind: deterministic, value_ms: 0.4}}",
+        ],
+    ),
+    "both_caches_cpu_pool": (
+        "vision_preprocessing.yaml",
+        [
+            "preprocess.cpu_workers=2",
+            "caches.result={keys: 300, ttl_s: 2}",
+            "caches.feature={hit_rate: 0.5, hit: {kind: deterministic, value_ms: 0.2}}",
+        ],
+    ),
+    "result_cache_autoscaler": (
+        "autoscaling.yaml",
+        ["duration_s=100", "caches.result={keys: 1000, ttl_s: 30, hit: {kind: lognormal, mean_ms: 1, cv: 0.5}}"],
+    ),
 }
 
 
@@ -115,11 +142,12 @@ def test_pieces_are_contiguous_and_hold_little():
     [
         ("canary.yaml", "a canary"),
         ("noisy_neighbour.yaml", "traffic classes"),
-        ("cache_ttl.yaml", "caches"),
+        ("recsys_under_load.yaml", "a feature store of finite capacity"),
     ],
 )
 def test_what_it_does_not_simulate_is_named(path, why):
-    s = load_scenario(ROOT / "scenarios" / path)
+    extra = ["features.store={threads: 8, per_op_ms: 0.2}"] if "store" in why else []
+    s = load_scenario(ROOT / "scenarios" / path, extra)
     assert why in unsupported(s)
     with pytest.raises(ValueError, match=why):
         next(stream(s))

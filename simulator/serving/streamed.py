@@ -26,11 +26,14 @@ from simulator.stages.stations import FcfsStation
 
 
 class Horizon:
-    """Inputs of an order-dependent stage waiting for their turn: columns kept in request
-    order; :meth:`ready` hands out, sorted by time, those before the horizon."""
+    """Inputs of an order-dependent stage waiting for their turn: columns kept in the order
+    pushed; :meth:`ready` hands out, sorted by time, those before the horizon. Ties keep
+    the order pushed, or with ``tie`` (a column: the request id) go in that column's order,
+    for inputs that are not pushed in request order."""
 
-    def __init__(self) -> None:
+    def __init__(self, tie: str | None = None) -> None:
         self.cols: dict[str, np.ndarray] | None = None
+        self.tie = tie
 
     def push(self, **cols: np.ndarray) -> None:
         if self.cols is None:
@@ -48,7 +51,7 @@ class Horizon:
         else:
             take = {k: v[go] for k, v in c.items()}
             self.cols = {k: v[~go] for k, v in c.items()}
-        order = np.argsort(take[key], kind="stable")
+        order = np.argsort(take[key], kind="stable") if self.tie is None else np.lexsort((take[self.tie], take[key]))
         return {k: v[order] for k, v in take.items()}
 
 

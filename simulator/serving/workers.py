@@ -25,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 import simpy
 
+from simulator.rng import child
 from simulator.scenario.config import Affine, Table, Workers
 from simulator.scenario.distributions import Sampler
 from simulator.scenario.servicetime import ProfileRef
@@ -91,9 +92,7 @@ class ServiceModel:
         """The model of a fixed pool's ``k``-th queue: its own stream, a child of this one's
         seed (the same for every call, whatever this model has drawn)."""
         cfg, max_batch, rng = self._args
-        seq = rng.bit_generator.seed_seq
-        child = np.random.SeedSequence(seq.entropy, spawn_key=(*seq.spawn_key, k), pool_size=seq.pool_size)
-        return ServiceModel(cfg, max_batch, np.random.default_rng(child))
+        return ServiceModel(cfg, max_batch, child(rng, k))
 
     def block(self) -> np.ndarray:
         """The next block of factors, as :meth:`__call__` draws them (a batch's time is

@@ -18,7 +18,9 @@ from collections import OrderedDict
 
 import numpy as np
 
+from simulator.rng import child
 from simulator.scenario.config import Cache
+from simulator.scenario.distributions import Sampler
 
 
 def zipf_probabilities(keys: int, s: float) -> np.ndarray:
@@ -34,46 +36,89 @@ def draw_keys(cfg: Cache, n: int, *, rng: np.random.Generator) -> np.ndarray:
     return np.searchsorted(cdf, rng.random(n), side="right")
 
 
+def draw(cfg: Cache, n: int, *, rng: np.random.Generator) -> np.ndarray:
+    """What ``n`` lookups (in request order) draw: each one's key, or with ``hit_rate`` a
+    uniform for its coin flip."""
+    return rng.random(n) if cfg.hit_rate is not None else draw_keys(cfg, n, rng=rng)
+
+
+class CacheDraws:
+    """What requests draw at a cache, in request order, chunk after chunk: keys (or coin
+    flips) from the cache's stream, hit and miss latencies from its child streams 0 and 1
+    (:func:`simulator.rng.child`)."""
+
+    def __init__(self, cfg: Cache, rng: np.random.Generator):
+        self.cfg = cfg
+        self.rng = rng
+        self.hit = Sampler(cfg.hit, child(rng, 0)) if cfg.hit is not None else None
+        self.miss = Sampler(cfg.miss, child(rng, 1)) if cfg.miss is not None else None
+
+    def __call__(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The next ``n`` requests' draws: (keys or uniforms, hit ms, miss ms)."""
+        lat = [s.draw(n) if s is not None else np.zeros(n) for s in (self.hit, self.miss)]
+        return draw(self.cfg, n, rng=self.rng), *lat
+
+
+class CacheState:
+    """A cache's contents (each key's insertion time; an LRU's order), carried from one
+    run of lookups to the next, so a stream of lookups replayed in parts hits exactly as
+    it does in one pass."""
+
+    def __init__(self, cfg: Cache):
+        self.cfg = cfg
+        self.ttl = cfg.ttl_s * 1000.0 if cfg.ttl_s is not None else np.inf
+        self.flush = np.asarray(sorted(cfg.invalidate_at_s), dtype=float) * 1000.0
+        self.inserted = np.full(cfg.keys, -np.inf).tolist() if cfg.capacity is None else None
+        self.lru: OrderedDict[int, float] = OrderedDict()
+
+    def resolve(self, times_ms: np.ndarray, drawn: np.ndarray) -> np.ndarray:
+        """Whether each lookup (at ``times_ms``, any order; ``drawn`` as :func:`draw` made
+        them) hits; lookups at equal times in the order given. Later calls must bring
+        later lookups."""
+        if self.cfg.hit_rate is not None:
+            return drawn < self.cfg.hit_rate
+        order = np.argsort(times_ms, kind="stable")
+        hits = np.empty(len(times_ms), dtype=bool)
+        hits[order] = self.replay(times_ms[order], drawn[order])
+        return hits
+
+    def replay(self, times: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """Hits of a time-ordered lookup stream (one pass; O(1) per lookup)."""
+        ttl = self.ttl
+        # time of the last invalidation at or before each lookup (-inf if none)
+        last_flush = np.concatenate(([-np.inf], self.flush))[np.searchsorted(self.flush, times, side="right")]
+        out: list[bool] = []
+        record = out.append
+        if self.inserted is not None:
+            inserted = self.inserted
+            for t, k, f in zip(times.tolist(), keys.tolist(), last_flush.tolist(), strict=True):
+                at = inserted[k]
+                hit = t - at < ttl and at >= f
+                record(hit)
+                if not hit:
+                    inserted[k] = t
+            return np.asarray(out, dtype=bool)
+        lru = self.lru
+        cap = self.cfg.capacity
+        for t, k, f in zip(times.tolist(), keys.tolist(), last_flush.tolist(), strict=True):
+            at = lru.get(k)
+            hit = at is not None and t - at < ttl and at >= f
+            record(hit)
+            if hit:
+                lru.move_to_end(k)
+            else:
+                lru[k] = t
+                lru.move_to_end(k)
+                if len(lru) > cap:
+                    lru.popitem(last=False)
+        return np.asarray(out, dtype=bool)
+
+
 def lookup(cfg: Cache, times_ms: np.ndarray, *, rng: np.random.Generator) -> np.ndarray:
-    """Whether each lookup (at ``times_ms``, any order) hits."""
-    n = len(times_ms)
-    if cfg.hit_rate is not None:
-        return rng.random(n) < cfg.hit_rate
-    keys = draw_keys(cfg, n, rng=rng)
-    order = np.argsort(times_ms, kind="stable")
-    hits = np.empty(n, dtype=bool)
-    hits[order] = _replay(cfg, times_ms[order], keys[order])
-    return hits
+    """Whether each lookup (at ``times_ms``, any order) hits, on an empty cache."""
+    return CacheState(cfg).resolve(times_ms, draw(cfg, len(times_ms), rng=rng))
 
 
 def _replay(cfg: Cache, times: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """Hits of a time-ordered lookup stream (one pass; O(1) per lookup)."""
-    ttl = cfg.ttl_s * 1000.0 if cfg.ttl_s is not None else np.inf
-    flush = np.asarray(sorted(cfg.invalidate_at_s), dtype=float) * 1000.0
-    # time of the last invalidation at or before each lookup (-inf if none)
-    last_flush = np.concatenate(([-np.inf], flush))[np.searchsorted(flush, times, side="right")]
-    out: list[bool] = []
-    record = out.append
-    if cfg.capacity is None:
-        inserted = np.full(cfg.keys, -np.inf).tolist()
-        for t, k, f in zip(times.tolist(), keys.tolist(), last_flush.tolist(), strict=True):
-            at = inserted[k]
-            hit = t - at < ttl and at >= f
-            record(hit)
-            if not hit:
-                inserted[k] = t
-        return np.asarray(out, dtype=bool)
-    lru: OrderedDict[int, float] = OrderedDict()
-    cap = cfg.capacity
-    for t, k, f in zip(times.tolist(), keys.tolist(), last_flush.tolist(), strict=True):
-        at = lru.get(k)
-        hit = at is not None and t - at < ttl and at >= f
-        record(hit)
-        if hit:
-            lru.move_to_end(k)
-        else:
-            lru[k] = t
-            lru.move_to_end(k)
-            if len(lru) > cap:
-                lru.popitem(last=False)
-    return np.asarray(out, dtype=bool)
+    """Hits of a time-ordered lookup stream on an empty cache."""
+    return CacheState(cfg).replay(times, keys)

@@ -77,18 +77,36 @@ def _makespan_windows(lat: np.ndarray, slots: int, start: np.ndarray, cfg: Featu
     return free.max(axis=1) - start
 
 
-def fetch_uncontended(cfg: Features, start: np.ndarray, sampler: Sampler | None) -> np.ndarray:
-    """Feature-fetch durations (ms) when the store never queues (∞: never returned)."""
+def fetch_uncontended(
+    cfg: Features, start: np.ndarray, sampler: Sampler | None, need: np.ndarray | None = None
+) -> np.ndarray:
+    """Feature-fetch durations (ms) when the store never queues (∞: never returned).
+
+    Every request draws its round trips, in request order, whether it fetches or not (a
+    cache hit): with ``need`` (a mask), only those fetch, the others take 0 ms. So a
+    request's draws do not depend on which others hit a cache."""
     if cfg.lookups_per_request == 0:
         return np.zeros_like(start)
     keys = trip_keys(cfg)
     rows_per_chunk = max(1, _CHUNK_CELLS // len(keys))
-    out = np.empty_like(start)
+    out = np.zeros_like(start)
     for lo in range(0, len(start), rows_per_chunk):
         hi = min(lo + rows_per_chunk, len(start))
         lat = _trip_latency(cfg, sampler, hi - lo, keys)
-        out[lo:hi] = _makespan(lat, cfg.parallelism, start[lo:hi], cfg)
+        if need is None:
+            out[lo:hi] = _makespan(lat, cfg.parallelism, start[lo:hi], cfg)
+        else:
+            sel = need[lo:hi]
+            out[lo:hi][sel] = _makespan(lat[sel], cfg.parallelism, start[lo:hi][sel], cfg)
     return out
+
+
+def trips(cfg: Features, sampler: Sampler | None, n: int) -> np.ndarray:
+    """The round-trip latencies of ``n`` requests (a row each), drawn as
+    :func:`fetch_uncontended` draws them, for :func:`fetch_drawn` to use later."""
+    if cfg.lookups_per_request == 0:
+        return np.zeros((n, 0))
+    return _trip_latency(cfg, sampler, n, trip_keys(cfg))
 
 
 class Fetched(NamedTuple):
@@ -99,15 +117,27 @@ class Fetched(NamedTuple):
     failed: np.ndarray  # timed out with on_timeout: fail
 
 
-def fetch(cfg: Features, start: np.ndarray, sampler: Sampler | None) -> Fetched:
+def fetch(cfg: Features, start: np.ndarray, sampler: Sampler | None, need: np.ndarray | None = None) -> Fetched:
     """Feature stage: end times, and which requests were degraded (timed out, default
-    features) or failed (timed out with ``on_timeout: fail``; end time = when they gave up)."""
+    features) or failed (timed out with ``on_timeout: fail``; end time = when they gave up).
+    With ``need`` (a mask) only those fetch; the others end at ``start``."""
     if cfg.lookups_per_request and cfg.store is not None:
-        order = np.argsort(start, kind="stable")
-        end = np.empty_like(start)
-        end[order] = fetch_contended(cfg, start[order], sampler)
+        idx = np.arange(len(start)) if need is None else np.flatnonzero(need)
+        order = np.argsort(start[idx], kind="stable")
+        end = start.copy()
+        end[idx[order]] = fetch_contended(cfg, start[idx][order], sampler)
     else:
-        end = start + fetch_uncontended(cfg, start, sampler)
+        end = start + fetch_uncontended(cfg, start, sampler, need)
+    return _give_up(cfg, start, end)
+
+
+def fetch_drawn(cfg: Features, start: np.ndarray, lat: np.ndarray) -> Fetched:
+    """:func:`fetch` from an uncontended store, with round trips drawn before (:func:`trips`)."""
+    end = start + (_makespan(lat, cfg.parallelism, start, cfg) if cfg.lookups_per_request else 0.0)
+    return _give_up(cfg, start, end)
+
+
+def _give_up(cfg: Features, start: np.ndarray, end: np.ndarray) -> Fetched:
     late = np.zeros(len(start), dtype=bool)
     if cfg.timeout_ms is not None:
         give_up = start + cfg.timeout_ms
