@@ -9,7 +9,8 @@ memory available, naming the remedies, before a single array is allocated.
 
 The coefficients were measured on this project's 2-core machines (``/usr/bin/time -f %M``
 around ``servesim run``): 233 B per request, 4.1 KB and 48 µs per worker, 35 B per
-batch-size slot, 2.0 µs of wall time per request on the platform. They are deliberately
+batch-size slot, 2.0 µs of wall time per request on the platform held whole (0.6 µs
+streamed through a fixed pool: 62.4 s for 120M requests, ``benchmarks/README.md``). They are deliberately
 rounded up: a budget that refuses a run that would have fitted costs a flag; one that
 admits a run that cannot fit costs the machine.
 """
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 
 from simulator.scenario.config import Scenario
 from simulator.scenario.shapes import rate_bound
+from simulator.serving.compiled import covers
 
 BYTES_PER_REQUEST = 250
 BYTES_PER_WORKER = 5_000
@@ -36,6 +38,7 @@ BYTES_PER_CHUNK_REQUEST = 600  # streamed: a chunk's requests in flight through 
 BYTES_PER_RECORD_ROW = 200  # --records from a whole run: the table built from the records
 BYTES_PER_TIMELINE_ROW = 2_000  # a timeline interval: its sums while running, its row in the summary
 WALL_S_PER_REQUEST = 2.0e-6
+WALL_S_PER_STREAMED_REQUEST = 0.6e-6  # streamed through a fixed pool's compiled batch queues (measured 0.52 µs)
 WALL_S_PER_WORKER = 50e-6
 WALL_S_PER_TRIP = 30e-9
 
@@ -104,7 +107,9 @@ def estimate(s: Scenario, *, streamed: bool = False, records: bool = False, inte
         "timeline": s.duration_s / interval_s * BYTES_PER_TIMELINE_ROW,
         "features": max(trips, min(TRIP_CHUNK_CELLS, n * trips)) * BYTES_PER_TRIP_CELL if trips else 0.0,
     }
-    wall = n * WALL_S_PER_REQUEST + workers * WALL_S_PER_WORKER + n * trips * WALL_S_PER_TRIP
+    fast = streamed and not s.workers.dynamic and covers(s.batching)
+    per_request = WALL_S_PER_STREAMED_REQUEST if fast else WALL_S_PER_REQUEST
+    wall = n * per_request + workers * WALL_S_PER_WORKER + n * trips * WALL_S_PER_TRIP
     return Budget(requests=n, bytes=BASE_BYTES + sum(parts.values()), wall_s=wall, instances=workers, parts=parts)
 
 
