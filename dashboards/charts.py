@@ -22,10 +22,11 @@ STAGE_ORDER = [
 ]
 
 
-def waterfall(stages: pd.DataFrame) -> alt.Chart:
-    """Each stage's contribution to the requests around p50 and p99, stacked left to right."""
+def waterfall(stages: pd.DataFrame, row: str | None = None) -> alt.Chart:
+    """Each stage's contribution to the requests around p50 and p99, stacked left to right;
+    with ``row``, one panel per value of that column on one shared time axis."""
     data = stages[stages["ms"] > 0]
-    return (
+    chart = (
         alt.Chart(data, title="where latency lives: requests around each percentile")
         .mark_bar()
         .encode(
@@ -40,8 +41,10 @@ def waterfall(stages: pd.DataFrame) -> alt.Chart:
                 alt.Tooltip("e2e_ms:Q", format=".1f"),
             ],
         )
-        .properties(height=240)
     )
+    if row is None:
+        return chart.properties(height=240)
+    return chart.properties(height=120).facet(row=alt.Row(f"{row}:N", title=None)).resolve_scale(x="shared")
 
 
 def cdf(table: pd.DataFrame, target_ms: float | None = None, color: str | None = None) -> alt.Chart:

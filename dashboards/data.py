@@ -8,6 +8,7 @@ No Streamlit here, so every function is testable on its own; pages cache them wi
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,32 @@ def question(text: str) -> str:
             continue
         lines.append(body)
     return " ".join(x for x in lines if x).strip()
+
+
+def documented_variants(text: str) -> list[tuple[str, tuple[str, ...]]]:
+    """The variants a scenario's header documents: each ``servesim run … --set …`` command
+    line (continuations joined) as (its comment, or its overrides; the overrides)."""
+    lines, out = [], []
+    for raw in text.splitlines():
+        if not raw.startswith("#"):
+            break
+        body = raw.lstrip("#").strip()
+        if lines and lines[-1].endswith("\\"):
+            lines[-1] = lines[-1][:-1] + " " + body
+        else:
+            lines.append(body)
+    for line in lines:
+        if not line.startswith("servesim run ") or "--set" not in line:
+            continue
+        command, _, comment = line.partition("  #")
+        try:
+            words = shlex.split(command)
+        except ValueError:
+            continue
+        sets = tuple(words[i + 1] for i, w in enumerate(words[:-1]) if w == "--set")
+        if sets:
+            out.append((comment.strip() or ", ".join(sets), sets))
+    return out
 
 
 @dataclass(frozen=True)

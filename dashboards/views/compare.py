@@ -1,4 +1,5 @@
-"""Two variants side by side: the sidebar's scenario (A) against A with more overrides (B)."""
+"""Two variants side by side: the sidebar's scenario (A) against A with more overrides (B),
+B taken by default from the variants the scenario's own header documents."""
 
 from __future__ import annotations
 
@@ -7,15 +8,29 @@ import math
 import pandas as pd
 import streamlit as st
 
-from dashboards import cache, charts
-from dashboards.data import Choice
+from dashboards import cache, charts, glance
+from dashboards.data import Choice, documented_variants
 from dashboards.views.results import kpi_row
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import ScenarioError
 
+OWN = "your own overrides"
+
+# (KPI, how to show it, lower is better: True, False, or None when neither)
+ROWS = [
+    ("p50_ms", glance.ms, True),
+    ("p95_ms", glance.ms, True),
+    ("p99_ms", glance.ms, True),
+    ("workers", lambda x: f"{x:,.0f}", None),
+    ("utilization", lambda x: f"{x:.0%}", None),
+    ("cost_per_hour_usd", glance.usd, True),
+    ("cost_per_million_usd", glance.usd, True),
+]
+
 
 def suggestion(s: Scenario) -> str:
-    """A first variant worth trying for this scenario (the seed articles' usual lever)."""
+    """A first variant worth trying when the scenario documents none (the seed articles'
+    usual lever)."""
     f = s.features
     if f.lookups_per_request and f.batch_size < f.lookups_per_request:
         return f"features.batch_size={f.lookups_per_request}"  # batch the feature lookups
@@ -25,19 +40,49 @@ def suggestion(s: Scenario) -> str:
 
 
 def deltas(a: dict, b: dict) -> pd.DataFrame:
-    """One row per KPI: A, B, and B − A."""
-    keys = ["p50_ms", "p95_ms", "p99_ms", "workers", "utilization", "cost_per_hour_usd", "cost_per_million_usd"]
-    return pd.DataFrame({"A": [a[k] for k in keys], "B": [b[k] for k in keys]}, index=keys).assign(
-        change=lambda d: d["B"] - d["A"], change_pct=lambda d: (d["B"] / d["A"] - 1) * 100
-    )
+    """One row per KPI, as people read them: A, B, the change and the change in percent
+    (blank when there is none)."""
+    rows = []
+    for key, fmt, _ in ROWS:
+        d = b[key] - a[key]
+        rows.append(
+            {
+                "KPI": key.replace("_", " ").replace(" ms", "").replace(" usd", " ($)"),
+                "A": fmt(a[key]),
+                "B": fmt(b[key]),
+                "change": glance.change(d, fmt) or "",
+                "change %": f"{d / a[key]:+.1%}" if d and a[key] else "",
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def colours(a: dict, b: dict) -> list[str]:
+    """Green where B is better, red where worse, nothing where equal or neither."""
+    out = []
+    for key, _, lower in ROWS:
+        d = b[key] - a[key]
+        better = None if lower is None or d == 0 else (d < 0) == lower
+        out.append("" if better is None else "color: green" if better else "color: red")
+    return out
 
 
 def render(choice: Choice, s: Scenario) -> None:
     st.header("Compare two variants")
+    documented = documented_variants(choice.text)
+    options = [label for label, _ in documented] + [OWN]
+    picked = st.selectbox(
+        "variant B",
+        options,
+        key=f"variant-pick:{s.name}",
+        help="The variants this scenario's header documents (its `servesim run --set …` lines), or your own.",
+    )
+    preset = dict(documented).get(picked)
+    default = "\n".join(preset) if preset else (suggestion(s) if not documented else "")
     text = st.text_area(
-        "variant B: overrides on top of the sidebar's scenario (one path=value per line)",
-        value=suggestion(s),
-        key=f"variant:{s.name}",
+        "B: overrides on top of the sidebar's scenario (one path=value per line)",
+        value=default,
+        key=f"variant:{s.name}:{picked}",
     )
     extra = tuple(line.strip().removeprefix("--set").strip() for line in text.splitlines() if line.strip())
     try:
@@ -50,17 +95,11 @@ def render(choice: Choice, s: Scenario) -> None:
     kpi_row(a, s)
     st.subheader("B: " + ", ".join(extra) if extra else "B: (no change)")
     kpi_row(b, s_b, reference=a)
-    table = deltas(a.kpis(), b.kpis())
-    st.dataframe(
-        table.style.format("{:,.3g}").map(
-            lambda v: "color: green" if v < 0 else "color: red" if v > 0 else "", subset=["change", "change_pct"]
-        ),
-        width="stretch",
-    )
+    ka, kb = a.kpis(), b.kpis()
+    paint = colours(ka, kb)
+    table = deltas(ka, kb)
+    st.dataframe(table.style.apply(lambda _col: paint, subset=["change", "change %"]), hide_index=True, width="stretch")
     both = pd.concat([a.cdf.assign(variant="A"), b.cdf.assign(variant="B")])
     st.altair_chart(charts.cdf(both, s.sla.target_ms, color="variant"), width="stretch")
-    left, right = st.columns(2)
-    left.caption("A")
-    left.altair_chart(charts.waterfall(a.stages), width="stretch")
-    right.caption("B")
-    right.altair_chart(charts.waterfall(b.stages), width="stretch")
+    stages = pd.concat([a.stages.assign(variant="A"), b.stages.assign(variant="B")])
+    st.altair_chart(charts.waterfall(stages, row="variant"), width="stretch")  # one shared x scale

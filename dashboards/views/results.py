@@ -1,52 +1,93 @@
-"""Scenario results: the KPI row, where latency lives, the latency CDF, batch sizes."""
+"""Scenario results: the verdict and KPIs, per-class results, where latency lives, the latency CDF, batch sizes."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import streamlit as st
 
-from dashboards import cache, charts
+from dashboards import cache, charts, glance
 from dashboards.data import Choice, Result
 from simulator.scenario.config import Scenario
 
 
+def verdict_banner(r: Result) -> None:
+    """The SLA verdict, coloured, with its margin, the share of requests within the target
+    (drops count as misses), what was dropped, and an overload warning."""
+    v = glance.verdict(r.summary, r.timeline)
+    within = (
+        "" if math.isnan(v.attainment) else f" · {v.attainment:.2%} of requests within {glance.target(v.target_ms)}"
+    )
+    text = f"**{v.headline}**{within} · {v.drops_text}"
+    (st.success if v.met else st.error)(text)
+    if v.unstable:
+        st.warning(f"**Unstable:** {v.unstable}.")
+
+
 def kpi_row(r: Result, s: Scenario, reference: Result | None = None) -> None:
-    """p50/p95/p99 against the SLA, the verdict, workers, utilization and cost; with
-    ``reference``, each figure's change from it."""
+    """The verdict, then p50/p95/p99, attainment, drops, workers, load and cost in compact
+    units (two rows of four: nothing is cut off at 1400 px); with ``reference``, each
+    figure's change from it ("+12.5 ms"; none when equal)."""
+    verdict_banner(r)
     k = r.kpis()
     ref = reference.kpis() if reference else None
-    q = f"p{k['sla_percentile']:g}"
+    v = glance.verdict(r.summary)
+    dropped = sum(v.dropped.values())
 
-    def delta(name, fmt="{:+,.1f}"):
-        return fmt.format(k[name] - ref[name]) if ref else None
+    def delta(name, fmt=glance.ms, unit=""):
+        return glance.change(k[name] - ref[name], fmt, unit=unit) if ref else None
 
-    cols = st.columns(8)
-    cols[0].metric("p50 ms", f"{k['p50_ms']:,.1f}", delta("p50_ms"), delta_color="inverse")
-    cols[1].metric("p95 ms", f"{k['p95_ms']:,.1f}", delta("p95_ms"), delta_color="inverse")
-    cols[2].metric(
-        "p99 ms",
-        f"{k['p99_ms']:,.1f}",
+    top = st.columns(4)
+    top[0].metric("p50", glance.ms(k["p50_ms"]), delta("p50_ms"), delta_color="inverse")
+    top[1].metric("p95", glance.ms(k["p95_ms"]), delta("p95_ms"), delta_color="inverse")
+    top[2].metric(
+        "p99",
+        glance.ms(k["p99_ms"]),
         delta("p99_ms"),
         delta_color="inverse",
-        help=f"SLA: {q} ≤ {k['sla_target_ms']:g} ms",
+        help=f"SLA: {v.percentile} ≤ {v.target_ms:g} ms",
     )
-    cols[3].metric(
-        f"SLA {q} ≤ {k['sla_target_ms']:g} ms",
-        "met" if k["sla_met"] else "missed",
-        help=f"attained {q}: {k['sla_attained_ms']:,.1f} ms",
+    top[3].metric(
+        "within SLA",
+        "–" if math.isnan(v.attainment) else f"{v.attainment:.2%}",
+        help="Share of the window's requests answered within the SLA target; dropped requests count as misses.",
     )
-    cols[4].metric("workers", f"{k['workers']:,.0f}", delta("workers", "{:+,.0f}"), delta_color="off")
-    cols[5].metric("load of peak", f"{k['utilization']:.0%}", delta("utilization", "{:+.0%}"), delta_color="off")
-    cols[6].metric(
-        "$ per hour", f"{k['cost_per_hour_usd']:,.2f}", delta("cost_per_hour_usd", "{:+,.2f}"), delta_color="inverse"
+    bottom = st.columns(4)
+    bottom[0].metric(
+        "dropped",
+        f"{glance.count(dropped)} ({dropped / max(v.arrived, 1):.1%})" if dropped else "0",
+        help=v.drops_text,
     )
-    cols[7].metric(
-        "$ per M requests",
-        f"{k['cost_per_million_usd']:,.4f}",
-        delta("cost_per_million_usd", "{:+,.4f}"),
+    bottom[1].metric("workers", f"{k['workers']:,.0f}", delta("workers", lambda x: f"{x:,.0f}"), delta_color="off")
+    bottom[2].metric(
+        "load of peak", f"{k['utilization']:.0%}", delta("utilization", lambda x: f"{x:.0%}"), delta_color="off"
+    )
+    bottom[3].metric(
+        "cost per hour",
+        glance.usd(k["cost_per_hour_usd"]),
+        delta("cost_per_hour_usd", glance.usd),
         delta_color="inverse",
+        help=f"{glance.usd(k['cost_per_million_usd'])} per million requests",
     )
+
+
+def latency_home(r: Result) -> None:
+    """Where latency lives, in a sentence."""
+    words = glance.latency_home(r.stages)
+    if words:
+        st.markdown(f"**Where latency lives:** {words}.")
+
+
+def classes(r: Result) -> None:
+    """Per traffic class: its own latency, SLA verdict and drops."""
+    table = glance.classes_table(r.summary)
+    if table is None:
+        return
+    st.subheader("per traffic class")
+    shown = table.drop(columns=["met"])
+    colours = ["color: green" if m else "color: red" if m is False else "" for m in table["met"]]
+    st.dataframe(shown.style.apply(lambda _col: colours, subset=["verdict"]), hide_index=True, width="stretch")
 
 
 def sampling_note(r: Result, s: Scenario) -> None:
@@ -67,6 +108,8 @@ def render(choice: Choice, s: Scenario | None) -> None:
     r = cache.result(choice)
     sampling_note(r, s)
     kpi_row(r, s)
+    classes(r)
+    latency_home(r)
     st.altair_chart(charts.waterfall(r.stages), width="stretch")
     left, right = st.columns(2)
     left.altair_chart(charts.cdf(r.cdf, s.sla.target_ms), width="stretch")
