@@ -76,49 +76,101 @@ def batch_sizes(table: pd.DataFrame) -> alt.Chart:
     )
 
 
-def hockey_stick(table: pd.DataFrame, x: str, target_ms: float, marker: float | None, marker_label: str) -> alt.Chart:
-    """p50 and p99 against ``x`` (offered load or workers), the SLA target and a marker
-    (the napkin's capacity or worker count) as rules."""
+def _labelled_rule(value: float, label: str, field: str, *, color: str, dash: bool, vertical: bool) -> alt.Chart:
+    """A rule at ``value`` with its label written beside it."""
+    data = pd.DataFrame({field: [value], "what": [label]})
+    enc = {("x" if vertical else "y"): alt.X(f"{field}:Q") if vertical else alt.Y(f"{field}:Q")}
+    rule = (
+        alt.Chart(data)
+        .mark_rule(color=color, strokeDash=[4, 4] if dash else [])
+        .encode(**enc, tooltip=["what:N", f"{field}:Q"])
+    )
+    text = (
+        alt.Chart(data)
+        .mark_text(align="left", dx=4, dy=-6 if not vertical else 0, baseline="bottom", color=color, fontSize=11)
+        .encode(**enc, text="what:N", **({"y": alt.value(12)} if vertical else {"x": alt.value(4)}))
+    )
+    return rule + text
+
+
+def hockey_stick(
+    table: pd.DataFrame,
+    x: str,
+    target_ms: float,
+    marker: float | None,
+    marker_label: str,
+    *,
+    x_title: str,
+    current: float | None = None,
+    current_label: str = "now",
+    integer: bool = False,
+) -> alt.VConcatChart:
+    """p50 and p99 against ``x`` (offered load or workers) on a log axis, with the SLA
+    target, the napkin's estimate (``marker``, drawn only inside the points' range) and
+    the current setup labelled; below, on the same x axis, the share of requests dropped
+    (the points where the tail flattens only because requests are turned away)."""
     long = table.melt(id_vars=[x], value_vars=["p50_ms", "p99_ms"], var_name="percentile", value_name="ms")
     long["percentile"] = long["percentile"].str.replace("_ms", "")
+    lo, hi = float(table[x].min()), float(table[x].max())
+    axis = alt.Axis(format="d", tickMinStep=1) if integer else alt.Axis(format=",.0f")
+    xs = alt.X(f"{x}:Q", title=x_title, axis=axis, scale=alt.Scale(domain=[lo, hi], nice=False))
     lines = (
         alt.Chart(long)
         .mark_line(point=True)
         .encode(
-            x=alt.X(f"{x}:Q"),
+            x=xs,
             y=alt.Y("ms:Q", scale=alt.Scale(type="log"), title="latency (ms, log)"),
-            color="percentile:N",
-            tooltip=[f"{x}:Q", "percentile:N", alt.Tooltip("ms:Q", format=".1f")],
+            color=alt.Color("percentile:N", scale=alt.Scale(domain=["p50", "p99"], range=["#4c78a8", "#f58518"])),
+            tooltip=[alt.Tooltip(f"{x}:Q", format=",.0f"), "percentile:N", alt.Tooltip("ms:Q", format=".1f")],
         )
     )
-    target = (
-        alt.Chart(pd.DataFrame({"ms": [target_ms], "what": ["SLA target"]}))
-        .mark_rule(color="red", strokeDash=[4, 4])
-        .encode(y="ms:Q", tooltip=["what:N", "ms:Q"])
-    )
-    layers = lines + target
-    if marker is not None:
-        layers += (
-            alt.Chart(pd.DataFrame({x: [marker], "what": [marker_label]}))
-            .mark_rule(color="gray")
-            .encode(x=f"{x}:Q", tooltip=["what:N", f"{x}:Q"])
+    layers = lines + _labelled_rule(target_ms, f"SLA {target_ms:g} ms", "ms", color="red", dash=True, vertical=False)
+    if marker is not None and lo <= marker <= hi:
+        layers += _labelled_rule(marker, marker_label, x, color="gray", dash=True, vertical=True)
+    if current is not None and lo <= current <= hi:
+        layers += _labelled_rule(current, current_label, x, color="black", dash=False, vertical=True)
+    share = table.assign(dropped_share=table.get("dropped_share", 0.0))
+    drops = (
+        alt.Chart(share)
+        .mark_bar(color="#e45756", size=8)
+        .encode(
+            x=xs,
+            y=alt.Y("dropped_share:Q", title="dropped", axis=alt.Axis(format="%")),
+            tooltip=[alt.Tooltip(f"{x}:Q", format=",.0f"), alt.Tooltip("dropped_share:Q", format=".2%")],
         )
-    return layers
+        .properties(height=70)
+    )
+    return alt.vconcat(layers.properties(height=260), drops).resolve_scale(x="shared")
+
+
+# series colours without red: red is the SLA target's, and only its
+SERIES = ["#4c78a8", "#f58518", "#54a24b", "#b279a2", "#9d755d", "#72b7b2", "#eeca3b", "#bab0ac"]
+Y_AXIS_WIDTH = 64  # px for every timeline panel's y axis, so stacked panels line up
 
 
 def timeline(
     table: pd.DataFrame, events: pd.DataFrame, columns: list[str], title: str, y: str, target: float | None = None
 ) -> alt.Chart:
     """Several timeline columns over time (long form), with fleet and deploy events as
-    rules and, given ``target``, a horizontal rule there (the SLA target)."""
+    rules and, given ``target``, a horizontal rule there (the SLA target, the only red).
+    Every panel has the same y-axis width and its legend on top, so panels stacked on a
+    page share their plot area and x positions."""
     long = table.melt(id_vars=["t_s"], value_vars=columns, var_name="series", value_name="value")
     chart = (
         alt.Chart(long, title=title)
         .mark_line()
         .encode(
-            x=alt.X("t_s:Q", title="time (s)"),
-            y=alt.Y("value:Q", title=y),
-            color="series:N",
+            x=alt.X(
+                "t_s:Q",
+                title="time (s)",
+                scale=alt.Scale(domain=[float(table["t_s"].min()), float(table["t_s"].max())], nice=False),
+            ),
+            y=alt.Y("value:Q", title=y, axis=alt.Axis(minExtent=Y_AXIS_WIDTH, maxExtent=Y_AXIS_WIDTH)),
+            color=alt.Color(
+                "series:N",
+                scale=alt.Scale(domain=columns, range=SERIES[: len(columns)]),
+                legend=alt.Legend(orient="top", title=None),
+            ),
             tooltip=["t_s:Q", "series:N", alt.Tooltip("value:Q", format=",.1f")],
         )
         .properties(height=180)

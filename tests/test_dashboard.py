@@ -247,3 +247,30 @@ def test_practice_grading_names_what_went_wrong():
     assert notes[0] == "workers needed: you said 130, the simulator says 100 (+30%)"
     assert notes[1].startswith("SLA percentile: you said 10, the simulator says 40 (-75%)")
     assert "the tail lives in **queue**, not inference" in notes[2]
+
+
+def test_the_load_curve_reaches_past_the_knee():
+    """Load factors go past the fleet's peak capacity (every worker at its largest batch)."""
+    from dashboards.views.load_curve import load_factors
+    from simulator.planning.napkin import per_worker_rps
+
+    s = load_scenario(ROOT / "scenarios/inference_platform.yaml")
+    peak = s.workers.count * per_worker_rps(s, s.batching.max_batch_size) / s.traffic.rate_rps
+    factors = load_factors(s)
+    assert 1.0 in factors
+    assert max(factors) > peak > 1.5  # 130 workers peak at ~1.7x the 200k req/s
+
+
+def test_the_timeline_ends_where_the_run_ends_and_plots_drops():
+    import pandas as pd
+
+    from dashboards.views.timeline import intervals
+    from simulator.results.metrics import summarize
+
+    s = load_scenario(ROOT / "scenarios/autoscaling.yaml", ["duration_s=30.5", "warmup_s=5"])
+    t = pd.DataFrame(summarize(simulate(s))["timeline"])
+    shown = intervals(t, s)
+    assert shown["t_s"].max() < s.duration_s
+    last, before = shown["offered_rps"].iloc[-1], shown["offered_rps"].iloc[-5:-1].mean()
+    assert 0.6 * before < last < 1.4 * before  # the half interval at the end is not a drop to half
+    assert {"rejected_rps", "timed_out_rps"} <= set(shown.columns)

@@ -1,8 +1,9 @@
-"""The run over time: rate, workers (active, warming, draining), queue depth and windowed
-p99, with scaling and deploy events as rules."""
+"""The run over time: offered, completed and dropped requests, workers (active, warming,
+draining), queue depth and windowed p50/p99, with scaling and deploy events as rules."""
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from dashboards import cache, charts
@@ -10,11 +11,29 @@ from dashboards.data import Choice
 from simulator.scenario.config import Scenario
 
 
+def intervals(t: pd.DataFrame, s: Scenario) -> pd.DataFrame:
+    """The timeline's intervals inside the run, with drops per second: the interval that
+    starts at the run's end holds only the drain (it would read as a crash to zero), and
+    a last interval cut short by the run's end is scaled to its width."""
+    t = t[t["t_s"] < s.duration_s].copy()
+    if len(t) < 2:
+        return t
+    width = float(t["t_s"].iloc[1] - t["t_s"].iloc[0])
+    short = s.duration_s - float(t["t_s"].iloc[-1])
+    if 0 < short < width:  # rates over the part of the interval that was run
+        for col in ("offered_rps", "completed_rps"):
+            t.loc[t.index[-1], col] *= width / short
+    t["rejected_rps"] = t["rejected"] / width
+    t["timed_out_rps"] = t["timed_out"] / width
+    return t
+
+
 def render(choice: Choice, s: Scenario) -> None:
     st.header("Timeline")
     r = cache.result(choice)
-    t, ev = r.timeline, r.events
-    st.altair_chart(charts.timeline(t, ev, ["offered_rps", "completed_rps"], "traffic", "req/s"), width="stretch")
+    t, ev = intervals(r.timeline, s), r.events
+    traffic = ["offered_rps", "completed_rps", "rejected_rps", "timed_out_rps"]
+    st.altair_chart(charts.timeline(t, ev, traffic, "traffic", "req/s"), width="stretch")
     st.altair_chart(
         charts.timeline(t, ev, ["active_workers", "warming_workers", "draining_workers"], "workers", "workers"),
         width="stretch",
