@@ -128,7 +128,9 @@ def test_plan_page_bisects_and_offers_the_chosen_scenario():
     at.button(key="plan-run").click().run()
     assert not at.exception
     assert charts(at) == 1  # the cost / latency frontier
-    assert any("cheapest:" in s.value for s in at.success)
+    answer = at.success[0].value
+    assert answer.startswith("cheapest, tied within 0.5%: ")  # with batching off the window changes nothing
+    assert "than now" in answer or "the same cost as now" in answer
     assert len(at.get("download_button")) == 1
 
 
@@ -274,3 +276,34 @@ def test_the_timeline_ends_where_the_run_ends_and_plots_drops():
     last, before = shown["offered_rps"].iloc[-1], shown["offered_rps"].iloc[-5:-1].mean()
     assert 0.6 * before < last < 1.4 * before  # the half interval at the end is not a drop to half
     assert {"rejected_rps", "timed_out_rps"} <= set(shown.columns)
+
+
+def test_plan_ties_the_napkin_and_nothing_meeting_the_sla():
+    import pandas as pd
+
+    from dashboards.data import Choice
+    from dashboards.views.plan import answer, knob_overrides
+
+    best = pd.DataFrame(
+        {"config": ["a", "b", "c"], "met": [True, True, False], "cost_per_hour_usd": [100.0, 100.2, 50.0]}
+    )
+    assert list(answer(best)["config"]) == ["a", "b"]  # within 0.5%: a tie, both shown
+    assert answer(best.assign(met=False)).empty
+    # a max batch below the napkin's batch (16) takes the napkin's down with it
+    path = ROOT / "scenarios/inference_platform.yaml"
+    s = load_scenario(path)
+    over = knob_overrides(s, "batching.max_batch_size", "8")
+    assert over == ("batching.max_batch_size=8", "napkin.batch_size=8")
+    assert Choice(str(path), path.read_text()).load(over).batching.max_batch_size == 8
+
+
+def test_plan_page_says_why_nothing_meets_the_sla():
+    at = run_page("plan", "scenarios/validation/mmc.yaml")
+    at.text_input(key="plan-values:batching.max_queue_delay_ms").set_value("0")
+    at.slider(key="plan-range").set_value((1, 3))  # M/M/8 at rho 0.8 needs 8 or more
+    at.button(key="plan-run").click().run()
+    assert not at.exception
+    text = at.error[0].value
+    assert text.startswith("**Nothing meets the SLA in this range** (workers 1–3). The closest: ")
+    assert "It is at the top of the range" in text
+    assert any(i.value.startswith("**Now:** ") for i in at.info)
