@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import streamlit as st
 
-from dashboards.data import ROOT, Choice, scenario_files
+from dashboards.data import ROOT, SCENARIOS, Choice, scenario_files
 from simulator.scenario.catalog import load_catalog
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import ScenarioError
@@ -82,6 +83,14 @@ def knobs(s: Scenario, prefix: str) -> list[str]:
     return [f"{k}={v}" for k, v in wanted.items() if v != current[k]]
 
 
+def upload_source(name: str) -> str:
+    """Where an upload's relative file references resolve: beside the shipped scenario of
+    that name when there is one (a downloaded, edited scenario keeps its profile), else in
+    the shipped scenarios' folder."""
+    shipped = {p.name: p for p in scenario_files()}
+    return str(shipped.get(Path(name).name, SCENARIOS / Path(name).name))
+
+
 def sidebar() -> tuple[Choice | None, Scenario | None]:
     """The chosen, edited and validated scenario; (choice, None) with an error shown when
     the edit does not validate; (None, None) when the file itself does not."""
@@ -89,19 +98,33 @@ def sidebar() -> tuple[Choice | None, Scenario | None]:
     files = scenario_files()
     names = [str(p.relative_to(ROOT)) for p in files]
     with bar:
-        picked = st.selectbox("scenario", names, index=names.index(DEFAULT) if DEFAULT in names else 0, key="file")
+        # the URL carries the scenario (?scenario=scenarios/….yaml), so a link opens the same one
+        asked = st.query_params.get("scenario")
+        start = asked if asked in names else DEFAULT if DEFAULT in names else names[0]
+        picked = st.selectbox("scenario", names, index=names.index(start), key="file")
+        if st.query_params.get("scenario") != picked:
+            st.query_params["scenario"] = picked
         upload = st.file_uploader("…or upload a scenario YAML", type=["yaml", "yml"], key="upload")
         if upload is not None:
-            choice = Choice(source=upload.name, text=upload.getvalue().decode("utf-8", errors="replace"))
+            choice = Choice(source=upload_source(upload.name), text=upload.getvalue().decode("utf-8", errors="replace"))
         else:
             choice = Choice(source=str(ROOT / picked), text=(ROOT / picked).read_text())
         try:
             base = choice.load()
         except ScenarioError as e:
             st.error(str(e))
+            if upload is not None and "file not found" in str(e):
+                st.info(
+                    "An uploaded scenario's relative paths (a profile, an arrivals file) are read from the shipped "
+                    f"scenarios' folder, `{SCENARIOS.relative_to(ROOT)}/`: name the file as a path from there, "
+                    "or give an absolute path."
+                )
             return None, None
         st.caption(base.description or base.name)
-        overrides = knobs(base, prefix=f"{Path(choice.source).stem}:")
+        # the knobs' keys carry the file's content: an edited upload of the same name starts
+        # from its own values, not the last file's
+        digest = hashlib.sha1(choice.text.encode()).hexdigest()[:10]
+        overrides = knobs(base, prefix=f"{Path(choice.source).stem}:{digest}:")
         choice = Choice(choice.source, choice.text, tuple(overrides))
         if overrides:
             st.code("\n".join(f"--set {o}" for o in overrides), language="bash")

@@ -247,13 +247,25 @@ app.command(name="serve")(serve)
 
 @app.command()
 def dashboard(
-    port: Annotated[int, typer.Option(help="Port on 127.0.0.1.")] = 8501,
-    headless: Annotated[bool, typer.Option(help="Do not open a browser window.")] = False,
+    port: Annotated[
+        int | None, typer.Option(help="Port (default: STREAMLIT_SERVER_PORT, else 8501).", show_default=False)
+    ] = None,
+    headless: Annotated[
+        bool | None,
+        typer.Option(
+            "--headless/--browser",
+            help="Do not open a browser window (default: STREAMLIT_SERVER_HEADLESS, else open one).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Open the Streamlit dashboard (results, compare, load curve, timeline, plan, ...).
 
     Pick and edit scenarios, see where latency lives, compare variants, the load curve, the
-    timeline, plans, calibration and practice."""
+    timeline, plans, calibration and practice. Streamlit's own settings from the
+    environment (STREAMLIT_SERVER_PORT, STREAMLIT_SERVER_HEADLESS,
+    STREAMLIT_SERVER_ADDRESS, ...) hold unless an option here says otherwise; the address
+    is 127.0.0.1 unless STREAMLIT_SERVER_ADDRESS names another."""
     import importlib.util
     import os
     import sys
@@ -263,12 +275,23 @@ def dashboard(
     spec = importlib.util.find_spec("dashboards.app")
     if spec is None or spec.origin is None:
         raise fail("the dashboard is not installed with this servesim (dashboards/app.py)")
-    app_path = spec.origin
-    cmd = [sys.executable, "-m", "streamlit", "run", str(app_path), "--server.port", str(port),
-           "--server.address", "127.0.0.1", "--server.headless", str(headless).lower(),
-           "--browser.gatherUsageStats", "false"]  # fmt: skip
+    cmd = [sys.executable, "-m", "streamlit", "run", str(spec.origin), "--browser.gatherUsageStats", "false"]
+    cmd += dashboard_flags(os.environ, port, headless)
     # become Streamlit (no child left behind): SIGTERM and Ctrl-C reach the server itself
     os.execv(sys.executable, cmd)
+
+
+def dashboard_flags(env, port: int | None, headless: bool | None) -> list[str]:
+    """Streamlit flags for what the command line says, leaving what the environment says
+    (``STREAMLIT_SERVER_*``) to Streamlit."""
+    flags = []
+    if port is not None or "STREAMLIT_SERVER_PORT" not in env:
+        flags += ["--server.port", str(8501 if port is None else port)]
+    if headless is not None:
+        flags += ["--server.headless", str(headless).lower()]
+    if "STREAMLIT_SERVER_ADDRESS" not in env:
+        flags += ["--server.address", "127.0.0.1"]
+    return flags
 
 
 app.add_typer(calibrate_app, name="calibrate")

@@ -219,13 +219,24 @@ def test_the_dashboard_in_a_real_browser(tmp_path):
         assert wait_gone([proc.pid, *descendants(proc.pid)]) == []
 
 
-def test_sigterm_to_servesim_dashboard_frees_its_port():
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_servesim_dashboard_frees_its_port_and_the_environment_is_honoured(sig):
+    """Started with Streamlit's own environment settings only (port, headless), the
+    dashboard serves there; SIGTERM or Ctrl-C to the command stops it and frees the port."""
     pytest.importorskip("streamlit", reason="the dashboard needs streamlit")
     port = free_port()
-    proc = start_dashboard(port)
+    env = {**os.environ, "STREAMLIT_SERVER_PORT": str(port), "STREAMLIT_SERVER_HEADLESS": "true"}
+    proc = subprocess.Popen(
+        [*servesim_cmd(), "dashboard"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/_stcore/health", proc=proc)
-        proc.send_signal(signal.SIGTERM)  # to the command itself, not its group
+        proc.send_signal(sig)  # to the command itself, not its group
         proc.wait(timeout=10)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -234,10 +245,30 @@ def test_sigterm_to_servesim_dashboard_frees_its_port():
                     break
             time.sleep(0.2)
         else:
-            pytest.fail(f"port {port} still served 10 s after SIGTERM")
+            pytest.fail(f"port {port} still served 10 s after {sig.name}")
+        assert wait_gone([proc.pid, *descendants(proc.pid)]) == []
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_dashboard_flags_leave_the_environment_to_streamlit():
+    from servesim.cli import dashboard_flags
+
+    assert dashboard_flags({}, None, None) == ["--server.port", "8501", "--server.address", "127.0.0.1"]
+    env = {"STREAMLIT_SERVER_PORT": "9000", "STREAMLIT_SERVER_ADDRESS": "0.0.0.0"}
+    assert dashboard_flags(env, None, None) == []
+    assert dashboard_flags(env, 8600, True) == ["--server.port", "8600", "--server.headless", "true"]
+
+
+def test_the_url_carries_the_scenario():
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params["scenario"] = "scenarios/recsys_under_load.yaml"
+    at.run()
+    assert not at.exception
+    assert at.selectbox(key="file").value == "scenarios/recsys_under_load.yaml"
+    at.selectbox(key="file").set_value("scenarios/cv_degradation.yaml").run()
+    assert at.query_params["scenario"] == "scenarios/cv_degradation.yaml"
 
 
 def test_practice_grading_names_what_went_wrong():
@@ -307,3 +338,21 @@ def test_plan_page_says_why_nothing_meets_the_sla():
     assert text.startswith("**Nothing meets the SLA in this range** (workers 1–3). The closest: ")
     assert "It is at the top of the range" in text
     assert any(i.value.startswith("**Now:** ") for i in at.info)
+
+
+def test_an_edited_upload_of_the_same_name_resets_the_knobs_and_keeps_its_profile():
+    """The knobs' keys carry the file's content, and an upload named like a shipped scenario
+    resolves its relative profile path beside that scenario."""
+    import hashlib
+
+    from dashboards.data import Choice
+    from dashboards.sidebar import upload_source
+
+    text = (ROOT / "scenarios/calibrated_cpu_resnet.yaml").read_text()
+    choice = Choice(upload_source("calibrated_cpu_resnet.yaml"), text)
+    assert choice.load().workers.count == 6  # its profile (../calibrate/profiles/...) found
+    edited = text.replace("count: 6", "count: 9")
+    assert edited != text
+    assert Choice(upload_source("calibrated_cpu_resnet.yaml"), edited).load().workers.count == 9
+    keys = {hashlib.sha1(t.encode()).hexdigest()[:10] for t in (text, edited)}
+    assert len(keys) == 2  # different widget keys: the new file's values, not the old knobs
