@@ -34,19 +34,6 @@ def scenario_files() -> list[Path]:
     return sorted(SCENARIOS.glob("*.yaml")) + sorted(SCENARIOS.glob("*/*.yaml"))
 
 
-def question(text: str) -> str:
-    """The header comment of a scenario: the question it asks, without the command lines."""
-    lines = []
-    for line in text.splitlines():
-        if not line.startswith("#"):
-            break
-        body = line.lstrip("#").strip()
-        if body.startswith("servesim ") or body.startswith("--"):
-            continue
-        lines.append(body)
-    return " ".join(x for x in lines if x).strip()
-
-
 def documented_variants(text: str) -> list[tuple[str, tuple[str, ...]]]:
     """The variants a scenario's header documents: each ``servesim run … --set …`` command
     line (continuations joined) as (its comment, or its overrides; the overrides)."""
@@ -220,35 +207,3 @@ def validation_rows(report: dict) -> pd.DataFrame:
         )
         out["verdict"] = df["verdict"]
     return out
-
-
-# How close a practice estimate must be to count as right: relative error per quantity.
-ESTIMATE_TOLERANCE = {"workers": 0.2, "sla_ms": 0.25, "cost_per_hour_usd": 0.2}
-
-
-def grade(estimates: dict, truth: dict) -> list[str]:
-    """What went wrong in a practice attempt: one sentence per estimate outside its
-    tolerance (``ESTIMATE_TOLERANCE``), or a wrong dominant stage."""
-    notes = []
-    for key, what in (
-        ("workers", "workers needed"),
-        ("sla_ms", "SLA percentile"),
-        ("cost_per_hour_usd", "cost per hour"),
-    ):
-        yours, real = estimates.get(key), truth.get(key)
-        if yours is None or real is None or not real:
-            continue
-        err = (yours - real) / real
-        if abs(err) > ESTIMATE_TOLERANCE[key]:
-            notes.append(f"{what}: you said {yours:,.4g}, the simulator says {real:,.4g} ({err:+.0%})")
-    if estimates.get("stage") and estimates["stage"] != truth.get("stage"):
-        notes.append(
-            f"the tail lives in **{truth['stage']}**, not {estimates['stage']}: see its share in the waterfall"
-        )
-    return notes
-
-
-def dominant_stage(stages: pd.DataFrame, percentile: str = "p99") -> str:
-    """The stage with the largest share of the requests around ``percentile``."""
-    band = stages[stages["percentile"] == percentile]
-    return str(band.loc[band["ms"].idxmax(), "stage"]) if len(band) else ""

@@ -22,6 +22,7 @@ from reference_server.serve import serve
 from servesim.console import budget, check_output, err, fail, out
 from servesim.explain import explain
 from servesim.plan import plan
+from servesim.practice import practice
 from servesim.report import render
 from servesim.streamed import records_frame, run_streamed
 from servesim.sweep import cluster_app, sweep
@@ -239,6 +240,7 @@ def schema() -> None:
 
 
 app.command(name="explain")(explain)
+app.command(name="practice")(practice)
 app.command(name="plan")(plan)
 app.command(name="sweep")(sweep)
 app.add_typer(cluster_app, name="cluster")

@@ -145,15 +145,35 @@ def test_calibration_page_shows_measured_against_predicted():
     assert "ranker" in at.caption[0].value
 
 
-def test_practice_page_compares_estimates_with_the_simulator():
+def test_practice_page_checks_each_step_then_reveals_the_simulation():
     at = run_page("practice")
-    at.selectbox(key="practice-situation").set_value("vision_preprocessing").run()
-    assert any("45 ms" in i.value or "JPEG" in i.value for i in at.info)
-    at.number_input[0].set_value(3)
-    at.button[0].click().run()  # the form's submit button
+    at.selectbox(key="practice-situation").set_value("cv_degradation").run()
+    at.number_input(key="practice-seed").set_value(7).run()
+    question = at.info[0].value
+    assert "requests a minute" in question
+    header = (ROOT / "scenarios/cv_degradation.yaml").read_text().split("\nname:")[0]
+    sentences = [
+        x.strip("# ").strip() for x in header.replace("\n#", " ").split(".") if len(x.strip("# ").strip()) > 20
+    ]
+    assert not [x for x in sentences if x in question]  # nothing of the scenario's comments
+    from simulator.planning.practice import ask
+
+    q = ask("cv_degradation", 7)
+    assert q.text == question  # the seed gives the same question
+    right = {"peak_rps": q.answers["peak_rps"], "workers": q.answers["workers"], "workers_headroom": 5}
+    for key, value in right.items():
+        next(n for n in at.number_input if n.key.endswith(f":{key}")).set_value(value)
+    next(b for b in at.button if b.label == "check my steps").click().run()  # grade the steps
     assert not at.exception
-    assert len(at.dataframe) == 2  # yours vs the simulator, and the napkin's lines
-    assert at.warning or at.success
+    steps = at.dataframe[0].value
+    assert list(steps[""][:1]) == ["✓"]  # peak rate right
+    assert (steps[""] == "✗").sum() >= 5  # the steps left empty
+    at.button(key="reveal:cv_degradation:7:()").click().run()
+    assert not at.exception
+    assert next(m.label for m in at.metric) == "fewest workers meeting the SLA"
+    assert any(m.value.startswith("**Why the napkin and the simulation differ**") for m in at.markdown)
+    assert len(at.dataframe) == 2  # the steps, and the history of attempts
+    assert at.dataframe[1].value["seed"].tolist() == [7]
 
 
 def test_stage_bands_add_up_to_the_percentile():
@@ -269,17 +289,6 @@ def test_the_url_carries_the_scenario():
     assert at.selectbox(key="file").value == "scenarios/recsys_under_load.yaml"
     at.selectbox(key="file").set_value("scenarios/cv_degradation.yaml").run()
     assert at.query_params["scenario"] == "scenarios/cv_degradation.yaml"
-
-
-def test_practice_grading_names_what_went_wrong():
-    from dashboards.data import grade
-
-    truth = {"workers": 100, "sla_ms": 40.0, "cost_per_hour_usd": 400.0, "stage": "queue"}
-    assert grade({"workers": 110, "sla_ms": 45.0, "cost_per_hour_usd": 380.0, "stage": "queue"}, truth) == []
-    notes = grade({"workers": 130, "sla_ms": 10.0, "cost_per_hour_usd": 400.0, "stage": "inference"}, truth)
-    assert notes[0] == "workers needed: you said 130, the simulator says 100 (+30%)"
-    assert notes[1].startswith("SLA percentile: you said 10, the simulator says 40 (-75%)")
-    assert "the tail lives in **queue**, not inference" in notes[2]
 
 
 def test_the_load_curve_reaches_past_the_knee():

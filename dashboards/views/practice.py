@@ -1,101 +1,125 @@
-"""Practice for system-design interviews: read a seed situation, estimate, then compare
-with the simulator and the napkin math."""
+"""Practice for system-design interviews: a question with fresh numbers (and nothing of the
+answer in it), the napkin estimated step by step and checked, then the simulation and why
+it differs; a history of attempts while the app is open; your own numbers if you like.
+The trainer itself is :mod:`simulator.planning.practice` (also ``servesim practice``)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dashboards import cache
-from dashboards.data import Choice, dominant_stage, grade, question, scenario_files
-from simulator.planning.napkin import napkin, workers_needed
-from simulator.planning.plan import Planner
-from simulator.results.metrics import worker_price
-from simulator.results.records import STAGES
-from simulator.scenario.loader import load_scenario
-
-STAGE_NAMES = [name for name, _, _ in STAGES]
+from simulator.planning.practice import SITUATIONS, STAGE_WORDS, STEPS, Question, ask, check, reveal
 
 
-def situations() -> dict[str, Choice]:
-    """Shipped scenarios with a fixed fleet and one traffic stream, by their question."""
-    out = {}
-    for path in scenario_files():
-        text = path.read_text()
-        s = load_scenario(path, text=text)
-        if (
-            s.workers.autoscaler is None
-            and not s.traffic.classes
-            and s.traffic.rate_rps
-            and "validation" not in path.parts
-        ):
-            out[path.stem] = Choice(str(path), text)
-    return out
+@st.cache_data(show_spinner=False, max_entries=16)
+def _reveal(situation: str, seed: int, overrides: tuple, workers: int):
+    return reveal(ask(situation, seed, dict(overrides)), workers)
 
 
-@st.cache_data(show_spinner=False, max_entries=8)
-def minimum_workers(source: str, text: str) -> int | None:
-    s = Choice(source, text).load()
-    _, padded = workers_needed(s)
-    best, _, _ = Planner(replications=2, max_replications=4).min_workers(s, 1, max(2 * padded, 2), "practice")
-    return best.workers if best else None
+def _new_seed() -> None:
+    st.session_state["practice-seed"] = int(np.random.default_rng().integers(1, 1_000_000))
 
 
-def render(choice: Choice | None = None, s=None) -> None:
+def _own_numbers(situation: str, q: Question) -> tuple:
+    """The situation's drawn numbers, editable: a candidate's or an interviewer's own."""
+    with st.expander("ask your own question: type the numbers"):
+        values = {}
+        cols = st.columns(3)
+        for i, knob in enumerate(SITUATIONS[situation].knobs):
+            obj = q.scenario
+            for part in knob.path.split("."):
+                obj = getattr(obj, part)
+            values[knob.path] = cols[i % 3].number_input(
+                knob.path.split(".", 1)[1].replace("_", " "),
+                value=float(obj),
+                min_value=0.0,
+                format="%g",
+                key=f"own:{situation}:{knob.path}",
+            )
+        use = st.toggle("use these numbers", key=f"own-use:{situation}")
+    return tuple(sorted(values.items())) if use else ()
+
+
+def render(choice=None, s=None) -> None:
     st.header("Practice: estimate first, then check")
-    options = situations()
-    name = st.selectbox("situation", list(options), key="practice-situation")
-    pick = options[name]
-    sc = pick.load()
-    st.info(question(pick.text) or sc.description)
     st.caption(
-        f"Given: {sc.traffic.rate_rps:,.0f} req/s; SLA p{sc.sla.percentile:g} ≤ {sc.sla.target_ms:g} ms; "
-        f"{sc.workers.count} × {sc.workers.instance_type} workers as configured; "
-        f"max batch {sc.batching.max_batch_size}."
+        "A capacity question as an interviewer asks it. Work the napkin step by step; each step is checked "
+        "against the napkin math, then the simulator answers and says why the two differ."
     )
-    with st.form(f"estimates:{name}"):
-        c = st.columns(4)
-        workers = c[0].number_input("workers needed for the SLA", min_value=1, value=1, step=1)
-        p99 = c[1].number_input(f"p{sc.sla.percentile:g} as configured (ms)", min_value=0.0, value=0.0)
-        cost = c[2].number_input("cost as configured ($/h)", min_value=0.0, value=0.0)
-        stage = c[3].selectbox("stage the tail spends most in", STAGE_NAMES)
-        checked = st.form_submit_button("check my estimates")
-    if not checked:
+    top = st.columns([2, 1, 1])
+    situation = top[0].selectbox(
+        "situation",
+        list(SITUATIONS),
+        format_func=lambda k: SITUATIONS[k].title,
+        key="practice-situation",
+    )
+    if "practice-seed" not in st.session_state:
+        asked = st.query_params.get("seed")
+        st.session_state["practice-seed"] = int(asked) if asked and asked.isdigit() else 1
+    seed = top[1].number_input("seed (share it to share the question)", min_value=1, step=1, key="practice-seed")
+    top[2].button("new numbers", on_click=_new_seed, key="practice-new")
+    st.query_params["seed"] = str(int(seed))
+    q = ask(situation, int(seed))
+    own = _own_numbers(situation, q)
+    if own:
+        q = ask(situation, int(seed), dict(own))
+    st.info(q.text)
+    attempt = f"{situation}:{int(seed)}:{own}"
+    with st.form(f"steps:{attempt}"):
+        st.markdown("**Your napkin**")
+        cols = st.columns(4)
+        yours = {}
+        for i, step in enumerate(STEPS):
+            yours[step.key] = cols[i % 4].number_input(
+                f"{step.prompt} ({step.unit})", min_value=0.0, value=None, format="%g", key=f"{attempt}:{step.key}"
+            )
+        stage = st.selectbox(
+            "where the p99 tail spends most of its time", list(STAGE_WORDS), format_func=STAGE_WORDS.get, index=None
+        )
+        checked = st.form_submit_button("check my steps")
+    if checked:
+        st.session_state[f"marks:{attempt}"] = ([check(q, k, v) for k, v in yours.items()], stage)
+    if f"marks:{attempt}" not in st.session_state:
         return
-    with st.spinner("simulating …"):
-        r = cache.run(pick.source, pick.text, ())
-        need = minimum_workers(pick.source, pick.text)
-    k = r.kpis()
-    truth_stage = dominant_stage(r.stages, f"p{sc.sla.percentile:g}") or dominant_stage(r.stages)
-    table = pd.DataFrame(
-        {
-            "yours": [workers, p99, cost, stage],
-            "simulator": [need, round(k["sla_attained_ms"], 1), round(k["cost_per_hour_usd"], 2), truth_stage],
-        },
-        index=["workers needed", f"p{sc.sla.percentile:g} (ms)", "cost ($/h)", "dominant stage"],
-    )
-    st.dataframe(table.astype(str), width="stretch")
-    notes = grade(
-        {"workers": workers, "sla_ms": p99, "cost_per_hour_usd": cost, "stage": stage},
-        {
-            "workers": need,
-            "sla_ms": k["sla_attained_ms"],
-            "cost_per_hour_usd": k["cost_per_hour_usd"],
-            "stage": truth_stage,
-        },
-    )
-    for n in notes:
-        st.warning(n)
-    if not notes:
-        st.success("All within range.")
-    st.subheader("the napkin math")
+    marks, stage = st.session_state[f"marks:{attempt}"]
     st.dataframe(
         pd.DataFrame(
-            [
-                {"quantity": ln.quantity, "formula": ln.formula, "value": f"{ln.value:,.4g} {ln.unit}"}
-                for ln in napkin(sc, worker_price(sc))
-            ]
+            {
+                "step": [m.prompt for m in marks],
+                "": ["✓" if m.ok else "✗" for m in marks],
+                "yours": ["–" if m.yours is None else f"{m.yours:,.4g}" for m in marks],
+                "napkin": [f"{m.truth:,.4g}" for m in marks],
+                "how": [m.note for m in marks],
+            }
         ),
         hide_index=True,
         width="stretch",
     )
+    workers = next(m.yours for m in marks if m.key == "workers_headroom") or q.answers["workers_headroom"]
+    if not st.button(f"reveal the simulation at {int(workers)} workers", type="primary", key=f"reveal:{attempt}"):
+        return
+    with st.spinner("simulating …"):
+        r = _reveal(situation, int(seed), own, int(workers))
+    stage_ok = stage == r.stage
+    score = sum(m.ok for m in marks) + stage_ok
+    pct = f"p{q.scenario.sla.percentile:g}"
+    c = st.columns(3)
+    c[0].metric("fewest workers meeting the SLA", r.minimum_workers if r.minimum_workers else "none in range")
+    c[1].metric(
+        f"{pct} at your {r.workers} workers", f"{r.attained_ms:,.1f} ms", help=f"SLA ≤ {q.scenario.sla.target_ms:g} ms"
+    )
+    c[2].metric("where the tail lives", STAGE_WORDS[r.stage], f"{r.stage_share:.0%} of {pct}", delta_color="off")
+    (st.success if r.met else st.error)(
+        f"At {r.workers} workers the SLA is {'met' if r.met else 'missed'}: {pct} {r.attained_ms:,.1f} ms against "
+        f"{q.scenario.sla.target_ms:g} ms. You said the tail lives in "
+        f"{STAGE_WORDS.get(stage, 'nowhere')}: {'right' if stage_ok else 'it lives in ' + STAGE_WORDS[r.stage]}."
+    )
+    st.markdown("**Why the napkin and the simulation differ**\n\n" + "\n".join(f"- {w}" for w in r.why))
+    history = st.session_state.setdefault("practice-history", [])
+    entry = {"situation": SITUATIONS[situation].title, "seed": int(seed), "own numbers": bool(own)}
+    entry |= {"score": f"{score} of {len(marks) + 1}", "workers": r.workers, "simulated minimum": r.minimum_workers}
+    if not history or history[-1] != entry:
+        history.append(entry)
+    st.subheader("your attempts")
+    st.dataframe(pd.DataFrame(history), hide_index=True, width="stretch")
