@@ -26,16 +26,24 @@ def main() -> None:
 
         return page
 
-    pages = [
-        st.Page(needs_scenario(results.render), title="Results", url_path="results", default=True),
-        st.Page(needs_scenario(compare.render), title="Compare", url_path="compare"),
-        st.Page(needs_scenario(load_curve.render), title="Load curve", url_path="load-curve"),
-        st.Page(needs_scenario(timeline.render), title="Timeline", url_path="timeline"),
-        st.Page(needs_scenario(plan.render), title="Plan", url_path="plan"),
-        st.Page(calibration.render, title="Calibration", url_path="calibration"),
-        st.Page(practice.render, title="Practice", url_path="practice"),
+    views = [
+        (needs_scenario(results.render), "Results", "results"),
+        (needs_scenario(compare.render), "Compare", "compare"),
+        (needs_scenario(load_curve.render), "Load curve", "load-curve"),
+        (needs_scenario(timeline.render), "Timeline", "timeline"),
+        (needs_scenario(plan.render), "Plan", "plan"),
+        (calibration.render, "Calibration", "calibration"),
+        (practice.render, "Practice", "practice"),
     ]
-    st.navigation(pages).run()
+    # a shared link names its page in the query (?page=compare&scenario=...): the app's root
+    # URL then opens that page, without the 404s Streamlit's front end makes on a page's own
+    # path (streamlit/streamlit#7074)
+    asked = st.query_params.get("page")
+    first = asked if asked in {path for _, _, path in views} else "results"
+    pages = [st.Page(fn, title=title, url_path=path, default=path == first) for fn, title, path in views]
+    current = st.navigation(pages)
+    st.query_params["page"] = next(path for (_, t, path) in views if t == current.title)
+    current.run()
 
 
 main()

@@ -173,7 +173,7 @@ def timeline(
             ),
             tooltip=["t_s:Q", "series:N", alt.Tooltip("value:Q", format=",.1f")],
         )
-        .properties(height=180)
+        .properties(height=280)  # the whole view: title, legend, axes and plot (Streamlit fits it)
     )
     if len(events):
         chart += (
