@@ -470,3 +470,12 @@ def test_an_edited_upload_of_the_same_name_resets_the_knobs_and_keeps_its_profil
     assert Choice(upload_source("calibrated_cpu_resnet.yaml"), edited).load().workers.count == 9
     keys = {hashlib.sha1(t.encode()).hexdigest()[:10] for t in (text, edited)}
     assert len(keys) == 2  # different widget keys: the new file's values, not the old knobs
+
+
+def test_compare_shows_each_traffic_class_for_both_variants():
+    at = run_page("compare", "scenarios/noisy_neighbour.yaml")
+    assert at.text_area[0].value == "traffic.classes.tagger.max_instances=5"  # the header's first fix
+    assert [h.value for h in at.subheader].count("per traffic class") == 2
+    a, b = (df.value for df in at.dataframe[:2])
+    assert list(a["class"]) == ["ranker", "tagger"]
+    assert list(b["class"]) == ["ranker", "tagger"]

@@ -10,7 +10,7 @@ import streamlit as st
 
 from dashboards import cache, charts, glance
 from dashboards.data import Choice, documented_variants
-from dashboards.views.results import kpi_row
+from dashboards.views.results import classes, kpi_row
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import ScenarioError
 
@@ -93,8 +93,10 @@ def render(choice: Choice, s: Scenario) -> None:
     a, b = cache.result(choice), cache.result(choice, extra)
     st.subheader("A: as in the sidebar")
     kpi_row(a, s)
+    classes(a)
     st.subheader("B: " + ", ".join(extra) if extra else "B: (no change)")
     kpi_row(b, s_b, reference=a)
+    classes(b)
     ka, kb = a.kpis(), b.kpis()
     paint = colours(ka, kb)
     table = deltas(ka, kb)
