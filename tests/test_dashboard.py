@@ -479,3 +479,14 @@ def test_compare_shows_each_traffic_class_for_both_variants():
     a, b = (df.value for df in at.dataframe[:2])
     assert list(a["class"]) == ["ranker", "tagger"]
     assert list(b["class"]) == ["ranker", "tagger"]
+
+
+def test_practice_takes_your_own_numbers():
+    at = run_page("practice")
+    before = at.info[0].value
+    at.number_input(key="own:platform:traffic.rate_rps").set_value(123_000.0)
+    at.toggle(key="own-use:platform").set_value(True).run()
+    assert not at.exception
+    after = at.info[0].value
+    assert after != before
+    assert "123,000 requests/s" in after

@@ -4,6 +4,7 @@ against the napkin, the simulator's reveal, and the terminal trainer with script
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 
@@ -39,8 +40,10 @@ def test_a_question_is_drawn_fresh_from_its_seed_and_gives_nothing_away(name):
 
 
 def test_own_numbers_make_the_question():
-    q = ask("platform", 3, {"traffic.rate_rps": 100_000, "sla.target_ms": 120})
+    q = ask("platform", 3, {"traffic.rate_rps": 100_000, "sla.target_ms": 120, "napkin.headroom": 0.5})
     assert q.answers["peak_rps"] == 100_000
+    assert q.answers["workers_headroom"] == math.ceil(q.answers["workers"] * 1.5 - 1e-9)
+    assert "50% headroom" in q.text
     assert "100,000 requests/s" in q.text
     assert "120 ms" in q.text
     with pytest.raises(ValueError, match="unknown situation"):

@@ -37,6 +37,13 @@ def _own_numbers(situation: str, q: Question) -> tuple:
                 format="%g",
                 key=f"own:{situation}:{knob.path}",
             )
+        values["napkin.headroom"] = cols[len(values) % 3].number_input(
+            "headroom (0.3 = 30%)",
+            value=float(q.scenario.napkin.headroom),
+            min_value=0.0,
+            format="%g",
+            key=f"own:{situation}:napkin.headroom",
+        )
         use = st.toggle("use these numbers", key=f"own-use:{situation}")
     return tuple(sorted(values.items())) if use else ()
 
