@@ -440,6 +440,10 @@ def test_plan_ties_the_napkin_and_nothing_meeting_the_sla():
     over = knob_overrides(s, "batching.max_batch_size", "8")
     assert over == ("batching.max_batch_size=8", "napkin.batch_size=8")
     assert Choice(str(path), path.read_text()).load(over).batching.max_batch_size == 8
+    # the chosen scenario's file names an instance type too (its batch times rescale on load)
+    from dashboards.views.plan import as_set
+
+    assert as_set(s, "workers.instance_type", "h100") == ("workers.instance_type=h100",)
 
 
 def test_plan_page_says_why_nothing_meets_the_sla():

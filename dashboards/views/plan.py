@@ -33,6 +33,13 @@ def knob_overrides(s: Scenario, path: str, value) -> tuple[str, ...]:
     return out
 
 
+def as_set(s: Scenario, path: str, value) -> tuple[str, ...]:
+    """The ``--set`` overrides of a knob's value for a scenario file: an instance type too
+    (``--set workers.instance_type`` rescales the batch times as :func:`on_instance_type`
+    does), with the napkin kept consistent."""
+    return (f"{path}={value}", *knob_overrides(s, path, value)[1:])
+
+
 def answer(best: pd.DataFrame, tol: float = 0.005) -> pd.DataFrame:
     """The configurations that meet the SLA at the lowest cost: several when their costs
     are within ``tol`` of each other (a tie), none when nothing met it."""
@@ -121,7 +128,7 @@ def render(choice: Choice, s: Scenario) -> None:
             f"cheapest: {pick['config']}, {int(pick['workers'])} workers, "
             f"{glance.usd(pick['cost_per_hour_usd'])}/h{versus}"
         )
-    extra = (f"workers.count={int(pick['workers'])}", *knob_overrides(s, path, pick["value"]))
+    extra = (f"workers.count={int(pick['workers'])}", *as_set(s, path, pick["value"]))
     st.download_button("chosen scenario (YAML)", choice.edited_yaml(extra), file_name=f"{s.name}_planned.yaml")
 
 
@@ -142,9 +149,7 @@ def nothing_meets(choice: Choice, s: Scenario, path: str, points: pd.DataFrame, 
         f"{glance.target(s.sla.target_ms)}."
     )
     value = close.get("value")
-    over = (f"workers.count={int(close['workers'])}",)
-    if value is not None:  # an instance type too: --set rescales its batch times
-        over += (f"{path}={value}", *knob_overrides(s, path, value)[1:])
+    over = (f"workers.count={int(close['workers'])}",) + (as_set(s, path, value) if value is not None else ())
     try:
         r = cache.result(choice, over)
         home = glance.latency_home(r.stages)
