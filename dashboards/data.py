@@ -34,6 +34,14 @@ def scenario_files() -> list[Path]:
     return sorted(SCENARIOS.glob("*.yaml")) + sorted(SCENARIOS.glob("*/*.yaml"))
 
 
+def value_at(s: Scenario, path: str):
+    """The value of a dotted ``path`` (``workers.service_time.base_ms``) in a scenario."""
+    obj = s
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def documented_variants(text: str) -> list[tuple[str, tuple[str, ...]]]:
     """The variants a scenario's header documents: each ``servesim run … --set …`` command
     line (continuations joined) as (its comment, or its overrides; the overrides)."""

@@ -10,18 +10,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-# the stage names of simulator.results.anatomy, as people say them
-STAGE_WORDS = {
-    "network_in": "the network in",
-    "router": "the router",
-    "cache": "the cache lookup",
-    "features": "the feature fetch",
-    "preprocess": "preprocessing",
-    "queue": "queueing",
-    "inference": "inference",
-    "postprocess": "postprocessing",
-    "network_out": "the network out",
-}
+from simulator.results.anatomy import STAGE_WORDS, tail_stage
+
 DROPS = ("rejected", "timed_out", "failed", "crashed", "errors")
 DROP_WORDS = {"rejected": "rejected", "timed_out": "timed out", "failed": "failed", "crashed": "lost to crashes"}
 
@@ -169,17 +159,15 @@ def instability(summary: dict, timeline: pd.DataFrame | None = None) -> str | No
 def latency_home(stages: pd.DataFrame, percentile: str = "p99") -> str | None:
     """Where latency lives, in words: 'queueing is 96% of p99 (29.8 ms of 31.2 ms)',
     from :func:`simulator.results.anatomy.stage_bands`."""
+    top = tail_stage(stages, percentile)
+    if top is None:
+        return None
+    stage, share = top
     band = stages[stages["percentile"] == percentile]
-    if not len(band):
-        return None
     total = float(band["ms"].sum())
-    if total <= 0:
-        return None
-    top = band.loc[band["ms"].idxmax()]
-    share = float(top["ms"]) / total
-    words = STAGE_WORDS.get(str(top["stage"]), str(top["stage"]))
-    text = f"{words} is {share:.0%} of {percentile} ({ms(float(top['ms']))} of {ms(total)})"
-    rest = band[band["stage"] != top["stage"]].sort_values("ms", ascending=False)
+    words = STAGE_WORDS.get(stage, stage)
+    text = f"{words} is {share:.0%} of {percentile} ({ms(share * total)} of {ms(total)})"
+    rest = band[band["stage"] != stage].sort_values("ms", ascending=False)
     if len(rest) and float(rest["ms"].iloc[0]) / total >= 0.15:
         second = rest.iloc[0]
         text += (

@@ -8,7 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboards import cache, charts, glance
-from dashboards.data import Choice
+from dashboards.data import Choice, value_at
 from simulator.planning.napkin import workers_needed
 from simulator.planning.plan import Planner, label, on_instance_type
 from simulator.scenario.config import Scenario
@@ -99,7 +99,7 @@ def render(choice: Choice, s: Scenario) -> None:
         return
     st.caption(f"{len(points)} points, {requests:,} requests simulated")
     now = cache.result(choice).kpis()
-    current = f"{s.workers.count} workers, {knob} {_current(s, path)}"
+    current = f"{s.workers.count} workers, {knob} {value_at(s, path)}"
     st.info(
         f"**Now:** {current}: {glance.usd(now['cost_per_hour_usd'])}/h, p{now['sla_percentile']:g} "
         f"{glance.ms(now['sla_attained_ms'])} against {glance.target(now['sla_target_ms'])}: "
@@ -130,13 +130,6 @@ def render(choice: Choice, s: Scenario) -> None:
         )
     extra = (f"workers.count={int(pick['workers'])}", *as_set(s, path, pick["value"]))
     st.download_button("chosen scenario (YAML)", choice.edited_yaml(extra), file_name=f"{s.name}_planned.yaml")
-
-
-def _current(s: Scenario, path: str):
-    obj = s
-    for part in path.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def nothing_meets(choice: Choice, s: Scenario, path: str, points: pd.DataFrame, lo: int, hi: int) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from dashboards.data import value_at
 from simulator.planning.practice import SITUATIONS, STAGE_WORDS, STEPS, Question, ask, check, reveal
 
 
@@ -27,12 +28,9 @@ def _own_numbers(situation: str, q: Question) -> tuple:
         values = {}
         cols = st.columns(3)
         for i, knob in enumerate(SITUATIONS[situation].knobs):
-            obj = q.scenario
-            for part in knob.path.split("."):
-                obj = getattr(obj, part)
             values[knob.path] = cols[i % 3].number_input(
                 knob.path.split(".", 1)[1].replace("_", " "),
-                value=float(obj),
+                value=float(value_at(q.scenario, knob.path)),
                 min_value=0.0,
                 format="%g",
                 key=f"own:{situation}:{knob.path}",

@@ -27,25 +27,13 @@ from simulator.engine import simulate
 from simulator.planning.napkin import napkin, napkin_batch, workers_needed
 from simulator.planning.plan import Planner, with_workers
 from simulator.planning.sampling import auto_sample_size, sample_fleet
-from simulator.results.anatomy import stage_bands
+from simulator.results.anatomy import STAGE_WORDS, stage_bands, tail_stage
 from simulator.results.metrics import summarize, window, worker_price
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import load_scenario
 from simulator.serving.workers import mean_service_ms
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
-
-STAGE_WORDS = {
-    "network_in": "network in",
-    "router": "router",
-    "cache": "cache lookup",
-    "features": "feature fetch",
-    "preprocess": "preprocessing",
-    "queue": "queueing for a worker",
-    "inference": "inference",
-    "postprocess": "postprocessing",
-    "network_out": "network out",
-}
 
 
 @dataclass(frozen=True)
@@ -261,6 +249,7 @@ def stage_key(text: str) -> str | None:
     if t in aliases:
         return aliases[t]
     for key, words in STAGE_WORDS.items():
+        words = words.removeprefix("the ")
         if t in (key.replace("_", " "), words) or words.startswith(t) or key.startswith(t.replace(" ", "_")):
             return key
     return None
@@ -315,15 +304,6 @@ def _run(s: Scenario) -> tuple[dict, object]:
     return m, bands
 
 
-def tail_stage(bands, percentile: str) -> tuple[str, float]:
-    """The stage with the largest share of the requests around ``percentile``, and its share."""
-    band = bands[bands["percentile"] == percentile]
-    if not len(band) or band["ms"].sum() <= 0:
-        return "inference", 0.0
-    top = band.loc[band["ms"].idxmax()]
-    return str(top["stage"]), float(top["ms"] / band["ms"].sum())
-
-
 def reveal(q: Question, workers: int | None = None) -> Reveal:
     """Simulate the question's system at ``workers`` (default: the napkin's, with headroom):
     its tail and where the latency lives; the fewest workers that meet the SLA; and why
@@ -334,7 +314,7 @@ def reveal(q: Question, workers: int | None = None) -> Reveal:
     n = max(1, int(workers or padded))
     m, bands = _run(with_workers(s, n))
     pct = f"p{s.sla.percentile:g}"
-    stage, share = tail_stage(bands, pct if pct in set(bands["percentile"]) else "p99")
+    stage, share = tail_stage(bands, pct if pct in set(bands["percentile"]) else "p99") or ("inference", 0.0)
     top = max(2 * padded, bare + 2, n)
     planner = Planner(replications=2, max_replications=4)
     best, _, _ = planner.min_workers(s, max(1, bare // 2), top, f"practice:{q.seed}")
@@ -383,9 +363,9 @@ def differences(q: Question, bands, n: int, minimum: int | None, mean_batch: flo
     queue = float(band.loc[band["stage"] == "queue", "ms"].sum()) if len(band) else 0.0
     if total and queue / total >= 0.3:
         out.append(
-            f"Queueing near saturation: at {n} workers the fleet runs at {load:.0%} of its peak capacity and "
-            f"waiting for a worker is {queue / total:.0%} of p99. Queues grow without bound as load nears "
-            "capacity, which the napkin's averages do not see."
+            f"Queueing near saturation: at {n} worker{'s' if n != 1 else ''} the fleet runs at {load:.0%} of its "
+            f"peak capacity and waiting for a worker is {queue / total:.0%} of p99. Queues grow without bound "
+            "as load nears capacity, which the napkin's averages do not see."
         )
     if load >= 0.97:
         out.append(

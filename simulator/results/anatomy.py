@@ -6,6 +6,8 @@
   request was doing.
 * :func:`e2e_cdf`: the end-to-end latency distribution at fixed probabilities.
 * :func:`batch_histogram`: batches started per size.
+* :func:`tail_stage`: the stage with the largest share around a percentile, and
+  :data:`STAGE_WORDS`, each stage as people say it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,19 @@ import numpy as np
 import pandas as pd
 
 from simulator.results.records import STAGES, Records
+
+# the stages of :data:`simulator.results.records.STAGES`, as people say them
+STAGE_WORDS = {
+    "network_in": "the network in",
+    "router": "the router",
+    "cache": "the cache lookup",
+    "features": "the feature fetch",
+    "preprocess": "preprocessing",
+    "queue": "queueing",
+    "inference": "inference",
+    "postprocess": "postprocessing",
+    "network_out": "the network out",
+}
 
 
 def stage_bands(records: Records, mask: np.ndarray, percentiles=(50.0, 99.0), width: float = 1.0) -> pd.DataFrame:
@@ -67,3 +82,14 @@ def batch_histogram(sizes: np.ndarray, starts: np.ndarray, t0_ms: float, t1_ms: 
     sizes_seen = np.flatnonzero(counts)
     total = counts.sum() or 1
     return pd.DataFrame({"batch_size": sizes_seen, "batches": counts[sizes_seen], "share": counts[sizes_seen] / total})
+
+
+def tail_stage(bands: pd.DataFrame, percentile: str = "p99") -> tuple[str, float] | None:
+    """The stage with the largest share of the requests around ``percentile`` (a
+    :func:`stage_bands` table) and that share; None when the band is empty."""
+    band = bands[bands["percentile"] == percentile]
+    total = float(band["ms"].sum()) if len(band) else 0.0
+    if total <= 0:
+        return None
+    top = band.loc[band["ms"].idxmax()]
+    return str(top["stage"]), float(top["ms"]) / total
