@@ -1,0 +1,197 @@
+"""Replaying measured slices through the simulator: where the tail comes from.
+
+A held-out slice is replayed with its exact arrival times (the load generator's schedule)
+through the calibrated model, at speeds read from the server's own timings in that slice:
+
+* ``frontend``: the front end's CPU per request over the fitted cost (the slice's
+  ``frontend_cpu_s``, and the client's and a sidecar's where they share its core, less the
+  fitted background), as the validation does per slice today;
+* ``instance``: the slice's batch times over the fitted batch-time model (sum over sum);
+* ``windowed``: the instance's and the front end's speed per window of the slice (the
+  batches' ratios to the fit, averaged over ``window_s``), as a speed trace
+  (:class:`simulator.scenario.platform.SpeedTrace`) shared by both stations, the front end
+  with the fitted elasticity.
+
+Each variant changes one thing from the model as fitted, so the replay says which
+mechanism the measured tail needs (README, "The decisive experiment"). Pure functions over
+a profile and its measurements; files are written only to a temporary folder for the
+arrival traces.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from calibrate.fit import batches_from_requests
+from calibrate.validate import scenario_dict
+from simulator.engine import simulate
+from simulator.results.metrics import window
+from simulator.scenario.config import Scenario
+
+MODES = ("fitted", "frontend", "both", "windowed")
+
+
+def batch_ratios(profile: dict, batches: pd.DataFrame) -> np.ndarray:
+    """Each batch's time over the fitted mean for its size."""
+    from simulator.scenario.servicetime import Affine, Table
+    from simulator.serving.workers import mean_service_ms
+
+    st = profile["service_time"]
+    model = Table if st["kind"] == "table" else Affine
+    cfg = type("W", (), {"service_time": model.model_validate({k: v for k, v in st.items() if k in model.model_fields})})
+    sizes = batches["batch_size"].to_numpy(int)
+    means = {b: mean_service_ms(cfg, int(b)) for b in np.unique(sizes)}
+    return batches["service_ms"].to_numpy() / np.array([means[b] for b in sizes])
+
+
+def frontend_factor(profile: dict, row: pd.Series) -> float:
+    """A slice's front-end CPU per request over the fitted marginal cost (1 without a fit)."""
+    fe = profile.get("frontend")
+    if fe is None or not np.isfinite(row.get("frontend_cpu_s", np.nan)) or row["requests"] <= 0:
+        return 1.0
+    shares = fe.get("client_shares_cores", False)
+    cpu = row["frontend_cpu_s"] + (row["client_cpu_s"] if shares else 0.0)
+    marginal = fe["cpu_ms_per_request"] + (fe["client_cpu_ms_per_request"] if shares else 0.0)
+    side = fe.get("sidecar_cpu_ms_per_request")
+    if shares and side is not None and np.isfinite(row.get("sidecar_cpu_s", np.nan)):
+        cpu += row["sidecar_cpu_s"]
+        marginal += side
+    per = (cpu - fe["background_cores"] * row["seconds"]) / row["requests"] * 1e3
+    return float(max(per / marginal, 0.2)) if marginal > 0 else 1.0
+
+
+def _scaled_service(st: dict, factor: float) -> dict:
+    out = {k: v for k, v in st.items() if k in ("kind", "base_ms", "per_item_ms", "batch_ms", "noise_cv", "noise_ratios")}
+    if out["kind"] == "table":
+        out["batch_ms"] = {k: v * factor for k, v in out["batch_ms"].items()}
+    else:
+        out["base_ms"], out["per_item_ms"] = out["base_ms"] * factor, out["per_item_ms"] * factor
+    return out
+
+
+def replay_slice(
+    profile: dict,
+    g: pd.DataFrame,
+    row: pd.Series,
+    *,
+    mode: str,
+    warmup_s: float,
+    seeds: int = 5,
+    window_s: float = 0.25,
+    folder: Path,
+) -> dict:
+    """One slice replayed ``seeds`` times: the replayed p50/p99 (mean over seeds) beside the
+    measured ones, and the speed factors used."""
+    times_s = np.sort(g["scheduled_s"].to_numpy())
+    duration = float(max(row["seconds"], times_s[-1] + 1e-3))
+    batches = batches_from_requests(g)
+    ratios = batch_ratios(profile, batches)
+    f_inst = float(batches["service_ms"].sum() / (batches["service_ms"].to_numpy() / ratios).sum())
+    f_fe = frontend_factor(profile, row)
+    doc = scenario_dict(
+        profile,
+        float(row["rate_rps"]),
+        duration_s=duration,
+        warmup_s=warmup_s,
+        speed=f_fe if mode in ("frontend", "both") else 1.0,
+    )
+    path = folder / f"arrivals-{int(row['slice'])}.txt"
+    np.savetxt(path, times_s, fmt="%.6f")
+    doc["traffic"] = {"arrivals_file": str(path)}
+    if mode == "both":
+        doc["workers"]["service_time"] = _scaled_service(doc["workers"]["service_time"], f_inst)
+    if mode == "windowed":
+        # the batches' ratios per window, as the speed both stations run at
+        done = g.drop_duplicates(subset=["batch_size", "handoff_us", "compute_infer_us"])
+        ok = done[done["status"] == 200].dropna(subset=["compute_infer_us"])
+        # a batch ends when its requests' responses leave the instance: their scheduled time plus the wait
+        t_batch = (ok["scheduled_s"] + (ok["request_us"] - ok["compute_infer_us"]) / 1e6).to_numpy()
+        bins = np.floor(t_batch / window_s).astype(int)
+        nb = int(np.ceil(duration / window_s))
+        r = ratios[: len(bins)] if len(ratios) >= len(bins) else np.resize(ratios, len(bins))
+        per = np.bincount(np.clip(bins, 0, nb - 1), weights=np.log(r), minlength=nb)
+        cnt = np.bincount(np.clip(bins, 0, nb - 1), minlength=nb)
+        speed = np.exp(np.where(cnt > 0, per / np.maximum(cnt, 1), 0.0))
+        speed = speed / np.exp(np.mean(np.log(speed[cnt > 0]))) * f_inst
+        elasticity = ((profile.get("frontend") or {}).get("speed") or {}).get("elasticity", 1.0)
+        doc["platform"] = {
+            "speed": {
+                "kind": "trace",
+                "step_ms": window_s * 1000.0,
+                "factors": [round(float(v), 5) for v in speed],
+                "frontend_elasticity": float(elasticity),
+            }
+        }
+    meas = g[~g["warmup"] & (g["status"] == 200)]["latency_ms"].to_numpy()
+    p50, p99, pooled = [], [], []
+    for k in range(seeds):
+        doc["seed"] = k
+        s = Scenario.model_validate(doc)
+        rec = simulate(s).records
+        lat = (rec.t_response - rec.arrival)[window(rec, s) & rec.completed]
+        p50.append(np.percentile(lat, 50))
+        p99.append(np.percentile(lat, 99))
+        pooled.append(lat)
+    return {
+        "slice": int(row["slice"]),
+        "level": int(row["level"]),
+        "mode": mode,
+        "instance_factor": f_inst,
+        "frontend_factor": f_fe,
+        "measured_p50": float(np.percentile(meas, 50)),
+        "measured_p99": float(np.percentile(meas, 99)),
+        "replayed_p50": float(np.mean(p50)),
+        "replayed_p99": float(np.mean(p99)),
+    }, meas, pooled
+
+
+def replay(
+    profile: dict,
+    requests: pd.DataFrame,
+    slices: pd.DataFrame,
+    *,
+    levels: list[int] | None = None,
+    modes: tuple[str, ...] = MODES,
+    seeds: int = 5,
+) -> pd.DataFrame:
+    """Every kept slice of the held-out ``levels`` (default: those not fitted), in each
+    ``mode``: one row per slice and mode, replayed against measured p50/p99."""
+    fitted = {f["level"] for f in profile["fit_levels"]}
+    held = sorted(set(requests["level"].unique()) - fitted) if levels is None else levels
+    warm = float((profile.get("design") or {}).get("warmup_s", 0.25))
+    rows, pooled = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for _, row in slices[slices["kept"] & slices["level"].isin(held)].iterrows():
+            g = requests[requests["slice"] == row["slice"]]
+            if (~g["warmup"] & (g["status"] == 200)).sum() < 50:
+                continue
+            for mode in modes:
+                one, meas, sim = replay_slice(profile, g, row, mode=mode, warmup_s=warm, seeds=seeds, folder=Path(tmp))
+                rows.append(one)
+                pooled.append((one["level"], mode, meas, sim))
+    per_slice = pd.DataFrame(rows)
+    per_slice["error_p99_pct"] = (per_slice["replayed_p99"] / per_slice["measured_p99"] - 1) * 100
+    per_slice["error_p50_pct"] = (per_slice["replayed_p50"] / per_slice["measured_p50"] - 1) * 100
+    return per_slice, pooled_levels(pooled, seeds)
+
+
+def pooled_levels(pooled: list, seeds: int) -> pd.DataFrame:
+    """Per level and mode: the pooled p50/p99 measured and replayed (each seed's pooled
+    percentile, averaged), with the Spearman correlation of the slices' p99s."""
+    rows = []
+    keys = sorted({(lv, mode) for lv, mode, _, _ in pooled})
+    for lv, mode in keys:
+        parts = [(m, sim) for l2, m2, m, sim in pooled if (l2, m2) == (lv, mode)]
+        meas = np.concatenate([m for m, _ in parts])
+        row = {"level": lv, "mode": mode, "slices": len(parts)}
+        for q in (50, 99):
+            row[f"measured_p{q}"] = float(np.percentile(meas, q))
+            sims = [np.percentile(np.concatenate([sim[k] for _, sim in parts]), q) for k in range(seeds)]
+            row[f"replayed_p{q}"] = float(np.mean(sims))
+            row[f"error_p{q}_pct"] = (row[f"replayed_p{q}"] / row[f"measured_p{q}"] - 1) * 100
+        rows.append(row)
+    return pd.DataFrame(rows)
