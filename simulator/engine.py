@@ -38,6 +38,7 @@ from simulator.stages.arrivals import arrivals as make_arrivals
 from simulator.stages.caches import CacheDraws, CacheState
 from simulator.stages.features import fetch
 from simulator.stages.prediction_log import ship
+from simulator.stages.speed import SpeedPath, SpeedProcess
 from simulator.stages.stations import fcfs_multiserver
 
 
@@ -137,25 +138,33 @@ def cache_done(t: np.ndarray, hit: np.ndarray, hit_ms: np.ndarray, miss_ms: np.n
 
 
 def _feature_stage(
-    f: Features, cache: Cache | None, start: np.ndarray, need: np.ndarray, rng: Streams
+    f: Features, cache: Cache | None, start: np.ndarray, need: np.ndarray, rng: Streams, path: SpeedPath | None = None
 ) -> tuple[np.ndarray, ...]:
-    """Feature stage for the requests that ``need`` it: end times, degraded, failed, cache hits."""
+    """Feature stage for the requests that ``need`` it: end times, degraded, failed, cache
+    hits. ``path``: the front end's speed, on a store's threads."""
     hit, end = _cache(cache, start, rng.feature_cache, need)
     sampler = Sampler(f.round_trip, rng.features) if f.round_trip is not None else None
-    fetched = fetch(f, end, sampler, need & ~hit)
+    fetched = fetch(f, end, sampler, need & ~hit, path)
     return fetched.end, fetched.degraded, fetched.failed, hit
 
 
-def _preprocess(cfg: Preprocess, t_feat: np.ndarray, live: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def _preprocess(
+    cfg: Preprocess, t_feat: np.ndarray, live: np.ndarray, rng: np.random.Generator, path: SpeedPath | None = None
+) -> np.ndarray:
     """When the ``live`` requests leave CPU preprocessing (a pure delay, or an FCFS pool of
-    ``cpu_workers``); the others keep their feature-stage time."""
+    ``cpu_workers``); the others keep their feature-stage time. With the host's speed
+    ``path``, the station's times are in the clock of the work it does (exact, as W is
+    increasing: :mod:`simulator.stages.speed`)."""
     n = len(t_feat)
     svc = np.broadcast_to(_delay(cfg.service, n, rng), (n,))  # one draw per request, live or not
 
-    def run(t: np.ndarray, s: np.ndarray) -> np.ndarray:
+    def station(t: np.ndarray, s: np.ndarray) -> np.ndarray:
         if cfg.cpu_workers is None:
             return t + s
         return _in_order(t, lambda st, o: fcfs_multiserver(st, s[o], cfg.cpu_workers)[0] + s[o])
+
+    def run(t: np.ndarray, s: np.ndarray) -> np.ndarray:
+        return station(t, s) if path is None else path.time(station(path.work(t), s))
 
     if live.all():
         return run(t_feat, svc)
@@ -166,7 +175,16 @@ def _preprocess(cfg: Preprocess, t_feat: np.ndarray, live: np.ndarray, rng: np.r
 
 
 def _serve(
-    s: Scenario, seed: int, t_router: np.ndarray, t_pre: np.ndarray, t_feat: np.ndarray, klass, live, deadlines, rng
+    s: Scenario,
+    seed: int,
+    t_router: np.ndarray,
+    t_pre: np.ndarray,
+    t_feat: np.ndarray,
+    klass,
+    live,
+    deadlines,
+    rng,
+    speed: SpeedProcess | None = None,
 ) -> tuple[Served, ServingLog]:
     """Batching and the GPU pools, for the ``live`` requests (not served from the result cache,
     features fetched): every request's serving columns, and the rest of what serving leaves.
@@ -187,11 +205,12 @@ def _serve(
             None if assign is None else assign[live_idx],
             rng,
             None if deadlines is None else deadlines[live_idx],
+            speed,
         )
         on_pool = classes.served
         rest = ServingLog(np.zeros(n, np.int8), classes.batches, classes.pools, None, None, None)
     else:
-        service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service)
+        service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed)
         versions = serve_versions(
             s.router, s.workers, s.batching, seed, t_router, t_pre, live_idx, assign, service, rng, deadlines
         )
@@ -232,11 +251,13 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
     # result cache: a hit skips features, preprocessing and the model
     result_hit, t_cache = _cache(s.caches.result, t_router, rng.result_cache)
     need = ~result_hit
-    t_feat, degraded, failed, feature_hit = _feature_stage(s.features, s.caches.feature, t_cache, need, rng)
+    speed = None if s.platform.speed is None else SpeedProcess(s.platform.speed, s.duration_s * 1000.0, rng.speed)
+    front = None if speed is None else speed.frontend
+    t_feat, degraded, failed, feature_hit = _feature_stage(s.features, s.caches.feature, t_cache, need, rng, front)
     live = need & ~failed
-    t_pre = _preprocess(s.preprocess, t_feat, live, rng.preprocess)
+    t_pre = _preprocess(s.preprocess, t_feat, live, rng.preprocess, front)
     deadlines = None if s.batching.deadline_ms is None else t0 + s.batching.deadline_ms
-    pooled, serving = _serve(s, seed, t_router, t_pre, t_feat, klass, live, deadlines, rng)
+    pooled, serving = _serve(s, seed, t_router, t_pre, t_feat, klass, live, deadlines, rng, speed)
     if failed.any():  # they gave up on their features and go no further
         pooled.outcome[failed] = Outcome.FAILED
         pooled.t_dropped[failed] = t_feat[failed]

@@ -41,6 +41,7 @@ class Streams:
     shadow_routing: Generator  # the shadow copies' worker assignment
     canary_routing: Generator  # the canary pool's worker assignment
     canary_errors: Generator  # which canary answers fail
+    speed: Generator  # the platform's speed paths (a child per host or worker)
 
 
 STREAMS = tuple(f.name for f in fields(Streams))

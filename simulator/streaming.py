@@ -70,6 +70,7 @@ def unsupported(s: Scenario) -> str | None:
         (s.router.canary is not None, "a canary"),
         (s.router.shadow is not None, "a shadow"),
         (s.features.store is not None and s.features.lookups_per_request > 0, "a feature store of finite capacity"),
+        (s.platform.speed is not None, "platform.speed"),
     ]
     found = [why for cond, why in reasons if cond]
     return ", ".join(found) if found else None

@@ -81,3 +81,50 @@ def mmc_priority_waits(c: int, lams: list[float], mu: float) -> list[float]:
         sigma += lam / (c * mu)
         out.append(w0 / ((1 - before) * (1 - sigma)))
     return out
+
+
+def mm1_random_environment_mean_sojourn(lam: float, mu: float, factors, holds, levels: int = 4000) -> float:
+    """Mean sojourn time of an M/M/1 queue in a Markovian random environment.
+
+    The environment holds state ``i`` for an exponential time of mean ``holds[i]`` and then
+    jumps to one of the others, chosen uniformly; in state ``i`` the server works at rate
+    ``mu / factors[i]``; arrivals are Poisson at ``lam`` throughout (Yechiali and Naor,
+    1971; a quasi-birth-death process, Neuts 1981). The generator is solved exactly on
+    ``levels`` queue lengths (the mass beyond is negligible for a stable queue) and the
+    mean follows by Little's law.
+    """
+    import numpy as np
+    from scipy import sparse
+    from scipy.sparse.linalg import spsolve
+
+    f = np.asarray(factors, dtype=float)
+    h = np.asarray(holds, dtype=float)
+    k = len(f)
+    n = levels * k
+    rows, cols, vals = [], [], []
+
+    def add(a, b, rate):
+        rows.append(a)
+        cols.append(b)
+        vals.append(rate)
+
+    for q in range(levels):
+        for i in range(k):
+            s = q * k + i
+            if q + 1 < levels:
+                add(s, s + k, lam)
+            if q > 0:
+                add(s, s - k, mu / f[i])
+            for j in range(k):
+                if j != i:
+                    add(s, q * k + j, 1.0 / h[i] / (k - 1))
+    g = sparse.csr_matrix((vals, (rows, cols)), shape=(n, n))
+    g = g - sparse.diags(np.asarray(g.sum(axis=1)).ravel())
+    # pi G = 0 with sum(pi) = 1: replace one balance equation by the normalisation
+    a = g.T.tolil()
+    a[0, :] = 1.0
+    b = np.zeros(n)
+    b[0] = 1.0
+    pi = spsolve(a.tocsr(), b)
+    mean_in_system = float((np.repeat(np.arange(levels), k) * pi).sum())
+    return mean_in_system / lam

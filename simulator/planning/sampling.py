@@ -61,6 +61,8 @@ def sampling_refusal(s: Scenario) -> str | None:
         reasons.append("preprocess.cpu_workers is a CPU pool shared by all traffic")
     if s.features.store is not None:
         reasons.append("features.store has finite capacity shared by all traffic")
+    if s.platform.speed is not None and s.platform.speed.scope == "host":
+        reasons.append("platform.speed (scope: host) slows the whole fleet at once")
     if s.caches.result is not None or s.caches.feature is not None:
         reasons.append("a cache's hit ratio depends on the whole key stream")
     return "; ".join(reasons) or None

@@ -41,6 +41,7 @@ from simulator.scenario.path import (
     Slowdown,
     Window,
 )
+from simulator.scenario.platform import LogAR1Component, LogAR1Speed, MarkovSpeed, Platform, SpeedTrace
 from simulator.scenario.servicetime import Affine, ServiceTime, Table
 from simulator.scenario.traffic import SLA, Traffic, TrafficClass
 
@@ -81,6 +82,7 @@ class Scenario(Frozen):
     workers: Workers = Field(description="GPU worker pool.")
     postprocess: Postprocess = Field(Postprocess(), description="Postprocessing and serialisation.")
     logging: PredictionLog | None = Field(None, description="Prediction logging pipeline (none: not modelled).")
+    platform: Platform = Field(Platform(), description="The hosts: their speed as a random process of time.")
     cost: Cost = Field(Cost(), description="Pricing.")
     napkin: Napkin = Field(Napkin(), description="Back-of-envelope assumptions checked by `servesim explain`.")
 
@@ -206,9 +208,13 @@ __all__ = [
     "Features",
     "Gamma",
     "KVStore",
+    "LogAR1Component",
+    "LogAR1Speed",
+    "MarkovSpeed",
     "LogNormal",
     "Napkin",
     "Network",
+    "Platform",
     "Postprocess",
     "PredictionLog",
     "Preprocess",
@@ -216,6 +222,7 @@ __all__ = [
     "Scenario",
     "ServiceTime",
     "Slowdown",
+    "SpeedTrace",
     "Table",
     "Traffic",
     "TrafficClass",

@@ -136,7 +136,7 @@ def schedule_classes(env: simpy.Environment, feed: ClassFeed, services: list[Ser
         c, k = pick
         feed.queues[c].take(k)
         quota.busy[c] += 1
-        done = clock + services[c](k)
+        done = services[c].finish(clock, k)
         start, end, where = feed.logs[c]
         start.append(clock)
         end.append(done)
@@ -161,6 +161,7 @@ def serve_by_class(
     assign: np.ndarray | None,
     rng: Streams,
     deadlines=None,
+    speed=None,
 ) -> ClassesRun:
     """Serve live requests (``t_pre``, their class, their shared-pool worker or None for a
     shared queue): the requests as :class:`~simulator.serving.served.Served` columns, the shared
@@ -179,6 +180,7 @@ def serve_by_class(
             workers.model_copy(update={"service_time": cl.service_time or workers.service_time}),
             batching.max_batch_size,
             children[c],
+            speed,
         )
         for c, cl in enumerate(classes)
     ]

@@ -69,7 +69,7 @@ _expire = njit(cache=True, nogil=True)(_expire_py) if njit is not None else None
 def _kernel(
     q, m, horizon, closed, cap, max_b, delay, timeout, thresholds, preferred,
     buf, outcome, drop, ist, clock0, inst_free, inst_seq, factors, means,
-    b_pos, b_size, b_start, b_end, b_inst,
+    b_pos, b_size, b_start, b_end, b_inst, sp_t, sp_w, sp_f,
 ):  # fmt: skip
     """:func:`schedule` over :meth:`BatchQueue.decide`, until done, more arrivals are
     needed (EXTEND), the factors run out or the batch columns are full. State in ``ist``
@@ -163,7 +163,14 @@ def _kernel(
         # --- dispatch: the batch takes the head, the instance its service time ---
         x = factors[fpos]
         fpos += 1
-        done = clock + (means[size] * x if per_size else x)
+        work = means[size] * x if per_size else x
+        if len(sp_t) == 0:
+            done = clock + work
+        else:  # the host's speed path: W⁻¹(W(clock) + work), as SpeedPath.finish
+            k = max(np.searchsorted(sp_t, clock, side="right") - 1, 0)
+            target = sp_w[k] + (clock - sp_t[k]) / sp_f[k] + work
+            j = max(np.searchsorted(sp_w, target, side="right") - 1, 0)
+            done = sp_t[j] + (target - sp_w[j]) * sp_f[j]
         b_pos[nb] = qh
         b_size[nb] = size
         b_start[nb] = clock
@@ -212,6 +219,8 @@ class CompiledFeed:
         self.service = service
         means = service.means
         self.means = means if means is not None else np.zeros(0)
+        path = service.path
+        self.speed = (path.t, path.w, path.f) if path is not None else (np.zeros(0), np.zeros(0), np.zeros(0))
         self.factors = np.zeros(0)
         self.m = 0
         self.q = np.zeros(0)
@@ -265,7 +274,7 @@ class CompiledFeed:
                 self.q, self.m, self.horizon, self.closed, self.cap, self.max_b, self.delay, self.timeout,
                 self.thresholds, self.preferred, self.buf, self.outcome, self.drop, self.ist, self.clock,
                 self.inst_free, self.inst_seq, self.factors, self.means,
-                self.b_pos, self.b_size, self.b_start, self.b_end, self.b_inst,
+                self.b_pos, self.b_size, self.b_start, self.b_end, self.b_inst, *self.speed,
             )  # fmt: skip
             self.nb = int(self.ist[_NB])
             if status == NEED_FACTORS:

@@ -79,12 +79,18 @@ def serve(
         svc_all = np.empty(n)
         svc_all[np.argsort(t_pre, kind="stable")] = service.draw(n, 1)
         logs = []
-        for order, inst_ids in zip(groups, ids, strict=True):
+        for q, (order, inst_ids) in enumerate(zip(groups, ids, strict=True)):
             svc = svc_all[order]
-            start, k = fcfs_multiserver(t_pre[order], svc, len(inst_ids))
-            served.t_dispatch[order], served.t_done[order], served.batch_size[order] = start, start + svc, 1
+            path = service.queue_path(q)
+            if path is None:
+                start, k = fcfs_multiserver(t_pre[order], svc, len(inst_ids))
+                done = start + svc
+            else:  # the same station in the clock of the work the host does (simulator.stages.speed)
+                work, k = fcfs_multiserver(path.work(t_pre[order]), svc, len(inst_ids))
+                start, done = path.time(work), path.time(work + svc)
+            served.t_dispatch[order], served.t_done[order], served.batch_size[order] = start, done, 1
             served.instance[order] = np.asarray(inst_ids)[k] if len(order) else k
-            logs.append(BatchLog(start, start + svc, np.ones(len(order), np.int64), served.instance[order]))
+            logs.append(BatchLog(start, done, np.ones(len(order), np.int64), served.instance[order]))
         batches = concat_logs(logs)
     elif covers(batching) if compiled is None else compiled:
         feeds = [CompiledFeed(batching, inst_ids, service.feed(k)) for k, inst_ids in enumerate(ids)]
@@ -183,12 +189,14 @@ def serve_versions(
             sh = per.take(slice(len(prim), None))
         else:
             own = (rng.shadow_service, rng.shadow_routing)
-            run = _own_pool(r.shadow, r.balancing, workers, batching, t_pre[copies], own, sub(deadlines, copies))
+            run = _own_pool(
+                r.shadow, r.balancing, workers, batching, t_pre[copies], own, sub(deadlines, copies), service.speed
+            )
             sh, pools["shadow"] = run.served, run.batches
         if shared and r.shadow.measure_impact:
             counterfactual = np.full(n, np.nan)
             counterfactual[prim] = _without_shadow(
-                workers, batching, router, seed, t_pre[prim], sub(assign, prim), sub(deadlines, prim)
+                workers, batching, router, seed, t_pre[prim], sub(assign, prim), sub(deadlines, prim), service.speed
             )
         shadow = {
             "request": copies,
@@ -199,7 +207,9 @@ def serve_versions(
         }
     if r.canary is not None:
         own = (rng.canary_service, rng.canary_routing)
-        run = _own_pool(r.canary, r.balancing, workers, batching, t_pre[cand], own, sub(deadlines, cand))
+        run = _own_pool(
+            r.canary, r.balancing, workers, batching, t_pre[cand], own, sub(deadlines, cand), service.speed
+        )
         on_canary_pool, pools["canary"] = run.served, run.batches
         errors = rng.canary_errors.random(len(cand)) < r.canary.error_rate
         on_canary_pool.outcome[errors & (on_canary_pool.outcome == Outcome.COMPLETED)] = Outcome.ERROR
@@ -209,19 +219,23 @@ def serve_versions(
     return VersionsRun(served_idx, served.take(served_idx), log)
 
 
-def _own_pool(version, balancing: str, workers: Workers, batching: Batching, t_pre, streams_of, deadlines) -> PoolRun:
+def _own_pool(
+    version, balancing: str, workers: Workers, batching: Batching, t_pre, streams_of, deadlines, speed=None
+) -> PoolRun:
     """A version's own fixed pool, the canary's or a shadow's with ``pool: own``: its
     ``workers`` and ``service_time``, the primary's batching and balancing, and the
     version's own (service, routing) streams ``streams_of``."""
     service_rng, routing_rng = streams_of
     pw = pool_workers(workers, version.workers, version.service_time)
-    model = ServiceModel(pw, batching.max_batch_size, service_rng)
+    model = ServiceModel(pw, batching.max_batch_size, service_rng, speed)
     return serve(t_pre, route(balancing, pw.count, len(t_pre), routing_rng), pw, batching, model, deadlines)
 
 
-def _without_shadow(workers: Workers, batching: Batching, router: RouterConfig, seed: int, t_pre, assign, deadlines):
+def _without_shadow(
+    workers: Workers, batching: Batching, router: RouterConfig, seed: int, t_pre, assign, deadlines, speed=None
+):
     """The primary's completion times had the shared-pool shadow sent nothing: the same
     requests served again from fresh streams of the same seed (``measure_impact``)."""
     fresh = streams(seed)
-    service = ServiceModel(workers, batching.max_batch_size, fresh.service)
+    service = ServiceModel(workers, batching.max_batch_size, fresh.service, speed)
     return serve_primary(workers, batching, router, t_pre, assign, service, fresh, deadlines).served.t_done

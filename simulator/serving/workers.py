@@ -31,6 +31,7 @@ from simulator.scenario.distributions import Sampler
 from simulator.scenario.servicetime import ProfileRef
 from simulator.serving.batcher import DONE, EXTEND, BatchQueue, Outcome, Wait
 from simulator.serving.served import BatchLog, PoolRun, Served, concat_logs
+from simulator.stages.speed import SpeedPath, SpeedProcess
 
 _CHUNK = 1 << 12
 
@@ -67,8 +68,12 @@ class ServiceModel:
     with the same numbers as the SimPy scheduler.
     """
 
-    def __init__(self, cfg: Workers, max_batch: int, rng: np.random.Generator):
+    def __init__(
+        self, cfg: Workers, max_batch: int, rng: np.random.Generator, speed: SpeedProcess | None = None, queue: int = 0
+    ):
         self._args = (cfg, max_batch, rng)
+        self.speed = speed
+        self.path = None if speed is None else speed.worker(queue)  # the host's speed, where it varies
         st = cfg.service_time
         if isinstance(st, ProfileRef):
             raise ValueError("a profile service time is read by load_scenario; load the scenario from its file")
@@ -92,7 +97,11 @@ class ServiceModel:
         """The model of a fixed pool's ``k``-th queue: its own stream, a child of this one's
         seed (the same for every call, whatever this model has drawn)."""
         cfg, max_batch, rng = self._args
-        return ServiceModel(cfg, max_batch, child(rng, k))
+        return ServiceModel(cfg, max_batch, child(rng, k), self.speed, k)
+
+    def queue_path(self, k: int) -> SpeedPath | None:
+        """The speed path of the fixed pool's ``k``-th queue (None: constant speed)."""
+        return None if self.speed is None else self.speed.worker(k)
 
     def block(self) -> np.ndarray:
         """The next block of factors, as :meth:`__call__` draws them (a batch's time is
@@ -115,6 +124,12 @@ class ServiceModel:
         self._pos += take
         x = np.concatenate([head, self._factor(count - take)]) if count > take else head
         return self._means[batch_size] * x if self._per_size else x
+
+    def finish(self, start: float, batch_size: int) -> float:
+        """When a batch of ``batch_size`` started at ``start`` (ms) ends: its drawn time,
+        stretched by the host's speed while it runs."""
+        work = self(batch_size)
+        return start + work if self.path is None else float(self.path.finish(start, work))
 
     def __call__(self, batch_size: int) -> float:
         if self._pos == len(self._buf):
@@ -237,7 +252,7 @@ def schedule(env: simpy.Environment, feed: Feed, service: ServiceModel):
             if feed.crashed_at is not None:
                 return
         size = decision.size
-        done = clock + service(size)
+        done = service.finish(clock, size)
         feed.busy += size
         feed.b_start.append(clock)
         feed.b_end.append(done)

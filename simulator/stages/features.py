@@ -117,15 +117,18 @@ class Fetched(NamedTuple):
     failed: np.ndarray  # timed out with on_timeout: fail
 
 
-def fetch(cfg: Features, start: np.ndarray, sampler: Sampler | None, need: np.ndarray | None = None) -> Fetched:
+def fetch(
+    cfg: Features, start: np.ndarray, sampler: Sampler | None, need: np.ndarray | None = None, path=None
+) -> Fetched:
     """Feature stage: end times, and which requests were degraded (timed out, default
     features) or failed (timed out with ``on_timeout: fail``; end time = when they gave up).
-    With ``need`` (a mask) only those fetch; the others end at ``start``."""
+    With ``need`` (a mask) only those fetch; the others end at ``start``. ``path``: the
+    host's speed (a :class:`~simulator.stages.speed.SpeedPath`) on the store's threads."""
     if cfg.lookups_per_request and cfg.store is not None:
         idx = np.arange(len(start)) if need is None else np.flatnonzero(need)
         order = np.argsort(start[idx], kind="stable")
         end = start.copy()
-        end[idx[order]] = fetch_contended(cfg, start[idx][order], sampler)
+        end[idx[order]] = fetch_contended(cfg, start[idx][order], sampler, path)
     else:
         end = start + fetch_uncontended(cfg, start, sampler, need)
     return _give_up(cfg, start, end)
@@ -146,12 +149,13 @@ def _give_up(cfg: Features, start: np.ndarray, end: np.ndarray) -> Fetched:
     return Fetched(end, late & (cfg.on_timeout == "default"), late & (cfg.on_timeout == "fail"))
 
 
-def fetch_contended(cfg: Features, start: np.ndarray, sampler: Sampler | None) -> np.ndarray:
+def fetch_contended(cfg: Features, start: np.ndarray, sampler: Sampler | None, path=None) -> np.ndarray:
     """Feature-fetch completion times through a store with ``cfg.store.threads`` threads.
 
     Each round trip spends half its network latency reaching the store, queues FCFS for
     a thread, holds it for ``per_op_ms + per_key_ms × keys``, and spends the other half
-    returning. ``start`` must be sorted.
+    returning. ``start`` must be sorted. With a speed ``path``, a thread's hold is
+    stretched by the host's speed while it lasts.
     """
     store_cfg = cfg.store
     keys = trip_keys(cfg)
@@ -170,7 +174,7 @@ def fetch_contended(cfg: Features, start: np.ndarray, sampler: Sampler | None) -
             yield env.timeout(half)
             with threads.request() as req:
                 yield req
-                yield env.timeout(hold[j])
+                yield env.timeout(hold[j] if path is None else float(path.finish(env.now, hold[j])) - env.now)
             yield env.timeout(half)
         done[i] = max(done[i], env.now)
 

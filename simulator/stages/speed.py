@@ -1,0 +1,148 @@
+"""A host's speed as a time change: when work started at t on a slowed station is done.
+
+A path is piecewise constant: factor ``f[k]`` from ``t[k]`` to ``t[k+1]`` (the last
+forever). A station at factor f does 1/f ms of work per ms, so the work done by time t is
+W(t) = ∫ dt / f, piecewise linear and increasing, and work ``w`` started at ``s`` is
+done at W⁻¹(W(s) + w): exact for a factor that changes in the middle of a batch.
+
+Because W is increasing, an FCFS station (one server or many) under a speed path is the
+same station at constant speed in W's clock: map arrivals through W, run the ordinary
+recursion with the nominal service times, map the ends back (:meth:`SpeedPath.fcfs`).
+Batch queues keep their windows in real time and ask :meth:`SpeedPath.finish` per batch
+(:mod:`simulator.serving.compiled` passes the arrays to its compiled loop).
+
+:class:`SpeedProcess` draws the paths of a scenario's ``platform.speed`` from one stream:
+one path for the host, or one per worker with ``scope: worker``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from simulator.rng import child
+from simulator.scenario.platform import LogAR1Speed, MarkovSpeed, Speed, SpeedTrace
+
+TAIL_MS = 60_000.0  # paths are drawn this far past the last arrival; the last factor holds after
+
+
+class SpeedPath:
+    """A piecewise-constant factor: ``times`` (ms, from 0, increasing) and ``factors``."""
+
+    def __init__(self, times: np.ndarray, factors: np.ndarray):
+        self.t = np.ascontiguousarray(times, dtype=float)
+        self.f = np.ascontiguousarray(factors, dtype=float)
+        if len(self.t) == 0 or self.t[0] != 0.0 or len(self.t) != len(self.f):
+            raise ValueError("a speed path starts at 0 with one factor per breakpoint")
+        self.w = np.concatenate([[0.0], np.cumsum(np.diff(self.t) / self.f[:-1])])  # W at each breakpoint
+
+    def scaled(self, elasticity: float) -> SpeedPath | None:
+        """The path each factor of which is raised to ``elasticity`` (None for 0: no effect)."""
+        if elasticity == 0:
+            return None
+        return self if elasticity == 1 else SpeedPath(self.t, self.f**elasticity)
+
+    def work(self, t: np.ndarray) -> np.ndarray:
+        """W(t): the nominal work a station does from 0 to ``t`` (ms)."""
+        t = np.asarray(t, dtype=float)
+        k = np.clip(np.searchsorted(self.t, t, side="right") - 1, 0, None)
+        return self.w[k] + (t - self.t[k]) / self.f[k]
+
+    def time(self, w: np.ndarray) -> np.ndarray:
+        """W⁻¹(w): when the station has done ``w`` ms of nominal work."""
+        w = np.asarray(w, dtype=float)
+        k = np.clip(np.searchsorted(self.w, w, side="right") - 1, 0, None)
+        return self.t[k] + (w - self.w[k]) * self.f[k]
+
+    def finish(self, start, work):
+        """When ``work`` ms of nominal work started at ``start`` (ms) is done."""
+        return self.time(self.work(start) + work)
+
+    def factor_at(self, t: np.ndarray) -> np.ndarray:
+        """The factor in force at each time ``t``."""
+        return self.f[np.clip(np.searchsorted(self.t, np.asarray(t, dtype=float), side="right") - 1, 0, None)]
+
+    def fcfs(self, arrivals: np.ndarray, service: np.ndarray, recursion) -> np.ndarray:
+        """End times of an FCFS station under this path: ``recursion(arrivals, service)``
+        (ends at constant speed, arrivals sorted) run in W's clock and mapped back."""
+        return self.time(recursion(self.work(arrivals), service))
+
+
+def _log_ar1(cfg: LogAR1Speed, horizon_ms: float, rng: np.random.Generator) -> SpeedPath:
+    n = int(math.ceil(horizon_ms / cfg.step_ms)) + 1
+    total = np.zeros(n)
+    var = 0.0
+    for c in cfg.components:
+        a = math.exp(-cfg.step_ms / (c.correlation_time_s * 1000.0))
+        eps = rng.standard_normal(n) * c.sigma
+        eps[1:] *= math.sqrt(1.0 - a * a)  # the first draw is stationary
+        x = _ar1(eps, a)
+        total += x
+        var += c.sigma**2
+    return SpeedPath(np.arange(n) * cfg.step_ms, np.exp(total - var / 2.0))
+
+
+def _ar1(eps: np.ndarray, a: float) -> np.ndarray:
+    """x[0] = eps[0], x[k] = a x[k-1] + eps[k] (scipy's lfilter: a linear recursion in C)."""
+    from scipy.signal import lfilter
+
+    return lfilter([1.0], [1.0, -a], eps)
+
+
+def _markov(cfg: MarkovSpeed, horizon_ms: float, rng: np.random.Generator) -> SpeedPath:
+    f = np.asarray(cfg.factors, dtype=float)
+    hold = np.asarray(cfg.mean_holding_s, dtype=float) * 1000.0
+    k = len(f)
+    share = hold / hold.sum()  # a uniform jump chain spends time in proportion to the mean holds
+    state = int(rng.choice(k, p=share))  # start in the stationary distribution
+    times, states, t = [0.0], [state], 0.0
+    while t < horizon_ms:
+        t += rng.exponential(hold[state])
+        state = (state + 1 + int(rng.integers(k - 1))) % k
+        times.append(t)
+        states.append(state)
+    return SpeedPath(np.asarray(times), f[np.asarray(states)])
+
+
+def _trace(cfg: SpeedTrace, horizon_ms: float) -> SpeedPath:
+    n = int(math.ceil(horizon_ms / cfg.step_ms)) + 1
+    f = np.resize(np.asarray(cfg.factors, dtype=float), n)
+    return SpeedPath(np.arange(n) * cfg.step_ms, f)
+
+
+def draw_path(cfg: Speed, horizon_ms: float, rng: np.random.Generator) -> SpeedPath:
+    """One path of ``cfg`` from 0 to at least ``horizon_ms``."""
+    match cfg:
+        case LogAR1Speed():
+            return _log_ar1(cfg, horizon_ms, rng)
+        case MarkovSpeed():
+            return _markov(cfg, horizon_ms, rng)
+        case SpeedTrace():
+            return _trace(cfg, horizon_ms)
+
+
+class SpeedProcess:
+    """A scenario's ``platform.speed``, its paths drawn lazily from ``rng``'s children:
+    child 0 is the host's (or, with ``scope: worker``, the front end's), child ``k + 1``
+    the ``k``-th batch queue's."""
+
+    def __init__(self, cfg: Speed, duration_ms: float, rng: np.random.Generator):
+        self.cfg = cfg
+        self._horizon = duration_ms + TAIL_MS
+        self._rng = rng
+        self._paths: dict[int, SpeedPath] = {}
+
+    def _path(self, k: int) -> SpeedPath:
+        if k not in self._paths:
+            self._paths[k] = draw_path(self.cfg, self._horizon, child(self._rng, k))
+        return self._paths[k]
+
+    @property
+    def frontend(self) -> SpeedPath | None:
+        """The front end's path, its factors raised to ``frontend_elasticity``."""
+        return self._path(0).scaled(self.cfg.frontend_elasticity)
+
+    def worker(self, k: int) -> SpeedPath | None:
+        """The ``k``-th batch queue's path, raised to ``workers_elasticity``."""
+        return self._path(0 if self.cfg.scope == "host" else k + 1).scaled(self.cfg.workers_elasticity)
