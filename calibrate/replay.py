@@ -26,7 +26,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate.fit import batches_from_requests
+from calibrate.fit import batch_time_us, batches_from_requests
+from calibrate.speed import fitted_mean_ms
 from calibrate.validate import scenario_dict
 from simulator.engine import simulate
 from simulator.results.metrics import window
@@ -37,15 +38,9 @@ MODES = ("fitted", "frontend", "both", "windowed")
 
 def batch_ratios(profile: dict, batches: pd.DataFrame) -> np.ndarray:
     """Each batch's time over the fitted mean for its size."""
-    from simulator.scenario.servicetime import Affine, Table
-    from simulator.serving.workers import mean_service_ms
-
-    st = profile["service_time"]
-    model = Table if st["kind"] == "table" else Affine
-    cfg = type("W", (), {"service_time": model.model_validate({k: v for k, v in st.items() if k in model.model_fields})})
-    sizes = batches["batch_size"].to_numpy(int)
-    means = {b: mean_service_ms(cfg, int(b)) for b in np.unique(sizes)}
-    return batches["service_ms"].to_numpy() / np.array([means[b] for b in sizes])
+    return batches["service_ms"].to_numpy() / fitted_mean_ms(profile["service_time"])(
+        batches["batch_size"].to_numpy(int)
+    )
 
 
 def frontend_factor(profile: dict, row: pd.Series) -> float:
@@ -65,12 +60,40 @@ def frontend_factor(profile: dict, row: pd.Series) -> float:
 
 
 def _scaled_service(st: dict, factor: float) -> dict:
-    out = {k: v for k, v in st.items() if k in ("kind", "base_ms", "per_item_ms", "batch_ms", "noise_cv", "noise_ratios")}
+    out = {
+        k: v for k, v in st.items() if k in ("kind", "base_ms", "per_item_ms", "batch_ms", "noise_cv", "noise_ratios")
+    }
     if out["kind"] == "table":
         out["batch_ms"] = {k: v * factor for k, v in out["batch_ms"].items()}
     else:
         out["base_ms"], out["per_item_ms"] = out["base_ms"] * factor, out["per_item_ms"] * factor
     return out
+
+
+def window_trace(profile: dict, g: pd.DataFrame, duration_s: float, window_s: float) -> dict:
+    """A slice's speed per window as a ``platform.speed`` trace: the geometric mean of its
+    batches' ratios to the fit (each batch once, placed at the middle of its run, from the
+    client's clock), windows without a batch at the slice's mean; the front end follows
+    with the profile's elasticity."""
+    ok = g[g["status"] == 200].dropna(subset=["batch_size", "compute_infer_us"])
+    ms = batch_time_us(ok).to_numpy() / 1e3
+    sizes = ok["batch_size"].to_numpy(int)
+    ratio = batch_ratios(profile, pd.DataFrame({"batch_size": sizes, "service_ms": ms}))
+    mid = ok["scheduled_s"].to_numpy() + ok["latency_ms"].to_numpy() / 1e3 - ms / 2e3
+    nb = int(np.ceil(duration_s / window_s))
+    k = np.clip((mid / window_s).astype(int), 0, nb - 1)
+    weight = 1.0 / sizes  # a batch of B is B rows
+    per = np.bincount(k, weights=weight * np.log(ratio), minlength=nb)
+    cnt = np.bincount(k, weights=weight, minlength=nb)
+    mean = per.sum() / cnt.sum()
+    log_f = np.where(cnt > 0, per / np.maximum(cnt, 1e-12), mean)
+    elasticity = ((profile.get("frontend") or {}).get("speed") or {}).get("elasticity", 1.0)
+    return {
+        "kind": "trace",
+        "step_ms": window_s * 1000.0,
+        "factors": [round(float(v), 5) for v in np.exp(log_f)],
+        "frontend_elasticity": float(min(elasticity, 3.0)),
+    }
 
 
 def replay_slice(
@@ -105,27 +128,7 @@ def replay_slice(
     if mode == "both":
         doc["workers"]["service_time"] = _scaled_service(doc["workers"]["service_time"], f_inst)
     if mode == "windowed":
-        # the batches' ratios per window, as the speed both stations run at
-        done = g.drop_duplicates(subset=["batch_size", "handoff_us", "compute_infer_us"])
-        ok = done[done["status"] == 200].dropna(subset=["compute_infer_us"])
-        # a batch ends when its requests' responses leave the instance: their scheduled time plus the wait
-        t_batch = (ok["scheduled_s"] + (ok["request_us"] - ok["compute_infer_us"]) / 1e6).to_numpy()
-        bins = np.floor(t_batch / window_s).astype(int)
-        nb = int(np.ceil(duration / window_s))
-        r = ratios[: len(bins)] if len(ratios) >= len(bins) else np.resize(ratios, len(bins))
-        per = np.bincount(np.clip(bins, 0, nb - 1), weights=np.log(r), minlength=nb)
-        cnt = np.bincount(np.clip(bins, 0, nb - 1), minlength=nb)
-        speed = np.exp(np.where(cnt > 0, per / np.maximum(cnt, 1), 0.0))
-        speed = speed / np.exp(np.mean(np.log(speed[cnt > 0]))) * f_inst
-        elasticity = ((profile.get("frontend") or {}).get("speed") or {}).get("elasticity", 1.0)
-        doc["platform"] = {
-            "speed": {
-                "kind": "trace",
-                "step_ms": window_s * 1000.0,
-                "factors": [round(float(v), 5) for v in speed],
-                "frontend_elasticity": float(elasticity),
-            }
-        }
+        doc["platform"] = {"speed": window_trace(profile, g, duration, window_s)}
     meas = g[~g["warmup"] & (g["status"] == 200)]["latency_ms"].to_numpy()
     p50, p99, pooled = [], [], []
     for k in range(seeds):
@@ -136,17 +139,21 @@ def replay_slice(
         p50.append(np.percentile(lat, 50))
         p99.append(np.percentile(lat, 99))
         pooled.append(lat)
-    return {
-        "slice": int(row["slice"]),
-        "level": int(row["level"]),
-        "mode": mode,
-        "instance_factor": f_inst,
-        "frontend_factor": f_fe,
-        "measured_p50": float(np.percentile(meas, 50)),
-        "measured_p99": float(np.percentile(meas, 99)),
-        "replayed_p50": float(np.mean(p50)),
-        "replayed_p99": float(np.mean(p99)),
-    }, meas, pooled
+    return (
+        {
+            "slice": int(row["slice"]),
+            "level": int(row["level"]),
+            "mode": mode,
+            "instance_factor": f_inst,
+            "frontend_factor": f_fe,
+            "measured_p50": float(np.percentile(meas, 50)),
+            "measured_p99": float(np.percentile(meas, 99)),
+            "replayed_p50": float(np.mean(p50)),
+            "replayed_p99": float(np.mean(p99)),
+        },
+        meas,
+        pooled,
+    )
 
 
 def replay(

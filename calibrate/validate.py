@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from calibrate.speed import shrink_ratios
 from calibrate.stats import slice_bootstrap_ci, t_interval
 from simulator.engine import simulate
 from simulator.results.metrics import window
@@ -115,6 +116,12 @@ def scenario_dict(
         "postprocess": postprocess,
         "cost": {"price_per_hour_usd": 1.0},
     }
+    sp = profile.get("speed_process")
+    if sp is not None:  # the host's speed as a process, shared by the front end and the instance
+        out["platform"] = {"speed": sp["speed"]}
+        ratios = out["workers"]["service_time"].get("noise_ratios")
+        if ratios is not None:  # the batches' own noise: what the process leaves of their spread
+            out["workers"]["service_time"]["noise_ratios"] = shrink_ratios(ratios, sp["noise_share"])
     gpu = catalog_gpu(profile)
     if gpu is not None:  # measured on a GPU the catalog prices: that type, at its price
         out["workers"]["instance_type"] = gpu
@@ -159,7 +166,10 @@ def _latencies(
 
 
 def slice_speeds(profile: dict) -> dict[int, float]:
-    """The front end's speed factor of each fitted slice, by slice (older profiles: by position)."""
+    """The front end's speed factor of each fitted slice, by slice (older profiles: by
+    position); none where the profile carries the speed as a process (``speed_process``)."""
+    if "speed_process" in profile:
+        return {}
     fs = (profile.get("frontend") or {}).get("speed") or {}
     factors = fs.get("slice_factors", [])
     return dict(zip(fs.get("slices") or range(len(factors)), factors, strict=True))

@@ -37,7 +37,9 @@ def test_factor_one_changes_nothing(root_dir):
     base = root_dir / "calibrate/profiles/cpu-resnet64/scenario.yaml"
     plain = simulate(load_scenario(base, ["duration_s=10", "traffic.rate_rps=280"])).records
     traced = simulate(
-        load_scenario(base, ["duration_s=10", "traffic.rate_rps=280", "platform.speed={kind: trace, step_ms: 7, factors: [1]}"])
+        load_scenario(
+            base, ["duration_s=10", "traffic.rate_rps=280", "platform.speed={kind: trace, step_ms: 7, factors: [1]}"]
+        )
     ).records
     np.testing.assert_array_equal(plain.t_response, traced.t_response)
 
@@ -65,8 +67,11 @@ def test_markov_speed_spends_time_in_proportion_to_its_holds():
         ["batching.max_batch_size=1"],  # the pool as an FCFS station
         ["batching.max_batch_size=1", "batching.max_queue_size=1000000"],  # the compiled batch scheduler
         ["batching.max_batch_size=1", "batching.deadline_ms=1e12"],  # the SimPy batch scheduler
-        ["preprocess={service: {kind: exponential, mean_ms: 10.0}, cpu_workers: 1}", "workers.count=64",
-         "workers.service_time={kind: deterministic, value_ms: 0.001}"],  # fmt: skip
+        [
+            "preprocess={service: {kind: exponential, mean_ms: 10.0}, cpu_workers: 1}",
+            "workers.count=64",
+            "workers.service_time={kind: deterministic, value_ms: 0.001}",
+        ],
     ],
     ids=["fcfs-pool", "compiled-batcher", "simpy-batcher", "front-end-station"],
 )
@@ -101,7 +106,8 @@ def test_speed_errors_name_the_field(root_dir, tmp_path):
     bad = tmp_path / "bad.yaml"
     text = (root_dir / "scenarios/validation/mmc.yaml").read_text()
     bad.write_text(
-        text + "platform:\n  speed: {kind: log_ar1, step_ms: 500, components: [{sigma: 0.1, correlation_time_s: 0.1}]}\n"
+        text
+        + "platform:\n  speed: {kind: log_ar1, step_ms: 500, components: [{sigma: 0.1, correlation_time_s: 0.1}]}\n"
     )
     with pytest.raises(ScenarioError, match=r"line \d+: platform.speed.*step_ms"):
         load_scenario(bad)

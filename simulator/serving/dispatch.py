@@ -207,9 +207,7 @@ def serve_versions(
         }
     if r.canary is not None:
         own = (rng.canary_service, rng.canary_routing)
-        run = _own_pool(
-            r.canary, r.balancing, workers, batching, t_pre[cand], own, sub(deadlines, cand), service.speed
-        )
+        run = _own_pool(r.canary, r.balancing, workers, batching, t_pre[cand], own, sub(deadlines, cand), service.speed)
         on_canary_pool, pools["canary"] = run.served, run.batches
         errors = rng.canary_errors.random(len(cand)) < r.canary.error_rate
         on_canary_pool.outcome[errors & (on_canary_pool.outcome == Outcome.COMPLETED)] = Outcome.ERROR

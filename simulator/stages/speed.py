@@ -70,7 +70,7 @@ class SpeedPath:
 
 
 def _log_ar1(cfg: LogAR1Speed, horizon_ms: float, rng: np.random.Generator) -> SpeedPath:
-    n = int(math.ceil(horizon_ms / cfg.step_ms)) + 1
+    n = math.ceil(horizon_ms / cfg.step_ms) + 1
     total = np.zeros(n)
     var = 0.0
     for c in cfg.components:
@@ -106,7 +106,7 @@ def _markov(cfg: MarkovSpeed, horizon_ms: float, rng: np.random.Generator) -> Sp
 
 
 def _trace(cfg: SpeedTrace, horizon_ms: float) -> SpeedPath:
-    n = int(math.ceil(horizon_ms / cfg.step_ms)) + 1
+    n = math.ceil(horizon_ms / cfg.step_ms) + 1
     f = np.resize(np.asarray(cfg.factors, dtype=float), n)
     return SpeedPath(np.arange(n) * cfg.step_ms, f)
 

@@ -1,0 +1,187 @@
+"""The host's speed as a process, fitted from the server's own batch timings.
+
+Every batch's time over the fitted mean for its size is a ratio; its log is the host's log
+speed at the time the batch ran plus the batch's own noise. Laid on one clock (each
+slice at its place in the run, each batch at the middle of its run), the autocovariance of
+those log ratios over lags of 20 ms to ~15 s is, on the committed runs, a sum of two
+exponentials and a spike at zero: a fast component (correlation time ~0.1–0.3 s), a
+slow one (seconds), and independent noise (README, "The platform-speed process").
+That is a log-AR(1) process with two components (:class:`~simulator.scenario.platform.LogAR1Speed`)
+plus a per-batch factor: fitted here by least squares on the binned autocovariance, the
+noise's share being what the two components leave of the variance. The front end follows
+the same process with an elasticity, the slope of its slices' CPU per request on their
+batches' mean log ratio (both relative to their level's median).
+
+Only the ``fit_levels`` reach the fit: held-out slices are left out before anything is
+computed (:func:`fit_slices_only`), and the clock places a slice by its position in the
+design, not by anything measured in the others.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from scipy import optimize
+
+from calibrate.fit import batch_time_us
+
+BIN_S = 0.02  # the clock's resolution for the autocovariance
+LAGS_S = (0.02, 0.04, 0.06, 0.1, 0.16, 0.24, 0.4, 0.6, 1.0, 1.6, 2.4, 3.4, 5.0, 8.0, 12.0)
+STEP_MS = 10.0
+
+
+def fitted_mean_ms(service_time: dict):
+    """The fitted batch time by size (a function of an array of sizes), as the simulator
+    computes it from a profile's ``service_time``."""
+    from types import SimpleNamespace
+
+    from simulator.scenario.servicetime import Affine, Table
+    from simulator.serving.workers import mean_service_ms
+
+    model = Table if service_time["kind"] == "table" else Affine
+    cfg = SimpleNamespace(
+        service_time=model.model_validate({k: v for k, v in service_time.items() if k in model.model_fields})
+    )
+    table: dict[int, float] = {}
+
+    def mean(sizes: np.ndarray) -> np.ndarray:
+        for b in np.unique(sizes):
+            table.setdefault(int(b), mean_service_ms(cfg, int(b)))
+        return np.array([table[int(b)] for b in sizes])
+
+    return mean
+
+
+def fit_slices_only(requests: pd.DataFrame, fit_levels: list[int]) -> pd.DataFrame:
+    """The successful, post-warm-up requests of the fitted levels: all the fit may see."""
+    return requests[requests["level"].isin(fit_levels) & ~requests["warmup"] & (requests["status"] == 200)]
+
+
+def batch_log_ratios(requests: pd.DataFrame, mean_ms, period_s: float) -> pd.DataFrame:
+    """One row per request's batch: its time on the run's clock (s), its log ratio to the
+    fitted mean (``mean_ms(sizes)``) and its weight (1 / batch size, so a batch counts once)."""
+    ok = requests.dropna(subset=["batch_size", "compute_infer_us"])
+    ms = batch_time_us(ok).to_numpy() / 1e3
+    sizes = ok["batch_size"].to_numpy(int)
+    t = ok["slice"].to_numpy() * period_s + ok["scheduled_s"].to_numpy() + ok["latency_ms"].to_numpy() / 1e3 - ms / 2e3
+    return pd.DataFrame(
+        {
+            "t_s": t,
+            "log_ratio": np.log(ms / mean_ms(sizes)),
+            "weight": 1.0 / sizes,
+            "slice": ok["slice"].to_numpy(),
+            "level": ok["level"].to_numpy(),
+        }
+    )
+
+
+def autocovariance(b: pd.DataFrame, lags_s=LAGS_S, bin_s: float = BIN_S) -> tuple[np.ndarray, float]:
+    """The weighted autocovariance of the log ratios at ``lags_s`` (pairs of batches that
+    far apart on the clock, binned at ``bin_s``), and their variance."""
+    r = b["log_ratio"].to_numpy()
+    w = b["weight"].to_numpy()
+    r = r - np.average(r, weights=w)
+    k = ((b["t_s"].to_numpy() - b["t_s"].min()) / bin_s).astype(np.int64)
+    nb = int(k.max()) + 1
+    s = np.bincount(k, weights=w * r, minlength=nb)
+    c = np.bincount(k, weights=w, minlength=nb)
+    size = 1 << math.ceil(math.log2(2 * nb))
+    ss = np.fft.irfft(np.abs(np.fft.rfft(s, size)) ** 2, size)[:nb]
+    cc = np.fft.irfft(np.abs(np.fft.rfft(c, size)) ** 2, size)[:nb]
+    idx = np.minimum(np.round(np.asarray(lags_s) / bin_s).astype(int), nb - 1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cov = np.where(cc[idx] > 0, ss[idx] / cc[idx], np.nan)
+    return cov, float(np.average(r * r, weights=w))
+
+
+def _two_exp(tau, a_fast, t_fast, a_slow, t_slow):
+    return a_fast * np.exp(-tau / t_fast) + a_slow * np.exp(-tau / t_slow)
+
+
+def fit_components(cov: np.ndarray, var: float, lags_s=LAGS_S) -> dict:
+    """Two AR(1) components and the noise from an autocovariance: the fast and slow
+    components' variances and correlation times (least squares on the autocorrelation),
+    the noise's variance what is left."""
+    lags = np.asarray(lags_s, dtype=float)
+    ok = np.isfinite(cov)
+    rho = np.clip(cov[ok] / var, -1, 1)
+    lags = lags[ok]
+    p0 = (0.3, 0.15, 0.3, 4.0)
+    bounds = ([0.0, 0.01, 0.0, 0.8], [1.0, 0.8, 1.0, 120.0])
+    (a_f, t_f, a_s, t_s), _ = optimize.curve_fit(_two_exp, lags, rho, p0=p0, bounds=bounds, maxfev=20000)
+    if a_f + a_s > 0.98:  # the components cannot hold more than the variance
+        a_f, a_s = a_f * 0.98 / (a_f + a_s), a_s * 0.98 / (a_f + a_s)
+    return {
+        "fast": {"sigma": math.sqrt(a_f * var), "correlation_time_s": float(t_f)},
+        "slow": {"sigma": math.sqrt(a_s * var), "correlation_time_s": float(t_s)},
+        "noise_var": float(var * (1 - a_f - a_s)),
+        "log_var": var,
+        "autocorrelation": {f"{lag:g}": round(float(v), 4) for lag, v in zip(lags, rho, strict=True)},
+    }
+
+
+def frontend_elasticity(slices: pd.DataFrame, b: pd.DataFrame, fit_levels: list[int], *, client_shares_cores: bool):
+    """The front end's CPU per request against its slice's mean batch log ratio: the
+    least-squares slope of one log on the other over the fitted slices, each relative to its
+    level's median (the load's own effect cancels), within [0, 3]; and the correlation."""
+    per_slice = b.groupby("slice").apply(
+        lambda g: np.average(g["log_ratio"], weights=g["weight"]), include_groups=False
+    )
+    sl = slices[slices["kept"] & slices["level"].isin(fit_levels) & slices["slice"].isin(per_slice.index)].copy()
+    if len(sl) < 3 or sl["frontend_cpu_s"].isna().any():
+        return 1.0, float("nan")
+    cpu = sl["frontend_cpu_s"] + (sl["client_cpu_s"] if client_shares_cores else 0.0)
+    if client_shares_cores and "sidecar_cpu_s" in sl:
+        cpu = cpu + sl["sidecar_cpu_s"].fillna(0.0)
+    y = np.log(cpu / sl["requests"])
+    x = per_slice.reindex(sl["slice"]).to_numpy()
+    y = (y - y.groupby(sl["level"]).transform("median")).to_numpy()
+    x = x - pd.Series(x).groupby(sl["level"].to_numpy()).transform("median").to_numpy()
+    if float(x @ x) <= 0:
+        return 1.0, float("nan")
+    beta = float(np.clip((x @ y) / (x @ x), 0.0, 3.0))
+    return beta, float(np.corrcoef(x, y)[0, 1])
+
+
+def fit_speed_process(
+    requests: pd.DataFrame,
+    slices: pd.DataFrame,
+    mean_ms,
+    fit_levels: list[int],
+    *,
+    period_s: float,
+    client_shares_cores: bool,
+) -> dict:
+    """``platform.speed`` (a two-component log-AR(1)) and the batch noise's share of the
+    log variance, from the fitted levels alone (``mean_ms``: the fitted batch time by size)."""
+    b = batch_log_ratios(fit_slices_only(requests, fit_levels), mean_ms, period_s)
+    cov, var = autocovariance(b)
+    comp = fit_components(cov, var)
+    beta, r = frontend_elasticity(slices, b, fit_levels, client_shares_cores=client_shares_cores)
+    speed = {
+        "kind": "log_ar1",
+        "step_ms": STEP_MS,
+        "components": [
+            {k: round(v, 5) for k, v in comp["slow"].items()},
+            {k: round(v, 5) for k, v in comp["fast"].items()},
+        ],
+        "frontend_elasticity": round(beta, 4),
+    }
+    return {
+        "speed": speed,
+        "noise_share": comp["noise_var"] / var if var > 0 else 1.0,
+        "log_var": var,
+        "autocorrelation": comp["autocorrelation"],
+        "frontend_r": r,
+        "requests": len(b),
+    }
+
+
+def shrink_ratios(ratios, share: float) -> list[float]:
+    """Mean-one ratios whose log spread is scaled to ``share`` of its variance (the part
+    of the batches' noise the speed process does not carry), their shape kept."""
+    r = np.log(np.asarray(ratios, dtype=float))
+    out = np.exp((r - r.mean()) * math.sqrt(max(share, 0.0)))
+    return [round(float(v), 5) for v in out / out.mean()]
