@@ -3,7 +3,7 @@
 Every batch's time over the fitted mean for its size is a ratio; its log is the host's log
 speed at the time the batch ran plus the batch's own noise. Laid on one clock (each
 slice at its place in the run, each batch at the middle of its run), the autocovariance of
-those log ratios over lags of 20 ms to ~15 s is, on the committed runs, a sum of two
+those log ratios over lags of 20 ms to 50 s is, on the committed runs, a sum of two
 exponentials and a spike at zero: a fast component (correlation time ~0.1–0.3 s), a
 slow one (seconds), and independent noise (README, "The platform-speed process").
 That is a log-AR(1) process with two components (:class:`~simulator.scenario.platform.LogAR1Speed`)
@@ -28,7 +28,9 @@ from scipy import optimize
 from calibrate.fit import batch_time_us
 
 BIN_S = 0.02  # the clock's resolution for the autocovariance
-LAGS_S = (0.02, 0.04, 0.06, 0.1, 0.16, 0.24, 0.4, 0.6, 1.0, 1.6, 2.4, 3.4, 5.0, 8.0, 12.0)
+# out to 50 s: the fitted slices' pairs across slices pin the slow component's decay (to
+# 12 s only, its correlation time of 5 s came back anywhere from 1 to 120 s on synthetic runs)
+LAGS_S = (0.02, 0.04, 0.06, 0.1, 0.16, 0.24, 0.4, 0.6, 1.0, 1.6, 2.4, 3.4, 5.0, 8.0, 12.0, 18.0, 25.0, 35.0, 50.0)
 STEP_MS = 10.0
 
 

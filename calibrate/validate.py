@@ -26,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from calibrate.interval import parameter_draws, prediction_interval
 from calibrate.speed import shrink_ratios
 from calibrate.stats import slice_bootstrap_ci, t_interval
 from simulator.engine import simulate
@@ -230,11 +231,26 @@ def compare(
     *,
     reps: int = 5,
     rng: np.random.Generator,
+    slices: pd.DataFrame | None = None,
+    draws: int = 200,
 ) -> pd.DataFrame:
     """One row per level of ``levels`` (level, offered_rps, load) and percentile: measured
-    with its slice-bootstrap 95% interval, predicted with its replication interval, the
-    error and the verdict."""
+    with its slice-bootstrap 95% interval, predicted with its interval, the error and the
+    verdict.
+
+    With the run's ``slices`` and a profile that carries the speed process, the prediction
+    is the median over ``draws`` simulated designs with the parameters drawn from their
+    uncertainty, and its interval the 90% prediction interval
+    (:func:`calibrate.interval.prediction_interval`); ``covered`` says whether the
+    measurement falls inside it, ``pi_width_ratio`` how wide it is against the
+    measurement's own 95% interval. Otherwise the mean over ``reps`` replications and its
+    95% t-interval."""
     slice_s, warmup_s = design(requests, profile)
+    bands = slices is not None and draws > 0 and "speed_process" in profile
+    if bands:
+        param = parameter_draws(profile, requests, slices, draws=draws, rng=rng)
+        period = float(slices.loc[slices["kept"], "seconds"].median())
+        gap = (int((profile.get("design") or {}).get("levels", len(requests["level"].unique()))) - 1) * period
     rows = []
     for _, lv in levels.iterrows():
         level = int(lv["level"])
@@ -242,15 +258,21 @@ def compare(
         ok = g[g["status"] == 200]
         slice_ids = ok["slice"].to_numpy() if "slice" in ok else np.zeros(len(ok))
         n_slices = len(np.unique(g["slice"])) if "slice" in g else 1
-        pred = predict(
-            profile,
-            float(lv["offered_rps"]),
-            slices=n_slices,
-            slice_s=slice_s,
-            warmup_s=warmup_s,
-            reps=reps,
-            seed=level,
-        )
+        if bands:
+            pred = prediction_interval(
+                param, float(lv["offered_rps"]), n_slices=n_slices, slice_s=slice_s, warmup_s=warmup_s,
+                gap_s=gap, seed=level,
+            )  # fmt: skip
+        else:
+            pred = predict(
+                profile,
+                float(lv["offered_rps"]),
+                slices=n_slices,
+                slice_s=slice_s,
+                warmup_s=warmup_s,
+                reps=reps,
+                seed=level,
+            )
         lat = ok["latency_ms"].to_numpy()
         for q, pct in PERCENTILES.items():
             meas = float(np.percentile(lat, pct))
@@ -258,11 +280,14 @@ def compare(
             p, p_lo, p_hi = pred[q]
             err = (p - meas) / meas * 100.0
             inside = bool(lo <= p <= hi)
+            covered = bool(p_lo <= meas <= p_hi) if bands else None
             target = TARGET_PCT.get(q)
             if target is None:
                 verdict = "shown"
             elif abs(err) <= target:
                 verdict = "within target"
+            elif covered:
+                verdict = "inside prediction interval"
             elif inside:
                 verdict = "inside interval"
             else:
@@ -284,6 +309,8 @@ def compare(
                     "predicted_hi": p_hi,
                     "error_pct": err,
                     "inside_interval": inside,
+                    "covered": covered,
+                    "pi_width_ratio": (p_hi - p_lo) / (hi - lo) if bands and hi > lo else None,
                     "target_pct": target,
                     "verdict": verdict,
                 }

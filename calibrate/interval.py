@@ -1,0 +1,148 @@
+"""Predictions as intervals that include what the fit does not know.
+
+A held-out level was measured as a design: ``n`` slices of ``slice_s`` each, started idle,
+their first ``warmup_s`` left out, pooled. Its percentile is a random quantity twice over:
+the slices' own luck (which the slice bootstrap of the measurement shows) and the fitted
+parameters' error. :func:`prediction_interval` simulates the same design ``draws`` times,
+each with parameters drawn from their uncertainty (:func:`parameter_draws`: a bootstrap
+over the fitted slices, stratified by level, refitting what the tail is most sensitive
+to: the batch time's scale, the front end's CPU per request and the speed process), and
+gives each percentile's median and its 90% prediction interval.
+
+The slices of one simulated design share one run and one speed path: each slice's
+arrivals are a step of the offered rate, the next slice starting after as long an idle gap
+as the real design left between two slices of one level (the other levels' slices), so the
+slow component of the speed carries over between them as it did.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from calibrate.speed import batch_log_ratios, fit_slices_only, fit_speed_process, fitted_mean_ms
+from calibrate.station import fit_frontend
+from simulator.engine import simulate
+from simulator.scenario.config import Scenario
+
+PI_LEVEL = 0.90  # the prediction interval's coverage
+QUANTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0}
+
+
+def _scaled_batches(st: dict, factor: float) -> dict:
+    out = dict(st)
+    if st["kind"] == "table":
+        out["batch_ms"] = {k: v * factor for k, v in st["batch_ms"].items()}
+    else:
+        out["base_ms"], out["per_item_ms"] = st["base_ms"] * factor, st["per_item_ms"] * factor
+    return out
+
+
+def parameter_draws(
+    profile: dict,
+    requests: pd.DataFrame,
+    slices: pd.DataFrame,
+    *,
+    draws: int,
+    rng: np.random.Generator,
+) -> list[tuple[dict, float]]:
+    """``draws`` (profile, front-end factor) pairs, each refitted on a bootstrap resample of
+    the fitted slices: the batch times' scale (their mean log ratio to the fit), the front
+    end's CPU per request (its line refitted), the speed process. The held-out slices are
+    never read: everything comes from :func:`calibrate.speed.fit_slices_only`."""
+    fit_levels = [f["level"] for f in profile["fit_levels"]]
+    fitted = fit_slices_only(requests, fit_levels)
+    used = slices[slices["kept"] & slices["level"].isin(fit_levels)]
+    period = float(used["seconds"].median())
+    mean_ms = fitted_mean_ms(profile["service_time"])
+    b = batch_log_ratios(fitted, mean_ms, period)
+    per_slice = b.assign(s=b["log_ratio"] * b["weight"]).groupby("slice")[["s", "weight"]].sum()
+    base = per_slice["s"].sum() / per_slice["weight"].sum()
+    fe = profile.get("frontend")
+    shares = bool(fe and fe.get("client_shares_cores"))
+    by_level = {lv: g["slice"].to_numpy() for lv, g in used.groupby("level")}
+    out = []
+    for _ in range(draws):
+        pick = np.concatenate([rng.choice(ids, len(ids)) for ids in by_level.values()])
+        ps = per_slice.reindex(pick).dropna()
+        shift = ps["s"].sum() / ps["weight"].sum() - base
+        p = {**profile, "service_time": _scaled_batches(profile["service_time"], float(np.exp(shift)))}
+        factor = 1.0
+        if fe is not None:
+            refit = fit_frontend(used.set_index("slice").loc[pick].reset_index(), servers=fe["servers"],
+                                 client_shares_cores=shares)  # fmt: skip
+            factor = refit["station_ms_per_request"] / fe["station_ms_per_request"]
+        if "speed_process" in profile:
+            uniq = np.unique(pick)
+            p["speed_process"] = fit_speed_process(
+                requests[requests["slice"].isin(uniq)],
+                slices[slices["slice"].isin(uniq)],
+                mean_ms,
+                fit_levels,
+                period_s=period,
+                client_shares_cores=shares,
+            )
+        out.append((p, factor))
+    return out
+
+
+def design_percentiles(
+    profile: dict,
+    rate_rps: float,
+    *,
+    n_slices: int,
+    slice_s: float,
+    warmup_s: float,
+    gap_s: float,
+    seed: int,
+    frontend_factor: float = 1.0,
+) -> dict[str, float]:
+    """One simulated design: ``n_slices`` slices at ``rate_rps`` in one run, ``gap_s``
+    idle between them, each slice's first ``warmup_s`` left out; the pooled percentiles."""
+    from calibrate.validate import scenario_dict
+
+    period = slice_s + gap_s
+    duration = n_slices * period
+    doc = scenario_dict(profile, rate_rps, duration_s=duration, warmup_s=0.0, seed=seed, speed=frontend_factor)
+    steps = []
+    for j in range(n_slices):
+        steps += [{"at_s": j * period, "rate_rps": rate_rps}, {"at_s": j * period + slice_s, "rate_rps": 0.0}]
+    doc["traffic"] = {"shape": {"kind": "steps", "steps": steps}}
+    s = Scenario.model_validate(doc)
+    rec = simulate(s).records
+    offset = (rec.arrival / 1000.0) % period
+    keep = rec.completed & (offset >= warmup_s) & (offset < slice_s)
+    lat = (rec.t_response - rec.arrival)[keep]
+    return {q: float(np.percentile(lat, pct)) if len(lat) else float("nan") for q, pct in QUANTILES.items()}
+
+
+def prediction_interval(
+    draws: list[tuple[dict, float]],
+    rate_rps: float,
+    *,
+    n_slices: int,
+    slice_s: float,
+    warmup_s: float,
+    gap_s: float,
+    seed: int,
+) -> dict[str, tuple[float, float, float]]:
+    """Each percentile's median over the parameter draws' simulated designs and its
+    :data:`PI_LEVEL` prediction interval."""
+    per = {q: [] for q in QUANTILES}
+    for k, (p, factor) in enumerate(draws):
+        got = design_percentiles(
+            p,
+            rate_rps,
+            n_slices=n_slices,
+            slice_s=slice_s,
+            warmup_s=warmup_s,
+            gap_s=gap_s,
+            seed=int(np.random.SeedSequence([seed, k]).generate_state(1)[0] % 2**31),
+            frontend_factor=factor,
+        )
+        for q in QUANTILES:
+            per[q].append(got[q])
+    tail = (1 - PI_LEVEL) / 2
+    return {
+        q: (float(np.median(v)), float(np.quantile(v, tail)), float(np.quantile(v, 1 - tail))) for q, v in per.items()
+    }
