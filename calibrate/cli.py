@@ -37,6 +37,9 @@ def _terminated(signum, _frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+MET = ("within target", "inside prediction interval", "inside interval")  # the verdicts that meet the target
+
+
 def _levels(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -83,7 +86,7 @@ def run(
         typer.echo("calibrate run: stopped; the server and its children are stopped too", err=True)
         raise typer.Exit(code=130) from None
     judged = [r for r in report["validation"] if r["percentile"] in ("p50", "p99")]
-    met = sum(r["verdict"] in ("within target", "inside interval") for r in judged)
+    met = sum(r["verdict"] in MET for r in judged)
     typer.echo((out / "validation.md").read_text())
     worst = max(abs(r["error_pct"]) for r in judged)
     typer.echo(f"held-out p50/p99: {met} of {len(judged)} meet the target; largest |error| {worst:.1f}%  ->  {out}")
@@ -224,6 +227,33 @@ def fit(
         f"{out}: batch service time {st['kind']} (R² {st['r2']:.3f}, robust noise CV {st['noise_cv_robust']:.2f}); "
         f"scenario: {out.with_name('scenario.yaml')}"
     )
+
+
+@app.command()
+def refit(
+    folder: Annotated[
+        Path, typer.Argument(help="A `calibrate run` folder: profile.json, measurements.csv.gz, slices.csv.")
+    ],
+    draws: Annotated[int, typer.Option(help="Simulated designs per held-out level for the intervals.", min=20)] = 200,
+    seed: int = 0,
+) -> None:
+    """Fit the platform-speed process again from a run's own measurements (its fitted
+    levels only) and rewrite profile.json, scenario.yaml and the validation report."""
+    try:
+        import numpy as np
+
+        from calibrate.run import refit_run
+    except ImportError as err:
+        raise _need("calibrate refit")(err) from None
+    try:
+        report = refit_run(folder, draws=draws, rng=np.random.default_rng(seed))
+    except (OSError, ValueError, KeyError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    typer.echo((folder / "validation.md").read_text())
+    judged = [r for r in report["validation"] if r["percentile"] in ("p50", "p99")]
+    met = sum(r["verdict"] in MET for r in judged)
+    typer.echo(f"held-out p50/p99: {met} of {len(judged)} meet the target  ->  {folder}")
 
 
 @app.command()

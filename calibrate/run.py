@@ -40,6 +40,7 @@ from calibrate.payloads import image_payloads, ranker_payloads
 from calibrate.profile import build_profile, capacity, client_shares, compute_inside, cpu_ticks
 from calibrate.report import markdown, write_scenario
 from calibrate.servers import get_json, redis_server, server
+from calibrate.speed import fit_speed_process, fitted_mean_ms
 from calibrate.station import fit_frontend
 from calibrate.validate import chart, compare
 
@@ -197,7 +198,7 @@ def _calibrate(
     summary["load"] = loads
     summary["held_out"] = [f in VALIDATE_LOADS for f in loads]
     log("fitted; simulating the held-out levels")
-    table = compare(profile, requests, summary[summary["held_out"]], reps=reps, rng=rng)
+    table = compare(profile, requests, summary[summary["held_out"]], reps=reps, rng=rng, slices=slices)
     inside = compute_inside(requests, loads, bench)
     return _write(out, profile, requests, slices, hiccups, speed, summary, table, inside)
 
@@ -280,12 +281,39 @@ def _speed_per_slice(requests: pd.DataFrame, slices: pd.DataFrame, speed: pd.Dat
     return slices.merge(per_slice, on=["slice", "attempt"], how="left"), speed_summary
 
 
+def refit_run(out: Path, *, draws: int, rng: np.random.Generator) -> dict:
+    """A run's profile with the speed process fitted again from its own fitted levels
+    (:func:`calibrate.speed.fit_speed_process`), validated again: profile.json,
+    scenario.yaml and validation.{json,md,png} rewritten; the measurements untouched."""
+    profile = json.loads((out / "profile.json").read_text())
+    requests = pd.read_csv(out / "measurements.csv.gz")
+    slices = pd.read_csv(out / "slices.csv")
+    hiccups = pd.read_csv(out / "hiccups.csv")
+    old = json.loads((out / "validation.json").read_text())
+    fit_levels = [f["level"] for f in profile["fit_levels"]]
+    fitted = slices[slices["kept"] & slices["level"].isin(fit_levels)]
+    profile["speed_process"] = fit_speed_process(
+        requests,
+        slices,
+        fitted_mean_ms(profile["service_time"]),
+        fit_levels,
+        period_s=float(fitted["seconds"].median()),
+        client_shares_cores=bool((profile.get("frontend") or {}).get("client_shares_cores")),
+    )
+    summary = pd.DataFrame(old["levels"])
+    table = compare(profile, requests, summary[summary["held_out"]], rng=rng, slices=slices, draws=draws)
+    inside = pd.DataFrame(old["compute_inside"])
+    return _write(out, profile, requests, slices, hiccups, None, summary, table, inside)
+
+
 def _write(out: Path, profile, requests, slices, hiccups, speed, summary, table, inside) -> dict:
-    """Write everything a run leaves under ``out``; return the report."""
-    requests.to_csv(out / "measurements.csv.gz", index=False)
-    slices.to_csv(out / "slices.csv", index=False)
-    hiccups.to_csv(out / "hiccups.csv", index=False)
-    speed.to_csv(out / "speed.csv", index=False)
+    """Write everything a run leaves under ``out`` (the measurements too, unless ``speed``
+    is None: a refit); return the report."""
+    if speed is not None:
+        requests.to_csv(out / "measurements.csv.gz", index=False)
+        slices.to_csv(out / "slices.csv", index=False)
+        hiccups.to_csv(out / "hiccups.csv", index=False)
+        speed.to_csv(out / "speed.csv", index=False)
     (out / "profile.json").write_text(json.dumps(profile, indent=2) + "\n")
     write_scenario(profile, out / "scenario.yaml")
     report = {

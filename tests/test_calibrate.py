@@ -131,7 +131,8 @@ def test_end_to_end_calibration_of_a_tiny_model(tmp_path):
     assert profile["server"]["instance_mode"] == "process"
     assert profile["frontend"]["cpu_ms_per_request"] > 0  # the front end's CPU, from its /metrics
     assert profile["design"]["rounds"] == 2
-    assert {r["verdict"] for r in rows} <= {"within target", "inside interval", "miss", "shown"}
+    verdicts = {"within target", "inside prediction interval", "inside interval", "miss", "shown"}
+    assert {r["verdict"] for r in rows} <= verdicts
     assert all(r["measured_lo"] <= r["measured_ms"] <= r["measured_hi"] for r in rows)
     measured = pd.read_csv(tmp_path / "measurements.csv.gz")
     assert measured.groupby("level")["slice"].nunique().eq(2).all()  # every level in each of the 2 rounds
