@@ -257,6 +257,80 @@ def refit(
 
 
 @app.command()
+def replay(
+    folder: Annotated[
+        Path, typer.Argument(help="A `calibrate run` folder: profile.json, measurements.csv.gz, slices.csv.")
+    ],
+    modes: Annotated[
+        str, typer.Option(help="Comma-separated: fitted, frontend, both, windowed.")
+    ] = "fitted,frontend,both,windowed",
+    seeds: Annotated[int, typer.Option(help="Simulations per slice and mode.", min=1)] = 3,
+) -> None:
+    """Replay every held-out slice with its exact arrivals at speeds read from the server's
+    own timings in it: which mechanism the measured tail needs (calibrate/README)."""
+    try:
+        import pandas as pd
+
+        from calibrate.replay import MODES
+        from calibrate.replay import replay as replay_slices
+    except ImportError as err:
+        raise _need("calibrate replay")(err) from None
+    chosen = tuple(m.strip() for m in modes.split(",") if m.strip())
+    if not chosen or set(chosen) - set(MODES):
+        typer.echo(f"error: --modes takes {', '.join(MODES)}", err=True)
+        raise typer.Exit(code=2)
+    try:
+        prof = json.loads((folder / "profile.json").read_text())
+        requests = pd.read_csv(folder / "measurements.csv.gz")
+        slices = pd.read_csv(folder / "slices.csv")
+        per_slice, levels = replay_slices(prof, requests, slices, modes=chosen, seeds=seeds)
+    except (OSError, ValueError, KeyError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    rho = per_slice.groupby(["level", "mode"]).apply(
+        lambda g: g["replayed_p99"].corr(g["measured_p99"], method="spearman"), include_groups=False
+    )
+    med = per_slice.groupby(["level", "mode"])["error_p99_pct"].median()
+    table = levels.set_index(["level", "mode"]).assign(spearman_p99=rho, median_slice_error_p99_pct=med)
+    cols = ["measured_p50", "replayed_p50", "error_p50_pct", "measured_p99", "replayed_p99", "error_p99_pct"]
+    typer.echo(
+        table[[*cols, "spearman_p99", "median_slice_error_p99_pct"]].to_string(float_format=lambda x: f"{x:.2f}")
+    )
+
+
+@app.command()
+def target(
+    folder: Annotated[Path, typer.Argument(help="A calibrated folder whose profile.json has a speed process.")],
+    runs: Annotated[int, typer.Option(help="Virtual calibration runs of the profile's model.", min=6)] = 100,
+    designs: Annotated[int, typer.Option(help="Simulated designs per cell for the predictors.", min=20)] = 200,
+    seed: int = 0,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the whole result here.")] = None,
+) -> None:
+    """How often a correct model, and one without the speed process, passes the three-run
+    calibration target, the truth being the profile's own model (calibrate/README)."""
+    try:
+        from calibrate.target import target_report
+    except ImportError as err:
+        raise _need("calibrate target")(err) from None
+    try:
+        prof = json.loads((folder / "profile.json").read_text())
+        report = target_report(prof, runs=runs, designs=designs, seed=seed)
+    except (OSError, ValueError, KeyError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    if json_out is not None:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+    rules = list(next(iter(report["pass_rates"].values())))
+    typer.echo(f"pass rate over {report['triples']:,} triples of {report['runs']} virtual runs")
+    typer.echo(f"{'rule':<28}" + "".join(f"{m:>14}" for m in report["pass_rates"]))
+    for rule in rules:
+        typer.echo(f"{rule:<28}" + "".join(f"{r[rule]:>14.1%}" for r in report["pass_rates"].values()))
+    typer.echo("bounds the correct model passes 90% of the time:")
+    for k, v in report["passable_bounds"].items():
+        typer.echo(f"  {k:<20} {v:.1f}")
+
+
+@app.command()
 def validate(
     profile: Annotated[Path, typer.Argument(help="profile.json from `calibrate run` or `fit`.")],
     measurements: Annotated[Path, typer.Argument(help="measurements.csv from `calibrate load` or `run`.")],

@@ -195,15 +195,15 @@ def _speed_process(profile: dict) -> list[str]:
     sp = profile.get("speed_process")
     if sp is None:
         return []
-    slow, fast = sp["speed"]["components"]
     ac = ", ".join(f"{k} s: {v:.2f}" for k, v in list(sp["autocorrelation"].items())[::3])
+    if sp["speed"] is None:
+        return [f"- **Platform speed**: the batches show no correlated speed (autocorrelation by lag: {ac})."]
+    parts = " and ".join(f"σ {c['sigma']:.3f} over {c['correlation_time_s']:.2f} s" for c in sp["speed"]["components"])
     return [
-        f"- **Platform speed** (`platform.speed`, from the fitted levels' batches alone): log-AR(1), a slow "
-        f"component σ {slow['sigma']:.3f} over {slow['correlation_time_s']:.1f} s and a fast one σ "
-        f"{fast['sigma']:.3f} over {fast['correlation_time_s'] * 1e3:.0f} ms, shared by the instance and the front "
-        f"end (elasticity {sp['speed']['frontend_elasticity']:.2f}, r {sp['frontend_r']:.2f} over the fitted "
-        f"slices); the batches' own noise keeps {sp['noise_share']:.0%} of the log variance. Autocorrelation of "
-        f"the batches' log ratios by lag: {ac}.",
+        f"- **Platform speed** (`platform.speed`, from the fitted levels' batches alone): log-AR(1), components "
+        f"{parts}, shared by the instance and the front end (elasticity {sp['speed']['frontend_elasticity']:.2f}, "
+        f"r {sp['frontend_r']:.2f} over the fitted slices); the batches' own noise keeps {sp['noise_share']:.0%} "
+        f"of the log variance. Autocorrelation of the batches' log ratios by lag: {ac}.",
     ]
 
 

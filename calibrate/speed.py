@@ -32,6 +32,7 @@ BIN_S = 0.02  # the clock's resolution for the autocovariance
 # 12 s only, its correlation time of 5 s came back anywhere from 1 to 120 s on synthetic runs)
 LAGS_S = (0.02, 0.04, 0.06, 0.1, 0.16, 0.24, 0.4, 0.6, 1.0, 1.6, 2.4, 3.4, 5.0, 8.0, 12.0, 18.0, 25.0, 35.0, 50.0)
 STEP_MS = 10.0
+SIGMA_MIN = 1e-3  # a component with less spread than this is none
 
 
 def fitted_mean_ms(service_time: dict):
@@ -156,24 +157,21 @@ def fit_speed_process(
     period_s: float,
     client_shares_cores: bool,
 ) -> dict:
-    """``platform.speed`` (a two-component log-AR(1)) and the batch noise's share of the
-    log variance, from the fitted levels alone (``mean_ms``: the fitted batch time by size)."""
+    """``platform.speed`` (a two-component log-AR(1); None where the batches show no
+    correlated speed at all) and the batch noise's share of the log variance, from the
+    fitted levels alone (``mean_ms``: the fitted batch time by size)."""
     b = batch_log_ratios(fit_slices_only(requests, fit_levels), mean_ms, period_s)
     cov, var = autocovariance(b)
     comp = fit_components(cov, var)
     beta, r = frontend_elasticity(slices, b, fit_levels, client_shares_cores=client_shares_cores)
-    speed = {
-        "kind": "log_ar1",
-        "step_ms": STEP_MS,
-        "components": [
-            {k: round(v, 5) for k, v in comp["slow"].items()},
-            {k: round(v, 5) for k, v in comp["fast"].items()},
-        ],
-        "frontend_elasticity": round(beta, 4),
-    }
+    parts = [{k: round(v, 5) for k, v in comp[c].items()} for c in ("slow", "fast")]
+    parts = [c for c in parts if c["sigma"] >= SIGMA_MIN]  # a component the data do not show is left out
+    speed = None
+    if parts:
+        speed = {"kind": "log_ar1", "step_ms": STEP_MS, "components": parts, "frontend_elasticity": round(beta, 4)}
     return {
         "speed": speed,
-        "noise_share": comp["noise_var"] / var if var > 0 else 1.0,
+        "noise_share": (comp["noise_var"] / var if var > 0 else 1.0) if speed is not None else 1.0,
         "log_var": var,
         "autocorrelation": comp["autocorrelation"],
         "frontend_r": r,

@@ -118,7 +118,7 @@ def scenario_dict(
         "cost": {"price_per_hour_usd": 1.0},
     }
     sp = profile.get("speed_process")
-    if sp is not None:  # the host's speed as a process, shared by the front end and the instance
+    if sp is not None and sp["speed"] is not None:  # the host's speed as a process, shared by front end and instance
         out["platform"] = {"speed": sp["speed"]}
         ratios = out["workers"]["service_time"].get("noise_ratios")
         if ratios is not None:  # the batches' own noise: what the process leaves of their spread
