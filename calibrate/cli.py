@@ -403,6 +403,10 @@ def watch(
     json_path: Annotated[Path | None, typer.Option("--json", help="Append one JSON line per interval here.")] = None,
     duration_s: Annotated[float, typer.Option(help="Stop after this many seconds (0: until Ctrl-C).", min=0)] = 0.0,
     window: Annotated[int, typer.Option(help="Intervals in the rolling fit.", min=1)] = 6,
+    profile: Annotated[
+        Path | None,
+        typer.Option(help="A `calibrate run` folder: its noise, speed process and front end in the twin's model."),
+    ] = None,
 ) -> None:
     """A live twin of a running server: fits the batch time and overheads from its counters
     every interval, simulates the current rate, and says how much traffic can grow before
@@ -414,6 +418,15 @@ def watch(
     from calibrate.watch import Twin, WatchError, connect, scrape
 
     q, target = _sla(sla)
+    prof = None
+    if profile is not None:
+        try:
+            prof = json.loads((profile / "profile.json").read_text())
+            if prof.get("schema_version") != 1 or "service_time" not in prof:
+                raise ValueError("not a servesim calibration profile (schema_version 1)")
+        except (OSError, ValueError) as err:
+            typer.echo(f"error: --profile {profile}: {err}", err=True)
+            raise typer.Exit(code=2) from None
     if json_path is not None and not json_path.parent.is_dir():
         typer.echo(f"error: --json {json_path}: folder {json_path.parent} does not exist", err=True)
         raise typer.Exit(code=2)
@@ -422,7 +435,7 @@ def watch(
     except WatchError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None
-    twin = Twin(config, name, percentile=q, target_ms=target, window=window)
+    twin = Twin(config, name, percentile=q, target_ms=target, window=window, profile=prof)
     out = json_path.open("a") if json_path is not None else None
     key = f"p{q:g}"
     typer.echo(f"watching {name} at {url} every {interval_s:g} s; SLA {key} <= {target:g} ms (server latency)")

@@ -12,6 +12,13 @@ Every interval the twin reads what any Triton exposes, ``/metrics`` (the cumulat
   compute, per request; where the server exports its process CPU
   (``process_cpu_seconds_total``, as servesim's does), that CPU per request is the front
   end's station and the rest a pure delay;
+* **the calibrated model** (``--profile DIR``, a ``calibrate run`` folder): the batch
+  times' noise, the platform-speed process and the front end's service-time shape come
+  from the profile; the batch-time table and the front end's CPU per request stay live
+  (sizes the window has not seen take the profile's table, scaled to the live ones), so
+  the twin follows the machine's speed of the hour. The hand-off to the instance's process
+  is in the batch time (as the calibration fits it) and taken out of the per-request
+  overhead, so it is counted once;
 * **the prediction**: the simulator runs the server so fitted at the current rate, and
   bisects the rate at which the SLA percentile breaks: the **headroom** is how much the
   traffic can grow before it does.
@@ -42,6 +49,7 @@ from simulator.scenario.config import Scenario
 
 BATCH_PARTS = ("compute_input", "compute_infer", "compute_output", "handoff")
 NOISE_CV = 0.08  # counters carry sums only; the batch noise a calibration run measured here (0.06-0.11)
+SPEED_SPANS = 20  # with a speed process, simulate at least this many of its slowest correlation times
 MIN_EXECUTIONS = 5  # a batch size needs this many executions in the window to enter the table
 
 
@@ -94,6 +102,15 @@ def parse_metrics(text: str, model: str) -> dict:
 
 def batch_counts(stats: dict, model: str) -> dict[int, tuple[int, int]]:
     """Per batch size: executions and total batch ns (compute, plus hand-off where reported)."""
+    return {b: (n, ns) for b, (n, ns, _) in _batch_stats(stats, model).items()}
+
+
+def handoff_ns(stats: dict, model: str) -> dict[int, int]:
+    """Per batch size: total hand-off ns (servesim's server; none on a Triton)."""
+    return {b: h for b, (_, _, h) in _batch_stats(stats, model).items()}
+
+
+def _batch_stats(stats: dict, model: str) -> dict[int, tuple[int, int, int]]:
     entry = next((m for m in stats.get("model_stats", []) if m.get("name") == model), None)
     if entry is None:
         raise WatchError(f"the statistics hold no model {model!r}")
@@ -101,7 +118,7 @@ def batch_counts(stats: dict, model: str) -> dict[int, tuple[int, int]]:
     for b in entry.get("batch_stats", []):
         n = int(b["compute_infer"]["count"])
         ns = sum(int(b[k]["ns"]) for k in BATCH_PARTS if k in b)
-        out[int(b["batch_size"])] = (n, ns)
+        out[int(b["batch_size"])] = (n, ns, int(b["handoff"]["ns"]) if "handoff" in b else 0)
     return out
 
 
@@ -129,6 +146,7 @@ class Scrape:
     counters: dict[str, float]
     buckets: dict[float, float]
     batches: dict[int, tuple[int, int]]
+    handoff: dict[int, int] = field(default_factory=dict)  # per batch size, cumulative ns
 
 
 @dataclass
@@ -141,6 +159,7 @@ class Twin:
     target_ms: float = 100.0
     window: int = 6
     sim_s: float = 20.0
+    profile: dict | None = None  # a calibration's profile.json: noise, speed process, front-end shape
     last: Scrape | None = None
     deltas: list[dict] = field(default_factory=list)
 
@@ -168,6 +187,8 @@ class Twin:
                 d(f"nv_inference_{p}_duration_us") for p in ("compute_input", "compute_infer", "compute_output")
             ),
             "cpu_s": d("process_cpu_seconds_total") if "process_cpu_seconds_total" in c1 else float("nan"),
+            # every request of a batch waited through its hand-off: b requests × the batch's
+            "handoff_us": sum(b * (h - prev.handoff.get(b, 0)) for b, h in scrape.handoff.items()) / 1e3,
             "batches": batches,
             "buckets": {le: scrape.buckets.get(le, 0.0) - prev.buckets.get(le, 0.0) for le in scrape.buckets},
         }
@@ -207,8 +228,13 @@ class Twin:
         reqs = sum(x["requests"] for x in self.deltas)
         out: dict = {"batch_ms": table or None, "batch_sizes_seen": len(table)}
         if reqs > 0:
-            # the request's time in the server outside the queue and the batch compute
-            other = sum(x["request_us"] - x["queue_us"] - x["compute_us"] for x in self.deltas) / reqs / 1e3
+            # the request's time in the server outside the queue and the batch (compute and
+            # hand-off: the batch time holds the hand-off, so the overhead must not)
+            other = (
+                sum(x["request_us"] - x["queue_us"] - x["compute_us"] - x.get("handoff_us", 0.0) for x in self.deltas)
+                / reqs
+                / 1e3
+            )
             out["overhead_ms"] = max(other, 0.0)
             cpu = [x["cpu_s"] for x in self.deltas]
             if all(math.isfinite(v) for v in cpu):
@@ -247,6 +273,15 @@ class Twin:
         }
         if cpu:  # the front end's CPU is a station: one event loop
             doc["preprocess"] = {"service": {"kind": "exponential", "mean_ms": cpu}, "cpu_workers": 1}
+        if self.profile is not None:
+            calibrated(doc, self.profile, fit)
+            slowest = max(
+                (c["correlation_time_s"] for c in doc.get("platform", {}).get("speed", {}).get("components", [])),
+                default=0.0,
+            )
+            if SPEED_SPANS * slowest > doc["duration_s"]:  # a percentile over many of the speed's swings, not one
+                doc["duration_s"] = SPEED_SPANS * slowest
+                doc["warmup_s"] = min(2.0, doc["duration_s"] / 10)
         return Scenario.model_validate(doc)
 
     def _percentiles(self, fit: dict, rate: float) -> tuple[float, float]:
@@ -284,6 +319,35 @@ class Twin:
             else:
                 hi = mid
         return lo
+
+
+def calibrated(doc: dict, profile: dict, fit: dict) -> None:
+    """Put a calibration's model into the twin's scenario ``doc``: the batch noise and the
+    speed process as the calibration's scenario has them, the profile's batch table for
+    the sizes the live window lacks (scaled by the live / profile ratio on those it has),
+    and the front end's service-time shape at the live CPU per request."""
+    from calibrate.validate import scenario_dict
+
+    ref = scenario_dict(profile, 1.0, duration_s=1.0, warmup_s=0.0)
+    st = dict(ref["workers"]["service_time"])
+    live = {int(b): v for b, v in fit["batch_ms"].items()}
+    if st["kind"] == "table":
+        mine = {int(b): v for b, v in st["batch_ms"].items()}
+        common = [b for b in live if b in mine]
+        scale = float(np.exp(np.mean([np.log(live[b] / mine[b]) for b in common]))) if common else 1.0
+        top = int(doc["batching"]["max_batch_size"])
+        live = {b: live.get(b, mine[b] * scale) for b in sorted(set(live) | {b for b in mine if b <= top})}
+    st.update(kind="table", batch_ms=live)
+    st.pop("base_ms", None)
+    st.pop("per_item_ms", None)
+    doc["workers"]["service_time"] = st
+    if "platform" in ref:
+        doc["platform"] = ref["platform"]
+    shape = (ref.get("preprocess") or {}).get("service")
+    cpu = fit.get("frontend_cpu_ms")
+    if cpu and shape and shape.get("kind") == "empirical":
+        x = np.asarray(shape["samples_ms"], dtype=float)
+        doc["preprocess"]["service"] = {"kind": "empirical", "samples_ms": (x * cpu / x.mean()).round(5).tolist()}
 
 
 def connect(url: str, model: str | None) -> tuple[str, dict]:
@@ -325,4 +389,4 @@ def scrape(url: str, model: str) -> Scrape:
     stats = json.loads(_get(f"{base}/v2/models/{model}/stats"))
     # a counter not exported yet (prometheus_client shows a labelled series only once it
     # has counted) is zero: an idle server is waiting for traffic, not failing
-    return Scrape(t, m["counters"], m["buckets"], batch_counts(stats, model))
+    return Scrape(t, m["counters"], m["buckets"], batch_counts(stats, model), handoff_ns(stats, model))

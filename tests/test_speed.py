@@ -35,7 +35,7 @@ def test_work_across_a_change_of_speed():
 
 def test_factor_one_changes_nothing(root_dir):
     base = root_dir / "calibrate/profiles/cpu-resnet64/scenario.yaml"
-    plain = simulate(load_scenario(base, ["duration_s=10", "traffic.rate_rps=280"])).records
+    plain = simulate(load_scenario(base, ["duration_s=10", "traffic.rate_rps=280", "platform.speed=null"])).records
     traced = simulate(
         load_scenario(
             base, ["duration_s=10", "traffic.rate_rps=280", "platform.speed={kind: trace, step_ms: 7, factors: [1]}"]

@@ -86,6 +86,45 @@ def test_the_rolling_fit_reads_rate_batch_times_and_overheads_from_deltas():
     assert row["headroom_pct"] == pytest.approx((row["breaking_rate_rps"] / 240.0 - 1) * 100)
 
 
+def test_the_hand_off_is_counted_once():
+    """servesim's server reports each batch's hand-off inside the batch time: the request's
+    overhead must leave it out (b requests of a batch each waited through it)."""
+    twin = Twin(CONFIG, "resnet", percentile=99, target_ms=60, sim_s=10)
+    twin.update(_scrape(0.0, 0, {}))
+    second = _scrape(10.0, 2000, {5: (400, 400 * 10_000_000)})
+    second.handoff = {5: 400 * 500_000}  # 0.5 ms a batch
+    twin.update(second)
+    fit = twin.fit()
+    assert fit["batch_ms"] == {5: pytest.approx(10.0)}  # the hand-off is in the batch (here: of the 10 ms)
+    assert fit["overhead_ms"] == pytest.approx((3000.0 - 1000.0 - 500.0) / 1e3)
+
+
+def test_the_twin_takes_the_calibrated_model(root_dir):
+    """With --profile, the scenario carries the profile's speed process, its batch noise and
+    the front end's shape, while the batch times and the CPU per request stay live."""
+    profile = json.loads((root_dir / "calibrate/profiles/cpu-resnet64/profile.json").read_text())
+    twin = Twin(CONFIG, "resnet", percentile=99, target_ms=60, sim_s=10, profile=profile)
+    fit = {"batch_ms": {4: 28.0, 8: 48.0}, "overhead_ms": 3.0, "frontend_cpu_ms": 2.0}
+    s = twin.scenario(fit, 150.0)
+    assert s.platform.speed is not None
+    assert s.platform.speed.components[0].sigma == pytest.approx(
+        profile["speed_process"]["speed"]["components"][0]["sigma"]
+    )
+    st = s.workers.service_time
+    assert st.batch_ms[4] == 28.0
+    assert st.batch_ms[8] == 48.0
+    scale = np.sqrt(28.0 / profile["service_time"]["batch_ms"]["4"] * 48.0 / profile["service_time"]["batch_ms"]["8"])
+    assert st.batch_ms[1] == pytest.approx(profile["service_time"]["batch_ms"]["1"] * scale)  # the profile's, scaled
+    assert st.noise_ratios is not None
+    assert np.std(st.noise_ratios) < np.std(profile["service_time"]["noise_ratios"])
+    assert s.preprocess.service.mean == pytest.approx(2.0, rel=1e-3)
+    plain = Twin(CONFIG, "resnet", percentile=99, target_ms=60, sim_s=10)
+    assert plain.scenario(fit, 150.0).platform.speed is None
+    # a percentile over many of the speed's slow swings, not over one
+    slow = max(c.correlation_time_s for c in s.platform.speed.components)
+    assert s.duration_s >= 20 * slow > twin.sim_s
+
+
 def test_the_breaking_rate_is_where_the_simulated_percentile_crosses_the_target():
     twin = Twin(CONFIG, "resnet", percentile=99, target_ms=60, sim_s=10)
     fit = {"batch_ms": {1: 5.0, 8: 14.0}, "overhead_ms": 1.0}
@@ -136,7 +175,12 @@ def test_watch_refuses_what_it_cannot_watch(tmp_path):
         load_other = runner.invoke(app, [*load, "--url", url])
     assert load_other.exit_code == 2
     assert "not an Open Inference Protocol (v2) server" in load_other.output
-    for r in (down, other, bad_sla, nowhere, load_down, load_other):
+    no_profile = runner.invoke(
+        app, ["calibrate", "watch", "--url", "http://127.0.0.1:1", "--profile", str(tmp_path / "none")]
+    )
+    assert no_profile.exit_code == 2
+    assert "--profile" in no_profile.output
+    for r in (down, other, bad_sla, nowhere, load_down, load_other, no_profile):
         assert "Traceback" not in r.output
 
 
