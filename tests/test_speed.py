@@ -111,3 +111,22 @@ def test_speed_errors_name_the_field(root_dir, tmp_path):
     )
     with pytest.raises(ScenarioError, match=r"line \d+: platform.speed.*step_ms"):
         load_scenario(bad)
+
+
+def test_speed_paths_count_in_the_memory_budget(root_dir):
+    """One path per worker at 0.1 ms steps for an hour is refused before the run, naming the knob."""
+    from simulator.planning.budget import BudgetError, check
+
+    s = load_scenario(
+        root_dir / "scenarios/validation/mmc.yaml",
+        [
+            "workers.count=2000",
+            "traffic.rate_rps=10",
+            "duration_s=3600",
+            "router.balancing=random",
+            "platform.speed={kind: log_ar1, scope: worker, step_ms: 0.1, "
+            "components: [{sigma: 0.1, correlation_time_s: 1}]}",
+        ],
+    )
+    with pytest.raises(BudgetError, match="platform.speed.step_ms"):
+        check(s)

@@ -37,6 +37,7 @@ BASE_BYTES = 250e6  # the interpreter with numpy, pandas, simpy and pydantic loa
 BYTES_PER_CHUNK_REQUEST = 600  # streamed: a chunk's requests in flight through the stages, with temporaries
 BYTES_PER_RECORD_ROW = 200  # --records from a whole run: the table built from the records
 BYTES_PER_TIMELINE_ROW = 2_000  # a timeline interval: its sums while running, its row in the summary
+BYTES_PER_SPEED_STEP = 48  # a speed path's step: time, factor, work done, and the draws that made it
 WALL_S_PER_REQUEST = 2.0e-6
 WALL_S_PER_STREAMED_REQUEST = 0.6e-6  # streamed through a fixed pool's compiled batch queues (measured 0.52 µs)
 WALL_S_PER_WORKER = 50e-6
@@ -106,11 +107,23 @@ def estimate(s: Scenario, *, streamed: bool = False, records: bool = False, inte
         "batch": s.batching.max_batch_size * BYTES_PER_BATCH_SLOT,
         "timeline": s.duration_s / interval_s * BYTES_PER_TIMELINE_ROW,
         "features": max(trips, min(TRIP_CHUNK_CELLS, n * trips)) * BYTES_PER_TRIP_CELL if trips else 0.0,
+        "speed": _speed_bytes(s),
     }
     fast = streamed and not s.workers.dynamic and covers(s.batching)
     per_request = WALL_S_PER_STREAMED_REQUEST if fast else WALL_S_PER_REQUEST
     wall = n * per_request + workers * WALL_S_PER_WORKER + n * trips * WALL_S_PER_TRIP
     return Budget(requests=n, bytes=BASE_BYTES + sum(parts.values()), wall_s=wall, instances=workers, parts=parts)
+
+
+def _speed_bytes(s: Scenario) -> float:
+    """The platform-speed paths: one per host, or one per worker and the front end's."""
+    sp = s.platform.speed
+    if sp is None or sp.kind == "markov":  # a Markov path has a step per switch: seconds apart
+        return 0.0
+    from simulator.stages.speed import TAIL_MS
+
+    paths = 1 if sp.scope == "host" else s.workers.count + 1
+    return paths * (s.duration_s * 1000.0 + TAIL_MS) / sp.step_ms * BYTES_PER_SPEED_STEP
 
 
 def available_bytes() -> float:
@@ -167,6 +180,7 @@ def check(
             "timeline": f"widen the timeline's intervals (--interval-s {interval_s:g})",
             "features": f"lower features.lookups_per_request ({s.features.lookups_per_request:,}) or raise its "
             "batch_size",
+            "speed": "raise platform.speed.step_ms, or use scope: host (one path, not one per worker)",
         }
         drivers = sorted(b.parts, key=b.parts.get, reverse=True)
         remedies = [remedy[d] for d in drivers if b.parts[d] > 0.2 * b.bytes] or [remedy[drivers[0]]]
