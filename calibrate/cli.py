@@ -56,7 +56,12 @@ def run(
     min_requests: Annotated[
         int, typer.Option(help="Requests the lightest level needs after warm-up (its p99's footing).", min=0)
     ] = 2000,
-    reps: Annotated[int, typer.Option(help="Simulated replications per held-out level.", min=2)] = 5,
+    reps: Annotated[
+        int, typer.Option(help="Simulated replications per held-out level (profiles without a speed process).", min=2)
+    ] = 5,
+    draws: Annotated[
+        int, typer.Option(help="Simulated designs per held-out level for the 90% prediction intervals.", min=20)
+    ] = 200,
     seed: Annotated[int, typer.Option(help="Seed of the load schedules and payloads.")] = 0,
     pin: Annotated[
         bool,
@@ -78,7 +83,9 @@ def run(
     # redis-server and the meters (Python's default for SIGTERM would skip them)
     signal.signal(signal.SIGTERM, _terminated)
     try:
-        report = calibrate_run(server_args.split(), out, design=design, seed=seed, pin=pin, reps=reps, log=typer.echo)
+        report = calibrate_run(
+            server_args.split(), out, design=design, seed=seed, pin=pin, reps=reps, draws=draws, log=typer.echo
+        )
     except (ValueError, RuntimeError, TimeoutError, FileNotFoundError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None

@@ -142,7 +142,8 @@ def _held_out(table: pd.DataFrame) -> list[str]:
     bands = "covered" in table and table["covered"].notna().any()
     how = (
         "predicted ones are 90% prediction intervals: the same slice design simulated 200 times with the fitted "
-        "parameters drawn from their uncertainty (a bootstrap over the fitted slices), the prediction their median. "
+        "parameters drawn from their uncertainty (a bootstrap over the fitted slices), widened by the model's own "
+        "error at the fitted levels beyond their luck, the prediction their median. "
         "Targets: p50 within 10%, p99 within 15%, or the measurement inside the prediction interval."
         if bands
         else "predicted ones are t-intervals over replications of the same slice design. Targets: p50 within 10%, "
@@ -182,6 +183,11 @@ def _held_out(table: pd.DataFrame) -> list[str]:
         tail = judged[(judged["percentile"] == "p99") & (judged["load"] >= 0.7)]
         sides = sorted({"over" if e > 0 else "under" for e in tail["error_pct"]})
         width = judged["pi_width_ratio"].max()
+        sd = judged.groupby("percentile")["structural_log_sd"].first()
+        out.append(
+            "The model's error at the fitted levels beyond their luck (a log-normal spread added to every "
+            "prediction): " + ", ".join(f"{q} {v:.1%}" for q, v in sd.items()) + "."
+        )
         out.append(
             f"Inside their 90% prediction interval: **{int(cover.sum())} of {len(judged)}**; the p99 at 70–85% "
             f"predicted {' and '.join(sides)} the measurement; the widest prediction interval is {width:.2f}× the "
@@ -199,11 +205,19 @@ def _speed_process(profile: dict) -> list[str]:
     if sp["speed"] is None:
         return [f"- **Platform speed**: the batches show no correlated speed (autocorrelation by lag: {ac})."]
     parts = " and ".join(f"σ {c['sigma']:.3f} over {c['correlation_time_s']:.2f} s" for c in sp["speed"]["components"])
+    ep = sp.get("episodes")
+    episodes = (
+        f"; and {ep['count']} slow episodes in {ep['observed_s']:.0f} s of fitted slices, {ep['factor']:.2f}× for "
+        f"{ep['mean_duration_s'] * 1e3:.0f} ms on average, one every {ep['mean_interval_s']:.1f} s (an on/off "
+        "process times the wobble)"
+        if ep
+        else ""
+    )
     return [
         f"- **Platform speed** (`platform.speed`, from the fitted levels' batches alone): log-AR(1), components "
         f"{parts}, shared by the instance and the front end (elasticity {sp['speed']['frontend_elasticity']:.2f}, "
-        f"r {sp['frontend_r']:.2f} over the fitted slices); the batches' own noise keeps {sp['noise_share']:.0%} "
-        f"of the log variance. Autocorrelation of the batches' log ratios by lag: {ac}.",
+        f"r {sp['frontend_r']:.2f} over the fitted slices){episodes}; the batches' own noise keeps "
+        f"{sp['noise_share']:.0%} of the log variance. Autocorrelation of the batches' log ratios by lag: {ac}.",
     ]
 
 

@@ -87,6 +87,7 @@ def calibrate_run(
     seed: int = 0,
     pin: bool = True,
     reps: int = 5,
+    draws: int = 200,
     log=print,
 ) -> dict:
     """The whole calibration (the ranker with a redis-server of its own); writes profile.json,
@@ -105,7 +106,9 @@ def calibrate_run(
         with contextlib.ExitStack() as stack:
             if model == "ranker" and "--redis-url" not in server_args:  # its ids come from a real Redis
                 server_args = [*server_args, "--redis-url", stack.enter_context(redis_server(frontend_guess))]
-            return _calibrate(server_args, out, model, design=design, seed=seed, rng=rng, reps=reps, log=log)
+            return _calibrate(
+                server_args, out, model, design=design, seed=seed, rng=rng, reps=reps, draws=draws, log=log
+            )
     finally:
         os.sched_setaffinity(0, before)
 
@@ -130,7 +133,7 @@ def _microbench(model_cfg: dict, max_batch: int, core: int | None) -> pd.DataFra
 
 
 def _calibrate(
-    server_args: list[str], out: Path, model: str, *, design: Design, seed: int, rng, reps: int, log
+    server_args: list[str], out: Path, model: str, *, design: Design, seed: int, rng, reps: int, draws: int, log
 ) -> dict:
     """Measure the server ``server_args`` starts, fit, validate, write (see the module)."""
     ticks0 = cpu_ticks()
@@ -198,7 +201,7 @@ def _calibrate(
     summary["load"] = loads
     summary["held_out"] = [f in VALIDATE_LOADS for f in loads]
     log("fitted; simulating the held-out levels")
-    table = compare(profile, requests, summary[summary["held_out"]], reps=reps, rng=rng, slices=slices)
+    table = compare(profile, requests, summary[summary["held_out"]], reps=reps, rng=rng, slices=slices, draws=draws)
     inside = compute_inside(requests, loads, bench)
     return _write(out, profile, requests, slices, hiccups, speed, summary, table, inside)
 

@@ -33,6 +33,9 @@ BIN_S = 0.02  # the clock's resolution for the autocovariance
 LAGS_S = (0.02, 0.04, 0.06, 0.1, 0.16, 0.24, 0.4, 0.6, 1.0, 1.6, 2.4, 3.4, 5.0, 8.0, 12.0, 18.0, 25.0, 35.0, 50.0)
 STEP_MS = 10.0
 SIGMA_MIN = 1e-3  # a component with less spread than this is none
+EPISODE_WINDOW_S = 0.1  # episodes are found in windows of this length
+EPISODE_Z = 4.0  # a window this many robust sigmas slower than the median is in an episode
+EPISODE_MIN_RATIO = 1.1  # and at least this much slower
 
 
 def fitted_mean_ms(service_time: dict):
@@ -103,6 +106,40 @@ def _two_exp(tau, a_fast, t_fast, a_slow, t_slow):
     return a_fast * np.exp(-tau / t_fast) + a_slow * np.exp(-tau / t_slow)
 
 
+def find_episodes(b: pd.DataFrame, window_s: float = EPISODE_WINDOW_S) -> tuple[dict | None, np.ndarray]:
+    """Rare slow episodes: windows whose mean log ratio is ``EPISODE_Z`` robust sigmas
+    (and ``EPISODE_MIN_RATIO``) above the median window's, runs of them (a gap of one
+    window joins two), as an on/off process: the mean factor in an episode, the mean
+    episode's length and the mean time between episodes over the windows observed. Also
+    each batch's membership of an episode (its window's). None with fewer than two."""
+    w = ((b["t_s"] - b["t_s"].min()) / window_s).astype(np.int64).to_numpy()
+    s = np.bincount(w, weights=(b["log_ratio"] * b["weight"]).to_numpy())
+    c = np.bincount(w, weights=b["weight"].to_numpy())
+    seen = c >= 3  # windows with three batches or more
+    x = np.where(seen, s / np.maximum(c, 1e-12), np.nan)
+    med = np.nanmedian(x)
+    sd = 1.4826 * np.nanmedian(np.abs(x - med))
+    slow = seen & (x - med > max(EPISODE_Z * sd, math.log(EPISODE_MIN_RATIO)))
+    idx = np.flatnonzero(slow)
+    member = slow[w]
+    if len(idx) == 0:
+        return None, member
+    runs = np.split(idx, np.flatnonzero(np.diff(idx) > 2) + 1)
+    if len(runs) < 2:
+        return None, member
+    span = [r[-1] - r[0] + 1 for r in runs]
+    observed = float(seen.sum()) * window_s
+    factor = float(np.exp(np.nanmean(x[idx]) - med))
+    duration = float(np.mean(span)) * window_s
+    return {
+        "factor": round(factor, 4),
+        "mean_duration_s": round(duration, 4),
+        "mean_interval_s": round(max(observed / len(runs) - duration, window_s), 3),
+        "count": len(runs),
+        "observed_s": round(observed, 1),
+    }, member
+
+
 def fit_components(cov: np.ndarray, var: float, lags_s=LAGS_S) -> dict:
     """Two AR(1) components and the noise from an autocovariance: the fast and slow
     components' variances and correlation times (least squares on the autocorrelation),
@@ -161,7 +198,9 @@ def fit_speed_process(
     correlated speed at all) and the batch noise's share of the log variance, from the
     fitted levels alone (``mean_ms``: the fitted batch time by size)."""
     b = batch_log_ratios(fit_slices_only(requests, fit_levels), mean_ms, period_s)
-    cov, var = autocovariance(b)
+    episodes, member = find_episodes(b)
+    # the wobble from the batches outside episodes: an episode's spike is not a Gaussian's tail
+    cov, var = autocovariance(b[~member] if episodes is not None else b)
     comp = fit_components(cov, var)
     beta, r = frontend_elasticity(slices, b, fit_levels, client_shares_cores=client_shares_cores)
     parts = [{k: round(v, 5) for k, v in comp[c].items()} for c in ("slow", "fast")]
@@ -169,11 +208,14 @@ def fit_speed_process(
     speed = None
     if parts:
         speed = {"kind": "log_ar1", "step_ms": STEP_MS, "components": parts, "frontend_elasticity": round(beta, 4)}
+        if episodes is not None:
+            speed["episodes"] = {k: episodes[k] for k in ("factor", "mean_duration_s", "mean_interval_s")}
     return {
         "speed": speed,
         "noise_share": (comp["noise_var"] / var if var > 0 else 1.0) if speed is not None else 1.0,
         "log_var": var,
         "autocorrelation": comp["autocorrelation"],
+        "episodes": episodes,
         "frontend_r": r,
         "requests": len(b),
     }

@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from calibrate.interval import parameter_draws, prediction_interval
+from calibrate.interval import discrepancy, parameter_draws, prediction_interval
 from calibrate.speed import shrink_ratios
 from calibrate.stats import slice_bootstrap_ci, t_interval
 from simulator.engine import simulate
@@ -216,6 +216,22 @@ def predict(
     return {q: t_interval(np.asarray(v)) for q, v in per_rep.items()}
 
 
+DISCREPANCY_DRAWS = 40  # parameter draws simulated at each fitted level for the model's discrepancy
+
+
+def _fitted_levels(profile: dict, requests: pd.DataFrame) -> list[tuple[float, int, dict[str, float]]]:
+    """Each fitted level's offered rate, slice count and measured pooled percentiles."""
+    out = []
+    for f in profile["fit_levels"]:
+        g = requests[(requests["level"] == f["level"]) & ~requests["warmup"]]
+        lat = g.loc[g["status"] == 200, "latency_ms"].to_numpy()
+        if len(lat) == 0:
+            continue
+        measured = {q: float(np.percentile(lat, pct)) for q, pct in PERCENTILES.items()}
+        out.append((float(g["offered_rps"].iloc[0]), int(g["slice"].nunique()), measured))
+    return out
+
+
 def design(requests: pd.DataFrame, profile: dict) -> tuple[float, float]:
     """(slice length, warm-up) in s: the profile's, or one slice per level for older data."""
     d = profile.get("design")
@@ -251,6 +267,9 @@ def compare(
         param = parameter_draws(profile, requests, slices, draws=draws, rng=rng)
         period = float(slices.loc[slices["kept"], "seconds"].median())
         gap = (int((profile.get("design") or {}).get("levels", len(requests["level"].unique()))) - 1) * period
+        structural = discrepancy(
+            param[:DISCREPANCY_DRAWS], _fitted_levels(profile, requests), slice_s=slice_s, warmup_s=warmup_s, gap_s=gap
+        )
     rows = []
     for _, lv in levels.iterrows():
         level = int(lv["level"])
@@ -261,7 +280,7 @@ def compare(
         if bands:
             pred = prediction_interval(
                 param, float(lv["offered_rps"]), n_slices=n_slices, slice_s=slice_s, warmup_s=warmup_s,
-                gap_s=gap, seed=level,
+                gap_s=gap, seed=level, structural=structural,
             )  # fmt: skip
         else:
             pred = predict(
@@ -311,6 +330,7 @@ def compare(
                     "inside_interval": inside,
                     "covered": covered,
                     "pi_width_ratio": (p_hi - p_lo) / (hi - lo) if bands and hi > lo else None,
+                    "structural_log_sd": float(np.sqrt(structural.get(q, 0.0))) if bands else None,
                     "target_pct": target,
                     "verdict": verdict,
                 }

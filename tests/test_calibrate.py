@@ -115,7 +115,7 @@ def test_end_to_end_calibration_of_a_tiny_model(tmp_path):
 
     args = ["--resolution", "32", "--width", "8", "--max-batch-size", "4", "--max-queue-delay-ms", "2"]
     short = Design(rounds=2, slice_s=1.5, min_requests=0)
-    report = calibrate_run(args, tmp_path, design=short, reps=2, log=lambda _msg: None)
+    report = calibrate_run(args, tmp_path, design=short, reps=2, draws=20, log=lambda _msg: None)
     profile = json.loads((tmp_path / "profile.json").read_text())
     assert profile["schema_version"] == 1
     assert profile["model"]["resolution"] == 32
@@ -156,7 +156,7 @@ def test_end_to_end_calibration_of_the_ranker_through_redis(tmp_path):
 
     args = ["--model", "ranker", "--feature-keys", "8", "--max-batch-size", "8", "--max-queue-delay-ms", "2"]
     short = Design(rounds=2, slice_s=1.5, min_requests=0)
-    report = calibrate_run(args, tmp_path, design=short, reps=2, log=lambda _msg: None)
+    report = calibrate_run(args, tmp_path, design=short, reps=2, draws=20, log=lambda _msg: None)
     profile = json.loads((tmp_path / "profile.json").read_text())
     assert profile["model"]["kind"] == "ranker"
     f = profile["features"]  # fitted from the server's own Redis fetch timings

@@ -30,7 +30,7 @@ LEVELS = 7
 FIT = [1, 3, 5]
 
 
-def _synthetic(seed: int, *, slow=(0.09, 5.0), fast=(0.09, 0.12), noise=0.08, beta=0.7):
+def _synthetic(seed: int, *, slow=(0.09, 5.0), fast=(0.09, 0.12), noise=0.08, beta=0.7, episodes=None):
     rng = np.random.default_rng(seed)
     cfg = LogAR1Speed(
         step_ms=5,
@@ -38,6 +38,7 @@ def _synthetic(seed: int, *, slow=(0.09, 5.0), fast=(0.09, 0.12), noise=0.08, be
             {"sigma": slow[0], "correlation_time_s": slow[1]},
             {"sigma": fast[0], "correlation_time_s": fast[1]},
         ],
+        episodes=episodes,
     )
     rounds = 10
     path = draw_path(cfg, rounds * LEVELS * PERIOD_S * 1000.0, rng)
@@ -106,6 +107,24 @@ def test_speed_process_fitted_back_from_a_known_one():
     assert share == pytest.approx(0.08**2 / total, abs=0.1)
     beta = med([f["speed"]["frontend_elasticity"] for f in fits])
     assert beta == pytest.approx(0.7, abs=0.2)
+    assert sum(f["episodes"] is not None for f in fits) <= 1  # a Gaussian wobble has no episodes
+
+
+def test_episodes_fitted_back_from_a_quiet_host():
+    """A quiet host (σ 0.03) with a 1.5× slowdown of 0.2 s every 6 s on average: the
+    episodes come back, and the wobble is fitted without them."""
+    truth = {"factor": 1.5, "mean_duration_s": 0.2, "mean_interval_s": 6.0}
+    fits = []
+    for seed in range(6):
+        requests, slices = _synthetic(seed, slow=(0.03, 5.0), fast=(0.03, 0.12), noise=0.05, episodes=truth)
+        fits.append(fit_speed_process(requests, slices, _mean, FIT, period_s=PERIOD_S, client_shares_cores=False))
+    assert all(f["episodes"] is not None for f in fits)
+    ep = {k: float(np.median([f["episodes"][k] for f in fits])) for k in truth}
+    assert ep["factor"] == pytest.approx(1.5, rel=0.15)
+    assert ep["mean_duration_s"] == pytest.approx(0.2, rel=0.5)
+    assert ep["mean_interval_s"] == pytest.approx(6.0, rel=0.5)
+    sigma = float(np.median([f["speed"]["components"][0]["sigma"] for f in fits]))
+    assert sigma < 0.06  # the episodes are not smeared into the wobble
 
 
 def _committed(root, name="cpu-resnet64"):

@@ -128,5 +128,5 @@ def test_speed_paths_count_in_the_memory_budget(root_dir):
             "components: [{sigma: 0.1, correlation_time_s: 1}]}",
         ],
     )
-    with pytest.raises(BudgetError, match="platform.speed.step_ms"):
+    with pytest.raises(BudgetError, match=r"platform\.speed\.step_ms"):
         check(s)

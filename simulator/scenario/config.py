@@ -41,7 +41,7 @@ from simulator.scenario.path import (
     Slowdown,
     Window,
 )
-from simulator.scenario.platform import LogAR1Component, LogAR1Speed, MarkovSpeed, Platform, SpeedTrace
+from simulator.scenario.platform import Episodes, LogAR1Component, LogAR1Speed, MarkovSpeed, Platform, SpeedTrace
 from simulator.scenario.servicetime import Affine, ServiceTime, Table
 from simulator.scenario.traffic import SLA, Traffic, TrafficClass
 
@@ -203,6 +203,7 @@ __all__ = [
     "Crash",
     "Deterministic",
     "Empirical",
+    "Episodes",
     "Exponential",
     "Failures",
     "Features",

@@ -12,7 +12,9 @@ Kinds (``kind``):
 * ``log_ar1``: log factor = a sum of stationary Gaussian AR(1) components (an
   Ornstein–Uhlenbeck process sampled every ``step_ms``), each with its standard deviation
   and correlation time, the factor normalised to mean one: slow drifts of seconds beside
-  fast wobbles of a fraction of a second, as fitted by ``servesim calibrate``;
+  fast wobbles of a fraction of a second, as fitted by ``servesim calibrate``; optionally
+  times rare ``episodes`` (an on/off Markov slowdown), which a quiet host's occasional
+  stalls need and a Gaussian wobble cannot make;
 * ``markov``: a Markov-modulated factor: the host holds each factor for an exponential
   time with its mean, then jumps to another (two states: on/off throttling);
 * ``trace``: measured factors, one per ``step_ms``, repeated after the last.
@@ -56,14 +58,28 @@ class LogAR1Component(Frozen):
     correlation_time_s: float = Field(gt=0, description="Its autocorrelation falls by e over this time, s.")
 
 
+class Episodes(Frozen):
+    """Rare slow episodes on top of the wobble: the host is slowed by ``factor`` for an
+    exponential time of mean ``mean_duration_s``, every ``mean_interval_s`` on average (an
+    on/off Markov process)."""
+
+    factor: float = Field(gt=0, description="The multiplier during an episode (1.5: 50% slower).")
+    mean_duration_s: float = Field(gt=0, description="Mean length of an episode, s.")
+    mean_interval_s: float = Field(gt=0, description="Mean time between episodes (from the end of one), s.")
+
+
 class LogAR1Speed(_Speed):
     """log factor = the sum of independent stationary AR(1) components, sampled every
-    ``step_ms``; the factor exp(log factor − variance / 2) has mean one."""
+    ``step_ms``; the factor exp(log factor − variance / 2) has mean one. With ``episodes``,
+    times a rare slowdown that the Gaussian wobble cannot make (a quiet host's stalls)."""
 
     kind: Literal["log_ar1"] = "log_ar1"
     step_ms: float = Field(10.0, gt=0, description="The factor holds for this long between samples, ms.")
     components: tuple[LogAR1Component, ...] = Field(
         min_length=1, max_length=8, description="The components, e.g. a slow one (seconds) and a fast one (0.1 s)."
+    )
+    episodes: Episodes | None = Field(
+        None, description="Rare slow episodes multiplying the wobble (none: no episodes)."
     )
 
     @model_validator(mode="after")

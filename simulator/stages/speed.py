@@ -59,6 +59,11 @@ class SpeedPath:
         """When ``work`` ms of nominal work started at ``start`` (ms) is done."""
         return self.time(self.work(start) + work)
 
+    def times(self, other: SpeedPath) -> SpeedPath:
+        """The product of two paths (breakpoints of both)."""
+        t = np.union1d(self.t, other.t)
+        return SpeedPath(t, self.factor_at(t) * other.factor_at(t))
+
     def factor_at(self, t: np.ndarray) -> np.ndarray:
         """The factor in force at each time ``t``."""
         return self.f[np.clip(np.searchsorted(self.t, np.asarray(t, dtype=float), side="right") - 1, 0, None)]
@@ -80,7 +85,13 @@ def _log_ar1(cfg: LogAR1Speed, horizon_ms: float, rng: np.random.Generator) -> S
         x = _ar1(eps, a)
         total += x
         var += c.sigma**2
-    return SpeedPath(np.arange(n) * cfg.step_ms, np.exp(total - var / 2.0))
+    path = SpeedPath(np.arange(n) * cfg.step_ms, np.exp(total - var / 2.0))
+    if cfg.episodes is None:
+        return path
+    e = cfg.episodes
+    on_off = _markov(MarkovSpeed(factors=(1.0, e.factor), mean_holding_s=(e.mean_interval_s, e.mean_duration_s)),
+                     horizon_ms, child(rng, 1))  # fmt: skip
+    return path.times(on_off)
 
 
 def _ar1(eps: np.ndarray, a: float) -> np.ndarray:
