@@ -235,43 +235,51 @@ def test_watch_follows_a_live_server_and_keeps_going_through_failed_scrapes(tmp_
 
 
 @pytest.mark.slow
-def test_the_twin_announces_the_breaking_rate_of_a_real_ramp():
-    """At 50% load the twin announces a breaking rate; an open-loop ramp then finds where the
-    server's measured p99 crosses the SLA. They must agree within 15%."""
+def test_the_twin_announces_the_breaking_rate_of_real_ramps(root_dir):
+    """Three times: at 50% load the twin, with the committed ResNet calibration's noise and
+    speed process (``--profile``), announces a breaking rate; an open-loop ramp then finds
+    where the server's measured p99 crosses the SLA. Each ramp's error is printed (``-s``);
+    the median must be within 15%, every one within 25%."""
     reference_server = _serve()
     from calibrate.loadgen import Slice, image_payloads, run_slices
     from calibrate.watch import connect, scrape
 
     target = 60.0
+    profile = json.loads((root_dir / "calibrate/profiles/cpu-resnet64/profile.json").read_text())
     args = ("--resolution", "64", "--width", "48", "--max-batch-size", "4", "--max-queue-delay-ms", "2")
-    with reference_server(*args) as (url, _proc):
-        payloads = image_payloads(16, 64, np.random.default_rng(1))
-        name, config = connect(url, None)
-        twin = Twin(config, name, percentile=99, target_ms=target, sim_s=30)
-        # find the rough capacity from a short run, then sit at half of it while the twin fits
-        probe, *_ = run_slices(url, name, [Slice(0, 0, 100.0, 1)], payloads, slice_s=3.0, warmup_s=0.5)
-        batch4 = probe.loc[probe["batch_size"] == probe["batch_size"].max(), "compute_infer_us"].median() / 1e3
-        peak = probe["batch_size"].max() / batch4 * 1e3
-        half = round(0.5 * peak, 1)
-        announced = None
-        twin.update(scrape(url, name))
-        for k in range(3):
-            run_slices(url, name, [Slice(1, 1, half, 10 + k)], payloads, slice_s=4.0, warmup_s=0.0)
-            row = twin.update(scrape(url, name))
-            if row and row.get("breaking_rate_rps"):
-                announced = row["breaking_rate_rps"]
-        assert announced is not None
-        # the ramp: 4 s per step from 60% to 110% of the rough peak
-        steps = [round(f * peak, 1) for f in np.arange(0.6, 1.13, 0.05)]
-        plan = [Slice(2, k, r, 100 + k) for k, r in enumerate(steps)]
-        ramp, *_ = run_slices(url, name, plan, payloads, slice_s=4.0, warmup_s=0.5)
-    ok = ramp[(ramp["status"] == 200) & ~ramp["warmup"]]
-    p99 = ok.groupby("level")["request_us"].quantile(0.99) / 1e3
-    p99 = pd.Series(p99.to_numpy(), index=[steps[k] for k in p99.index])
-    over = np.flatnonzero(p99.to_numpy() > target)
-    assert len(over), p99  # the ramp crossed the SLA
-    assert over[0] > 0, p99  # and not at its first step
-    i = over[0]
-    r0, r1, y0, y1 = p99.index[i - 1], p99.index[i], math.log(p99.iloc[i - 1]), math.log(p99.iloc[i])
-    crossing = r0 + (math.log(target) - y0) / (y1 - y0) * (r1 - r0)
-    assert abs(announced - crossing) / crossing < 0.15, (announced, crossing, p99.round(1).to_dict())
+    errors = []
+    for ramp_no in range(3):
+        with reference_server(*args) as (url, _proc):
+            payloads = image_payloads(16, 64, np.random.default_rng(1 + ramp_no))
+            name, config = connect(url, None)
+            twin = Twin(config, name, percentile=99, target_ms=target, sim_s=30, profile=profile)
+            # find the rough capacity from a short run, then sit at half of it while the twin fits
+            probe, *_ = run_slices(url, name, [Slice(0, 0, 100.0, 1)], payloads, slice_s=3.0, warmup_s=0.5)
+            batch4 = probe.loc[probe["batch_size"] == probe["batch_size"].max(), "compute_infer_us"].median() / 1e3
+            peak = probe["batch_size"].max() / batch4 * 1e3
+            half = round(0.5 * peak, 1)
+            announced = None
+            twin.update(scrape(url, name))
+            for k in range(3):
+                run_slices(url, name, [Slice(1, 1, half, 10 + k)], payloads, slice_s=4.0, warmup_s=0.0)
+                row = twin.update(scrape(url, name))
+                if row and row.get("breaking_rate_rps"):
+                    announced = row["breaking_rate_rps"]
+            assert announced is not None
+            # the ramp: 4 s per step from 60% to 110% of the rough peak
+            steps = [round(f * peak, 1) for f in np.arange(0.6, 1.13, 0.05)]
+            plan = [Slice(2, k, r, 100 * (ramp_no + 1) + k) for k, r in enumerate(steps)]
+            ramp, *_ = run_slices(url, name, plan, payloads, slice_s=4.0, warmup_s=0.5)
+        ok = ramp[(ramp["status"] == 200) & ~ramp["warmup"]]
+        p99 = ok.groupby("level")["request_us"].quantile(0.99) / 1e3
+        p99 = pd.Series(p99.to_numpy(), index=[steps[k] for k in p99.index])
+        over = np.flatnonzero(p99.to_numpy() > target)
+        assert len(over), p99  # the ramp crossed the SLA
+        assert over[0] > 0, p99  # and not at its first step
+        i = over[0]
+        r0, r1, y0, y1 = p99.index[i - 1], p99.index[i], math.log(p99.iloc[i - 1]), math.log(p99.iloc[i])
+        crossing = r0 + (math.log(target) - y0) / (y1 - y0) * (r1 - r0)
+        errors.append((announced / crossing - 1) * 100)
+        print(f"ramp {ramp_no + 1}: announced {announced:.0f} req/s, crossed at {crossing:.0f}: {errors[-1]:+.1f}%")  # noqa: T201
+    assert abs(float(np.median(errors))) < 15, errors
+    assert max(abs(e) for e in errors) < 25, errors
