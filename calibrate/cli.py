@@ -316,6 +316,7 @@ def target(
     """How often a correct model, and one without the speed process, passes the three-run
     calibration target, the truth being the profile's own model (calibrate/README)."""
     try:
+        from calibrate.target import ISSUE_BOUNDS as ISSUE
         from calibrate.target import target_report
     except ImportError as err:
         raise _need("calibrate target")(err) from None
@@ -328,13 +329,17 @@ def target(
     if json_out is not None:
         json_out.write_text(json.dumps(report, indent=2) + "\n")
     rules = list(next(iter(report["pass_rates"].values())))
+    models = list(report["pass_rates"])
     typer.echo(f"pass rate over {report['triples']:,} triples of {report['runs']} virtual runs")
-    typer.echo(f"{'rule':<28}" + "".join(f"{m:>14}" for m in report["pass_rates"]))
+    typer.echo(f"{'rule':<28}" + "".join(f"{m + ', issue':>22}{m + ', widened':>22}" for m in models))
     for rule in rules:
-        typer.echo(f"{rule:<28}" + "".join(f"{r[rule]:>14.1%}" for r in report["pass_rates"].values()))
-    typer.echo("bounds the correct model passes 90% of the time:")
-    for k, v in report["passable_bounds"].items():
-        typer.echo(f"  {k:<20} {v:.1f}")
+        cells = "".join(
+            f"{report['pass_rates'][m][rule]:>22.1%}{report['pass_rates_widened'][m][rule]:>22.1%}" for m in models
+        )
+        typer.echo(f"{rule:<28}" + cells)
+    typer.echo(f"{'bound':<20}{'issue':>8}{'correct passes 90%':>20}{'widened':>10}")
+    for k, v in report["widened_bounds"].items():
+        typer.echo(f"{k:<20}{ISSUE[k]:>8g}{report['passable_bounds'][k]:>20.1f}{v:>10.1f}")
 
 
 @app.command()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from calibrate.scenario import scenario_dict
 from calibrate.speed import batch_log_ratios, fit_slices_only, fit_speed_process, fitted_mean_ms
 from calibrate.station import fit_frontend
 from simulator.engine import simulate
@@ -99,8 +100,6 @@ def design_percentiles(
 ) -> dict[str, float]:
     """One simulated design: ``n_slices`` slices at ``rate_rps`` in one run, ``gap_s``
     idle between them, each slice's first ``warmup_s`` left out; the pooled percentiles."""
-    from calibrate.validate import scenario_dict
-
     period = slice_s + gap_s
     duration = n_slices * period
     doc = scenario_dict(profile, rate_rps, duration_s=duration, warmup_s=0.0, seed=seed, speed=frontend_factor)

@@ -10,7 +10,11 @@ through the calibrated model, at speeds read from the server's own timings in th
 * ``windowed``: the instance's and the front end's speed per window of the slice (the
   batches' ratios to the fit, averaged over ``window_s``), as a speed trace
   (:class:`simulator.scenario.platform.SpeedTrace`) shared by both stations, the front end
-  with the fitted elasticity.
+  with the fitted elasticity (the batches' own noise keeping only the share a fitted
+  speed process leaves it).
+
+The other modes run at constant speed (a profile's fitted speed process left out), with
+the batch noise as measured.
 
 Each variant changes one thing from the model as fitted, so the replay says which
 mechanism the measured tail needs (README, "The decisive experiment"). Pure functions over
@@ -27,8 +31,8 @@ import numpy as np
 import pandas as pd
 
 from calibrate.fit import batch_time_us, batches_from_requests
+from calibrate.scenario import scenario_dict
 from calibrate.speed import fitted_mean_ms
-from calibrate.validate import scenario_dict
 from simulator.engine import simulate
 from simulator.results.metrics import window
 from simulator.scenario.config import Scenario
@@ -74,7 +78,7 @@ def window_trace(profile: dict, g: pd.DataFrame, duration_s: float, window_s: fl
     """A slice's speed per window as a ``platform.speed`` trace: the geometric mean of its
     batches' ratios to the fit (each batch once, placed at the middle of its run, from the
     client's clock), windows without a batch at the slice's mean; the front end follows
-    with the profile's elasticity."""
+    with the fitted speed process's elasticity (older profiles: the speed meter's)."""
     ok = g[g["status"] == 200].dropna(subset=["batch_size", "compute_infer_us"])
     ms = batch_time_us(ok).to_numpy() / 1e3
     sizes = ok["batch_size"].to_numpy(int)
@@ -87,7 +91,10 @@ def window_trace(profile: dict, g: pd.DataFrame, duration_s: float, window_s: fl
     cnt = np.bincount(k, weights=weight, minlength=nb)
     mean = per.sum() / cnt.sum()
     log_f = np.where(cnt > 0, per / np.maximum(cnt, 1e-12), mean)
-    elasticity = ((profile.get("frontend") or {}).get("speed") or {}).get("elasticity", 1.0)
+    fitted = ((profile.get("speed_process") or {}).get("speed") or {}).get("frontend_elasticity")
+    elasticity = (
+        fitted if fitted is not None else ((profile.get("frontend") or {}).get("speed") or {}).get("elasticity", 1.0)
+    )
     return {
         "kind": "trace",
         "step_ms": window_s * 1000.0,
@@ -115,8 +122,12 @@ def replay_slice(
     ratios = batch_ratios(profile, batches)
     f_inst = float(batches["service_ms"].sum() / (batches["service_ms"].to_numpy() / ratios).sum())
     f_fe = frontend_factor(profile, row)
+    # constant speed but for what the mode reads from the slice: a fitted speed process is
+    # left out, except that the windowed trace takes its place (the batch noise keeping the
+    # share the process leaves it)
+    model = profile if mode == "windowed" else {k: v for k, v in profile.items() if k != "speed_process"}
     doc = scenario_dict(
-        profile,
+        model,
         float(row["rate_rps"]),
         duration_s=duration,
         warmup_s=warmup_s,

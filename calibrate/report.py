@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from calibrate.validate import scenario_dict
+from calibrate.scenario import scenario_dict
 
 
 def _ci(lo: float, hi: float) -> str:

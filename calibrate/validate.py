@@ -1,24 +1,13 @@
 """Predicted against measured: simulate each measured load level with a calibration profile.
 
-The scenario is generated from the profile and the server's own configuration (as its
-``/v2/models/{m}/config`` reported it), with the server's structure:
-
-* the front end (HTTP, decoding, encoding, on the event loop and the decode thread) is a
-  station: its CPU per request, on as many servers as it has cores (at most its two
-  threads), FCFS;
-* what is left of a request outside the batch at light load (network, the client, waiting
-  on I/O) is a pure delay, the router's overhead;
-* the dynamic batcher's settings, and the model instances as the workers, their batch time
-  the fitted hand-off plus compute.
-
-Profiles made before the front-end station (no ``frontend`` section) are simulated as they
-were: the overhead as the router delay, preprocessing on one thread, the time after the
-batch as postprocessing.
-
-A level is predicted with the design it was measured with: as many slices as were
-measured, each starting empty, of the same length and warm-up, pooled, and that repeated
-with fresh seeds to give the predicted percentile an interval. The measured percentile's
-interval resamples whole slices (:func:`calibrate.stats.slice_bootstrap_ci`).
+The profile is simulated as the server it measured (:mod:`calibrate.scenario`). A level is
+predicted with the design it was measured with: as many slices as were measured, each
+starting empty, of the same length and warm-up, pooled. With a fitted speed process, that
+design is simulated 200 times with the parameters drawn from their uncertainty and widened
+by the model's error at the fitted levels (:mod:`calibrate.interval`): the prediction is
+the median, with its 90% prediction interval. Older profiles are predicted as before: the
+design repeated with fresh seeds, a t-interval over the repetitions. The measured
+percentile's interval resamples whole slices (:func:`calibrate.stats.slice_bootstrap_ci`).
 """
 
 from __future__ import annotations
@@ -27,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate.interval import discrepancy, parameter_draws, prediction_interval
-from calibrate.speed import shrink_ratios
+from calibrate.scenario import scenario_dict
 from calibrate.stats import slice_bootstrap_ci, t_interval
 from simulator.engine import simulate
 from simulator.results.metrics import window
@@ -35,119 +24,6 @@ from simulator.scenario.config import Scenario
 
 PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0}
 TARGET_PCT = {"p50": 10.0, "p99": 15.0}  # issue 11's bar on held-out levels; p95 is shown, not judged
-# the fit's model; the rest of a profile's service_time is its quality
-SERVICE_KEYS = ("kind", "base_ms", "per_item_ms", "batch_ms", "noise_cv", "noise_ratios")
-
-
-def _dist(spec: dict) -> dict:
-    return {k: v for k, v in spec.items() if k != "fit"}
-
-
-def _scaled(spec: dict, factor: float) -> dict:
-    """A distribution spec with every time in it (``*_ms``, samples included) times ``factor``."""
-    if factor == 1.0:
-        return spec
-    out = dict(spec)
-    for k, v in spec.items():
-        if k.endswith("_ms") and isinstance(v, int | float):
-            out[k] = v * factor
-        elif k == "samples_ms":
-            out[k] = [x * factor for x in v]
-    return out
-
-
-def scenario_dict(
-    profile: dict,
-    rate_rps: float,
-    *,
-    duration_s: float,
-    warmup_s: float,
-    seed: int = 0,
-    speed: float = 1.0,
-) -> dict:
-    """The calibrated server under Poisson load at ``rate_rps``, as a scenario document;
-    ``speed`` multiplies the front end's CPU times (a slice's platform speed, see
-    :func:`calibrate.station.fit_speed`; 1 is the run's average)."""
-    server = profile["server"]
-    st = profile["service_time"]
-    features = {}
-    if "features" in profile:
-        f = profile["features"]
-        features = {k: f[k] for k in ("lookups_per_request", "batch_size", "parallelism")}
-        if "store" in f:  # round trips queue for the server's event loop: a one-thread station
-            features["store"] = {**f["store"], "per_op_ms": f["store"]["per_op_ms"] * speed}
-            if "store_wait" in f:  # and wait for Redis off the loop
-                features["round_trip"] = _dist(f["store_wait"])
-        else:
-            features["round_trip"] = _dist(f["round_trip"])
-    fe = profile.get("frontend")
-    if fe is not None:
-        router = {"overhead": _dist(fe["fixed_delay"]), "balancing": "shared"}
-        # the ranker's loop CPU is on the feature store's station (``on_store``): no second station
-        preprocess = (
-            {}
-            if fe.get("on_store")
-            else {"service": _scaled(_dist(fe["service"]), speed), "cpu_workers": fe["servers"]}
-        )
-        postprocess: dict = {}
-    else:
-        router = {"overhead": _dist(profile["stages"]["overhead"]), "balancing": "shared"}
-        preprocess = {"service": _dist(profile["stages"]["preprocess"]), "cpu_workers": server["preprocess_threads"]}
-        postprocess = {"service": _dist(profile["stages"]["postprocess"])}
-    out = {
-        "name": f"calibrated-{profile['model']['kind']}",
-        "seed": seed,
-        "duration_s": duration_s,
-        "warmup_s": warmup_s,
-        "sla": {"percentile": 99, "target_ms": 1000},
-        "traffic": {"rate_rps": rate_rps},
-        "router": router,
-        "features": features,
-        "preprocess": preprocess,
-        "batching": {
-            "max_batch_size": server["max_batch_size"],
-            "max_queue_delay_ms": server["max_queue_delay_ms"],
-            "max_queue_size": server["max_queue_size"],
-        },
-        "workers": {
-            "count": 1,
-            "instances": server["instances"],
-            "service_time": {k: v for k, v in st.items() if k in SERVICE_KEYS},
-        },
-        "postprocess": postprocess,
-        "cost": {"price_per_hour_usd": 1.0},
-    }
-    sp = profile.get("speed_process")
-    if sp is not None and sp["speed"] is not None:  # the host's speed as a process, shared by front end and instance
-        out["platform"] = {"speed": sp["speed"]}
-        ratios = out["workers"]["service_time"].get("noise_ratios")
-        if ratios is not None:  # the batches' own noise: what the process leaves of their spread
-            out["workers"]["service_time"]["noise_ratios"] = shrink_ratios(ratios, sp["noise_share"])
-    gpu = catalog_gpu(profile)
-    if gpu is not None:  # measured on a GPU the catalog prices: that type, at its price
-        out["workers"]["instance_type"] = gpu
-        del out["cost"]
-    return out
-
-
-def catalog_gpu(profile: dict) -> str | None:
-    """The catalog key of the GPU a CUDA profile was measured on (``h100`` for an
-    'NVIDIA H100 80GB HBM3'), or None for a CPU profile or a GPU the catalog lacks."""
-    name = ((profile.get("hardware") or {}).get("gpu") or {}).get("name")
-    if not name or not str(profile.get("server", {}).get("device", "")).startswith("cuda"):
-        return None
-    from simulator.scenario.catalog import load_catalog
-
-    words = name.lower().replace("-", " ").split()
-    return next((key for key in load_catalog().instances if key in words), None)
-
-
-def scenario_from_profile(
-    profile: dict, rate_rps: float, *, duration_s: float, warmup_s: float | None = None, seed: int = 0
-) -> Scenario:
-    """The calibrated server as a validated scenario."""
-    warm = min(2.0, duration_s / 10) if warmup_s is None else warmup_s
-    return Scenario.model_validate(scenario_dict(profile, rate_rps, duration_s=duration_s, warmup_s=warm, seed=seed))
 
 
 def _latencies(

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from calibrate.scenario import scenario_dict
 from simulator.engine import simulate
 from simulator.results.metrics import window
 from simulator.scenario.config import Scenario
@@ -326,8 +327,6 @@ def calibrated(doc: dict, profile: dict, fit: dict) -> None:
     speed process as the calibration's scenario has them, the profile's batch table for
     the sizes the live window lacks (scaled by the live / profile ratio on those it has),
     and the front end's service-time shape at the live CPU per request."""
-    from calibrate.validate import scenario_dict
-
     ref = scenario_dict(profile, 1.0, duration_s=1.0, warmup_s=0.0)
     st = dict(ref["workers"]["service_time"])
     live = {int(b): v for b, v in fit["batch_ms"].items()}

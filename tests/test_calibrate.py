@@ -308,7 +308,7 @@ def test_the_rankers_event_loop_becomes_the_feature_stores_one_thread():
     loop, drops the front end's second station, and takes the 0.4 ms of CPU moved onto the
     trips out of the delay outside, so light-load latency is unchanged."""
     from calibrate.fit import fit_profile
-    from calibrate.validate import scenario_dict
+    from calibrate.scenario import scenario_dict
 
     rng = np.random.default_rng(11)
     n, trips = 3000, 26
@@ -400,7 +400,8 @@ def test_each_simulated_slice_runs_at_a_measured_platform_speed():
     """A front-end station at 80% load: slices at 0.8x and 1.2x its CPU (mean one) give a
     heavier tail than every slice at the mean speed, as a queue's convexity in its load
     says; the factors scale the station's service times and nothing else."""
-    from calibrate.validate import predict, scenario_dict
+    from calibrate.scenario import scenario_dict
+    from calibrate.validate import predict
 
     prof = {
         "model": {"kind": "resnet"},

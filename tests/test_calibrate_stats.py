@@ -184,7 +184,7 @@ def test_front_end_station_is_recovered_from_slices_and_requests():
 
 
 def test_a_gpu_profile_is_priced_as_its_catalog_type():
-    from calibrate.validate import catalog_gpu
+    from calibrate.scenario import catalog_gpu
 
     h100 = {"hardware": {"gpu": {"name": "NVIDIA H100 80GB HBM3"}}, "server": {"device": "cuda:0"}}
     assert catalog_gpu(h100) == "h100"

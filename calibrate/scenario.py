@@ -1,0 +1,121 @@
+"""A calibration profile as a scenario: the server it measured, as the simulator runs it.
+
+The scenario has the server's structure (``calibrate/README.md``, "The method"): the front
+end as a CPU station (or, for the ranker, the feature store's one-thread loop), the rest of
+a request outside the batch as a pure delay, the dynamic batcher as the server's
+``/config`` reported it, the model instances as the workers with the fitted batch time and
+its noise, and, where the profile fitted one, the host's speed as a process
+(``platform.speed``) with the batch noise keeping the share the process leaves it. Used by
+the validation, the prediction intervals, the replay, the target's virtual runs, the live
+twin and the ``scenario.yaml`` a run writes.
+"""
+
+from __future__ import annotations
+
+from calibrate.speed import shrink_ratios
+
+# the fit's model; the rest of a profile's service_time is its quality
+SERVICE_KEYS = ("kind", "base_ms", "per_item_ms", "batch_ms", "noise_cv", "noise_ratios")
+
+
+def _dist(spec: dict) -> dict:
+    return {k: v for k, v in spec.items() if k != "fit"}
+
+
+def _scaled(spec: dict, factor: float) -> dict:
+    """A distribution spec with every time in it (``*_ms``, samples included) times ``factor``."""
+    if factor == 1.0:
+        return spec
+    out = dict(spec)
+    for k, v in spec.items():
+        if k.endswith("_ms") and isinstance(v, int | float):
+            out[k] = v * factor
+        elif k == "samples_ms":
+            out[k] = [x * factor for x in v]
+    return out
+
+
+def scenario_dict(
+    profile: dict,
+    rate_rps: float,
+    *,
+    duration_s: float,
+    warmup_s: float,
+    seed: int = 0,
+    speed: float = 1.0,
+) -> dict:
+    """The calibrated server under Poisson load at ``rate_rps``, as a scenario document;
+    ``speed`` multiplies the front end's CPU times (a slice's platform speed, see
+    :func:`calibrate.station.fit_speed`; 1 is the run's average)."""
+    server = profile["server"]
+    st = profile["service_time"]
+    features = {}
+    if "features" in profile:
+        f = profile["features"]
+        features = {k: f[k] for k in ("lookups_per_request", "batch_size", "parallelism")}
+        if "store" in f:  # round trips queue for the server's event loop: a one-thread station
+            features["store"] = {**f["store"], "per_op_ms": f["store"]["per_op_ms"] * speed}
+            if "store_wait" in f:  # and wait for Redis off the loop
+                features["round_trip"] = _dist(f["store_wait"])
+        else:
+            features["round_trip"] = _dist(f["round_trip"])
+    fe = profile.get("frontend")
+    if fe is not None:
+        router = {"overhead": _dist(fe["fixed_delay"]), "balancing": "shared"}
+        # the ranker's loop CPU is on the feature store's station (``on_store``): no second station
+        preprocess = (
+            {}
+            if fe.get("on_store")
+            else {"service": _scaled(_dist(fe["service"]), speed), "cpu_workers": fe["servers"]}
+        )
+        postprocess: dict = {}
+    else:
+        router = {"overhead": _dist(profile["stages"]["overhead"]), "balancing": "shared"}
+        preprocess = {"service": _dist(profile["stages"]["preprocess"]), "cpu_workers": server["preprocess_threads"]}
+        postprocess = {"service": _dist(profile["stages"]["postprocess"])}
+    out = {
+        "name": f"calibrated-{profile['model']['kind']}",
+        "seed": seed,
+        "duration_s": duration_s,
+        "warmup_s": warmup_s,
+        "sla": {"percentile": 99, "target_ms": 1000},
+        "traffic": {"rate_rps": rate_rps},
+        "router": router,
+        "features": features,
+        "preprocess": preprocess,
+        "batching": {
+            "max_batch_size": server["max_batch_size"],
+            "max_queue_delay_ms": server["max_queue_delay_ms"],
+            "max_queue_size": server["max_queue_size"],
+        },
+        "workers": {
+            "count": 1,
+            "instances": server["instances"],
+            "service_time": {k: v for k, v in st.items() if k in SERVICE_KEYS},
+        },
+        "postprocess": postprocess,
+        "cost": {"price_per_hour_usd": 1.0},
+    }
+    sp = profile.get("speed_process")
+    if sp is not None and sp["speed"] is not None:  # the host's speed as a process, shared by front end and instance
+        out["platform"] = {"speed": sp["speed"]}
+        ratios = out["workers"]["service_time"].get("noise_ratios")
+        if ratios is not None:  # the batches' own noise: what the process leaves of their spread
+            out["workers"]["service_time"]["noise_ratios"] = shrink_ratios(ratios, sp["noise_share"])
+    gpu = catalog_gpu(profile)
+    if gpu is not None:  # measured on a GPU the catalog prices: that type, at its price
+        out["workers"]["instance_type"] = gpu
+        del out["cost"]
+    return out
+
+
+def catalog_gpu(profile: dict) -> str | None:
+    """The catalog key of the GPU a CUDA profile was measured on (``h100`` for an
+    'NVIDIA H100 80GB HBM3'), or None for a CPU profile or a GPU the catalog lacks."""
+    name = ((profile.get("hardware") or {}).get("gpu") or {}).get("name")
+    if not name or not str(profile.get("server", {}).get("device", "")).startswith("cuda"):
+        return None
+    from simulator.scenario.catalog import load_catalog
+
+    words = name.lower().replace("-", " ").split()
+    return next((key for key in load_catalog().instances if key in words), None)
