@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from calibrate.scenario import scenario_dict
+from calibrate.scenario import scaled_batch_time, scenario_dict
 from calibrate.speed import batch_log_ratios, fit_slices_only, fit_speed_process, fitted_mean_ms
 from calibrate.station import fit_frontend
 from simulator.engine import simulate
@@ -28,15 +28,6 @@ from simulator.scenario.config import Scenario
 
 PI_LEVEL = 0.90  # the prediction interval's coverage
 QUANTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0}
-
-
-def _scaled_batches(st: dict, factor: float) -> dict:
-    out = dict(st)
-    if st["kind"] == "table":
-        out["batch_ms"] = {k: v * factor for k, v in st["batch_ms"].items()}
-    else:
-        out["base_ms"], out["per_item_ms"] = st["base_ms"] * factor, st["per_item_ms"] * factor
-    return out
 
 
 def parameter_draws(
@@ -67,7 +58,7 @@ def parameter_draws(
         pick = np.concatenate([rng.choice(ids, len(ids)) for ids in by_level.values()])
         ps = per_slice.reindex(pick).dropna()
         shift = ps["s"].sum() / ps["weight"].sum() - base
-        p = {**profile, "service_time": _scaled_batches(profile["service_time"], float(np.exp(shift)))}
+        p = {**profile, "service_time": scaled_batch_time(profile["service_time"], float(np.exp(shift)))}
         factor = 1.0
         if fe is not None:
             refit = fit_frontend(used.set_index("slice").loc[pick].reset_index(), servers=fe["servers"],

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate.fit import batches_from_requests, fit_profile
-from calibrate.speed import fit_speed_process, fitted_mean_ms
+from calibrate.speed import fit_run_speed
 from calibrate.station import fit_frontend, fit_speed
 
 PROFILE_SCHEMA = 1
@@ -84,14 +84,8 @@ def build_profile(
         "fit_levels": [{"level": i} for i in fit_levels],
     }
     if slices is not None and "compute_infer_us" in requests and requests["compute_infer_us"].notna().any():
-        fitted = slices[slices["kept"] & slices["level"].isin(fit_levels)]
-        out["speed_process"] = fit_speed_process(
-            requests,
-            slices,
-            fitted_mean_ms(out["service_time"]),
-            fit_levels,
-            period_s=float(fitted["seconds"].median()),
-            client_shares_cores=client_shares(servesim),
+        out["speed_process"] = fit_run_speed(
+            requests, slices, out["service_time"], fit_levels, client_shares_cores=client_shares(servesim)
         )
     return out
 

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate.fit import batch_time_us, batches_from_requests
-from calibrate.scenario import scenario_dict
+from calibrate.scenario import scaled_batch_time, scenario_dict
 from calibrate.speed import fitted_mean_ms
 from simulator.engine import simulate
 from simulator.results.metrics import window
@@ -61,17 +61,6 @@ def frontend_factor(profile: dict, row: pd.Series) -> float:
         marginal += side
     per = (cpu - fe["background_cores"] * row["seconds"]) / row["requests"] * 1e3
     return float(max(per / marginal, 0.2)) if marginal > 0 else 1.0
-
-
-def _scaled_service(st: dict, factor: float) -> dict:
-    out = {
-        k: v for k, v in st.items() if k in ("kind", "base_ms", "per_item_ms", "batch_ms", "noise_cv", "noise_ratios")
-    }
-    if out["kind"] == "table":
-        out["batch_ms"] = {k: v * factor for k, v in out["batch_ms"].items()}
-    else:
-        out["base_ms"], out["per_item_ms"] = out["base_ms"] * factor, out["per_item_ms"] * factor
-    return out
 
 
 def window_trace(profile: dict, g: pd.DataFrame, duration_s: float, window_s: float) -> dict:
@@ -137,7 +126,7 @@ def replay_slice(
     np.savetxt(path, times_s, fmt="%.6f")
     doc["traffic"] = {"arrivals_file": str(path)}
     if mode == "both":
-        doc["workers"]["service_time"] = _scaled_service(doc["workers"]["service_time"], f_inst)
+        doc["workers"]["service_time"] = scaled_batch_time(doc["workers"]["service_time"], f_inst)
     if mode == "windowed":
         doc["platform"] = {"speed": window_trace(profile, g, duration, window_s)}
     meas = g[~g["warmup"] & (g["status"] == 200)]["latency_ms"].to_numpy()

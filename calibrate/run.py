@@ -40,7 +40,7 @@ from calibrate.payloads import image_payloads, ranker_payloads
 from calibrate.profile import build_profile, capacity, client_shares, compute_inside, cpu_ticks
 from calibrate.report import markdown, write_scenario
 from calibrate.servers import get_json, redis_server, server
-from calibrate.speed import fit_speed_process, fitted_mean_ms
+from calibrate.speed import fit_run_speed
 from calibrate.station import fit_frontend
 from calibrate.validate import chart, compare
 
@@ -294,14 +294,9 @@ def refit_run(out: Path, *, draws: int, rng: np.random.Generator) -> dict:
     hiccups = pd.read_csv(out / "hiccups.csv")
     old = json.loads((out / "validation.json").read_text())
     fit_levels = [f["level"] for f in profile["fit_levels"]]
-    fitted = slices[slices["kept"] & slices["level"].isin(fit_levels)]
-    profile["speed_process"] = fit_speed_process(
-        requests,
-        slices,
-        fitted_mean_ms(profile["service_time"]),
-        fit_levels,
-        period_s=float(fitted["seconds"].median()),
-        client_shares_cores=bool((profile.get("frontend") or {}).get("client_shares_cores")),
+    shares = bool((profile.get("frontend") or {}).get("client_shares_cores"))
+    profile["speed_process"] = fit_run_speed(
+        requests, slices, profile["service_time"], fit_levels, client_shares_cores=shares
     )
     summary = pd.DataFrame(old["levels"])
     table = compare(profile, requests, summary[summary["held_out"]], rng=rng, slices=slices, draws=draws)

@@ -35,6 +35,16 @@ def _scaled(spec: dict, factor: float) -> dict:
     return out
 
 
+def scaled_batch_time(st: dict, factor: float) -> dict:
+    """A batch-time model (table or affine) with its times multiplied by ``factor``."""
+    out = dict(st)
+    if st["kind"] == "table":
+        out["batch_ms"] = {k: v * factor for k, v in st["batch_ms"].items()}
+    else:
+        out["base_ms"], out["per_item_ms"] = st["base_ms"] * factor, st["per_item_ms"] * factor
+    return out
+
+
 def scenario_dict(
     profile: dict,
     rate_rps: float,

@@ -221,6 +221,27 @@ def fit_speed_process(
     }
 
 
+def fit_run_speed(
+    requests: pd.DataFrame,
+    slices: pd.DataFrame,
+    service_time: dict,
+    fit_levels: list[int],
+    *,
+    client_shares_cores: bool,
+) -> dict:
+    """:func:`fit_speed_process` for a run: the fitted batch time ``service_time`` (a
+    profile's), the slices placed at the median fitted slice's length apart."""
+    fitted = slices[slices["kept"] & slices["level"].isin(fit_levels)]
+    return fit_speed_process(
+        requests,
+        slices,
+        fitted_mean_ms(service_time),
+        fit_levels,
+        period_s=float(fitted["seconds"].median()),
+        client_shares_cores=client_shares_cores,
+    )
+
+
 def shrink_ratios(ratios, share: float) -> list[float]:
     """Mean-one ratios whose log spread is scaled to ``share`` of its variance (the part
     of the batches' noise the speed process does not carry), their shape kept."""

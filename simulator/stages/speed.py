@@ -6,8 +6,9 @@ W(t) = ∫ dt / f, piecewise linear and increasing, and work ``w`` started at ``
 done at W⁻¹(W(s) + w): exact for a factor that changes in the middle of a batch.
 
 Because W is increasing, an FCFS station (one server or many) under a speed path is the
-same station at constant speed in W's clock: map arrivals through W, run the ordinary
-recursion with the nominal service times, map the ends back (:meth:`SpeedPath.fcfs`).
+same station at constant speed in W's clock: map arrivals through W (:meth:`SpeedPath.work`),
+run the ordinary recursion with the nominal service times, map the ends back
+(:meth:`SpeedPath.time`).
 Batch queues keep their windows in real time and ask :meth:`SpeedPath.finish` per batch
 (:mod:`simulator.serving.compiled` passes the arrays to its compiled loop).
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy.signal import lfilter
 
 from simulator.rng import child
 from simulator.scenario.platform import LogAR1Speed, MarkovSpeed, Speed, SpeedTrace
@@ -68,11 +70,6 @@ class SpeedPath:
         """The factor in force at each time ``t``."""
         return self.f[np.clip(np.searchsorted(self.t, np.asarray(t, dtype=float), side="right") - 1, 0, None)]
 
-    def fcfs(self, arrivals: np.ndarray, service: np.ndarray, recursion) -> np.ndarray:
-        """End times of an FCFS station under this path: ``recursion(arrivals, service)``
-        (ends at constant speed, arrivals sorted) run in W's clock and mapped back."""
-        return self.time(recursion(self.work(arrivals), service))
-
 
 def _log_ar1(cfg: LogAR1Speed, horizon_ms: float, rng: np.random.Generator) -> SpeedPath:
     n = math.ceil(horizon_ms / cfg.step_ms) + 1
@@ -96,8 +93,6 @@ def _log_ar1(cfg: LogAR1Speed, horizon_ms: float, rng: np.random.Generator) -> S
 
 def _ar1(eps: np.ndarray, a: float) -> np.ndarray:
     """x[0] = eps[0], x[k] = a x[k-1] + eps[k] (scipy's lfilter: a linear recursion in C)."""
-    from scipy.signal import lfilter
-
     return lfilter([1.0], [1.0, -a], eps)
 
 
