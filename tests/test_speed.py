@@ -130,3 +130,31 @@ def test_speed_paths_count_in_the_memory_budget(root_dir):
     )
     with pytest.raises(BudgetError, match=r"platform\.speed\.step_ms"):
         check(s)
+
+
+def test_scope_worker_gives_each_queue_its_own_speed(root_dir):
+    """scope: host slows every worker at once; scope: worker gives each fixed pool's queue a
+    path of its own (and the front end another), the same on every run of the seed."""
+    from simulator.rng import streams
+    from simulator.stages.speed import SpeedProcess
+
+    base = [
+        "workers.count=4",
+        "router.balancing=random",
+        "traffic.rate_rps=200",
+        "duration_s=20",
+        "warmup_s=2",
+    ]
+    speed = "{kind: log_ar1, scope: SCOPE, components: [{sigma: 0.3, correlation_time_s: 0.5}]}"
+    for scope in ("host", "worker"):
+        s = load_scenario(
+            root_dir / "scenarios/validation/mmc.yaml", [*base, f"platform.speed={speed.replace('SCOPE', scope)}"]
+        )
+        process = SpeedProcess(s.platform.speed, s.duration_s * 1000.0, streams(3).speed)
+        paths = [process.worker(k).f for k in range(4)]
+        same = all(np.array_equal(paths[0], p) for p in paths[1:])
+        assert same == (scope == "host")
+        again = SpeedProcess(s.platform.speed, s.duration_s * 1000.0, streams(3).speed)
+        assert np.array_equal(again.worker(2).f, paths[2])
+        rec = simulate(s, seed=3).records
+        assert rec.completed[window(rec, s)].all()
