@@ -189,8 +189,10 @@ def calibration_table(report: dict) -> pd.DataFrame:
 
 
 def validation_rows(report: dict) -> pd.DataFrame:
-    """The held-out levels as the report gives them: measured and predicted ms with their
-    95% intervals, the error and the verdict (older reports: without intervals)."""
+    """The held-out levels as the report gives them: measured ms with its 95% interval,
+    predicted ms with its interval (a 90% prediction interval where the report has them,
+    with whether it covers the measurement; else 95% over replications), the error and the
+    verdict (older reports: without intervals)."""
     df = pd.DataFrame(report["validation"])
     out = pd.DataFrame(
         {
@@ -208,10 +210,13 @@ def validation_rows(report: dict) -> pd.DataFrame:
             "measured 95%",
             [f"[{lo:.1f}, {hi:.1f}]" for lo, hi in zip(df["measured_lo"], df["measured_hi"], strict=True)],
         )
+        bands = "covered" in df and df["covered"].notna().any()
         out.insert(
             6,
-            "predicted 95%",
+            "predicted 90% PI" if bands else "predicted 95%",
             [f"[{lo:.1f}, {hi:.1f}]" for lo, hi in zip(df["predicted_lo"], df["predicted_hi"], strict=True)],
         )
+        if bands:
+            out["covered"] = df["covered"].map({True: "yes", False: "no"})
         out["verdict"] = df["verdict"]
     return out
