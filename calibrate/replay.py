@@ -33,6 +33,7 @@ import pandas as pd
 from calibrate.fit import batch_time_us, batches_from_requests
 from calibrate.scenario import scaled_batch_time, scenario_dict
 from calibrate.speed import fitted_mean_ms
+from calibrate.station import slice_cpu_s
 from simulator.engine import simulate
 from simulator.results.metrics import window
 from simulator.scenario.config import Scenario
@@ -53,12 +54,10 @@ def frontend_factor(profile: dict, row: pd.Series) -> float:
     if fe is None or not np.isfinite(row.get("frontend_cpu_s", np.nan)) or row["requests"] <= 0:
         return 1.0
     shares = fe.get("client_shares_cores", False)
-    cpu = row["frontend_cpu_s"] + (row["client_cpu_s"] if shares else 0.0)
+    cpu = float(slice_cpu_s(row.to_frame().T, client_shares_cores=shares).iloc[0])
     marginal = fe["cpu_ms_per_request"] + (fe["client_cpu_ms_per_request"] if shares else 0.0)
-    side = fe.get("sidecar_cpu_ms_per_request")
-    if shares and side is not None and np.isfinite(row.get("sidecar_cpu_s", np.nan)):
-        cpu += row["sidecar_cpu_s"]
-        marginal += side
+    if shares:
+        marginal += fe.get("sidecar_cpu_ms_per_request") or 0.0
     per = (cpu - fe["background_cores"] * row["seconds"]) / row["requests"] * 1e3
     return float(max(per / marginal, 0.2)) if marginal > 0 else 1.0
 

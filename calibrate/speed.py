@@ -20,12 +20,16 @@ design, not by anything measured in the others.
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
 from scipy import optimize
 
 from calibrate.fit import batch_time_us
+from calibrate.station import level_slope, slice_cpu_s
+from simulator.scenario.servicetime import Affine, Table
+from simulator.serving.workers import mean_service_ms
 
 BIN_S = 0.02  # the clock's resolution for the autocovariance
 # out to 50 s: the fitted slices' pairs across slices pin the slow component's decay (to
@@ -41,11 +45,6 @@ EPISODE_MIN_RATIO = 1.1  # and at least this much slower
 def fitted_mean_ms(service_time: dict):
     """The fitted batch time by size (a function of an array of sizes), as the simulator
     computes it from a profile's ``service_time``."""
-    from types import SimpleNamespace
-
-    from simulator.scenario.servicetime import Affine, Table
-    from simulator.serving.workers import mean_service_ms
-
     model = Table if service_time["kind"] == "table" else Affine
     cfg = SimpleNamespace(
         service_time=model.model_validate({k: v for k, v in service_time.items() if k in model.model_fields})
@@ -169,20 +168,12 @@ def frontend_elasticity(slices: pd.DataFrame, b: pd.DataFrame, fit_levels: list[
     per_slice = b.groupby("slice").apply(
         lambda g: np.average(g["log_ratio"], weights=g["weight"]), include_groups=False
     )
-    sl = slices[slices["kept"] & slices["level"].isin(fit_levels) & slices["slice"].isin(per_slice.index)].copy()
+    sl = slices[slices["kept"] & slices["level"].isin(fit_levels) & slices["slice"].isin(per_slice.index)]
     if len(sl) < 3 or sl["frontend_cpu_s"].isna().any():
         return 1.0, float("nan")
-    cpu = sl["frontend_cpu_s"] + (sl["client_cpu_s"] if client_shares_cores else 0.0)
-    if client_shares_cores and "sidecar_cpu_s" in sl:
-        cpu = cpu + sl["sidecar_cpu_s"].fillna(0.0)
-    y = np.log(cpu / sl["requests"])
-    x = per_slice.reindex(sl["slice"]).to_numpy()
-    y = (y - y.groupby(sl["level"]).transform("median")).to_numpy()
-    x = x - pd.Series(x).groupby(sl["level"].to_numpy()).transform("median").to_numpy()
-    if float(x @ x) <= 0:
-        return 1.0, float("nan")
-    beta = float(np.clip((x @ y) / (x @ x), 0.0, 3.0))
-    return beta, float(np.corrcoef(x, y)[0, 1])
+    per = np.log(slice_cpu_s(sl, client_shares_cores=client_shares_cores) / sl["requests"])
+    slope = level_slope(per_slice.reindex(sl["slice"]), per, sl["level"], hi=3.0)
+    return slope if slope is not None else (1.0, float("nan"))
 
 
 def fit_speed_process(

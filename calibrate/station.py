@@ -56,6 +56,32 @@ def fit_frontend(slices: pd.DataFrame, *, servers: int, client_shares_cores: boo
 SPEED_ELASTICITY_MAX = 1.5  # a fitted elasticity above this is noise, not the platform
 
 
+def slice_cpu_s(slices: pd.DataFrame, *, client_shares_cores: bool) -> pd.Series:
+    """Each slice's front-end CPU seconds: the server's, and on a front end of one core the
+    load generator's and a sidecar's (a redis-server's) that share it."""
+    cpu = slices["frontend_cpu_s"] + (slices["client_cpu_s"] if client_shares_cores else 0.0)
+    if client_shares_cores and "sidecar_cpu_s" in slices:
+        cpu = cpu + slices["sidecar_cpu_s"].fillna(0.0)
+    return cpu
+
+
+def level_slope(x, y, levels, *, hi: float, rows=None) -> tuple[float, float] | None:
+    """The least-squares slope of ``y`` on ``x`` through the origin, each relative to its
+    level's median (so the load's own effect cancels), over ``rows`` (default: all), within
+    [0, ``hi``], and the correlation; None with fewer than three rows or no spread in x."""
+    x = pd.Series(np.asarray(x, dtype=float))
+    y = pd.Series(np.asarray(y, dtype=float))
+    lv = np.asarray(levels)
+    x = (x - x.groupby(lv).transform("median")).to_numpy()
+    y = (y - y.groupby(lv).transform("median")).to_numpy()
+    if rows is not None:
+        x, y = x[rows], y[rows]
+    if len(x) < 3 or float(x @ x) <= 0:
+        return None
+    r = float(np.corrcoef(x, y)[0, 1]) if np.std(y) > 0 else 0.0
+    return float(np.clip((x @ y) / (x @ x), 0.0, hi)), r
+
+
 def fit_speed(slices: pd.DataFrame, fit_levels: list[int], *, client_shares_cores: bool) -> dict | None:
     """The platform's speed per slice, as the factor it puts on the front end's CPU.
 
@@ -74,18 +100,12 @@ def fit_speed(slices: pd.DataFrame, fit_levels: list[int], *, client_shares_core
     ok = slices[slices["kept"] & slices["slowdown_mean"].notna() & (slices["requests"] > 0)]
     if len(ok) < 3:
         return None
-    cpu = ok["frontend_cpu_s"] + (ok["client_cpu_s"] if client_shares_cores else 0.0)
-    if client_shares_cores and "sidecar_cpu_s" in ok:
-        cpu = cpu + ok["sidecar_cpu_s"].fillna(0.0)
-    per = np.log(cpu / ok["requests"])
-    speed = np.log(ok["slowdown_mean"])
+    per = np.log(slice_cpu_s(ok, client_shares_cores=client_shares_cores) / ok["requests"])
     fit = ok["level"].isin(fit_levels).to_numpy()
-    x = (speed - speed.groupby(ok["level"]).transform("median")).to_numpy()[fit]
-    y = (per - per.groupby(ok["level"]).transform("median")).to_numpy()[fit]
-    if len(x) < 3 or float(x @ x) <= 0:
+    slope = level_slope(np.log(ok["slowdown_mean"]), per, ok["level"], hi=SPEED_ELASTICITY_MAX, rows=fit)
+    if slope is None:
         return None
-    beta = float(np.clip((x @ y) / (x @ x), 0.0, SPEED_ELASTICITY_MAX))
-    r = float(np.corrcoef(x, y)[0, 1]) if np.std(y) > 0 else 0.0
+    beta, r = slope
     raw = ok["slowdown_mean"].to_numpy()[fit] ** beta
     return {
         "elasticity": beta,

@@ -138,18 +138,22 @@ class SpeedProcess:
         self.cfg = cfg
         self._horizon = duration_ms + TAIL_MS
         self._rng = rng
-        self._paths: dict[int, SpeedPath] = {}
+        self._paths: dict[tuple[int, float], SpeedPath | None] = {}
 
-    def _path(self, k: int) -> SpeedPath:
-        if k not in self._paths:
-            self._paths[k] = draw_path(self.cfg, self._horizon, child(self._rng, k))
-        return self._paths[k]
+    def _path(self, k: int, elasticity: float) -> SpeedPath | None:
+        """Path ``k`` raised to ``elasticity``, drawn and scaled once (a fleet's queues
+        share the host's)."""
+        if (k, 1.0) not in self._paths:
+            self._paths[k, 1.0] = draw_path(self.cfg, self._horizon, child(self._rng, k))
+        if (k, elasticity) not in self._paths:
+            self._paths[k, elasticity] = self._paths[k, 1.0].scaled(elasticity)
+        return self._paths[k, elasticity]
 
     @property
     def frontend(self) -> SpeedPath | None:
         """The front end's path, its factors raised to ``frontend_elasticity``."""
-        return self._path(0).scaled(self.cfg.frontend_elasticity)
+        return self._path(0, self.cfg.frontend_elasticity)
 
     def worker(self, k: int) -> SpeedPath | None:
         """The ``k``-th batch queue's path, raised to ``workers_elasticity``."""
-        return self._path(0 if self.cfg.scope == "host" else k + 1).scaled(self.cfg.workers_elasticity)
+        return self._path(0 if self.cfg.scope == "host" else k + 1, self.cfg.workers_elasticity)
