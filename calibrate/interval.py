@@ -17,6 +17,8 @@ slow component of the speed carries over between them as it did.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pandas as pd
 
@@ -78,73 +80,60 @@ def parameter_draws(
     return out
 
 
+class SliceDesign(NamedTuple):
+    """How a level was measured: ``slices`` slices of ``slice_s`` each, their first
+    ``warmup_s`` left out, ``gap_s`` idle between two of them."""
+
+    slices: int
+    slice_s: float
+    warmup_s: float
+    gap_s: float
+
+
 def design_percentiles(
-    profile: dict,
-    rate_rps: float,
-    *,
-    n_slices: int,
-    slice_s: float,
-    warmup_s: float,
-    gap_s: float,
-    seed: int,
-    frontend_factor: float = 1.0,
+    profile: dict, rate_rps: float, design: SliceDesign, *, seed: int, frontend_factor: float = 1.0
 ) -> dict[str, float]:
-    """One simulated design: ``n_slices`` slices at ``rate_rps`` in one run, ``gap_s``
-    idle between them, each slice's first ``warmup_s`` left out; the pooled percentiles."""
-    period = slice_s + gap_s
-    duration = n_slices * period
-    doc = scenario_dict(profile, rate_rps, duration_s=duration, warmup_s=0.0, seed=seed, speed=frontend_factor)
+    """One simulated ``design`` at ``rate_rps``: its slices in one run, the pooled percentiles."""
+    period = design.slice_s + design.gap_s
+    doc = scenario_dict(
+        profile, rate_rps, duration_s=design.slices * period, warmup_s=0.0, seed=seed, speed=frontend_factor
+    )
     steps = []
-    for j in range(n_slices):
-        steps += [{"at_s": j * period, "rate_rps": rate_rps}, {"at_s": j * period + slice_s, "rate_rps": 0.0}]
+    for j in range(design.slices):
+        steps += [{"at_s": j * period, "rate_rps": rate_rps}, {"at_s": j * period + design.slice_s, "rate_rps": 0.0}]
     doc["traffic"] = {"shape": {"kind": "steps", "steps": steps}}
     s = Scenario.model_validate(doc)
     rec = simulate(s).records
     offset = (rec.arrival / 1000.0) % period
-    keep = rec.completed & (offset >= warmup_s) & (offset < slice_s)
+    keep = rec.completed & (offset >= design.warmup_s) & (offset < design.slice_s)
     lat = (rec.t_response - rec.arrival)[keep]
     return {q: float(np.percentile(lat, pct)) if len(lat) else float("nan") for q, pct in QUANTILES.items()}
 
 
-def _designs(draws, rate_rps, *, n_slices, slice_s, warmup_s, gap_s, seed) -> dict[str, np.ndarray]:
+def _designs(draws, rate_rps: float, design: SliceDesign, *, seed: int) -> dict[str, np.ndarray]:
     """Each percentile of one simulated design per parameter draw."""
     per = {q: [] for q in QUANTILES}
     for k, (p, factor) in enumerate(draws):
-        got = design_percentiles(
-            p,
-            rate_rps,
-            n_slices=n_slices,
-            slice_s=slice_s,
-            warmup_s=warmup_s,
-            gap_s=gap_s,
-            seed=int(np.random.SeedSequence([seed, k]).generate_state(1)[0] % 2**31),
-            frontend_factor=factor,
-        )
+        sub = int(np.random.SeedSequence([seed, k]).generate_state(1)[0] % 2**31)
+        got = design_percentiles(p, rate_rps, design, seed=sub, frontend_factor=factor)
         for q in QUANTILES:
             per[q].append(got[q])
     return {q: np.asarray(v) for q, v in per.items()}
 
 
 def discrepancy(
-    draws: list[tuple[dict, float]],
-    fitted: list[tuple[float, int, dict[str, float]]],
-    *,
-    slice_s: float,
-    warmup_s: float,
-    gap_s: float,
+    draws: list[tuple[dict, float]], fitted: list[tuple[float, SliceDesign, dict[str, float]]]
 ) -> dict[str, float]:
     """What the model gets wrong where it was fitted: per percentile, the squared log error
-    at each fitted level (``fitted``: rate, slices, measured percentiles) less what the
+    at each fitted level (``fitted``: rate, design, measured percentiles) less what the
     simulated designs' own spread explains there (the measurement's luck), never below
     zero, the median over the levels. A structural error the fitted levels share (a p50 a
     few percent high at every load) then widens the held-out intervals instead of leaving
     them to miss; one level's episode (a p99 four times the prediction at 80% alone) does not
     widen every interval of every load."""
     excess: dict[str, list[float]] = {q: [] for q in QUANTILES}
-    for k, (rate, n_slices, measured) in enumerate(fitted):
-        sims = _designs(draws, rate, n_slices=n_slices, slice_s=slice_s, warmup_s=warmup_s, gap_s=gap_s,
-                        seed=10_000 + k)  # fmt: skip
-        for q, v in sims.items():
+    for k, (rate, design, measured) in enumerate(fitted):
+        for q, v in _designs(draws, rate, design, seed=10_000 + k).items():
             logs = np.log(v[np.isfinite(v) & (v > 0)])
             if len(logs) > 1 and measured[q] > 0:
                 err = float(np.median(logs) - np.log(measured[q]))
@@ -155,18 +144,15 @@ def discrepancy(
 def prediction_interval(
     draws: list[tuple[dict, float]],
     rate_rps: float,
+    design: SliceDesign,
     *,
-    n_slices: int,
-    slice_s: float,
-    warmup_s: float,
-    gap_s: float,
     seed: int,
     structural: dict[str, float] | None = None,
 ) -> dict[str, tuple[float, float, float]]:
     """Each percentile's median over the parameter draws' simulated designs and its
     :data:`PI_LEVEL` prediction interval; ``structural`` (per percentile, a log variance:
     :func:`discrepancy`) multiplies each draw by a log-normal factor of that spread."""
-    per = _designs(draws, rate_rps, n_slices=n_slices, slice_s=slice_s, warmup_s=warmup_s, gap_s=gap_s, seed=seed)
+    per = _designs(draws, rate_rps, design, seed=seed)
     tail = (1 - PI_LEVEL) / 2
     rng = np.random.default_rng(seed)
     out = {}

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from calibrate.interval import design_percentiles
+from calibrate.interval import SliceDesign, design_percentiles
 from calibrate.scenario import scenario_dict
 from calibrate.stats import slice_bootstrap_ci
 from simulator.engine import simulate
@@ -74,13 +74,12 @@ def predictor(profile: dict, *, designs: int = 200, rounds: int = 10, slice_s: f
     """Each held-out cell's median and 90% prediction interval under ``profile``'s model,
     from ``designs`` simulated slice designs of that level."""
     rates = np.asarray(LOADS) * float(profile["capacity_rps"])
-    gap = (len(LOADS) - 1) * (slice_s + 0.5)
+    design = SliceDesign(rounds, slice_s, warmup_s, (len(LOADS) - 1) * (slice_s + 0.5))
     rows = []
     for load in HELD_OUT:
         per = {50: [], 99: []}
         for k in range(designs):
-            got = design_percentiles(profile, float(rates[LOADS.index(load)]), n_slices=rounds, slice_s=slice_s,
-                                     warmup_s=warmup_s, gap_s=gap, seed=seed * 100_000 + k)  # fmt: skip
+            got = design_percentiles(profile, float(rates[LOADS.index(load)]), design, seed=seed * 100_000 + k)
             per[50].append(got["p50"])
             per[99].append(got["p99"])
         for q, v in per.items():

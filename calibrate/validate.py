@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from calibrate.interval import discrepancy, parameter_draws, prediction_interval
+from calibrate.interval import SliceDesign, discrepancy, parameter_draws, prediction_interval
 from calibrate.scenario import scenario_dict
 from calibrate.stats import slice_bootstrap_ci, t_interval
 from simulator.engine import simulate
@@ -95,8 +95,11 @@ def predict(
 DISCREPANCY_DRAWS = 40  # parameter draws simulated at each fitted level for the model's discrepancy
 
 
-def _fitted_levels(profile: dict, requests: pd.DataFrame) -> list[tuple[float, int, dict[str, float]]]:
-    """Each fitted level's offered rate, slice count and measured pooled percentiles."""
+def _fitted_levels(
+    profile: dict, requests: pd.DataFrame, shape: SliceDesign
+) -> list[tuple[float, SliceDesign, dict[str, float]]]:
+    """Each fitted level's offered rate, design (``shape`` with its count of slices) and
+    measured pooled percentiles."""
     out = []
     for f in profile["fit_levels"]:
         g = requests[(requests["level"] == f["level"]) & ~requests["warmup"]]
@@ -104,7 +107,7 @@ def _fitted_levels(profile: dict, requests: pd.DataFrame) -> list[tuple[float, i
         if len(lat) == 0:
             continue
         measured = {q: float(np.percentile(lat, pct)) for q, pct in PERCENTILES.items()}
-        out.append((float(g["offered_rps"].iloc[0]), int(g["slice"].nunique()), measured))
+        out.append((float(g["offered_rps"].iloc[0]), shape._replace(slices=int(g["slice"].nunique())), measured))
     return out
 
 
@@ -143,9 +146,8 @@ def compare(
         param = parameter_draws(profile, requests, slices, draws=draws, rng=rng)
         period = float(slices.loc[slices["kept"], "seconds"].median())
         gap = (int((profile.get("design") or {}).get("levels", len(requests["level"].unique()))) - 1) * period
-        structural = discrepancy(
-            param[:DISCREPANCY_DRAWS], _fitted_levels(profile, requests), slice_s=slice_s, warmup_s=warmup_s, gap_s=gap
-        )
+        shape = SliceDesign(0, slice_s, warmup_s, gap)  # each level's own count of slices below
+        structural = discrepancy(param[:DISCREPANCY_DRAWS], _fitted_levels(profile, requests, shape))
     rows = []
     for _, lv in levels.iterrows():
         level = int(lv["level"])
@@ -155,9 +157,8 @@ def compare(
         n_slices = len(np.unique(g["slice"])) if "slice" in g else 1
         if bands:
             pred = prediction_interval(
-                param, float(lv["offered_rps"]), n_slices=n_slices, slice_s=slice_s, warmup_s=warmup_s,
-                gap_s=gap, seed=level, structural=structural,
-            )  # fmt: skip
+                param, float(lv["offered_rps"]), shape._replace(slices=n_slices), seed=level, structural=structural
+            )
         else:
             pred = predict(
                 profile,
