@@ -13,6 +13,7 @@ requests fail with :class:`~reference_server.instances.InstanceDied` (HTTP 503).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -212,10 +213,12 @@ class DynamicBatcher:
                     if remaining <= 0:
                         break
                     self._arrived.clear()
-                    try:
+                    # a timeout is checked against the clock, not trusted: uvloop's timers are
+                    # whole milliseconds on a loop clock cached at the last iteration, and fire
+                    # up to ~0.4 ms early (measured: 9.6% of a light load's batches went before
+                    # their window); the loop then waits out what is left
+                    with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._arrived.wait(), remaining)
-                    except TimeoutError:
-                        break
                 if not self.queue:  # another instance took them
                     continue
                 batch, size, job = self._launch(inst)

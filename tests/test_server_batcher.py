@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import numpy as np
 import pytest
 
 pytest.importorskip("torch", reason="the reference server needs the server extra")
@@ -79,3 +80,35 @@ def test_a_failing_model_fails_each_request_of_the_batch():
 
     results = asyncio.run(scenario())
     assert [str(r) for r in results] == ["CUDA out of memory"] * 2
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_the_window_never_closes_early_on_uvloop():
+    """uvloop's timers are whole milliseconds on a loop clock cached at the last iteration:
+    a 2 ms window's timeout fired up to ~0.4 ms early. No batch may go before its window."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def scenario():
+        b = DynamicBatcher(_echo, max_batch_size=8, max_queue_delay_ms=2)
+        b.start()
+        rng = np.random.default_rng(0)
+        waits = []
+        try:
+            for _ in range(150):
+                await asyncio.sleep(rng.uniform(0, 0.002))  # a random phase against the loop's clock
+                # other work in the iteration that wakes the batcher: the loop's clock goes stale
+                asyncio.get_running_loop().call_soon(_busy, rng.uniform(0, 0.001))
+                p = await b.submit({"x": 1}, 1)
+                waits.append((p.t_dispatch_ns - p.t_enqueue_ns) / 1e6)
+        finally:
+            await b.stop()
+        return np.array(waits)
+
+    waits = uvloop.run(scenario())
+    early = waits < 2.0
+    assert not early.any(), f"{early.sum()} of {len(waits)} batches went early (shortest {waits.min():.3f} ms)"
