@@ -62,6 +62,9 @@ TIMING_KEYS = (
     "request_us",
     "batch_size",
     "feature_round_trips",
+    "received_at_ns",
+    "enqueued_at_ns",
+    "dispatched_at_ns",
 )
 
 

@@ -358,7 +358,15 @@ class FrontEnd:
             timing[f"{stage}_us"] = ns / 1e3
         timing["request_us"] = (time.perf_counter_ns() - t_start) / 1e3
         self.metrics.observe(timing, n)
-        params = {**{k: round(v, 1) for k, v in timing.items()}, "batch_size": pending.batch_size}
+        params = {
+            **{k: round(v, 1) for k, v in timing.items()},
+            "batch_size": pending.batch_size,
+            # when, on CLOCK_MONOTONIC (one clock for the host's processes): a client on the
+            # host lines requests up against the batches they made (calibrate/cycle.py)
+            "received_at_ns": t_start,
+            "enqueued_at_ns": pending.t_enqueue_ns,
+            "dispatched_at_ns": pending.t_dispatch_ns,
+        }
         try:
             payload, header_len = encode_response(self.name, VERSION, req, outputs, self.model.outputs, params)
         except ProtocolError as err:
