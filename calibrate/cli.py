@@ -306,6 +306,45 @@ def replay(
 
 
 @app.command()
+def cycle(
+    folder: Annotated[Path, typer.Argument(help="A `calibrate run` folder: profile.json, measurements.csv.gz.")],
+) -> None:
+    """Line every request up against the batches of its slice, by the server's own clocks:
+    the batcher's rule, where in a batch requests reach the queue, their waits by what they
+    found, and the model's batcher fed the measured queue arrivals (calibrate/README)."""
+    try:
+        import pandas as pd
+
+        from calibrate.cycle import PHASE_BINS
+        from calibrate.cycle import cycle as batch_cycle
+    except ImportError as err:
+        raise _need("calibrate cycle")(err) from None
+    try:
+        prof = json.loads((folder / "profile.json").read_text())
+        table = batch_cycle(pd.read_csv(folder / "measurements.csv.gz"), prof)
+    except (OSError, ValueError, KeyError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    capacity = prof.get("capacity_rps")
+    typer.echo(
+        f"queue arrivals in the batch's first and last tenth, over a uniform {1 / PHASE_BINS:.0%}; "
+        "queue wait measured and replayed (the model's batcher, the measured arrivals and batch times)"
+    )
+    for _, r in table.iterrows():
+        name = f"{r.offered_rps / capacity:.0%}" if capacity else f"{r.offered_rps:.0f} req/s"
+        typer.echo(
+            f"{name:>10}: {int(r.batches)} batches, {r.early_share:.1%} before the rule, window-bound ones "
+            f"{r.window_late_median_ms:+.3f} ms late (median); phase first {r.phase_first_tenth:.2f}, "
+            f"last {r.phase_last_tenth:.2f}; wait mean {r.measured_wait_mean_ms:.2f} measured, "
+            f"{r.replayed_wait_mean_ms:.2f} replayed ({r.replayed_wait_mean_ms - r.measured_wait_mean_ms:+.2f} ms)"
+        )
+        cats = [c[len("wait ms: ") :] for c in table.columns if c.startswith("wait ms: ")]
+        typer.echo(
+            "            " + "; ".join(f"{c} {r['share: ' + c]:.0%} waiting {r['wait ms: ' + c]:.2f} ms" for c in cats)
+        )
+
+
+@app.command()
 def target(
     folder: Annotated[Path, typer.Argument(help="A calibrated folder whose profile.json has a speed process.")],
     runs: Annotated[int, typer.Option(help="Virtual calibration runs of the profile's model.", min=6)] = 100,

@@ -1,0 +1,196 @@
+"""The batch cycle as the server's own clocks show it: every request lined up against the
+batches of its slice, from a run whose server reports ``received_at_ns``, ``enqueued_at_ns``
+and ``dispatched_at_ns`` (CLOCK_MONOTONIC, one clock for the host's processes).
+
+Four comparisons, each changing one thing (calibrate/README, "The light-load gap"):
+
+* **rule**: every batch against the batcher's rule: it goes when it is full, or at the later
+  of the instance's free time and its oldest request's window. How many went early, and how
+  late the window-bound ones were.
+* **phase**: where in the running batch the requests reach the queue, in tenths of the
+  batch. A stream that ignores the batches (Poisson sends through a front end of its own)
+  is uniform; the reference server's one event loop, which also hands batches over and
+  writes their responses, is not.
+* **waits**: the queue wait by what a request found: the instance idle or busy, the queue
+  empty (it heads its batch) or not.
+* **replay**: the model's batcher fed exactly the measured queue arrivals and each batch
+  size's measured mean time: its queue wait against the measured one. What is left is the
+  coupling of arrivals to the batch cycle, which a batcher fed independent arrivals lacks.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from calibrate.fit import batch_time_us
+
+CLOCKS = ("received_at_ns", "enqueued_at_ns", "dispatched_at_ns")
+PHASE_BINS = 10
+
+
+def has_clocks(requests: pd.DataFrame) -> bool:
+    """Whether the run's server reported when each request was queued and dispatched."""
+    return all(c in requests and requests[c].notna().any() for c in CLOCKS)
+
+
+def clocked(requests: pd.DataFrame) -> pd.DataFrame:
+    """The answered requests with their clocks in ms: queued, dispatched, the batch's time and end."""
+    df = requests[(requests["status"] == 200)].dropna(subset=[*CLOCKS, "batch_size"]).copy()
+    df["enq_ms"] = df["enqueued_at_ns"] / 1e6
+    df["disp_ms"] = df["dispatched_at_ns"] / 1e6
+    df["batch_ms"] = batch_time_us(df) / 1e3
+    df["end_ms"] = df["disp_ms"] + df["batch_ms"]
+    return df
+
+
+def batches(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per batch of one slice (requests of a batch share its dispatch time), in
+    dispatch order: dispatch, end (dispatch plus the batch time: hand-off and compute),
+    size, its oldest request's enqueue time and the previous batch's end."""
+    b = (
+        df.groupby("disp_ms")
+        .agg(end_ms=("end_ms", "first"), size=("batch_size", "first"), oldest_ms=("enq_ms", "min"))
+        .reset_index()
+        .sort_values("disp_ms")
+    )
+    b["prev_end_ms"] = b["end_ms"].shift(1)
+    return b
+
+
+def rule_check(b: pd.DataFrame, window_ms: float, max_batch_size: int) -> dict:
+    """Batches that went before the rule allows (not full, before the later of the instance's
+    free time and the oldest's window; 0.05 ms of clock reading allowed), and how late the
+    window-bound ones went (median, ms)."""
+    free = b["prev_end_ms"].fillna(-np.inf)
+    due = np.maximum(free, b["oldest_ms"] + window_ms)
+    partial = b["size"] < max_batch_size
+    early = partial & (b["disp_ms"] < due - 0.05)
+    by_window = partial & (b["oldest_ms"] + window_ms > free)
+    late = (b["disp_ms"] - due)[by_window]
+    return {
+        "batches": len(b),
+        "early_share": float(early.mean()),
+        "window_late_median_ms": float(late.median()) if len(late) else float("nan"),
+    }
+
+
+def phases(df: pd.DataFrame, b: pd.DataFrame) -> tuple[np.ndarray, pd.Series, pd.Series]:
+    """For each request: the batch running when it reached the queue (index into ``b``, -1
+    for none), whether the instance was busy, and whether it found others queued."""
+    enq = df["enq_ms"].to_numpy()
+    k = np.searchsorted(b["disp_ms"].to_numpy(), enq, side="right") - 1
+    ends = b["end_ms"].to_numpy()
+    busy = (k >= 0) & (enq < ends[np.maximum(k, 0)])
+    order = np.argsort(enq, kind="stable")
+    disp = df["disp_ms"].to_numpy()[order]
+    before = np.concatenate([[-np.inf], np.maximum.accumulate(disp)[:-1]])  # latest dispatch of those queued earlier
+    joiner = np.empty(len(enq), bool)
+    joiner[order] = before > enq[order]
+    return k, pd.Series(busy, index=df.index), pd.Series(joiner, index=df.index)
+
+
+def phase_counts(df: pd.DataFrame, b: pd.DataFrame) -> np.ndarray:
+    """How many requests reached the queue in each tenth of the batch then running."""
+    k, busy, _ = phases(df, b)
+    enq = df["enq_ms"].to_numpy()[busy.to_numpy()]
+    kb = k[busy.to_numpy()]
+    start, end = b["disp_ms"].to_numpy()[kb], b["end_ms"].to_numpy()[kb]
+    return np.histogram((enq - start) / (end - start), bins=PHASE_BINS, range=(0.0, 1.0))[0]
+
+
+def wait_categories(df: pd.DataFrame, b: pd.DataFrame) -> dict[str, tuple[float, float]]:
+    """Share of requests and their mean queue wait (ms), by what they found on arrival."""
+    _, busy, joiner = phases(df, b)
+    wait = df["disp_ms"] - df["enq_ms"]
+    out = {}
+    for name, m in (
+        ("idle, queue empty", ~busy & ~joiner),
+        ("idle, queue not empty", ~busy & joiner),
+        ("busy, queue empty", busy & ~joiner),
+        ("busy, queue not empty", busy & joiner),
+    ):
+        out[name] = (float(m.mean()), float(wait[m].mean()) if m.any() else float("nan"))
+    return out
+
+
+def replay_queue(level: pd.DataFrame, profile: dict, *, seed: int = 0) -> tuple[float, float]:
+    """The model's batcher fed the level's measured queue arrivals, slice by slice (each from
+    idle, 1 s apart), with each batch size's measured mean time at this level: mean and
+    median queue wait (ms) of the requests after each slice's warm-up."""
+    from calibrate.scenario import scenario_dict
+    from simulator.engine import simulate
+    from simulator.scenario.config import Scenario
+
+    per_size = level.drop_duplicates(["slice", "disp_ms"]).groupby("batch_size")["batch_ms"].mean()
+    table = per_size.reindex(range(1, int(profile["server"]["max_batch_size"]) + 1)).interpolate().bfill().ffill()
+    times, keep, offset = [], [], 0.0
+    for _, s in level.sort_values("enq_ms").groupby("slice"):
+        t = s["enq_ms"].to_numpy() - s["enq_ms"].min()
+        times.append(offset + t)
+        keep.append(~s["warmup"].to_numpy())
+        offset += t.max() + 1000.0
+    t = np.concatenate(times)
+    warm = np.concatenate(keep)
+    doc = scenario_dict(profile, 100.0, duration_s=offset / 1e3, warmup_s=0.0, seed=seed)
+    doc.pop("platform", None)
+    doc.pop("postprocess", None)
+    doc["router"], doc["preprocess"] = {}, {}
+    service = doc["workers"]["service_time"]
+    service.pop("noise_ratios", None)
+    service["noise_cv"] = 0.0
+    service["batch_ms"] = {str(k): float(v) for k, v in table.items()}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "arrivals.txt"
+        np.savetxt(path, t / 1e3, fmt="%.9f")
+        doc["traffic"] = {"arrivals_file": str(path)}
+        rec = simulate(Scenario.model_validate(doc)).records
+    order = np.argsort(rec.arrival, kind="stable")
+    wait = (rec.t_dispatch - rec.t_preprocessed)[order][warm]
+    wait = wait[~np.isnan(wait)]
+    return float(wait.mean()), float(np.median(wait))
+
+
+def cycle(requests: pd.DataFrame, profile: dict) -> pd.DataFrame:
+    """One row per level: the four comparisons of this module (requests after warm-up)."""
+    if not has_clocks(requests):
+        raise ValueError(
+            "this run's server did not report when requests were queued and dispatched "
+            "(received_at_ns, enqueued_at_ns, dispatched_at_ns): run `servesim calibrate run` again"
+        )
+    server = profile["server"]
+    df = clocked(requests)
+    rows = []
+    for lv, level in df.groupby("level"):
+        parts = [(batches(s), s) for _, s in level.groupby("slice")]
+        kept = [(b, s[~s["warmup"]]) for b, s in parts]
+        all_b = pd.concat([b for b, _ in parts])
+        rule = rule_check(all_b, server["max_queue_delay_ms"], server["max_batch_size"])
+        ph = sum(phase_counts(s, b) for b, s in kept)
+        cats: dict[str, list] = {}
+        for b, s in kept:
+            for name, (share, w) in wait_categories(s, b).items():
+                cats.setdefault(name, []).append((share * len(s), w))
+        measured = level[~level["warmup"]]
+        wait = measured["disp_ms"] - measured["enq_ms"]
+        sim_mean, sim_median = replay_queue(level, profile)
+        row = {
+            "level": int(lv),
+            "offered_rps": float(level["offered_rps"].iloc[0]),
+            **rule,
+            "phase_first_tenth": float(ph[0] / ph.mean()),
+            "phase_last_tenth": float(ph[-1] / ph.mean()),
+            "measured_wait_mean_ms": float(wait.mean()),
+            "replayed_wait_mean_ms": sim_mean,
+            "measured_wait_median_ms": float(wait.median()),
+            "replayed_wait_median_ms": sim_median,
+        }
+        for name, parts_ in cats.items():
+            n = sum(c for c, _ in parts_)
+            row[f"share: {name}"] = n / len(measured)
+            row[f"wait ms: {name}"] = sum(c * w for c, w in parts_ if c > 0) / n if n > 0 else float("nan")
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,87 @@
+"""calibrate/cycle.py with the simulator as its own truth: requests lined up against their
+batches by the clocks a run's server reports. A batcher fed arrivals that ignore its batches
+keeps its rule, sees them uniform over the batch, and its replay gives back its own waits."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from scipy import stats
+
+from calibrate.cycle import PHASE_BINS, batches, clocked, cycle, phase_counts, rule_check
+from calibrate.scenario import scenario_dict
+from simulator.engine import simulate
+from simulator.scenario.config import Scenario
+
+PROFILE = Path(__file__).parents[1] / "calibrate" / "profiles" / "cpu-resnet64" / "profile.json"
+
+
+def _measured(profile: dict, rate: float, slices: int, slice_s: float, seed: int) -> pd.DataFrame:
+    """A run of the profile's model (its batch time per size exact, no platform speed) as a
+    calibration's measurements: one level, ``slices`` slices, the server's clocks in ns."""
+    rows = []
+    for k in range(slices):
+        doc = scenario_dict(profile, rate, duration_s=slice_s, warmup_s=0.0, seed=seed + k)
+        doc.pop("platform", None)
+        doc["workers"]["service_time"].pop("noise_ratios", None)
+        rec = simulate(Scenario.model_validate(doc)).records
+        done = rec.completed
+        t0 = 1e6 * 1000.0 * (k + 1)  # each slice far from the others on the host's clock
+        rows.append(
+            pd.DataFrame(
+                {
+                    "status": 200,
+                    "level": 0,
+                    "slice": k,
+                    "offered_rps": rate,
+                    "warmup": rec.arrival[done] < 250.0,
+                    "batch_size": rec.batch_size[done],
+                    "compute_infer_us": (rec.t_inferred - rec.t_dispatch)[done] * 1e3,
+                    "received_at_ns": t0 + rec.arrival[done] * 1e6,
+                    "enqueued_at_ns": t0 + rec.t_preprocessed[done] * 1e6,
+                    "dispatched_at_ns": t0 + rec.t_dispatch[done] * 1e6,
+                }
+            )
+        )
+    return pd.concat(rows, ignore_index=True)
+
+
+@pytest.fixture(scope="module")
+def profile() -> dict:
+    return json.loads(PROFILE.read_text())
+
+
+def test_the_replay_gives_back_the_models_own_waits(profile):
+    measured = _measured(profile, 0.3 * profile["capacity_rps"], slices=4, slice_s=4.0, seed=1)
+    row = cycle(measured, profile).iloc[0]
+    # the same arrivals, the same batch time per size, the same batcher: the same dispatches
+    assert row.replayed_wait_mean_ms == pytest.approx(row.measured_wait_mean_ms, rel=1e-6)
+    assert row.replayed_wait_median_ms == pytest.approx(row.measured_wait_median_ms, rel=1e-6)
+    assert row.early_share == 0.0
+    assert abs(row.window_late_median_ms) < 1e-6
+    shares = [row[c] for c in row.index if c.startswith("share: ")]
+    assert sum(shares) == pytest.approx(1.0)
+
+
+def test_arrivals_that_ignore_the_batches_are_uniform_over_them(profile):
+    measured = _measured(profile, 0.5 * profile["capacity_rps"], slices=3, slice_s=6.0, seed=7)
+    counts = sum(phase_counts(s, batches(s)) for _, s in clocked(measured).groupby("slice"))
+    assert stats.chisquare(counts).pvalue > 1e-3, counts
+    assert len(counts) == PHASE_BINS
+
+
+def test_a_batch_before_its_window_is_counted():
+    b = pd.DataFrame(
+        {"disp_ms": [10.0, 30.0], "end_ms": [20.0, 40.0], "size": [1, 1], "oldest_ms": [8.0, 28.5]}
+    ).assign(prev_end_ms=lambda d: d["end_ms"].shift(1))
+    out = rule_check(b, window_ms=2.0, max_batch_size=8)
+    assert out["early_share"] == 0.5  # the second went 0.5 ms before its window
+    assert out["window_late_median_ms"] == pytest.approx(-0.25)
+
+
+def test_a_run_without_the_clocks_is_refused(profile):
+    with pytest.raises(ValueError, match="enqueued_at_ns"):
+        cycle(pd.DataFrame({"status": [200], "batch_size": [1]}), profile)
