@@ -85,3 +85,14 @@ def test_a_batch_before_its_window_is_counted():
 def test_a_run_without_the_clocks_is_refused(profile):
     with pytest.raises(ValueError, match="enqueued_at_ns"):
         cycle(pd.DataFrame({"status": [200], "batch_size": [1]}), profile)
+
+
+def test_the_command_refuses_a_run_without_clocks_in_one_line():
+    from typer.testing import CliRunner
+
+    from servesim.cli import app
+
+    result = CliRunner().invoke(app, ["calibrate", "cycle", str(PROFILE.parent)])
+    assert result.exit_code == 2
+    assert "enqueued_at_ns" in result.output
+    assert "Traceback" not in result.output
