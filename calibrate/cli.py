@@ -330,6 +330,7 @@ def cycle(
         f"queue arrivals in the batch's first and last tenth, over a uniform {1 / PHASE_BINS:.0%}; "
         "queue wait measured and replayed (the model's batcher, the measured arrivals and batch times)"
     )
+    cats = [c[len("wait ms: ") :] for c in table.columns if c.startswith("wait ms: ")]
     for _, r in table.iterrows():
         name = f"{r.offered_rps / capacity:.0%}" if capacity else f"{r.offered_rps:.0f} req/s"
         typer.echo(
@@ -338,7 +339,6 @@ def cycle(
             f"last {r.phase_last_tenth:.2f}; wait mean {r.measured_wait_mean_ms:.2f} measured, "
             f"{r.replayed_wait_mean_ms:.2f} replayed ({r.replayed_wait_mean_ms - r.measured_wait_mean_ms:+.2f} ms)"
         )
-        cats = [c[len("wait ms: ") :] for c in table.columns if c.startswith("wait ms: ")]
         typer.echo(
             "            " + "; ".join(f"{c} {r['share: ' + c]:.0%} waiting {r['wait ms: ' + c]:.2f} ms" for c in cats)
         )

@@ -11,7 +11,7 @@ Four comparisons, each changing one thing (calibrate/README, "The light-load gap
   batch. A stream that ignores the batches (Poisson sends through a front end of its own)
   is uniform; the reference server's one event loop, which also hands batches over and
   writes their responses, is not.
-* **waits**: the queue wait by what a request found: the instance idle or busy, the queue
+* **waits**: the queue wait by what a request found (:func:`found`): the instance idle or busy, the queue
   empty (it heads its batch) or not.
 * **replay**: the model's batcher fed exactly the measured queue arrivals and each batch
   size's measured mean time: its queue wait against the measured one. What is left is the
@@ -102,19 +102,13 @@ def phase_counts(df: pd.DataFrame, b: pd.DataFrame) -> np.ndarray:
     return np.histogram((enq - start) / (end - start), bins=PHASE_BINS, range=(0.0, 1.0))[0]
 
 
-def wait_categories(df: pd.DataFrame, b: pd.DataFrame) -> dict[str, tuple[float, float]]:
-    """Share of requests and their mean queue wait (ms), by what they found on arrival."""
+FOUND = ("idle, queue empty", "idle, queue not empty", "busy, queue empty", "busy, queue not empty")
+
+
+def found(df: pd.DataFrame, b: pd.DataFrame) -> pd.Series:
+    """What each request found on reaching the queue (one of :data:`FOUND`)."""
     _, busy, joiner = phases(df, b)
-    wait = df["disp_ms"] - df["enq_ms"]
-    out = {}
-    for name, m in (
-        ("idle, queue empty", ~busy & ~joiner),
-        ("idle, queue not empty", ~busy & joiner),
-        ("busy, queue empty", busy & ~joiner),
-        ("busy, queue not empty", busy & joiner),
-    ):
-        out[name] = (float(m.mean()), float(wait[m].mean()) if m.any() else float("nan"))
-    return out
+    return pd.Series(np.asarray(FOUND)[2 * busy.to_numpy() + joiner.to_numpy()], index=df.index)
 
 
 def replay_queue(level: pd.DataFrame, profile: dict, *, seed: int = 0) -> tuple[float, float]:
@@ -170,12 +164,9 @@ def cycle(requests: pd.DataFrame, profile: dict) -> pd.DataFrame:
         all_b = pd.concat([b for b, _ in parts])
         rule = rule_check(all_b, server["max_queue_delay_ms"], server["max_batch_size"])
         ph = sum(phase_counts(s, b) for b, s in kept)
-        cats: dict[str, list] = {}
-        for b, s in kept:
-            for name, (share, w) in wait_categories(s, b).items():
-                cats.setdefault(name, []).append((share * len(s), w))
         measured = level[~level["warmup"]]
         wait = measured["disp_ms"] - measured["enq_ms"]
+        by_found = wait.groupby(pd.concat([found(s, b) for b, s in kept])).agg(["size", "mean"])
         sim_mean, sim_median = replay_queue(level, profile)
         row = {
             "level": int(lv),
@@ -188,9 +179,9 @@ def cycle(requests: pd.DataFrame, profile: dict) -> pd.DataFrame:
             "measured_wait_median_ms": float(wait.median()),
             "replayed_wait_median_ms": sim_median,
         }
-        for name, parts_ in cats.items():
-            n = sum(c for c, _ in parts_)
+        for name in FOUND:
+            n, mean = by_found.loc[name] if name in by_found.index else (0, float("nan"))
             row[f"share: {name}"] = n / len(measured)
-            row[f"wait ms: {name}"] = sum(c * w for c, w in parts_ if c > 0) / n if n > 0 else float("nan")
+            row[f"wait ms: {name}"] = float(mean)
         rows.append(row)
     return pd.DataFrame(rows)
