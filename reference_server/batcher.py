@@ -216,7 +216,8 @@ class DynamicBatcher:
                     # a timeout is checked against the clock, not trusted: uvloop's timers are
                     # whole milliseconds on a loop clock cached at the last iteration, and fire
                     # up to ~0.4 ms early (measured: 9.6% of a light load's batches went before
-                    # their window); the loop then waits out what is left
+                    # their window); the loop then waits out what is left (under a millisecond,
+                    # uvloop rounds the timeout to zero: a few loop iterations, not a sleep)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._arrived.wait(), remaining)
                 if not self.queue:  # another instance took them
