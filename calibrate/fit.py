@@ -267,6 +267,9 @@ def fit_profile(
             "fixed_delay": fit_distribution(np.maximum(rest, 0.01), rng=rng),
             "fixed_delay_clipped": float((rest < 0.01).mean()),
         }
+        loop = fit_event_loop(df, lowest, service, rest, rng=rng)
+        if loop is not None:
+            out["frontend"]["event_loop"] = loop
     if features is not None and "feature_us" in df and df["feature_us"].notna().any():
         f = df.dropna(subset=["feature_us", "feature_round_trips"])
         sequential = np.ceil(f["feature_round_trips"].to_numpy() / features["parallelism"])
@@ -290,6 +293,63 @@ def fit_profile(
             if fetch_cost is not None and "frontend" in out and features["parallelism"] == 1:
                 _loop_on_trips(out, light, per_trip, fetch_cost, overhead, after, rng=rng)
     return out
+
+
+CLOCKS = ("received_at_ns", "enqueued_at_ns", "dispatched_at_ns")
+
+
+def fit_event_loop(
+    df: pd.DataFrame, lowest: pd.DataFrame, service: np.ndarray, rest: np.ndarray, *, rng: np.random.Generator
+) -> dict | None:
+    """The front end as one event loop that also answers (``preprocess.event_loop``), from
+    the server's clocks; None without them.
+
+    A request's time after its batch, up to its handler resuming (its ``request_us`` less
+    the time to the queue, the queue wait and the batch), is the loop's work on the batch:
+    waking, handing back, then the handlers of the batch one after another. At the lightest
+    fitted level, where the loop rarely waits, its mean for batches of ``k`` is
+    ``per_batch + per_request × (k − 1) / 2`` (least squares over the requests): the
+    batch's job on the loop and each response's. What the loop spends on responses comes
+    off the station's CPU per request (``service``), so the admission job is the rest and
+    the loop's CPU per request is unchanged; the fixed delay keeps the light-load latency:
+    it loses what the loop now holds after the batch (``per_batch + per_request × (k +
+    1) / 2`` on average for a request of a batch of ``k``). The batch's hand-back (its
+    outputs read and copied on the loop, ``handoff`` less ``handoff_in``) is a loop job of
+    its light-load median (``return_ms``), and the instance's own time is the fitted batch
+    time less the hand-back's mean over the fitted levels (``instance_less_ms``), waits
+    for the loop included: the model's loop adds its own."""
+    if not all(c in df and df[c].notna().any() for c in CLOCKS):
+        return None
+    ok = df.dropna(subset=[*CLOCKS, "batch_size"])
+    to_queue = (ok["enqueued_at_ns"] - ok["received_at_ns"]) / 1e6
+    after = ok["request_us"] / 1e3 - to_queue - ok["queue_us"] / 1e3 - batch_time_us(ok) / 1e3
+    light = ok.index.isin(lowest.index)
+    k = ok["batch_size"].to_numpy(dtype=float)
+    if light.sum() < 20 or np.ptp(k[light]) == 0:
+        return None
+    slope, intercept = np.polyfit((k[light] - 1) / 2, after.to_numpy()[light], 1)
+    per_request, per_batch = max(float(slope), 0.0), max(float(intercept), 0.0)
+    batches = ok.drop_duplicates(subset=["slice", "dispatched_at_ns"]) if "slice" in ok else ok
+    share = per_batch * len(batches) / len(ok)  # the batch's job, per request of the fitted levels
+    admit = np.maximum(service - per_request - share, 0.01)
+    sizes = lowest["batch_size"].to_numpy(dtype=float)
+    held = per_batch + per_request * (np.nan_to_num(sizes, nan=1.0) + 1) / 2
+    delay = rest + service - admit - held
+    # the hand-back (the instance's answer read and its outputs copied on the loop): the
+    # loop's job is its light-load median; the instance's own time loses the whole
+    # measured hand-back (the model's loop adds its job and the waits for it)
+    back = (batches["handoff_us"] - batches["handoff_in_us"]) / 1e3 if "handoff_in_us" in batches else None
+    light_b = batches.index.isin(lowest.index)
+    return_ms = float(np.median(back[light_b])) if back is not None and light_b.any() else 0.0
+    return {
+        "return_ms": return_ms,
+        "instance_less_ms": float(back.mean()) if back is not None else 0.0,
+        "respond_per_batch_ms": per_batch,
+        "respond_per_request_ms": per_request,
+        "admit": fit_distribution(admit, rng=rng),
+        "fixed_delay": fit_distribution(np.maximum(delay, 0.01), rng=rng),
+        "fixed_delay_clipped": float((delay < 0.01).mean()),
+    }
 
 
 def _loop_on_trips(

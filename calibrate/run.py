@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from calibrate.fit import fit_profile
 from calibrate.hiccups import HiccupMeter, platform_speed
 from calibrate.loadgen import Slice, level_summary, run_slices
 from calibrate.microbench import feature_fetch_cost, feature_fetch_in_flight
@@ -298,6 +299,12 @@ def refit_run(out: Path, *, draws: int, rng: np.random.Generator) -> dict:
     profile["speed_process"] = fit_run_speed(
         requests, slices, profile["service_time"], fit_levels, client_shares_cores=shares
     )
+    fe = profile.get("frontend")
+    if fe is not None and not fe.get("on_store"):  # the front end's event loop, from the server's clocks
+        loop = fit_profile(requests, fit_levels=fit_levels, rng=rng, frontend=fe).get("frontend", {}).get("event_loop")
+        fe.pop("event_loop", None)
+        if loop is not None:
+            fe["event_loop"] = loop
     summary = pd.DataFrame(old["levels"])
     table = compare(profile, requests, summary[summary["held_out"]], rng=rng, slices=slices, draws=draws)
     inside = pd.DataFrame(old["compute_inside"])

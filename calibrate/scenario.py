@@ -45,6 +45,17 @@ def scaled_batch_time(st: dict, factor: float) -> dict:
     return out
 
 
+def shifted_batch_time(st: dict, ms: float) -> dict:
+    """A batch-time model (table or affine) with ``ms`` added to every batch size's time
+    (never below 1% of it)."""
+    out = dict(st)
+    if st["kind"] == "table":
+        out["batch_ms"] = {k: max(v + ms, 0.01 * v) for k, v in st["batch_ms"].items()}
+    else:
+        out["base_ms"] = max(st["base_ms"] + ms, 0.01 * st["base_ms"])
+    return out
+
+
 def scenario_dict(
     profile: dict,
     rate_rps: float,
@@ -78,6 +89,17 @@ def scenario_dict(
             if fe.get("on_store")
             else {"service": _scaled(_dist(fe["service"]), speed), "cpu_workers": fe["servers"]}
         )
+        loop = fe.get("event_loop")
+        if loop is not None and not fe.get("on_store") and fe["servers"] == 1:
+            # one event loop admits the requests and writes the responses (calibrate/README)
+            router["overhead"] = _dist(loop["fixed_delay"])
+            preprocess = {
+                "service": _scaled(_dist(loop["admit"]), speed),
+                "cpu_workers": 1,
+                "event_loop": {
+                    k: loop[k] * speed for k in ("return_ms", "respond_per_batch_ms", "respond_per_request_ms")
+                },
+            }
         postprocess: dict = {}
     else:
         router = {"overhead": _dist(profile["stages"]["overhead"]), "balancing": "shared"}
@@ -106,6 +128,9 @@ def scenario_dict(
         "postprocess": postprocess,
         "cost": {"price_per_hour_usd": 1.0},
     }
+    loop = (fe or {}).get("event_loop")
+    if "event_loop" in out["preprocess"] and loop.get("instance_less_ms"):  # the hand-back is on the loop
+        out["workers"]["service_time"] = shifted_batch_time(out["workers"]["service_time"], -loop["instance_less_ms"])
     sp = profile.get("speed_process")
     if sp is not None and sp["speed"] is not None:  # the host's speed as a process, shared by front end and instance
         out["platform"] = {"speed": sp["speed"]}

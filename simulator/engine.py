@@ -31,6 +31,7 @@ from simulator.scenario.distributions import Distribution, Sampler
 from simulator.serving.batcher import Outcome
 from simulator.serving.classes import serve_by_class
 from simulator.serving.dispatch import assign_workers, serve_versions
+from simulator.serving.event_loop import serve_on_loop
 from simulator.serving.fleet import FleetLog
 from simulator.serving.served import BatchLog, Served, ServingLog
 from simulator.serving.workers import ServiceModel
@@ -223,6 +224,34 @@ def _serve(
     return pooled, rest
 
 
+def _on_loop(
+    s: Scenario, t_feat: np.ndarray, live: np.ndarray, rng: Streams, speed: SpeedProcess | None
+) -> tuple[np.ndarray, Served, ServingLog, np.ndarray]:
+    """The front end as one event loop with its batch queue and instances
+    (``preprocess.event_loop``, :mod:`simulator.serving.event_loop`), for the ``live``
+    requests: when each was queued, the serving columns, the log, and when each was
+    answered (the others keep their feature-stage time, as served from the cache)."""
+    n = len(t_feat)
+    cost = np.broadcast_to(_delay(s.preprocess.service, n, rng.preprocess), (n,))  # one draw per request
+    service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed).feed(0)
+    idx = np.flatnonzero(live)
+    t_enq, served, log, t_resp = serve_on_loop(
+        t_feat[idx],
+        cost[idx],
+        s.preprocess.event_loop,
+        s.batching,
+        s.workers.count * s.workers.instances,
+        service,
+        None if speed is None else speed.frontend,
+    )
+    t_pre, answered = t_feat.copy(), t_feat.copy()
+    t_pre[idx], answered[idx] = t_enq, t_resp
+    pooled = Served.empty(n)._replace(t_dispatch=t_feat.copy(), t_done=t_feat.copy())
+    pooled.scatter(idx, served)
+    serving = ServingLog(np.zeros(n, np.int8), log, {}, None, None, None)
+    return t_pre, pooled, serving, answered
+
+
 def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
     """Run one scenario.
 
@@ -255,20 +284,25 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
     front = None if speed is None else speed.frontend
     t_feat, degraded, failed, feature_hit = _feature_stage(s.features, s.caches.feature, t_cache, need, rng, front)
     live = need & ~failed
-    t_pre = _preprocess(s.preprocess, t_feat, live, rng.preprocess, front)
-    deadlines = None if s.batching.deadline_ms is None else t0 + s.batching.deadline_ms
-    pooled, serving = _serve(s, seed, t_router, t_pre, t_feat, klass, live, deadlines, rng, speed)
+    if s.preprocess.event_loop is None:
+        t_pre = _preprocess(s.preprocess, t_feat, live, rng.preprocess, front)
+        deadlines = None if s.batching.deadline_ms is None else t0 + s.batching.deadline_ms
+        pooled, serving = _serve(s, seed, t_router, t_pre, t_feat, klass, live, deadlines, rng, speed)
+        t_answered = pooled.t_done
+    else:
+        t_pre, pooled, serving, t_answered = _on_loop(s, t_feat, live, rng, speed)
     if failed.any():  # they gave up on their features and go no further
         pooled.outcome[failed] = Outcome.FAILED
         pooled.t_dropped[failed] = t_feat[failed]
         for column in (t_feat, t_pre, pooled.t_dispatch, pooled.t_done):
             column[failed] = np.nan
+        t_answered[failed] = np.nan
 
     post = _delay(s.postprocess.service, n, rng.postprocess)
     back = _delay(s.network.api_to_client, n, rng.network_out) + _transfer_ms(
         _per_class(s.traffic, "response_kb", klass), s.network.bandwidth_gbps
     )
-    t_post = pooled.t_done + post
+    t_post = t_answered + post
     t_resp = t_post + back
     counterfactual = serving.counterfactual
     if counterfactual is not None:  # primary responses had the shadow not shared their queues

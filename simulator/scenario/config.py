@@ -168,6 +168,26 @@ class Scenario(Frozen):
         return self
 
     @model_validator(mode="after")
+    def _event_loop_supported(self) -> Scenario:
+        if self.preprocess.event_loop is None:
+            return self
+        reasons = [
+            (self.workers.dynamic, "workers.autoscaler and workers.failures"),
+            (bool(self.traffic.classes), "traffic.classes"),
+            (self.router.canary is not None or self.router.shadow is not None, "router.canary and router.shadow"),
+            (self.workers.count > 1 and self.router.balancing != "shared", "a batch queue per worker"),
+            (self.batching.timeout_ms is not None or self.batching.deadline_ms is not None,
+             "batching.timeout_ms and deadline_ms"),
+        ]  # fmt: skip
+        found = [why for cond, why in reasons if cond]
+        if found:
+            raise ValueError(
+                "preprocess.event_loop models one front end feeding one batch queue; "
+                f"it does not combine with {', '.join(found)} yet"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _window_inside(self) -> Scenario:
         delay = self.batching.max_queue_delay_ms
         if delay >= self.duration_s * 1000:

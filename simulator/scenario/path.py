@@ -132,6 +132,35 @@ class Caches(Frozen):
     feature: Cache | None = Field(None, description="Feature cache in front of the KV store, keyed by entity.")
 
 
+class EventLoop(Frozen):
+    """The front end as one event loop that also answers (asyncio, Node, one HTTP thread).
+
+    The loop admits each request (``preprocess.service``: parse, decode, enqueue) and, when
+    a batch comes back, resumes its requests and writes their responses: one job of
+    ``respond_per_batch_ms`` plus ``respond_per_request_ms`` for each request, request ``j``
+    of the batch answered ``respond_per_batch_ms + (j + 1) × respond_per_request_ms`` after
+    the job starts. Before that, the loop takes the batch back from its instance
+    (``return_ms``, a job of its own): the instance is free, and the next batch goes, when
+    that job ends, so ``workers.service_time`` is the instance's own time without it. Jobs
+    run one at a time in the order they became ready, and the batching window's timer
+    waits for the job in progress. So requests that arrive while a
+    batch's responses are written wait in the socket, and a batch's responses wait behind
+    requests being admitted: arrivals to the batch queue are coupled to the batch cycle, as
+    on the reference server (calibrate/README, "The light-load gap").
+    """
+
+    return_ms: float = Field(
+        0.0,
+        ge=0,
+        description="Loop time to take a batch back from its instance (wake-up, copy the outputs), ms; "
+        "the instance is free when it is done.",
+    )
+    respond_per_batch_ms: float = Field(0.0, ge=0, description="Loop time per batch to resume its requests, ms.")
+    respond_per_request_ms: float = Field(
+        0.0, ge=0, description="Loop time per response, ms (resume the request, encode, write)."
+    )
+
+
 class Preprocess(Frozen):
     """CPU preprocessing (decode, resize, tokenise) on a pool of CPU workers, FCFS."""
 
@@ -139,6 +168,16 @@ class Preprocess(Frozen):
     cpu_workers: int | None = Field(
         None, ge=1, description="CPU workers in the pool (none: unlimited, preprocessing never queues)."
     )
+    event_loop: EventLoop | None = Field(
+        None,
+        description="The pool is one event loop that also writes the responses (cpu_workers 1, one batch queue).",
+    )
+
+    @model_validator(mode="after")
+    def _loop_is_one_worker(self) -> Preprocess:
+        if self.event_loop is not None and (self.cpu_workers != 1 or self.service is None):
+            raise ValueError("preprocess.event_loop is one loop: it needs preprocess.service and cpu_workers: 1")
+        return self
 
 
 class Postprocess(Frozen):

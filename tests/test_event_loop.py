@@ -1,0 +1,184 @@
+"""The front end as one event loop (``preprocess.event_loop``, simulator/serving/event_loop.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from simulator.engine import simulate
+from simulator.scenario.config import Scenario
+from simulator.scenario.loader import load_scenario
+from simulator.streaming import unsupported
+
+
+def _doc(rate: float, loop: dict | None, **extra) -> dict:
+    d = {
+        "name": "loop",
+        "seed": 3,
+        "duration_s": 40,
+        "warmup_s": 1,
+        "sla": {"percentile": 99, "target_ms": 100},
+        "traffic": {"rate_rps": rate},
+        "preprocess": {"service": {"kind": "exponential", "mean_ms": 0.4}, "cpu_workers": 1},
+        "batching": {"max_batch_size": 8, "max_queue_delay_ms": 2},
+        "workers": {
+            "count": 1,
+            "instances": 1,
+            "service_time": {"kind": "table", "batch_ms": {"1": 6, "8": 11}, "noise_cv": 0.05},
+        },
+        "cost": {"price_per_hour_usd": 1},
+        **extra,
+    }
+    if loop is not None:
+        d["preprocess"]["event_loop"] = loop
+    return d
+
+
+def test_an_isolated_request_goes_through_each_job_in_turn(tmp_path):
+    """Requests 100 ms apart never meet: each is admitted, waits the window, is computed,
+    taken back and answered, each job's time exactly after the last."""
+    times = np.arange(1, 40) * 0.1
+    path = tmp_path / "arrivals.txt"
+    np.savetxt(path, times, fmt="%.6f")
+    loop = {"return_ms": 0.15, "respond_per_batch_ms": 0.2, "respond_per_request_ms": 0.1}
+    doc = _doc(1.0, loop, router={"overhead": {"kind": "deterministic", "value_ms": 1.0}})
+    doc["traffic"] = {"arrivals_file": str(path)}
+    doc["preprocess"]["service"] = {"kind": "deterministic", "value_ms": 0.4}
+    doc["workers"]["service_time"]["noise_cv"] = 0.0
+    rec = simulate(Scenario.model_validate(doc)).records
+    np.testing.assert_allclose(rec.t_preprocessed - rec.arrival, 1.4, atol=1e-9)
+    np.testing.assert_allclose(rec.t_dispatch - rec.t_preprocessed, 2.0, atol=1e-9)
+    np.testing.assert_allclose(rec.t_inferred - rec.t_dispatch, 6.0 + 0.15, atol=1e-9)  # computed, then taken back
+    np.testing.assert_allclose(rec.t_response - rec.t_inferred, 0.2 + 0.1, atol=1e-9)
+    assert (rec.batch_size == 1).all()
+
+
+def _phase(rec, batches) -> np.ndarray:
+    """Share of queue arrivals in each tenth of the batch then running (busy instance)."""
+    start, end = batches.start, batches.end
+    enq = np.sort(rec.t_preprocessed[~np.isnan(rec.t_preprocessed)])
+    k = np.searchsorted(start, enq, side="right") - 1
+    busy = (k >= 0) & (enq < end[np.maximum(k, 0)])
+    frac = (enq[busy] - start[k[busy]]) / (end[k[busy]] - start[k[busy]])
+    counts = np.histogram(frac, bins=10, range=(0, 1))[0]
+    return counts / counts.mean()
+
+
+def test_the_responses_couple_arrivals_to_the_batch_cycle():
+    """The measured signature (calibrate/README, "The light-load gap"): with the responses on
+    the loop, requests reach the queue rarely right after a batch begins (the loop writes
+    the last batch's responses) and often just before it ends (the batch waits for the
+    loop to take it back); a loop that costs nothing after the batch is nearly uniform."""
+    plain = simulate(Scenario.model_validate(_doc(330, {"return_ms": 0.0})))
+    busy = simulate(
+        Scenario.model_validate(
+            _doc(330, {"return_ms": 0.15, "respond_per_batch_ms": 0.2, "respond_per_request_ms": 0.25})
+        )
+    )
+    p0, p1 = _phase(plain.records, plain.batches), _phase(busy.records, busy.batches)
+    assert 0.8 < p0[0] < 1.2
+    assert p1[0] < 0.7
+    assert p1[-1] > 1.15
+    assert p1[0] < p0[0]
+    assert p1[-1] > p0[-1]
+
+
+def test_the_loop_queue_is_an_m_m_1_when_nothing_else_runs_on_it():
+    """Admissions alone on the loop (nothing after the batch costs it time, batches short
+    and unbatched): the time to the queue is the M/M/1 sojourn 1/(μ − λ) within its
+    replications' 99% interval."""
+    lam, mean = 1.0, 0.5  # per ms, ms: ρ = 0.5
+    got = []
+    for seed in range(8):
+        doc = _doc(lam * 1000, {}, seed=seed, duration_s=20)
+        doc["preprocess"]["service"] = {"kind": "exponential", "mean_ms": mean}
+        doc["batching"] = {"max_batch_size": 64, "max_queue_delay_ms": 0}
+        doc["workers"]["service_time"] = {"kind": "table", "batch_ms": {"1": 0.001, "64": 0.001}, "noise_cv": 0.0}
+        doc["workers"]["instances"] = 4
+        rec = simulate(Scenario.model_validate(doc)).records
+        keep = rec.arrival > 1000
+        got.append(np.mean((rec.t_preprocessed - rec.arrival)[keep]))
+    theory = 1 / (1 / mean - lam)
+    half = 2.998 * np.std(got, ddof=1) / np.sqrt(len(got))  # t(7), 99%
+    assert abs(np.mean(got) - theory) < half + 0.01 * theory, (np.mean(got), theory, half)
+
+
+def test_same_seed_same_records():
+    loop = {"return_ms": 0.1, "respond_per_batch_ms": 0.1, "respond_per_request_ms": 0.1}
+    s = Scenario.model_validate(_doc(400, loop, platform={"speed": {"kind": "log_ar1", "components": [
+        {"sigma": 0.1, "correlation_time_s": 1.0}]}}))  # fmt: skip
+    a, b = simulate(s).records, simulate(s).records
+    for col in ("t_preprocessed", "t_dispatch", "t_inferred", "t_response"):
+        np.testing.assert_array_equal(getattr(a, col), getattr(b, col))
+
+
+def test_a_full_queue_refuses_at_the_door():
+    doc = _doc(2000, {"respond_per_request_ms": 0.05})
+    doc["preprocess"]["service"] = {"kind": "exponential", "mean_ms": 0.1}
+    doc["batching"]["max_queue_size"] = 16
+    rec = simulate(Scenario.model_validate(doc)).records
+    refused = rec.outcome == 1
+    assert refused.any()
+    assert (~refused).any()
+    assert np.isnan(rec.t_response[refused]).all()
+    assert not np.isnan(rec.t_dropped[refused]).any()
+
+
+BASE = "name: x\nduration_s: 10\nsla: {percentile: 99, target_ms: 100}\ntraffic: {rate_rps: 10}\n"
+LOOP = "preprocess:\n  service: {kind: deterministic, value_ms: 0.3}\n  cpu_workers: %d\n  event_loop: {}\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (LOOP % 2 + "workers: {service_time: {kind: deterministic, value_ms: 5}}\n",
+         "line 8: preprocess.event_loop: .*cpu_workers: 1"),
+        (LOOP % 1 + "workers: {count: 2, service_time: {kind: deterministic, value_ms: 5}}\n"
+         "router: {balancing: round_robin}\n", "a batch queue per worker"),
+    ],
+)  # fmt: skip
+def test_what_it_does_not_combine_with_is_said_before_the_run(text, words):
+    from simulator.scenario.loader import ScenarioError
+
+    with pytest.raises(ScenarioError, match=words):
+        load_scenario("x.yaml", text=BASE + text)
+
+
+def test_the_streaming_engine_leaves_it_to_the_whole_run_engine():
+    s = Scenario.model_validate(_doc(100, {}))
+    assert "preprocess.event_loop" in unsupported(s)
+
+
+def test_the_fit_recovers_the_loop_from_the_server_clocks():
+    """Synthetic clocks with a known loop: after the batch, per_batch + per_request (k − 1)/2;
+    the hand-back's light-load median; the loop's CPU per request kept."""
+    from calibrate.fit import fit_event_loop
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for lv, n in ((1, 3000), (3, 3000)):
+        for b in range(n // 3):
+            k = int(rng.integers(1, 6))
+            back = 150 + rng.exponential(20)
+            for j in range(k):
+                recv = b * 20_000_000 + j * 10_000
+                rows.append({
+                    "level": lv, "slice": lv, "batch_size": k, "received_at_ns": recv,
+                    "enqueued_at_ns": recv + 300_000, "dispatched_at_ns": b * 20_000_000 + 5_000_000,
+                    "queue_us": 1000.0, "compute_infer_us": 6000.0, "handoff_us": 100 + back, "handoff_in_us": 100.0,
+                    "request_us": 300 + 1000 + 6000 + 100 + back + 200 + 250 * j,
+                })  # fmt: skip
+    df = pd.DataFrame(rows)
+    lowest = df[df["level"] == 1]
+    service = 0.4 + rng.exponential(0.3, len(lowest))
+    loop = fit_event_loop(df, lowest, service, 1.0 + rng.exponential(0.5, len(lowest)), rng=rng)
+    assert loop["respond_per_batch_ms"] == pytest.approx(0.2, abs=0.01)
+    assert loop["respond_per_request_ms"] == pytest.approx(0.25, abs=0.01)
+    assert loop["return_ms"] == pytest.approx(0.15 + 20 * np.log(2) / 1e3, abs=0.005)
+    per_request_batches = df.drop_duplicates(["slice", "dispatched_at_ns"]).shape[0] / len(df)
+    from simulator.scenario.path import Preprocess
+
+    admit = Preprocess(service={k: v for k, v in loop["admit"].items() if k != "fit"}).service.mean
+    assert admit + 0.25 + 0.2 * per_request_batches == pytest.approx(service.mean(), rel=0.05)  # the loop's CPU kept
+    assert fit_event_loop(df.drop(columns=["received_at_ns"]), lowest, service, service, rng=rng) is None
