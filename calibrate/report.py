@@ -275,6 +275,22 @@ def _frontend(fe: dict) -> str:
             if fe.get("preprocess_wait_ms", 0) > 0.005
             else "."
         )
+        + _event_loop(fe)
+    )
+
+
+def _event_loop(fe: dict) -> str:
+    """The front end's event loop (``preprocess.event_loop``), when the scenario uses it."""
+    loop = fe.get("event_loop")
+    if loop is None or fe.get("on_store") or fe["servers"] != 1:
+        return ""
+    return (
+        f" As the scenario runs it, the station is **one event loop** (`preprocess.event_loop`, from the "
+        f"server's clocks) that also takes each batch back ({loop['return_ms']:.2f} ms; the instance's time "
+        f"less {loop['instance_less_ms']:.2f} ms, the hand-back's mean) and writes its responses "
+        f"({loop['respond_per_batch_ms']:.2f} ms a batch plus {loop['respond_per_request_ms']:.2f} ms a "
+        f"request): admissions mean {_mean(loop['admit']):.2f} ms, and the pure delay mean "
+        f"{_mean(loop['fixed_delay']):.2f} ms."
     )
 
 
