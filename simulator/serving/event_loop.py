@@ -62,11 +62,11 @@ _finish = njit(cache=True, nogil=True)(_finish_py) if njit is not None else _fin
 
 def _dispatch_py(
     now, buf, qh, qt, t_enq, t_disp, max_b, delay, preferred, free_at, busy, seq, ends, bid,
-    factors, fpos, means, ip_t, ip_w, ip_f, b_pos, b_size, b_start, b_done, b_inst, nb, seqc,
+    factors, fpos, means, ip_t, ip_w, ip_f, b_pos, b_size, b_start, b_done, b_inst, nb,
 ):  # fmt: skip
     """Every batch the rule sends at ``now`` to a free instance (the one idle longest), and
     when each will be computed (``b_done``).
-    Returns the queue head, the factor cursor, the batch count and the release counter."""
+    Returns the queue head, the factor cursor and the batch count."""
     n_inst = len(free_at)
     while qt > qh:
         held = -1
@@ -98,7 +98,7 @@ def _dispatch_py(
         bid[held] = nb
         nb += 1
         qh += size
-    return qh, fpos, nb, seqc
+    return qh, fpos, nb
 
 
 _dispatch = njit(cache=True, nogil=True)(_dispatch_py) if njit is not None else _dispatch_py
@@ -193,9 +193,9 @@ def _kernel_py(
                 resp[rt] = arg
                 rt += 1
             if kind != _RESPOND and kind != _NONE:
-                qh, fpos, nb, seqc = _dispatch(
+                qh, fpos, nb = _dispatch(
                     loop_free, buf, qh, qt, t_enq, t_disp, max_b, delay, preferred, free_at, busy, seq, ends, bid,
-                    factors, fpos, means, ip_t, ip_w, ip_f, b_pos, b_size, b_start, b_done, b_inst, nb, seqc,
+                    factors, fpos, means, ip_t, ip_w, ip_f, b_pos, b_size, b_start, b_done, b_inst, nb,
                 )  # fmt: skip
             running = False
             continue
