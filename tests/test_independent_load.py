@@ -53,12 +53,6 @@ def _predict(scenario, arrivals, duration, tmp_path) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="the light-load p50 is over-predicted (+16.5% at 40%, 2026-11-24, before preprocess.event_loop); its "
-    "cause (the front end's one event loop) is modelled since, and this test not measured again with it: "
-    "calibrate/README, 'The light-load gap'",
-    strict=False,
-)
 def test_an_independent_client_and_arrival_process_are_predicted(tmp_path, calibrated_default):
     from calibrate.loadgen import Slice, run_slices
     from calibrate.payloads import image_payloads

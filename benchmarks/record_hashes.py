@@ -1,0 +1,176 @@
+"""Record hashes: what a behaviour-keeping change must leave identical, bit for bit.
+
+Runs every shipped scenario (shortened where long), the streaming engine's test cases and
+the variants the tests use (canary and shadow, traffic classes, a finite feature store,
+the platform's speed, the front end's event loop), two seeds each, and prints one SHA-256
+per run over everything a run leaves: the records, the batch logs of every pool, the fleet's
+events and intervals, the shadow copies and the summary (its wall time left out). Streamed
+runs are hashed too, from the streamed records, where the streaming engine covers them.
+
+    python benchmarks/record_hashes.py --out /tmp/before.json
+    python benchmarks/record_hashes.py --compare /tmp/before.json     # exit 1 on any change
+
+A refactor that keeps behaviour shows the same hashes before and after (issue 27).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SHORT = ["duration_s=30", "warmup_s=3"]
+CASES: dict[str, tuple[str, list[str]]] = {
+    "autoscaling": ("autoscaling.yaml", ["duration_s=120"]),
+    "cache_ttl": ("cache_ttl.yaml", SHORT),
+    "calibrated_cpu_resnet": ("calibrated_cpu_resnet.yaml", ["duration_s=20", "warmup_s=2"]),
+    "canary": ("canary.yaml", ["duration_s=40", "warmup_s=4", "router.canary.rollback_at_s=30"]),
+    "canary_shared_shadow": (
+        "canary.yaml",
+        ["duration_s=20", "warmup_s=2", "router.shadow.pool=shared", "router.shadow.measure_impact=true"],
+    ),
+    "cv_degradation": ("cv_degradation.yaml", ["duration_s=40", "warmup_s=5"]),
+    "feature_store_outage": ("feature_store_outage.yaml", ["duration_s=20", "warmup_s=2"]),
+    "inference_platform": ("inference_platform.yaml", ["duration_s=0.5", "warmup_s=0.1"]),
+    "noisy_neighbour": ("noisy_neighbour.yaml", SHORT),
+    "noisy_neighbour_capped": ("noisy_neighbour.yaml", [*SHORT, "traffic.classes.tagger.max_instances=5"]),
+    "recsys_feature_fetch": ("recsys_feature_fetch.yaml", ["duration_s=10", "warmup_s=1"]),
+    "recsys_store": (
+        "recsys_feature_fetch.yaml",
+        ["duration_s=5", "warmup_s=1", "features.store={threads: 8, per_op_ms: 0.2}"],
+    ),
+    "recsys_under_load": ("recsys_under_load.yaml", ["duration_s=10", "warmup_s=1"]),
+    "scale_to_zero": ("scale_to_zero.yaml", []),
+    "vision_preprocessing": ("vision_preprocessing.yaml", SHORT),
+    "mmc": ("validation/mmc.yaml", ["duration_s=20"]),
+    "md1": ("validation/md1.yaml", ["duration_s=20"]),
+    "speed_log_ar1": (
+        "validation/mmc.yaml",
+        [
+            "duration_s=20",
+            "platform.speed={kind: log_ar1, step_ms: 50, components: [{sigma: 0.2, correlation_time_s: 1}]}",
+        ],
+    ),
+    "event_loop": (
+        "calibrated_cpu_resnet.yaml",
+        [
+            "duration_s=20",
+            "warmup_s=2",
+            "traffic.rate_rps=500",
+            "preprocess.cpu_workers=1",
+            "router.balancing=shared",
+            "workers.count=1",
+            "preprocess.event_loop={return_ms: 0.3, respond_per_batch_ms: 0.1, respond_per_request_ms: 0.05}",
+        ],
+    ),
+}
+
+
+def _streaming_cases() -> dict[str, tuple[str, list[str]]]:
+    from tests.test_streaming import CASES as STREAMED
+
+    return {f"stream:{k}": v for k, v in STREAMED.items()}
+
+
+def _feed(h, value) -> None:
+    if value is None:
+        h.update(b"<none>")
+    elif isinstance(value, np.ndarray):
+        h.update(str((value.dtype.str, value.shape)).encode())
+        h.update(np.ascontiguousarray(value).tobytes())
+    elif isinstance(value, dict):
+        for k in sorted(value):
+            h.update(str(k).encode())
+            _feed(h, value[k])
+    elif isinstance(value, list | tuple):
+        h.update(f"<{len(value)}>".encode())
+        for v in value:
+            _feed(h, v)
+    elif hasattr(value, "__dataclass_fields__"):
+        for f in fields(value):
+            h.update(f.name.encode())
+            _feed(h, getattr(value, f.name))
+    elif hasattr(value, "_fields"):  # a NamedTuple
+        for name in value._fields:
+            h.update(name.encode())
+            _feed(h, getattr(value, name))
+    else:
+        h.update(repr(value).encode())
+
+
+def _without_wall(summary):
+    if isinstance(summary, dict):
+        return {k: _without_wall(v) for k, v in summary.items() if k not in ("wall_s", "requests_per_wall_s")}
+    if isinstance(summary, list):
+        return [_without_wall(v) for v in summary]
+    return summary
+
+
+def _digest(*parts) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        _feed(h, p)
+    return h.hexdigest()[:16]
+
+
+def hashes(only: str | None = None) -> dict[str, str]:
+    from simulator import load_scenario, simulate, summarize
+    from simulator.serving.fleet import WorkerState
+    from simulator.streaming import simulate_streaming, unsupported
+
+    out = {}
+    cases = {**CASES, **_streaming_cases()}
+    for name, (path, sets) in sorted(cases.items()):
+        if only and only not in name:
+            continue
+        for seed in (1, 2):
+            t0 = time.perf_counter()
+            s = load_scenario(ROOT / "scenarios" / path, sets)
+            run = simulate(s, seed=seed)
+            fleet = None
+            if run.fleet is not None:
+                fleet = (repr(run.fleet.events), [run.fleet.intervals(k) for k in WorkerState])
+            summary = json.dumps(_without_wall(summarize(run)), sort_keys=True, default=repr)
+            out[f"{name}/{seed}"] = _digest(
+                run.records, run.batches, run.pools, run.shadow, run.response_without_shadow, fleet, summary
+            )
+            if name.startswith("stream:") and unsupported(s) is None:
+                records, batches, _ = simulate_streaming(s, seed=seed, chunk_s=0.731)
+                order = np.lexsort((batches.instance, batches.start))
+                logged = (getattr(batches, f.name)[order] for f in fields(batches))
+                out[f"{name}/{seed}/streamed"] = _digest(records, *logged)
+            print(f"{name}/{seed}: {out[f'{name}/{seed}']} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, help="write the hashes here (JSON)")
+    ap.add_argument("--compare", type=Path, help="compare with hashes written before; exit 1 on any difference")
+    ap.add_argument("--only", help="only the cases whose name contains this")
+    a = ap.parse_args()
+    got = hashes(a.only)
+    if a.out:
+        a.out.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+    if a.compare:
+        before = json.loads(a.compare.read_text())
+        keys = sorted(set(got) & set(before)) if a.only else sorted(set(got) | set(before))
+        differ = [k for k in keys if got.get(k) != before.get(k)]
+        print(f"{len(keys) - len(differ)} of {len(keys)} runs identical", file=sys.stderr)
+        for k in differ:
+            print(f"  differs: {k}: {before.get(k)} -> {got.get(k)}", file=sys.stderr)
+        return 1 if differ else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
