@@ -7,8 +7,9 @@ Public API::
     print(summarize(run)["latency_ms"]["e2e"])
 """
 
-from simulator.engine import Run, simulate
+from simulator.engine import simulate
 from simulator.results.metrics import summarize
+from simulator.results.run import Run
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import ScenarioError, load_scenario, scenario_hash
 

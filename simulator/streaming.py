@@ -44,14 +44,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.engine import _per_class, _transfer_ms, cache_done
+from simulator.ledger import BatchLog, Outcome
 from simulator.results.records import Records
 from simulator.rng import streams
-from simulator.scenario.config import Cache, Scenario
+from simulator.scenario.config import Cache, Scenario, expected_requests
 from simulator.scenario.distributions import Sampler
-from simulator.serving.batcher import Outcome
 from simulator.serving.fleet import FleetLog
 from simulator.serving.router import Router
-from simulator.serving.served import BatchLog
 from simulator.serving.streamed import Horizon, StreamedDynamicPool, StreamedPool
 from simulator.serving.workers import ServiceModel
 from simulator.stages.arrivals import source
@@ -79,8 +78,6 @@ def unsupported(s: Scenario) -> str | None:
 
 def chunk_ms(s: Scenario, requests_per_chunk: int = TARGET_CHUNK_REQUESTS) -> float:
     """A chunk length (ms) holding about ``requests_per_chunk`` arrivals at the peak rate."""
-    from simulator.planning.budget import expected_requests
-
     rate = max(expected_requests(s) / s.duration_s, 1.0)
     return float(min(max(requests_per_chunk / rate * 1000.0, 50.0), 60_000.0))
 
@@ -453,8 +450,6 @@ def prefer_streaming(s: Scenario) -> bool:
     """Whether ``engine="auto"`` streams ``s``: the streaming engine covers it and the run
     is large (over :data:`STREAM_ABOVE_REQUESTS` arrivals, about 1.2 GB held whole).
     Smaller runs keep the whole-run engine and its exact percentiles."""
-    from simulator.planning.budget import expected_requests
-
     return unsupported(s) is None and expected_requests(s) > STREAM_ABOVE_REQUESTS
 
 

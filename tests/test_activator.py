@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from simulator.engine import simulate
-from simulator.serving.batcher import Outcome
+from simulator.ledger import Outcome
 from tests.helpers import scenario
 
 LOAD_MS = 5_000.0  # cold start: model load only, deterministic

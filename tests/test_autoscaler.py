@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from simulator.engine import simulate
+from simulator.ledger import Outcome
 from simulator.results.metrics import summarize
-from simulator.serving.autoscaler import HPA, KPA, Autoscaler, Observation
-from simulator.serving.batcher import Outcome
+from simulator.scenario.fleet import Autoscaler
+from simulator.serving.autoscaler import HPA, KPA, Observation
 from tests.helpers import scenario
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from simulator.ledger import Outcome
 from simulator.scenario.config import Batching, Workers
-from simulator.serving.batcher import BatchQueue, Outcome
+from simulator.serving.batcher import BatchQueue
 from simulator.serving.workers import ServiceModel, run_pool
 
 

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from simulator import load_scenario, simulate
+from simulator.ledger import BatchLog, Outcome, Served
 from simulator.scenario.config import Batching, Workers
-from simulator.serving.batcher import BatchQueue, Outcome
+from simulator.serving.batcher import BatchQueue
 from simulator.serving.compiled import CompiledFeed, covers, drain
 from simulator.serving.dispatch import serve
-from simulator.serving.served import BatchLog, Served
 from simulator.serving.workers import ServiceModel, run_pool
 from tests.helpers import ROOT
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from simulator.engine import simulate
+from simulator.ledger import Outcome
 from simulator.scenario.config import Features
 from simulator.scenario.distributions import Sampler
-from simulator.serving.batcher import Outcome
 from simulator.stages.features import _makespan, fetch_contended, fetch_uncontended, trip_keys
 from tests.helpers import scenario
 from tests.test_theory import check

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulator.engine import simulate
+from simulator.ledger import Outcome
 from simulator.results.records import STAGES
 from simulator.results.timeline import timeline
-from simulator.serving.batcher import Outcome
 from tests.helpers import scenario
 
 scenarios = st.builds(

@@ -99,3 +99,80 @@ def test_the_public_api_is_documented_in_numpydoc_with_every_parameter():
     run_doc = inspect.getdoc(simulator.Run)
     fields = set(simulator.Run.__dataclass_fields__)
     assert fields <= set(re.findall(r"^(\w+) :", run_doc, flags=re.M)), "Run's attributes are not all documented"
+
+
+# the layers inside simulator/, bottom first: a module imports only its own layer and those
+# below it. results/ holds what a run leaves (Records, Run) and the summaries of it, so it
+# sits under the engine that produces them and never imports the engine (issue 27).
+LAYERS = (
+    {"ledger", "rng"},  # the bottom: outcomes, the serving columns, random streams
+    {"scenario"},
+    {"stages"},
+    {"serving"},
+    {"results"},
+    {"engine", "streaming"},
+    {"planning"},
+    {"__init__"},
+)
+
+
+def _simulator_imports(*, typing_only: bool = True) -> dict[str, set[str]]:
+    """Module -> the simulator modules it imports (at the top or inside functions; with
+    ``typing_only=False``, not those under ``if TYPE_CHECKING:``, which never run)."""
+    out = {}
+    for path in sorted((ROOT / "simulator").rglob("*.py")):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        found = set()
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        if not typing_only:
+            tree.body = [n for n in tree.body if not (isinstance(n, ast.If) and ast.unparse(n.test) == "TYPE_CHECKING")]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                mods = [node.module]
+            elif isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            else:
+                continue
+            found |= {m for m in mods if m.startswith("simulator.")}
+        out[name] = found
+    return out
+
+
+def _layer(module: str) -> int:
+    part = module.split(".")[1] if "." in module else "__init__"
+    return next(k for k, names in enumerate(LAYERS) if part in names)
+
+
+def test_simulator_imports_only_downwards():
+    bad = sorted(
+        f"{m} imports {t}"
+        for m, found in _simulator_imports().items()
+        for t in found
+        if _layer(t) > _layer(m) or (_layer(m) == 0 and m != t)
+    )
+    order = " → ".join("/".join(sorted(names)) for names in LAYERS)
+    assert not bad, f"simulator's layers are {order}; upward imports: {bad}"
+
+
+def test_simulator_has_no_import_cycles():
+    """No cycle among the imports that run (a type named only for annotations, under
+    ``TYPE_CHECKING``, may point back up: ``PoolRun.fleet`` names the fleet's log)."""
+    graph = _simulator_imports(typing_only=False)
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for t in sorted(graph.get(m, ())):
+            if t not in graph:  # a package's own name: its __init__
+                t = f"{t}.__init__"
+            if state.get(t) == 1:
+                cycles.append(" → ".join([*path[path.index(t) :], t]))
+            elif t in graph and not state.get(t):
+                visit(t, [*path, t])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if not state.get(m):
+            visit(m, [m])
+    assert not cycles, cycles

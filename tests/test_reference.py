@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from simulator.engine import simulate
-from simulator.serving.batcher import Outcome
+from simulator.ledger import Outcome
 from tests.helpers import scenario
 from tests.reference_model import simulate_reference
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from simulator.engine import simulate
+from simulator.ledger import Outcome
 from simulator.results.metrics import summarize, window
 from simulator.rng import streams
 from simulator.scenario.config import Scenario
-from simulator.serving.batcher import Outcome
 from simulator.serving.classes import serve_classes
 from tests.helpers import ROOT, scenario
 from tests.test_theory import check

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from simulator.engine import simulate
+from simulator.ledger import Outcome
 from simulator.results.metrics import summarize
-from simulator.serving.batcher import Outcome
-from simulator.stages.canary import BUCKETS, Canary, bucket, on_canary
+from simulator.scenario.versions import Canary
+from simulator.stages.canary import BUCKETS, bucket, on_canary
 from tests.helpers import scenario
 
 SVC = {"kind": "affine", "base_ms": 2.0, "per_item_ms": 0.5}

@@ -24,9 +24,7 @@ import os
 import resource
 from dataclasses import dataclass, field
 
-from simulator.scenario.config import Scenario
-from simulator.scenario.shapes import rate_bound
-from simulator.serving.compiled import covers
+from simulator.scenario.config import Scenario, expected_requests
 
 BYTES_PER_REQUEST = 250
 BYTES_PER_WORKER = 5_000
@@ -64,19 +62,6 @@ class Budget:
         )
 
 
-def expected_requests(s: Scenario) -> float:
-    """An upper estimate of the arrivals: each source at its peak rate for the whole run."""
-    if s.traffic.classes:
-        return sum(rate_bound(c.shape, c.rate_rps) * s.duration_s for c in s.traffic.classes.values())
-    if s.traffic.arrivals_file is not None:
-        try:  # replayed timestamps: about one per line
-            with open(s.traffic.arrivals_file, "rb") as f:
-                return float(sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b"")) + 1)
-        except OSError:
-            return 0.0
-    return rate_bound(s.traffic.shape, s.traffic.rate_rps) * s.duration_s
-
-
 def estimate(s: Scenario, *, streamed: bool = False, records: bool = False, interval_s: float = 1.0) -> Budget:
     """The requests, peak memory (bytes) and wall time (s) of simulating ``s``: held whole,
     or ``streamed`` in chunks (:mod:`simulator.streaming`), whose memory holds one chunk
@@ -109,10 +94,18 @@ def estimate(s: Scenario, *, streamed: bool = False, records: bool = False, inte
         "features": max(trips, min(TRIP_CHUNK_CELLS, n * trips)) * BYTES_PER_TRIP_CELL if trips else 0.0,
         "speed": _speed_bytes(s),
     }
-    fast = streamed and not s.workers.dynamic and covers(s.batching)
+    fast = streamed and not s.workers.dynamic and _compiled(s)
     per_request = WALL_S_PER_STREAMED_REQUEST if fast else WALL_S_PER_REQUEST
     wall = n * per_request + workers * WALL_S_PER_WORKER + n * trips * WALL_S_PER_TRIP
     return Budget(requests=n, bytes=BASE_BYTES + sum(parts.values()), wall_s=wall, instances=workers, parts=parts)
+
+
+def _compiled(s: Scenario) -> bool:
+    """Whether the compiled scheduler runs the fixed pool's queues (imported only when a
+    streamed run asks: it loads numba)."""
+    from simulator.serving.compiled import covers
+
+    return covers(s.batching)
 
 
 def _speed_bytes(s: Scenario) -> float:

@@ -15,10 +15,10 @@ import pandas as pd
 from scipy import stats
 
 from simulator.engine import simulate
+from simulator.ledger import DROPS, Outcome
 from simulator.results.metrics import cost, extra_workers, fleet_summary, sla_verdict, window, worker_price
 from simulator.results.sketch import LatencySketch
 from simulator.scenario.config import Scenario
-from simulator.serving.batcher import Outcome
 from simulator.streaming import prefer_streaming, summarize_stream
 
 
@@ -88,7 +88,7 @@ def _headline_streamed(s: Scenario, workers_billed, scale: float, sketch: Latenc
         workers_billed = m["fleet"]["billed_mean"] + extra_workers(s)
     price = cost(workers_billed, worker_price(s), completed_rps)
     e2e = m["latency_ms"]["e2e"]
-    dropped = sum(r[k] for k in ("rejected", "timed_out", "failed", "crashed", "errors"))
+    dropped = sum(r[k] for k in DROPS)
     return {
         "seed": s.seed,
         "p50_ms": e2e["p50"],

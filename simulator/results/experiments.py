@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.engine import Run
+from simulator.ledger import Outcome
+from simulator.results.run import Run
 from simulator.results.stats import overlap, sla_verdict, summary_stats
-from simulator.serving.batcher import Outcome
 from simulator.serving.workers import mean_service_ms
 
 

@@ -10,17 +10,16 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from simulator.engine import Run
+from simulator.ledger import DROPS, BatchLog
 from simulator.results import summary
 from simulator.results.experiments import classes_summary, versions_summary
 from simulator.results.records import STAGES, Records
+from simulator.results.run import Run
 from simulator.results.stats import overlap, sla_verdict, summary_stats, window
 from simulator.results.timeline import timeline
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import scenario_hash
-from simulator.serving.batcher import Outcome
 from simulator.serving.fleet import WorkerState
-from simulator.serving.served import BatchLog
 from simulator.serving.workers import mean_service_ms
 
 # the window and the SLA verdict live in stats.py; readers have always found them here
@@ -183,11 +182,7 @@ def _requests(rec: Records, mask: np.ndarray, done: np.ndarray, span_s: float) -
     return {
         "arrived": int(np.count_nonzero(mask)),
         "completed": n_done,
-        "rejected": int(np.count_nonzero(outcome == Outcome.REJECTED)),
-        "timed_out": int(np.count_nonzero(outcome == Outcome.TIMED_OUT)),
-        "failed": int(np.count_nonzero(outcome == Outcome.FAILED)),
-        "crashed": int(np.count_nonzero(outcome == Outcome.CRASHED)),
-        "errors": int(np.count_nonzero(outcome == Outcome.ERROR)),
+        **{name: int(np.count_nonzero(outcome == code)) for name, code in DROPS.items()},
         "degraded": int(np.count_nonzero(rec.degraded[done])),
         "throughput_rps": n_done / span_s,
         "window_s": span_s,
@@ -265,7 +260,7 @@ def summarize(run: Run, *, interval_s: float = 1.0) -> summary.Summary:
     span_s = (t1 - t0) / 1000.0
     done = mask & rec.completed
     requests = _requests(rec, mask, done, span_s)
-    n_dropped = sum(requests[k] for k in ("rejected", "timed_out", "failed", "crashed", "errors"))
+    n_dropped = sum(requests[k] for k in DROPS)
     table = latency_table(rec, mask)
     e2e = (rec.t_response - rec.arrival)[done]
     fleet = fleet_summary(run, t0, t1)

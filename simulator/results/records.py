@@ -13,8 +13,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import pandas as pd
 
-from simulator.serving.batcher import Outcome
-from simulator.serving.served import BatchLog
+from simulator.ledger import BatchLog, Outcome
 
 # stage name, timestamp it starts from, timestamp it ends at
 STAGES: tuple[tuple[str, str, str], ...] = (

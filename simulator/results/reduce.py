@@ -18,6 +18,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from simulator.ledger import DROPS, BatchLog
 from simulator.results import summary
 from simulator.results.metrics import _cost, fleet_summary, logging_figures, peak_throughput_rps
 from simulator.results.records import STAGES, Records
@@ -26,18 +27,7 @@ from simulator.results.stats import PERCENTILES
 from simulator.results.timeline import COLUMNS, _workers
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import scenario_hash
-from simulator.serving.batcher import Outcome
 from simulator.serving.fleet import FleetLog
-from simulator.serving.served import BatchLog
-
-_DROPS = ("rejected", "timed_out", "failed", "crashed", "errors")
-_CODES = {
-    "rejected": Outcome.REJECTED,
-    "timed_out": Outcome.TIMED_OUT,
-    "failed": Outcome.FAILED,
-    "crashed": Outcome.CRASHED,
-    "errors": Outcome.ERROR,
-}
 
 
 class _Bins:
@@ -111,7 +101,7 @@ class Reduction:
         s = scenario
         self.s, self.seed = s, seed
         self.t0, self.t1 = s.warmup_s * 1000.0, s.duration_s * 1000.0
-        self.counts = dict.fromkeys(("arrived", "completed", "degraded", *_DROPS), 0)
+        self.counts = dict.fromkeys(("arrived", "completed", "degraded", *DROPS), 0)
         self.stages = {name: LatencySketch() for name, _, _ in STAGES}
         self.e2e = LatencySketch()
         self.within = 0  # completed in the window within the SLA target
@@ -142,8 +132,8 @@ class Reduction:
         c["arrived"] += int(np.count_nonzero(mask))
         c["completed"] += int(np.count_nonzero(done))
         c["degraded"] += int(np.count_nonzero(r.degraded[done]))
-        for name in _DROPS:
-            c[name] += int(np.count_nonzero(outcome == _CODES[name]))
+        for name, code in DROPS.items():
+            c[name] += int(np.count_nonzero(outcome == code))
         for name, sketch in self.stages.items():
             sketch.add(r.stage_ms(name)[done])
         e2e = e2e_all[done]
@@ -182,7 +172,7 @@ class Reduction:
         b.add("offered", r.arrival)
         b.add("completed", r.t_response[done])
         for name in ("rejected", "timed_out", "failed"):
-            b.add(name, r.arrival[r.outcome == _CODES[name]])
+            b.add(name, r.arrival[r.outcome == DROPS[name]])
         b.add("degraded", r.arrival[done & r.degraded])
         left_queue = np.where(done, r.t_dispatch, r.t_dropped)
         b.add_level("queue_depth", r.t_preprocessed, left_queue)
@@ -211,11 +201,11 @@ class Reduction:
         self.fleet_log = fleet
         span_s = (self.t1 - self.t0) / 1000.0
         c = self.counts
-        n_dropped = sum(c[k] for k in _DROPS)
+        n_dropped = sum(c[k] for k in DROPS)
         requests: summary.Requests = {
             "arrived": c["arrived"],
             "completed": c["completed"],
-            **{k: c[k] for k in _DROPS},
+            **{k: c[k] for k in DROPS},
             "degraded": c["degraded"],
             "throughput_rps": c["completed"] / span_s,
             "window_s": span_s,

@@ -13,11 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from simulator.ledger import BatchLog, Outcome
 from simulator.results.records import Records
 from simulator.scenario.config import Caches, PredictionLog, Scenario
-from simulator.serving.batcher import Outcome
 from simulator.serving.fleet import FleetLog, WorkerState
-from simulator.serving.served import BatchLog
 
 
 @dataclass(frozen=True)

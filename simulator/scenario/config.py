@@ -43,6 +43,7 @@ from simulator.scenario.path import (
 )
 from simulator.scenario.platform import Episodes, LogAR1Component, LogAR1Speed, MarkovSpeed, Platform, SpeedTrace
 from simulator.scenario.servicetime import Affine, ServiceTime, Table
+from simulator.scenario.shapes import rate_bound
 from simulator.scenario.traffic import SLA, Traffic, TrafficClass
 
 
@@ -251,3 +252,16 @@ __all__ = [
     "Window",
     "Workers",
 ]
+
+
+def expected_requests(s: Scenario) -> float:
+    """An upper estimate of the arrivals: each source at its peak rate for the whole run."""
+    if s.traffic.classes:
+        return sum(rate_bound(c.shape, c.rate_rps) * s.duration_s for c in s.traffic.classes.values())
+    if s.traffic.arrivals_file is not None:
+        try:  # replayed timestamps: about one per line
+            with open(s.traffic.arrivals_file, "rb") as f:
+                return float(sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b"")) + 1)
+        except OSError:
+            return 0.0
+    return rate_bound(s.traffic.shape, s.traffic.rate_rps) * s.duration_s

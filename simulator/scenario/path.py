@@ -11,7 +11,7 @@ from simulator.scenario.distributions import (
     Distribution,
 )
 from simulator.scenario.frozen import Frozen
-from simulator.stages.canary import Canary, Shadow
+from simulator.scenario.versions import Canary, Shadow
 
 
 class Network(Frozen):

@@ -26,22 +26,11 @@ import bisect
 import math
 from array import array
 from dataclasses import dataclass
-from enum import IntEnum
 
 import numpy as np
 
+from simulator.ledger import Outcome
 from simulator.scenario.config import Batching
-
-
-class Outcome(IntEnum):
-    """What became of a request."""
-
-    COMPLETED = 0
-    REJECTED = 1  # the batch queue was full
-    TIMED_OUT = 2  # queued longer than batching.timeout_ms
-    FAILED = 3  # the feature fetch timed out with on_timeout: fail
-    CRASHED = 4  # queued or in service on a worker that crashed
-    ERROR = 5  # answered with an error (a version's error rate)
 
 
 @dataclass(frozen=True, slots=True)

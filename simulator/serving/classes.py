@@ -22,12 +22,13 @@ from collections import deque
 import numpy as np
 import simpy
 
+from simulator.ledger import BatchLog, Served, concat_logs
 from simulator.rng import Streams
 from simulator.scenario.config import Batching, Scenario, TrafficClass, Workers
 from simulator.scenario.config import Router as RouterConfig
 from simulator.serving.batcher import DONE, BatchQueue, Dispatch, Wait
 from simulator.serving.dispatch import pool_workers, route, serve, sub
-from simulator.serving.served import BatchLog, ClassesRun, Served, concat_logs
+from simulator.serving.served import ClassesRun
 from simulator.serving.workers import ServiceModel, queue_results
 
 PRIORITY = {"realtime": 0, "bulk": 1}

@@ -30,9 +30,9 @@ import math
 
 import numpy as np
 
+from simulator.ledger import BatchLog, Outcome, Served
 from simulator.scenario.config import Batching
-from simulator.serving.batcher import Outcome
-from simulator.serving.served import BatchLog, PoolRun, Served
+from simulator.serving.served import PoolRun
 
 try:
     from numba import njit

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from simulator.ledger import BatchLog, Outcome, Served, concat_logs
 from simulator.rng import Streams, streams
 from simulator.scenario.config import Batching, Scenario, Workers
 from simulator.scenario.config import Router as RouterConfig
-from simulator.serving.batcher import BatchQueue, Outcome
+from simulator.serving.batcher import BatchQueue
 from simulator.serving.compiled import CompiledFeed, covers, drain
 from simulator.serving.pool import DynamicPool
 from simulator.serving.router import Router
-from simulator.serving.served import BatchLog, PoolRun, Served, ServingLog, VersionsRun, concat_logs
+from simulator.serving.served import PoolRun, ServingLog, VersionsRun
 from simulator.serving.workers import ServiceModel, run_pool
 from simulator.stages.canary import on_canary
 from simulator.stages.stations import fcfs_multiserver

@@ -33,10 +33,9 @@ import math
 
 import numpy as np
 
+from simulator.ledger import BatchLog, Outcome, Served
 from simulator.scenario.config import Batching
 from simulator.scenario.path import EventLoop
-from simulator.serving.batcher import Outcome
-from simulator.serving.served import BatchLog, Served
 
 try:
     from numba import njit

@@ -30,16 +30,16 @@ import math
 import numpy as np
 import simpy
 
+from simulator.ledger import Outcome, Served, concat_logs
 from simulator.rng import Streams
 from simulator.scenario.config import Batching, Workers
 from simulator.scenario.config import Router as RouterConfig
 from simulator.serving.activator import Activator
 from simulator.serving.autoscaler import HPA, KPA, Observation, Policy
-from simulator.serving.batcher import Outcome
 from simulator.serving.fleet import Fleet, FleetEvent, FleetLog, Transition, Worker, WorkerState
 from simulator.serving.probe import scrape
 from simulator.serving.router import Router
-from simulator.serving.served import PoolRun, Served, concat_logs
+from simulator.serving.served import PoolRun
 from simulator.serving.workers import ServiceModel
 
 INF = math.inf

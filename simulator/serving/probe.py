@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from simulator.scenario.fleet import Autoscaler
 from simulator.serving.activator import Activator
-from simulator.serving.autoscaler import Autoscaler
 from simulator.serving.fleet import Worker
 from simulator.serving.workers import Feed
 

@@ -16,11 +16,12 @@ import math
 import numpy as np
 import simpy
 
+from simulator.ledger import BatchLog, Outcome, Served, concat_logs
 from simulator.scenario.config import Scenario
-from simulator.serving.batcher import BatchQueue, Outcome
+from simulator.serving.batcher import BatchQueue
 from simulator.serving.compiled import CompiledFeed, covers
 from simulator.serving.dispatch import fast_path
-from simulator.serving.served import BatchLog, PoolRun, Served, concat_logs
+from simulator.serving.served import PoolRun
 from simulator.serving.workers import Feed, ServiceModel, queue_results, schedule
 from simulator.stages.stations import FcfsStation
 

@@ -25,12 +25,13 @@ from typing import NamedTuple
 import numpy as np
 import simpy
 
+from simulator.ledger import BatchLog, Outcome, Served, concat_logs
 from simulator.rng import child
 from simulator.scenario.config import Affine, Table, Workers
 from simulator.scenario.distributions import Sampler
 from simulator.scenario.servicetime import ProfileRef
-from simulator.serving.batcher import DONE, EXTEND, BatchQueue, Outcome, Wait
-from simulator.serving.served import BatchLog, PoolRun, Served, concat_logs
+from simulator.serving.batcher import DONE, EXTEND, BatchQueue, Wait
+from simulator.serving.served import PoolRun
 from simulator.stages.speed import SpeedPath, SpeedProcess
 
 _CHUNK = 1 << 12

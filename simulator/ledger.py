@@ -1,0 +1,99 @@
+"""The bottom of the model: what becomes of a request, and the columns serving leaves.
+
+Every layer above reads these types (the schedulers write them, the engine assembles
+them, the summaries count them), so they import nothing of the model themselves.
+
+Every scheduler (a fixed pool's, the traffic classes', the dynamic fleet's, the exact
+FCFS recursion of the fast path) returns its requests as one :class:`Served`, in the
+order of the requests it was given; the callers put the pieces together with
+:meth:`Served.empty` and :meth:`Served.scatter`, by name, never by position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from enum import IntEnum
+from typing import NamedTuple
+
+import numpy as np
+
+
+class Outcome(IntEnum):
+    """What became of a request."""
+
+    COMPLETED = 0
+    REJECTED = 1  # the batch queue was full
+    TIMED_OUT = 2  # queued longer than batching.timeout_ms
+    FAILED = 3  # the feature fetch timed out with on_timeout: fail
+    CRASHED = 4  # queued or in service on a worker that crashed
+    ERROR = 5  # answered with an error (a version's error rate)
+
+    @property
+    def label(self) -> str:
+        """The name a summary counts it under: ``rejected``, ``timed_out``, ..., ``errors``."""
+        return "errors" if self is Outcome.ERROR else self.name.lower()
+
+
+DROPS: dict[str, Outcome] = {o.label: o for o in Outcome if o is not Outcome.COMPLETED}
+"""Every way a request can end without a response, by the name a summary counts it under."""
+
+
+class Served(NamedTuple):
+    """Per-request columns of the serving stage, one entry per request.
+
+    A request that never ran keeps NaN times, batch size 0 and instance -1; its outcome
+    (:class:`Outcome`) says why, and ``t_dropped`` when.
+    """
+
+    t_dispatch: np.ndarray  # its batch started (ms)
+    t_done: np.ndarray  # its batch finished (ms)
+    batch_size: np.ndarray  # the size of its batch
+    instance: np.ndarray  # the model instance that ran it (global id within its pool)
+    outcome: np.ndarray  # Outcome codes (int8)
+    t_dropped: np.ndarray  # when it was rejected, timed out or lost (NaN if it was not)
+
+    @classmethod
+    def empty(cls, n: int) -> Served:
+        """``n`` requests that have not run yet."""
+        return cls(
+            t_dispatch=np.full(n, np.nan),
+            t_done=np.full(n, np.nan),
+            batch_size=np.zeros(n, dtype=np.int64),
+            instance=np.full(n, -1, dtype=np.int64),
+            outcome=np.zeros(n, dtype=np.int8),
+            t_dropped=np.full(n, np.nan),
+        )
+
+    def scatter(self, idx, part: Served) -> None:
+        """Write ``part`` (one entry per index) into the entries ``idx``, in place."""
+        for full, values in zip(self, part, strict=True):
+            full[idx] = values
+
+    def take(self, idx) -> Served:
+        """The requests ``idx`` (an index array, a mask or a slice)."""
+        return Served(*(column[idx] for column in self))
+
+
+@dataclass
+class BatchLog:
+    """Columnar record of every batch: when it ran, how big, on which instance."""
+
+    start: np.ndarray
+    end: np.ndarray
+    size: np.ndarray
+    instance: np.ndarray
+
+    @classmethod
+    def empty(cls) -> BatchLog:
+        return cls(np.zeros(0), np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+    def take(self, idx) -> BatchLog:
+        """The batches ``idx`` (an index array or a mask)."""
+        return BatchLog(*(getattr(self, f.name)[idx] for f in fields(self)))
+
+
+def concat_logs(logs) -> BatchLog:
+    """One batch log from several."""
+    if not logs:
+        return BatchLog.empty()
+    return BatchLog(*(np.concatenate([getattr(p, f.name) for p in logs]) for f in fields(BatchLog)))
