@@ -124,8 +124,9 @@ def _digest(*parts) -> str:
 
 def hashes(only: str | None = None) -> dict[str, str]:
     from simulator import load_scenario, simulate, summarize
+    from simulator.chunks import unsupported
     from simulator.serving.fleet import WorkerState
-    from simulator.streaming import simulate_streaming, unsupported
+    from simulator.streaming import simulate_streaming
 
     out = {}
     cases = {**CASES, **_streaming_cases()}

@@ -12,9 +12,8 @@ import json
 import math
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import pandas as pd
 import typer
 
 from calibrate.cli import app as calibrate_app
@@ -23,16 +22,15 @@ from servesim.console import budget, check_output, err, fail, out
 from servesim.explain import explain
 from servesim.plan import plan
 from servesim.practice import practice
-from servesim.report import render
-from servesim.streamed import records_frame, run_streamed
 from servesim.sweep import cluster_app, sweep
-from simulator.engine import simulate
-from simulator.planning.budget import warnings as budget_warnings
-from simulator.planning.sampling import sample_fleet, scale_summary
-from simulator.results.metrics import summarize
-from simulator.scenario.config import Scenario
-from simulator.scenario.loader import ScenarioError, load_scenario
-from simulator.streaming import prefer_streaming, unsupported
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from simulator.scenario.config import Scenario
+
+# The simulator, pandas and the rest load inside the commands that use them, so that
+# ``servesim --help`` and ``servesim check`` answer in a fraction of a second.
 
 
 class Engine(StrEnum):
@@ -82,6 +80,9 @@ SetOpt = Annotated[
 
 
 def _load(path: Path, sets: list[str] | None, extra: list[str], *, warn: bool = True) -> Scenario:
+    from simulator.planning.budget import warnings as budget_warnings
+    from simulator.scenario.loader import ScenarioError, load_scenario
+
     try:
         s = load_scenario(path, (sets or []) + extra)
     except ScenarioError as e:
@@ -138,6 +139,12 @@ def run(
     ] = None,
 ) -> None:
     """Simulate a scenario and print per-stage latency, the SLA verdict, utilization and cost."""
+    from servesim.report import render
+    from servesim.streamed import records_frame, run_streamed
+    from simulator.engine import simulate
+    from simulator.planning.sampling import sample_fleet, scale_summary
+    from simulator.results.metrics import summarize
+
     extra = []
     if seed is not None:
         extra.append(f"seed={seed}")
@@ -199,6 +206,8 @@ def run(
         if records is not None:
             _write_table(records_frame(result.records, s), records, "records")
         if timeline is not None:
+            import pandas as pd
+
             _write_table(pd.DataFrame(summary["timeline"]), timeline, "timeline rows", index=False)
     except OSError as e:
         raise fail(f"cannot write {e.filename}: {e.strerror}") from None
@@ -214,6 +223,8 @@ def _write_table(frame: pd.DataFrame, path: Path, what: str, *, index: bool = Tr
 
 def _streamed(s: Scenario, engine: Engine) -> bool:
     """Whether this run streams: asked for, or ``auto`` and the run is long."""
+    from simulator.chunks import prefer_streaming, unsupported
+
     if engine is Engine.stream:
         why = unsupported(s)
         if why is not None:
@@ -225,6 +236,8 @@ def _streamed(s: Scenario, engine: Engine) -> bool:
 @app.command()
 def check(scenario: ScenarioArg, set_: SetOpt = None) -> None:
     """Validate a scenario without running it."""
+    from simulator.chunks import prefer_streaming
+
     s = _load(scenario, set_, [])
     b = budget(s, quiet=True, streamed=prefer_streaming(s))
     out.print(
@@ -236,6 +249,8 @@ def check(scenario: ScenarioArg, set_: SetOpt = None) -> None:
 @app.command()
 def schema() -> None:
     """Print the scenario JSON Schema (point your editor's YAML plugin at it)."""
+    from simulator.scenario.config import Scenario
+
     typer.echo(json.dumps(Scenario.model_json_schema(), indent=2))
 
 

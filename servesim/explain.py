@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table as RichTable
 
 from servesim.console import budget, check_output, err, fail, out
 from servesim.plan import _ci
-from simulator.engine import simulate
-from simulator.planning.napkin import napkin, napkin_batch, peak_rate, per_worker_rps, workers_needed
-from simulator.planning.plan import Planner, with_workers
-from simulator.planning.sampling import auto_sample_size, sample_fleet, sampling_refusal
-from simulator.results.metrics import summarize, worker_price
-from simulator.scenario.config import Scenario
-from simulator.scenario.loader import ScenarioError, load_scenario
-from simulator.streaming import prefer_streaming, summarize_stream
+
+if TYPE_CHECKING:
+    from simulator.scenario.config import Scenario
 
 FIXED_STAGES = ("network_in", "router", "cache", "features", "preprocess", "postprocess", "network_out")
 
@@ -29,6 +24,12 @@ def _num(x: float) -> str:
 
 def anatomy(s: Scenario) -> dict:
     """One (fleet-sampled where exact) run's stage p99s, mean batch and utilization."""
+    from simulator.chunks import prefer_streaming
+    from simulator.engine import simulate
+    from simulator.planning.sampling import auto_sample_size, sample_fleet
+    from simulator.results.metrics import summarize
+    from simulator.streaming import summarize_stream
+
     sampled = sample_fleet(s, auto_sample_size(s))
     summary = summarize_stream(sampled) if prefer_streaming(sampled) else summarize(simulate(sampled))
     stages = summary["latency_ms"]["stages"]
@@ -53,6 +54,13 @@ def explain(
     count, the fewest workers that really meet the SLA, and why the two differ. The napkin's
     batch size and headroom come from the scenario's `napkin:` section (default: max batch
     size, 30%)."""
+    from simulator.chunks import prefer_streaming
+    from simulator.planning.napkin import napkin, napkin_batch, peak_rate, per_worker_rps, workers_needed
+    from simulator.planning.plan import Planner, with_workers
+    from simulator.planning.sampling import sampling_refusal
+    from simulator.results.metrics import worker_price
+    from simulator.scenario.loader import ScenarioError, load_scenario
+
     check_output(json_path, "--json")
     try:
         s = load_scenario(scenario, set_ or [])
@@ -125,6 +133,8 @@ def explain(
 
 def why(s: Scenario, bare: int, padded: int, minimum: int | None, rows: dict, check: dict) -> list[str]:
     """Plain sentences: why the napkin and the simulator differ, from the measured numbers."""
+    from simulator.planning.napkin import napkin_batch, peak_rate, per_worker_rps
+
     q, target = s.sla.percentile, s.sla.target_ms
     b, bmax = napkin_batch(s), s.batching.max_batch_size
     lam = peak_rate(s)

@@ -6,23 +6,24 @@ import math
 import re
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import pandas as pd
 import typer
-import yaml
 from rich.table import Table as RichTable
 
 from servesim.console import budget, check_output, err, fail, out
-from simulator.planning.plan import Planner, Vary, combos, label, on_instance_type, pareto
-from simulator.planning.sampling import sampling_refusal
-from simulator.scenario.config import Scenario
-from simulator.scenario.loader import ScenarioError, apply_overrides, load_scenario, parse_set
-from simulator.streaming import prefer_streaming
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from simulator.planning.plan import Planner
+    from simulator.scenario.config import Scenario
 
 
 def parse_sla(text: str) -> list[str]:
     """``p99<=150ms`` → overrides of sla.percentile and sla.target_ms."""
+    from simulator.scenario.loader import ScenarioError
+
     m = re.fullmatch(r"\s*p(\d+(?:\.\d+)?)\s*<=\s*(\d+(?:\.\d+)?)\s*(ms|s)\s*", text)
     if not m:
         raise ScenarioError(f"--sla {text!r}: expected like p99<=150ms")
@@ -43,6 +44,8 @@ def _ci(r: dict) -> str:
 
 
 def _sampling_note(s: Scenario, planner: Planner) -> str:
+    from simulator.planning.sampling import sampling_refusal
+
     if planner.sample == "off":
         return "fleet sampling off: every worker simulated"
     why = sampling_refusal(s)
@@ -56,6 +59,11 @@ def _sampling_note(s: Scenario, planner: Planner) -> str:
 
 def chosen_yaml(path: Path, sets: list[str], combo: dict, s: Scenario, workers: int) -> str:
     """The chosen configuration as a ready-to-run scenario (validated before it is written)."""
+    import yaml
+
+    from simulator.planning.plan import label
+    from simulator.scenario.loader import apply_overrides, load_scenario, parse_set
+
     data = yaml.safe_load(path.read_text())
     overrides = [parse_set(o) for o in sets] + [
         (tuple(k.split(".")), v) for k, v in combo.items() if k != "workers.instance_type"
@@ -105,6 +113,11 @@ def plan(
     Bisects the worker count for each combination of the varied knobs, deciding "meets" from
     a confidence interval over replications; prints the ranked table and the cost/latency
     Pareto frontier, and writes the chosen configuration as a scenario."""
+    import pandas as pd
+
+    from simulator.chunks import prefer_streaming
+    from simulator.planning.plan import Planner
+
     if sample not in ("auto", "off") and not sample.isdigit():
         raise fail(f"--sample {sample!r}: auto, off, or a number of workers")
     check_output(table, "--table", (".csv", ".parquet"))
@@ -159,6 +172,9 @@ def _configs(
     """The overrides (--set, then --sla), the base scenario, one scenario per combination of
     the varied knobs, and the worker counts to bisect; a scenario, --sla or --vary that plan
     cannot take exits 2."""
+    from simulator.planning.plan import Vary, combos, on_instance_type
+    from simulator.scenario.loader import ScenarioError, load_scenario
+
     try:
         sets = set_ + (parse_sla(sla) if sla else [])
         base = load_scenario(scenario, sets)
@@ -192,6 +208,8 @@ def _evaluate(
 ) -> tuple[list[dict], list[dict], dict]:
     """Every configuration's search (fewest workers, or with --max-rate the highest rate):
     every point evaluated, the best per configuration, and the monotonicity checks."""
+    from simulator.planning.plan import label
+
     rows, best_rows, checks = [], [], {}
     with err.status("planning …") as status:
         for i, (combo, s) in enumerate(configs):
@@ -265,6 +283,8 @@ def _print_ranked(best_rows: list[dict], s: Scenario, max_rate: bool) -> None:
 
 
 def _print_frontier(points: pd.DataFrame) -> None:
+    from simulator.planning.plan import pareto
+
     met = points[points["met"]]
     if met.empty:
         return

@@ -12,8 +12,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table as RichTable
 
 from servesim.console import check_output, err, fail, out
-from simulator.planning.sweep import execute, parse_grid, tasks, tidy
-from simulator.scenario.loader import ScenarioError
 
 cluster_app = typer.Typer(help="A local Dask cluster to try `sweep --cluster` on.", no_args_is_help=True)
 
@@ -37,6 +35,9 @@ def sweep(
 
     Seeds derive from the cell and the replication, so the results are the same
     in-process, on a process pool or on a Dask cluster."""
+    from simulator.planning.sweep import execute, parse_grid, tasks, tidy
+    from simulator.scenario.loader import ScenarioError
+
     check_output(out_path, "--out", (".parquet", ".csv"))
     if jobs > 1 and cluster:
         raise fail("--jobs and --cluster: pick one executor")

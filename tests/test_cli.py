@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from servesim.cli import app
+from tests.helpers import ROOT
 
 runner = CliRunner()
 
@@ -215,3 +216,28 @@ def test_a_top_level_cross_field_error_names_its_field_and_line(tmp_path):
     result = runner.invoke(app, ["check", str(path)])
     assert result.exit_code == 2
     assert "line 4: warmup_s: Value error, warmup_s (9) must be smaller than duration_s (5)" in result.output
+
+
+HEAVY = ("numba", "simpy", "pandas", "scipy", "pyarrow", "simulator.engine", "simulator.streaming")
+
+
+@pytest.mark.parametrize(
+    "argv", [["--help"], ["check", "scenarios/inference_platform.yaml"], ["calibrate", "--help"], ["plan", "--help"]]
+)
+def test_help_and_check_load_no_engine(argv):
+    """``servesim --help`` and ``check`` answer without loading the engine, numba, SimPy,
+    pandas or scipy (issue 27: they took 2.3 s when everything loaded at start; the time
+    itself is measured in benchmarks/bench_cli.py, not here)."""
+    code = (
+        "import sys\n"
+        "from servesim.cli import app\n"
+        "try:\n"
+        f"    app({argv!r}, prog_name='servesim')\n"
+        "except SystemExit as e:\n"
+        "    assert not e.code, e.code\n"
+        f"print('LOADED', sorted(m for m in sys.modules if m.startswith({HEAVY!r})))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    loaded = done.stdout.rsplit("LOADED", 1)[1].strip()
+    assert loaded == "[]", f"servesim {' '.join(argv)} loaded {loaded}"

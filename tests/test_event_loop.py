@@ -6,10 +6,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from simulator.chunks import unsupported
 from simulator.engine import simulate
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import load_scenario
-from simulator.streaming import unsupported
 
 
 def _doc(rate: float, loop: dict | None, **extra) -> dict:

@@ -110,7 +110,7 @@ LAYERS = (
     {"stages"},
     {"serving"},
     {"results"},
-    {"engine", "streaming"},
+    {"engine", "streaming", "chunks"},
     {"planning"},
     {"__init__"},
 )

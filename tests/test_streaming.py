@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 from simulator import load_scenario, simulate
+from simulator.chunks import unsupported
 from simulator.serving.fleet import WorkerState
-from simulator.streaming import simulate_streaming, stream, unsupported
+from simulator.streaming import simulate_streaming, stream
 from tests.helpers import ROOT
 
 CASES = {
@@ -188,8 +189,8 @@ def test_engine_choice_and_budget():
     from typer.testing import CliRunner
 
     from servesim.cli import app
+    from simulator.chunks import prefer_streaming
     from simulator.planning.budget import estimate
-    from simulator.streaming import prefer_streaming
 
     hour = load_scenario(ROOT / "scenarios/inference_platform.yaml", ["duration_s=3600"])
     assert prefer_streaming(hour)  # 720M requests: streamed by default

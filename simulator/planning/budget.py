@@ -80,7 +80,7 @@ def estimate(s: Scenario, *, streamed: bool = False, records: bool = False, inte
     if f.lookups_per_request:
         trips = math.ceil(f.lookups_per_request / f.batch_size)
     if streamed:
-        from simulator.streaming import chunk_ms
+        from simulator.chunks import chunk_ms
 
         per_chunk = expected_requests(s) / s.duration_s * chunk_ms(s) / 1000.0  # at the peak rate
         held = min(n, per_chunk) * BYTES_PER_CHUNK_REQUEST
@@ -178,7 +178,7 @@ def check(
         drivers = sorted(b.parts, key=b.parts.get, reverse=True)
         remedies = [remedy[d] for d in drivers if b.parts[d] > 0.2 * b.bytes] or [remedy[drivers[0]]]
         if not streamed:
-            from simulator.streaming import unsupported
+            from simulator.chunks import unsupported
 
             if unsupported(s) is None:
                 remedies.append("stream it in bounded memory (--engine stream)")

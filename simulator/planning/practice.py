@@ -20,18 +20,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simulator.engine import simulate
-from simulator.planning.napkin import napkin, napkin_batch, workers_needed
-from simulator.planning.plan import Planner, with_workers
-from simulator.planning.sampling import auto_sample_size, sample_fleet
-from simulator.results.anatomy import STAGE_WORDS, stage_bands, tail_stage
-from simulator.results.metrics import summarize, window, worker_price
-from simulator.scenario.config import Scenario
-from simulator.scenario.loader import load_scenario
-from simulator.serving.workers import mean_service_ms
+from simulator.results.anatomy import STAGE_WORDS
+
+if TYPE_CHECKING:
+    from simulator.scenario.config import Scenario
+
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 
@@ -187,6 +184,12 @@ def _fmt(x: float) -> str:
 def ask(situation: str = "platform", seed: int | None = None, overrides: dict[str, float] | None = None) -> Question:
     """A question: ``situation``'s numbers drawn from ``seed`` (a fresh one when None), or
     with ``overrides`` (path → value) the candidate's or interviewer's own numbers."""
+    from simulator.planning.napkin import napkin, napkin_batch, workers_needed
+    from simulator.planning.plan import with_workers
+    from simulator.results.metrics import worker_price
+    from simulator.scenario.loader import load_scenario
+    from simulator.serving.workers import mean_service_ms
+
     if situation not in SITUATIONS:
         raise ValueError(f"unknown situation {situation!r}: one of {', '.join(SITUATIONS)}")
     sit = SITUATIONS[situation]
@@ -296,6 +299,11 @@ class Reveal:
 
 
 def _run(s: Scenario) -> tuple[dict, object]:
+    from simulator.engine import simulate
+    from simulator.planning.sampling import auto_sample_size, sample_fleet
+    from simulator.results.anatomy import stage_bands
+    from simulator.results.metrics import summarize, window
+
     k = auto_sample_size(s)
     sim = sample_fleet(s, k)
     run = simulate(sim)
@@ -309,6 +317,10 @@ def reveal(q: Question, workers: int | None = None) -> Reveal:
     its tail and where the latency lives; the fewest workers that meet the SLA; and why
     the napkin and the simulation differ, read from a run at that minimum (or, when no
     fleet in range meets the SLA, at ``workers``)."""
+    from simulator.planning.napkin import workers_needed
+    from simulator.planning.plan import Planner, with_workers
+    from simulator.results.anatomy import tail_stage
+
     s = q.scenario
     bare, padded = workers_needed(s)
     n = max(1, int(workers or padded))
@@ -336,6 +348,8 @@ def reveal(q: Question, workers: int | None = None) -> Reveal:
 
 def differences(q: Question, bands, n: int, minimum: int | None, mean_batch: float, load: float) -> list[str]:
     """Why the napkin and the simulation differ, in words, from what the run shows."""
+    from simulator.planning.napkin import napkin_batch
+
     s = q.scenario
     b = napkin_batch(s)
     bare = q.answers["workers"]

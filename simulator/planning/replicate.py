@@ -14,12 +14,13 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from simulator.chunks import prefer_streaming
 from simulator.engine import simulate
 from simulator.ledger import DROPS, Outcome
 from simulator.results.metrics import cost, extra_workers, fleet_summary, sla_verdict, window, worker_price
 from simulator.results.sketch import LatencySketch
 from simulator.scenario.config import Scenario
-from simulator.streaming import prefer_streaming, summarize_stream
+from simulator.streaming import summarize_stream
 
 
 def derive_seed(root: int, cell_key: str, replication: int) -> int:

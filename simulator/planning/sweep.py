@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from simulator.chunks import prefer_streaming
 from simulator.planning.budget import check as check_budget
 from simulator.planning.replicate import derive_seed, headline, interval
 from simulator.results.sketch import LatencySketch
 from simulator.scenario.loader import ScenarioError, load_scenario, parse_set, read_scenario_text
-from simulator.streaming import prefer_streaming
 
 POOLED = {"p50": 0.50, "p95": 0.95, "p99": 0.99, "p999": 0.999}
 SUMMARY_METRICS = ("p50_ms", "p95_ms", "p99_ms", "sla_ms", "attainment", "completed_rps", "cost_per_million_usd")

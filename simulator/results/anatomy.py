@@ -12,10 +12,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from simulator.results.records import STAGES, Records
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # the stages of :data:`simulator.results.records.STAGES`, as people say them
 STAGE_WORDS = {
@@ -36,6 +40,8 @@ def stage_bands(records: Records, mask: np.ndarray, percentiles=(50.0, 99.0), wi
     end-to-end latency lies within ``width`` percentile points around the percentile,
     with ``start_ms`` and ``end_ms`` of the stacked bar. Columns: percentile, stage, order,
     ms, start_ms, end_ms, e2e_ms."""
+    import pandas as pd
+
     done = mask & records.completed
     e2e = (records.t_response - records.arrival)[done]
     rows = []
@@ -66,6 +72,8 @@ def stage_bands(records: Records, mask: np.ndarray, percentiles=(50.0, 99.0), wi
 def e2e_cdf(records: Records, mask: np.ndarray, points: int = 200) -> pd.DataFrame:
     """Columns latency_ms, probability: the empirical CDF of completed requests' latency at
     ``points`` probabilities spaced evenly in log(1 − p) from 0.5% to 99.99%."""
+    import pandas as pd
+
     done = mask & records.completed
     e2e = (records.t_response - records.arrival)[done]
     if len(e2e) == 0:
@@ -77,6 +85,8 @@ def e2e_cdf(records: Records, mask: np.ndarray, points: int = 200) -> pd.DataFra
 
 def batch_histogram(sizes: np.ndarray, starts: np.ndarray, t0_ms: float, t1_ms: float) -> pd.DataFrame:
     """Columns batch_size, batches, share: batches started inside [t0_ms, t1_ms) per size."""
+    import pandas as pd
+
     inside = (starts >= t0_ms) & (starts < t1_ms)
     counts = np.bincount(sizes[inside].astype(int)) if inside.any() else np.zeros(1, dtype=int)
     sizes_seen = np.flatnonzero(counts)

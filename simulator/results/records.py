@@ -9,11 +9,14 @@ they left, and the time they left in ``t_dropped``. The recorder never computes 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from simulator.ledger import BatchLog, Outcome
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # stage name, timestamp it starts from, timestamp it ends at
 STAGES: tuple[tuple[str, str, str], ...] = (
@@ -68,6 +71,8 @@ class Records:
 
     def to_frame(self) -> pd.DataFrame:
         """A tidy table: one row per request, times in ms, outcome as a category."""
+        import pandas as pd
+
         df = pd.DataFrame({f.name: getattr(self, f.name) for f in fields(self)})
         df["outcome"] = pd.Categorical.from_codes(df["outcome"], [o.name.lower() for o in Outcome])
         df.index.name = "request"
@@ -76,4 +81,6 @@ class Records:
 
 def batch_frame(log: BatchLog) -> pd.DataFrame:
     """The batch log as a table: start_ms, end_ms, size, instance."""
+    import pandas as pd
+
     return pd.DataFrame({"start_ms": log.start, "end_ms": log.end, "size": log.size, "instance": log.instance})

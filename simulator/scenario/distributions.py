@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from statistics import NormalDist
 from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
-from scipy import stats
 
 from simulator.scenario.frozen import Frozen
 
-_Z99 = float(stats.norm.ppf(0.99))
+_Z99 = NormalDist().inv_cdf(0.99)
 
 
 class _Dist(Frozen):

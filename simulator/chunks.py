@@ -1,0 +1,39 @@
+"""How a run is cut: the chunk length, what the streaming engine covers, and when
+``engine="auto"`` streams. Kept apart from :mod:`simulator.streaming` so that deciding
+loads no engine (``servesim check`` answers before numba or SimPy are loaded)."""
+
+from __future__ import annotations
+
+from simulator.scenario.config import Scenario, expected_requests
+
+TARGET_CHUNK_REQUESTS = 250_000  # requests per chunk, by default
+
+
+def unsupported(s: Scenario) -> str | None:
+    """What in ``s`` the streaming engine does not simulate, or None when it covers ``s``."""
+    reasons = [
+        (bool(s.traffic.classes), "traffic classes"),
+        (s.router.canary is not None, "a canary"),
+        (s.router.shadow is not None, "a shadow"),
+        (s.features.store is not None and s.features.lookups_per_request > 0, "a feature store of finite capacity"),
+        (s.platform.speed is not None, "platform.speed"),
+        (s.preprocess.event_loop is not None, "preprocess.event_loop"),
+    ]
+    found = [why for cond, why in reasons if cond]
+    return ", ".join(found) if found else None
+
+
+def chunk_ms(s: Scenario, requests_per_chunk: int = TARGET_CHUNK_REQUESTS) -> float:
+    """A chunk length (ms) holding about ``requests_per_chunk`` arrivals at the peak rate."""
+    rate = max(expected_requests(s) / s.duration_s, 1.0)
+    return float(min(max(requests_per_chunk / rate * 1000.0, 50.0), 60_000.0))
+
+
+STREAM_ABOVE_REQUESTS = 5_000_000  # "auto" streams runs expected to be larger than this
+
+
+def prefer_streaming(s: Scenario) -> bool:
+    """Whether ``engine="auto"`` streams ``s``: the streaming engine covers it and the run
+    is large (over :data:`STREAM_ABOVE_REQUESTS` arrivals, about 1.2 GB held whole).
+    Smaller runs keep the whole-run engine and its exact percentiles."""
+    return unsupported(s) is None and expected_requests(s) > STREAM_ABOVE_REQUESTS
