@@ -16,7 +16,8 @@ import typer
 from rich.table import Table as RichTable
 
 from servesim.console import fail, out
-from simulator.planning.practice import SITUATIONS, STAGE_WORDS, STEPS, ask, check, reveal, stage_key
+from simulator.planning.situations import SITUATIONS, STEPS
+from simulator.results.anatomy import STAGE_WORDS
 
 
 def _number(text: str) -> float | None:
@@ -54,6 +55,8 @@ def practice(
 ) -> None:
     """Practise capacity estimation: a question with fresh numbers, your napkin step by step,
     each step checked, then the simulator's answer and why it differs from the napkin."""
+    from simulator.planning.practice import ask, check, reveal, stage_key
+
     if situation not in SITUATIONS:
         raise fail(f"--situation: unknown situation {situation!r}; choose one of {', '.join(SITUATIONS)}")
     q = ask(situation, seed)

@@ -29,7 +29,7 @@ which others hit.
 autoscaler with cold starts, failures and the activator (the pools of
 :mod:`simulator.serving.streamed`), result and feature caches, no traffic classes, and
 feature fetches from an uncontended store.
-:func:`unsupported` names what a scenario uses beyond that; such runs keep the
+:func:`~simulator.chunks.unsupported` names what a scenario uses beyond that; such runs keep the
 whole-run engine.
 """
 
@@ -128,7 +128,7 @@ def stream(
     Parameters
     ----------
     scenario : Scenario
-        What to simulate; :func:`unsupported` must be None for it.
+        What to simulate; :func:`~simulator.chunks.unsupported` must be None for it.
     seed : int, optional
         Overrides ``scenario.seed``; the same streams as :func:`simulator.simulate`.
     chunk_s : float, optional
@@ -437,7 +437,7 @@ def summarize_stream(
     Parameters
     ----------
     scenario : Scenario
-        What to simulate (:func:`unsupported` must be None).
+        What to simulate (:func:`~simulator.chunks.unsupported` must be None).
     seed : int, optional
         Overrides ``scenario.seed``.
     interval_s : float

@@ -212,6 +212,19 @@ def _catalog_or_problem(path: str | None) -> Catalog | str:
         return f"cost.catalog: cannot read {path}: {err}"
 
 
+def expected_requests(s: Scenario) -> float:
+    """An upper estimate of the arrivals: each source at its peak rate for the whole run."""
+    if s.traffic.classes:
+        return sum(rate_bound(c.shape, c.rate_rps) * s.duration_s for c in s.traffic.classes.values())
+    if s.traffic.arrivals_file is not None:
+        try:  # replayed timestamps: about one per line
+            with open(s.traffic.arrivals_file, "rb") as f:
+                return float(sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b"")) + 1)
+        except OSError:
+            return 0.0
+    return rate_bound(s.traffic.shape, s.traffic.rate_rps) * s.duration_s
+
+
 __all__ = [
     "SLA",
     "Activator",
@@ -251,17 +264,5 @@ __all__ = [
     "Uniform",
     "Window",
     "Workers",
+    "expected_requests",
 ]
-
-
-def expected_requests(s: Scenario) -> float:
-    """An upper estimate of the arrivals: each source at its peak rate for the whole run."""
-    if s.traffic.classes:
-        return sum(rate_bound(c.shape, c.rate_rps) * s.duration_s for c in s.traffic.classes.values())
-    if s.traffic.arrivals_file is not None:
-        try:  # replayed timestamps: about one per line
-            with open(s.traffic.arrivals_file, "rb") as f:
-                return float(sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b"")) + 1)
-        except OSError:
-            return 0.0
-    return rate_bound(s.traffic.shape, s.traffic.rate_rps) * s.duration_s
