@@ -44,6 +44,20 @@ _REJECTED, _TIMED_OUT = int(Outcome.REJECTED), int(Outcome.TIMED_OUT)
 _QH, _QT, _SCAN, _HELD, _SEQ, _FPOS, _NB = range(7)  # its integer state
 
 
+def _finish_on_path_py(start, work, pt, pw, pf):
+    """When ``work`` ms of nominal work started at ``start`` is done on the host's speed
+    path (pt, pw, pf): W⁻¹(W(start) + work), as SpeedPath.finish; at full speed without one."""
+    if len(pt) == 0:
+        return start + work
+    k = max(np.searchsorted(pt, start, side="right") - 1, 0)
+    target = pw[k] + (start - pt[k]) / pf[k] + work
+    j = max(np.searchsorted(pw, target, side="right") - 1, 0)
+    return pt[j] + (target - pw[j]) * pf[j]
+
+
+finish_on_path = njit(cache=True, nogil=True)(_finish_on_path_py) if njit is not None else _finish_on_path_py
+
+
 def covers(cfg: Batching) -> bool:
     """Whether the compiled scheduler runs a queue with this batching (numba is there, and
     no end-to-end deadlines)."""
@@ -164,13 +178,7 @@ def _kernel(
         x = factors[fpos]
         fpos += 1
         work = means[size] * x if per_size else x
-        if len(sp_t) == 0:
-            done = clock + work
-        else:  # the host's speed path: W⁻¹(W(clock) + work), as SpeedPath.finish
-            k = max(np.searchsorted(sp_t, clock, side="right") - 1, 0)
-            target = sp_w[k] + (clock - sp_t[k]) / sp_f[k] + work
-            j = max(np.searchsorted(sp_w, target, side="right") - 1, 0)
-            done = sp_t[j] + (target - sp_w[j]) * sp_f[j]
+        done = finish_on_path(clock, work, sp_t, sp_w, sp_f)
         b_pos[nb] = qh
         b_size[nb] = size
         b_start[nb] = clock

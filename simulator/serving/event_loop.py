@@ -36,6 +36,7 @@ import numpy as np
 from simulator.ledger import BatchLog, Outcome, Served
 from simulator.scenario.config import Batching
 from simulator.scenario.path import EventLoop
+from simulator.serving.compiled import finish_on_path
 
 try:
     from numba import njit
@@ -44,19 +45,6 @@ except ImportError:  # pragma: no cover - numba is a core dependency
 
 _REJECTED = int(Outcome.REJECTED)
 _NONE, _ADMIT, _RETURN, _RESPOND, _TIMER = 0, 1, 2, 3, 4
-
-
-def _finish_py(start, work, pt, pw, pf):
-    """When ``work`` ms of nominal work started at ``start`` is done on path (pt, pw, pf)."""
-    if len(pt) == 0:
-        return start + work
-    k = max(np.searchsorted(pt, start, side="right") - 1, 0)
-    target = pw[k] + (start - pt[k]) / pf[k] + work
-    j = max(np.searchsorted(pw, target, side="right") - 1, 0)
-    return pt[j] + (target - pw[j]) * pf[j]
-
-
-_finish = njit(cache=True, nogil=True)(_finish_py) if njit is not None else _finish_py
 
 
 def _dispatch_py(
@@ -88,7 +76,7 @@ def _dispatch_py(
         x = factors[fpos]
         fpos += 1
         work = means[size] * x if len(means) > 0 else x
-        done = _finish(now, work, ip_t, ip_w, ip_f)
+        done = finish_on_path(now, work, ip_t, ip_w, ip_f)
         for p in range(qh, qh + size):
             t_disp[buf[p]] = now
         b_pos[nb], b_size[nb], b_start[nb], b_done[nb], b_inst[nb] = qh, size, now, done, held
@@ -152,14 +140,14 @@ def _kernel_py(
                 if rb == r:
                     arg = back[bh]
                     bh += 1
-                    loop_free = _finish(start, ret, fp_t, fp_w, fp_f)
+                    loop_free = finish_on_path(start, ret, fp_t, fp_w, fp_f)
                     kind = _RETURN
                 elif rr == r:
                     b = resp[rh]
                     rh += 1
                     for p in range(b_pos[b], b_pos[b] + b_size[b]):
-                        t_resp[buf[p]] = _finish(start, resp_b + resp_k * (p - b_pos[b] + 1), fp_t, fp_w, fp_f)
-                    loop_free = _finish(start, resp_b + resp_k * b_size[b], fp_t, fp_w, fp_f)
+                        t_resp[buf[p]] = finish_on_path(start, resp_b + resp_k * (p - b_pos[b] + 1), fp_t, fp_w, fp_f)
+                    loop_free = finish_on_path(start, resp_b + resp_k * b_size[b], fp_t, fp_w, fp_f)
                     kind = _RESPOND
                 elif rtim == r:
                     loop_free = start
@@ -173,7 +161,7 @@ def _kernel_py(
                         loop_free = start
                         kind = _NONE
                     else:
-                        loop_free = _finish(start, cost[arg], fp_t, fp_w, fp_f)
+                        loop_free = finish_on_path(start, cost[arg], fp_t, fp_w, fp_f)
                         kind = _ADMIT
                 running = True
                 continue
