@@ -78,21 +78,22 @@ def _meter(conn, core: int | None, period_s: float, chunk_n: int, every: int) ->
         if conn.poll():
             try:
                 msg = conn.recv()
-            except EOFError:
+                if msg is not None:
+                    conn.send(
+                        (
+                            np.asarray(times, dtype=np.int64),
+                            np.asarray(over),
+                            samples,
+                            worst,
+                            np.asarray(speed_t, dtype=np.int64),
+                            np.asarray(speed_ns, dtype=np.int64),
+                            np.asarray(wall_ns, dtype=np.int64),
+                        )
+                    )
+            except (EOFError, OSError):  # the parent is gone: closed, killed, or reset the pipe stopping
                 return
             if msg is None:
                 return
-            conn.send(
-                (
-                    np.asarray(times, dtype=np.int64),
-                    np.asarray(over),
-                    samples,
-                    worst,
-                    np.asarray(speed_t, dtype=np.int64),
-                    np.asarray(speed_ns, dtype=np.int64),
-                    np.asarray(wall_ns, dtype=np.int64),
-                )
-            )
             times, over, speed_t, speed_ns, wall_ns, samples, worst = [], [], [], [], [], 0, 0.0
         t0 = time.perf_counter_ns()
         time.sleep(period_s)
