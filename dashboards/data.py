@@ -15,12 +15,11 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from simulator.engine import simulate
 from simulator.planning.plan import with_workers
 from simulator.planning.replicate import headline
-from simulator.planning.sampling import auto_sample_size, sample_fleet, scale_summary
+from simulator.planning.runner import run as simulate_run
 from simulator.results.anatomy import batch_histogram, e2e_cdf, stage_bands
-from simulator.results.metrics import summarize, window
+from simulator.results.metrics import window
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import apply_overrides, load_scenario, parse_set
 
@@ -120,31 +119,25 @@ class Result:
 
 def run(s: Scenario, *, sample: bool = True, interval_s: float = 1.0) -> Result:
     """Simulate ``s`` (fleet-sampled where exact and ``sample``) and reduce it."""
-    n = s.workers.count
-    k = auto_sample_size(s) if sample else n
-    sim = sample_fleet(s, k)
-    r = simulate(sim)
-    summary = summarize(r, interval_s=interval_s)
-    if k < n:
-        summary = scale_summary(summary, n, k)
-    mask = window(r.records, sim)
+    result = simulate_run(s, sample="auto" if sample else None, engine="whole", interval_s=interval_s)
+    sim, rec, summary = result.simulated, result.records, result.summary
+    mask = window(rec, sim)
     t0, t1 = sim.warmup_s * 1000.0, sim.duration_s * 1000.0
     events = pd.DataFrame(summary["fleet"]["events"], columns=["t_s", "event", "detail"])
     return Result(
         summary=json.loads(json.dumps(summary, default=float)),
-        stages=stage_bands(r.records, mask),
-        cdf=e2e_cdf(r.records, mask),
-        batches=batch_histogram(r.batches.size, r.batches.start, t0, t1),
-        timeline=pd.DataFrame(summary["timeline"]),
+        stages=stage_bands(rec, mask),
+        cdf=e2e_cdf(rec, mask),
+        batches=batch_histogram(result.run.batches.size, result.run.batches.start, t0, t1),
+        timeline=result.timeline,
         events=events[events["event"] != "ready"] if len(events) else events,
-        sampled=k if k < n else None,
+        sampled=result.sampled,
     )
 
 
 def _point(x: Scenario) -> dict:
     """One run's headline numbers, fleet-sampled where exact, restated for the whole fleet."""
-    n, k = x.workers.count, auto_sample_size(x)
-    return headline(sample_fleet(x, k), workers_billed=n, scale=n / k)
+    return headline(x, sample="auto", workers_billed=x.workers.count)
 
 
 def load_curve(s: Scenario, factors: list[float]) -> pd.DataFrame:

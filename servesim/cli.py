@@ -141,9 +141,8 @@ def run(
     """Simulate a scenario and print per-stage latency, the SLA verdict, utilization and cost."""
     from servesim.report import render
     from servesim.streamed import records_frame, run_streamed
-    from simulator.engine import simulate
-    from simulator.planning.sampling import sample_fleet, scale_summary
-    from simulator.results.metrics import summarize
+    from simulator.planning.runner import prepare
+    from simulator.planning.runner import run as simulate_run
 
     extra = []
     if seed is not None:
@@ -167,44 +166,44 @@ def run(
         )
     s = _load(scenario, set_, extra)
     n = s.workers.count
-    if sample_workers is not None and sample_workers < n:
-        logged = s.logging is not None
-        try:
-            s = sample_fleet(s, sample_workers)
-        except ValueError as e:
-            raise fail(str(e)) from None
+    sample = sample_workers if sample_workers is not None and sample_workers < n else None
+    try:
+        sim = prepare(s, sample=sample).simulated
+    except ValueError as e:
+        raise fail(str(e)) from None
+    if sample is not None:
         err.print(
-            f"fleet sampling: {sample_workers} of {n} workers with {sample_workers}/{n} of the traffic; "
+            f"fleet sampling: {sample} of {n} workers with {sample}/{n} of the traffic; "
             "latency and utilization stand for the whole fleet, throughput and cost are scaled to it"
-            + (" (the prediction log is not simulated)" if logged else "")
+            + (" (the prediction log is not simulated)" if s.logging is not None else "")
             + (
                 f"; its HPA decides from the sample's own metric, {a.min_replicas}..{a.max_replicas} replicas "
                 "(close to the full fleet, not exact: see README, fleet sampling)"
-                if (a := s.workers.autoscaler) is not None
+                if (a := sim.workers.autoscaler) is not None
                 else ""
             )
         )
-    streamed = _streamed(s, engine)
-    b = budget(s, streamed=streamed, records=records is not None, interval_s=interval_s)
+    streamed = _streamed(sim, engine)
+    b = budget(sim, streamed=streamed, records=records is not None, interval_s=interval_s)
     if streamed:
-        summary = run_streamed(s, interval_s=interval_s, records=records, show_progress=b.wall_s > 5, chunk_s=chunk_s)
+        summary = run_streamed(
+            s, sample=sample, interval_s=interval_s, records=records, show_progress=b.wall_s > 5, chunk_s=chunk_s
+        )
         records = None  # written chunk by chunk
     else:
         with err.status(f"simulating {s.name} …"):
-            result = simulate(s)
-        try:
-            summary = summarize(result, interval_s=interval_s)
-        except ValueError as e:
-            raise fail(str(e)) from None
-    if s.workers.count < n:
-        summary = scale_summary(summary, n, s.workers.count)
+            try:
+                result = simulate_run(s, sample=sample, engine="whole", interval_s=interval_s)
+            except ValueError as e:
+                raise fail(str(e)) from None
+        summary = result.summary
     out.print(render(summary))
     try:
         if json_path is not None:
             json_path.write_text(json.dumps(_clean(summary), indent=2) + "\n")
             err.print(f"summary written to {json_path}")
         if records is not None:
-            _write_table(records_frame(result.records, s), records, "records")
+            _write_table(records_frame(result.records, sim), records, "records")
         if timeline is not None:
             import pandas as pd
 

@@ -24,14 +24,9 @@ def _num(x: float) -> str:
 
 def anatomy(s: Scenario) -> dict:
     """One (fleet-sampled where exact) run's stage p99s, mean batch and utilization."""
-    from simulator.chunks import prefer_streaming
-    from simulator.engine import simulate
-    from simulator.planning.sampling import auto_sample_size, sample_fleet
-    from simulator.results.metrics import summarize
-    from simulator.streaming import summarize_stream
+    from simulator.planning.runner import run
 
-    sampled = sample_fleet(s, auto_sample_size(s))
-    summary = summarize_stream(sampled) if prefer_streaming(sampled) else summarize(simulate(sampled))
+    summary = run(s, sample="auto", interval_s=None).summary
     stages = summary["latency_ms"]["stages"]
     return {
         "mean_batch": summary["batch_size"]["mean"],

@@ -12,9 +12,10 @@ import pyarrow.parquet as pq
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from servesim.console import err
+from simulator.planning.runner import prepare, run
 from simulator.results.records import Records
 from simulator.scenario.config import Scenario
-from simulator.streaming import Piece, summarize_stream
+from simulator.streaming import Piece
 
 
 def records_frame(records: Records, scenario: Scenario, first: int = 0) -> pd.DataFrame:
@@ -65,10 +66,18 @@ class RecordsWriter:
 
 
 def run_streamed(
-    s: Scenario, *, interval_s: float, records: Path | None, show_progress: bool, chunk_s: float | None = None
+    s: Scenario,
+    *,
+    sample: int | None = None,
+    interval_s: float,
+    records: Path | None,
+    show_progress: bool,
+    chunk_s: float | None = None,
 ):
-    """Stream ``s`` with a progress bar over simulated time; the summary."""
-    writer = RecordsWriter(records, s) if records is not None else None
+    """Stream ``s`` (fleet-sampled to ``sample`` workers) with a progress bar over
+    simulated time; the summary, restated for the whole fleet."""
+    sim = prepare(s, sample=sample).simulated
+    writer = RecordsWriter(records, sim) if records is not None else None
     columns = (
         TextColumn("simulating {task.description}"),
         BarColumn(),
@@ -80,13 +89,15 @@ def run_streamed(
     try:
         with Progress(*columns, console=err, transient=True, disable=not show_progress) as bar:
             task = bar.add_task(s.name, total=s.duration_s)
-            summary = summarize_stream(
+            summary = run(
                 s,
+                sample=sample,
+                engine="stream",
                 interval_s=interval_s,
                 chunk_s=chunk_s,
                 on_piece=writer,
                 progress=lambda t: bar.update(task, completed=t),
-            )
+            ).summary
     finally:
         if writer is not None:
             writer.close()

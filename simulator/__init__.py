@@ -2,9 +2,13 @@
 
 Public API::
 
-    from simulator import load_scenario, simulate, summarize
-    run = simulate(load_scenario("scenarios/inference_platform.yaml"))
-    print(summarize(run)["latency_ms"]["e2e"])
+    import simulator
+    result = simulator.run(simulator.load_scenario("scenarios/inference_platform.yaml"))
+    print(result.summary["latency_ms"]["e2e"])
+
+:func:`run` is the one way to run a scenario (fleet sampling, the engine's choice, the
+summary restated for the whole fleet); :func:`simulate` and :func:`summarize` are its
+parts, for a caller that wants the records of one whole run.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from simulator.engine import simulate
+    from simulator.planning.runner import Result, run
     from simulator.results.metrics import summarize
     from simulator.results.run import Run
     from simulator.scenario.config import Scenario
@@ -22,16 +27,28 @@ if TYPE_CHECKING:
 # loaded when first used, so that reading a scenario does not load the engine (numba,
 # SimPy, pandas): ``servesim check`` and ``--help`` start in a fraction of a second
 _WHERE = {
+    "Result": "simulator.planning.runner",
     "Run": "simulator.results.run",
     "Scenario": "simulator.scenario.config",
     "ScenarioError": "simulator.scenario.loader",
     "load_scenario": "simulator.scenario.loader",
     "scenario_hash": "simulator.scenario.loader",
+    "run": "simulator.planning.runner",
     "simulate": "simulator.engine",
     "summarize": "simulator.results.metrics",
 }
 
-__all__ = ["Run", "Scenario", "ScenarioError", "load_scenario", "scenario_hash", "simulate", "summarize"]
+__all__ = [
+    "Result",
+    "Run",
+    "Scenario",
+    "ScenarioError",
+    "load_scenario",
+    "run",
+    "scenario_hash",
+    "simulate",
+    "summarize",
+]
 
 
 def __getattr__(name: str):

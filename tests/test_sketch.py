@@ -131,11 +131,11 @@ def test_reduced_summary_matches_the_whole_run(path, overrides):
 def test_a_long_runs_headline_is_streamed_with_the_same_numbers():
     """plan, explain and sweep price a run of over 5M requests by streaming it: its row has
     the whole run's counts and cost, and percentiles within the sketch's error."""
-    from simulator.planning.replicate import _headline_streamed, headline
+    from simulator.planning.replicate import headline
 
     s = load_scenario(ROOT / "scenarios/inference_platform.yaml", ["duration_s=1.5", "warmup_s=0.3"])
     whole, pooled = headline(s), LatencySketch()
-    streamed = _headline_streamed(s, None, 1.0, pooled)
+    streamed = headline(s, engine="stream", sketch=pooled)
     for key in ("completed_rps", "dropped", "requests", "cost_per_hour_usd", "cost_per_million_usd", "met"):
         assert streamed[key] == pytest.approx(whole[key], rel=1e-12), key
     for key in ("p50_ms", "p95_ms", "p99_ms", "sla_ms"):

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.planning.replicate import interval, replicate
-from simulator.planning.sampling import auto_sample_size, sample_fleet, sampling_refusal
+from simulator.planning.sampling import auto_sample_size, sampling_refusal
 from simulator.results.metrics import peak_throughput_rps
 from simulator.scenario.catalog import load_catalog
 from simulator.scenario.config import Scenario
@@ -155,13 +155,12 @@ class Planner:
         """Replications of ``s`` until the verdict is clear or the cap is reached."""
         n = s.workers.count
         k = self._k(s)
-        sim = sample_fleet(s, k)
-        rows = replicate(sim, self.replications, key, workers_billed=n, scale=n / k)
+        rows = replicate(s, self.replications, key, sample=k, workers_billed=n)
         rate = s.traffic.rate_rps or float("nan")
         ev = Evaluation(n, rate, rows, s.sla.target_ms, k, rate / peak_throughput_rps(s))
         while ev.marginal and len(ev.rows) < self.max_replications:
             upto = min(len(ev.rows) + 2, self.max_replications)
-            more = replicate(sim, upto, key, start=len(ev.rows), workers_billed=n, scale=n / k)
+            more = replicate(s, upto, key, start=len(ev.rows), sample=k, workers_billed=n)
             ev.rows = pd.concat([ev.rows, more], ignore_index=True)
         self.evaluated += 1
         self.requests += int(ev.rows["requests"].sum())

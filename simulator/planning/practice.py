@@ -22,13 +22,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simulator.engine import simulate
 from simulator.planning.napkin import napkin, napkin_batch, workers_needed
 from simulator.planning.plan import Planner, with_workers
-from simulator.planning.sampling import auto_sample_size, sample_fleet
+from simulator.planning.runner import run
 from simulator.planning.situations import SCENARIOS, SITUATIONS, STEPS
 from simulator.results.anatomy import STAGE_WORDS, stage_bands, tail_stage
-from simulator.results.metrics import summarize, window, worker_price
+from simulator.results.metrics import window, worker_price
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import load_scenario
 from simulator.serving.workers import mean_service_ms
@@ -164,12 +163,9 @@ class Reveal:
 
 
 def _run(s: Scenario) -> tuple[dict, object]:
-    k = auto_sample_size(s)
-    sim = sample_fleet(s, k)
-    run = simulate(sim)
-    m = summarize(run)
-    bands = stage_bands(run.records, window(run.records, sim))
-    return m, bands
+    result = run(s, engine="whole", interval_s=None)
+    rec = result.records
+    return result.summary, stage_bands(rec, window(rec, result.simulated))
 
 
 def reveal(q: Question, workers: int | None = None) -> Reveal:

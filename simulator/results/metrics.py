@@ -232,7 +232,7 @@ def _sim(run: Run) -> summary.Sim:
     }
 
 
-def summarize(run: Run, *, interval_s: float = 1.0) -> summary.Summary:
+def summarize(run: Run, *, interval_s: float | None = 1.0) -> summary.Summary:
     """Every headline number of a run, as the nested dict that ``--json`` writes.
 
     Counted over the requests that arrived in ``[warmup_s, duration_s)``, each followed to
@@ -242,8 +242,8 @@ def summarize(run: Run, *, interval_s: float = 1.0) -> summary.Summary:
     ----------
     run : Run
         A finished run (:func:`simulator.simulate`).
-    interval_s : float
-        Width of the timeline's intervals, s.
+    interval_s : float or None
+        Width of the timeline's intervals, s; None leaves the timeline out (an empty list).
 
     Returns
     -------
@@ -303,7 +303,9 @@ def summarize(run: Run, *, interval_s: float = 1.0) -> summary.Summary:
         "experiments": experiments,
         "classes": classes,
         "caches": _caches(s, rec, mask),
-        "timeline": timeline(rec, run.batches, s, interval_s=interval_s, fleet=run.fleet, shadow=run.shadow).to_dict(
+        "timeline": []
+        if interval_s is None
+        else timeline(rec, run.batches, s, interval_s=interval_s, fleet=run.fleet, shadow=run.shadow).to_dict(
             orient="records"
         ),
         "sim": _sim(run),
