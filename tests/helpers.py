@@ -22,3 +22,18 @@ def scenario(**sections) -> Scenario:
     }
     base.update(sections)
     return Scenario.model_validate(base)
+
+
+def random_fleet(**sections) -> Scenario:
+    """24 batching workers under random routing at 19,200 req/s (a fleet that sampling
+    may stand for), with whole sections replaced."""
+    base = {
+        "duration_s": 10.0,
+        "warmup_s": 1.0,
+        "traffic": {"rate_rps": 19_200},
+        "router": {"balancing": "random"},
+        "batching": {"max_batch_size": 8, "max_queue_delay_ms": 1.0},
+        "workers": {"count": 24, "service_time": {"kind": "affine", "base_ms": 2.0, "per_item_ms": 0.5}},
+        "cost": {"price_per_hour_usd": 1.0},
+    }
+    return scenario(**{**base, **sections})

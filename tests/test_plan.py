@@ -19,7 +19,7 @@ from simulator.planning.sampling import sample_fleet, sampling_refusal
 from simulator.results.metrics import summarize
 from simulator.scenario.config import Affine
 from simulator.scenario.loader import ScenarioError, load_scenario
-from tests.helpers import ROOT, scenario
+from tests.helpers import ROOT, random_fleet, scenario
 from tests.theory import mmc_sojourn_quantile
 
 runner = CliRunner()
@@ -98,16 +98,7 @@ def test_replications_are_reproducible_and_keyed_by_cell():
 
 
 def _fleet(**kw):
-    base = {
-        "duration_s": 10.0,
-        "warmup_s": 1.0,
-        "traffic": {"rate_rps": 19_200},
-        "router": {"balancing": "random"},
-        "batching": {"max_batch_size": 8, "max_queue_delay_ms": 1.0},
-        "workers": {"count": 24, "service_time": {"kind": "affine", "base_ms": 2.0, "per_item_ms": 0.5}},
-        "cost": {"price_per_hour_usd": 1.0},
-    }
-    return scenario(**{**base, **kw})
+    return random_fleet(**kw)
 
 
 def test_a_sampled_fleet_matches_the_full_fleet_within_noise():

@@ -12,7 +12,7 @@ from simulator.engine import simulate
 from simulator.planning.runner import prepare
 from simulator.planning.sampling import sample_fleet, scale_summary
 from simulator.results.metrics import summarize
-from tests.helpers import ROOT, scenario
+from tests.helpers import ROOT, random_fleet
 
 
 def _without_wall(x):
@@ -29,16 +29,7 @@ def _without_wall(x):
 
 
 def _fleet(**kw):
-    base = {
-        "duration_s": 4.0,
-        "warmup_s": 0.5,
-        "traffic": {"rate_rps": 9_600},
-        "router": {"balancing": "random"},
-        "batching": {"max_batch_size": 8, "max_queue_delay_ms": 1.0},
-        "workers": {"count": 24, "service_time": {"kind": "affine", "base_ms": 2.0, "per_item_ms": 0.5}},
-        "cost": {"price_per_hour_usd": 1.0},
-    }
-    return scenario(**{**base, **kw})
+    return random_fleet(**{"duration_s": 4.0, "warmup_s": 0.5, "traffic": {"rate_rps": 9_600}, **kw})
 
 
 def test_a_whole_run_is_simulate_then_summarize():
