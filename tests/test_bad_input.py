@@ -82,6 +82,10 @@ def one_error(res, *needles):
         ),
         (["--set", "batching.max_queue_delay_ms=1e12"], ["batching.max_queue_delay_ms", "not shorter than the run"]),
         (["--set", "traffic.rate_rps=1e308"], ["rate × duration is not a finite number"]),
+        (
+            ["--set", "batching.kind=continuous"],
+            ["batching.kind", "unknown kind 'continuous'", "expected one of triton"],
+        ),
     ],
 )
 def test_numbers_that_cannot_run_are_refused_with_field_and_line(args, needles):

@@ -9,13 +9,13 @@ from __future__ import annotations
 import numpy as np
 
 from simulator.ledger import Outcome
-from simulator.scenario.config import Batching, Workers
+from simulator.scenario.config import TritonBatching, Workers
 from simulator.serving.batcher import BatchQueue
 from simulator.serving.workers import ServiceModel, run_pool
 
 
 def run(arrivals_ms, service_ms, instances=1, deadlines=None, **batching):
-    cfg = Batching(**batching)
+    cfg = TritonBatching(**batching)
     workers = Workers(count=1, instances=instances, service_time={"kind": "deterministic", "value_ms": service_ms})
     queue = BatchQueue(np.asarray(arrivals_ms, dtype=float), cfg, deadlines=deadlines)
     service = ServiceModel(workers, cfg.max_batch_size, np.random.default_rng(0))

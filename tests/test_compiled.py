@@ -17,7 +17,7 @@ import pytest
 
 from simulator import load_scenario, simulate
 from simulator.ledger import BatchLog, Outcome, Served
-from simulator.scenario.config import Batching, Workers
+from simulator.scenario.config import TritonBatching, Workers
 from simulator.serving.batcher import BatchQueue
 from simulator.serving.compiled import CompiledFeed, covers, drain
 from simulator.serving.dispatch import serve
@@ -34,7 +34,7 @@ def _case(seed: int):
         arrivals = np.round(arrivals)  # ties
     max_b = int(r.choice([1, 2, 4, 8, 16, 32]))
     preferred = [int(p) for p in r.choice([2, 4, 8], size=int(r.integers(0, 3)), replace=False) if p <= max_b]
-    batching = Batching(
+    batching = TritonBatching(
         max_batch_size=max_b,
         max_queue_delay_ms=float(r.choice([0.0, 0.5, 2.0, 5.0])),
         max_queue_size=int(r.choice([1, 3, 10, 100])) if r.random() < 0.6 else None,
@@ -106,7 +106,7 @@ def test_serve_is_the_same_compiled_or_not():
     t_pre = np.sort(r.exponential(1 / 45.0, n).cumsum()) + r.gamma(2.0, 0.5, n)  # not sorted
     assign = r.integers(0, 12, n)
     workers = Workers(count=12, instances=2, service_time={"kind": "affine", "base_ms": 3, "per_item_ms": 0.4})
-    batching = Batching(max_batch_size=16, max_queue_delay_ms=2, max_queue_size=20, timeout_ms=30)
+    batching = TritonBatching(max_batch_size=16, max_queue_delay_ms=2, max_queue_size=20, timeout_ms=30)
     runs = [
         serve(t_pre, assign, workers, batching, ServiceModel(workers, 16, np.random.default_rng(5)), compiled=c)
         for c in (True, False)
@@ -117,8 +117,8 @@ def test_serve_is_the_same_compiled_or_not():
 
 def test_what_it_covers():
     """Deadlines keep the SimPy scheduler; a scenario with them still runs."""
-    assert covers(Batching(max_batch_size=8, max_queue_delay_ms=1))
-    assert not covers(Batching(max_batch_size=8, max_queue_delay_ms=1, deadline_ms=50))
+    assert covers(TritonBatching(max_batch_size=8, max_queue_delay_ms=1))
+    assert not covers(TritonBatching(max_batch_size=8, max_queue_delay_ms=1, deadline_ms=50))
     s = load_scenario(
         ROOT / "scenarios/cv_degradation.yaml", overrides=["duration_s=20", "warmup_s=2", "batching.deadline_ms=500"]
     )

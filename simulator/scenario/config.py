@@ -25,7 +25,7 @@ from simulator.scenario.distributions import (
     LogNormal,
     Uniform,
 )
-from simulator.scenario.fleet import Batching, ColdStart, Cost, Crash, Failures, Workers
+from simulator.scenario.fleet import Batching, ColdStart, Cost, Crash, Failures, TritonBatching, Workers
 from simulator.scenario.frozen import Frozen
 from simulator.scenario.path import (
     Activator,
@@ -79,7 +79,7 @@ class Scenario(Frozen):
     caches: Caches = Field(Caches(), description="Result and feature caches.")
     features: Features = Field(Features(), description="Online feature fetch.")
     preprocess: Preprocess = Field(Preprocess(), description="CPU preprocessing.")
-    batching: Batching = Field(Batching(), description="Dynamic batching queue.")
+    batching: Batching = Field(TritonBatching(), description="The batch scheduler: kind triton (the default).")
     workers: Workers = Field(description="GPU worker pool.")
     postprocess: Postprocess = Field(Postprocess(), description="Postprocessing and serialisation.")
     logging: PredictionLog | None = Field(None, description="Prediction logging pipeline (none: not modelled).")
@@ -261,6 +261,7 @@ __all__ = [
     "Table",
     "Traffic",
     "TrafficClass",
+    "TritonBatching",
     "Uniform",
     "Window",
     "Workers",

@@ -4,9 +4,9 @@ their cost."""
 from __future__ import annotations
 
 import contextlib
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
 
 from simulator.scenario.distributions import (
     Distribution,
@@ -51,14 +51,15 @@ class Autoscaler(Frozen):
         return self
 
 
-class Batching(Frozen):
-    """Dynamic batching with Triton's semantics.
+class TritonBatching(Frozen):
+    """Dynamic batching with Triton's semantics (``kind: triton``, the default).
 
     A batch forms when a model instance is free. It closes at once with
     ``max_batch_size`` requests, or with the largest preferred size available; otherwise
     it waits until the oldest queued request has waited ``max_queue_delay_ms``.
     """
 
+    kind: Literal["triton"] = Field("triton", description="triton: a request-level dynamic batcher (the default).")
     max_batch_size: int = Field(1, ge=1, description="Most requests in one batch.")
     max_queue_delay_ms: float = Field(0.0, ge=0, description="Batching window from the oldest queued request, ms.")
     preferred_batch_sizes: tuple[int, ...] = Field((), description="Sizes sent at once when reachable.")
@@ -72,11 +73,31 @@ class Batching(Frozen):
     )
 
     @model_validator(mode="after")
-    def _preferred_ok(self) -> Batching:
+    def _preferred_ok(self) -> TritonBatching:
         bad = [b for b in self.preferred_batch_sizes if not 1 <= b <= self.max_batch_size]
         if bad:
             raise ValueError(f"preferred_batch_sizes {bad} must lie in 1..max_batch_size")
         return self
+
+
+def _batching_kind(value) -> str:
+    """The ``kind`` of a batching section (``triton`` when left out)."""
+    kind = value.get("kind", "triton") if isinstance(value, dict) else getattr(value, "kind", "triton")
+    return kind if isinstance(kind, str) else repr(kind)
+
+
+BATCHING_KINDS = ("triton",)
+
+# A discriminated union on ``kind``: a new scheduler adds its section here and its module
+# to simulator/serving/scheduler.py's factory (the LLM issue adds ``continuous``).
+Batching = Annotated[
+    Annotated[TritonBatching, Tag("triton")],
+    Discriminator(
+        _batching_kind,
+        custom_error_type="batching_kind",
+        custom_error_message=f"batching.kind must be one of: {', '.join(BATCHING_KINDS)}",
+    ),
+]
 
 
 class ColdStart(Frozen):

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 from simulator.scenario.catalog import load_catalog
 from simulator.scenario.config import Scenario, Traffic
 from simulator.scenario.distributions import Empirical, read_numbers
+from simulator.scenario.fleet import BATCHING_KINDS
 from simulator.scenario.gputypes import on_type
 from simulator.scenario.servicetime import ProfileRef
 from simulator.scenario.shapes import RateTrace
@@ -189,6 +190,8 @@ def _format_validation(err: ValidationError, source: str, lines: dict, overridde
                 loc = tuple(named.group().split("."))
             elif not loc and first and (first.group(1),) in lines:
                 loc = (first.group(1),)
+        if e["type"] == "batching_kind":  # the batching union's own tag check: blame its kind
+            loc = (*loc, "kind")
         where = loc
         while where and where not in lines:
             where = where[:-1]
@@ -201,6 +204,8 @@ def _format_validation(err: ValidationError, source: str, lines: dict, overridde
             msg = f"unknown kind {e['input'].get('kind') if isinstance(e['input'], dict) else e['input']!r}; " + (
                 "expected one of " + e["ctx"]["expected_tags"]
             )
+        elif e["type"] == "batching_kind":
+            msg = f"unknown kind {e['input'].get('kind')!r}; expected one of {', '.join(BATCHING_KINDS)}"
         elif "input" in e and not isinstance(e["input"], dict | list):
             msg += f" (got {e['input']!r})"
         out.append(f"  line {line}: {_dotted(loc)}: {msg}{origin}")

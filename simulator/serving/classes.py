@@ -28,6 +28,7 @@ from simulator.scenario.config import Batching, Scenario, TrafficClass, Workers
 from simulator.scenario.config import Router as RouterConfig
 from simulator.serving.batcher import DONE, BatchQueue, Dispatch, Wait
 from simulator.serving.dispatch import pool_workers, route, serve, sub
+from simulator.serving.scheduler import batch_queue, queues_of
 from simulator.serving.served import ClassesRun
 from simulator.serving.workers import ServiceModel, queue_results
 
@@ -199,12 +200,8 @@ def serve_by_class(
     quota = Quota(env, [classes[c].max_instances or math.inf for c in range(k)])
     levels = [[c for c in shared if PRIORITY[classes[c].priority] == p] for p in sorted(set(PRIORITY.values()))]
     levels = [lv for lv in levels if lv]
-    per_worker = workers.instances
     n_feeds = 1 if assign is None else workers.count
-    if assign is None:
-        ids = [list(range(workers.count * per_worker))]
-    else:
-        ids = [list(range(w * per_worker, (w + 1) * per_worker)) for w in range(n_feeds)]
+    ids = queues_of(workers.count, workers.instances, shared=assign is None)
     # requests of each (feed, class) in queue-arrival order
     key = klass.astype(np.int64) if assign is None else assign * k + klass
     order = np.lexsort((t_pre, key))
@@ -212,7 +209,7 @@ def serve_by_class(
     feeds, members = [], []
     for f in range(n_feeds):
         per_class = [parts[f * k + c] if c in shared else parts[f * k + c][:0] for c in range(k)]
-        queues = [BatchQueue(t_pre[idx], batching, deadlines=sub(deadlines, idx)) for idx in per_class]
+        queues = [batch_queue(batching, t_pre[idx], deadlines=sub(deadlines, idx)) for idx in per_class]
         feeds.append(ClassFeed(env, queues, levels, ids[f]))
         members.append(per_class)
     for feed in feeds:

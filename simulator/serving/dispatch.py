@@ -13,23 +13,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.ledger import BatchLog, Outcome, Served, concat_logs
+from simulator.ledger import BatchLog, Outcome, Served
 from simulator.rng import Streams, streams
 from simulator.scenario.config import Batching, Scenario, Workers
 from simulator.scenario.config import Router as RouterConfig
-from simulator.serving.batcher import BatchQueue
-from simulator.serving.compiled import CompiledFeed, covers, drain
 from simulator.serving.pool import DynamicPool
 from simulator.serving.router import Router
+from simulator.serving.scheduler import build, queues_of
 from simulator.serving.served import PoolRun, ServingLog, VersionsRun
-from simulator.serving.workers import ServiceModel, run_pool
+from simulator.serving.workers import ServiceModel
 from simulator.stages.canary import on_canary
-from simulator.stages.stations import fcfs_multiserver
-
-
-def fast_path(cfg: Batching) -> bool:
-    """Batching off and no queue limits: the pool is a plain FCFS multi-server station."""
-    return cfg.max_batch_size == 1 and cfg.max_queue_size is None and cfg.timeout_ms is None and cfg.deadline_ms is None
 
 
 def route(balancing: str, count: int, n: int, rng: np.random.Generator) -> np.ndarray | None:
@@ -64,50 +57,15 @@ def serve(
     queue; ``deadlines``: each request's end-to-end deadline, with ``batching.deadline_ms``;
     ``compiled``: schedule with :mod:`simulator.serving.compiled` (default: where it covers
     the batching) or with the SimPy schedulers (the same results)."""
-    n = len(t_pre)
-    per_worker = workers.instances
-    if assign is None:
-        groups = [np.argsort(t_pre, kind="stable")]
-        ids = [list(range(workers.count * per_worker))]
-    else:
-        by_worker = np.lexsort((t_pre, assign))  # worker, then time
-        cuts = np.searchsorted(assign[by_worker], np.arange(1, workers.count))
-        groups = np.split(by_worker, cuts)
-        ids = [list(range(w * per_worker, (w + 1) * per_worker)) for w in range(workers.count)]
-    served = Served.empty(n)
-    if fast_path(batching):
-        # service draws go to requests in queue-arrival order: the dispatch order of a shared queue
-        svc_all = np.empty(n)
-        svc_all[np.argsort(t_pre, kind="stable")] = service.draw(n, 1)
-        logs = []
-        for q, (order, inst_ids) in enumerate(zip(groups, ids, strict=True)):
-            svc = svc_all[order]
-            path = service.queue_path(q)
-            if path is None:
-                start, k = fcfs_multiserver(t_pre[order], svc, len(inst_ids))
-                done = start + svc
-            else:  # the same station in the clock of the work the host does (simulator.stages.speed)
-                work, k = fcfs_multiserver(path.work(t_pre[order]), svc, len(inst_ids))
-                start, done = path.time(work), path.time(work + svc)
-            served.t_dispatch[order], served.t_done[order], served.batch_size[order] = start, done, 1
-            served.instance[order] = np.asarray(inst_ids)[k] if len(order) else k
-            logs.append(BatchLog(start, done, np.ones(len(order), np.int64), served.instance[order]))
-        batches = concat_logs(logs)
-    elif covers(batching) if compiled is None else compiled:
-        feeds = [CompiledFeed(batching, inst_ids, service.feed(k)) for k, inst_ids in enumerate(ids)]
-        for feed, order in zip(feeds, groups, strict=True):
-            feed.extend(t_pre[order], np.inf)
-        drain(feeds)
-        runs = [feed.results() for feed in feeds]
-        for order, run in zip(groups, runs, strict=True):
-            served.scatter(order, run.served)
-        batches = concat_logs([run.batches for run in runs])
-    else:
-        queues = [BatchQueue(t_pre[order], batching, deadlines=sub(deadlines, order)) for order in groups]
-        pool = run_pool(queues, ids, service)
-        for order, part in zip(groups, pool.served, strict=True):
-            served.scatter(order, part)
-        batches = pool.batches
+    instances = queues_of(workers.count, workers.instances, shared=assign is None)
+    order = np.argsort(t_pre, kind="stable")
+    pool = build(batching, instances, service, compiled=compiled)
+    pool.extend(t_pre[order], order, sub(assign, order), sub(deadlines, order), np.inf)
+    pool.close()
+    got = pool.run()
+    served = Served.empty(len(t_pre))
+    served.scatter(got.ids, got.served)
+    batches = got.batches
     return PoolRun(served, batches)
 
 

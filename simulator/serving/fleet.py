@@ -23,7 +23,7 @@ import simpy
 
 from simulator.scenario.config import Batching, Workers
 from simulator.scenario.distributions import Sampler
-from simulator.serving.batcher import BatchQueue
+from simulator.serving.scheduler import batch_queue
 from simulator.serving.workers import Feed, ServiceModel, schedule
 
 INF = math.inf
@@ -140,7 +140,7 @@ class Fleet:
         if warm:
             self.warm_free -= 1
         per = self.cfg.instances
-        queue = BatchQueue(np.zeros(0), self.batching, closed=False)
+        queue = batch_queue(self.batching, np.zeros(0), closed=False)
         feed = Feed(self.env, queue, list(range(wid * per, (wid + 1) * per)), start_at=ready_at)
         w = Worker(wid, t, ready_at, feed)
         self.workers.append(w)

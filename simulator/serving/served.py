@@ -22,6 +22,15 @@ class PoolRun(NamedTuple):
     fleet: FleetLog | None = None
 
 
+class Settled(NamedTuple):
+    """What a scheduler hands out: the requests settled since its last call (their ids as
+    given to it, and their serving columns) and the batches that started."""
+
+    ids: np.ndarray
+    served: Served
+    batches: BatchLog
+
+
 class ClassesRun(NamedTuple):
     """The traffic classes' run: the requests, the shared pool's batch log, and each
     class's batch log by name."""

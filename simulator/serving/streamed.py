@@ -14,16 +14,12 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import simpy
 
 from simulator.ledger import BatchLog, Outcome, Served, concat_logs
 from simulator.scenario.config import Scenario
-from simulator.serving.batcher import BatchQueue
-from simulator.serving.compiled import CompiledFeed, covers
-from simulator.serving.dispatch import fast_path
+from simulator.serving.scheduler import build, queues_of
 from simulator.serving.served import PoolRun
-from simulator.serving.workers import Feed, ServiceModel, queue_results, schedule
-from simulator.stages.stations import FcfsStation
+from simulator.serving.workers import Feed, ServiceModel, queue_results
 
 
 class Horizon:
@@ -68,127 +64,30 @@ def settle(feed: Feed, cut: int, batches: int | None = None, *, results: PoolRun
 
 
 class StreamedPool:
-    """The primary pool, fixed: per-worker batch queues (or one shared) fed chunk by chunk."""
+    """The primary pool, fixed: its scheduler (:func:`~simulator.serving.scheduler.build`:
+    per-worker batch queues, or one shared) fed chunk by chunk in time order."""
 
     def __init__(self, s: Scenario, service: ServiceModel, *, compiled: bool | None = None):
-        w = s.workers
-        self.cfg = s.batching
-        self.service = service
         self.shared = s.router.balancing == "shared"
-        per = w.instances
-        self.ids = (
-            [list(range(w.count * per))]
-            if self.shared
-            else [list(range(k * per, (k + 1) * per)) for k in range(w.count)]
-        )
-        self.fast = fast_path(self.cfg)
+        instances = queues_of(s.workers.count, s.workers.instances, shared=self.shared)
+        self.scheduler = build(s.batching, instances, service, compiled=compiled)
         self.waiting = Horizon()
-        self.deadlines = self.cfg.deadline_ms is not None
-        self.compiled = not self.fast and (covers(self.cfg) if compiled is None else compiled)
-        if self.fast:
-            self.stations = [FcfsStation(len(ids)) for ids in self.ids]
-        elif self.compiled:
-            self.feeds = [CompiledFeed(self.cfg, ids, service.feed(k)) for k, ids in enumerate(self.ids)]
-            for feed in self.feeds:
-                feed.gid = np.empty(0, dtype=np.int64)  # request id of each queued arrival
-        else:
-            self.env = simpy.Environment()
-            self.feeds = []
-            for k, ids in enumerate(self.ids):
-                dl = np.empty(0) if self.deadlines else None
-                feed = Feed(self.env, BatchQueue(np.empty(0), self.cfg, closed=False, deadlines=dl), ids)
-                feed.gid = np.empty(0, dtype=np.int64)  # request id of each queued arrival
-                self.env.process(schedule(self.env, feed, service.feed(k)))
-                self.feeds.append(feed)
+        self.deadlines = s.batching.deadline_ms is not None
 
     def run(self, t_pre, rid, worker, deadline, horizon: float, final: bool):
         """Feed the requests (request order) and run to ``horizon``; returns the settled
         requests' serving columns (ids and columns), and the batches that started."""
         self.waiting.push(t=t_pre, id=rid, w=worker, dl=deadline)
-        ready = None if self.waiting.cols is None else self.waiting.ready("t", math.inf if final else horizon)
-        if self.fast:
-            return self._fcfs(ready)
-        if self.compiled:
-            return self._compiled(ready, horizon, final)
-        return self._batches(ready, horizon, final)
-
-    def _groups(self, ready):
-        """Each queue's share of ``ready`` (in time order)."""
-        if self.shared:
-            return [np.arange(len(ready["t"]))]
-        w = ready["w"].astype(np.int16) if len(self.ids) <= np.iinfo(np.int16).max else ready["w"]
-        by = np.argsort(w, kind="stable")  # worker, then time (ready is in time order); radix on int16
-        cuts = np.searchsorted(ready["w"][by], np.arange(1, len(self.ids)))
-        return np.split(by, cuts)
-
-    def _fcfs(self, ready):
-        if ready is None or not len(ready["t"]):
-            return None, BatchLog.empty()
-        n = len(ready["t"])
-        svc = self.service.draw(n, 1)  # in queue-arrival order, as the whole-run engine draws them
-        start = np.empty(n)
-        inst = np.empty(n, dtype=np.int64)
-        for q, idx in enumerate(self._groups(ready)):
-            st, k = self.stations[q].run(ready["t"][idx], svc[idx])
-            start[idx] = st
-            inst[idx] = np.asarray(self.ids[q])[k] if len(idx) else k
-        ones = np.ones(n, dtype=np.int64)
-        served = Served(start, start + svc, ones, inst, np.zeros(n, dtype=np.int8), np.full(n, np.nan))
-        return (ready["id"], served._asdict()), BatchLog(start, start + svc, ones, inst)
-
-    def _batches(self, ready, horizon: float, final: bool):
-        now = self.env.now
-        if ready is None:  # nothing new, but every queue learns the horizon
+        if self.waiting.cols is None:  # nothing new, but every queue learns the horizon
             ready = {"t": np.empty(0), "id": np.empty(0, np.int64), "w": np.empty(0, np.int64), "dl": np.empty(0)}
-        for q, idx in enumerate(self._groups(ready)):
-            feed = self.feeds[q]
-            feed.extend(ready["t"][idx], horizon, now, ready["dl"][idx] if self.deadlines else None)
-            feed.gid = np.concatenate([feed.gid, ready["id"][idx]])
+        else:
+            ready = self.waiting.ready("t", math.inf if final else horizon)
+        queue = None if self.shared else ready["w"]
+        self.scheduler.extend(ready["t"], ready["id"], queue, ready["dl"] if self.deadlines else None, horizon)
         if final:
-            for feed in self.feeds:
-                feed.close(now)
-            self.env.run()
-        elif horizon > now:
-            self.env.run(until=horizon)
-        return self._harvest()
-
-    def _compiled(self, ready, horizon: float, final: bool):
-        ids, parts, logs = [], [], []
-        groups = self._groups(ready) if ready is not None else [None] * len(self.feeds)
-        for feed, idx in zip(self.feeds, groups, strict=True):
-            if idx is not None and len(idx):
-                feed.extend(ready["t"][idx], horizon)
-                feed.gid = np.concatenate([feed.gid, ready["id"][idx]])
-            else:
-                feed.extend(ready["t"][:0] if ready is not None else np.empty(0), horizon)
-            if final:
-                feed.close()
-            feed.run()
-            cut = feed.settled()
-            run = feed.results(cut)
-            ids.append(feed.gid[:cut])
-            feed.gid = feed.gid[cut:]
-            parts.append(run.served._asdict())
-            logs.append(run.batches)
-            feed.trim(cut)
-        merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        return (np.concatenate(ids), merged), concat_logs(logs)
-
-    def _harvest(self):
-        ids, parts, logs = [], [], []
-        for feed in self.feeds:
-            q = feed.queue
-            cut = q.settled()
-            cols, log = settle(feed, cut)
-            nb = len(log.start)
-            logs.append(log)
-            ids.append(feed.gid[:cut])
-            parts.append(cols)
-            feed.gid = feed.gid[cut:]
-            q.trim(cut)
-            del feed.b_start[:nb], feed.b_end[:nb], feed.b_inst[:nb]
-        merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-        return (np.concatenate(ids), merged), concat_logs(logs)
+            self.scheduler.close()
+        got = self.scheduler.run()
+        return (got.ids, got.served._asdict()), got.batches
 
 
 class StreamedDynamicPool:
