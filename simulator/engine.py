@@ -27,112 +27,21 @@ from simulator.ledger import Outcome, Served
 from simulator.results.records import Records
 from simulator.results.run import Run
 from simulator.rng import STREAMS, Streams, streams
-from simulator.scenario.config import Cache, Features, Network, Preprocess, Router, Scenario, Traffic
-from simulator.scenario.distributions import Distribution, Sampler
+from simulator.scenario.config import Scenario
 from simulator.serving.classes import serve_by_class
 from simulator.serving.dispatch import assign_workers, serve_versions
 from simulator.serving.event_loop import serve_on_loop
 from simulator.serving.served import ServingLog
 from simulator.serving.workers import ServiceModel
 from simulator.stages.arrivals import arrivals as make_arrivals
-from simulator.stages.caches import CacheDraws, CacheState
-from simulator.stages.features import fetch
+from simulator.stages.caches import look_up
+from simulator.stages.features import feature_stage
+from simulator.stages.network import Network
+from simulator.stages.postprocess import Postprocessing
 from simulator.stages.prediction_log import ship
-from simulator.stages.speed import SpeedPath, SpeedProcess
-from simulator.stages.stations import fcfs_multiserver
-
-
-def _delay(dist: Distribution | None, n: int, rng: np.random.Generator) -> np.ndarray | float:
-    return 0.0 if dist is None else Sampler(dist, rng).draw(n)
-
-
-def _per_class(traffic: Traffic, field: str, klass: np.ndarray) -> float | np.ndarray:
-    """A payload size per request: its class's, else the traffic section's."""
-    default = getattr(traffic, field)
-    if not traffic.classes:
-        return default
-    sizes = [default if getattr(c, field) is None else getattr(c, field) for c in traffic.classes.values()]
-    return np.asarray(sizes)[klass]
-
-
-def _transfer_ms(kb, bandwidth_gbps: float | None):
-    # 1 KB = 8,000 bits; 1 Gbit/s = 1e6 bits per ms
-    return 0.0 if bandwidth_gbps is None else kb * 8000.0 / (bandwidth_gbps * 1e6)
-
-
-def _in_order(start: np.ndarray, fn) -> np.ndarray:
-    """Apply an order-dependent stage to unsorted start times; results in request order."""
-    order = np.argsort(start, kind="stable")
-    out = np.empty_like(start)
-    out[order] = fn(start[order], order)
-    return out
-
-
-def _inbound(network: Network, router: Router, t0: np.ndarray, payload_kb, rng: Streams) -> tuple[np.ndarray, ...]:
-    """When each request reaches the API (network in, with its payload) and leaves the router."""
-    n = len(t0)
-    t_api = t0 + _delay(network.client_to_api, n, rng.network_in) + _transfer_ms(payload_kb, network.bandwidth_gbps)
-    return t_api, t_api + _delay(router.overhead, n, rng.router)
-
-
-def _cache(
-    cfg: Cache | None, t: np.ndarray, rng: np.random.Generator, need: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Hits of a cache looked up at ``t`` by the requests that ``need`` it (default: all),
-    and when each lookup is done (the others: at ``t``). Every request draws its key and
-    its hit and miss latencies, in request order, looked up or not (:class:`CacheDraws`)."""
-    n = len(t)
-    if cfg is None:
-        return np.zeros(n, dtype=bool), t
-    drawn, hit_ms, miss_ms = CacheDraws(cfg, rng)(n)
-    idx = np.arange(n) if need is None else np.flatnonzero(need)
-    hit = np.zeros(n, dtype=bool)
-    hit[idx] = CacheState(cfg).resolve(t[idx], drawn[idx])
-    return hit, cache_done(t, hit, hit_ms, miss_ms, idx)
-
-
-def cache_done(t: np.ndarray, hit: np.ndarray, hit_ms: np.ndarray, miss_ms: np.ndarray, idx) -> np.ndarray:
-    """When the lookups of requests ``idx`` are done (the others keep ``t``)."""
-    end = t.copy()
-    end[idx] = t[idx] + np.where(hit[idx], hit_ms[idx], miss_ms[idx])
-    return end
-
-
-def _feature_stage(
-    f: Features, cache: Cache | None, start: np.ndarray, need: np.ndarray, rng: Streams, path: SpeedPath | None = None
-) -> tuple[np.ndarray, ...]:
-    """Feature stage for the requests that ``need`` it: end times, degraded, failed, cache
-    hits. ``path``: the front end's speed, on a store's threads."""
-    hit, end = _cache(cache, start, rng.feature_cache, need)
-    sampler = Sampler(f.round_trip, rng.features) if f.round_trip is not None else None
-    fetched = fetch(f, end, sampler, need & ~hit, path)
-    return fetched.end, fetched.degraded, fetched.failed, hit
-
-
-def _preprocess(
-    cfg: Preprocess, t_feat: np.ndarray, live: np.ndarray, rng: np.random.Generator, path: SpeedPath | None = None
-) -> np.ndarray:
-    """When the ``live`` requests leave CPU preprocessing (a pure delay, or an FCFS pool of
-    ``cpu_workers``); the others keep their feature-stage time. With the host's speed
-    ``path``, the station's times are in the clock of the work it does (exact, as W is
-    increasing: :mod:`simulator.stages.speed`)."""
-    n = len(t_feat)
-    svc = np.broadcast_to(_delay(cfg.service, n, rng), (n,))  # one draw per request, live or not
-
-    def station(t: np.ndarray, s: np.ndarray) -> np.ndarray:
-        if cfg.cpu_workers is None:
-            return t + s
-        return _in_order(t, lambda st, o: fcfs_multiserver(st, s[o], cfg.cpu_workers)[0] + s[o])
-
-    def run(t: np.ndarray, s: np.ndarray) -> np.ndarray:
-        return station(t, s) if path is None else path.time(station(path.work(t), s))
-
-    if live.all():
-        return run(t_feat, svc)
-    idx = np.flatnonzero(live)
-    t_pre = t_feat.copy()
-    t_pre[idx] = run(t_feat[idx], svc[idx])
-    return t_pre
+from simulator.stages.preprocess import Preprocessing
+from simulator.stages.router import RouterStage
+from simulator.stages.speed import SpeedProcess
 
 
 def _serve(
@@ -192,7 +101,7 @@ def _on_loop(
     requests: when each was queued, the serving columns, the log, and when each was
     answered (the others keep their feature-stage time, as served from the cache)."""
     n = len(t_feat)
-    cost = np.broadcast_to(_delay(s.preprocess.service, n, rng.preprocess), (n,))  # one draw per request
+    cost = Preprocessing(s, rng).draw(n)  # one draw per request
     service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed).feed(0)
     idx = np.flatnonzero(live)
     t_enq, served, log, t_resp = serve_on_loop(
@@ -236,16 +145,19 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
     s = scenario
     t0, klass = make_arrivals(s.traffic, s.duration_s * 1000.0, rng=rng.arrivals)
     n = len(t0)
-    t_api, t_router = _inbound(s.network, s.router, t0, _per_class(s.traffic, "payload_kb", klass), rng)
+    network = Network(s, rng)
+    t_api = network.inbound(t0, klass)
+    t_router = RouterStage(s, rng).leave(t_api)
     # result cache: a hit skips features, preprocessing and the model
-    result_hit, t_cache = _cache(s.caches.result, t_router, rng.result_cache)
+    result_hit, t_cache = look_up(s.caches.result, t_router, rng.result_cache)
     need = ~result_hit
     speed = None if s.platform.speed is None else SpeedProcess(s.platform.speed, s.duration_s * 1000.0, rng.speed)
     front = None if speed is None else speed.frontend
-    t_feat, degraded, failed, feature_hit = _feature_stage(s.features, s.caches.feature, t_cache, need, rng, front)
+    t_feat, degraded, failed, feature_hit = feature_stage(s.features, s.caches.feature, t_cache, need, rng, front)
     live = need & ~failed
     if s.preprocess.event_loop is None:
-        t_pre = _preprocess(s.preprocess, t_feat, live, rng.preprocess, front)
+        pre = Preprocessing(s, rng, front)
+        t_pre = pre.leave(t_feat, pre.draw(n), live)
         deadlines = None if s.batching.deadline_ms is None else t0 + s.batching.deadline_ms
         pooled, serving = _serve(s, seed, t_router, t_pre, t_feat, klass, live, deadlines, rng, speed)
         t_answered = pooled.t_done
@@ -258,10 +170,8 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
             column[failed] = np.nan
         t_answered[failed] = np.nan
 
-    post = _delay(s.postprocess.service, n, rng.postprocess)
-    back = _delay(s.network.api_to_client, n, rng.network_out) + _transfer_ms(
-        _per_class(s.traffic, "response_kb", klass), s.network.bandwidth_gbps
-    )
+    post = Postprocessing(s, rng).draw(n)
+    back = network.back_ms(n, klass)
     t_post = t_answered + post
     t_resp = t_post + back
     counterfactual = serving.counterfactual

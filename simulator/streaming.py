@@ -44,7 +44,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from simulator.chunks import chunk_ms, unsupported
-from simulator.engine import _per_class, _transfer_ms, cache_done
 from simulator.ledger import BatchLog, Outcome
 from simulator.results.records import Records
 from simulator.rng import streams
@@ -55,10 +54,14 @@ from simulator.serving.router import Router
 from simulator.serving.streamed import Horizon, StreamedDynamicPool, StreamedPool
 from simulator.serving.workers import ServiceModel
 from simulator.stages.arrivals import source
-from simulator.stages.caches import CacheDraws, CacheState
+from simulator.stages.caches import CacheDraws, CacheState, cache_done
 from simulator.stages.features import Fetched, fetch, fetch_drawn, trips
+from simulator.stages.network import Network
+from simulator.stages.postprocess import Postprocessing
 from simulator.stages.prediction_log import record_ms
-from simulator.stages.stations import FcfsStation, Lindley
+from simulator.stages.preprocess import Preprocessing
+from simulator.stages.router import RouterStage
+from simulator.stages.stations import Lindley
 
 
 @dataclass
@@ -171,19 +174,12 @@ class _Run:
         self.s = s
         rng = streams(seed)
         self.arrivals = source(s.traffic, s.duration_s * 1000.0, rng=rng.arrivals)
-        self.draw = {
-            name: (Sampler(dist, g) if dist is not None else None)
-            for name, dist, g in (
-                ("in", s.network.client_to_api, rng.network_in),
-                ("router", s.router.overhead, rng.router),
-                ("pre", s.preprocess.service, rng.preprocess),
-                ("post", s.postprocess.service, rng.postprocess),
-                ("back", s.network.api_to_client, rng.network_out),
-            )
-        }
+        # the stages of the request path, as the whole-run engine calls them
+        self.network = Network(s, rng)
+        self.router_stage = RouterStage(s, rng)
+        self.pre = Preprocessing(s, rng)
+        self.post = Postprocessing(s, rng)
         self.trips = Sampler(s.features.round_trip, rng.features) if s.features.round_trip is not None else None
-        self.pay_in = _transfer_ms(_per_class(s.traffic, "payload_kb", None), s.network.bandwidth_gbps)
-        self.pay_out = _transfer_ms(_per_class(s.traffic, "response_kb", None), s.network.bandwidth_gbps)
         service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service)
         self.pool = StreamedDynamicPool(s, service, rng) if s.workers.dynamic else StreamedPool(s, service)
         # a dynamic pool routes by itself; a fixed one is routed here, as the whole-run engine does
@@ -201,7 +197,6 @@ class _Run:
         # past a cache, requests reach the later stages out of request order: ties by id
         tie = "id" if self.caches else None
         self.pool.waiting = Horizon(tie)
-        self.cpu = FcfsStation(s.preprocess.cpu_workers) if s.preprocess.cpu_workers is not None else None
         self.cpu_wait = Horizon(tie)
         self.log_station = Lindley() if s.logging else None
         self.log_wait = Horizon()
@@ -247,13 +242,10 @@ class _Run:
         rid = np.arange(self.next_id, self.next_id + n, dtype=np.int64)
         self.next_id += n
 
-        def d(name):
-            return 0.0 if self.draw[name] is None else self.draw[name].draw(n)
-
-        t_api = t0 + d("in") + self.pay_in
-        t_router = t_api + d("router")
-        post = np.broadcast_to(d("post"), (n,)).copy()
-        back = np.broadcast_to(d("back"), (n,)) + self.pay_out
+        t_api = self.network.inbound(t0)
+        t_router = self.router_stage.leave(t_api)
+        post = np.broadcast_to(self.post.draw(n), (n,)).copy()
+        back = np.broadcast_to(self.network.back_ms(n), (n,))
         worker = self.router.pick(n, s.workers.count) if self.router is not None else np.zeros(n, dtype=np.int64)
         deadline = t0 + s.batching.deadline_ms if s.batching.deadline_ms is not None else np.zeros(n)
         nan = np.full(n, np.nan)
@@ -269,7 +261,7 @@ class _Run:
             t_cache=t_router.copy(),
             t_features=nan.copy(),
             t_preprocessed=nan.copy(),
-            svc=np.asarray(np.broadcast_to(d("pre"), (n,)), dtype=float),
+            svc=np.asarray(self.pre.draw(n), dtype=float),
             post=post,
             back=np.asarray(back, dtype=float).copy(),
             t_dispatch=nan.copy(),
@@ -335,13 +327,13 @@ class _Run:
     def _preprocess(self, ids, t_feat, svc, hi: float, final: bool):
         """Preprocessing: a pure delay, or an FCFS pool of CPU workers (with a horizon).
         The requests that leave it now, and when."""
-        if self.cpu is None:
-            return ids, t_feat + svc
+        if self.pre.station is None:
+            return ids, self.pre.leave_sorted(t_feat, svc)
         self.cpu_wait.push(t=t_feat, s=np.asarray(svc, dtype=float), id=ids)
         if self.cpu_wait.cols is None:
             return ids[:0], t_feat[:0]
         r = self.cpu_wait.ready("t", math.inf if final else hi)
-        return r["id"], self.cpu.run(r["t"], r["s"])[0] + r["s"]
+        return r["id"], self.pre.leave_sorted(r["t"], r["s"])
 
     def _ship(self, rows: np.ndarray, hi: float, final: bool) -> None:
         """The prediction log: records of the requests settled now join its FCFS pipeline,

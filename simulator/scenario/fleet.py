@@ -86,7 +86,7 @@ def _batching_kind(value) -> str:
     return kind if isinstance(kind, str) else repr(kind)
 
 
-BATCHING_KINDS = ("triton",)
+BATCHING_KINDS = ("triton",)  # the first is the default
 
 # A discriminated union on ``kind``: a new scheduler adds its section here and its module
 # to simulator/serving/scheduler.py's factory (the LLM issue adds ``continuous``).

@@ -167,7 +167,9 @@ def _strip_tags(loc: tuple, data) -> tuple:
     """Drop the ``kind`` tags that discriminated unions insert into error locations."""
     out, node = [], data
     for i, p in enumerate(loc):
-        tag = isinstance(node, dict) and node.get("kind") == p
+        # the union's tag: the kind given, or batching's default kind when none is
+        default = BATCHING_KINDS[0] if loc[i - 1 : i] == ("batching",) else None
+        tag = isinstance(node, dict) and node.get("kind", default) == p
         if tag and (p not in node or loc[i + 1 : i + 2] == (p,)):
             continue
         out.append(p)

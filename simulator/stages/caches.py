@@ -122,3 +122,27 @@ def lookup(cfg: Cache, times_ms: np.ndarray, *, rng: np.random.Generator) -> np.
 def _replay(cfg: Cache, times: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """Hits of a time-ordered lookup stream on an empty cache."""
     return CacheState(cfg).replay(times, keys)
+
+
+def look_up(
+    cfg: Cache | None, t: np.ndarray, rng: np.random.Generator, need: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The cache as a stage of a whole run: hits of a cache looked up at ``t`` by the
+    requests that ``need`` it (default: all), and when each lookup is done (the others: at
+    ``t``). Every request draws its key and its hit and miss latencies, in request order,
+    looked up or not (:class:`CacheDraws`)."""
+    n = len(t)
+    if cfg is None:
+        return np.zeros(n, dtype=bool), t
+    drawn, hit_ms, miss_ms = CacheDraws(cfg, rng)(n)
+    idx = np.arange(n) if need is None else np.flatnonzero(need)
+    hit = np.zeros(n, dtype=bool)
+    hit[idx] = CacheState(cfg).resolve(t[idx], drawn[idx])
+    return hit, cache_done(t, hit, hit_ms, miss_ms, idx)
+
+
+def cache_done(t: np.ndarray, hit: np.ndarray, hit_ms: np.ndarray, miss_ms: np.ndarray, idx) -> np.ndarray:
+    """When the lookups of requests ``idx`` are done (the others keep ``t``)."""
+    end = t.copy()
+    end[idx] = t[idx] + np.where(hit[idx], hit_ms[idx], miss_ms[idx])
+    return end

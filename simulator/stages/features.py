@@ -16,8 +16,11 @@ from typing import NamedTuple
 import numpy as np
 import simpy
 
-from simulator.scenario.config import Features
+from simulator.rng import Streams
+from simulator.scenario.config import Cache, Features
 from simulator.scenario.distributions import Sampler
+from simulator.stages.caches import look_up
+from simulator.stages.speed import SpeedPath
 
 _CHUNK_CELLS = 1 << 22  # round trips sampled per numpy chunk
 
@@ -195,3 +198,15 @@ def fetch_contended(cfg: Features, start: np.ndarray, sampler: Sampler | None, p
     env.process(feeder())
     env.run()
     return done
+
+
+def feature_stage(
+    f: Features, cache: Cache | None, start: np.ndarray, need: np.ndarray, rng: Streams, path: SpeedPath | None = None
+) -> tuple[np.ndarray, ...]:
+    """The feature stage of a whole run, for the requests that ``need`` it (the feature
+    cache, then the fetch): end times, degraded, failed, cache hits. ``path``: the front
+    end's speed, on a store's threads."""
+    hit, end = look_up(cache, start, rng.feature_cache, need)
+    sampler = Sampler(f.round_trip, rng.features) if f.round_trip is not None else None
+    fetched = fetch(f, end, sampler, need & ~hit, path)
+    return fetched.end, fetched.degraded, fetched.failed, hit

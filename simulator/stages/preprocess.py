@@ -1,0 +1,69 @@
+"""CPU preprocessing (decode, resize, tokenise): a per-request CPU time, spent at once
+(``cpu_workers`` unset) or on an FCFS pool of ``cpu_workers`` shared by all traffic.
+
+Called as every stage is: built from the scenario and its streams, it draws each
+request's CPU time in request order (for every request, whether it reaches the stage or
+not) and says when requests leave. The pool keeps its servers' free times
+(:class:`~simulator.stages.stations.FcfsStation`), so the streaming engine feeds it chunk
+by chunk, in time order, with the same results as one whole run. With the host's speed
+(``platform.speed``), the station runs in the clock of the work the host does
+(:mod:`simulator.stages.speed`; exact, as that clock is increasing).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simulator.rng import Streams
+from simulator.scenario.config import Scenario
+from simulator.stages.network import delay, draw
+from simulator.stages.speed import SpeedPath
+from simulator.stages.stations import FcfsStation
+
+
+class Preprocessing:
+    """The CPU stage: its per-request times, and its pool's state when it has one."""
+
+    def __init__(self, s: Scenario, rng: Streams, path: SpeedPath | None = None):
+        self.service = delay(s.preprocess.service, rng.preprocess)
+        self.workers = s.preprocess.cpu_workers
+        self.station = None if self.workers is None else FcfsStation(self.workers)
+        self.path = path
+
+    def draw(self, n: int) -> np.ndarray:
+        """The next ``n`` requests' CPU times, ms (one draw each, in request order)."""
+        return np.broadcast_to(draw(self.service, n), (n,))
+
+    def leave_sorted(self, t: np.ndarray, svc: np.ndarray) -> np.ndarray:
+        """When requests arriving at ``t`` (sorted; ties in request order) with CPU times
+        ``svc`` leave; the pool carries its state to the next call."""
+        if self.station is None:
+            return t + svc
+        if self.path is None:
+            return self.station.run(t, svc)[0] + svc
+        return self.path.time(self.station.run(self.path.work(t), svc)[0] + svc)
+
+    def leave(self, t: np.ndarray, svc: np.ndarray, live: np.ndarray) -> np.ndarray:
+        """When the ``live`` requests, arriving at ``t`` in request order (not sorted),
+        leave; the others keep ``t``. For a whole run: all its requests in one call."""
+
+        def station(x: np.ndarray, s: np.ndarray) -> np.ndarray:
+            if self.station is None:
+                return x + s
+            order = np.argsort(x, kind="stable")
+            out = np.empty_like(x)
+            out[order] = self.station.run(x[order], s[order])[0] + s[order]
+            return out
+
+        def run(x: np.ndarray, s: np.ndarray) -> np.ndarray:
+            return station(x, s) if self.path is None else self.path.time(station(self.path.work(x), s))
+
+        if live.all():
+            return run(t, svc)
+        idx = np.flatnonzero(live)
+        t_pre = t.copy()
+        t_pre[idx] = run(t[idx], svc[idx])
+        return t_pre
+
+
+__all__ = ["Preprocessing"]
