@@ -16,7 +16,6 @@ def unsupported(s: Scenario) -> str | None:
         (s.router.canary is not None, "a canary"),
         (s.router.shadow is not None, "a shadow"),
         (s.features.store is not None and s.features.lookups_per_request > 0, "a feature store of finite capacity"),
-        (s.platform.speed is not None, "platform.speed"),
         (s.preprocess.event_loop is not None, "preprocess.event_loop"),
     ]
     found = [why for cond, why in reasons if cond]

@@ -27,8 +27,9 @@ which others hit.
 
 **What it covers:** one version (no canary or shadow), a fixed fleet or one under an
 autoscaler with cold starts, failures and the activator (the pools of
-:mod:`simulator.serving.streamed`), result and feature caches, no traffic classes, and
-feature fetches from an uncontended store.
+:mod:`simulator.serving.streamed`), result and feature caches, the host's speed
+(``platform.speed``: its paths are drawn for the whole run up front, a few bytes per step),
+no traffic classes, and feature fetches from an uncontended store.
 :func:`~simulator.chunks.unsupported` names what a scenario uses beyond that; such runs keep the
 whole-run engine.
 """
@@ -61,6 +62,7 @@ from simulator.stages.postprocess import Postprocessing
 from simulator.stages.prediction_log import record_ms
 from simulator.stages.preprocess import Preprocessing
 from simulator.stages.router import RouterStage
+from simulator.stages.speed import SpeedProcess
 from simulator.stages.stations import Lindley
 
 
@@ -175,12 +177,13 @@ class _Run:
         rng = streams(seed)
         self.arrivals = source(s.traffic, s.duration_s * 1000.0, rng=rng.arrivals)
         # the stages of the request path, as the whole-run engine calls them
+        speed = None if s.platform.speed is None else SpeedProcess(s.platform.speed, s.duration_s * 1000.0, rng.speed)
         self.network = Network(s, rng)
         self.router_stage = RouterStage(s, rng)
-        self.pre = Preprocessing(s, rng)
+        self.pre = Preprocessing(s, rng, None if speed is None else speed.frontend)
         self.post = Postprocessing(s, rng)
         self.trips = Sampler(s.features.round_trip, rng.features) if s.features.round_trip is not None else None
-        service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service)
+        service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed)
         self.pool = StreamedDynamicPool(s, service, rng) if s.workers.dynamic else StreamedPool(s, service)
         # a dynamic pool routes by itself; a fixed one is routed here, as the whole-run engine does
         self.router = (

@@ -88,6 +88,30 @@ CASES = {
         "autoscaling.yaml",
         ["duration_s=100", "caches.result={keys: 1000, ttl_s: 30, hit: {kind: lognormal, mean_ms: 1, cv: 0.5}}"],
     ),
+    # the host's speed: a time change of the CPU pool, the batch times and the FCFS stations
+    "speed_host_batching": (
+        "vision_preprocessing.yaml",
+        [
+            "preprocess.cpu_workers=2",
+            "platform.speed={kind: log_ar1, step_ms: 20, frontend_elasticity: 0.7, "
+            "components: [{sigma: 0.3, correlation_time_s: 0.5}]}",
+        ],
+    ),
+    "speed_worker_fcfs": (
+        "validation/mmc.yaml",
+        [
+            "duration_s=15",
+            "router.balancing=random",
+            "platform.speed={kind: markov, scope: worker, factors: [1, 0.5], mean_holding_s: [2, 0.5]}",
+        ],
+    ),
+    "speed_autoscaler": (
+        "autoscaling.yaml",
+        [
+            "duration_s=90",
+            "platform.speed={kind: log_ar1, step_ms: 100, components: [{sigma: 0.2, correlation_time_s: 5}]}",
+        ],
+    ),
 }
 
 

@@ -38,7 +38,7 @@ class Preprocessing:
         """When requests arriving at ``t`` (sorted; ties in request order) with CPU times
         ``svc`` leave; the pool carries its state to the next call."""
         if self.station is None:
-            return t + svc
+            return t + svc if self.path is None else self.path.time(self.path.work(t) + svc)
         if self.path is None:
             return self.station.run(t, svc)[0] + svc
         return self.path.time(self.station.run(self.path.work(t), svc)[0] + svc)
