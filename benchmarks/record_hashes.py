@@ -128,7 +128,7 @@ def _digest(*parts) -> str:
 
 def hashes(only: str | None = None) -> dict[str, str]:
     from simulator import load_scenario, simulate, summarize
-    from simulator.chunks import unsupported
+    from simulator.chunks import held
     from simulator.serving.fleet import WorkerState
     from simulator.streaming import simulate_streaming
 
@@ -148,7 +148,7 @@ def hashes(only: str | None = None) -> dict[str, str]:
             out[f"{name}/{seed}"] = _digest(
                 run.records, run.batches, run.pools, run.shadow, run.response_without_shadow, fleet, summary
             )
-            if name.startswith("stream:") and unsupported(s) is None:
+            if name.startswith("stream:") and held(s) is None:
                 records, batches, _ = simulate_streaming(s, seed=seed, chunk_s=0.731)
                 order = np.lexsort((batches.instance, batches.start))
                 logged = (getattr(batches, f.name)[order] for f in fields(batches))

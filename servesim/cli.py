@@ -222,12 +222,15 @@ def _write_table(frame: pd.DataFrame, path: Path, what: str, *, index: bool = Tr
 
 def _streamed(s: Scenario, engine: Engine) -> bool:
     """Whether this run streams: asked for, or ``auto`` and the run is long."""
-    from simulator.chunks import prefer_streaming, unsupported
+    from simulator.chunks import held, prefer_streaming
 
     if engine is Engine.stream:
-        why = unsupported(s)
+        why = held(s)
         if why is not None:
-            raise fail(f"--engine stream: the streaming engine does not simulate {why} yet; use --engine whole")
+            raise fail(
+                f"--engine stream: {why} holds every request to the run's end, "
+                "so streaming saves no memory; use --engine whole"
+            )
         return True
     return engine is Engine.auto and prefer_streaming(s)
 

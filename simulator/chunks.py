@@ -1,5 +1,5 @@
-"""How a run is cut: the chunk length, what the streaming engine covers, and when
-``engine="auto"`` streams. Kept apart from :mod:`simulator.streaming` so that deciding
+"""How a run is cut: the chunk length, what holds a run's requests to its end, and when
+``engine="auto"`` streams. Kept apart from :mod:`simulator.engine` so that deciding
 loads no engine (``servesim check`` answers before numba or SimPy are loaded)."""
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ from simulator.scenario.config import Scenario, expected_requests
 TARGET_CHUNK_REQUESTS = 250_000  # requests per chunk, by default
 
 
-def unsupported(s: Scenario) -> str | None:
-    """What in ``s`` the streaming engine does not simulate, or None when it covers ``s``."""
+def held(s: Scenario) -> str | None:
+    """What in ``s`` is still simulated over the whole run (:mod:`simulator.engine`, "Held
+    stages"), so that its requests stay in memory to the run's end however it is cut; None
+    when a run of ``s`` streams in bounded memory."""
     reasons = [
         (bool(s.traffic.classes), "traffic classes"),
         (s.router.canary is not None, "a canary"),
@@ -32,7 +34,7 @@ STREAM_ABOVE_REQUESTS = 5_000_000  # "auto" streams runs expected to be larger t
 
 
 def prefer_streaming(s: Scenario) -> bool:
-    """Whether ``engine="auto"`` streams ``s``: the streaming engine covers it and the run
-    is large (over :data:`STREAM_ABOVE_REQUESTS` arrivals, about 1.2 GB held whole).
-    Smaller runs keep the whole-run engine and its exact percentiles."""
-    return unsupported(s) is None and expected_requests(s) > STREAM_ABOVE_REQUESTS
+    """Whether ``engine="auto"`` streams ``s``: nothing holds its requests to the end and
+    the run is large (over :data:`STREAM_ABOVE_REQUESTS` arrivals, about 1.2 GB held whole).
+    Smaller runs are one chunk, with exact percentiles."""
+    return held(s) is None and expected_requests(s) > STREAM_ABOVE_REQUESTS

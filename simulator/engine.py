@@ -1,128 +1,275 @@
-"""Wiring and run loop: scenario + seed → per-request records.
-
-Stages run in request order, each from the previous stage's output times:
+"""The engine: scenario + seed → per-request records, along one request path.
 
     arrivals → network in → router → result cache → features (feature cache, KV store)
              → preprocess → batching queue → GPU workers → postprocess → network out
              (→ prediction log, off the response path)
 
-Delays nothing contends for are drawn in bulk. The CPU pool is an exact FCFS
-recursion. The KV store, when it has finite capacity, and the batcher with its workers
-are simulated with SimPy, with events per round trip and per batch
-(:mod:`simulator.serving.dispatch`: fixed pools, versions, and the dynamic fleet of
-:mod:`simulator.serving.pool`). A result-cache hit skips to postprocessing; a failed feature
-fetch ends the request there.
+The path is written once and runs in chunks of arrival time (:func:`stream`); a whole
+run (:func:`simulate`) is one chunk. Each stage is an object of :mod:`simulator.stages`
+or :mod:`simulator.serving`, built from the scenario and its random streams; it draws
+each request's inputs in request order when the request arrives, and keeps its state
+from one chunk to the next: the arrival sources, each random stream, the FCFS stations'
+free times and Lindley sums, the caches' contents, the batch queues with their batches in
+flight (a fixed pool's compiled, :mod:`simulator.serving.compiled`; a dynamic pool's in
+SimPy), the autoscaler's fleet. Every random stream derives from the one seed
+(:mod:`simulator.rng`), one stream per stage, so variants of a scenario share their
+random inputs (common random numbers), and a request's record is the same, bit for bit,
+for any chunk length (``tests/test_streaming.py``).
 
-Every random stream derives from the one seed (:mod:`simulator.rng`), one stream per
-stage, so variants of a scenario share their random inputs (common random numbers).
+**Horizons.** Any request arriving after time H reaches every stage after H (delays are
+never negative), so an order-dependent stage processes, in each chunk, exactly its inputs
+earlier than the chunk's end H and keeps the rest for the next
+(:class:`~simulator.serving.streamed.Horizon`). The batch queues are told that every
+arrival before H is known, and the SimPy environment runs to H. A cache's hits depend on
+the order of all lookups, so a cache is a stage with a horizon too (:class:`_CacheStage`).
+
+**The ledger** (:class:`Ledger`) holds the typed columns of the requests not handed out
+yet; a request is handed out once it is settled (served, dropped, or answered from the
+result cache) and, with a prediction log, shipped.
+
+**Held stages.** Four parts of the model are still written over a whole run: the traffic
+classes' pools, a canary or shadow (:mod:`simulator.serving.whole`), the front end's event
+loop, and a feature store of finite capacity (SimPy over the run's round trips). A scenario
+with one of them (:func:`simulator.chunks.held`) keeps its requests in the ledger until
+the last chunk, where those stages see them all: its records are the same for any chunk
+length, its memory is the whole run's.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from simulator.ledger import Outcome, Served
+from simulator.chunks import chunk_ms, held
+from simulator.ledger import BatchLog, Outcome, Served, concat_logs
 from simulator.results.records import Records
 from simulator.results.run import Run
 from simulator.rng import STREAMS, Streams, streams
-from simulator.scenario.config import Scenario
-from simulator.serving.classes import serve_by_class
-from simulator.serving.dispatch import assign_workers, serve_versions
-from simulator.serving.event_loop import serve_on_loop
-from simulator.serving.served import ServingLog
+from simulator.scenario.config import Cache, Scenario
+from simulator.scenario.distributions import Sampler
+from simulator.serving.fleet import FleetLog
+from simulator.serving.router import Router
+from simulator.serving.streamed import Horizon, StreamedDynamicPool, StreamedPool
+from simulator.serving.whole import serve_loop, serve_whole
 from simulator.serving.workers import ServiceModel
-from simulator.stages.arrivals import arrivals as make_arrivals
-from simulator.stages.caches import look_up
-from simulator.stages.features import feature_stage
+from simulator.stages.arrivals import Arrivals
+from simulator.stages.caches import CacheDraws, CacheState, cache_done
+from simulator.stages.features import Fetched, feature_stage, fetch, fetch_drawn, trips
 from simulator.stages.network import Network
 from simulator.stages.postprocess import Postprocessing
-from simulator.stages.prediction_log import ship
+from simulator.stages.prediction_log import record_ms
 from simulator.stages.preprocess import Preprocessing
 from simulator.stages.router import RouterStage
 from simulator.stages.speed import SpeedProcess
+from simulator.stages.stations import Lindley
 
 
-def _serve(
-    s: Scenario,
-    seed: int,
-    t_router: np.ndarray,
-    t_pre: np.ndarray,
-    t_feat: np.ndarray,
-    klass,
-    live,
-    deadlines,
-    rng,
-    speed: SpeedProcess | None = None,
-) -> tuple[Served, ServingLog]:
-    """Batching and the GPU pools, for the ``live`` requests (not served from the result cache,
-    features fetched): every request's serving columns, and the rest of what serving leaves.
-    ``deadlines``: each request's end-to-end deadline (with ``batching.deadline_ms``), or None."""
-    n = len(t_pre)
-    everyone = bool(live.all())
-    live_idx = np.arange(n) if everyone else np.flatnonzero(live)
-    # a dynamic pool routes by itself, from the same stream, at each epoch
-    assign = None if s.workers.dynamic and not s.traffic.classes else assign_workers(s, n, rng.routing)
-    if s.traffic.classes:
-        classes = serve_by_class(
-            s.traffic.classes,
-            s.workers,
-            s.batching,
-            s.router,
-            t_pre[live_idx],
-            klass[live_idx],
-            None if assign is None else assign[live_idx],
-            rng,
-            None if deadlines is None else deadlines[live_idx],
-            speed,
+@dataclass
+class Piece:
+    """What one chunk of the run settled: records of requests ``first`` … (in request
+    order, a contiguous run of ids), and the batches that started. The last piece carries
+    what the run leaves besides (fleet, other pools, shadow copies)."""
+
+    first: int  # id (arrival index) of the first record
+    records: Records
+    batches: BatchLog
+    watermark_ms: float  # every later record's times are at or after this
+    horizon_ms: float  # arrivals before this have been simulated
+    fleet: FleetLog | None = None  # a dynamic pool's workers and events, with the last piece
+    pools: dict[str, BatchLog] = field(default_factory=dict)  # the canary's, a shadow's, each class's
+    shadow: dict[str, np.ndarray] | None = None  # the shadow copies
+    response_without_shadow: np.ndarray | None = None  # primary responses without shared shadow copies
+
+
+@dataclass
+class CacheDrawn:
+    """What requests drew at a cache when they arrived: each one's key (or coin flip), and
+    its hit and miss latencies (ms)."""
+
+    drawn: np.ndarray
+    hit_ms: np.ndarray
+    miss_ms: np.ndarray
+
+
+@dataclass
+class Columns:
+    """The per-request columns the request path fills in, one entry per request."""
+
+    # when each stage ended (ms), as in the records
+    arrival: np.ndarray
+    t_api: np.ndarray
+    t_router: np.ndarray
+    t_cache: np.ndarray
+    t_features: np.ndarray
+    t_preprocessed: np.ndarray
+    t_dispatch: np.ndarray
+    t_inferred: np.ndarray
+    t_dropped: np.ndarray
+    t_logged: np.ndarray
+    # what each request drew when it arrived
+    svc: np.ndarray  # CPU time of preprocessing
+    post: np.ndarray
+    back: np.ndarray
+    deadline: np.ndarray
+    worker: np.ndarray  # the primary pool's worker (0 for a shared queue)
+    traffic_class: np.ndarray
+    # what became of it
+    outcome: np.ndarray
+    degraded: np.ndarray
+    result_hit: np.ndarray
+    feature_hit: np.ndarray
+    live: np.ndarray  # past the feature stage, to be served
+    batch_size: np.ndarray
+    instance: np.ndarray
+    version: np.ndarray
+    settled: np.ndarray
+    # draws for the caches and the round trips, where those stages run chunk by chunk
+    result_cache: CacheDrawn | None = None
+    feature_cache: CacheDrawn | None = None
+    trips: np.ndarray | None = None
+    # with a prediction log: when its response left, or it was dropped (what the log ships); shipped yet
+    t_emitted: np.ndarray | None = None
+    shipped: np.ndarray | None = None
+    t_answered: np.ndarray | None = None  # with the front end's event loop: when the loop answered it
+
+    def __len__(self) -> int:
+        return len(self.arrival)
+
+    @classmethod
+    def arriving(cls, t0: np.ndarray, *, logging: bool, **drawn) -> Columns:
+        """New requests arriving at ``t0`` with what they drew; the rest not yet known."""
+        n = len(t0)
+        if logging:
+            drawn |= {"t_emitted": np.full(n, np.nan), "shipped": np.zeros(n, dtype=bool)}
+        nan = np.full(n, np.nan)
+        no = np.zeros(n, dtype=bool)
+        return cls(
+            arrival=t0,
+            t_features=nan,
+            t_preprocessed=nan.copy(),
+            t_dispatch=nan.copy(),
+            t_inferred=nan.copy(),
+            t_dropped=nan.copy(),
+            t_logged=nan.copy(),
+            outcome=np.zeros(n, dtype=np.int8),
+            degraded=no,
+            result_hit=no.copy(),
+            feature_hit=no.copy(),
+            live=no.copy(),
+            batch_size=np.zeros(n, dtype=np.int64),
+            instance=np.full(n, -1, dtype=np.int64),
+            version=np.zeros(n, dtype=np.int8),
+            settled=no.copy(),
+            **drawn,
         )
-        on_pool = classes.served
-        rest = ServingLog(np.zeros(n, np.int8), classes.batches, classes.pools, None, None, None)
-    else:
-        service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed)
-        versions = serve_versions(
-            s.router, s.workers, s.batching, seed, t_router, t_pre, live_idx, assign, service, rng, deadlines
-        )
-        live_idx, on_pool, rest = versions.idx, versions.served, versions.log
-    if everyone and len(live_idx) == n and np.array_equal(live_idx, np.arange(n)):
-        return on_pool, rest
-    # requests served from the result cache take zero time in the later stages
-    pooled = Served.empty(n)._replace(t_dispatch=t_feat.copy(), t_done=t_feat.copy())
-    pooled.scatter(live_idx, on_pool)
-    return pooled, rest
+
+    def map(self, fn: Callable[..., np.ndarray], *others: Columns) -> Columns:
+        """A new set of columns, ``fn`` applied to each column (with the others' same column)."""
+
+        def each(mine, theirs):
+            if mine is None:
+                return None
+            if isinstance(mine, CacheDrawn):
+                return CacheDrawn(
+                    *(each(getattr(mine, f.name), [getattr(o, f.name) for o in theirs]) for f in fields(mine))
+                )
+            return fn(mine, *theirs)
+
+        return Columns(*(each(getattr(self, f.name), [getattr(o, f.name) for o in others]) for f in fields(self)))
 
 
-def _on_loop(
-    s: Scenario, t_feat: np.ndarray, live: np.ndarray, rng: Streams, speed: SpeedProcess | None
-) -> tuple[np.ndarray, Served, ServingLog, np.ndarray]:
-    """The front end as one event loop with its batch queue and instances
-    (``preprocess.event_loop``, :mod:`simulator.serving.event_loop`), for the ``live``
-    requests: when each was queued, the serving columns, the log, and when each was
-    answered (the others keep their feature-stage time, as served from the cache)."""
-    n = len(t_feat)
-    cost = Preprocessing(s, rng).draw(n)  # one draw per request
-    service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed).feed(0)
-    idx = np.flatnonzero(live)
-    t_enq, served, log, t_resp = serve_on_loop(
-        t_feat[idx],
-        cost[idx],
-        s.preprocess.event_loop,
-        s.batching,
-        s.workers.count * s.workers.instances,
-        service,
-        None if speed is None else speed.frontend,
-    )
-    t_pre, answered = t_feat.copy(), t_feat.copy()
-    t_pre[idx], answered[idx] = t_enq, t_resp
-    pooled = Served.empty(n)._replace(t_dispatch=t_feat.copy(), t_done=t_feat.copy())
-    pooled.scatter(idx, served)
-    serving = ServingLog(np.zeros(n, np.int8), log, {}, None, None, None)
-    return t_pre, pooled, serving, answered
+class Ledger:
+    """The columns of the requests not handed out yet: ids ``lo`` … ``lo + len``. A held
+    run (:func:`~simulator.chunks.held`) hands out nothing before its last chunk."""
+
+    def __init__(self, *, logging: bool, hold: bool):
+        self.lo = 0
+        self.cols: Columns | None = None
+        self.logging = logging
+        self.hold = hold
+
+    def __len__(self) -> int:
+        return 0 if self.cols is None else len(self.cols)
+
+    def append(self, cols: Columns) -> None:
+        self.cols = cols if self.cols is None else self.cols.map(lambda a, b: np.concatenate([a, b]), cols)
+
+    def settle(self, rid: np.ndarray, served: Served) -> np.ndarray:
+        """Record the serving columns of requests ``rid``; returns their rows."""
+        row = rid - self.lo
+        c = self.cols
+        c.t_dispatch[row] = served.t_dispatch
+        c.t_inferred[row] = served.t_done
+        c.batch_size[row] = served.batch_size
+        c.instance[row] = served.instance
+        c.outcome[row] = served.outcome
+        c.t_dropped[row] = served.t_dropped
+        c.settled[row] = True
+        return row
+
+    def hand_out(self, final: bool) -> tuple[int, Columns]:
+        """The settled (and, with logging, shipped) requests at the front, removed."""
+        c = self.cols
+        done = c.settled & c.shipped if self.logging else c.settled
+        k = 0 if self.hold and not final else int(np.argmin(done)) if not done.all() else len(done)
+        first = self.lo
+        out = c.map(lambda v: v[:k])
+        self.cols = c.map(lambda v: v[k:])
+        self.lo += k
+        return first, out
+
+
+def stream(
+    scenario: Scenario,
+    *,
+    seed: int | None = None,
+    chunk_s: float | None = None,
+    progress: Callable[[float], None] | None = None,
+) -> Iterator[Piece]:
+    """Simulate ``scenario`` chunk by chunk; yields each chunk's settled records.
+
+    Parameters
+    ----------
+    scenario : Scenario
+        What to simulate.
+    seed : int, optional
+        Overrides ``scenario.seed``; the same streams as :func:`simulate`.
+    chunk_s : float, optional
+        Simulated seconds of arrivals per chunk (default: about 250,000 arrivals).
+    progress : callable, optional
+        Called with the simulated time reached (s) after each chunk.
+
+    Yields
+    ------
+    Piece
+        The records settled in the chunk (a contiguous run of request ids, in order) and
+        the batches that started. Concatenated, the pieces' records equal
+        ``simulate(scenario, seed=seed).records`` for any chunk length. A held scenario
+        (:func:`~simulator.chunks.held`) settles everything in its last chunk.
+    """
+    step = chunk_ms(scenario) if chunk_s is None else chunk_s * 1000.0
+    if step <= 0:
+        raise ValueError("chunk_s must be positive")
+    run = _Run(scenario, scenario.seed if seed is None else seed)
+    end_ms = scenario.duration_s * 1000.0
+    lo = 0.0
+    while True:
+        hi = min(lo + step, end_ms)
+        final = hi >= end_ms
+        yield run.chunk(hi, final)
+        if progress is not None:
+            progress(hi / 1000.0)
+        if final:
+            return
+        lo = hi
 
 
 def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
-    """Run one scenario.
+    """Run one scenario, whole: the request path of :func:`stream` in one chunk.
 
     Parameters
     ----------
@@ -141,79 +288,329 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
     """
     wall0 = time.perf_counter()
     seed = scenario.seed if seed is None else seed
-    rng = streams(seed)
-    s = scenario
-    t0, klass = make_arrivals(s.traffic, s.duration_s * 1000.0, rng=rng.arrivals)
-    n = len(t0)
-    network = Network(s, rng)
-    t_api = network.inbound(t0, klass)
-    t_router = RouterStage(s, rng).leave(t_api)
-    # result cache: a hit skips features, preprocessing and the model
-    result_hit, t_cache = look_up(s.caches.result, t_router, rng.result_cache)
-    need = ~result_hit
-    speed = None if s.platform.speed is None else SpeedProcess(s.platform.speed, s.duration_s * 1000.0, rng.speed)
-    front = None if speed is None else speed.frontend
-    t_feat, degraded, failed, feature_hit = feature_stage(s.features, s.caches.feature, t_cache, need, rng, front)
-    live = need & ~failed
-    if s.preprocess.event_loop is None:
-        pre = Preprocessing(s, rng, front)
-        t_pre = pre.leave(t_feat, pre.draw(n), live)
-        deadlines = None if s.batching.deadline_ms is None else t0 + s.batching.deadline_ms
-        pooled, serving = _serve(s, seed, t_router, t_pre, t_feat, klass, live, deadlines, rng, speed)
-        t_answered = pooled.t_done
-    else:
-        t_pre, pooled, serving, t_answered = _on_loop(s, t_feat, live, rng, speed)
-    if failed.any():  # they gave up on their features and go no further
-        pooled.outcome[failed] = Outcome.FAILED
-        pooled.t_dropped[failed] = t_feat[failed]
-        for column in (t_feat, t_pre, pooled.t_dispatch, pooled.t_done):
-            column[failed] = np.nan
-        t_answered[failed] = np.nan
-
-    post = Postprocessing(s, rng).draw(n)
-    back = network.back_ms(n, klass)
-    t_post = t_answered + post
-    t_resp = t_post + back
-    counterfactual = serving.counterfactual
-    if counterfactual is not None:  # primary responses had the shadow not shared their queues
-        counterfactual = counterfactual + post + back
-    if s.logging:  # each request is logged when it ends: with its response, or when it was dropped
-        t_logged = ship(s.logging, np.where(np.isnan(t_resp), pooled.t_dropped, t_resp))
-    else:
-        t_logged = np.full(n, np.nan)
-    records = Records(
-        arrival=t0,
-        t_api=t_api,
-        t_router=t_router,
-        t_cache=t_cache,
-        t_features=t_feat,
-        t_preprocessed=t_pre,
-        t_dispatch=pooled.t_dispatch,
-        t_inferred=pooled.t_done,
-        t_postprocessed=t_post,
-        t_response=t_resp,
-        t_dropped=pooled.t_dropped,
-        t_logged=t_logged,
-        outcome=pooled.outcome,
-        degraded=degraded,
-        result_hit=result_hit,
-        feature_hit=feature_hit,
-        batch_size=pooled.batch_size,
-        instance=pooled.instance,
-        version=serving.version,
-        traffic_class=klass,
-    )
+    pieces = list(stream(scenario, seed=seed, chunk_s=scenario.duration_s))
+    last = pieces[-1]
+    records = pieces[0].records if len(pieces) == 1 else concat_records([p.records for p in pieces])
     return Run(
-        scenario=s,
+        scenario=scenario,
         seed=seed,
         records=records,
-        batches=serving.batches,
+        batches=concat_logs([p.batches for p in pieces]),
         wall_s=time.perf_counter() - wall0,
-        fleet=serving.fleet,
-        pools=serving.pools,
-        shadow=serving.shadow,
-        response_without_shadow=counterfactual,
+        fleet=last.fleet,
+        pools=last.pools,
+        shadow=last.shadow,
+        response_without_shadow=last.response_without_shadow,
     )
 
 
-__all__ = ["STREAMS", "Outcome", "Run", "simulate", "streams"]
+def concat_records(parts: list[Records]) -> Records:
+    """One set of records from consecutive pieces."""
+    return Records(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Records)))
+
+
+class _Run:
+    """One run's state between chunks: the arrival sources, the stages with their streams
+    and horizons, the pool, and the ledger of requests not handed out yet."""
+
+    def __init__(self, s: Scenario, seed: int):
+        self.s, self.seed = s, seed
+        self.rng = rng = streams(seed)
+        self.arrivals = Arrivals(s.traffic, s.duration_s * 1000.0, rng=rng.arrivals)
+        self.speed = speed = (
+            None if s.platform.speed is None else SpeedProcess(s.platform.speed, s.duration_s * 1000.0, rng.speed)
+        )
+        self.network = Network(s, rng)
+        self.router_stage = RouterStage(s, rng)
+        self.pre = Preprocessing(s, rng, None if speed is None else speed.frontend)
+        self.post = Postprocessing(s, rng)
+        # the held stages (simulator.chunks.held): a finite store, the event loop, the versions' or classes' pools
+        self.store = s.features.store is not None and s.features.lookups_per_request > 0
+        self.loop = s.preprocess.event_loop is not None
+        self.whole = bool(s.traffic.classes) or s.router.canary is not None or s.router.shadow is not None
+        self.trips = (
+            Sampler(s.features.round_trip, rng.features)
+            if s.features.round_trip is not None and not self.store
+            else None
+        )
+        self.pool = None
+        if not (self.loop or self.whole):
+            service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed)
+            self.pool = StreamedDynamicPool(s, service, rng) if s.workers.dynamic else StreamedPool(s, service)
+        # a dynamic pool routes by itself (the traffic classes' pools excepted); the others are routed here
+        dynamic = s.workers.dynamic and not s.traffic.classes
+        self.router = None if dynamic else Router(s.router.balancing, rng.routing)
+        self.caches = {
+            kind: _CacheStage(cfg, g, drawn)
+            for kind, cfg, g, drawn in (
+                ("result", s.caches.result, rng.result_cache, lambda c: c.result_cache),
+                ("feature", None if self.store else s.caches.feature, rng.feature_cache, lambda c: c.feature_cache),
+            )
+            if cfg is not None
+        }
+        # past a cache, requests reach the later stages out of request order: ties by id
+        tie = "id" if self.caches else None
+        if self.pool is not None:
+            self.pool.waiting = Horizon(tie)
+        self.cpu_wait = Horizon(tie)
+        self.log_station = Lindley() if s.logging else None
+        self.log_wait = Horizon()
+        self.ship_ms = record_ms(s.logging) if s.logging else 0.0
+        self.ledger = Ledger(logging=s.logging is not None, hold=held(s) is not None)
+        self.next_id = 0
+        self.left: dict = {}  # what the held serving stages leave besides the records
+
+    def chunk(self, hi: float, final: bool) -> Piece:
+        """Arrivals before ``hi`` through every stage; the requests settled by then."""
+        done_ids, f_id, f_t, failed = self._arrive(hi, final)
+        ledger = self.ledger
+        c = ledger.cols
+        new_rows = [done_ids - ledger.lo, f_id[failed] - ledger.lo]
+        batches = BatchLog.empty()
+        if self.loop:  # the loop preprocesses and serves, over the whole run
+            if final:
+                rows, batches = self._on_loop()
+                new_rows.append(rows)
+        else:
+            live = ~failed
+            p_id, p_t = self._preprocess(f_id[live], f_t[live], c.svc[f_id[live] - ledger.lo], hi, final)
+            rows = p_id - ledger.lo
+            c.t_preprocessed[rows] = p_t
+            if self.pool is None:  # the versions' or classes' pools, over the whole run
+                if final:
+                    rows, batches = self._serve_whole()
+                    new_rows.append(rows)
+            else:
+                settled, batches = self.pool.run(p_t, p_id, c.worker[rows], c.deadline[rows], hi, final)
+                if settled is not None:
+                    new_rows.append(ledger.settle(*settled))
+        rows = np.concatenate(new_rows).astype(np.int64)
+        if self.log_station is not None:
+            if len(rows) == len(ledger):  # all settled now (each request settles once): by column, in request order
+                rows = np.s_[:]
+            answered = c.t_answered if self.loop else c.t_inferred
+            t_resp = answered[rows] + c.post[rows] + c.back[rows]
+            c.t_emitted[rows] = np.where(np.isnan(t_resp), c.t_dropped[rows], t_resp)
+            self._ship(rows, hi, final)
+        counterfactual = self.left.get("counterfactual")
+        if counterfactual is not None:  # primary responses had the shadow not shared their queues
+            counterfactual = counterfactual + c.post + c.back
+        first, cols = ledger.hand_out(final)
+        watermark = hi if not len(ledger) else min(hi, float(ledger.cols.arrival.min()))
+        fleet = None
+        if final:
+            fleet = self.left.get("fleet") if self.pool is None else self.pool.fleet
+        return Piece(
+            first,
+            _records(cols, self.loop),
+            batches,
+            math.inf if final else watermark,
+            hi,
+            fleet,
+            self.left.get("pools", {}),
+            self.left.get("shadow"),
+            counterfactual,
+        )
+
+    def _arrive(self, hi: float, final: bool):
+        """The chunk's arrivals and their draws (in request order) into the ledger, then the
+        caches and the feature stage for the requests that reach them before ``hi``.
+        Returns the ids of the requests served from the result cache, and of those past the
+        feature stage (when, and whether they failed)."""
+        s = self.s
+        t0, klass = self.arrivals.take(hi)
+        n = len(t0)
+        rid = np.arange(self.next_id, self.next_id + n, dtype=np.int64)
+        self.next_id += n
+
+        t_api = self.network.inbound(t0, klass)
+        t_router = self.router_stage.leave(t_api)
+        post = np.broadcast_to(self.post.draw(n), (n,)).copy()
+        back = np.broadcast_to(self.network.back_ms(n, klass), (n,)).astype(float)
+        worker = None if self.router is None else self.router.pick(n, s.workers.count)
+        drawn = {kind: CacheDrawn(*cache.draws(n)) for kind, cache in self.caches.items()}
+        self.ledger.append(
+            Columns.arriving(
+                t0,
+                logging=s.logging is not None,
+                t_api=t_api,
+                t_router=t_router,
+                t_cache=t_router.copy(),
+                svc=np.asarray(self.pre.draw(n), dtype=float),
+                post=post,
+                back=back,
+                deadline=t0 + s.batching.deadline_ms if s.batching.deadline_ms is not None else np.zeros(n),
+                worker=np.zeros(n, dtype=np.int64) if worker is None else worker,
+                traffic_class=klass,
+                result_cache=drawn.get("result"),
+                feature_cache=drawn.get("feature"),
+                # the round trips of every request, used once it passes the caches
+                trips=trips(s.features, self.trips, n) if self.caches and not self.store else None,
+            )
+        )
+        if not self.caches and not self.store:  # every arrival reaches the feature stage now, in request order
+            return rid[:0], *self._features(rid, fetch(s.features, t_router, self.trips))
+        horizon = math.inf if final else hi
+        ledger = self.ledger
+        c = ledger.cols
+        served_ids = rid[:0]
+        f_id, f_t = rid, t_router
+        if "result" in self.caches:
+            f_id, f_t, hit = self.caches["result"].resolve(ledger, rid, t_router, horizon)
+            rows = f_id - ledger.lo
+            c.t_cache[rows] = f_t
+            served_ids = f_id[hit]
+            r = rows[hit]  # served from the result cache: no time in the later stages
+            for column in (c.t_features, c.t_preprocessed, c.t_dispatch, c.t_inferred):
+                column[r] = f_t[hit]
+            c.result_hit[r] = True
+            c.settled[r] = True
+            f_id, f_t = f_id[~hit], f_t[~hit]
+        if self.store:
+            return served_ids, *self._store(final)
+        go = np.ones(len(f_id), dtype=bool)
+        if "feature" in self.caches:
+            f_id, f_t, hit = self.caches["feature"].resolve(ledger, f_id, f_t, horizon)
+            c.feature_hit[f_id - ledger.lo] = hit
+            go = ~hit
+        lat = c.trips[f_id - ledger.lo][go]
+        fetched = fetch_drawn(s.features, f_t[go], lat)
+        end, degraded, failed = f_t.copy(), np.zeros(len(f_id), dtype=bool), np.zeros(len(f_id), dtype=bool)
+        end[go], degraded[go], failed[go] = fetched
+        return served_ids, *self._features(f_id, Fetched(end, degraded, failed))
+
+    def _store(self, final: bool):
+        """The feature stage with a store of finite capacity (the feature cache, then SimPy
+        over every round trip): held to the last chunk, then run for every request that
+        needs it, in request order."""
+        if not final:
+            empty = np.empty(0, dtype=np.int64)
+            return empty, np.empty(0), np.empty(0, dtype=bool)
+        c = self.ledger.cols
+        need = ~c.result_hit
+        front = None if self.speed is None else self.speed.frontend
+        end, degraded, failed, hit = feature_stage(
+            self.s.features, self.s.caches.feature, c.t_cache, need, self.rng, front
+        )
+        rows = np.flatnonzero(need)
+        c.feature_hit[rows] = hit[rows]
+        return self._features(rows + self.ledger.lo, Fetched(end[rows], degraded[rows], failed[rows]))
+
+    def _features(self, ids: np.ndarray, fetched: Fetched):
+        """Write the feature stage's columns of requests ``ids``; returns the ids, when
+        their stage ended and whether they failed (those are settled: they go no further)."""
+        c = self.ledger.cols
+        rows = ids - self.ledger.lo
+        failed = fetched.failed
+        c.t_features[rows] = np.where(failed, np.nan, fetched.end)
+        c.degraded[rows] = fetched.degraded
+        c.live[rows] = ~failed
+        f = rows[failed]
+        c.t_dropped[f] = fetched.end[failed]
+        c.outcome[f] = Outcome.FAILED
+        c.settled[f] = True
+        return ids, fetched.end, failed
+
+    def _preprocess(self, ids, t_feat, svc, hi: float, final: bool):
+        """Preprocessing: a pure delay, or an FCFS pool of CPU workers (with a horizon).
+        The requests that leave it now, and when."""
+        if self.pre.station is None:
+            return ids, self.pre.leave_sorted(t_feat, svc)
+        self.cpu_wait.push(t=t_feat, s=np.asarray(svc, dtype=float), id=ids)
+        if self.cpu_wait.cols is None:
+            return ids[:0], t_feat[:0]
+        r = self.cpu_wait.ready("t", math.inf if final else hi)
+        return r["id"], self.pre.leave_sorted(r["t"], r["s"])
+
+    def _serve_whole(self) -> tuple[np.ndarray, BatchLog]:
+        """The versions' or the traffic classes' pools, for every live request of the run
+        (held: the ledger holds the whole run). Returns the rows settled, and the batches."""
+        s, c = self.s, self.ledger.cols
+        idx, served, log = serve_whole(
+            s,
+            self.seed,
+            self.rng,
+            self.speed,
+            t_router=c.t_router,
+            t_pre=c.t_preprocessed,
+            klass=c.traffic_class,
+            live=np.flatnonzero(c.live),
+            assign=None if self.router is None or s.router.balancing == "shared" else c.worker,
+            deadlines=c.deadline if s.batching.deadline_ms is not None else None,
+        )
+        c.version[:] = log.version
+        self.left = {"fleet": log.fleet, "pools": log.pools, "shadow": log.shadow, "counterfactual": log.counterfactual}
+        return self.ledger.settle(idx + self.ledger.lo, served), log.batches
+
+    def _on_loop(self) -> tuple[np.ndarray, BatchLog]:
+        """The front end's event loop with its batch queue and instances, for every live
+        request of the run (held). Returns the rows settled, and the batches."""
+        c = self.ledger.cols
+        idx = np.flatnonzero(c.live)
+        t_enq, served, log, t_resp = serve_loop(self.s, self.rng, self.speed, t_feat=c.t_features[idx], cost=c.svc[idx])
+        c.t_preprocessed[idx] = t_enq
+        c.t_answered = c.t_features.copy()
+        c.t_answered[idx] = t_resp
+        return self.ledger.settle(idx + self.ledger.lo, served), log.batches
+
+    def _ship(self, rows: np.ndarray | slice, hi: float, final: bool) -> None:
+        """The prediction log: records of the requests settled now (``rows``, or all the
+        ledger's) join its FCFS pipeline, which ships those emitted before any unsettled
+        request could emit."""
+        ledger = self.ledger
+        c = ledger.cols
+        ids = np.arange(ledger.lo, ledger.lo + len(ledger)) if isinstance(rows, slice) else rows + ledger.lo
+        self.log_wait.push(t=c.t_emitted[rows], id=ids)
+        open_rows = ~c.settled
+        bound = hi if not open_rows.any() else min(hi, float(c.arrival[open_rows].min()))
+        if self.log_wait.cols is None:
+            return
+        r = self.log_wait.ready("t", math.inf if final else bound)
+        if len(r["t"]):
+            shipped = self.log_station.run(r["t"], np.full(len(r["t"]), self.ship_ms)) + self.ship_ms
+            c.t_logged[r["id"] - ledger.lo] = shipped
+            c.shipped[r["id"] - ledger.lo] = True
+
+
+class _CacheStage:
+    """A cache on the request path: its contents carried between chunks, and the lookups
+    waiting for their turn (a :class:`Horizon`: they are replayed in time order)."""
+
+    def __init__(self, cfg: Cache, rng: np.random.Generator, drawn: Callable[[Columns], CacheDrawn]):
+        self.draws = CacheDraws(cfg, rng)
+        self.state = CacheState(cfg)
+        self.wait = Horizon(tie="id")
+        self.drawn = drawn  # the ledger's draws that are this cache's
+
+    def resolve(self, ledger: Ledger, ids: np.ndarray, t: np.ndarray, horizon: float):
+        """Lookups of requests ``ids`` at ``t`` join those waiting; those before
+        ``horizon`` are looked up now, in time order: their ids, when done, and hits."""
+        self.wait.push(t=t, id=ids)
+        r = self.wait.ready("t", horizon)
+        rows = r["id"] - ledger.lo
+        mine = self.drawn(ledger.cols)
+        hit = self.state.resolve(r["t"], mine.drawn[rows])
+        return r["id"], cache_done(r["t"], hit, mine.hit_ms[rows], mine.miss_ms[rows], slice(None)), hit
+
+
+def _records(c: Columns, loop: bool) -> Records:
+    """The ledger's columns as records: the columns of the same name, and the times after
+    the model (answered by the loop, with one, else when inference ended)."""
+    t_post = (c.t_answered if loop else c.t_inferred) + c.post
+    after = {"t_postprocessed": t_post, "t_response": t_post + c.back}
+    return Records(*(after[f.name] if f.name in after else getattr(c, f.name) for f in fields(Records)))
+
+
+__all__ = [
+    "STREAMS",
+    "Columns",
+    "Ledger",
+    "Outcome",
+    "Piece",
+    "Run",
+    "Streams",
+    "concat_records",
+    "simulate",
+    "stream",
+    "streams",
+]

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator.chunks import unsupported
+from simulator.chunks import held
 from simulator.engine import simulate
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import load_scenario
@@ -147,7 +147,7 @@ def test_what_it_does_not_combine_with_is_said_before_the_run(text, words):
 
 def test_the_streaming_engine_leaves_it_to_the_whole_run_engine():
     s = Scenario.model_validate(_doc(100, {}))
-    assert "preprocess.event_loop" in unsupported(s)
+    assert "preprocess.event_loop" in held(s)
 
 
 def test_the_fit_recovers_the_loop_from_the_server_clocks():

@@ -81,7 +81,7 @@ def test_the_streamed_engine_gives_the_same_counts():
         ({"sample": 5}, "fleet sampling would be wrong"),
         ({"sample": "some"}, "sample must be"),
         ({"engine": "fast"}, "engine must be"),
-        ({"engine": "stream"}, "does not simulate traffic classes"),
+        ({"engine": "stream"}, "traffic classes holds every request"),
     ],
 )
 def test_what_run_refuses_it_refuses_before_running(kw, words):

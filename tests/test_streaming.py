@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from simulator import load_scenario, simulate
-from simulator.chunks import unsupported
+from simulator.chunks import held
 from simulator.serving.fleet import WorkerState
 from simulator.streaming import simulate_streaming, stream
 from tests.helpers import ROOT
@@ -123,7 +123,7 @@ def _equal(a: np.ndarray, b: np.ndarray) -> bool:
 def test_streamed_records_equal_whole_run(case):
     path, overrides = CASES[case]
     s = load_scenario(ROOT / "scenarios" / path, overrides)
-    assert unsupported(s) is None
+    assert held(s) is None
     whole = simulate(s)
     for chunk_s in (0.05, 0.731):
         records, batches, _ = simulate_streaming(s, chunk_s=chunk_s)
@@ -162,20 +162,58 @@ def test_pieces_are_contiguous_and_hold_little():
     assert max(sizes) < 0.2 * nxt  # about one chunk's worth at a time
 
 
-@pytest.mark.parametrize(
-    ("path", "why"),
-    [
-        ("canary.yaml", "a canary"),
-        ("noisy_neighbour.yaml", "traffic classes"),
-        ("recsys_under_load.yaml", "a feature store of finite capacity"),
-    ],
-)
-def test_what_it_does_not_simulate_is_named(path, why):
-    extra = ["features.store={threads: 8, per_op_ms: 0.2}"] if "store" in why else []
-    s = load_scenario(ROOT / "scenarios" / path, extra)
-    assert why in unsupported(s)
-    with pytest.raises(ValueError, match=why):
-        next(stream(s))
+HELD = {
+    "a canary": ("canary.yaml", ["duration_s=20", "warmup_s=2", "router.canary.rollback_at_s=15"]),
+    "a shadow": (
+        "canary.yaml",
+        ["duration_s=10", "warmup_s=1", "router.shadow.pool=shared", "router.shadow.measure_impact=true"],
+    ),
+    "traffic classes": ("noisy_neighbour.yaml", ["duration_s=10", "warmup_s=1"]),
+    "a feature store of finite capacity": (
+        "recsys_feature_fetch.yaml",
+        ["duration_s=4", "warmup_s=1", "features.store={threads: 8, per_op_ms: 0.2}"],
+    ),
+    "preprocess.event_loop": (
+        "calibrated_cpu_resnet.yaml",
+        [
+            "duration_s=10",
+            "warmup_s=1",
+            "traffic.rate_rps=500",
+            "preprocess.cpu_workers=1",
+            "router.balancing=shared",
+            "workers.count=1",
+            "preprocess.event_loop={return_ms: 0.3, respond_per_batch_ms: 0.1, respond_per_request_ms: 0.05}",
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("why", sorted(HELD))
+def test_a_held_scenario_is_named_and_gives_the_same_records_in_chunks(why):
+    """The stages still written over a whole run hold a scenario's requests to its last
+    chunk: named by held(), and the records, batches, other pools and shadow copies are
+    those of one chunk whatever the chunk length."""
+    path, overrides = HELD[why]
+    s = load_scenario(ROOT / "scenarios" / path, overrides)
+    assert why in held(s)
+    whole = simulate(s)
+    pieces = list(stream(s, chunk_s=0.731))
+    assert len(pieces) > 5
+    assert all(len(p.records) == 0 for p in pieces[:-1])
+    last = pieces[-1]
+    for f in fields(whole.records):
+        assert _equal(getattr(whole.records, f.name), getattr(last.records, f.name)), f.name
+    for name in ("start", "end", "size", "instance"):
+        assert np.array_equal(getattr(whole.batches, name), getattr(last.batches, name)), name
+    assert sorted(whole.pools) == sorted(last.pools)
+    for pool in whole.pools:
+        assert np.array_equal(whole.pools[pool].end, last.pools[pool].end), pool
+    assert (whole.shadow is None) == (last.shadow is None)
+    if whole.shadow is not None:
+        for k, v in whole.shadow.items():
+            assert _equal(v, last.shadow[k]), k
+    if whole.response_without_shadow is not None:
+        assert _equal(whole.response_without_shadow, last.response_without_shadow)
 
 
 def test_run_streams_records_a_row_group_per_chunk(tmp_path):

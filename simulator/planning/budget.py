@@ -178,9 +178,9 @@ def check(
         drivers = sorted(b.parts, key=b.parts.get, reverse=True)
         remedies = [remedy[d] for d in drivers if b.parts[d] > 0.2 * b.bytes] or [remedy[drivers[0]]]
         if not streamed:
-            from simulator.chunks import unsupported
+            from simulator.chunks import held
 
-            if unsupported(s) is None:
+            if held(s) is None:
                 remedies.append("stream it in bounded memory (--engine stream)")
         remedies.append("simulate part of the fleet with --sample-workers K (exact under random routing)")
         raise BudgetError(

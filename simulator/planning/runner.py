@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import numpy as np
 
-from simulator.chunks import prefer_streaming, unsupported
+from simulator.chunks import held, prefer_streaming
 from simulator.ledger import DROPS
 from simulator.planning.sampling import auto_sample_size, sample_fleet, scale_summary
 from simulator.results.metrics import cost, summarize, worker_price
@@ -67,9 +67,11 @@ def prepare(
         raise ValueError(f"sample must be 'auto', None or a number of workers, not {sample!r}")
     simulated = sample_fleet(s, k)
     if engine == "stream":
-        why = unsupported(simulated)
+        why = held(simulated)
         if why is not None:
-            raise ValueError(f"the streaming engine does not simulate {why} yet; use the whole-run engine")
+            raise ValueError(
+                f"{why} holds every request to the run's end, so streaming saves no memory; use the whole-run engine"
+            )
         streamed = True
     elif engine == "whole":
         streamed = False

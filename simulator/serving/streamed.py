@@ -48,24 +48,28 @@ class Horizon:
         else:
             take = {k: v[go] for k, v in c.items()}
             self.cols = {k: v[~go] for k, v in c.items()}
-        order = np.argsort(take[key], kind="stable") if self.tie is None else np.lexsort((take[self.tie], take[key]))
+        t = take[key]
+        if self.tie is None and np.all(t[:-1] <= t[1:]):  # already in order (ties as pushed)
+            return take
+        order = np.argsort(t, kind="stable") if self.tie is None else np.lexsort((take[self.tie], t))
         return {k: v[order] for k, v in take.items()}
 
 
 def settle(feed: Feed, cut: int, batches: int | None = None, *, results: PoolRun | None = None):
-    """A feed's first ``cut`` arrivals as serving columns, and its first ``batches``
+    """A feed's first ``cut`` arrivals' serving columns (:class:`Served`), and its first ``batches``
     dispatched batches (default: all), copied out of the queue's buffers so that the
     queue can be trimmed: :func:`~simulator.serving.workers.queue_results` (or the feed's
     own ``results``, a crashed worker's) cut to what has settled."""
     run = results if results is not None else queue_results(feed.queue, feed.b_start, feed.b_end, feed.b_inst)
     nb = len(run.batches.start) if batches is None else batches
-    cols = {k: np.array(v[:cut]) for k, v in run.served._asdict().items()}
-    return cols, run.batches.take(np.arange(nb))
+    return Served(*(np.array(v[:cut]) for v in run.served)), run.batches.take(np.arange(nb))
 
 
 class StreamedPool:
     """The primary pool, fixed: its scheduler (:func:`~simulator.serving.scheduler.build`:
     per-worker batch queues, or one shared) fed chunk by chunk in time order."""
+
+    fleet = None  # a fixed fleet leaves no fleet log
 
     def __init__(self, s: Scenario, service: ServiceModel, *, compiled: bool | None = None):
         self.shared = s.router.balancing == "shared"
@@ -87,7 +91,7 @@ class StreamedPool:
         if final:
             self.scheduler.close()
         got = self.scheduler.run()
-        return (got.ids, got.served._asdict()), got.batches
+        return (got.ids, got.served), got.batches
 
 
 class StreamedDynamicPool:
@@ -157,7 +161,7 @@ class StreamedDynamicPool:
         self._forget()
         if not ids:
             return None, BatchLog.empty()
-        merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        merged = Served(*(np.concatenate(column) for column in zip(*parts, strict=True)))
         return (np.concatenate(ids), merged), concat_logs(logs)
 
     def _settled(self, feed) -> tuple[int, int]:
@@ -186,7 +190,7 @@ class StreamedDynamicPool:
             n = len(positions)
             ids.append(pool.ids[positions])
             rejected = np.full(n, Outcome.REJECTED, dtype=np.int8)
-            parts.append(Served.empty(n)._replace(outcome=rejected, t_dropped=pool.q[positions] + extra)._asdict())
+            parts.append(Served.empty(n)._replace(outcome=rejected, t_dropped=pool.q[positions] + extra))
         a.rejected.clear()
         a.expired.clear()
         return ids, parts

@@ -106,21 +106,37 @@ def source(traffic: Traffic, duration_ms: float, *, rng: np.random.Generator) ->
     return shaped_source(traffic.rate_rps, traffic.shape, duration_ms, rng=rng)
 
 
-def arrivals(traffic: Traffic, duration_ms: float, *, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Arrival times for the configured source, and each arrival's traffic class (0 without classes).
+class Arrivals:
+    """A traffic section's arrivals, handed out in successive time chunks with each one's
+    traffic class: one :class:`ArrivalSource` per class (or one for the section), merged in
+    time order. Each class draws from its own child of the stream, so changing one class's
+    rate leaves the other classes' arrivals as they were. Ties between classes go in class
+    order, and a tie never straddles a chunk's end, so the merge is the same read in one
+    piece or in chunks."""
 
-    Each class draws from its own child of ``rng``, so changing one class's rate leaves
-    the other classes' arrivals as they were.
-    """
-    if traffic.classes:
-        children = rng.spawn(len(traffic.classes))
-        parts = [
-            shaped_arrivals(c.rate_rps, c.shape, duration_ms, rng=g)
-            for c, g in zip(traffic.classes.values(), children, strict=True)
-        ]
+    def __init__(self, traffic: Traffic, duration_ms: float, *, rng: np.random.Generator):
+        if traffic.classes:
+            children = rng.spawn(len(traffic.classes))
+            self.sources = [
+                shaped_source(c.rate_rps, c.shape, duration_ms, rng=g)
+                for c, g in zip(traffic.classes.values(), children, strict=True)
+            ]
+        else:
+            self.sources = [source(traffic, duration_ms, rng=rng)]
+
+    def take(self, until_ms: float) -> tuple[np.ndarray, np.ndarray]:
+        """The arrivals before ``until_ms`` not handed out yet (sorted), and their classes."""
+        if len(self.sources) == 1:
+            times = self.sources[0].take(until_ms)
+            return times, np.zeros(len(times), dtype=np.int8)
+        parts = [s.take(until_ms) for s in self.sources]
         times = np.concatenate(parts)
         klass = np.repeat(np.arange(len(parts), dtype=np.int8), [len(p) for p in parts])
         order = np.argsort(times, kind="stable")
         return times[order], klass[order]
-    times = source(traffic, duration_ms, rng=rng).take(duration_ms)
-    return times, np.zeros(len(times), dtype=np.int8)
+
+
+def arrivals(traffic: Traffic, duration_ms: float, *, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Arrival times for the configured source over ``[0, duration_ms)``, and each
+    arrival's traffic class (0 without classes): :class:`Arrivals` read in one piece."""
+    return Arrivals(traffic, duration_ms, rng=rng).take(duration_ms)
