@@ -340,19 +340,17 @@ class _Run:
         # a dynamic pool routes by itself (the traffic classes' pools excepted); the others are routed here
         dynamic = s.workers.dynamic and not s.traffic.classes
         self.router = None if dynamic else Router(s.router.balancing, rng.routing)
-        self.caches = {
-            kind: _CacheStage(cfg, g, drawn)
-            for kind, cfg, g, drawn in (
-                ("result", s.caches.result, rng.result_cache, lambda c: c.result_cache),
-                ("feature", None if self.store else s.caches.feature, rng.feature_cache, lambda c: c.feature_cache),
-            )
-            if cfg is not None
-        }
+        result, feature = s.caches.result, None if self.store else s.caches.feature
+        self.result_cache = None if result is None else _CacheStage(result, rng.result_cache, lambda c: c.result_cache)
+        self.feature_cache = (
+            None if feature is None else _CacheStage(feature, rng.feature_cache, lambda c: c.feature_cache)
+        )
+        self.cached = result is not None or feature is not None
         # past a cache, requests reach the later stages out of request order: ties by id
-        tie = "id" if self.caches else None
+        by_id = self.cached
         if self.pool is not None:
-            self.pool.waiting = Horizon(tie)
-        self.cpu_wait = Horizon(tie)
+            self.pool.waiting = Horizon(by_id=by_id)
+        self.cpu_wait = Horizon(by_id=by_id)
         self.log_station = Lindley() if s.logging else None
         self.log_wait = Horizon()
         self.ship_ms = record_ms(s.logging) if s.logging else 0.0
@@ -428,7 +426,6 @@ class _Run:
         post = np.broadcast_to(self.post.draw(n), (n,)).copy()
         back = np.broadcast_to(self.network.back_ms(n, klass), (n,)).astype(float)
         worker = None if self.router is None else self.router.pick(n, s.workers.count)
-        drawn = {kind: CacheDrawn(*cache.draws(n)) for kind, cache in self.caches.items()}
         self.ledger.append(
             Columns.arriving(
                 t0,
@@ -442,21 +439,21 @@ class _Run:
                 deadline=t0 + s.batching.deadline_ms if s.batching.deadline_ms is not None else np.zeros(n),
                 worker=np.zeros(n, dtype=np.int64) if worker is None else worker,
                 traffic_class=klass,
-                result_cache=drawn.get("result"),
-                feature_cache=drawn.get("feature"),
+                result_cache=None if self.result_cache is None else CacheDrawn(*self.result_cache.draws(n)),
+                feature_cache=None if self.feature_cache is None else CacheDrawn(*self.feature_cache.draws(n)),
                 # the round trips of every request, used once it passes the caches
-                trips=trips(s.features, self.trips, n) if self.caches and not self.store else None,
+                trips=trips(s.features, self.trips, n) if self.cached and not self.store else None,
             )
         )
-        if not self.caches and not self.store:  # every arrival reaches the feature stage now, in request order
+        if not self.cached and not self.store:  # every arrival reaches the feature stage now, in request order
             return rid[:0], *self._features(rid, fetch(s.features, t_router, self.trips))
         horizon = math.inf if final else hi
         ledger = self.ledger
         c = ledger.cols
         served_ids = rid[:0]
         f_id, f_t = rid, t_router
-        if "result" in self.caches:
-            f_id, f_t, hit = self.caches["result"].resolve(ledger, rid, t_router, horizon)
+        if self.result_cache is not None:
+            f_id, f_t, hit = self.result_cache.resolve(ledger, rid, t_router, horizon)
             rows = f_id - ledger.lo
             c.t_cache[rows] = f_t
             served_ids = f_id[hit]
@@ -469,8 +466,8 @@ class _Run:
         if self.store:
             return served_ids, *self._store(final)
         go = np.ones(len(f_id), dtype=bool)
-        if "feature" in self.caches:
-            f_id, f_t, hit = self.caches["feature"].resolve(ledger, f_id, f_t, horizon)
+        if self.feature_cache is not None:
+            f_id, f_t, hit = self.feature_cache.resolve(ledger, f_id, f_t, horizon)
             c.feature_hit[f_id - ledger.lo] = hit
             go = ~hit
         lat = c.trips[f_id - ledger.lo][go]
@@ -516,11 +513,9 @@ class _Run:
         The requests that leave it now, and when."""
         if self.pre.station is None:
             return ids, self.pre.leave_sorted(t_feat, svc)
-        self.cpu_wait.push(t=t_feat, s=np.asarray(svc, dtype=float), id=ids)
-        if self.cpu_wait.cols is None:
-            return ids[:0], t_feat[:0]
-        r = self.cpu_wait.ready("t", math.inf if final else hi)
-        return r["id"], self.pre.leave_sorted(r["t"], r["s"])
+        self.cpu_wait.push(t_feat, ids, np.asarray(svc, dtype=float))
+        t, ids, svc = self.cpu_wait.ready(math.inf if final else hi)
+        return ids, self.pre.leave_sorted(t, svc)
 
     def _serve_whole(self) -> tuple[np.ndarray, BatchLog]:
         """The versions' or the traffic classes' pools, for every live request of the run
@@ -560,16 +555,13 @@ class _Run:
         ledger = self.ledger
         c = ledger.cols
         ids = np.arange(ledger.lo, ledger.lo + len(ledger)) if isinstance(rows, slice) else rows + ledger.lo
-        self.log_wait.push(t=c.t_emitted[rows], id=ids)
+        self.log_wait.push(c.t_emitted[rows], ids)
         open_rows = ~c.settled
         bound = hi if not open_rows.any() else min(hi, float(c.arrival[open_rows].min()))
-        if self.log_wait.cols is None:
-            return
-        r = self.log_wait.ready("t", math.inf if final else bound)
-        if len(r["t"]):
-            shipped = self.log_station.run(r["t"], np.full(len(r["t"]), self.ship_ms)) + self.ship_ms
-            c.t_logged[r["id"] - ledger.lo] = shipped
-            c.shipped[r["id"] - ledger.lo] = True
+        t, ids = self.log_wait.ready(math.inf if final else bound)
+        if len(t):
+            c.t_logged[ids - ledger.lo] = self.log_station.run(t, np.full(len(t), self.ship_ms)) + self.ship_ms
+            c.shipped[ids - ledger.lo] = True
 
 
 class _CacheStage:
@@ -579,18 +571,18 @@ class _CacheStage:
     def __init__(self, cfg: Cache, rng: np.random.Generator, drawn: Callable[[Columns], CacheDrawn]):
         self.draws = CacheDraws(cfg, rng)
         self.state = CacheState(cfg)
-        self.wait = Horizon(tie="id")
+        self.wait = Horizon(by_id=True)
         self.drawn = drawn  # the ledger's draws that are this cache's
 
     def resolve(self, ledger: Ledger, ids: np.ndarray, t: np.ndarray, horizon: float):
         """Lookups of requests ``ids`` at ``t`` join those waiting; those before
         ``horizon`` are looked up now, in time order: their ids, when done, and hits."""
-        self.wait.push(t=t, id=ids)
-        r = self.wait.ready("t", horizon)
-        rows = r["id"] - ledger.lo
+        self.wait.push(t, ids)
+        t, ids = self.wait.ready(horizon)
+        rows = ids - ledger.lo
         mine = self.drawn(ledger.cols)
-        hit = self.state.resolve(r["t"], mine.drawn[rows])
-        return r["id"], cache_done(r["t"], hit, mine.hit_ms[rows], mine.miss_ms[rows], slice(None)), hit
+        hit = self.state.resolve(t, mine.drawn[rows])
+        return ids, cache_done(t, hit, mine.hit_ms[rows], mine.miss_ms[rows], slice(None)), hit
 
 
 def _records(c: Columns, loop: bool) -> Records:

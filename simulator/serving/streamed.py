@@ -23,36 +23,35 @@ from simulator.serving.workers import Feed, ServiceModel, queue_results
 
 
 class Horizon:
-    """Inputs of an order-dependent stage waiting for their turn: columns kept in the order
-    pushed; :meth:`ready` hands out, sorted by time, those before the horizon. Ties keep
-    the order pushed, or with ``tie`` (a column: the request id) go in that column's order,
-    for inputs that are not pushed in request order."""
+    """Inputs of an order-dependent stage waiting for their turn: each input's time, its
+    request id and any other columns, kept in the order pushed; :meth:`ready` hands out,
+    sorted by time, those before the horizon. Ties keep the order pushed, or with
+    ``by_id`` go in id order, for inputs that are not pushed in request order."""
 
-    def __init__(self, tie: str | None = None) -> None:
-        self.cols: dict[str, np.ndarray] | None = None
-        self.tie = tie
+    def __init__(self, *, by_id: bool = False) -> None:
+        self.cols: tuple[np.ndarray, ...] | None = None
+        self.by_id = by_id
 
-    def push(self, **cols: np.ndarray) -> None:
-        if self.cols is None:
-            self.cols = cols
-        else:
-            self.cols = {k: np.concatenate([self.cols[k], v]) for k, v in cols.items()}
+    def push(self, t: np.ndarray, ids: np.ndarray, *cols: np.ndarray) -> None:
+        new = (t, ids, *cols)
+        old = self.cols
+        self.cols = new if old is None else tuple(np.concatenate(pair) for pair in zip(old, new, strict=True))
 
-    def ready(self, key: str, horizon: float) -> dict[str, np.ndarray]:
-        """The inputs with ``key`` < ``horizon``, sorted by ``key`` (ties in request order)."""
+    def ready(self, horizon: float) -> tuple[np.ndarray, ...]:
+        """The inputs with time < ``horizon`` as pushed (time, ids, the other columns),
+        sorted by time; they leave the stage's wait."""
         c = self.cols
-        t = c[key]
-        go = t < horizon
+        go = c[0] < horizon
         if go.all():
             take, self.cols = c, None
         else:
-            take = {k: v[go] for k, v in c.items()}
-            self.cols = {k: v[~go] for k, v in c.items()}
-        t = take[key]
-        if self.tie is None and np.all(t[:-1] <= t[1:]):  # already in order (ties as pushed)
+            take = tuple(v[go] for v in c)
+            self.cols = tuple(v[~go] for v in c)
+        t = take[0]
+        if not self.by_id and np.all(t[:-1] <= t[1:]):  # already in order (ties as pushed)
             return take
-        order = np.argsort(t, kind="stable") if self.tie is None else np.lexsort((take[self.tie], t))
-        return {k: v[order] for k, v in take.items()}
+        order = np.lexsort((take[1], t)) if self.by_id else np.argsort(t, kind="stable")
+        return tuple(v[order] for v in take)
 
 
 def settle(feed: Feed, cut: int, batches: int | None = None, *, results: PoolRun | None = None):
@@ -81,13 +80,10 @@ class StreamedPool:
     def run(self, t_pre, rid, worker, deadline, horizon: float, final: bool):
         """Feed the requests (request order) and run to ``horizon``; returns the settled
         requests' serving columns (ids and columns), and the batches that started."""
-        self.waiting.push(t=t_pre, id=rid, w=worker, dl=deadline)
-        if self.waiting.cols is None:  # nothing new, but every queue learns the horizon
-            ready = {"t": np.empty(0), "id": np.empty(0, np.int64), "w": np.empty(0, np.int64), "dl": np.empty(0)}
-        else:
-            ready = self.waiting.ready("t", math.inf if final else horizon)
-        queue = None if self.shared else ready["w"]
-        self.scheduler.extend(ready["t"], ready["id"], queue, ready["dl"] if self.deadlines else None, horizon)
+        self.waiting.push(t_pre, rid, worker, deadline)
+        # maybe none are ready: every queue still learns the horizon
+        t, ids, queue, dl = self.waiting.ready(math.inf if final else horizon)
+        self.scheduler.extend(t, ids, None if self.shared else queue, dl if self.deadlines else None, horizon)
         if final:
             self.scheduler.close()
         got = self.scheduler.run()
@@ -119,10 +115,9 @@ class StreamedDynamicPool:
         self.last_end: dict[int, float] = {}
 
     def run(self, t_pre, rid, worker, deadline, horizon: float, final: bool):
-        self.waiting.push(t=t_pre, id=rid, dl=deadline)
-        empty = {"t": np.empty(0), "id": np.empty(0, np.int64), "dl": np.empty(0)}
-        ready = empty if self.waiting.cols is None else self.waiting.ready("t", math.inf if final else horizon)
-        self.pool.push(ready["t"], ready["id"], ready["dl"] if self.deadlines else None, horizon, final)
+        self.waiting.push(t_pre, rid, deadline)
+        t, ids, dl = self.waiting.ready(math.inf if final else horizon)
+        self.pool.push(t, ids, dl if self.deadlines else None, horizon, final)
         if final:
             self.env.run()
         elif horizon > self.env.now:
