@@ -114,8 +114,6 @@ class Columns:
     svc: np.ndarray  # CPU time of preprocessing
     post: np.ndarray
     back: np.ndarray
-    deadline: np.ndarray
-    worker: np.ndarray  # the primary pool's worker (0 for a shared queue)
     traffic_class: np.ndarray
     # what became of it
     outcome: np.ndarray
@@ -131,6 +129,8 @@ class Columns:
     result_cache: CacheDrawn | None = None
     feature_cache: CacheDrawn | None = None
     trips: np.ndarray | None = None
+    deadline: np.ndarray | None = None  # with batching.deadline_ms: when it gives up, end to end
+    worker: np.ndarray | None = None  # its worker in the primary pool, where the engine routes to one
     # with a prediction log: when its response left, or it was dropped (what the log ships); shipped yet
     t_emitted: np.ndarray | None = None
     shipped: np.ndarray | None = None
@@ -370,8 +370,10 @@ class _Run:
                 rows, batches = self._on_loop()
                 new_rows.append(rows)
         else:
-            live = ~failed
-            p_id, p_t = self._preprocess(f_id[live], f_t[live], c.svc[f_id[live] - ledger.lo], hi, final)
+            if failed.any():
+                f_id, f_t = f_id[~failed], f_t[~failed]
+            p_id, p_t = self._preprocess(f_id, f_t, _rows_of(c.svc, f_id - ledger.lo), hi, final)
+            del f_id, f_t  # a whole run's columns: gone before the pool runs
             rows = p_id - ledger.lo
             c.t_preprocessed[rows] = p_t
             if self.pool is None:  # the versions' or classes' pools, over the whole run
@@ -379,7 +381,10 @@ class _Run:
                     rows, batches = self._serve_whole()
                     new_rows.append(rows)
             else:
-                settled, batches = self.pool.run(p_t, p_id, c.worker[rows], c.deadline[rows], hi, final)
+                worker, deadline = (None if v is None else _rows_of(v, rows) for v in (c.worker, c.deadline))
+                del rows
+                settled, batches = self.pool.run(p_t, p_id, worker, deadline, hi, final)
+                del p_t, p_id, worker, deadline
                 if settled is not None:
                     new_rows.append(ledger.settle(*settled))
         rows = np.concatenate(new_rows).astype(np.int64)
@@ -436,8 +441,8 @@ class _Run:
                 svc=np.asarray(self.pre.draw(n), dtype=float),
                 post=post,
                 back=back,
-                deadline=t0 + s.batching.deadline_ms if s.batching.deadline_ms is not None else np.zeros(n),
-                worker=np.zeros(n, dtype=np.int64) if worker is None else worker,
+                deadline=None if s.batching.deadline_ms is None else t0 + s.batching.deadline_ms,
+                worker=worker,
                 traffic_class=klass,
                 result_cache=None if self.result_cache is None else CacheDrawn(*self.result_cache.draws(n)),
                 feature_cache=None if self.feature_cache is None else CacheDrawn(*self.feature_cache.draws(n)),
@@ -530,8 +535,8 @@ class _Run:
             t_pre=c.t_preprocessed,
             klass=c.traffic_class,
             live=np.flatnonzero(c.live),
-            assign=None if self.router is None or s.router.balancing == "shared" else c.worker,
-            deadlines=c.deadline if s.batching.deadline_ms is not None else None,
+            assign=c.worker,
+            deadlines=c.deadline,
         )
         c.version[:] = log.version
         self.left = {"fleet": log.fleet, "pools": log.pools, "shadow": log.shadow, "counterfactual": log.counterfactual}
@@ -583,6 +588,15 @@ class _CacheStage:
         mine = self.drawn(ledger.cols)
         hit = self.state.resolve(t, mine.drawn[rows])
         return ids, cache_done(t, hit, mine.hit_ms[rows], mine.miss_ms[rows], slice(None)), hit
+
+
+def _rows_of(column: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``column[rows]``, without a copy when ``rows`` are all of it in order (a whole run's
+    requests, or a chunk's with nothing ahead of them)."""
+    n = len(rows)
+    if n == len(column) and (n == 0 or (rows[0] == 0 and rows[-1] == n - 1 and np.all(rows[1:] > rows[:-1]))):
+        return column
+    return column[rows]
 
 
 def _records(c: Columns, loop: bool) -> Records:

@@ -26,7 +26,8 @@ class Horizon:
     """Inputs of an order-dependent stage waiting for their turn: each input's time, its
     request id and any other columns, kept in the order pushed; :meth:`ready` hands out,
     sorted by time, those before the horizon. Ties keep the order pushed, or with
-    ``by_id`` go in id order, for inputs that are not pushed in request order."""
+    ``by_id`` go in id order, for inputs that are not pushed in request order. A column
+    given as None (one a run does not have) stays None."""
 
     def __init__(self, *, by_id: bool = False) -> None:
         self.cols: tuple[np.ndarray, ...] | None = None
@@ -35,7 +36,7 @@ class Horizon:
     def push(self, t: np.ndarray, ids: np.ndarray, *cols: np.ndarray) -> None:
         new = (t, ids, *cols)
         old = self.cols
-        self.cols = new if old is None else tuple(np.concatenate(pair) for pair in zip(old, new, strict=True))
+        self.cols = new if old is None else tuple(_apply(np.concatenate, a, b) for a, b in zip(old, new, strict=True))
 
     def ready(self, horizon: float) -> tuple[np.ndarray, ...]:
         """The inputs with time < ``horizon`` as pushed (time, ids, the other columns),
@@ -45,13 +46,20 @@ class Horizon:
         if go.all():
             take, self.cols = c, None
         else:
-            take = tuple(v[go] for v in c)
-            self.cols = tuple(v[~go] for v in c)
+            take = tuple(_apply(lambda v: v[go], v) for v in c)
+            self.cols = tuple(_apply(lambda v: v[~go], v) for v in c)
         t = take[0]
         if not self.by_id and np.all(t[:-1] <= t[1:]):  # already in order (ties as pushed)
             return take
         order = np.lexsort((take[1], t)) if self.by_id else np.argsort(t, kind="stable")
-        return tuple(v[order] for v in take)
+        return tuple(_apply(lambda v: v[order], v) for v in take)
+
+
+def _apply(fn, first, *rest):
+    """``fn`` of a column (with its own parts, to concatenate), or None for a column not kept."""
+    if first is None:
+        return None
+    return fn((first, *rest)) if rest else fn(first)
 
 
 def settle(feed: Feed, cut: int, batches: int | None = None, *, results: PoolRun | None = None):
@@ -87,6 +95,8 @@ class StreamedPool:
         if final:
             self.scheduler.close()
         got = self.scheduler.run()
+        if final:  # its queues' buffers go now, not with the run
+            self.scheduler = None
         return (got.ids, got.served), got.batches
 
 
