@@ -128,8 +128,7 @@ def run(
         Engine,
         typer.Option(
             help="whole: hold every request (exact percentiles); stream: time chunks in bounded memory "
-            "(percentiles within 0.5%); auto: stream runs of over 5M requests where the streaming engine "
-            "covers the scenario.",
+            "(percentiles within 0.5%); auto: stream runs of over 5M requests that nothing holds to the end.",
             case_sensitive=False,
         ),
     ] = Engine.auto,

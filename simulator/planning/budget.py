@@ -2,7 +2,7 @@
 
 A run in one chunk keeps every request in memory (about 360 bytes each, measured on the
 platform scenario: 355 bytes per request between a 2 s and a 6 s run), so
-a long or fast run can need more memory than the machine has; the streaming engine
+a long or fast run can need more memory than the machine has; a streamed run
 (:mod:`simulator.streaming`) holds one chunk of requests and the timeline instead. :func:`estimate` prices a validated
 scenario from its own numbers; :func:`check` refuses the run when the estimate exceeds the
 memory available, naming the remedies, before a single array is allocated.

@@ -53,7 +53,7 @@ def prepare(
     """Decide what :func:`run` simulates, before anything runs.
 
     Raises ValueError when ``sample`` asks for a fleet sample that would be wrong, or
-    ``engine="stream"`` for a scenario the streaming engine does not cover.
+    ``engine="stream"`` for a held scenario (:func:`simulator.chunks.held`), which streaming would not make smaller.
     """
     s = scenario if seed is None else scenario.model_copy(update={"seed": int(seed)})
     n = s.workers.count
@@ -183,7 +183,7 @@ def run(
     engine : "auto", "whole" or "stream"
         ``whole`` holds every request (exact percentiles); ``stream`` runs time chunks in
         bounded memory (percentiles within 0.5%); ``auto`` streams runs of over 5M
-        requests where the streaming engine covers the scenario.
+        requests that nothing holds to the run's end.
     interval_s : float or None
         Width of the timeline's intervals, s; None leaves the timeline out of a whole
         run's summary (what a replication needs is cheaper without it).

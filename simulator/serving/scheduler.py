@@ -1,8 +1,8 @@
 """The scheduler seam: who joins a batch, and when it runs, on which instance.
 
 A fixed pool's batch queues are driven through one :class:`Scheduler`, whatever decides
-the batches: the whole-run engine feeds it every request at once and closes it, the
-streaming engine feeds it chunk by chunk. What a batch costs on the GPU is the
+the batches: the engine feeds it chunk by chunk (a whole run is one chunk) and closes it
+after the last. What a batch costs on the GPU is the
 :class:`~simulator.serving.workers.ServiceModel`'s business, kept apart: a scheduler asks
 it for batch times and never draws its own.
 

@@ -1,4 +1,4 @@
-"""Serving for the streaming engine (:mod:`simulator.streaming`): the primary pool fed
+"""Serving for the engine (:mod:`simulator.engine`): the primary pool fed
 chunk by chunk, its settled requests handed out, its queues trimmed.
 
 :class:`StreamedPool` runs a fixed fleet (per-worker batch queues or one shared, or the

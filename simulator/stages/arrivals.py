@@ -4,7 +4,7 @@ An arrival source turns a :class:`~simulator.scenario.config.Traffic` section in
 times in ms over ``[0, duration)``. Poisson gaps are drawn in blocks of a fixed size and
 never clipped (a clipped gap would silently raise the rate). Because the blocks do not
 depend on how far ahead anyone asks, a source read in time chunks
-(:meth:`ArrivalSource.take`, as the streaming engine does) gives exactly the times it
+(:meth:`ArrivalSource.take`, as the engine does) gives exactly the times it
 gives read in one piece.
 """
 

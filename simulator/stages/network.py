@@ -3,7 +3,7 @@ transfer time over the connection's bandwidth.
 
 A stage of the request path, called as every stage is (:mod:`simulator.stages`): built
 from the scenario and its random streams, it draws each request's inputs in request order
-(the whole-run and the streaming engine draw the same numbers) and says when requests
+(the same numbers for any chunk length) and says when requests
 leave it. Nothing contends on the network, so it keeps no state between chunks.
 """
 

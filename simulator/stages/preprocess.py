@@ -4,7 +4,7 @@
 Called as every stage is: built from the scenario and its streams, it draws each
 request's CPU time in request order (for every request, whether it reaches the stage or
 not) and says when requests leave. The pool keeps its servers' free times
-(:class:`~simulator.stages.stations.FcfsStation`), so the streaming engine feeds it chunk
+(:class:`~simulator.stages.stations.FcfsStation`), so the engine feeds it chunk
 by chunk, in time order, with the same results as one whole run. With the host's speed
 (``platform.speed``), the station runs in the clock of the work the host does
 (:mod:`simulator.stages.speed`; exact, as that clock is increasing).
@@ -42,28 +42,6 @@ class Preprocessing:
         if self.path is None:
             return self.station.run(t, svc)[0] + svc
         return self.path.time(self.station.run(self.path.work(t), svc)[0] + svc)
-
-    def leave(self, t: np.ndarray, svc: np.ndarray, live: np.ndarray) -> np.ndarray:
-        """When the ``live`` requests, arriving at ``t`` in request order (not sorted),
-        leave; the others keep ``t``. For a whole run: all its requests in one call."""
-
-        def station(x: np.ndarray, s: np.ndarray) -> np.ndarray:
-            if self.station is None:
-                return x + s
-            order = np.argsort(x, kind="stable")
-            out = np.empty_like(x)
-            out[order] = self.station.run(x[order], s[order])[0] + s[order]
-            return out
-
-        def run(x: np.ndarray, s: np.ndarray) -> np.ndarray:
-            return station(x, s) if self.path is None else self.path.time(station(self.path.work(x), s))
-
-        if live.all():
-            return run(t, svc)
-        idx = np.flatnonzero(live)
-        t_pre = t.copy()
-        t_pre[idx] = run(t[idx], svc[idx])
-        return t_pre
 
 
 __all__ = ["Preprocessing"]

@@ -52,11 +52,6 @@ class Lindley:
         return tmp
 
 
-def lindley(arrivals: np.ndarray, service: np.ndarray) -> np.ndarray:
-    """Start times at a single FCFS server (arrivals sorted), vectorised (:class:`Lindley`)."""
-    return Lindley().run(arrivals, service)
-
-
 class FcfsStation:
     """A FCFS ``servers``-server station fed in successive runs of sorted arrivals.
 
