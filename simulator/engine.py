@@ -106,25 +106,27 @@ class Columns:
     t_cache: np.ndarray
     t_features: np.ndarray
     t_preprocessed: np.ndarray
-    t_dispatch: np.ndarray
-    t_inferred: np.ndarray
-    t_dropped: np.ndarray
-    t_logged: np.ndarray
     # what each request drew when it arrived
     svc: np.ndarray  # CPU time of preprocessing
     post: np.ndarray
     back: np.ndarray
     traffic_class: np.ndarray
     # what became of it
-    outcome: np.ndarray
     degraded: np.ndarray
     result_hit: np.ndarray
     feature_hit: np.ndarray
     live: np.ndarray  # past the feature stage, to be served
-    batch_size: np.ndarray
-    instance: np.ndarray
     version: np.ndarray
     settled: np.ndarray
+    # what serving leaves: allocated once a request settles (with_serving), so that a run in
+    # one chunk does not hold them while its pool runs
+    t_dispatch: np.ndarray | None = None
+    t_inferred: np.ndarray | None = None
+    t_dropped: np.ndarray | None = None
+    t_logged: np.ndarray | None = None
+    outcome: np.ndarray | None = None
+    batch_size: np.ndarray | None = None
+    instance: np.ndarray | None = None
     # draws for the caches and the round trips, where those stages run chunk by chunk
     result_cache: CacheDrawn | None = None
     feature_cache: CacheDrawn | None = None
@@ -140,32 +142,37 @@ class Columns:
         return len(self.arrival)
 
     @classmethod
-    def arriving(cls, t0: np.ndarray, *, logging: bool, **drawn) -> Columns:
-        """New requests arriving at ``t0`` with what they drew; the rest not yet known."""
+    def arriving(cls, t0: np.ndarray, *, logging: bool, serving: bool, **drawn) -> Columns:
+        """New requests arriving at ``t0`` with what they drew; the rest not yet known
+        (serving's columns left out unless ``serving``: see :meth:`with_serving`)."""
         n = len(t0)
         if logging:
             drawn |= {"t_emitted": np.full(n, np.nan), "shipped": np.zeros(n, dtype=bool)}
-        nan = np.full(n, np.nan)
         no = np.zeros(n, dtype=bool)
-        return cls(
+        cols = cls(
             arrival=t0,
-            t_features=nan,
-            t_preprocessed=nan.copy(),
-            t_dispatch=nan.copy(),
-            t_inferred=nan.copy(),
-            t_dropped=nan.copy(),
-            t_logged=nan.copy(),
-            outcome=np.zeros(n, dtype=np.int8),
+            t_features=np.full(n, np.nan),
+            t_preprocessed=np.full(n, np.nan),
             degraded=no,
             result_hit=no.copy(),
             feature_hit=no.copy(),
             live=no.copy(),
-            batch_size=np.zeros(n, dtype=np.int64),
-            instance=np.full(n, -1, dtype=np.int64),
             version=np.zeros(n, dtype=np.int8),
             settled=no.copy(),
             **drawn,
         )
+        return cols.with_serving() if serving else cols
+
+    def with_serving(self) -> Columns:
+        """Serving's columns, allocated where they are not yet (NaN times, outcome 0,
+        batch size 0, instance -1): before anything settles, and before records are read."""
+        if self.outcome is None:
+            n = len(self)
+            self.t_dispatch, self.t_inferred, self.t_dropped, self.t_logged = (np.full(n, np.nan) for _ in range(4))
+            self.outcome = np.zeros(n, dtype=np.int8)
+            self.batch_size = np.zeros(n, dtype=np.int64)
+            self.instance = np.full(n, -1, dtype=np.int64)
+        return self
 
     def map(self, fn: Callable[..., np.ndarray], *others: Columns) -> Columns:
         """A new set of columns, ``fn`` applied to each column (with the others' same column)."""
@@ -201,7 +208,7 @@ class Ledger:
     def settle(self, rid: np.ndarray, served: Served) -> np.ndarray:
         """Record the serving columns of requests ``rid``; returns their rows."""
         row = rid - self.lo
-        c = self.cols
+        c = self.cols.with_serving()
         c.t_dispatch[row] = served.t_dispatch
         c.t_inferred[row] = served.t_done
         c.batch_size[row] = served.batch_size
@@ -387,6 +394,7 @@ class _Run:
                 del p_t, p_id, worker, deadline
                 if settled is not None:
                     new_rows.append(ledger.settle(*settled))
+        c.with_serving()
         rows = np.concatenate(new_rows).astype(np.int64)
         if self.log_station is not None:
             if len(rows) == len(ledger):  # all settled now (each request settles once): by column, in request order
@@ -435,6 +443,7 @@ class _Run:
             Columns.arriving(
                 t0,
                 logging=s.logging is not None,
+                serving=not (final and self.ledger.cols is None),  # a run in one chunk: once it settles
                 t_api=t_api,
                 t_router=t_router,
                 t_cache=t_router.copy(),
@@ -463,8 +472,10 @@ class _Run:
             c.t_cache[rows] = f_t
             served_ids = f_id[hit]
             r = rows[hit]  # served from the result cache: no time in the later stages
-            for column in (c.t_features, c.t_preprocessed, c.t_dispatch, c.t_inferred):
-                column[r] = f_t[hit]
+            if len(r):
+                c.with_serving()
+                for column in (c.t_features, c.t_preprocessed, c.t_dispatch, c.t_inferred):
+                    column[r] = f_t[hit]
             c.result_hit[r] = True
             c.settled[r] = True
             f_id, f_t = f_id[~hit], f_t[~hit]
@@ -508,9 +519,11 @@ class _Run:
         c.degraded[rows] = fetched.degraded
         c.live[rows] = ~failed
         f = rows[failed]
-        c.t_dropped[f] = fetched.end[failed]
-        c.outcome[f] = Outcome.FAILED
-        c.settled[f] = True
+        if len(f):
+            c.with_serving()
+            c.t_dropped[f] = fetched.end[failed]
+            c.outcome[f] = Outcome.FAILED
+            c.settled[f] = True
         return ids, fetched.end, failed
 
     def _preprocess(self, ids, t_feat, svc, hi: float, final: bool):

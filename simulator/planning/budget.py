@@ -1,16 +1,16 @@
 """A run's budget, decided before it starts: requests, memory and wall time.
 
-A run in one chunk keeps every request in memory (about 360 bytes each, measured on the
-platform scenario: 355 bytes per request between a 2 s and a 6 s run), so
+A run in one chunk keeps every request in memory (about 320 bytes each, measured on the
+platform scenario: 298–310 bytes per request between a 2 s and a 6 s run), so
 a long or fast run can need more memory than the machine has; a streamed run
 (:mod:`simulator.streaming`) holds one chunk of requests and the timeline instead. :func:`estimate` prices a validated
 scenario from its own numbers; :func:`check` refuses the run when the estimate exceeds the
 memory available, naming the remedies, before a single array is allocated.
 
 The coefficients were measured on this project's 2-core machines (``/usr/bin/time -f %M``
-around ``servesim run``): 355 B per request (``--engine whole``, 2 s against 6 s of the
-platform: 0.8M requests apart, 2026-11-24, after the engines became one; 294 B before, on
-the same command), 4.1 KB and 48 µs per worker, 35 B per
+around ``servesim run``): 298–310 B per request (``--engine whole``, 2 s against 6 s of
+the platform: 0.8M requests apart, two runs, 2026-11-24, after the engines became one;
+293–294 B before, on the same command), 4.1 KB and 48 µs per worker, 35 B per
 batch-size slot, 2.0 µs of wall time per request on the platform held whole (0.6 µs
 streamed through a fixed pool: 62.4 s for 120M requests, ``benchmarks/README.md``). They are deliberately
 rounded up: a budget that refuses a run that would have fitted costs a flag; one that
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from simulator.scenario.config import Scenario, expected_requests
 
-BYTES_PER_REQUEST = 360
+BYTES_PER_REQUEST = 320
 BYTES_PER_WORKER = 5_000
 BYTES_PER_BATCH_SLOT = 40
 BYTES_PER_TRIP_CELL = 32  # a feature round trip's latency sample, with its temporaries
