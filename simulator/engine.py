@@ -53,6 +53,7 @@ from simulator.scenario.config import Cache, Scenario
 from simulator.scenario.distributions import Sampler
 from simulator.serving.fleet import FleetLog
 from simulator.serving.router import Router
+from simulator.serving.served import ServingLog
 from simulator.serving.streamed import Horizon, StreamedDynamicPool, StreamedPool
 from simulator.serving.whole import serve_loop, serve_whole
 from simulator.serving.workers import ServiceModel
@@ -363,7 +364,7 @@ class _Run:
         self.ship_ms = record_ms(s.logging) if s.logging else 0.0
         self.ledger = Ledger(logging=s.logging is not None, hold=held(s) is not None)
         self.next_id = 0
-        self.left: dict = {}  # what the held serving stages leave besides the records
+        self.left: ServingLog | None = None  # what the versions' or classes' pools leave besides the records
 
     def chunk(self, hi: float, final: bool) -> Piece:
         """Arrivals before ``hi`` through every stage; the requests settled by then."""
@@ -403,14 +404,15 @@ class _Run:
             t_resp = answered[rows] + c.post[rows] + c.back[rows]
             c.t_emitted[rows] = np.where(np.isnan(t_resp), c.t_dropped[rows], t_resp)
             self._ship(rows, hi, final)
-        counterfactual = self.left.get("counterfactual")
+        left = self.left or ServingLog(None, None, {}, None, None, None)  # nothing besides, but for a held pool
+        counterfactual = left.counterfactual
         if counterfactual is not None:  # primary responses had the shadow not shared their queues
             counterfactual = counterfactual + c.post + c.back
         first, cols = ledger.hand_out(final)
         watermark = hi if not len(ledger) else min(hi, float(ledger.cols.arrival.min()))
         fleet = None
         if final:
-            fleet = self.left.get("fleet") if self.pool is None else self.pool.fleet
+            fleet = left.fleet if self.pool is None else self.pool.fleet
         return Piece(
             first,
             _records(cols, self.loop),
@@ -418,8 +420,8 @@ class _Run:
             math.inf if final else watermark,
             hi,
             fleet,
-            self.left.get("pools", {}),
-            self.left.get("shadow"),
+            left.pools,
+            left.shadow,
             counterfactual,
         )
 
@@ -552,7 +554,7 @@ class _Run:
             deadlines=c.deadline,
         )
         c.version[:] = log.version
-        self.left = {"fleet": log.fleet, "pools": log.pools, "shadow": log.shadow, "counterfactual": log.counterfactual}
+        self.left = log
         return self.ledger.settle(idx + self.ledger.lo, served), log.batches
 
     def _on_loop(self) -> tuple[np.ndarray, BatchLog]:
@@ -560,11 +562,13 @@ class _Run:
         request of the run (held). Returns the rows settled, and the batches."""
         c = self.ledger.cols
         idx = np.flatnonzero(c.live)
-        t_enq, served, log, t_resp = serve_loop(self.s, self.rng, self.speed, t_feat=c.t_features[idx], cost=c.svc[idx])
+        t_enq, served, batches, t_resp = serve_loop(
+            self.s, self.rng, self.speed, t_feat=c.t_features[idx], cost=c.svc[idx]
+        )
         c.t_preprocessed[idx] = t_enq
         c.t_answered = c.t_features.copy()
         c.t_answered[idx] = t_resp
-        return self.ledger.settle(idx + self.ledger.lo, served), log.batches
+        return self.ledger.settle(idx + self.ledger.lo, served), batches
 
     def _ship(self, rows: np.ndarray | slice, hi: float, final: bool) -> None:
         """The prediction log: records of the requests settled now (``rows``, or all the

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.ledger import Served
+from simulator.ledger import BatchLog, Served
 from simulator.rng import Streams
 from simulator.scenario.config import Scenario
 from simulator.serving.classes import serve_by_class
@@ -65,13 +65,13 @@ def serve_whole(
 
 def serve_loop(
     s: Scenario, rng: Streams, speed: SpeedProcess | None, *, t_feat: np.ndarray, cost: np.ndarray
-) -> tuple[np.ndarray, Served, ServingLog, np.ndarray]:
+) -> tuple[np.ndarray, Served, BatchLog, np.ndarray]:
     """The front end as one event loop with its batch queue and instances
     (``preprocess.event_loop``, :mod:`simulator.serving.event_loop`) for requests ready at
     ``t_feat`` (request order) with ``cost`` ms of admission each: when each was queued,
-    the serving columns, the log, and when each was answered."""
+    the serving columns, the batch log, and when each was answered."""
     service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed).feed(0)
-    t_enq, served, batches, t_resp = serve_on_loop(
+    return serve_on_loop(
         t_feat,
         cost,
         s.preprocess.event_loop,
@@ -80,8 +80,6 @@ def serve_loop(
         service,
         None if speed is None else speed.frontend,
     )
-    log = ServingLog(np.zeros(0, np.int8), batches, {}, None, None, None)
-    return t_enq, served, log, t_resp
 
 
 __all__ = ["serve_loop", "serve_whole"]
