@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 from dashboards.data import run, scenario_files  # noqa: E402
 from simulator.engine import simulate  # noqa: E402
-from simulator.results.metrics import summarize  # noqa: E402
+from simulator.results.reduce import summarize  # noqa: E402
 from simulator.scenario.loader import load_scenario  # noqa: E402
 
 

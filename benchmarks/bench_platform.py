@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from simulator.engine import simulate  # noqa: E402
-from simulator.results.metrics import summarize  # noqa: E402
+from simulator.results.reduce import summarize  # noqa: E402
 from simulator.scenario.loader import load_scenario  # noqa: E402
 from tests.reference_model import simulate_reference  # noqa: E402
 

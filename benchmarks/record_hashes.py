@@ -4,9 +4,11 @@ Runs every shipped scenario (shortened where long), the streaming engine's test 
 the variants the tests use (canary and shadow, traffic classes, a finite feature store,
 the platform's speed, the front end's event loop), two seeds each, and prints one SHA-256
 per run over everything a run leaves: the records, the batch logs of every pool, the fleet's
-events and intervals, the shadow copies and the summary (its wall time and the scenario's
-hash left out). Streamed runs are hashed too, from the streamed records, where the
-streaming engine covers them.
+events and intervals and the shadow copies, bit for bit; and its summary (its wall time and
+the scenario's hash left out), kept beside the hashes and compared value by value, floats
+within 1e-9 (relative or absolute: the summary builder may add a level's area in another
+order). Streamed runs are hashed too, from the
+streamed records, where the streaming engine covers them.
 
     python benchmarks/record_hashes.py --out /tmp/before.json
     python benchmarks/record_hashes.py --compare /tmp/before.json     # exit 1 on any change
@@ -17,6 +19,7 @@ A refactor that keeps behaviour shows the same hashes before and after (issue 27
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import sys
@@ -119,6 +122,41 @@ def _without_wall(summary):
     return summary
 
 
+def _flat(summary, path: str = "") -> dict[str, object]:
+    """The summary as ``{path: leaf}``, lists indexed."""
+    if isinstance(summary, dict):
+        return {k: v for key, value in summary.items() for k, v in _flat(value, f"{path}/{key}").items()}
+    if isinstance(summary, list | tuple):
+        return {k: v for i, value in enumerate(summary) for k, v in _flat(value, f"{path}[{i}]").items()}
+    if isinstance(summary, float | np.floating):
+        return {path: float(summary)}
+    return {path: summary if isinstance(summary, int | str | bool | None) else repr(summary)}
+
+
+# The timeline's time-averaged levels: until issue 27's one summary builder, a whole run's
+# came from prefix sums over the run (about 1e10 ms·requests), which cancel to ~3e-9
+# relative (2.5e-9 absolute at most); the builder sums each interval's own area, equal
+# to math.fsum's to the bit (scale_to_zero, seed 1, interval 759: 0.39432165993261153 both; 0.3943216609954834 before)
+LEVELS = frozenset({"queue_depth", "in_flight", "log_backlog_mb"})
+LEVEL_TOL = 1e-7  # relative, or absolute below 1
+
+
+def _summaries_differ(before: dict, got: dict, rel: float = 1e-9, abs_: float = 1e-9) -> list[str]:
+    """Where two flattened summaries differ: another set of keys, another value, or floats
+    further apart than ``rel`` (relative) and ``abs_`` (absolute)."""
+    out = [f"{k}: only on one side" for k in sorted(set(before) ^ set(got))]
+    for k in sorted(set(before) & set(got)):
+        a, b = before[k], got[k]
+        if isinstance(a, float) and isinstance(b, float):
+            scale = max(abs(a), abs(b))
+            tol = LEVEL_TOL * max(scale, 1.0) if k.rsplit("/", 1)[-1] in LEVELS else max(abs_, rel * scale)
+            if not (a == b or (np.isnan(a) and np.isnan(b)) or abs(a - b) <= tol):
+                out.append(f"{k}: {a!r} -> {b!r}")
+        elif a != b:
+            out.append(f"{k}: {a!r} -> {b!r}")
+    return out
+
+
 def _digest(*parts) -> str:
     h = hashlib.sha256()
     for p in parts:
@@ -126,13 +164,13 @@ def _digest(*parts) -> str:
     return h.hexdigest()[:16]
 
 
-def hashes(only: str | None = None) -> dict[str, str]:
+def hashes(only: str | None = None) -> tuple[dict[str, str], dict[str, dict]]:
     from simulator import load_scenario, simulate, summarize
     from simulator.chunks import held
     from simulator.serving.fleet import WorkerState
     from simulator.streaming import simulate_streaming
 
-    out = {}
+    out, summaries = {}, {}
     cases = {**CASES, **_streaming_cases()}
     for name, (path, sets) in sorted(cases.items()):
         if only and only not in name:
@@ -144,37 +182,61 @@ def hashes(only: str | None = None) -> dict[str, str]:
             fleet = None
             if run.fleet is not None:
                 fleet = (repr(run.fleet.events), [run.fleet.intervals(k) for k in WorkerState])
-            summary = json.dumps(_without_wall(summarize(run)), sort_keys=True, default=repr)
             out[f"{name}/{seed}"] = _digest(
-                run.records, run.batches, run.pools, run.shadow, run.response_without_shadow, fleet, summary
+                run.records, run.batches, run.pools, run.shadow, run.response_without_shadow, fleet
             )
+            summaries[f"{name}/{seed}"] = _flat(json.loads(json.dumps(_without_wall(summarize(run)), default=repr)))
             if name.startswith("stream:") and held(s) is None:
                 records, batches, _ = simulate_streaming(s, seed=seed, chunk_s=0.731)
                 order = np.lexsort((batches.instance, batches.start))
                 logged = (getattr(batches, f.name)[order] for f in fields(batches))
                 out[f"{name}/{seed}/streamed"] = _digest(records, *logged)
             print(f"{name}/{seed}: {out[f'{name}/{seed}']} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
-    return out
+    return out, summaries
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, help="write the hashes here (JSON)")
+    ap.add_argument("--out", type=Path, help="write the hashes here (JSON), the summaries beside them")
     ap.add_argument("--compare", type=Path, help="compare with hashes written before; exit 1 on any difference")
     ap.add_argument("--only", help="only the cases whose name contains this")
     a = ap.parse_args()
-    got = hashes(a.only)
+    got, summaries = hashes(a.only)
     if a.out:
         a.out.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
+        with gzip.open(_beside(a.out), "wt") as f:
+            json.dump(summaries, f)
     if a.compare:
         before = json.loads(a.compare.read_text())
         keys = sorted(set(got) & set(before)) if a.only else sorted(set(got) | set(before))
         differ = [k for k in keys if got.get(k) != before.get(k)]
-        print(f"{len(keys) - len(differ)} of {len(keys)} runs identical", file=sys.stderr)
+        print(f"records: {len(keys) - len(differ)} of {len(keys)} runs identical", file=sys.stderr)
         for k in differ:
             print(f"  differs: {k}: {before.get(k)} -> {got.get(k)}", file=sys.stderr)
-        return 1 if differ else 0
+        with gzip.open(_beside(a.compare), "rt") as f:
+            old = json.load(f)
+        names = sorted(set(summaries) & set(old)) if a.only else sorted(set(summaries) | set(old))
+        bad = {k: _summaries_differ(old.get(k, {}), summaries.get(k, {})) for k in names}
+        bad = {k: v for k, v in bad.items() if v}
+        values = [(k, p) for k in names for p in set(old.get(k, {})) & set(summaries.get(k, {}))]
+        same = sum(_same(old[k][p], summaries[k][p]) for k, p in values)
+        print(
+            f"summaries: {len(names) - len(bad)} of {len(names)} within 1e-9 (levels 1e-7); "
+            f"{same} of {len(values)} values identical to the bit",
+            file=sys.stderr,
+        )
+        for k, v in bad.items():
+            print(f"  differs: {k}: {len(v)} values, first {v[0]}", file=sys.stderr)
+        return 1 if differ or bad else 0
     return 0
+
+
+def _same(a, b) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and np.isnan(a) and np.isnan(b))
+
+
+def _beside(path: Path) -> Path:
+    return path.with_name(path.stem + ".summaries.json.gz")
 
 
 if __name__ == "__main__":

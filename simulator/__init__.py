@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from simulator.engine import simulate
     from simulator.planning.runner import Result, run
-    from simulator.results.metrics import summarize
+    from simulator.results.reduce import summarize
     from simulator.results.run import Run
     from simulator.scenario.config import Scenario
     from simulator.scenario.loader import ScenarioError, load_scenario, scenario_hash
@@ -35,7 +35,7 @@ _WHERE = {
     "scenario_hash": "simulator.scenario.loader",
     "run": "simulator.planning.runner",
     "simulate": "simulator.engine",
-    "summarize": "simulator.results.metrics",
+    "summarize": "simulator.results.reduce",
 }
 
 __all__ = [

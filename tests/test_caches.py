@@ -7,7 +7,7 @@ import pytest
 from scipy import optimize
 
 from simulator.engine import simulate
-from simulator.results.metrics import summarize
+from simulator.results.reduce import summarize
 from simulator.scenario.config import Cache
 from simulator.stages.arrivals import poisson_arrivals
 from simulator.stages.caches import lookup, zipf_probabilities

@@ -412,7 +412,7 @@ def test_the_timeline_ends_where_the_run_ends_and_plots_drops():
     import pandas as pd
 
     from dashboards.views.timeline import intervals
-    from simulator.results.metrics import summarize
+    from simulator.results.reduce import summarize
 
     s = load_scenario(ROOT / "scenarios/autoscaling.yaml", ["duration_s=30.5", "warmup_s=5"])
     t = pd.DataFrame(summarize(simulate(s))["timeline"])

@@ -9,7 +9,8 @@ import pytest
 from dashboards import glance
 from simulator import load_scenario, simulate
 from simulator.results.anatomy import stage_bands
-from simulator.results.metrics import summarize, window
+from simulator.results.metrics import window
+from simulator.results.reduce import summarize
 from tests.helpers import ROOT
 
 

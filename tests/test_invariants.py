@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from simulator.engine import simulate
 from simulator.ledger import Outcome
 from simulator.results.records import STAGES
-from simulator.results.timeline import timeline
+from simulator.results.reduce import timeline
 from tests.helpers import scenario
 
 scenarios = st.builds(
@@ -116,7 +116,7 @@ def test_littles_law_in_a_window_against_the_timeline(s):
     run = simulate(s)
     r = run.records
     interval_s = 0.1
-    table = timeline(r, run.batches, s, interval_s=interval_s)
+    table = timeline(run, interval_s=interval_s)
     left = np.where(r.completed, r.t_dispatch, r.t_dropped)
     queued = np.isfinite(r.t_preprocessed)
     a, d = r.t_preprocessed[queued], left[queued]

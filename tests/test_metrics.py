@@ -109,7 +109,7 @@ def test_bulk_and_one_by_one_service_draws_give_the_same_sequence(st):
 
 def test_cost_reports_gpu_hours_and_what_experiments_cost():
     from simulator.engine import simulate
-    from simulator.results.metrics import summarize
+    from simulator.results.reduce import summarize
 
     s = load_scenario(ROOT / "scenarios/canary.yaml", ["duration_s=4", "warmup_s=1"])
     c = summarize(simulate(s))["cost"]
@@ -140,7 +140,7 @@ def test_prices_are_resolved_at_load_and_metrics_read_no_file(tmp_path, monkeypa
     import simulator.scenario.catalog as catalog_module
     from simulator.engine import simulate
     from simulator.planning.plan import on_instance_type
-    from simulator.results.metrics import summarize
+    from simulator.results.reduce import summarize
 
     catalog = tmp_path / "quote.yaml"
     catalog.write_text(

@@ -16,7 +16,7 @@ from simulator.engine import simulate
 from simulator.planning.plan import Evaluation, Planner, Vary, on_instance_type, pareto
 from simulator.planning.replicate import derive_seed, interval, replicate
 from simulator.planning.sampling import sample_fleet, sampling_refusal
-from simulator.results.metrics import summarize
+from simulator.results.reduce import summarize
 from simulator.scenario.config import Affine
 from simulator.scenario.loader import ScenarioError, load_scenario
 from tests.helpers import ROOT, random_fleet, scenario
@@ -347,7 +347,7 @@ def test_plan_and_explain_refuse_an_autoscaled_fleet():
 
 def test_a_replication_bills_what_the_run_report_bills():
     from simulator.engine import simulate
-    from simulator.results.metrics import summarize
+    from simulator.results.reduce import summarize
 
     # the canary's and the shadow's own pools count, as in `servesim run`
     s = load_scenario(ROOT / "scenarios" / "canary.yaml", ["duration_s=20", "warmup_s=2"])

@@ -11,7 +11,7 @@ import simulator
 from simulator.engine import simulate
 from simulator.planning.runner import prepare
 from simulator.planning.sampling import sample_fleet, scale_summary
-from simulator.results.metrics import summarize
+from simulator.results.reduce import summarize
 from tests.helpers import ROOT, random_fleet
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from simulator.engine import simulate
-from simulator.results.metrics import summarize
+from simulator.results.reduce import summarize
 from simulator.scenario.loader import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 from simulator import load_scenario, simulate
-from simulator.results.metrics import summarize
 from simulator.results.records import STAGES
-from simulator.results.reduce import Reduction
+from simulator.results.reduce import Reduction, summarize
 from simulator.results.sketch import RELATIVE_ACCURACY, LatencySketch
 from simulator.results.stats import window
 from simulator.streaming import stream

@@ -8,7 +8,8 @@ import pytest
 
 from simulator.engine import simulate
 from simulator.ledger import Outcome
-from simulator.results.metrics import summarize, window
+from simulator.results.metrics import window
+from simulator.results.reduce import summarize
 from simulator.rng import streams
 from simulator.scenario.config import Scenario
 from simulator.serving.classes import serve_classes

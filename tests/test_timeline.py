@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from servesim.cli import app
 from simulator.engine import simulate
-from simulator.results.timeline import COLUMNS, time_average_level, timeline
+from simulator.results.reduce import timeline
+from simulator.results.timeline import COLUMNS, time_average_level
 from tests.helpers import scenario
 
 
@@ -37,7 +38,7 @@ def test_timeline_conserves_counts_and_littles_law():
         workers={"count": 1, "instances": 2, "service_time": {"kind": "affine", "base_ms": 3.0, "per_item_ms": 0.5}},
     )
     run = simulate(s)
-    tl = timeline(run.records, run.batches, s, interval_s=0.5)
+    tl = timeline(run, interval_s=0.5)
     r = run.records
     dt = 0.5
     assert (tl.offered_rps * dt).sum() == pytest.approx(len(r))

@@ -7,7 +7,7 @@ import pytest
 
 from simulator.engine import simulate
 from simulator.ledger import Outcome
-from simulator.results.metrics import summarize
+from simulator.results.reduce import summarize
 from simulator.scenario.versions import Canary
 from simulator.stages.canary import BUCKETS, bucket, on_canary
 from tests.helpers import scenario

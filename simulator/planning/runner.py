@@ -19,7 +19,8 @@ import numpy as np
 from simulator.chunks import held, prefer_streaming
 from simulator.ledger import DROPS
 from simulator.planning.sampling import auto_sample_size, sample_fleet, scale_summary
-from simulator.results.metrics import cost, summarize, worker_price
+from simulator.results.metrics import cost, worker_price
+from simulator.results.reduce import summarize
 from simulator.results.stats import window
 from simulator.scenario.config import Scenario
 

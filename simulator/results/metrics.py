@@ -1,4 +1,5 @@
-"""Metrics: pure functions of the per-request records and the batch log.
+"""Metrics: pure functions of the per-request records and the batch log, which the summary
+builder (:mod:`simulator.results.reduce`) and the planners use.
 
 Nothing here simulates, prints or writes. The measurement window is the arrivals in
 ``[warmup_s, duration_s)``; requests are followed to completion even after the last
@@ -8,47 +9,30 @@ arrival, so the tail is not truncated.
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
-from simulator.ledger import DROPS, BatchLog
+from simulator.ledger import BatchLog
 from simulator.results import summary
-from simulator.results.experiments import classes_summary, versions_summary
-from simulator.results.records import STAGES, Records
+from simulator.results.records import Records
 from simulator.results.run import Run
 from simulator.results.stats import overlap, sla_verdict, summary_stats, window
-from simulator.results.timeline import timeline
 from simulator.scenario.config import Scenario
-from simulator.scenario.loader import scenario_hash
 from simulator.serving.fleet import WorkerState
 from simulator.serving.workers import mean_service_ms
 
 # the window and the SLA verdict live in stats.py; readers have always found them here
 __all__ = [
-    "batch_size_counts",
     "cost",
     "deploy_events",
     "extra_workers",
     "fleet_summary",
-    "latency_table",
     "logging_summary",
     "peak_throughput_rps",
     "sla_verdict",
-    "summarize",
     "summary_stats",
     "utilization",
     "window",
     "worker_price",
 ]
-
-
-def latency_table(records: Records, mask: np.ndarray) -> pd.DataFrame:
-    """One row per stage plus ``e2e``: p50, p95, p99, p999, mean (ms) of completed requests."""
-    done = mask & records.completed
-    rows = {name: summary_stats(records.stage_ms(name)[done]) for name, _, _ in STAGES}
-    rows["e2e"] = summary_stats((records.t_response - records.arrival)[done])
-    df = pd.DataFrame.from_dict(rows, orient="index")
-    df.index.name = "stage"
-    return df
 
 
 def utilization(batches: BatchLog, instances: int, t0_ms: float, t1_ms: float) -> np.ndarray:
@@ -62,14 +46,6 @@ def peak_throughput_rps(scenario: Scenario) -> float:
     """Most requests/s the pool can complete: every instance busy with full batches."""
     w, b = scenario.workers, scenario.batching.max_batch_size
     return w.count * w.instances * b / mean_service_ms(w, b) * 1000.0
-
-
-def batch_size_counts(batches: BatchLog, t0_ms: float, t1_ms: float) -> pd.Series:
-    """How many batches of each size started inside the window."""
-    inside = (batches.start >= t0_ms) & (batches.start < t1_ms)
-    counts = np.bincount(batches.size[inside])
-    sizes = np.flatnonzero(counts)
-    return pd.Series(counts[sizes], index=pd.Index(sizes, name="batch_size"), name="batches")
 
 
 def worker_price(scenario: Scenario) -> float:
@@ -176,19 +152,6 @@ def extra_workers(s: Scenario) -> int:
     )
 
 
-def _requests(rec: Records, mask: np.ndarray, done: np.ndarray, span_s: float) -> summary.Requests:
-    outcome = rec.outcome[mask]
-    n_done = int(np.count_nonzero(done))
-    return {
-        "arrived": int(np.count_nonzero(mask)),
-        "completed": n_done,
-        **{name: int(np.count_nonzero(outcome == code)) for name, code in DROPS.items()},
-        "degraded": int(np.count_nonzero(rec.degraded[done])),
-        "throughput_rps": n_done / span_s,
-        "window_s": span_s,
-    }
-
-
 def _cost(s: Scenario, fleet: dict, experiments: dict | None, completed_rps: float) -> summary.Cost:
     price = worker_price(s)
     fleet_cost = cost(fleet["billed_mean"] + extra_workers(s), price, completed_rps)
@@ -205,108 +168,4 @@ def _cost(s: Scenario, fleet: dict, experiments: dict | None, completed_rps: flo
         else 0.0,
         "gpu_hours_per_day": (fleet["billed_mean"] + extra_workers(s)) * 24.0,
         "market": "override" if s.cost.price_per_hour_usd is not None else s.cost.market,
-    }
-
-
-def _caches(s: Scenario, rec: Records, mask: np.ndarray) -> dict[str, summary.CacheStats]:
-    return {
-        name: {
-            "hit_ratio": float(hits[looked].mean()) if looked.any() else float("nan"),
-            "lookups": int(looked.sum()),
-        }
-        for name, cfg, hits, looked in (
-            ("result", s.caches.result, rec.result_hit, mask),
-            ("feature", s.caches.feature, rec.feature_hit, mask & ~rec.result_hit),
-        )
-        if cfg is not None
-    }
-
-
-def _sim(run: Run) -> summary.Sim:
-    n = len(run.records)
-    return {
-        "wall_s": run.wall_s,
-        "requests": n,
-        "requests_per_wall_s": n / run.wall_s if run.wall_s > 0 else float("inf"),
-        "seed": run.seed,
-    }
-
-
-def summarize(run: Run, *, interval_s: float | None = 1.0) -> summary.Summary:
-    """Every headline number of a run, as the nested dict that ``--json`` writes.
-
-    Counted over the requests that arrived in ``[warmup_s, duration_s)``, each followed to
-    its end (the tail after the last arrival is not cut off).
-
-    Parameters
-    ----------
-    run : Run
-        A finished run (:func:`simulator.simulate`).
-    interval_s : float or None
-        Width of the timeline's intervals, s; None leaves the timeline out (an empty list).
-
-    Returns
-    -------
-    Summary
-        A typed dict (:class:`simulator.results.summary.Summary`): requests and
-        throughput (req/s), latency per stage and end to end (ms), the SLA verdict,
-        utilization, workers, batch sizes, cost (USD), caches, experiments, the fleet,
-        and ``timeline``, one record per ``interval_s`` (see
-        :func:`simulator.results.timeline.timeline`). Pure: it reads no file.
-    """
-    s, rec = run.scenario, run.records
-    mask = window(rec, s)
-    t0, t1 = s.warmup_s * 1000.0, s.duration_s * 1000.0
-    span_s = (t1 - t0) / 1000.0
-    done = mask & rec.completed
-    requests = _requests(rec, mask, done, span_s)
-    n_dropped = sum(requests[k] for k in DROPS)
-    table = latency_table(rec, mask)
-    e2e = (rec.t_response - rec.arrival)[done]
-    fleet = fleet_summary(run, t0, t1)
-    n_workers = len(run.fleet.workers) if run.fleet else s.workers.count
-    busy = utilization(run.batches, n_workers * s.workers.instances, t0, t1)
-    busy = busy.reshape(n_workers, s.workers.instances).mean(axis=1)  # fraction of the window, per worker
-    per_worker = busy / np.maximum(fleet["active_fraction"], 1e-12)
-    sizes = batch_size_counts(run.batches, t0, t1)
-    classes = classes_summary(run, mask, worker_price(s))
-    if classes:  # each model's load over its own peak, on the shared pool
-        of_peak = sum(c["load_of_peak_capacity"] for c in classes.values() if c["pool"] == "shared")
-    else:
-        of_peak = float((sizes.index * sizes).sum()) / span_s / peak_throughput_rps(s)
-    experiments = versions_summary(run, mask, worker_price(s), fleet["billed_mean"])
-    return {
-        "scenario": {"name": s.name, "hash": scenario_hash(s)},
-        "requests": requests,
-        "latency_ms": {
-            "e2e": table.loc["e2e"].to_dict(),
-            "stages": {name: table.loc[name].to_dict() for name in table.index if name != "e2e"},
-        },
-        "sla": sla_verdict(e2e, s.sla.percentile, s.sla.target_ms, n_dropped if s.sla.count_dropped else 0),
-        "utilization": {
-            "workers": float((busy.sum()) / max(fleet["active_fraction"].sum(), 1e-12)),
-            "per_worker": per_worker.tolist(),
-            "of_peak_capacity": of_peak,  # GPU-served requests over what full batches could serve
-        },
-        "batch_size": {
-            "mean": float((sizes.index * sizes).sum() / sizes.sum()) if len(sizes) else float("nan"),
-            "counts": {int(k): int(v) for k, v in sizes.items()},
-        },
-        "fleet": {k: v for k, v in fleet.items() if k != "active_fraction"},
-        "workers": {
-            "count": s.workers.count,
-            "instances": s.workers.instances,
-            "instance_type": s.workers.instance_type,
-        },
-        "cost": _cost(s, fleet, experiments, requests["completed"] / span_s),
-        "logging": logging_summary(rec, s, mask),
-        "experiments": experiments,
-        "classes": classes,
-        "caches": _caches(s, rec, mask),
-        "timeline": []
-        if interval_s is None
-        else timeline(rec, run.batches, s, interval_s=interval_s, fleet=run.fleet, shadow=run.shadow).to_dict(
-            orient="records"
-        ),
-        "sim": _sim(run),
     }

@@ -1,33 +1,42 @@
-"""A streamed run's summary, reduced piece by piece: the records are read once and dropped.
+"""The summary of a run, built once: :class:`Reduction` reads a run's records piece by
+piece and keeps only what the summary needs, and :func:`summarize` is a run held whole
+read as one piece.
 
-:class:`Reduction` takes the pieces of :func:`simulator.streaming.stream` and keeps only
-what the summary needs: counters, one :class:`~simulator.results.sketch.LatencySketch`
-per stage, per-instance busy time, batch-size counts, and the timeline's per-interval
-sums. Its :meth:`Reduction.summary` has the shape of
-:func:`simulator.results.metrics.summarize`'s, with the same counts, the percentiles
-within the sketch's 0.5%, and the same timeline: the timeline's windowed p50 and p99 are
-exact, because an interval is closed only once the engine's watermark has passed it
-(every later record responds after the watermark), and its rows are then computed from
-the interval's own responses.
+What it keeps: counters, the percentiles of each stage (an
+:class:`~simulator.results.stats.ExactSample` for a run held whole, a
+:class:`~simulator.results.sketch.LatencySketch` within 0.5% for a streamed one),
+per-instance busy time, batch-size counts, cache lookups, and the timeline's
+per-interval sums. The timeline's windowed p50 and p99 are exact either way, because an
+interval is closed only once the engine's watermark has passed it (every later record
+responds after the watermark), and its rows are then computed from the interval's own
+responses. The held stages' sections (traffic classes, canary and shadow:
+:func:`simulator.chunks.held`) are read from the whole run, which they hold anyway.
 """
 
 from __future__ import annotations
 
 import itertools
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from simulator.ledger import DROPS, BatchLog
 from simulator.results import summary
-from simulator.results.metrics import _cost, fleet_summary, logging_figures, peak_throughput_rps
+from simulator.results.experiments import classes_summary, versions_summary
+from simulator.results.metrics import _cost, fleet_summary, logging_figures, peak_throughput_rps, worker_price
 from simulator.results.records import STAGES, Records
 from simulator.results.sketch import LatencySketch
-from simulator.results.stats import PERCENTILES
+from simulator.results.stats import PERCENTILES, ExactSample, window
 from simulator.results.timeline import COLUMNS, _workers
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import scenario_hash
 from simulator.serving.fleet import FleetLog
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from simulator.results.run import Run
 
 
 class _Bins:
@@ -93,28 +102,42 @@ class _Bins:
 
 
 class Reduction:
-    """What a streamed run's summary needs, accumulated from its pieces."""
+    """What a run's summary needs, accumulated from its pieces.
 
-    def __init__(self, scenario: Scenario, seed: int, *, interval_s: float = 1.0):
-        if interval_s <= 0:
+    Parameters
+    ----------
+    scenario : Scenario
+        The scenario simulated.
+    seed : int
+        The seed it ran with.
+    interval_s : float or None
+        Width of the timeline's intervals, s; None keeps no timeline.
+    exact : bool
+        Keep every latency (exact percentiles, for a run held whole) rather than a sketch.
+    """
+
+    def __init__(self, scenario: Scenario, seed: int, *, interval_s: float | None = 1.0, exact: bool = False):
+        if interval_s is not None and interval_s <= 0:
             raise ValueError("interval_s must be positive")
         s = scenario
         self.s, self.seed = s, seed
         self.t0, self.t1 = s.warmup_s * 1000.0, s.duration_s * 1000.0
         self.counts = dict.fromkeys(("arrived", "completed", "degraded", *DROPS), 0)
-        self.stages = {name: LatencySketch() for name, _, _ in STAGES}
-        self.e2e = LatencySketch()
+        sample = ExactSample if exact else LatencySketch
+        self.stages = {name: sample() for name, _, _ in STAGES}
+        self.e2e = sample()
         self.within = 0  # completed in the window within the SLA target
         self.busy = np.zeros(s.workers.count * s.workers.instances)  # per instance; grows with a dynamic fleet
         self.fleet_log: FleetLog | None = None
         self.sizes = np.zeros(s.batching.max_batch_size + 1, dtype=np.int64)
-        self.lag = LatencySketch()
+        self.lookups = dict.fromkeys(("result", "result_hits", "feature", "feature_hits"), 0)
+        self.lag = sample()
         self.logged = 0
         self.behind = 0
         self.simulated = 0
         self.last_response = 0.0
-        self.interval_ms = interval_s * 1000.0
-        self.bins = _Bins(self.interval_ms)
+        self.interval_ms = None if interval_s is None else interval_s * 1000.0
+        self.bins = None if interval_s is None else _Bins(self.interval_ms)
         self._open: list[tuple[np.ndarray, np.ndarray]] = []  # (t_response, e2e) of intervals not closed
         self._closed: dict[int, tuple[float, float]] = {}  # interval -> (p50, p99)
 
@@ -134,17 +157,19 @@ class Reduction:
         c["degraded"] += int(np.count_nonzero(r.degraded[done]))
         for name, code in DROPS.items():
             c[name] += int(np.count_nonzero(outcome == code))
-        for name, sketch in self.stages.items():
-            sketch.add(r.stage_ms(name)[done])
+        for name, sample in self.stages.items():
+            sample.add(r.stage_ms(name)[done])
         e2e = e2e_all[done]
         self.e2e.add(e2e)
         self.within += int(np.count_nonzero(e2e <= self.s.sla.target_ms))
         self._batches(batches)
+        self._caches(r, mask)
         if self.s.logging:
             self._logging(r, mask, done_all)
         if done_all.any():
             self.last_response = max(self.last_response, float(np.nanmax(r.t_response[done_all])))
-        self._timeline(r, done_all, e2e_all, watermark_ms)
+        if self.bins is not None:
+            self._timeline(r, done_all, e2e_all, watermark_ms)
 
     def _batches(self, b: BatchLog) -> None:
         busy = np.clip(np.minimum(b.end, self.t1) - np.maximum(b.start, self.t0), 0.0, None)
@@ -154,8 +179,21 @@ class Reduction:
         self.busy += add
         inside = (b.start >= self.t0) & (b.start < self.t1)
         self.sizes += np.bincount(b.size[inside], minlength=len(self.sizes))[: len(self.sizes)]
-        self.bins.add("batches", b.start)
-        self.bins.add("batch_items", b.start, b.size.astype(float))
+        if self.bins is not None:
+            self.bins.add("batches", b.start)
+            self.bins.add("batch_items", b.start, b.size.astype(float))
+
+    def _caches(self, r: Records, mask: np.ndarray) -> None:
+        """Lookups in the window: every arrival looks up the result cache, every
+        result-cache miss the feature cache."""
+        caches, n = self.s.caches, self.lookups
+        if caches.result is not None:
+            n["result"] += int(np.count_nonzero(mask))
+            n["result_hits"] += int(np.count_nonzero(r.result_hit[mask]))
+        if caches.feature is not None:
+            looked = mask & ~r.result_hit
+            n["feature"] += int(np.count_nonzero(looked))
+            n["feature_hits"] += int(np.count_nonzero(r.feature_hit[looked]))
 
     def _logging(self, r: Records, mask: np.ndarray, done: np.ndarray) -> None:
         emitted = np.where(np.isnan(r.t_response), r.t_dropped, r.t_response)
@@ -163,12 +201,13 @@ class Reduction:
         self.logged += int(np.count_nonzero(sel))
         self.lag.add((r.t_logged - emitted)[sel])
         self.behind += int(np.count_nonzero((emitted <= self.t1) & (r.t_logged > self.t1)))
-        shipped = np.isfinite(r.t_logged)
-        emitted_tl = np.where(done, r.t_response, r.t_dropped)
-        self.bins.add_level("log_backlog", emitted_tl[shipped], r.t_logged[shipped])
+        if self.bins is not None:
+            shipped = np.isfinite(r.t_logged)
+            emitted_tl = np.where(done, r.t_response, r.t_dropped)
+            self.bins.add_level("log_backlog", emitted_tl[shipped], r.t_logged[shipped])
 
     def _timeline(self, r: Records, done: np.ndarray, e2e: np.ndarray, watermark_ms: float) -> None:
-        b = self.bins
+        b, s = self.bins, self.s
         b.add("offered", r.arrival)
         b.add("completed", r.t_response[done])
         for name in ("rejected", "timed_out", "failed"):
@@ -177,6 +216,13 @@ class Reduction:
         left_queue = np.where(done, r.t_dispatch, r.t_dropped)
         b.add_level("queue_depth", r.t_preprocessed, left_queue)
         b.add_level("in_flight", r.arrival[done], r.t_response[done])
+        if s.caches.result is not None:
+            b.add("result_hits", r.arrival[r.result_hit])
+        if s.caches.feature is not None:
+            b.add("feature_lookups", r.arrival[~r.result_hit])
+            b.add("feature_hits", r.arrival[r.feature_hit])
+        if s.router.canary is not None:
+            b.add("canary", r.arrival[r.version == 1])
         self._open.append((r.t_response[done], e2e[done]))
         self._close(watermark_ms)
 
@@ -194,9 +240,11 @@ class Reduction:
             self._closed[int(kc[lo])] = tuple(np.percentile(xc[lo:hi], [50.0, 99.0]))
         self._open = [(t[~closed], x[~closed])]
 
-    def summary(self, wall_s: float, fleet: FleetLog | None = None) -> summary.Summary:
-        """The run's summary, shaped as :func:`simulator.results.metrics.summarize`'s;
-        ``fleet``: a dynamic pool's log (the last piece's)."""
+    def summary(self, wall_s: float, fleet: FleetLog | None = None, held: Run | None = None) -> summary.Summary:
+        """The run's summary (:class:`simulator.results.summary.Summary`).
+
+        ``fleet``: a dynamic pool's log (the last piece's); ``held``: the whole run, whose
+        traffic classes, canary and shadow (held stages) give their own sections."""
         s = self.s
         self.fleet_log = fleet
         span_s = (self.t1 - self.t0) / 1000.0
@@ -222,14 +270,23 @@ class Reduction:
         n_batches = sum(sizes.values())
         items = sum(k * v for k, v in sizes.items())
         total = self.e2e.count + (n_dropped if s.sla.count_dropped else 0)
-        attained = self.e2e.quantile(s.sla.percentile / 100.0)
+        attained = self.e2e.percentile(s.sla.percentile)
         attainment = self.within / total if total else float("nan")
+        classes = experiments = None
+        if held is not None:
+            mask = window(held.records, s)
+            classes = classes_summary(held, mask, worker_price(s))
+            experiments = versions_summary(held, mask, worker_price(s), fleet["billed_mean"])
+        if classes:  # each model's load over its own peak, on the shared pool
+            of_peak = sum(v["load_of_peak_capacity"] for v in classes.values() if v["pool"] == "shared")
+        else:
+            of_peak = items / span_s / peak_throughput_rps(s)
         return {
             "scenario": {"name": s.name, "hash": scenario_hash(s)},
             "requests": requests,
             "latency_ms": {
                 "e2e": self.e2e.summary(PERCENTILES),
-                "stages": {name: sk.summary(PERCENTILES) for name, sk in self.stages.items()},
+                "stages": {name: sample.summary(PERCENTILES) for name, sample in self.stages.items()},
             },
             "sla": {
                 "percentile": s.sla.percentile,
@@ -241,17 +298,17 @@ class Reduction:
             "utilization": {
                 "workers": float(busy.sum() / max(active.sum(), 1e-12)),
                 "per_worker": per_worker.tolist(),
-                "of_peak_capacity": items / span_s / peak_throughput_rps(s),
+                "of_peak_capacity": of_peak,  # GPU-served requests over what full batches could serve
             },
             "batch_size": {"mean": items / n_batches if n_batches else float("nan"), "counts": sizes},
             "fleet": fleet,
             "workers": {"count": n, "instances": s.workers.instances, "instance_type": s.workers.instance_type},
-            "cost": _cost(s, fleet, None, c["completed"] / span_s),
+            "cost": _cost(s, fleet, experiments, c["completed"] / span_s),
             "logging": self._logging_summary(),
-            "experiments": None,
-            "classes": None,
-            "caches": {},
-            "timeline": self.timeline(),
+            "experiments": experiments,
+            "classes": classes,
+            "caches": self._caches_summary(),
+            "timeline": [] if self.bins is None else self.timeline(held.shadow if held is not None else None),
             "sim": {
                 "wall_s": wall_s,
                 "requests": self.simulated,
@@ -260,13 +317,25 @@ class Reduction:
             },
         }
 
+    def _caches_summary(self) -> dict[str, summary.CacheStats]:
+        n = self.lookups
+        return {
+            name: {
+                "hit_ratio": n[name + "_hits"] / n[name] if n[name] else float("nan"),
+                "lookups": n[name],
+            }
+            for name, cfg in (("result", self.s.caches.result), ("feature", self.s.caches.feature))
+            if cfg is not None
+        }
+
     def _logging_summary(self) -> dict | None:
         if self.s.logging is None:
             return None
         return logging_figures(self.s, self.logged, self.lag.summary(PERCENTILES), self.behind)
 
-    def timeline(self) -> list[dict[str, float]]:
-        """The timeline's rows, as ``timeline.timeline`` gives them."""
+    def timeline(self, shadow: dict | None = None) -> list[dict[str, float]]:
+        """The timeline's rows, one per interval (columns: :data:`timeline.COLUMNS`);
+        ``shadow``: the shadow copies of a run held whole."""
         self._close(np.inf)
         s, w = self.s, self.interval_ms
         end_ms = max(s.duration_s * 1000.0, self.last_response)
@@ -277,10 +346,15 @@ class Reduction:
         for k, v in self._closed.items():
             if k < n:
                 p[k] = v
+        if shadow is not None:
+            t = shadow["t_preprocessed"]
+            self.bins.add("shadow", t[np.isfinite(t)])
+        nan = np.full(n, np.nan)
         with np.errstate(invalid="ignore", divide="ignore"):
+            offered = col("offered", n)
             cols = {
                 "t_s": np.arange(n) * w / 1000.0,
-                "offered_rps": col("offered", n) / dt,
+                "offered_rps": offered / dt,
                 "completed_rps": col("completed", n) / dt,
                 "rejected": col("rejected", n),
                 "timed_out": col("timed_out", n),
@@ -292,13 +366,49 @@ class Reduction:
                 "mean_batch_size": col("batch_items", n) / col("batches", n),
                 "p50_ms": p[:, 0],
                 "p99_ms": p[:, 1],
-                "log_backlog_mb": col("log_backlog", n) / w * s.logging.record_kb / 1e3
-                if s.logging
-                else np.full(n, np.nan),
-                "result_hit_ratio": np.full(n, np.nan),
-                "feature_hit_ratio": np.full(n, np.nan),
-                "shadow_rps": np.full(n, np.nan),
-                "canary_share": np.full(n, np.nan),
+                "log_backlog_mb": col("log_backlog", n) / w * s.logging.record_kb / 1e3 if s.logging else nan,
+                "result_hit_ratio": col("result_hits", n) / offered if s.caches.result else nan,
+                "feature_hit_ratio": col("feature_hits", n) / col("feature_lookups", n) if s.caches.feature else nan,
+                "shadow_rps": col("shadow", n) / dt if shadow is not None else nan,
+                "canary_share": col("canary", n) / np.maximum(offered, 1) if s.router.canary is not None else nan,
             }
         rows = np.column_stack([np.asarray(cols[name], dtype=float) for name in COLUMNS])
         return [dict(zip(COLUMNS, map(float, row), strict=True)) for row in rows]
+
+
+def summarize(run: Run, *, interval_s: float | None = 1.0) -> summary.Summary:
+    """Every headline number of a run held whole, as the nested dict that ``--json`` writes.
+
+    Counted over the requests that arrived in ``[warmup_s, duration_s)``, each followed to
+    its end (the tail after the last arrival is not cut off). The run is read as one
+    piece by :class:`Reduction`, the builder of every summary, with exact percentiles.
+
+    Parameters
+    ----------
+    run : Run
+        A finished run (:func:`simulator.simulate`).
+    interval_s : float or None
+        Width of the timeline's intervals, s; None leaves the timeline out (an empty list).
+
+    Returns
+    -------
+    Summary
+        A typed dict (:class:`simulator.results.summary.Summary`): requests and
+        throughput (req/s), latency per stage and end to end (ms), the SLA verdict,
+        utilization, workers, batch sizes, cost (USD), caches, experiments, the fleet,
+        and ``timeline``, one record per ``interval_s`` (columns
+        :data:`simulator.results.timeline.COLUMNS`). Pure: it reads no file.
+    """
+    red = Reduction(run.scenario, run.seed, interval_s=interval_s, exact=True)
+    red.add(run.records, run.batches, np.inf)
+    return red.summary(run.wall_s, run.fleet, held=run)
+
+
+def timeline(run: Run, *, interval_s: float = 1.0) -> pd.DataFrame:
+    """The timeline of a run held whole as a frame: one row per interval of
+    ``interval_s`` over the run (the tail after the last arrival included); the columns
+    are :data:`simulator.results.timeline.COLUMNS`, those of parts the scenario does not
+    model NaN."""
+    import pandas as pd
+
+    return pd.DataFrame(summarize(run, interval_s=interval_s)["timeline"], columns=list(COLUMNS))

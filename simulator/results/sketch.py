@@ -119,6 +119,10 @@ class LatencySketch:
         self._flush()
         return float(self._dd.get_quantile_value(q))
 
+    def percentile(self, p: float) -> float:
+        """The ``p`` percentile (0 ≤ p ≤ 100), as :meth:`quantile` gives it."""
+        return self.quantile(p / 100.0)
+
     @property
     def mean(self) -> float:
         return self.total / self.count if self.count else float("nan")

@@ -25,6 +25,40 @@ def summary_stats(x: np.ndarray) -> dict[str, float]:
     return {**dict(zip(PERCENTILES, map(float, qs), strict=True)), "mean": float(x.mean())}
 
 
+class ExactSample:
+    """Percentiles and the mean of values added piece by piece, kept whole: the exact
+    counterpart of :class:`simulator.results.sketch.LatencySketch`, with its interface,
+    for a run held in memory (its percentiles are ``np.percentile``'s of every value)."""
+
+    def __init__(self):
+        self._parts: list[np.ndarray] = []
+        self.count = 0
+
+    def add(self, values: np.ndarray) -> None:
+        x = np.asarray(values, dtype=float).ravel()
+        if len(x):
+            self._parts.append(x)
+            self.count += len(x)
+
+    @property
+    def values(self) -> np.ndarray:
+        if len(self._parts) != 1:
+            self._parts = [np.concatenate(self._parts)] if self._parts else [np.zeros(0)]
+        return self._parts[0]
+
+    def percentile(self, p: float) -> float:
+        """The ``p`` percentile (0 ≤ p ≤ 100), NaN when empty."""
+        return float(np.percentile(self.values, p)) if self.count else float("nan")
+
+    @property
+    def mean(self) -> float:
+        return float(self.values.mean()) if self.count else float("nan")
+
+    def summary(self, percentiles: dict[str, float]) -> dict[str, float]:
+        """As :func:`summary_stats` gives them."""
+        return summary_stats(self.values)
+
+
 def sla_verdict(e2e_ms: np.ndarray, percentile: float, target_ms: float, dropped: int) -> summary.SLAVerdict:
     """The SLA verdict over completed latencies ``e2e_ms`` plus ``dropped`` requests.
 

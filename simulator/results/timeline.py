@@ -1,9 +1,10 @@
-"""The timeline: per-interval metrics of a run, as a tidy table.
+"""The timeline: per-interval metrics of a run, as a tidy table, one row per interval.
 
-Pure functions of the records and the batch log. Offered load and drops are binned by
-arrival time, completions and their latency percentiles by response time, batches by
-start time. Time-averaged levels (requests waiting in batch queues, in flight) are
-exact integrals of the step functions, computed from prefix sums.
+Its columns are declared here (:data:`COLUMNS`); the summary builder
+(:class:`simulator.results.reduce.Reduction`) fills them. Offered load and drops are
+binned by arrival time, completions and their latency percentiles by response time,
+batches by start time. Time-averaged levels (requests waiting in batch queues, in
+flight, workers in each state) are exact integrals of the step functions.
 """
 
 from __future__ import annotations
@@ -11,11 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
-from simulator.ledger import BatchLog, Outcome
-from simulator.results.records import Records
-from simulator.scenario.config import Caches, PredictionLog, Scenario
 from simulator.serving.fleet import FleetLog, WorkerState
 
 
@@ -70,91 +67,6 @@ def time_average_level(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) 
     return np.diff(area) / np.diff(edges)
 
 
-def _binned_percentiles(t: np.ndarray, x: np.ndarray, edges: np.ndarray, qs: list[float]) -> np.ndarray:
-    """Percentiles ``qs`` of x grouped by the interval of t (NaN for empty intervals)."""
-    out = np.full((len(edges) - 1, len(qs)), np.nan)
-    if len(t) == 0:
-        return out
-    order = np.argsort(t, kind="stable")
-    t, x = t[order], x[order]
-    cuts = np.searchsorted(t, edges)
-    for k in range(len(edges) - 1):
-        chunk = x[cuts[k] : cuts[k + 1]]
-        if len(chunk):
-            out[k] = np.percentile(chunk, qs)
-    return out
-
-
-def timeline(
-    records: Records,
-    batches: BatchLog,
-    scenario: Scenario,
-    *,
-    interval_s: float = 1.0,
-    fleet: FleetLog | None = None,
-    shadow: dict | None = None,
-) -> pd.DataFrame:
-    """One row per interval of ``interval_s`` over the run (the tail after the last arrival included).
-
-    The columns are :data:`COLUMNS`, in that order; those of parts the scenario does not
-    model (caches, logging) are NaN.
-
-    Parameters
-    ----------
-    records : Records
-        The run's per-request records (times in ms).
-    batches : BatchLog
-        The run's batches.
-    scenario : Scenario
-        The scenario run: its duration, worker count, and which parts it models.
-    interval_s : float
-        Width of an interval, s.
-    fleet : FleetLog, optional
-        A dynamic fleet's life cycle; without it the fleet is ``workers.count`` throughout.
-    shadow : dict, optional
-        The shadow copies' columns (``t_preprocessed``, ms).
-    """
-    if interval_s <= 0:
-        raise ValueError("interval_s must be positive")
-    r = records
-    done = r.completed
-    last = np.nanmax(r.t_response) if done.any() else 0.0
-    end_ms = max(scenario.duration_s * 1000.0, float(last))
-    edges = np.arange(0.0, end_ms + interval_s * 1000.0, interval_s * 1000.0)
-    offered = np.histogram(r.arrival, bins=edges)[0]
-    e2e = _binned_percentiles(r.t_response[done], (r.t_response - r.arrival)[done], edges, [50.0, 99.0])
-    cols = {
-        "t_s": edges[:-1] / 1000.0,
-        **_outcomes(r, edges, interval_s),
-        **_workers(fleet, scenario.workers.count, edges),
-        **_levels(r, edges, scenario.logging),
-        "mean_batch_size": _mean_batch(batches, edges),
-        "p50_ms": e2e[:, 0],
-        "p99_ms": e2e[:, 1],
-        **_hit_ratios(r, edges, scenario.caches),
-        "shadow_rps": np.histogram(shadow["t_preprocessed"], bins=edges)[0] / interval_s
-        if shadow is not None
-        else np.nan,
-        "canary_share": np.histogram(r.arrival[r.version == 1], bins=edges)[0] / np.maximum(offered, 1)
-        if scenario.router.canary is not None
-        else np.nan,
-    }
-    return pd.DataFrame({name: cols[name] for name in COLUMNS})
-
-
-def _outcomes(r: Records, edges: np.ndarray, dt_s: float) -> dict[str, np.ndarray]:
-    """Arrivals and responses per second; drops and degraded responses per interval."""
-    done = r.completed
-    return {
-        "offered_rps": np.histogram(r.arrival, bins=edges)[0] / dt_s,
-        "completed_rps": np.histogram(r.t_response[done], bins=edges)[0] / dt_s,
-        "rejected": np.histogram(r.arrival[r.outcome == Outcome.REJECTED], bins=edges)[0],
-        "timed_out": np.histogram(r.arrival[r.outcome == Outcome.TIMED_OUT], bins=edges)[0],
-        "failed": np.histogram(r.arrival[r.outcome == Outcome.FAILED], bins=edges)[0],
-        "degraded": np.histogram(r.arrival[done & r.degraded], bins=edges)[0],
-    }
-
-
 def _workers(fleet: FleetLog | None, workers: int, edges: np.ndarray) -> dict[str, np.ndarray]:
     """Time-averages of the workers serving, starting and draining."""
     if fleet is None:
@@ -165,41 +77,3 @@ def _workers(fleet: FleetLog | None, workers: int, edges: np.ndarray) -> dict[st
             for k in (WorkerState.ACTIVE, WorkerState.WARMING, WorkerState.DRAINING)
         )
     return {"active_workers": active, "warming_workers": warming, "draining_workers": draining}
-
-
-def _levels(r: Records, edges: np.ndarray, logging: PredictionLog | None) -> dict[str, np.ndarray]:
-    """Time-averages of the requests waiting in batch queues (from reaching the queue until
-    dispatch or drop) and in the system, and of the prediction log's backlog."""
-    done = r.completed
-    left_queue = np.where(done, r.t_dispatch, r.t_dropped)
-    shipped = np.isfinite(r.t_logged)
-    emitted = np.where(done, r.t_response, r.t_dropped)
-    return {
-        "queue_depth": time_average_level(r.t_preprocessed, left_queue, edges),
-        "in_flight": time_average_level(r.arrival[done], r.t_response[done], edges),
-        "log_backlog_mb": time_average_level(emitted[shipped], r.t_logged[shipped], edges) * logging.record_kb / 1e3
-        if logging
-        else np.full(len(edges) - 1, np.nan),
-    }
-
-
-def _mean_batch(batches: BatchLog, edges: np.ndarray) -> np.ndarray:
-    """Mean size of the batches started in each interval (NaN where none started)."""
-    n_batches = np.histogram(batches.start, bins=edges)[0]
-    batch_items = np.histogram(batches.start, bins=edges, weights=batches.size)[0]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return batch_items / n_batches
-
-
-def _hit_ratios(r: Records, edges: np.ndarray, caches: Caches) -> dict[str, np.ndarray | float]:
-    """Result-cache hits per lookup (every arrival looks up), feature-cache hits per lookup
-    (every result-cache miss looks up); NaN where the scenario has no such cache."""
-    lookups = np.histogram(r.arrival, bins=edges)[0]
-    result_hits = np.histogram(r.arrival[r.result_hit], bins=edges)[0]
-    feature_lookups = np.histogram(r.arrival[~r.result_hit], bins=edges)[0]
-    feature_hits = np.histogram(r.arrival[r.feature_hit], bins=edges)[0]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return {
-            "result_hit_ratio": result_hits / lookups if caches.result else np.nan,
-            "feature_hit_ratio": feature_hits / feature_lookups if caches.feature else np.nan,
-        }
