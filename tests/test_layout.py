@@ -105,7 +105,7 @@ def test_the_public_api_is_documented_in_numpydoc_with_every_parameter():
 # below it. results/ holds what a run leaves (Records, Run) and the summaries of it, so it
 # sits under the engine that produces them and never imports the engine (issue 27).
 LAYERS = (
-    {"ledger", "rng"},  # the bottom: outcomes, the serving columns, random streams
+    {"ledger", "rng", "jit"},  # the bottom: outcomes, the serving columns, random streams, numba's start
     {"scenario"},
     {"stages"},
     {"serving"},

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import numpy as np
 
+from simulator import jit
 from simulator.chunks import held, prefer_streaming
 from simulator.ledger import DROPS
 from simulator.planning.sampling import auto_sample_size, sample_fleet, scale_summary
@@ -209,6 +210,7 @@ def run(
 
     p = prepare(scenario, seed=seed, sample=sample, engine=engine)
     s, sim = p.scenario, p.simulated
+    start_s = jit.load()  # once per process, before the run's clock
     whole = None
     if p.streamed:
         summary = summarize_stream(
@@ -228,6 +230,8 @@ def run(
             rec = whole.records
             done = window(rec, sim) & rec.completed
             e2e_sketch.add((rec.t_response - rec.arrival)[done])
+    if start_s:
+        summary["sim"] = {**summary["sim"], "start_s": start_s}
     if sim.workers.count < s.workers.count:
         summary = scale_summary(summary, s.workers.count, sim.workers.count)
     return Result(s, sim, summary, whole, p.streamed)

@@ -61,12 +61,14 @@ class _Bins:
         return np.searchsorted(self.edges, t, side="right") - 1
 
     def add(self, name: str, t: np.ndarray, weights: np.ndarray | None = None) -> None:
-        if not len(t):
+        self.add_indexed(name, self.index(t), weights)
+
+    def add_indexed(self, name: str, k: np.ndarray, weights: np.ndarray | None = None) -> None:
+        """Add a count (or ``weights``) to the intervals ``k`` (from :meth:`index`)."""
+        if not len(k):
             self.sums.setdefault(name, np.zeros(0))
             return
-        k = self.index(t)
-        counts = np.bincount(k, weights=weights)
-        self._accumulate(name, 0, counts)
+        self._accumulate(name, 0, np.bincount(k, weights=weights))
 
     def _accumulate(self, name: str, first: int, values: np.ndarray) -> None:
         cur = self.sums.get(name, np.zeros(0))
@@ -76,19 +78,29 @@ class _Bins:
         cur[first:need] += values
         self.sums[name] = cur
 
-    def add_level(self, name: str, starts: np.ndarray, ends: np.ndarray) -> None:
+    def add_level(
+        self,
+        name: str,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        k_starts: np.ndarray | None = None,
+        k_ends: np.ndarray | None = None,
+    ) -> None:
         """Add to the level N(t) = #{i: starts_i ≤ t < ends_i}, whose integral over each
-        interval ``timeline.time_average_level`` divides by the width.
+        interval ``timeline.time_average_level`` divides by the width; ``k_starts`` and
+        ``k_ends``: their intervals where known (all finite then).
 
         Without sorting: a start at p in interval j adds (edge_{j+1} − p) there and the
         whole width to every later interval (an end subtracts the same), so each interval
         keeps a partial sum and a signed count, and :meth:`column` adds the width times the
         count of the intervals before it."""
-        keep = np.isfinite(starts) & np.isfinite(ends)
-        for points, sign in ((starts[keep], 1.0), (ends[keep], -1.0)):
+        if k_starts is None or k_ends is None:
+            keep = np.isfinite(starts) & np.isfinite(ends)
+            starts, ends = starts[keep], ends[keep]
+            k_starts, k_ends = self.index(starts), self.index(ends)
+        for points, k, sign in ((starts, k_starts, 1.0), (ends, k_ends, -1.0)):
             if not len(points):
                 continue
-            k = self.index(points)
             self._accumulate(name + ":partial", 0, sign * np.bincount(k, weights=self.edges[k + 1] - points))
             self._accumulate(name + ":count", 0, sign * np.bincount(k).astype(float))
         self.levels.add(name)
@@ -99,6 +111,34 @@ class _Bins:
             return self.column(name + ":partial", n) + self.w * np.concatenate([[0.0], counts[:-1]])
         cur = self.sums.get(name, np.zeros(0))[:n]
         return np.concatenate([cur, np.zeros(n - len(cur))])
+
+
+def binned_percentiles(k: np.ndarray, x: np.ndarray, percentiles: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The ``percentiles`` of ``x`` in each group ``k`` (non-negative ints): the groups
+    present, and one row of percentiles each, as ``np.percentile`` (linear) computes them.
+
+    One stable sort by group (a radix sort when the groups fit 16 bits), each group's
+    values sorted on their own, then numpy's interpolation for every group at once: a few
+    milliseconds for a run's 300 intervals, where a call of ``np.percentile`` per
+    interval took tens."""
+    key = k.astype(np.uint16) if len(k) and k.max() < 2**16 else k
+    order = np.argsort(key, kind="stable")
+    k, x = k[order], x[order]
+    starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+    bounds = [*starts.tolist(), len(k)]
+    x = np.concatenate([np.sort(x[lo:hi]) for lo, hi in itertools.pairwise(bounds)])
+    n = np.diff(bounds)[:, None]
+    q = np.true_divide(np.asarray(percentiles, dtype=float), 100)[None, :]
+    virtual = (n - 1) * q  # numpy's "linear" method, step for step (_quantile, _lerp)
+    prev = np.floor(virtual).astype(np.intp)
+    top = virtual >= n - 1
+    prev[top] = (n - 1).repeat(q.shape[1], axis=1)[top]
+    nxt = np.where(top, prev, prev + 1)
+    gamma = virtual - np.floor(virtual)
+    a, b = x[starts[:, None] + prev], x[starts[:, None] + nxt]
+    diff = b - a
+    out = np.where(gamma >= 0.5, b - diff * (1 - gamma), a + diff * gamma)
+    return k[starts], out
 
 
 class Reduction:
@@ -138,7 +178,7 @@ class Reduction:
         self.last_response = 0.0
         self.interval_ms = None if interval_s is None else interval_s * 1000.0
         self.bins = None if interval_s is None else _Bins(self.interval_ms)
-        self._open: list[tuple[np.ndarray, np.ndarray]] = []  # (t_response, e2e) of intervals not closed
+        self._open: list[tuple[np.ndarray, np.ndarray]] = []  # (interval, e2e) of responses not closed
         self._closed: dict[int, tuple[float, float]] = {}  # interval -> (p50, p99)
 
     def add(self, records: Records, batches: BatchLog, watermark_ms: float) -> None:
@@ -208,37 +248,36 @@ class Reduction:
 
     def _timeline(self, r: Records, done: np.ndarray, e2e: np.ndarray, watermark_ms: float) -> None:
         b, s = self.bins, self.s
-        b.add("offered", r.arrival)
-        b.add("completed", r.t_response[done])
+        ka = b.index(r.arrival)  # each time is binned once, then counted by mask
+        b.add_indexed("offered", ka)
         for name in ("rejected", "timed_out", "failed"):
-            b.add(name, r.arrival[r.outcome == DROPS[name]])
-        b.add("degraded", r.arrival[done & r.degraded])
+            b.add_indexed(name, ka[r.outcome == DROPS[name]])
+        b.add_indexed("degraded", ka[done & r.degraded])
+        t_done, ka_done = r.t_response[done], ka[done]
+        kr = b.index(t_done)
+        b.add_indexed("completed", kr)
         left_queue = np.where(done, r.t_dispatch, r.t_dropped)
         b.add_level("queue_depth", r.t_preprocessed, left_queue)
-        b.add_level("in_flight", r.arrival[done], r.t_response[done])
+        b.add_level("in_flight", r.arrival[done], t_done, ka_done, kr)
         if s.caches.result is not None:
-            b.add("result_hits", r.arrival[r.result_hit])
+            b.add_indexed("result_hits", ka[r.result_hit])
         if s.caches.feature is not None:
-            b.add("feature_lookups", r.arrival[~r.result_hit])
-            b.add("feature_hits", r.arrival[r.feature_hit])
+            b.add_indexed("feature_lookups", ka[~r.result_hit])
+            b.add_indexed("feature_hits", ka[r.feature_hit])
         if s.router.canary is not None:
-            b.add("canary", r.arrival[r.version == 1])
-        self._open.append((r.t_response[done], e2e[done]))
+            b.add_indexed("canary", ka[r.version == 1])
+        self._open.append((kr, e2e[done]))
         self._close(watermark_ms)
 
     def _close(self, watermark_ms: float) -> None:
         """Percentiles of the intervals that end at or before the watermark."""
-        t = np.concatenate([p[0] for p in self._open])
+        k = np.concatenate([p[0] for p in self._open])
         x = np.concatenate([p[1] for p in self._open])
-        k = self.bins.index(t)
         closed = self.bins.edges[k + 1] <= watermark_ms
-        kc, xc = k[closed], x[closed]
-        order = np.argsort(kc, kind="stable")
-        kc, xc = kc[order], xc[order]
-        bounds = [*np.flatnonzero(np.r_[True, kc[1:] != kc[:-1]]).tolist(), len(kc)] if len(kc) else [0]
-        for lo, hi in itertools.pairwise(bounds):
-            self._closed[int(kc[lo])] = tuple(np.percentile(xc[lo:hi], [50.0, 99.0]))
-        self._open = [(t[~closed], x[~closed])]
+        if closed.any():
+            kc, values = binned_percentiles(k[closed], x[closed], (50.0, 99.0))
+            self._closed.update(zip(kc.tolist(), map(tuple, values.tolist()), strict=True))
+        self._open = [(k[~closed], x[~closed])]
 
     def summary(self, wall_s: float, fleet: FleetLog | None = None, held: Run | None = None) -> summary.Summary:
         """The run's summary (:class:`simulator.results.summary.Summary`).

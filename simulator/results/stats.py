@@ -21,6 +21,9 @@ def summary_stats(x: np.ndarray) -> dict[str, float]:
     """p50/p95/p99/p99.9 and mean of ``x`` (NaN-free); NaN when empty."""
     if len(x) == 0:
         return {**dict.fromkeys(PERCENTILES, float("nan")), "mean": float("nan")}
+    lo = x.min()
+    if lo == x.max():  # a stage the scenario leaves out: every percentile is its one value
+        return {**dict.fromkeys(PERCENTILES, float(lo)), "mean": float(x.mean())}
     qs = np.percentile(x, list(PERCENTILES.values()))
     return {**dict(zip(PERCENTILES, map(float, qs), strict=True)), "mean": float(x.mean())}
 
@@ -33,12 +36,14 @@ class ExactSample:
     def __init__(self):
         self._parts: list[np.ndarray] = []
         self.count = 0
+        self._summary: dict[str, float] | None = None
 
     def add(self, values: np.ndarray) -> None:
         x = np.asarray(values, dtype=float).ravel()
         if len(x):
             self._parts.append(x)
             self.count += len(x)
+            self._summary = None
 
     @property
     def values(self) -> np.ndarray:
@@ -47,7 +52,11 @@ class ExactSample:
         return self._parts[0]
 
     def percentile(self, p: float) -> float:
-        """The ``p`` percentile (0 ≤ p ≤ 100), NaN when empty."""
+        """The ``p`` percentile (0 ≤ p ≤ 100), NaN when empty (one of :data:`PERCENTILES`
+        from the summary's, the same value without a second pass)."""
+        name = next((k for k, v in PERCENTILES.items() if v == p), None)
+        if name is not None:
+            return self.summary(PERCENTILES)[name]
         return float(np.percentile(self.values, p)) if self.count else float("nan")
 
     @property
@@ -55,8 +64,12 @@ class ExactSample:
         return float(self.values.mean()) if self.count else float("nan")
 
     def summary(self, percentiles: dict[str, float]) -> dict[str, float]:
-        """As :func:`summary_stats` gives them."""
-        return summary_stats(self.values)
+        """:data:`PERCENTILES` and the mean, as :func:`summary_stats` gives them."""
+        if percentiles != PERCENTILES:
+            raise ValueError("an exact sample summarizes PERCENTILES")
+        if self._summary is None:
+            self._summary = summary_stats(self.values)
+        return dict(self._summary)
 
 
 def sla_verdict(e2e_ms: np.ndarray, percentile: float, target_ms: float, dropped: int) -> summary.SLAVerdict:

@@ -8,7 +8,7 @@ Percentile tables (``latency_ms``) map a stage to its p50, p95, p99, p999 and me
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 
 class ScenarioId(TypedDict):
@@ -86,10 +86,11 @@ class CacheStats(TypedDict):
 
 
 class Sim(TypedDict):
-    wall_s: float
+    wall_s: float  # the simulation and its summary
     requests: int  # simulated, warm-up included
     requests_per_wall_s: float
     seed: int
+    start_s: NotRequired[float]  # numba's start, once per process, outside wall_s (simulator.jit)
 
 
 class Summary(TypedDict):
