@@ -1,9 +1,10 @@
-"""Long runs in bounded memory: the streaming engine on the 200k RPS platform (issue 14).
+"""Long runs in bounded memory: the 200k RPS platform in chunks (issue 14).
 
 Each case runs the real console script, ``servesim run``, in its own process, so the wall
 time and peak memory are those of the whole process as a user sees them (``os.wait4``'s
-rusage of that child). The peer, in the same run: the whole-run engine on a run short
-enough to hold (``--engine whole``), against the streaming engine on the same run.
+rusage of that child). The peer, in the same run: a run short enough to hold in one chunk
+(``--chunk-s whole``), against the same run in chunks (``--chunk-s auto`` streams it only
+above 5M requests, so the peer's chunks are asked for: ``--chunk-s 1``).
 
     python benchmarks/bench_stream.py [--cases peer,ten_minutes,hour_sampled] [--peer-duration-s 20]
 """
@@ -69,11 +70,11 @@ def main() -> None:
     print(f"{cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     if "peer" in cases:
         d = f"{args.peer_duration_s:g}"
-        whole = run("--engine", "whole", "--duration-s", d)
-        streamed = run("--engine", "stream", "--duration-s", d)
-        print(f"platform, {d} s, both engines (the same requests):")
-        print(line("whole-run engine", whole))
-        print(line("streaming engine", streamed))
+        whole = run("--chunk-s", "whole", "--duration-s", d)
+        streamed = run("--chunk-s", "1", "--duration-s", d)
+        print(f"platform, {d} s, one chunk and 1-s chunks (the same requests):")
+        print(line("one chunk", whole))
+        print(line("in chunks", streamed))
         print(
             f"  streaming / whole: {whole['wall_s'] / streamed['wall_s']:.2f}x the speed, "
             f"{streamed['peak_gb'] / whole['peak_gb']:.2f}x the memory"

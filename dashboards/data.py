@@ -119,7 +119,7 @@ class Result:
 
 def run(s: Scenario, *, sample: bool = True, interval_s: float = 1.0) -> Result:
     """Simulate ``s`` (fleet-sampled where exact and ``sample``) and reduce it."""
-    result = simulate_run(s, sample="auto" if sample else None, engine="whole", interval_s=interval_s)
+    result = simulate_run(s, sample="auto" if sample else None, chunk_s="whole", interval_s=interval_s)
     sim, rec, summary = result.simulated, result.records, result.summary
     mask = window(rec, sim)
     t0, t1 = sim.warmup_s * 1000.0, sim.duration_s * 1000.0

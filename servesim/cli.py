@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -31,14 +30,6 @@ if TYPE_CHECKING:
 
 # The simulator, pandas and the rest load inside the commands that use them, so that
 # ``servesim --help`` and ``servesim check`` answer in a fraction of a second.
-
-
-class Engine(StrEnum):
-    """Which engine ``servesim run`` simulates with."""
-
-    auto = "auto"
-    whole = "whole"
-    stream = "stream"
 
 
 app = typer.Typer(
@@ -124,18 +115,17 @@ def run(
             min=1,
         ),
     ] = None,
-    engine: Annotated[
-        Engine,
-        typer.Option(
-            help="whole: hold every request (exact percentiles); stream: time chunks in bounded memory "
-            "(percentiles within 0.5%); auto: stream runs of over 5M requests that nothing holds to the end.",
-            case_sensitive=False,
-        ),
-    ] = Engine.auto,
     chunk_s: Annotated[
-        float | None,
-        typer.Option(help="Streaming engine: simulated seconds per chunk (default: about 250,000 requests).", min=1e-3),
-    ] = None,
+        str,
+        typer.Option(
+            "--chunk-s",
+            help="How the run is cut (one engine, the same records): whole = one chunk, every request held "
+            "(exact percentiles); SECONDS = chunks of that many simulated seconds in bounded memory "
+            "(percentiles within 0.5%); auto = whole up to 5M requests, chunks of about 250,000 requests beyond.",
+            metavar="auto|whole|SECONDS",
+        ),
+    ] = "auto",
+    engine: Annotated[str | None, typer.Option(hidden=True)] = None,
 ) -> None:
     """Simulate a scenario and print per-stage latency, the SLA verdict, utilization and cost."""
     from servesim.report import render
@@ -143,6 +133,11 @@ def run(
     from simulator.planning.runner import prepare
     from simulator.planning.runner import run as simulate_run
 
+    if engine is not None:
+        raise fail(
+            "--engine is gone (there is one engine): --chunk-s whole holds the run, --chunk-s SECONDS streams it"
+        )
+    chunks = _chunks(chunk_s)
     extra = []
     if seed is not None:
         extra.append(f"seed={seed}")
@@ -167,9 +162,12 @@ def run(
     n = s.workers.count
     sample = sample_workers if sample_workers is not None and sample_workers < n else None
     try:
-        sim = prepare(s, sample=sample).simulated
+        prepared = prepare(s, sample=sample, chunk_s=chunks)
     except ValueError as e:
-        raise fail(str(e)) from None
+        raise fail(
+            f"--chunk-s {chunk_s}: {e} (--chunk-s whole)" if "chunks save no memory" in str(e) else str(e)
+        ) from None
+    sim = prepared.simulated
     if sample is not None:
         err.print(
             f"fleet sampling: {sample} of {n} workers with {sample}/{n} of the traffic; "
@@ -182,17 +180,17 @@ def run(
                 else ""
             )
         )
-    streamed = _streamed(sim, engine)
+    streamed = prepared.streamed
     b = budget(sim, streamed=streamed, records=records is not None, interval_s=interval_s)
     if streamed:
         summary = run_streamed(
-            s, sample=sample, interval_s=interval_s, records=records, show_progress=b.wall_s > 5, chunk_s=chunk_s
+            s, sample=sample, interval_s=interval_s, records=records, show_progress=b.wall_s > 5, chunk_s=chunks
         )
         records = None  # written chunk by chunk
     else:
         with err.status(f"simulating {s.name} …"):
             try:
-                result = simulate_run(s, sample=sample, engine="whole", interval_s=interval_s)
+                result = simulate_run(s, sample=sample, chunk_s="whole", interval_s=interval_s)
             except ValueError as e:
                 raise fail(str(e)) from None
         summary = result.summary
@@ -219,19 +217,17 @@ def _write_table(frame: pd.DataFrame, path: Path, what: str, *, index: bool = Tr
     err.print(f"{len(frame):,} {what} written to {path}")
 
 
-def _streamed(s: Scenario, engine: Engine) -> bool:
-    """Whether this run streams: asked for, or ``auto`` and the run is long."""
-    from simulator.chunks import held, prefer_streaming
-
-    if engine is Engine.stream:
-        why = held(s)
-        if why is not None:
-            raise fail(
-                f"--engine stream: {why} holds every request to the run's end, "
-                "so streaming saves no memory; use --engine whole"
-            )
-        return True
-    return engine is Engine.auto and prefer_streaming(s)
+def _chunks(value: str) -> str | float:
+    """``--chunk-s``: auto, whole, or a number of simulated seconds over zero."""
+    if value in ("auto", "whole"):
+        return value
+    try:
+        x = float(value)
+    except ValueError:
+        x = float("nan")
+    if not (x > 0 and math.isfinite(x)):
+        raise fail(f"--chunk-s: expected auto, whole or a number of simulated seconds over 0, not {value!r}")
+    return x
 
 
 @app.command()

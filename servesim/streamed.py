@@ -1,4 +1,4 @@
-"""``servesim run`` on the streaming engine: a progress bar with the time left, and
+"""``servesim run`` in chunks: a progress bar with the time left, and
 ``--records`` written chunk by chunk (a Parquet row group per chunk, or CSV appended), so
 the records file is the only thing that grows with the run."""
 
@@ -72,11 +72,11 @@ def run_streamed(
     interval_s: float,
     records: Path | None,
     show_progress: bool,
-    chunk_s: float | None = None,
+    chunk_s: float | str = "auto",
 ):
     """Stream ``s`` (fleet-sampled to ``sample`` workers) with a progress bar over
     simulated time; the summary, restated for the whole fleet."""
-    sim = prepare(s, sample=sample).simulated
+    sim = prepare(s, sample=sample, chunk_s=chunk_s).simulated
     writer = RecordsWriter(records, sim) if records is not None else None
     columns = (
         TextColumn("simulating {task.description}"),
@@ -92,7 +92,6 @@ def run_streamed(
             summary = run(
                 s,
                 sample=sample,
-                engine="stream",
                 interval_s=interval_s,
                 chunk_s=chunk_s,
                 on_piece=writer,

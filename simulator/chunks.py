@@ -1,5 +1,5 @@
 """How a run is cut: the chunk length, what holds a run's requests to its end, and when
-``engine="auto"`` streams. Kept apart from :mod:`simulator.engine` so that deciding
+``chunk_s="auto"`` runs in chunks. Kept apart from :mod:`simulator.engine` so that deciding
 loads no engine (``servesim check`` answers before numba or SimPy are loaded)."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ STREAM_ABOVE_REQUESTS = 5_000_000  # "auto" streams runs expected to be larger t
 
 
 def prefer_streaming(s: Scenario) -> bool:
-    """Whether ``engine="auto"`` streams ``s``: nothing holds its requests to the end and
+    """Whether ``chunk_s="auto"`` runs ``s`` in chunks: nothing holds its requests to the end and
     the run is large (over :data:`STREAM_ABOVE_REQUESTS` arrivals, about 1.2 GB held whole).
     Smaller runs are one chunk, with exact percentiles."""
     return held(s) is None and expected_requests(s) > STREAM_ABOVE_REQUESTS

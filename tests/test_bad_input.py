@@ -107,7 +107,7 @@ def test_check_agrees_with_run():
     ("args", "needles"),
     [
         (["--set", "traffic.rate_rps=1000000000"], ["would need", "GB of memory", "--duration-s", "--sample-workers"]),
-        (["--engine", "whole", "--duration-s", "3600"], ["would need", "--duration-s", "--engine stream"]),
+        (["--chunk-s", "whole", "--duration-s", "3600"], ["would need", "--duration-s", "--chunk-s auto"]),
         (["--set", "workers.count=10000000"], ["would need", "workers.count"]),
         (["--set", "batching.max_batch_size=1000000000"], ["would need", "batching.max_batch_size"]),
         (["--duration-s", "86400", "--interval-s", "0.001"], ["would need", "--interval-s"]),

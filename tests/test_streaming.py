@@ -217,8 +217,9 @@ def test_a_held_scenario_is_named_and_gives_the_same_records_in_chunks(why):
 
 
 def test_run_streams_records_a_row_group_per_chunk(tmp_path):
-    """``servesim run --engine stream --records``: the same rows as the whole-run engine
-    writes, a Parquet row group per chunk (or CSV rows appended), and the same counts."""
+    """``servesim run --chunk-s 0.3 --records``: the same rows as a run held whole
+    (``--chunk-s whole``) writes, a Parquet row group per chunk (or CSV rows appended), and
+    the same counts."""
     import json
 
     import pandas as pd
@@ -229,11 +230,12 @@ def test_run_streams_records_a_row_group_per_chunk(tmp_path):
 
     runner = CliRunner()
     args = ["run", str(ROOT / "scenarios/inference_platform.yaml"), "--duration-s", "1", "--set", "warmup_s=0.2"]
-    args += ["--set", "traffic.rate_rps=60000", "--set", "workers.count=40", "--chunk-s", "0.3"]
+    args += ["--set", "traffic.rate_rps=60000", "--set", "workers.count=40"]
     files = {}
     for engine, suffix in (("whole", "parquet"), ("stream", "parquet"), ("stream", "csv")):
         rec, js = tmp_path / f"{engine}.{suffix}", tmp_path / f"{engine}-{suffix}.json"
-        res = runner.invoke(app, [*args, "--engine", engine, "--records", str(rec), "--json", str(js)])
+        chunks = "whole" if engine == "whole" else "0.3"
+        res = runner.invoke(app, [*args, "--chunk-s", chunks, "--records", str(rec), "--json", str(js)])
         assert res.exit_code == 0, res.output
         files[engine, suffix] = rec, json.loads(js.read_text())
     (whole, s_whole), (streamed, s_streamed) = files["whole", "parquet"], files["stream", "parquet"]
@@ -247,7 +249,7 @@ def test_run_streams_records_a_row_group_per_chunk(tmp_path):
     assert s_streamed["batch_size"] == s_whole["batch_size"]
 
 
-def test_engine_choice_and_budget():
+def test_chunk_choice_and_budget():
     from typer.testing import CliRunner
 
     from servesim.cli import app
@@ -259,11 +261,19 @@ def test_engine_choice_and_budget():
     assert estimate(hour, streamed=True).bytes < 1e9 < estimate(hour).bytes / 100
     short = load_scenario(ROOT / "scenarios/inference_platform.yaml")
     assert not prefer_streaming(short)  # 2M requests: held whole, exact percentiles
-    res = CliRunner().invoke(app, ["run", str(ROOT / "scenarios/canary.yaml"), "--engine", "stream"])
+    res = CliRunner().invoke(app, ["run", str(ROOT / "scenarios/canary.yaml"), "--chunk-s", "5"])
     assert res.exit_code == 2
     assert "a canary" in res.output
-    assert "--engine whole" in res.output
+    assert "--chunk-s whole" in res.output
     assert "Traceback" not in res.output
+    for bad in ("0", "-1", "soon", "nan", "inf"):  # one line naming the option, before anything runs
+        res = CliRunner().invoke(app, ["run", str(ROOT / "scenarios/canary.yaml"), "--chunk-s", bad])
+        assert res.exit_code == 2, bad
+        assert "--chunk-s" in res.output
+        assert "Traceback" not in res.output
+    res = CliRunner().invoke(app, ["run", str(ROOT / "scenarios/canary.yaml"), "--engine", "stream"])
+    assert res.exit_code == 2  # the old option says what replaced it
+    assert "--chunk-s" in res.output
 
 
 @pytest.mark.parametrize("servers", [2, 8, 65])

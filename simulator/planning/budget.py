@@ -8,7 +8,7 @@ scenario from its own numbers; :func:`check` refuses the run when the estimate e
 memory available, naming the remedies, before a single array is allocated.
 
 The coefficients were measured on this project's 2-core machines (``/usr/bin/time -f %M``
-around ``servesim run``): 298–310 B per request (``--engine whole``, 2 s against 6 s of
+around ``servesim run``): 298–310 B per request (``--chunk-s whole``, 2 s against 6 s of
 the platform: 0.8M requests apart, two runs, 2026-11-24, after the engines became one;
 293–294 B before, on the same command), 4.1 KB and 48 µs per worker, 35 B per
 batch-size slot, 2.0 µs of wall time per request on the platform held whole (0.6 µs
@@ -183,7 +183,7 @@ def check(
             from simulator.chunks import held
 
             if held(s) is None:
-                remedies.append("stream it in bounded memory (--engine stream)")
+                remedies.append("run it in chunks, in bounded memory (--chunk-s auto, or a number of seconds)")
         remedies.append("simulate part of the fleet with --sample-workers K (exact under random routing)")
         raise BudgetError(
             f"{what} would need {_gb(b.bytes)} of memory ({_count(b.requests)} requests, {b.instances:,} model "

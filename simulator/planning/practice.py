@@ -163,7 +163,7 @@ class Reveal:
 
 
 def _run(s: Scenario) -> tuple[dict, object]:
-    result = run(s, engine="whole", interval_s=None)
+    result = run(s, chunk_s="whole", interval_s=None)
     rec = result.records
     return result.summary, stage_bands(rec, window(rec, result.simulated))
 

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from simulator.planning.runner import Engine, Sample, run
+from simulator.planning.runner import Chunks, Sample, run
 from simulator.results.sketch import LatencySketch
 from simulator.scenario.config import Scenario
 
@@ -30,17 +30,17 @@ def headline(
     sample: Sample = None,
     workers_billed: float | None = None,
     sketch: LatencySketch | None = None,
-    engine: Engine = "auto",
+    chunk_s: Chunks = "auto",
 ) -> dict:
     """Simulate ``s`` once (:func:`simulator.planning.runner.run`, no timeline): its SLA
     percentile, verdict, throughput and cost, as one flat row (:meth:`Result.headline`).
 
     ``sample`` fleet-samples the run (throughputs restated for the whole fleet);
     ``workers_billed`` is the fleet the cost is for (default: what the run billed, as in
-    :func:`simulator.results.metrics.summarize`). ``sketch``, if given, takes the
+    :func:`simulator.summarize`). ``sketch``, if given, takes the
     completed requests' end-to-end latencies (to pool them across replications).
     """
-    result = run(s, sample=sample, engine=engine, interval_s=None, e2e_sketch=sketch)
+    result = run(s, sample=sample, chunk_s=chunk_s, interval_s=None, e2e_sketch=sketch)
     return result.headline(workers_billed)
 
 

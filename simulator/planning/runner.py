@@ -36,26 +36,29 @@ if TYPE_CHECKING:
     from simulator.results.summary import Summary
     from simulator.streaming import Piece
 
-Engine = Literal["auto", "whole", "stream"]
+Chunks = Literal["auto", "whole"] | float
 Sample = Literal["auto"] | int | None
 
 
 class Prepared(NamedTuple):
     """What :func:`run` will simulate: the scenario asked about (its seed set), the one
-    simulated (it, or its fleet sample), and whether it streams."""
+    simulated (it, or its fleet sample), whether it runs in chunks, and their length
+    (s; None for the default, about 250,000 arrivals a chunk)."""
 
     scenario: Scenario
     simulated: Scenario
     streamed: bool
+    chunk_s: float | None = None
 
 
 def prepare(
-    scenario: Scenario, *, seed: int | None = None, sample: Sample = "auto", engine: Engine = "auto"
+    scenario: Scenario, *, seed: int | None = None, sample: Sample = "auto", chunk_s: Chunks = "auto"
 ) -> Prepared:
     """Decide what :func:`run` simulates, before anything runs.
 
-    Raises ValueError when ``sample`` asks for a fleet sample that would be wrong, or
-    ``engine="stream"`` for a held scenario (:func:`simulator.chunks.held`), which streaming would not make smaller.
+    Raises ValueError when ``sample`` asks for a fleet sample that would be wrong, when
+    ``chunk_s`` is not one of its choices, or when it asks for chunks of a held scenario
+    (:func:`simulator.chunks.held`), which chunks would not make smaller.
     """
     s = scenario if seed is None else scenario.model_copy(update={"seed": int(seed)})
     n = s.workers.count
@@ -68,20 +71,16 @@ def prepare(
     else:
         raise ValueError(f"sample must be 'auto', None or a number of workers, not {sample!r}")
     simulated = sample_fleet(s, k)
-    if engine == "stream":
-        why = held(simulated)
-        if why is not None:
-            raise ValueError(
-                f"{why} holds every request to the run's end, so streaming saves no memory; use the whole-run engine"
-            )
-        streamed = True
-    elif engine == "whole":
-        streamed = False
-    elif engine == "auto":
-        streamed = prefer_streaming(simulated)
-    else:
-        raise ValueError(f"engine must be 'auto', 'whole' or 'stream', not {engine!r}")
-    return Prepared(s, simulated, streamed)
+    if chunk_s == "auto":
+        return Prepared(s, simulated, prefer_streaming(simulated))
+    if chunk_s == "whole":
+        return Prepared(s, simulated, False)
+    if isinstance(chunk_s, bool) or not isinstance(chunk_s, int | float) or not chunk_s > 0:
+        raise ValueError(f"chunk_s must be 'auto', 'whole' or a positive number of seconds, not {chunk_s!r}")
+    why = held(simulated)
+    if why is not None:
+        raise ValueError(f"{why} holds every request to the run's end, so chunks save no memory; run it whole")
+    return Prepared(s, simulated, True, float(chunk_s))
 
 
 @dataclass(frozen=True)
@@ -98,8 +97,8 @@ class Result:
         The summary, restated for the whole fleet where sampled (latency and utilization
         as measured; throughput, workers and cost scaled).
     run : Run or None
-        The whole-run engine's run (records, batch logs, fleet, shadow copies); None when
-        streamed (its pieces went to ``on_piece``).
+        The run held whole, in one chunk (records, batch logs, fleet, shadow copies);
+        None when it ran in chunks (its pieces went to ``on_piece``).
     streamed : bool
         Whether it ran in time chunks (percentiles from sketches, within 0.5%).
     """
@@ -162,9 +161,8 @@ def run(
     *,
     seed: int | None = None,
     sample: Sample = "auto",
-    engine: Engine = "auto",
+    chunk_s: Chunks = "auto",
     interval_s: float | None = 1.0,
-    chunk_s: float | None = None,
     on_piece: Callable[[Piece], None] | None = None,
     progress: Callable[[float], None] | None = None,
     e2e_sketch: LatencySketch | None = None,
@@ -182,19 +180,19 @@ def run(
         the window where sampling is exact in law (a fixed fleet under random routing;
         all of them elsewhere); a number simulates that many (ValueError where sampling
         would be wrong); None simulates every worker.
-    engine : "auto", "whole" or "stream"
-        ``whole`` holds every request (exact percentiles); ``stream`` runs time chunks in
-        bounded memory (percentiles within 0.5%); ``auto`` streams runs of over 5M
-        requests that nothing holds to the run's end.
+    chunk_s : "auto", "whole" or float
+        How the run is cut (one engine either way, the same records): ``"whole"`` is one
+        chunk, every request held (exact percentiles, the records in the result); a
+        number of simulated seconds runs chunks of that length in bounded memory
+        (percentiles within 0.5%); ``"auto"`` is one chunk up to 5M requests and
+        chunks of about 250,000 arrivals beyond, where nothing holds the run to its end.
     interval_s : float or None
         Width of the timeline's intervals, s; None leaves the timeline out of a whole
         run's summary (what a replication needs is cheaper without it).
-    chunk_s : float, optional
-        Streaming: simulated seconds per chunk (default: about 250,000 arrivals).
     on_piece : callable, optional
-        Streaming: called with each piece of records before it is dropped.
+        In chunks: called with each piece of records before it is dropped.
     progress : callable, optional
-        Streaming: called with the simulated time reached (s) after each chunk.
+        In chunks: called with the simulated time reached (s) after each chunk.
     e2e_sketch : LatencySketch, optional
         Takes the end-to-end latencies of the window's completed requests, to pool them
         across replications.
@@ -208,7 +206,7 @@ def run(
     from simulator.engine import simulate
     from simulator.streaming import summarize_stream
 
-    p = prepare(scenario, seed=seed, sample=sample, engine=engine)
+    p = prepare(scenario, seed=seed, sample=sample, chunk_s=chunk_s)
     s, sim = p.scenario, p.simulated
     start_s = jit.load()  # once per process, before the run's clock
     whole = None
@@ -216,7 +214,7 @@ def run(
         summary = summarize_stream(
             sim,
             interval_s=interval_s or 1.0,
-            chunk_s=chunk_s,
+            chunk_s=p.chunk_s,
             on_piece=on_piece,
             progress=progress,
             e2e_sketch=e2e_sketch,
