@@ -17,7 +17,6 @@ def held(s: Scenario) -> str | None:
         (bool(s.traffic.classes), "traffic classes"),
         (s.router.canary is not None, "a canary"),
         (s.router.shadow is not None, "a shadow"),
-        (s.features.store is not None and s.features.lookups_per_request > 0, "a feature store of finite capacity"),
         (s.preprocess.event_loop is not None, "preprocess.event_loop"),
     ]
     found = [why for cond, why in reasons if cond]

@@ -27,9 +27,11 @@ the order of all lookups, so a cache is a stage with a horizon too (:class:`_Cac
 yet; a request is handed out once it is settled (served, dropped, or answered from the
 result cache) and, with a prediction log, shipped.
 
-**Held stages.** Four parts of the model are still written over a whole run: the traffic
-classes' pools, a canary or shadow (:mod:`simulator.serving.whole`), the front end's event
-loop, and a feature store of finite capacity (SimPy over the run's round trips). A scenario
+**Held stages.** Three parts of the model are still written over a whole run: the traffic
+classes' pools, a canary or shadow (:mod:`simulator.serving.whole`), and the front end's
+event loop. A feature store of finite capacity is not one: its SimPy environment runs to
+each chunk's end and carries its threads and trips in flight to the next
+(:class:`~simulator.stages.features.Store`). A scenario
 with one of them (:func:`simulator.chunks.held`) keeps its requests in the ledger until
 the last chunk, where those stages see them all: its records are the same for any chunk
 length, its memory is the whole run's.
@@ -59,7 +61,7 @@ from simulator.serving.whole import serve_loop, serve_whole
 from simulator.serving.workers import ServiceModel
 from simulator.stages.arrivals import Arrivals
 from simulator.stages.caches import CacheDraws, CacheState, cache_done
-from simulator.stages.features import Fetched, feature_stage, fetch, fetch_drawn, trips
+from simulator.stages.features import Fetched, Store, fetch, fetch_drawn, trips
 from simulator.stages.network import Network
 from simulator.stages.postprocess import Postprocessing
 from simulator.stages.prediction_log import record_ms
@@ -332,7 +334,7 @@ class _Run:
         self.router_stage = RouterStage(s, rng)
         self.pre = Preprocessing(s, rng, None if speed is None else speed.frontend)
         self.post = Postprocessing(s, rng)
-        # the held stages (simulator.chunks.held): a finite store, the event loop, the versions' or classes' pools
+        # the held stages (simulator.chunks.held): the event loop, the versions' or classes' pools
         self.store = s.features.store is not None and s.features.lookups_per_request > 0
         self.loop = s.preprocess.event_loop is not None
         self.whole = bool(s.traffic.classes) or s.router.canary is not None or s.router.shadow is not None
@@ -348,7 +350,7 @@ class _Run:
         # a dynamic pool routes by itself (the traffic classes' pools excepted); the others are routed here
         dynamic = s.workers.dynamic and not s.traffic.classes
         self.router = None if dynamic else Router(s.router.balancing, rng.routing)
-        result, feature = s.caches.result, None if self.store else s.caches.feature
+        result, feature = s.caches.result, s.caches.feature
         self.result_cache = None if result is None else _CacheStage(result, rng.result_cache, lambda c: c.result_cache)
         self.feature_cache = (
             None if feature is None else _CacheStage(feature, rng.feature_cache, lambda c: c.feature_cache)
@@ -359,6 +361,10 @@ class _Run:
         if self.pool is not None:
             self.pool.waiting = Horizon(by_id=by_id)
         self.cpu_wait = Horizon(by_id=by_id)
+        if self.store:  # round trips drawn as requests reach the store, in time order (ties by id)
+            sampler = None if s.features.round_trip is None else Sampler(s.features.round_trip, rng.features)
+            self.store_stage = Store(s.features, sampler, None if speed is None else speed.frontend)
+            self.store_wait = Horizon(by_id=True)
         self.log_station = Lindley() if s.logging else None
         self.log_wait = Horizon()
         self.ship_ms = record_ms(s.logging) if s.logging else 0.0
@@ -481,35 +487,34 @@ class _Run:
             c.result_hit[r] = True
             c.settled[r] = True
             f_id, f_t = f_id[~hit], f_t[~hit]
-        if self.store:
-            return served_ids, *self._store(final)
         go = np.ones(len(f_id), dtype=bool)
         if self.feature_cache is not None:
             f_id, f_t, hit = self.feature_cache.resolve(ledger, f_id, f_t, horizon)
             c.feature_hit[f_id - ledger.lo] = hit
             go = ~hit
+        if self.store:
+            return served_ids, *self._store(f_id, f_t, go, horizon)
         lat = c.trips[f_id - ledger.lo][go]
         fetched = fetch_drawn(s.features, f_t[go], lat)
         end, degraded, failed = f_t.copy(), np.zeros(len(f_id), dtype=bool), np.zeros(len(f_id), dtype=bool)
         end[go], degraded[go], failed[go] = fetched
         return served_ids, *self._features(f_id, Fetched(end, degraded, failed))
 
-    def _store(self, final: bool):
-        """The feature stage with a store of finite capacity (the feature cache, then SimPy
-        over every round trip): held to the last chunk, then run for every request that
-        needs it, in request order."""
-        if not final:
-            empty = np.empty(0, dtype=np.int64)
-            return empty, np.empty(0), np.empty(0, dtype=bool)
-        c = self.ledger.cols
-        need = ~c.result_hit
-        front = None if self.speed is None else self.speed.frontend
-        end, degraded, failed, hit = feature_stage(
-            self.s.features, self.s.caches.feature, c.t_cache, need, self.rng, front
+    def _store(self, ids: np.ndarray, t: np.ndarray, go: np.ndarray, horizon: float):
+        """The feature stage with a store of finite capacity: requests ``ids`` past the
+        feature cache at ``t``, those that ``go`` fetch through the store (in time order,
+        up to ``horizon``), the others (cache hits) end here. Returns what
+        :meth:`_features` returns, for the requests whose stage ended before ``horizon``."""
+        self.store_wait.push(t[go], ids[go])
+        t_in, id_in = self.store_wait.ready(horizon)
+        self.store_stage.feed(id_in, t_in)
+        fetched_ids, fetched = self.store_stage.run(horizon)
+        hits = ~go
+        none = np.zeros(np.count_nonzero(hits), dtype=bool)
+        return self._features(
+            np.concatenate([ids[hits], fetched_ids]),
+            Fetched(*(np.concatenate(pair) for pair in zip((t[hits], none, none), fetched, strict=True))),
         )
-        rows = np.flatnonzero(need)
-        c.feature_hit[rows] = hit[rows]
-        return self._features(rows + self.ledger.lo, Fetched(end[rows], degraded[rows], failed[rows]))
 
     def _features(self, ids: np.ndarray, fetched: Fetched):
         """Write the feature stage's columns of requests ``ids``; returns the ids, when

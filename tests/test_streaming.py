@@ -50,6 +50,36 @@ CASES = {
             "features.outages=[{start_s: 1, duration_s: 1.5}]",
         ],
     ),
+    # a feature store of finite capacity: its threads carried across chunks in SimPy
+    "finite_store": (
+        "recsys_feature_fetch.yaml",
+        ["duration_s=3", "warmup_s=0.5", "features.batch_size=50", "features.store={threads: 8, per_op_ms: 0.5}"],
+    ),
+    "finite_store_cache_timeout": (
+        "recsys_feature_fetch.yaml",
+        [
+            "duration_s=3",
+            "warmup_s=0.5",
+            "features.batch_size=50",
+            "features.store={threads: 6, per_op_ms: 0.5}",
+            "features.timeout_ms=30",
+            "caches.feature={hit_rate: 0.3, hit: {kind: deterministic, value_ms: 0.2}}",
+            "caches.result={keys: 300, ttl_s: 1}",
+        ],
+    ),
+    "finite_store_fail_speed": (
+        "recsys_feature_fetch.yaml",
+        [
+            "duration_s=3",
+            "warmup_s=0.5",
+            "features.batch_size=50",
+            "features.store={threads: 7, per_op_ms: 0.5}",
+            "features.timeout_ms=35",
+            "features.on_timeout=fail",
+            "platform.speed={kind: log_ar1, step_ms: 20, frontend_elasticity: 0.7, "
+            "components: [{sigma: 0.3, correlation_time_s: 0.5}]}",
+        ],
+    ),
     "log_behind": ("inference_platform.yaml", ["duration_s=0.4", "warmup_s=0.1", "logging.bandwidth_gbps=4"]),
     "autoscaler": ("autoscaling.yaml", ["duration_s=150"]),
     "autoscaler_p99_metric": (
@@ -169,10 +199,6 @@ HELD = {
         ["duration_s=10", "warmup_s=1", "router.shadow.pool=shared", "router.shadow.measure_impact=true"],
     ),
     "traffic classes": ("noisy_neighbour.yaml", ["duration_s=10", "warmup_s=1"]),
-    "a feature store of finite capacity": (
-        "recsys_feature_fetch.yaml",
-        ["duration_s=4", "warmup_s=1", "features.store={threads: 8, per_op_ms: 0.2}"],
-    ),
     "preprocess.event_loop": (
         "calibrated_cpu_resnet.yaml",
         [

@@ -11,15 +11,14 @@ store's threads, and the fork-join is simulated with SimPy, one process per slot
 from __future__ import annotations
 
 import math
+from collections import deque
 from typing import NamedTuple
 
 import numpy as np
 import simpy
 
-from simulator.rng import Streams
-from simulator.scenario.config import Cache, Features
+from simulator.scenario.config import Features
 from simulator.scenario.distributions import Sampler
-from simulator.stages.caches import look_up
 from simulator.stages.speed import SpeedPath
 
 _CHUNK_CELLS = 1 << 22  # round trips sampled per numpy chunk
@@ -120,21 +119,12 @@ class Fetched(NamedTuple):
     failed: np.ndarray  # timed out with on_timeout: fail
 
 
-def fetch(
-    cfg: Features, start: np.ndarray, sampler: Sampler | None, need: np.ndarray | None = None, path=None
-) -> Fetched:
-    """Feature stage: end times, and which requests were degraded (timed out, default
-    features) or failed (timed out with ``on_timeout: fail``; end time = when they gave up).
-    With ``need`` (a mask) only those fetch; the others end at ``start``. ``path``: the
-    host's speed (a :class:`~simulator.stages.speed.SpeedPath`) on the store's threads."""
-    if cfg.lookups_per_request and cfg.store is not None:
-        idx = np.arange(len(start)) if need is None else np.flatnonzero(need)
-        order = np.argsort(start[idx], kind="stable")
-        end = start.copy()
-        end[idx[order]] = fetch_contended(cfg, start[idx][order], sampler, path)
-    else:
-        end = start + fetch_uncontended(cfg, start, sampler, need)
-    return _give_up(cfg, start, end)
+def fetch(cfg: Features, start: np.ndarray, sampler: Sampler | None, need: np.ndarray | None = None) -> Fetched:
+    """Feature stage from an uncontended store: end times, and which requests were degraded
+    (timed out, default features) or failed (timed out with ``on_timeout: fail``; end time
+    = when they gave up). With ``need`` (a mask) only those fetch; the others end at
+    ``start``. A store of finite capacity is a :class:`Store`."""
+    return _give_up(cfg, start, start + fetch_uncontended(cfg, start, sampler, need))
 
 
 def fetch_drawn(cfg: Features, start: np.ndarray, lat: np.ndarray) -> Fetched:
@@ -152,61 +142,105 @@ def _give_up(cfg: Features, start: np.ndarray, end: np.ndarray) -> Fetched:
     return Fetched(end, late & (cfg.on_timeout == "default"), late & (cfg.on_timeout == "fail"))
 
 
-def fetch_contended(cfg: Features, start: np.ndarray, sampler: Sampler | None, path=None) -> np.ndarray:
-    """Feature-fetch completion times through a store with ``cfg.store.threads`` threads.
+class Store:
+    """A feature store of finite capacity, run chunk after chunk: the round trips of the
+    requests fed so far go through SimPy up to a horizon, and the state (threads, trips in
+    flight) carries to the next chunk, so a run cut anywhere gives the same times.
 
     Each round trip spends half its network latency reaching the store, queues FCFS for
-    a thread, holds it for ``per_op_ms + per_key_ms × keys``, and spends the other half
-    returning. ``start`` must be sorted. With a speed ``path``, a thread's hold is
-    stretched by the host's speed while it lasts.
+    one of ``cfg.store.threads`` threads, holds it for ``per_op_ms + per_key_ms × keys``,
+    and spends the other half returning; a request's trips run at most ``parallelism`` at
+    a time. Requests must be fed in order of start (ties by id), every one before the
+    horizon of the :meth:`run` that follows; their trips are drawn in that order. With a
+    speed ``path``, a thread's hold is stretched by the host's speed while it lasts.
     """
-    store_cfg = cfg.store
-    keys = trip_keys(cfg)
-    n = len(keys)
-    env = simpy.Environment()
-    threads = simpy.Resource(env, capacity=store_cfg.threads)
-    hold = (store_cfg.per_op_ms + store_cfg.per_key_ms * keys).tolist()
-    done = np.empty_like(start)
-    slots = min(cfg.parallelism, n)
 
-    def lane(i: int, lat: list[float], cursor: list[int]):
+    def __init__(self, cfg: Features, sampler: Sampler | None, path: SpeedPath | None = None):
+        self.cfg, self.sampler, self.path = cfg, sampler, path
+        self.keys = trip_keys(cfg)
+        self.hold = (cfg.store.per_op_ms + cfg.store.per_key_ms * self.keys).tolist()
+        self.slots = min(cfg.parallelism, len(self.keys))
+        self.env = simpy.Environment()
+        self.threads = simpy.Resource(self.env, capacity=cfg.store.threads)
+        self.fed: deque[tuple[int, float, list[float]]] = deque()  # (id, start, trips) not started yet
+        self.more: simpy.Event | None = None  # what the feeder waits on when nothing is fed
+        self.pending: dict[int, list] = {}  # id -> [start, done so far, trips left]
+        self.finished: list[tuple[int, float, float]] = []  # (id, start, done) since the last run
+        self.env.process(self._feeder())
+
+    def feed(self, ids: np.ndarray, start: np.ndarray) -> None:
+        """Requests ``ids`` reach the store at ``start`` (sorted, ties by id)."""
+        n = len(self.keys)
+        rows_per_chunk = max(1, _CHUNK_CELLS // n)
+        for lo in range(0, len(ids), rows_per_chunk):
+            hi = min(lo + rows_per_chunk, len(ids))
+            lat = _trip_latency(self.cfg, self.sampler, hi - lo, self.keys).tolist()
+            self.fed.extend(zip(ids[lo:hi].tolist(), start[lo:hi].tolist(), lat, strict=True))
+        if self.fed and self.more is not None:
+            self.more.succeed()
+            self.more = None
+
+    def _feeder(self):
+        env = self.env
+        while True:
+            if not self.fed:
+                self.more = env.event()
+                yield self.more
+                continue
+            i, t, row = self.fed.popleft()
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            self.pending[i] = [t, t, self.slots]
+            cursor = [0]
+            for _ in range(self.slots):
+                env.process(self._lane(i, row, cursor))
+
+    def _lane(self, i: int, lat: list[float], cursor: list[int]):
+        env, n = self.env, len(self.keys)
         while cursor[0] < n:
             j = cursor[0]
             cursor[0] += 1
             half = lat[j] / 2
             yield env.timeout(half)
-            with threads.request() as req:
+            with self.threads.request() as req:
                 yield req
-                yield env.timeout(hold[j] if path is None else float(path.finish(env.now, hold[j])) - env.now)
+                hold = self.hold[j]
+                yield env.timeout(hold if self.path is None else float(self.path.finish(env.now, hold)) - env.now)
             yield env.timeout(half)
-        done[i] = max(done[i], env.now)
+        p = self.pending.get(i)
+        if p is None:  # given up (timeout_ms) before its trips came back
+            return
+        p[1] = max(p[1], env.now)
+        p[2] -= 1
+        if not p[2]:
+            del self.pending[i]
+            self.finished.append((i, p[0], p[1]))
 
-    def feeder():
-        rows_per_chunk = max(1, _CHUNK_CELLS // n)
-        for lo in range(0, len(start), rows_per_chunk):
-            hi = min(lo + rows_per_chunk, len(start))
-            lat = _trip_latency(cfg, sampler, hi - lo, keys)
-            for i in range(lo, hi):
-                t = start[i]
-                if t > env.now:
-                    yield env.timeout(t - env.now)
-                done[i] = t
-                row, cursor = lat[i - lo].tolist(), [0]
-                for _ in range(slots):
-                    env.process(lane(i, row, cursor))
+    def run(self, horizon: float) -> tuple[np.ndarray, Fetched]:
+        """Simulate up to ``horizon`` (ms; inf: to the end). Returns the requests whose
+        feature stage ended before it, unsorted, and their columns: those whose trips all
+        returned, and those past ``timeout_ms`` whose trips are still out (given up; their
+        trips go on holding the store's threads)."""
+        if math.isinf(horizon):
+            self.env.run()
+        elif horizon > self.env.now:
+            self.env.run(until=horizon)
+        done, self.finished = self.finished, []
+        if self.cfg.timeout_ms is not None:  # given up before the horizon: ended, trips still out
+            late = [i for i, p in self.pending.items() if p[0] + self.cfg.timeout_ms < horizon]
+            done += [(i, self.pending.pop(i)[0], math.inf) for i in late]
+        ids = np.fromiter((d[0] for d in done), dtype=np.int64, count=len(done))
+        start = np.fromiter((d[1] for d in done), dtype=float, count=len(done))
+        end = np.fromiter((d[2] for d in done), dtype=float, count=len(done))
+        return ids, _give_up(self.cfg, start, end)
 
-    env.process(feeder())
-    env.run()
+
+def fetch_contended(cfg: Features, start: np.ndarray, sampler: Sampler | None, path=None) -> np.ndarray:
+    """Feature-fetch completion times through a store of finite capacity (:class:`Store`),
+    for requests starting at ``start`` (sorted), in one pass, before any timeout."""
+    store = Store(cfg.model_copy(update={"timeout_ms": None}), sampler, path)
+    store.feed(np.arange(len(start)), start)
+    ids, fetched = store.run(math.inf)
+    done = np.empty_like(start)
+    done[ids] = fetched.end
     return done
-
-
-def feature_stage(
-    f: Features, cache: Cache | None, start: np.ndarray, need: np.ndarray, rng: Streams, path: SpeedPath | None = None
-) -> tuple[np.ndarray, ...]:
-    """The feature stage of a whole run, for the requests that ``need`` it (the feature
-    cache, then the fetch): end times, degraded, failed, cache hits. ``path``: the front
-    end's speed, on a store's threads."""
-    hit, end = look_up(cache, start, rng.feature_cache, need)
-    sampler = Sampler(f.round_trip, rng.features) if f.round_trip is not None else None
-    fetched = fetch(f, end, sampler, need & ~hit, path)
-    return fetched.end, fetched.degraded, fetched.failed, hit
