@@ -163,6 +163,7 @@ class Reduction:
         self.s, self.seed = s, seed
         self.t0, self.t1 = s.warmup_s * 1000.0, s.duration_s * 1000.0
         self.counts = dict.fromkeys(("arrived", "completed", "degraded", *DROPS), 0)
+        self.exact = exact
         sample = ExactSample if exact else LatencySketch
         self.stages = {name: sample() for name, _, _ in STAGES}
         self.e2e = sample()
@@ -181,9 +182,10 @@ class Reduction:
         self._open: list[tuple[np.ndarray, np.ndarray]] = []  # (interval, e2e) of responses not closed
         self._closed: dict[int, tuple[float, float]] = {}  # interval -> (p50, p99)
 
-    def add(self, records: Records, batches: BatchLog, watermark_ms: float) -> None:
+    def add(self, records: Records, batches: BatchLog, watermark_ms: float, *, last: bool = False) -> None:
         """Take one piece: its records (all settled), the batches that started, and the
-        time before which no later record responds."""
+        time before which no later record responds. ``last``: no piece follows (an exact
+        reduction then summarizes each stage's latencies at once and lets them go)."""
         r = records
         self.simulated += len(r)
         mask = (r.arrival >= self.t0) & (r.arrival < self.t1)
@@ -197,15 +199,20 @@ class Reduction:
         c["degraded"] += int(np.count_nonzero(r.degraded[done]))
         for name, code in DROPS.items():
             c[name] += int(np.count_nonzero(outcome == code))
+        seal = last and self.exact
         for name, sample in self.stages.items():
             sample.add(r.stage_ms(name)[done])
+            if seal:
+                sample.seal()
         e2e = e2e_all[done]
         self.e2e.add(e2e)
+        if seal:
+            self.e2e.seal((self.s.sla.percentile,))
         self.within += int(np.count_nonzero(e2e <= self.s.sla.target_ms))
         self._batches(batches)
         self._caches(r, mask)
         if self.s.logging:
-            self._logging(r, mask, done_all)
+            self._logging(r, mask, done_all, last)
         if done_all.any():
             self.last_response = max(self.last_response, float(np.nanmax(r.t_response[done_all])))
         if self.bins is not None:
@@ -235,11 +242,13 @@ class Reduction:
             n["feature"] += int(np.count_nonzero(looked))
             n["feature_hits"] += int(np.count_nonzero(r.feature_hit[looked]))
 
-    def _logging(self, r: Records, mask: np.ndarray, done: np.ndarray) -> None:
+    def _logging(self, r: Records, mask: np.ndarray, done: np.ndarray, last: bool) -> None:
         emitted = np.where(np.isnan(r.t_response), r.t_dropped, r.t_response)
         sel = mask & np.isfinite(r.t_logged)
         self.logged += int(np.count_nonzero(sel))
         self.lag.add((r.t_logged - emitted)[sel])
+        if self.exact and last:
+            self.lag.seal()
         self.behind += int(np.count_nonzero((emitted <= self.t1) & (r.t_logged > self.t1)))
         if self.bins is not None:
             shipped = np.isfinite(r.t_logged)
@@ -439,7 +448,7 @@ def summarize(run: Run, *, interval_s: float | None = 1.0) -> summary.Summary:
         :data:`simulator.results.timeline.COLUMNS`). Pure: it reads no file.
     """
     red = Reduction(run.scenario, run.seed, interval_s=interval_s, exact=True)
-    red.add(run.records, run.batches, np.inf)
+    red.add(run.records, run.batches, np.inf, last=True)
     return red.summary(run.wall_s, run.fleet, held=run)
 
 

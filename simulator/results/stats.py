@@ -31,22 +31,37 @@ def summary_stats(x: np.ndarray) -> dict[str, float]:
 class ExactSample:
     """Percentiles and the mean of values added piece by piece, kept whole: the exact
     counterpart of :class:`simulator.results.sketch.LatencySketch`, with its interface,
-    for a run held in memory (its percentiles are ``np.percentile``'s of every value)."""
+    for a run held in memory (its percentiles are ``np.percentile``'s of every value).
+    :meth:`seal` computes them once the last piece is in and lets the values go."""
 
     def __init__(self):
         self._parts: list[np.ndarray] = []
         self.count = 0
         self._summary: dict[str, float] | None = None
+        self._extra: dict[float, float] = {}  # percentiles besides PERCENTILES, computed at seal()
+        self._sealed = False
 
     def add(self, values: np.ndarray) -> None:
+        if self._sealed:
+            raise RuntimeError("a sealed sample takes no more values")
         x = np.asarray(values, dtype=float).ravel()
         if len(x):
             self._parts.append(x)
             self.count += len(x)
             self._summary = None
 
+    def seal(self, extra: tuple[float, ...] = ()) -> None:
+        """The last value is in: compute :data:`PERCENTILES`, the mean and the ``extra``
+        percentiles now, and drop the values."""
+        self.summary(PERCENTILES)
+        for p in extra:
+            self._extra[p] = self.percentile(p)
+        self._parts, self._sealed = [], True
+
     @property
     def values(self) -> np.ndarray:
+        if self._sealed:
+            raise RuntimeError("a sealed sample keeps no values")
         if len(self._parts) != 1:
             self._parts = [np.concatenate(self._parts)] if self._parts else [np.zeros(0)]
         return self._parts[0]
@@ -57,11 +72,13 @@ class ExactSample:
         name = next((k for k, v in PERCENTILES.items() if v == p), None)
         if name is not None:
             return self.summary(PERCENTILES)[name]
+        if p in self._extra:
+            return self._extra[p]
         return float(np.percentile(self.values, p)) if self.count else float("nan")
 
     @property
     def mean(self) -> float:
-        return float(self.values.mean()) if self.count else float("nan")
+        return self.summary(PERCENTILES)["mean"]
 
     def summary(self, percentiles: dict[str, float]) -> dict[str, float]:
         """:data:`PERCENTILES` and the mean, as :func:`summary_stats` gives them."""
