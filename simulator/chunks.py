@@ -17,7 +17,6 @@ def held(s: Scenario) -> str | None:
         (bool(s.traffic.classes), "traffic classes"),
         (s.router.canary is not None, "a canary"),
         (s.router.shadow is not None, "a shadow"),
-        (s.preprocess.event_loop is not None, "preprocess.event_loop"),
     ]
     found = [why for cond, why in reasons if cond]
     return ", ".join(found) if found else None

@@ -27,14 +27,13 @@ the order of all lookups, so a cache is a stage with a horizon too (:class:`_Cac
 yet; a request is handed out once it is settled (served, dropped, or answered from the
 result cache) and, with a prediction log, shipped.
 
-**Held stages.** Three parts of the model are still written over a whole run: the traffic
-classes' pools, a canary or shadow (:mod:`simulator.serving.whole`), and the front end's
-event loop. A feature store of finite capacity is not one: its SimPy environment runs to
-each chunk's end and carries its threads and trips in flight to the next
-(:class:`~simulator.stages.features.Store`). A scenario
-with one of them (:func:`simulator.chunks.held`) keeps its requests in the ledger until
-the last chunk, where those stages see them all: its records are the same for any chunk
-length, its memory is the whole run's.
+**Held stages.** Two parts of the model are still written over a whole run: the traffic
+classes' pools and a canary or shadow (:mod:`simulator.serving.whole`). A scenario with
+one of them (:func:`simulator.chunks.held`) keeps its requests in the ledger until the
+last chunk, where those stages see them all: its records are the same for any chunk
+length, its memory is the whole run's. A feature store of finite capacity and the front
+end's event loop run chunk by chunk, their state carried to the next chunk
+(:class:`~simulator.stages.features.Store`, :class:`~simulator.serving.event_loop.Loop`).
 """
 
 from __future__ import annotations
@@ -53,11 +52,12 @@ from simulator.results.run import Run
 from simulator.rng import STREAMS, Streams, streams
 from simulator.scenario.config import Cache, Scenario
 from simulator.scenario.distributions import Sampler
+from simulator.serving.event_loop import Loop
 from simulator.serving.fleet import FleetLog
 from simulator.serving.router import Router
 from simulator.serving.served import ServingLog
 from simulator.serving.streamed import Horizon, StreamedDynamicPool, StreamedPool
-from simulator.serving.whole import serve_loop, serve_whole
+from simulator.serving.whole import serve_whole
 from simulator.serving.workers import ServiceModel
 from simulator.stages.arrivals import Arrivals
 from simulator.stages.caches import CacheDraws, CacheState, cache_done
@@ -334,7 +334,7 @@ class _Run:
         self.router_stage = RouterStage(s, rng)
         self.pre = Preprocessing(s, rng, None if speed is None else speed.frontend)
         self.post = Postprocessing(s, rng)
-        # the held stages (simulator.chunks.held): the event loop, the versions' or classes' pools
+        # the held stages (simulator.chunks.held): the versions' or classes' pools
         self.store = s.features.store is not None and s.features.lookups_per_request > 0
         self.loop = s.preprocess.event_loop is not None
         self.whole = bool(s.traffic.classes) or s.router.canary is not None or s.router.shadow is not None
@@ -344,6 +344,16 @@ class _Run:
             else None
         )
         self.pool = None
+        if self.loop:  # the front end's one event loop, and the instances it feeds
+            service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed).feed(0)
+            self.loop_server = Loop(
+                s.preprocess.event_loop,
+                s.batching,
+                s.workers.count * s.workers.instances,
+                service,
+                None if speed is None else speed.frontend,
+            )
+            self.loop_wait = Horizon(by_id=True)
         if not (self.loop or self.whole):
             service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed)
             self.pool = StreamedDynamicPool(s, service, rng) if s.workers.dynamic else StreamedPool(s, service)
@@ -379,10 +389,11 @@ class _Run:
         c = ledger.cols
         new_rows = [done_ids - ledger.lo, f_id[failed] - ledger.lo]
         batches = BatchLog.empty()
-        if self.loop:  # the loop preprocesses and serves, over the whole run
-            if final:
-                rows, batches = self._on_loop()
-                new_rows.append(rows)
+        if self.loop:  # the front end's one event loop admits, batches, serves and answers
+            if failed.any():
+                f_id, f_t = f_id[~failed], f_t[~failed]
+            rows, batches = self._on_loop(f_id, f_t, math.inf if final else hi)
+            new_rows.append(rows)
         else:
             if failed.any():
                 f_id, f_t = f_id[~failed], f_t[~failed]
@@ -465,6 +476,7 @@ class _Run:
                 feature_cache=None if self.feature_cache is None else CacheDrawn(*self.feature_cache.draws(n)),
                 # the round trips of every request, used once it passes the caches
                 trips=trips(s.features, self.trips, n) if self.cached and not self.store else None,
+                t_answered=np.full(n, np.nan) if self.loop else None,
             )
         )
         if not self.cached and not self.store:  # every arrival reaches the feature stage now, in request order
@@ -482,8 +494,9 @@ class _Run:
             r = rows[hit]  # served from the result cache: no time in the later stages
             if len(r):
                 c.with_serving()
-                for column in (c.t_features, c.t_preprocessed, c.t_dispatch, c.t_inferred):
-                    column[r] = f_t[hit]
+                for column in (c.t_features, c.t_preprocessed, c.t_dispatch, c.t_inferred, c.t_answered):
+                    if column is not None:  # t_answered: with the front end's event loop
+                        column[r] = f_t[hit]
             c.result_hit[r] = True
             c.settled[r] = True
             f_id, f_t = f_id[~hit], f_t[~hit]
@@ -562,18 +575,19 @@ class _Run:
         self.left = log
         return self.ledger.settle(idx + self.ledger.lo, served), log.batches
 
-    def _on_loop(self) -> tuple[np.ndarray, BatchLog]:
-        """The front end's event loop with its batch queue and instances, for every live
-        request of the run (held). Returns the rows settled, and the batches."""
-        c = self.ledger.cols
-        idx = np.flatnonzero(c.live)
-        t_enq, served, batches, t_resp = serve_loop(
-            self.s, self.rng, self.speed, t_feat=c.t_features[idx], cost=c.svc[idx]
-        )
-        c.t_preprocessed[idx] = t_enq
-        c.t_answered = c.t_features.copy()
-        c.t_answered[idx] = t_resp
-        return self.ledger.settle(idx + self.ledger.lo, served), batches
+    def _on_loop(self, ids: np.ndarray, t: np.ndarray, horizon: float) -> tuple[np.ndarray, BatchLog]:
+        """The front end's event loop with its batch queue and instances: requests ``ids``
+        ready for it at ``t`` join those waiting, the loop runs up to ``horizon``. Returns
+        the rows settled (answered, or refused at the door), and the batches answered."""
+        c, ledger = self.ledger.cols, self.ledger
+        self.loop_wait.push(t, ids, _rows_of(c.svc, ids - ledger.lo))
+        t, ids, cost = self.loop_wait.ready(horizon)
+        self.loop_server.push(ids, t, cost)
+        ids, t_enq, served, t_resp, batches = self.loop_server.run(horizon)
+        rows = ids - ledger.lo
+        c.t_preprocessed[rows] = t_enq
+        c.t_answered[rows] = t_resp
+        return ledger.settle(ids, served), batches
 
     def _ship(self, rows: np.ndarray | slice, hi: float, final: bool) -> None:
         """The prediction log: records of the requests settled now (``rows``, or all the

@@ -145,9 +145,20 @@ def test_what_it_does_not_combine_with_is_said_before_the_run(text, words):
         load_scenario("x.yaml", text=BASE + text)
 
 
-def test_the_streaming_engine_leaves_it_to_the_whole_run_engine():
-    s = Scenario.model_validate(_doc(100, {}))
-    assert "preprocess.event_loop" in held(s)
+def test_the_loop_runs_in_chunks_holding_only_what_is_not_answered():
+    """Not a held stage: a run of the loop in 1-s chunks hands out its records as it goes
+    (the ledger holds about a chunk's worth), the same records as one chunk, and the loop
+    itself keeps only the requests and batches not answered yet."""
+    from simulator.engine import stream
+
+    s = Scenario.model_validate(_doc(400, {"return_ms": 0.3, "respond_per_batch_ms": 0.1}))
+    assert held(s) is None
+    whole = simulate(s).records
+    pieces = list(stream(s, chunk_s=1.0))
+    assert len(pieces) == 40
+    assert max(len(p.records) for p in pieces) < 0.05 * len(whole)  # ~400 of 16,000 a chunk
+    got = np.concatenate([p.records.t_response for p in pieces])
+    np.testing.assert_array_equal(got, whole.t_response)
 
 
 def test_the_fit_recovers_the_loop_from_the_server_clocks():

@@ -21,6 +21,15 @@ from simulator.serving.fleet import WorkerState
 from simulator.streaming import simulate_streaming, stream
 from tests.helpers import ROOT
 
+LOOP = [
+    "duration_s=10",
+    "warmup_s=1",
+    "traffic.rate_rps=500",
+    "preprocess.cpu_workers=1",
+    "router.balancing=shared",
+    "workers.count=1",
+    "preprocess.event_loop={return_ms: 0.3, respond_per_batch_ms: 0.1, respond_per_request_ms: 0.05}",
+]
 CASES = {
     "platform": ("inference_platform.yaml", ["duration_s=0.6", "warmup_s=0.1", "workers.count=40"]),
     "platform_shared": (
@@ -76,6 +85,20 @@ CASES = {
             "features.store={threads: 7, per_op_ms: 0.5}",
             "features.timeout_ms=35",
             "features.on_timeout=fail",
+            "platform.speed={kind: log_ar1, step_ms: 20, frontend_elasticity: 0.7, "
+            "components: [{sigma: 0.3, correlation_time_s: 0.5}]}",
+        ],
+    ),
+    # the front end's one event loop: its queue, instances and jobs carried across chunks
+    "event_loop": ("calibrated_cpu_resnet.yaml", LOOP),
+    "event_loop_cap_cache_speed": (
+        "calibrated_cpu_resnet.yaml",
+        [
+            *LOOP,
+            "traffic.rate_rps=700",
+            "batching.max_queue_size=6",
+            "batching.preferred_batch_sizes=[2, 4]",
+            "caches.result={keys: 200, ttl_s: 2}",
             "platform.speed={kind: log_ar1, step_ms: 20, frontend_elasticity: 0.7, "
             "components: [{sigma: 0.3, correlation_time_s: 0.5}]}",
         ],
@@ -199,18 +222,6 @@ HELD = {
         ["duration_s=10", "warmup_s=1", "router.shadow.pool=shared", "router.shadow.measure_impact=true"],
     ),
     "traffic classes": ("noisy_neighbour.yaml", ["duration_s=10", "warmup_s=1"]),
-    "preprocess.event_loop": (
-        "calibrated_cpu_resnet.yaml",
-        [
-            "duration_s=10",
-            "warmup_s=1",
-            "traffic.rate_rps=500",
-            "preprocess.cpu_workers=1",
-            "router.balancing=shared",
-            "workers.count=1",
-            "preprocess.event_loop={return_ms: 0.3, respond_per_batch_ms: 0.1, respond_per_request_ms: 0.05}",
-        ],
-    ),
 }
 
 

@@ -16,10 +16,12 @@ does (calibrate/README, "The light-load gap"):
   front-end time overlaps the batch it waits for anyway.
 
 The state is small (one loop, one FIFO queue, a few instances), so :func:`_kernel` runs
-the whole run in one compiled loop over events: the loop's jobs (an admission, a batch's
-responses, the window's timer), each started when the loop is free in the order of the
-time it became ready, and the instances' batch ends, which happen at their time whatever
-the loop is doing (the batch time fitted on a server holds the hand-back). The batcher's
+in one compiled loop over events, up to a horizon (:class:`Loop` carries its state, and
+only the requests and batches not answered yet, from one chunk of the run to the next):
+the loop's jobs (an admission, a batch's responses, the window's timer), each started
+when the loop is free in the order of the time it became ready, and the instances' batch
+ends, which happen at their time whatever the loop is doing (the batch time fitted on a
+server holds the hand-back). The batcher's
 rule is :class:`~simulator.serving.batcher.BatchQueue`'s (max batch, preferred sizes,
 the window from the oldest queued request, the queue cap), decided when a request is
 queued, when an instance frees and when the timer runs. Times on the loop are nominal
@@ -47,8 +49,12 @@ _REJECTED = int(Outcome.REJECTED)
 _NONE, _ADMIT, _RETURN, _RESPOND, _TIMER = 0, 1, 2, 3, 4
 
 
+# the kernel's scalar state, kept between calls (an int64 array, and the loop's clock)
+_I, _QH, _QT, _NB, _FPOS, _BH, _BT, _RH, _RT, _RUNNING, _KIND, _ARG, _SEQC = range(13)
+
+
 def _dispatch_py(
-    now, buf, qh, qt, t_enq, t_disp, max_b, delay, preferred, free_at, busy, seq, ends, bid,
+    now, buf, qh, qt, t_enq, t_disp, pb, max_b, delay, preferred, free_at, busy, seq, ends, bid,
     factors, fpos, means, ip_t, ip_w, ip_f, b_pos, b_size, b_start, b_done, b_inst, nb,
 ):  # fmt: skip
     """Every batch the rule sends at ``now`` to a free instance (the one idle longest), and
@@ -79,6 +85,7 @@ def _dispatch_py(
         done = finish_on_path(now, work, ip_t, ip_w, ip_f)
         for p in range(qh, qh + size):
             t_disp[buf[p]] = now
+            pb[buf[p]] = nb
         b_pos[nb], b_size[nb], b_start[nb], b_done[nb], b_inst[nb] = qh, size, now, done, held
         busy[held] = True
         ends[held] = done
@@ -92,30 +99,20 @@ _dispatch = njit(cache=True, nogil=True)(_dispatch_py) if njit is not None else 
 
 
 def _kernel_py(
-    t, cost, ret, resp_b, resp_k, max_b, delay, cap, preferred, n_inst, factors, means,
-    ip_t, ip_w, ip_f, fp_t, fp_w, fp_f,
-    t_enq, t_disp, t_resp, outcome, t_drop, buf, b_pos, b_size, b_start, b_end, b_inst, b_done,
+    n, horizon, st, clock, t, cost, ret, resp_b, resp_k, max_b, delay, cap, preferred, factors, means,
+    ip_t, ip_w, ip_f, fp_t, fp_w, fp_f, free_at, busy, seq, ends, bid, back, resp,
+    t_enq, t_disp, t_resp, outcome, t_drop, pb, buf, b_pos, b_size, b_start, b_end, b_inst, b_done, b_resp,
 ):  # fmt: skip
-    """The whole run; arrivals ``t`` sorted. Returns the number of batches."""
-    n = len(t)
+    """The loop's events before ``horizon``, for the ``n`` requests known (``t`` sorted;
+    every later one ready at or after the horizon); the scalar state in ``st`` and
+    ``clock`` (when the loop is free) carries to the next call. Every event runs in time
+    order, so a run cut at any horizons makes the same decisions as one call to infinity."""
     inf = math.inf
-    free_at = np.zeros(n_inst)
-    busy = np.zeros(n_inst, dtype=np.bool_)  # computing, or waiting for the loop to take its batch back
-    seq = np.arange(n_inst)
-    ends = np.full(n_inst, inf)  # when each instance's batch is computed
-    bid = np.full(n_inst, -1)
-    seqc = n_inst
-    back = np.zeros(len(b_pos), dtype=np.int64)  # batches computed, not yet taken back (FIFO)
-    bh = bt = 0
-    resp = np.zeros(len(b_pos), dtype=np.int64)  # batches back, their responses not begun (FIFO)
-    rh = rt = 0
-    qh = qt = 0
-    nb = fpos = 0
-    i = 0
-    loop_free = -inf
-    running = False
-    kind = _NONE
-    arg = -1
+    n_inst = len(free_at)
+    i, qh, qt, nb, fpos = st[_I], st[_QH], st[_QT], st[_NB], st[_FPOS]
+    bh, bt, rh, rt = st[_BH], st[_BT], st[_RH], st[_RT]
+    running, kind, arg, seqc = st[_RUNNING] != 0, st[_KIND], st[_ARG], st[_SEQC]
+    loop_free = clock[0]
     while True:
         te = inf
         ie = -1
@@ -136,6 +133,8 @@ def _kernel_py(
             if r == inf and te == inf:
                 break
             start = max(loop_free, r)
+            if min(start, te) >= horizon:  # the next event waits for the arrivals before it
+                break
             if te > start:  # the loop takes its next job, the oldest ready, before any batch is computed
                 if rb == r:
                     arg = back[bh]
@@ -148,6 +147,7 @@ def _kernel_py(
                     for p in range(b_pos[b], b_pos[b] + b_size[b]):
                         t_resp[buf[p]] = finish_on_path(start, resp_b + resp_k * (p - b_pos[b] + 1), fp_t, fp_w, fp_f)
                     loop_free = finish_on_path(start, resp_b + resp_k * b_size[b], fp_t, fp_w, fp_f)
+                    b_resp[b] = True
                     kind = _RESPOND
                 elif rtim == r:
                     loop_free = start
@@ -165,6 +165,8 @@ def _kernel_py(
                         kind = _ADMIT
                 running = True
                 continue
+        elif min(loop_free, te) >= horizon:
+            break
         elif te > loop_free:  # the job in progress ends first
             if kind == _ADMIT:
                 t_enq[arg] = loop_free
@@ -181,8 +183,8 @@ def _kernel_py(
                 rt += 1
             if kind != _RESPOND and kind != _NONE:
                 qh, fpos, nb = _dispatch(
-                    loop_free, buf, qh, qt, t_enq, t_disp, max_b, delay, preferred, free_at, busy, seq, ends, bid,
-                    factors, fpos, means, ip_t, ip_w, ip_f, b_pos, b_size, b_start, b_done, b_inst, nb,
+                    loop_free, buf, qh, qt, t_enq, t_disp, pb, max_b, delay, preferred, free_at, busy, seq, ends,
+                    bid, factors, fpos, means, ip_t, ip_w, ip_f, b_pos, b_size, b_start, b_done, b_inst, nb,
                 )  # fmt: skip
             running = False
             continue
@@ -190,7 +192,10 @@ def _kernel_py(
         ends[ie] = inf
         back[bt] = bid[ie]
         bt += 1
-    return nb
+    st[_I], st[_QH], st[_QT], st[_NB], st[_FPOS] = i, qh, qt, nb, fpos
+    st[_BH], st[_BT], st[_RH], st[_RT] = bh, bt, rh, rt
+    st[_RUNNING], st[_KIND], st[_ARG], st[_SEQC] = 1 if running else 0, kind, arg, seqc
+    clock[0] = loop_free
 
 
 _kernel = njit(cache=True, nogil=True)(_kernel_py) if njit is not None else _kernel_py
@@ -202,6 +207,141 @@ def _arrays(path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return _NO_PATH if path is None else (path.t, path.w, path.f)
 
 
+def _grow(a: np.ndarray, size: int, fill) -> np.ndarray:
+    """``a`` with room for ``size`` entries (doubling), the new ones ``fill``."""
+    if len(a) >= size:
+        return a
+    out = np.full(max(size, 2 * len(a)), fill, dtype=a.dtype)
+    out[: len(a)] = a
+    return out
+
+
+class Loop:
+    """The front end's event loop with its batch queue and model instances, run chunk by
+    chunk: requests are :meth:`push`-ed in the order they become ready for the loop, and
+    :meth:`run` simulates up to a horizon, keeping only the requests and batches not
+    answered yet (bounded memory: the loop's state is a few instances and its queue).
+
+    ``service`` (a :class:`~simulator.serving.workers.ServiceModel` feed) draws the batch
+    times in dispatch order; ``front`` is the loop's speed path."""
+
+    def __init__(self, loop: EventLoop, batching: Batching, instances: int, service, front=None):
+        self.loop, self.batching, self.service = loop, batching, service
+        self.path, self.front = _arrays(service.path), _arrays(front)
+        self.means = service.means if service.means is not None else np.zeros(0)
+        self.cap = -1 if batching.max_queue_size is None else int(batching.max_queue_size)
+        self.preferred = np.asarray(sorted(set(batching.preferred_batch_sizes)), dtype=np.int64)
+        self.free_at = np.zeros(instances)
+        self.busy = np.zeros(instances, dtype=np.bool_)  # computing, or waiting for the loop to take its batch back
+        self.seq = np.arange(instances, dtype=np.int64)
+        self.ends = np.full(instances, math.inf)  # when each instance's batch is computed
+        self.bid = np.full(instances, -1, dtype=np.int64)
+        self.st = np.zeros(13, dtype=np.int64)
+        self.st[_SEQC] = instances
+        self.clock = np.array([-math.inf])
+        self.n = 0  # requests held (the first not yet answered, and those after it)
+        self.t, self.cost, self.t_enq, self.t_disp, self.t_resp, self.t_drop = (np.zeros(0) for _ in range(6))
+        self.outcome = np.zeros(0, dtype=np.int8)
+        self.pb, self.ids, self.buf = (np.zeros(0, dtype=np.int64) for _ in range(3))
+        self.b_pos, self.b_size, self.b_inst, self.back, self.resp = (np.zeros(0, dtype=np.int64) for _ in range(5))
+        self.b_start, self.b_end, self.b_done = (np.zeros(0) for _ in range(3))
+        self.b_resp, self.b_out, self.rep = (np.zeros(0, dtype=np.bool_) for _ in range(3))
+        self.factors = np.zeros(0)
+
+    def push(self, ids: np.ndarray, t: np.ndarray, cost: np.ndarray) -> None:
+        """Requests ``ids`` ready for the loop at ``t`` (sorted, at or after every earlier
+        push's), each admitted in ``cost`` ms of nominal loop work."""
+        k, n = len(ids), self.n
+        for name, fill in (("t", 0.0), ("cost", 0.0), ("t_enq", np.nan), ("t_disp", np.nan), ("t_resp", np.nan),
+                           ("t_drop", np.nan), ("outcome", 0), ("pb", -1), ("ids", -1), ("rep", False)):  # fmt: skip
+            setattr(self, name, _grow(getattr(self, name), n + k, fill))
+        self.t[n : n + k], self.cost[n : n + k], self.ids[n : n + k] = t, cost, ids
+        self.n += k
+        # batch times for every batch the requests held could make (at most one each), drawn
+        # in blocks as the run needs them: the same sequence as drawn all at once
+        while len(self.factors) - int(self.st[_FPOS]) < self.n + 1:
+            self.factors = np.concatenate([self.factors, self.service.block()])
+
+    def run(self, horizon: float) -> tuple[np.ndarray, np.ndarray, Served, np.ndarray, BatchLog]:
+        """Simulate up to ``horizon`` (ms; inf: to the end). Returns the requests answered
+        or refused since the last call, unsorted: their ids, when each was queued
+        (admission done), the serving columns and when each response was written (NaN if
+        refused); and the batches answered since the last call."""
+        st, n = self.st, self.n
+        room = int(st[_NB]) + n + 1
+        for name in ("b_pos", "b_size", "b_inst", "back", "resp"):
+            setattr(self, name, _grow(getattr(self, name), room, 0))
+        for name in ("b_start", "b_end", "b_done"):
+            setattr(self, name, _grow(getattr(self, name), room, 0.0))
+        self.b_resp, self.b_out = _grow(self.b_resp, room, False), _grow(self.b_out, room, False)
+        self.buf = _grow(self.buf, int(st[_QT]) + n + 1, 0)
+        b = self.batching
+        _kernel(
+            n, float(horizon), st, self.clock, self.t, self.cost,
+            float(self.loop.return_ms), float(self.loop.respond_per_batch_ms), float(self.loop.respond_per_request_ms),
+            int(b.max_batch_size), float(b.max_queue_delay_ms), self.cap, self.preferred, self.factors, self.means,
+            *self.path, *self.front, self.free_at, self.busy, self.seq, self.ends, self.bid, self.back, self.resp,
+            self.t_enq, self.t_disp, self.t_resp, self.outcome, self.t_drop, self.pb, self.buf,
+            self.b_pos, self.b_size, self.b_start, self.b_end, self.b_inst, self.b_done, self.b_resp,
+        )  # fmt: skip
+        return self._settle()
+
+    def _settle(self):
+        """What ended since the last call, out; the state kept from the first request and
+        the first batch not out yet, indices shifted to match."""
+        n, nb = self.n, int(self.st[_NB])
+        done = ~np.isnan(self.t_resp[:n]) | (self.outcome[:n] == _REJECTED)
+        p = np.flatnonzero(done & ~self.rep[:n])
+        self.rep[p] = True
+        served = Served.empty(len(p))._replace(
+            outcome=self.outcome[p].copy(), t_dropped=self.t_drop[p].copy(), t_dispatch=self.t_disp[p].copy()
+        )
+        mine = self.pb[p]
+        a = mine >= 0
+        served.t_done[a] = self.b_end[mine[a]]
+        served.batch_size[a] = self.b_size[mine[a]]
+        served.instance[a] = self.b_inst[mine[a]]
+        out = (self.ids[p].copy(), self.t_enq[p].copy(), served, self.t_resp[p].copy())
+        responded = self.b_resp[:nb]
+        b = np.flatnonzero(responded & ~self.b_out[:nb])
+        self.b_out[b] = True
+        log = BatchLog(self.b_start[b].copy(), self.b_end[b].copy(), self.b_size[b].copy(), self.b_inst[b].copy())
+        p0 = int(np.argmin(self.rep[:n])) if not self.rep[:n].all() else n
+        b0 = int(np.argmin(responded)) if not responded.all() else nb
+        self._shift(p0, b0)
+        return (*out, log)
+
+    def _shift(self, p0: int, b0: int) -> None:
+        """Drop requests before ``p0`` and batches before ``b0`` (all out), and the queue's
+        entries and batch times no longer needed."""
+        st = self.st
+        qh, qt, nb = int(st[_QH]), int(st[_QT]), int(st[_NB])
+        q0 = min(qh, int(self.b_pos[b0]) if b0 < nb else qh)
+        if st[_RUNNING]:
+            if st[_KIND] == _ADMIT:
+                st[_ARG] -= p0
+            elif st[_KIND] == _RETURN:
+                st[_ARG] -= b0
+        for name in ("t", "cost", "t_enq", "t_disp", "t_resp", "t_drop", "outcome", "pb", "ids", "rep"):
+            setattr(self, name, getattr(self, name)[p0 : self.n].copy())
+        self.n -= p0
+        st[_I] -= p0
+        self.pb[self.pb >= 0] -= b0
+        for name in ("b_pos", "b_size", "b_start", "b_end", "b_inst", "b_done", "b_resp", "b_out"):
+            setattr(self, name, getattr(self, name)[b0:nb].copy())
+        st[_NB] = nb - b0
+        self.b_pos -= q0
+        bh, bt, rh, rt = (int(st[k]) for k in (_BH, _BT, _RH, _RT))
+        self.back, self.resp = self.back[bh:bt] - b0, self.resp[rh:rt] - b0
+        st[_BH], st[_BT], st[_RH], st[_RT] = 0, bt - bh, 0, rt - rh
+        computing = self.ends < math.inf
+        self.bid = np.where(computing, self.bid - b0, -1)
+        self.buf = self.buf[q0:qt] - p0
+        st[_QH], st[_QT] = qh - q0, qt - q0
+        self.factors = self.factors[int(st[_FPOS]) :].copy()
+        st[_FPOS] = 0
+
+
 def serve_on_loop(
     t_ready: np.ndarray,
     cost_ms: np.ndarray,
@@ -211,42 +351,16 @@ def serve_on_loop(
     service,
     front=None,
 ) -> tuple[np.ndarray, Served, BatchLog, np.ndarray]:
-    """The requests ready for the loop at ``t_ready`` (ms, any order), each admitted in
-    ``cost_ms`` of nominal loop work, batched and served by ``instances`` model instances
-    whose batch times ``service`` (a :class:`~simulator.serving.workers.ServiceModel`
-    feed) draws in dispatch order, and answered on the loop; ``front``: the loop's speed
-    path. Returns, in the requests' order, when each was queued (admission done), the
-    serving columns, the batch log and when each response was written (NaN if refused)."""
+    """:class:`Loop` over a whole run, in one call: the requests ready for the loop at
+    ``t_ready`` (ms, any order), each admitted in ``cost_ms`` of nominal loop work.
+    Returns, in the requests' order, when each was queued (admission done), the serving
+    columns, the batch log (in dispatch order) and when each response was written (NaN if
+    refused)."""
     n = len(t_ready)
     order = np.argsort(t_ready, kind="stable")
-    t = np.ascontiguousarray(t_ready[order], dtype=float)
-    cost = np.ascontiguousarray(np.broadcast_to(cost_ms, (n,))[order], dtype=float)
-    factors = np.zeros(0)
-    while len(factors) < n + 1:  # at most one batch per request
-        factors = np.concatenate([factors, service.block()])
-    means = service.means if service.means is not None else np.zeros(0)
-    t_enq, t_disp, t_resp, t_drop = (np.full(n, np.nan) for _ in range(4))
-    outcome = np.zeros(n, dtype=np.int8)
-    buf = np.zeros(n, dtype=np.int64)
-    b_pos, b_size, b_inst = (np.zeros(n, dtype=np.int64) for _ in range(3))
-    b_start, b_end = np.zeros(n), np.zeros(n)
-    cap = -1 if batching.max_queue_size is None else int(batching.max_queue_size)
-    preferred = np.asarray(sorted(set(batching.preferred_batch_sizes)), dtype=np.int64)
-    b_done = np.zeros(n)
-    nb = _kernel(
-        t, cost, float(loop.return_ms), float(loop.respond_per_batch_ms), float(loop.respond_per_request_ms),
-        int(batching.max_batch_size), float(batching.max_queue_delay_ms), cap, preferred, int(instances),
-        factors, means,
-        *_arrays(service.path), *_arrays(front),
-        t_enq, t_disp, t_resp, outcome, t_drop, buf, b_pos, b_size, b_start, b_end, b_inst, b_done,
-    )  # fmt: skip
-    sizes = b_size[:nb]
-    log = BatchLog(b_start[:nb].copy(), b_end[:nb].copy(), sizes.copy(), b_inst[:nb].copy())
-    members = buf[: int(sizes.sum())]
-    served = Served.empty(n)._replace(outcome=outcome, t_dropped=t_drop, t_dispatch=t_disp)
-    served.t_done[members] = np.repeat(log.end, sizes)
-    served.batch_size[members] = np.repeat(sizes, sizes)
-    served.instance[members] = np.repeat(log.instance, sizes)
+    server = Loop(loop, batching, instances, service, front)
+    server.push(order, np.ascontiguousarray(t_ready[order], dtype=float), np.broadcast_to(cost_ms, (n,))[order])
+    ids, t_enq, served, t_resp, log = server.run(math.inf)
     back = np.empty(n, dtype=np.int64)
-    back[order] = np.arange(n)
+    back[ids] = np.arange(n)
     return t_enq[back], served.take(back), log, t_resp[back]

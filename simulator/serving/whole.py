@@ -1,8 +1,9 @@
-"""Serving that sees a run's requests all at once: the traffic classes' pools, a canary or
-a shadow, and the front end's event loop.
+"""Serving that sees a run's requests all at once: the traffic classes' pools, and a canary
+or a shadow.
 
 The engine (:mod:`simulator.engine`) feeds every other pool chunk by chunk
-(:mod:`simulator.serving.streamed`). These three are still written over a whole run: a
+(:mod:`simulator.serving.streamed`, :class:`simulator.serving.event_loop.Loop`). These
+two are still written over a whole run: a
 scenario that uses one is *held* (:func:`simulator.chunks.held`): its requests wait in the
 engine's ledger until the last chunk, which hands them here in request order. The records
 are the same for any chunk length; the memory is the whole run's.
@@ -12,12 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.ledger import BatchLog, Served
+from simulator.ledger import Served
 from simulator.rng import Streams
 from simulator.scenario.config import Scenario
 from simulator.serving.classes import serve_by_class
 from simulator.serving.dispatch import serve_versions
-from simulator.serving.event_loop import serve_on_loop
 from simulator.serving.served import ServingLog
 from simulator.serving.workers import ServiceModel
 from simulator.stages.speed import SpeedProcess
@@ -63,23 +63,4 @@ def serve_whole(
     return versions.idx, versions.served, versions.log
 
 
-def serve_loop(
-    s: Scenario, rng: Streams, speed: SpeedProcess | None, *, t_feat: np.ndarray, cost: np.ndarray
-) -> tuple[np.ndarray, Served, BatchLog, np.ndarray]:
-    """The front end as one event loop with its batch queue and instances
-    (``preprocess.event_loop``, :mod:`simulator.serving.event_loop`) for requests ready at
-    ``t_feat`` (request order) with ``cost`` ms of admission each: when each was queued,
-    the serving columns, the batch log, and when each was answered."""
-    service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed).feed(0)
-    return serve_on_loop(
-        t_feat,
-        cost,
-        s.preprocess.event_loop,
-        s.batching,
-        s.workers.count * s.workers.instances,
-        service,
-        None if speed is None else speed.frontend,
-    )
-
-
-__all__ = ["serve_loop", "serve_whole"]
+__all__ = ["serve_whole"]
