@@ -8,6 +8,9 @@ round and as medians with their range:
 
 - the command's own rate, ``sim.requests_per_wall_s`` of its JSON (the simulation and its
   summary; numba's start, once per process, is reported beside it as ``sim.start_s``);
+- the simulation's rate, over ``sim.simulate_s``, its share of that wall time: the same
+  scope as Ciw's figure, which times ``simulate_until_max_time`` and not the reading of
+  its records;
 - the whole process's rate: requests over the process's wall time (imports, numba's
   start, reading the scenario, printing and writing the JSON included);
 - Ciw's rate (its simulation, in process), and the two ratios to it.
@@ -36,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_stream import cpu_model  # noqa: E402
 
 C, MEAN_MS, RATE_RPS = 8, 8.0, 800.0  # scenarios/validation/mmc.yaml
+RATES = ("run", "simulation", "process")  # the command's, the simulation's, the whole process's
 COMMAND = ["run", "scenarios/validation/mmc.yaml", "--duration-s", "300"]
 
 
@@ -79,26 +83,32 @@ def main() -> None:
     ap.add_argument("--peer-requests", type=int, default=100_000)
     a = ap.parse_args()
     roots = {"after": ROOT} if a.before is None else {"before": a.before.resolve(), "after": ROOT}
-    rows: dict[str, dict[str, list[float]]] = {k: {"run": [], "process": [], "wall": [], "start": []} for k in roots}
+    rows: dict[str, dict[str, list[float]]] = {
+        k: {"run": [], "simulation": [], "process": [], "wall": [], "start": []} for k in roots
+    }
     ciw: list[float] = []
     for r in range(a.rounds):
         for name, root in roots.items():
             wall, sim = command(root)
             rows[name]["run"].append(sim["requests_per_wall_s"])
+            rows[name]["simulation"].append(sim["requests"] / sim.get("simulate_s", float("nan")))
             rows[name]["process"].append(sim["requests"] / wall)
             rows[name]["wall"].append(wall)
             rows[name]["start"].append(sim.get("start_s", float("nan")))
         ciw.append(ciw_rate(a.peer_requests, seed=r + 1))
     print(f"{cpu_model()}, {a.rounds} rounds, Python {platform.python_version()}; medians (range)")
     print(f"Ciw: {_spread(ciw, ',.0f')} req/s")
-    print("| checkout | the command's rate, req/s | / Ciw | process wall, s | process rate / Ciw | numba start, s |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| checkout | the command's rate, req/s | / Ciw | the simulation's, req/s | / Ciw "
+        "| process wall, s | process rate / Ciw | numba start, s |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for name, m in rows.items():
-        over = [x / c for x, c in zip(m["run"], ciw, strict=True)]
-        proc = [x / c for x, c in zip(m["process"], ciw, strict=True)]
+        over, sim_over, proc = ([x / c for x, c in zip(m[k], ciw, strict=True)] for k in RATES)
         print(
-            f"| {name} | {_spread(m['run'], ',.0f')} | {_spread(over, '.1f')}× | {_spread(m['wall'], '.2f')} "
-            f"| {_spread(proc, '.1f')}× | {_spread(m['start'], '.2f')} |"
+            f"| {name} | {_spread(m['run'], ',.0f')} | {_spread(over, '.1f')}× | {_spread(m['simulation'], ',.0f')} "
+            f"| {_spread(sim_over, '.1f')}× | {_spread(m['wall'], '.2f')} | {_spread(proc, '.1f')}× "
+            f"| {_spread(m['start'], '.2f')} |"
         )
 
 

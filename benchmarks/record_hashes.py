@@ -115,7 +115,7 @@ def _without_wall(summary):
     """The summary less its wall times and the scenario's hash (a hash of the validated
     scenario, which a new field with its default changes while every run stays the same)."""
     if isinstance(summary, dict):
-        drop = ("wall_s", "requests_per_wall_s", "start_s", "hash")
+        drop = ("wall_s", "requests_per_wall_s", "start_s", "simulate_s", "hash")
         return {k: _without_wall(v) for k, v in summary.items() if k not in drop}
     if isinstance(summary, list):
         return [_without_wall(v) for v in summary]

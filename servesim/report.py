@@ -116,7 +116,13 @@ def _fleet(summary: dict) -> Table:
     fleet.add_row(
         "simulated",
         f"{sim['requests']:,} requests in {sim['wall_s']:.2f} s wall "
-        f"({sim['requests_per_wall_s']:,.0f} req/s) · seed {sim['seed']}"
+        f"({sim['requests_per_wall_s']:,.0f} req/s"
+        + (
+            f"; the simulation {sim['simulate_s']:.2f} s, {sim['requests'] / sim['simulate_s']:,.0f} req/s"
+            if sim.get("simulate_s")
+            else ""
+        )
+        + f") · seed {sim['seed']}"
         + (f" · numba started in {sim['start_s']:.2f} s" if sim.get("start_s") else ""),
     )
     return fleet

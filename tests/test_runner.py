@@ -14,13 +14,15 @@ from simulator.planning.sampling import sample_fleet, scale_summary
 from simulator.results.reduce import summarize
 from tests.helpers import ROOT, random_fleet
 
+TIMINGS = ("wall_s", "requests_per_wall_s", "start_s", "simulate_s")
+
 
 def _without_wall(x):
     """The summary less its wall times and numba's start, as text (NaN equal to NaN)."""
 
     def strip(x):
         if isinstance(x, dict):
-            return {k: strip(v) for k, v in x.items() if k not in ("wall_s", "requests_per_wall_s", "start_s")}
+            return {k: strip(v) for k, v in x.items() if k not in TIMINGS}
         if isinstance(x, list):
             return [strip(v) for v in x]
         return x

@@ -224,6 +224,7 @@ def run(
         t = time.perf_counter()
         summary = summarize(whole, interval_s=interval_s)
         summary["sim"] = _with_wall(summary["sim"], whole.wall_s + time.perf_counter() - t)
+        summary["sim"]["simulate_s"] = whole.wall_s
         if e2e_sketch is not None:
             rec = whole.records
             done = window(rec, sim) & rec.completed

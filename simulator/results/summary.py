@@ -91,6 +91,7 @@ class Sim(TypedDict):
     requests_per_wall_s: float
     seed: int
     start_s: NotRequired[float]  # numba's start, once per process, outside wall_s (simulator.jit)
+    simulate_s: NotRequired[float]  # of wall_s, the simulation's (the rest: its summary); a run held whole
 
 
 class Summary(TypedDict):
