@@ -188,9 +188,16 @@ def decode_request(body: bytes, header_length: str | None, max_elements: int | N
     outputs = doc.get("outputs")
     if not isinstance(params, dict) or (outputs is not None and not isinstance(outputs, list)):
         raise ProtocolError("'parameters' must be an object and 'outputs' a list")
+    if "binary_data_output" in params and not isinstance(params["binary_data_output"], bool):
+        raise ProtocolError("'parameters.binary_data_output' must be true or false")
     for out in outputs or ():
         if not isinstance(out, dict) or not isinstance(out.get("name"), str):
             raise ProtocolError("each requested output needs a name")
+        p = out.get("parameters")
+        if p is not None and not isinstance(p, dict):
+            raise ProtocolError(f"output {out['name']!r}: 'parameters' must be an object")
+        if p and "binary_data" in p and not isinstance(p["binary_data"], bool):
+            raise ProtocolError(f"output {out['name']!r}: 'parameters.binary_data' must be true or false")
     rid = doc.get("id")
     return InferRequest(id=str(rid) if rid is not None else None, inputs=inputs, parameters=params, outputs=outputs)
 

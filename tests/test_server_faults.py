@@ -190,11 +190,25 @@ def test_counters_are_exact_after_a_known_sequence(server):
     status, _, doc = _post(conn, _infer_body([jpeg(rng, side=40)], outputs=[{"name": "nope"}]))
     assert status == 400
     assert "unknown output 'nope'" in doc["error"]
+    # so is an output's 'parameters' that is not an object, or a binary_data that is no boolean:
+    # the client's error, a 400 before inference, counted once (issue 28)
+    for bad, words in (
+        ({"name": "class", "parameters": 5}, "'parameters' must be an object"),
+        ({"name": "class", "parameters": "binary"}, "'parameters' must be an object"),
+        ({"name": "class", "parameters": {"binary_data": "yes"}}, "must be true or false"),
+    ):
+        status, _, doc = _post(conn, _infer_body([jpeg(rng, side=40)], outputs=[bad]))
+        assert status == 400
+        assert words in doc["error"]
     after = _stats(url)
     assert after["inference_count"] - before["inference_count"] == 6  # items, as Triton counts
     ok = after["inference_stats"]["success"]["count"] - before["inference_stats"]["success"]["count"]
     assert ok == 3
-    assert after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"] == 1
+    assert after["inference_stats"]["fail"]["count"] - before["inference_stats"]["fail"]["count"] == 4
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        metrics = r.read().decode()
+    internal = [line for line in metrics.splitlines() if 'reason="internal"' in line and not line.startswith("#")]
+    assert all(float(line.rsplit(" ", 1)[1]) == 0 for line in internal), internal
 
 
 def test_an_api_key_guards_everything_but_health():
