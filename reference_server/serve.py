@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Literal
 
 import typer
@@ -49,7 +50,12 @@ def serve(
     ] = "inline",
     threads: Annotated[int, typer.Option(help="torch intra-op threads per instance on the CPU.")] = 1,
     redis_url: Annotated[
-        str | None, typer.Option(help="Fetch the ranker's sparse ids from this Redis (e.g. redis://127.0.0.1:6379/0).")
+        str | None,
+        typer.Option(
+            envvar="SERVESIM_REDIS_URL",
+            help="Fetch the ranker's sparse ids from this Redis (e.g. redis://127.0.0.1:6379/0). A URL with a "
+            "password belongs in SERVESIM_REDIS_URL: a command line is visible to every user of the host.",
+        ),
     ] = None,
     feature_keys: Annotated[int, typer.Option(help="Feature store: ids per item (the ranker's sparse inputs).")] = 26,
     feature_batch_size: Annotated[int, typer.Option(help="Feature store: keys per round trip (1 = GET per key).")] = 1,
@@ -118,6 +124,12 @@ def serve(
     if model not in ("resnet", "ranker") or precision not in ("fp32", "fp16", "bf16", "int8"):
         typer.echo("error: --model is resnet or ranker; --precision is fp32, fp16, bf16 or int8", err=True)
         raise typer.Exit(code=2)
+    if redis_url and redis_url in sys.argv and "@" in redis_url.split("//", 1)[-1]:
+        typer.echo(
+            "warning: --redis-url carries credentials on the command line, where every user of the host can "
+            "read them (ps, /proc); pass it in SERVESIM_REDIS_URL instead",
+            err=True,
+        )
     cfg = ServerConfig(
         model=ModelConfig(
             kind=model,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import subprocess
 import sys
@@ -37,14 +38,16 @@ def wait_http(url: str, timeout_s: float = 90.0, proc: subprocess.Popen | None =
 
 
 @contextlib.contextmanager
-def reference_server(*args: str):
-    """``servesim serve`` in a subprocess; yields (base url, process)."""
+def reference_server(*args: str, env: dict[str, str] | None = None):
+    """``servesim serve`` in a subprocess (``env``: variables added to this process's);
+    yields (base url, process)."""
     port = free_port()
     proc = subprocess.Popen(
         [*servesim_cmd(), "serve", "--port", str(port), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=None if env is None else {**os.environ, **env},
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,7 +29,7 @@ pytest.importorskip("fastapi")
 from calibrate.loadgen import bytes_payload
 from reference_server.models import jpeg
 from reference_server.protocol import serialize_bytes
-from tests.servers import free_port, reference_server, servesim_cmd, wait_http
+from tests.servers import children, free_port, reference_server, servesim_cmd, wait_http
 
 TINY = ("--resolution", "32", "--width", "8", "--max-batch-size", "4", "--max-queue-delay-ms", "5")
 
@@ -243,13 +244,23 @@ def test_the_redis_password_is_never_shown():
             except OSError:
                 time.sleep(0.05)
         redis_url = f"redis://:hunter2@127.0.0.1:{port}/0"
-        with reference_server("--model", "ranker", "--redis-url", redis_url, "--feature-keys", "4") as (url, proc):
+        # from the environment (issue 28): not in the command line of the server or its instances
+        env = {"SERVESIM_REDIS_URL": redis_url}
+        with reference_server("--model", "ranker", "--feature-keys", "4", env=env) as (url, proc):
             with urllib.request.urlopen(url + "/v2/models/ranker/config", timeout=10) as r:
                 config = r.read().decode()
             assert "hunter2" not in config
             assert f"***@127.0.0.1:{port}" in config
+            for pid in [proc.pid, *children(proc.pid)]:
+                assert b"hunter2" not in Path(f"/proc/{pid}/cmdline").read_bytes(), pid
             proc.terminate()
             out, err = proc.communicate(timeout=30)
+            assert "hunter2" not in out + err
+        # on the command line it still works, with a warning that names the remedy, not the password
+        with reference_server("--model", "ranker", "--redis-url", redis_url, "--feature-keys", "4") as (url, proc):
+            proc.terminate()
+            out, err = proc.communicate(timeout=30)
+            assert "SERVESIM_REDIS_URL" in err
             assert "hunter2" not in out + err
     finally:
         redis.terminate()
