@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from reference_server.batcher import DynamicBatcher, Overloaded, Pending
 from reference_server.config import VERSION, ServerConfig, features_public
@@ -252,6 +253,10 @@ class FrontEnd:
                 except TimeoutError:
                     metrics.fail("timeout")
                     return error(408, f"request body stalled for {cfg.body_timeout_s:g} s", {"Connection": "close"})
+                except ClientDisconnect:  # the client's doing: counted as such, one line, no traceback
+                    metrics.fail("client_disconnected")
+                    self.errors.warning("client disconnected before sending its whole body")
+                    return error(499, "client closed the request", {"Connection": "close"})
                 size += len(chunk)
                 self.body_bytes += len(chunk)
                 if size > cfg.max_body_bytes:

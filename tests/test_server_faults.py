@@ -558,3 +558,38 @@ def test_slow_clients_past_the_open_file_limit_lock_nobody_out_for_long():
     assert "--max-connections 1000 lowered to 128" in log
     assert "Too many open files" not in log
     assert len(log) < 5000, log[-2000:]
+
+
+def test_a_client_that_hangs_up_mid_body_is_counted_as_such_without_a_traceback():
+    """Issue 28: 20 clients send half a body and hang up. Each is one failure for
+    'client_disconnected', none is 'internal', the log has one line for them (then a
+    count), no traceback, and the server goes on answering."""
+    with reference_server(*TINY) as (url, proc):
+        for _ in range(20):
+            with socket.create_connection(_address(url)) as s:
+                s.sendall(
+                    b"POST /v2/models/resnet/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 1000\r\n\r\n" + b'{"inputs": [' + b" " * 100
+                )
+        deadline = time.monotonic() + 10
+        while True:
+            with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+                metrics = r.read().decode()
+            counts = {
+                reason: sum(
+                    float(line.rsplit(" ", 1)[1])
+                    for line in metrics.splitlines()
+                    if line.startswith("nv_inference_request_failure_total") and f'reason="{reason}"' in line
+                )
+                for reason in ("client_disconnected", "internal")
+            }
+            if counts["client_disconnected"] >= 20 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert counts == {"client_disconnected": 20, "internal": 0}
+        status, _, _ = _post(_conn(url), *_binary_body([jpeg(np.random.default_rng(1), side=40)]))
+        assert status == 200
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert "Traceback" not in err
+    assert err.count("client disconnected before sending its whole body") == 1
