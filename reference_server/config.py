@@ -33,6 +33,9 @@ class ServerConfig:
     max_inflight_body_bytes: int = 64 * 1024 * 1024  # request bodies being read at once, all together
     api_key: str | None = None  # a bearer token every route but health checks requires
     body_timeout_s: float = 10.0  # a request body that sends nothing for this long: 408
+    # and the whole body's deadline: body_timeout_s, plus a second per body_min_rate_bps bytes
+    # received (Apache's mod_reqtimeout MinRate): a trickle of bytes cannot hold a slot (0: none)
+    body_min_rate_bps: float = 500.0
 
 
 def redact(url: str | None) -> str | None:

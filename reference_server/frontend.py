@@ -233,7 +233,9 @@ class FrontEnd:
     async def read_body(self, request: Request) -> bytes | JSONResponse:
         """The body, read as it streams in: over the limit (chunked bodies included) it is
         refused at once, all bodies being read together stay under a budget, and a body that
-        sends nothing for ``body_timeout_s`` is answered 408 (a slow upload holds no slot)."""
+        sends nothing for ``body_timeout_s``, or arrives slower than its deadline allows
+        (``body_timeout_s`` plus a second per ``body_min_rate_bps`` bytes received), is
+        answered 408: neither a stalled nor a trickling upload holds a slot."""
         cfg, metrics = self.cfg, self.metrics
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
@@ -243,16 +245,29 @@ class FrontEnd:
             )
         chunks, size = [], 0
         stream = request.stream()
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        rate = cfg.body_min_rate_bps
         try:
             while True:
+                deadline = start + cfg.body_timeout_s + size / rate if rate > 0 else math.inf
+                left = deadline - loop.time()
                 try:
-                    async with asyncio.timeout(cfg.body_timeout_s):
+                    if left <= 0:
+                        raise TimeoutError
+                    async with asyncio.timeout(min(cfg.body_timeout_s, left)):
                         chunk = await anext(stream)
                 except StopAsyncIteration:
                     break
                 except TimeoutError:
                     metrics.fail("timeout")
-                    return error(408, f"request body stalled for {cfg.body_timeout_s:g} s", {"Connection": "close"})
+                    why = (
+                        f"request body too slow: {size} bytes in {loop.time() - start:.1f} s (at least "
+                        f"{rate:g} bytes/s after the first {cfg.body_timeout_s:g} s)"
+                        if left < cfg.body_timeout_s
+                        else f"request body stalled for {cfg.body_timeout_s:g} s"
+                    )
+                    return error(408, why, {"Connection": "close"})
                 except ClientDisconnect:  # the client's doing: counted as such, one line, no traceback
                     metrics.fail("client_disconnected")
                     self.errors.warning("client disconnected before sending its whole body")

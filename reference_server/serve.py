@@ -84,6 +84,14 @@ def serve(
         float,
         typer.Option(help="Seconds a request body may go without sending a byte; then 408 and close.", min=0.001),
     ] = 10.0,
+    body_min_rate: Annotated[
+        float,
+        typer.Option(
+            help="Bytes/s a request body must keep up after its first --body-timeout-s: its deadline is that "
+            "plus a second per this many bytes received; then 408 and close (0: no deadline).",
+            min=0,
+        ),
+    ] = 500.0,
     drain_s: Annotated[
         float,
         typer.Option(
@@ -160,6 +168,7 @@ def serve(
         preprocess=preprocess,  # type: ignore[arg-type] - checked by create_app
         api_key=api_key or None,
         body_timeout_s=body_timeout_s,
+        body_min_rate_bps=body_min_rate,
     )
     _serve(
         cfg,

@@ -593,3 +593,65 @@ def test_a_client_that_hangs_up_mid_body_is_counted_as_such_without_a_traceback(
         _, err = proc.communicate(timeout=30)
     assert "Traceback" not in err
     assert err.count("client disconnected before sending its whole body") == 1
+
+
+def test_trickled_bodies_are_cut_at_their_deadline_and_new_clients_are_served(guarded):
+    """Issue 28: as many clients as --max-connections (4) trickle a body at 10 bytes/s, each
+    byte well inside the 0.5 s gap allowed. The whole body's deadline (0.5 s plus a second per
+    500 bytes) cuts each with a 408 within a second or so, so a new client is served while the
+    tricklers are still sending (before: they held every slot for as long as they trickled)."""
+    import threading
+
+    url, _ = guarded
+    head = (
+        b"POST /v2/models/resnet/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100000\r\n\r\n"
+    )
+    answers: list[bytes] = []
+    stop = threading.Event()
+
+    def trickle():
+        with socket.create_connection(_address(url)) as s:
+            s.sendall(head)
+            s.settimeout(0.05)
+            got = b""
+            while not stop.is_set():
+                try:
+                    s.sendall(b" ")
+                    got += s.recv(65536)
+                except TimeoutError:
+                    pass
+                except OSError:
+                    break
+                if got:
+                    break
+                time.sleep(0.05)
+            answers.append(got)
+
+    threads = [threading.Thread(target=trickle) for _ in range(4)]
+    for th in threads:
+        th.start()
+    try:
+        time.sleep(0.3)  # every slot is taken by a trickle
+        t0 = time.monotonic()
+        status = None
+        while time.monotonic() - t0 < 5:
+            conn = _conn(url)
+            try:
+                status = _good(conn)
+            except (OSError, http.client.HTTPException):
+                status = None
+            finally:
+                conn.close()
+            if status == 200:
+                break
+            time.sleep(0.1)
+        served_after = time.monotonic() - t0
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(timeout=10)
+    assert status == 200
+    assert served_after < 3
+    assert len(answers) == 4
+    assert all(a.startswith(b"HTTP/1.1 408") and b"request body too slow" in a for a in answers), answers
