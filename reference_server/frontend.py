@@ -13,10 +13,11 @@ import asyncio
 import gc
 import logging
 import math
+import multiprocessing
 import os
 import platform
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 
@@ -35,6 +36,7 @@ from reference_server.instances import (
     ProcessInstance,
     ThreadInstance,
     blocks,
+    die_with_parent,
     instance_cores,
 )
 from reference_server.logs import ErrorLog
@@ -51,6 +53,10 @@ from reference_server.protocol import (
 )
 
 log = logging.getLogger("servesim.server")
+
+# bodies above this are parsed off the event loop (~35 ms of json.loads a MB, holding the GIL)
+PARSE_OFF_LOOP_BYTES = 256 * 1024
+_WARM = b'{"inputs": [{"name": "x", "datatype": "INT32", "shape": [1], "data": [0]}]}'
 
 
 def error(status: int, msg: str, headers: dict | None = None) -> JSONResponse:
@@ -119,6 +125,7 @@ class FrontEnd:
         per_item = max(math.prod(abs(d) for d in spec.shape[1:]) for spec in self.inputs)
         self.max_elements = cfg.max_batch_size * max(per_item, 1)
         self.pre_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="preprocess")
+        self.parse_pool: ProcessPoolExecutor | None = None  # big bodies are parsed here, off the loop
         self.errors = ErrorLog(log)
         self.batcher: DynamicBatcher  # set when the app starts
         self.ready = False
@@ -148,6 +155,12 @@ class FrontEnd:
                 await loop.run_in_executor(None, lambda: model.forward(model.collate(model.example(2, rng))))
         if store is not None:
             await store.populate(cfg.model.vocab, cfg.model.seed)
+        # a JSON body of megabytes takes the parser a quarter of a second, holding the GIL: such
+        # bodies are parsed in a process of their own, started (and warmed) now
+        self.parse_pool = ProcessPoolExecutor(
+            max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent
+        )
+        await loop.run_in_executor(self.parse_pool, decode_request, _WARM, None, None)
         if self.metrics.gpu.notice:
             print(f"servesim serve: {self.metrics.gpu.notice}", flush=True)  # noqa: T201 - the server's console
         # Everything alive now (torch's, FastAPI's and our modules: ~240k objects) lives as long as
@@ -162,6 +175,7 @@ class FrontEnd:
             self.ready = False
             await self.batcher.stop()
             self.pre_pool.shutdown(wait=True)
+            self.parse_pool.shutdown(wait=True, cancel_futures=True)
             if store is not None:
                 await store.close()
             self.metrics.close()
@@ -320,7 +334,7 @@ class FrontEnd:
             # requests still fetching features or preprocessing, else those pile up unbounded
             if self.batcher.full(self.admitted):
                 raise Overloaded(f"queue full ({self.cfg.max_queue_size} requests)")
-            req, n = self._decode(body, request.headers.get("inference-header-content-length"))
+            req, n = await self._decode(body, request.headers.get("inference-header-content-length"))
             item = await self._prepare(dict(req.inputs), timing)
             pending = await self.batcher.submit(item, n)
         except Overloaded as err:
@@ -338,9 +352,15 @@ class FrontEnd:
             return error(400, str(err).strip("'\""))
         return self._respond(req, n, pending, timing, t_start)
 
-    def _decode(self, body: bytes, header_len: str | None) -> tuple[InferRequest, int]:
-        """The request decoded and checked against the model; and its batch size."""
-        req = decode_request(body, header_len, self.max_elements)
+    async def _decode(self, body: bytes, header_len: str | None) -> tuple[InferRequest, int]:
+        """The request decoded and checked against the model; and its batch size. A body
+        over :data:`PARSE_OFF_LOOP_BYTES` is parsed in the parse process, so the event loop
+        goes on answering meanwhile."""
+        if len(body) > PARSE_OFF_LOOP_BYTES and self.parse_pool is not None:
+            loop = asyncio.get_running_loop()
+            req = await loop.run_in_executor(self.parse_pool, decode_request, body, header_len, self.max_elements)
+        else:
+            req = decode_request(body, header_len, self.max_elements)
         check_inputs(req, self.inputs)
         check_outputs(req, self.model.outputs)
         sizes = {a.shape[0] for a in req.inputs.values()}

@@ -99,7 +99,7 @@ class InstanceSpec:
     shm_out: str = ""
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Ask Linux to SIGKILL this process when its parent exits (a crashed front end)."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -107,7 +107,7 @@ def _die_with_parent() -> None:
 
 def instance_main(conn, spec: InstanceSpec) -> None:
     """The instance process: build, warm up, say ready, then serve batches until told to stop."""
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the front end, which stops us
     if spec.core is not None:
         os.sched_setaffinity(0, {spec.core})

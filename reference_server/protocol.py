@@ -81,6 +81,8 @@ def _bytes_elements(raw: bytes, count: int | None) -> np.ndarray:
             raise ProtocolError("truncated BYTES element")
         out.append(raw[pos : pos + n])
         pos += n
+        if count is not None and len(out) > count:  # walk no further than the shape allows
+            raise ProtocolError(f"BYTES tensor has more than the {count} elements its shape needs")
     if count is not None and len(out) != count:
         raise ProtocolError(f"BYTES tensor has {len(out)} elements, shape needs {count}")
     arr = np.empty(len(out), dtype=object)

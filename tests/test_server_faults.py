@@ -623,7 +623,8 @@ def test_trickled_bodies_are_cut_at_their_deadline_and_new_clients_are_served(gu
                     pass
                 except OSError:
                     break
-                if got:
+                if got:  # the answer has begun: the rest, up to the close
+                    got += _answer(s, 5)
                     break
                 time.sleep(0.05)
             answers.append(got)
@@ -655,3 +656,48 @@ def test_trickled_bodies_are_cut_at_their_deadline_and_new_clients_are_served(gu
     assert served_after < 3
     assert len(answers) == 4
     assert all(a.startswith(b"HTTP/1.1 408") and b"request body too slow" in a for a in answers), answers
+
+
+def test_the_loop_answers_health_probes_while_big_bodies_are_parsed(guarded):
+    """Issue 28: an 8 MB JSON array (a quarter of a second of json.loads, holding the GIL)
+    is parsed off the event loop, and 2M empty BYTES elements under a declared shape of
+    [1, 1] are refused at the second element: health probes sent meanwhile are answered
+    within 50 ms, and both bodies get their 400."""
+    import threading
+
+    url, _ = guarded
+    numbers = b"[" + b",".join([b"1.5"] * 1_900_000) + b"]"  # ~7.6 MB
+    big_json = b'{"inputs": [{"name": "image", "datatype": "FP32", "shape": [1900000], "data": ' + numbers + b"}]}"
+    header = json.dumps(
+        {"inputs": [{"name": "image", "datatype": "BYTES", "shape": [1, 1], "parameters": {"binary_data_size": 0}}]}
+    ).encode()
+    empties = struct.pack("<I", 0) * 2_000_000  # 8 MB of empty elements
+    header = header.replace(b'"binary_data_size": 0', f'"binary_data_size": {len(empties)}'.encode())
+    bodies = [
+        (big_json, {"Content-Type": "application/json"}),
+        (header + empties, {"Inference-Header-Content-Length": str(len(header))}),
+    ]
+    for body, headers in bodies:
+        got: list[tuple[int, dict]] = []
+
+        def post(body=body, headers=headers, got=got):
+            conn = _conn(url)
+            status, _, doc = _post(conn, body, headers)
+            got.append((status, doc))
+            conn.close()
+
+        th = threading.Thread(target=post)
+        probe = _conn(url)
+        th.start()
+        waits = []
+        while th.is_alive():
+            t0 = time.perf_counter()
+            probe.request("GET", "/v2/health/live")
+            probe.getresponse().read()
+            waits.append(time.perf_counter() - t0)
+            time.sleep(0.005)
+        th.join()
+        probe.close()
+        assert got[0][0] == 400, got
+        assert len(waits) >= 3
+        assert max(waits) < 0.05, (max(waits), len(waits))
