@@ -45,7 +45,7 @@ class Door:
         overloaded: str,
     ):
         self.app, self.open_paths, self.infer_paths = app, open_paths, infer_paths
-        self.token = f"Bearer {api_key}".encode() if api_key else None
+        self.token = api_key.encode() if api_key else None
         self.full, self.draining, self.refused = full, draining, refused
         self.busy = _plain(503, overloaded, [(b"retry-after", b"1")])
         self.denied = _plain(401, "missing or wrong bearer token", [(b"www-authenticate", b"Bearer")])
@@ -56,7 +56,9 @@ class Door:
         path = scope["path"]
         if self.token is not None and path not in self.open_paths:
             got = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            if not hmac.compare_digest(got, self.token):
+            scheme, _, credentials = got.partition(b" ")
+            # the scheme is case-insensitive (RFC 7235); the token is compared in constant time
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(credentials.strip(), self.token):
                 return await _send(send, self.denied)
         if path in self.infer_paths and scope["method"] == "POST" and self.full():
             self.refused()

@@ -324,7 +324,7 @@ class FrontEnd:
         dead = self.batcher.unavailable()
         if dead:
             metrics.fail("instance_died")
-            return error(503, f"unavailable: {dead}")
+            return error(503, f"unavailable: {dead}", {"Retry-After": "1"})
         body = await self.read_body(request)
         if isinstance(body, Response):
             return body
@@ -342,7 +342,7 @@ class FrontEnd:
             return error(503, f"overloaded: {err}", {"Retry-After": "1"})
         except InstanceDied as err:
             metrics.fail("instance_died")
-            return error(503, f"unavailable: {err}")
+            return error(503, f"unavailable: {err}", {"Retry-After": "1"})
         except StoreUnavailable as err:
             metrics.fail("feature_store")
             self.errors.error("feature store unavailable", err)

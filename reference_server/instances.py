@@ -36,6 +36,7 @@ import contextlib
 import ctypes
 import dataclasses
 import gc
+import logging
 import multiprocessing as mp
 import os
 import signal
@@ -49,6 +50,8 @@ import numpy as np
 
 from reference_server.models import ModelConfig, ServedModel, split_columns
 from reference_server.protocol import DTYPES
+
+log = logging.getLogger("servesim.server")
 
 START_TIMEOUT_S = 180.0  # spawn, import torch, build, warm up
 PR_SET_PDEATHSIG = 1
@@ -177,6 +180,7 @@ class ProcessInstance:
         self._seq = 0
         self._busy = False
         self.died: str | None = None
+        self._death_logged = False
         self.on_free: Callable[[], None] | None = None  # called the moment a batch is back
 
     def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> None:
@@ -198,9 +202,14 @@ class ProcessInstance:
         return self.died is None
 
     def _death_message(self) -> str:
+        """What a client is told (no pid: the process table is the server's business); the
+        server's log names the pid, once."""
         code = self.process.exitcode
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
-        return f"model instance {self.spec.index} (pid {self.pid}) {how}"
+        if not self._death_logged:
+            self._death_logged = True
+            log.error("model instance %d (pid %s) %s", self.spec.index, self.pid, how)
+        return f"model instance {self.spec.index} {how}"
 
     async def run(self, items: list[dict[str, np.ndarray]]) -> tuple[list[dict], dict]:
         """One batch: outputs per request, and the stage timings in ns."""

@@ -205,7 +205,7 @@ def _serve(
             err=True,
         )
         max_connections = fitted
-    if host not in ("127.0.0.1", "localhost", "::1") and not cfg.api_key:
+    if not _loopback(host) and not cfg.api_key:
         typer.echo(
             f"warning: --host {host} serves every network this machine is on, with no authentication; "
             "set --api-key (or SERVESIM_API_KEY) to require a bearer token",
@@ -274,3 +274,15 @@ def draining_server(base, config, drain, drain_s: float):
             threading.Timer(drain_s, super().handle_exit, (sig, frame)).start()
 
     return Draining(config)
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (all of 127.0.0.0/8, ::1) or ``localhost``."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve to anything
+        return False

@@ -223,6 +223,12 @@ def test_an_api_key_guards_everything_but_health():
         assert status == 401
         status, _, _ = _post(conn, body, {**headers, "Authorization": "Bearer s3cret"})
         assert status == 200
+        for scheme in ("bearer", "BEARER"):  # the scheme is case-insensitive (RFC 7235), the token is not
+            status, _, _ = _post(conn, body, {**headers, "Authorization": f"{scheme} s3cret"})
+            assert status == 200
+        for wrong in ("Basic s3cret", "Bearer S3CRET", "s3cret"):
+            status, _, _ = _post(conn, body, {**headers, "Authorization": wrong})
+            assert status == 401
         with urllib.request.urlopen(url + "/v2/health/ready", timeout=5) as r:
             assert r.status == 200
 
@@ -701,3 +707,20 @@ def test_the_loop_answers_health_probes_while_big_bodies_are_parsed(guarded):
         assert got[0][0] == 400, got
         assert len(waits) >= 3
         assert max(waits) < 0.05, (max(waits), len(waits))
+
+
+def test_any_loopback_address_is_served_without_the_public_bind_warning():
+    """Issue 28: 127.0.0.2 is loopback (all of 127.0.0.0/8 is), so it is not warned about."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [*servesim_cmd(), "serve", "--port", str(port), "--host", "127.0.0.2", *TINY],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_http(f"http://127.0.0.2:{port}/v2/health/ready", proc=proc)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert "warning: --host" not in err
