@@ -38,18 +38,18 @@ def wait_http(url: str, timeout_s: float = 90.0, proc: subprocess.Popen | None =
 
 
 @contextlib.contextmanager
-def reference_server(*args: str, env: dict[str, str] | None = None):
-    """``servesim serve`` in a subprocess (``env``: variables added to this process's);
-    yields (base url, process)."""
+def reference_server(*args: str, env: dict[str, str] | None = None, host: str = "127.0.0.1"):
+    """``servesim serve`` in a subprocess (``env``: variables added to this process's;
+    ``host``: the address it binds); yields (base url, process)."""
     port = free_port()
     proc = subprocess.Popen(
-        [*servesim_cmd(), "serve", "--port", str(port), *args],
+        [*servesim_cmd(), "serve", "--port", str(port), "--host", host, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=None if env is None else {**os.environ, **env},
     )
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{host}:{port}"
     try:
         wait_http(url + "/v2/health/ready", proc=proc)
         yield url, proc

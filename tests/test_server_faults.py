@@ -711,16 +711,7 @@ def test_the_loop_answers_health_probes_while_big_bodies_are_parsed(guarded):
 
 def test_any_loopback_address_is_served_without_the_public_bind_warning():
     """Issue 28: 127.0.0.2 is loopback (all of 127.0.0.0/8 is), so it is not warned about."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [*servesim_cmd(), "serve", "--port", str(port), "--host", "127.0.0.2", *TINY],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        wait_http(f"http://127.0.0.2:{port}/v2/health/ready", proc=proc)
-    finally:
+    with reference_server(*TINY, host="127.0.0.2") as (_url, proc):
         proc.terminate()
         _, err = proc.communicate(timeout=30)
     assert "warning: --host" not in err
