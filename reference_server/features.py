@@ -44,18 +44,26 @@ class FeatureStore:
 
     def __init__(self, cfg: FeatureStoreConfig):
         import redis.asyncio as aioredis
+        import redis.exceptions as rex
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
 
         if min(cfg.keys, cfg.batch_size, cfg.parallelism, cfg.max_connections) < 1:
             raise ValueError("feature keys, batch_size, parallelism and max_connections must be >= 1")
         self.cfg = cfg
         # a bounded pool: under overload, round trips queue for a connection instead of
         # opening hundreds of sockets that Redis and this event loop then serve in turn
+        # a pooled connection made before Redis restarted fails on its next use: the command is
+        # retried once on a fresh connection (a timeout is not retried: a stalled Redis gets its
+        # 503 within one timeout), so no request fails once Redis is back
         pool = aioredis.BlockingConnectionPool.from_url(
             cfg.url,
             max_connections=cfg.max_connections,
             timeout=cfg.pool_timeout_s,
             socket_connect_timeout=cfg.connect_timeout_s,
             socket_timeout=cfg.timeout_s,
+            retry=Retry(NoBackoff(), 1),
+            retry_on_error=[rex.ConnectionError],
         )
         self.client = aioredis.Redis(connection_pool=pool)
         self.round_trips = 0
