@@ -307,6 +307,14 @@ class FrontEnd:
         """Answer one inference request; never raises (an unexpected error is a logged 500)."""
         try:
             return await self._infer(model_name, request, version)
+        except asyncio.CancelledError:
+            if not self.draining:
+                raise
+            # the shutdown's grace period ran out on this request (a slow upload, say): a 503
+            # that tells the client to come back elsewhere, not uvicorn's 500 and traceback
+            self.metrics.fail("shutdown")
+            self.errors.warning("requests cut off by the shutdown's grace period")
+            return error(503, "shutting down", {"Retry-After": "1", "Connection": "close"})
         except Exception as err:  # answered, logged once, and the connection kept for the client's next request
             self.metrics.fail("internal")
             self.errors.error(f"{type(err).__name__} in inference", err)

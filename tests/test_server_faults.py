@@ -720,3 +720,37 @@ def test_any_loopback_address_is_served_without_the_public_bind_warning():
         proc.terminate()
         _, err = proc.communicate(timeout=30)
     assert "warning: --host" not in err
+
+
+def test_a_slow_upload_cut_off_by_the_shutdown_gets_a_503_not_a_500():
+    """Issue 28: a body still arriving when the grace period ends is answered 503 with
+    Retry-After and Connection: close, and nothing logs a traceback (before: uvicorn's 500,
+    and the CancelledError's traceback)."""
+    with reference_server(*TINY, "--drain-s", "0.5", "--grace-s", "1") as (url, proc):
+        with socket.create_connection(_address(url)) as s:
+            s.sendall(
+                b"POST /v2/models/resnet/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100000\r\n\r\n" + b" " * 2000
+            )
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGTERM)
+            s.settimeout(0.2)
+            got = b""
+            deadline = time.monotonic() + 10
+            while not got and time.monotonic() < deadline:  # 600 bytes/s: within the body's deadline
+                try:
+                    s.sendall(b" " * 600)
+                    got = s.recv(65536)
+                except TimeoutError:
+                    pass
+                except OSError:  # answered and closed while we sent: what it sent is still to read
+                    break
+                time.sleep(0.8)
+            got += _answer(s, 5)
+        _, err = proc.communicate(timeout=30)
+    head = got.split(b"\r\n\r\n", 1)[0].lower()
+    assert got.startswith(b"HTTP/1.1 503"), got[:200]
+    assert b"retry-after: 1" in head
+    assert b"connection: close" in head
+    assert b"shutting down" in got
+    assert "Traceback" not in err
