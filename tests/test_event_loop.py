@@ -149,7 +149,7 @@ def test_the_loop_runs_in_chunks_holding_only_what_is_not_answered():
     """Not a held stage: a run of the loop in 1-s chunks hands out its records as it goes
     (the ledger holds about a chunk's worth), the same records as one chunk, and the loop
     itself keeps only the requests and batches not answered yet."""
-    from simulator.engine import stream
+    from simulator.engine import _Run, stream
 
     s = Scenario.model_validate(_doc(400, {"return_ms": 0.3, "respond_per_batch_ms": 0.1}))
     assert held(s) is None
@@ -159,6 +159,13 @@ def test_the_loop_runs_in_chunks_holding_only_what_is_not_answered():
     assert max(len(p.records) for p in pieces) < 0.05 * len(whole)  # ~400 of 16,000 a chunk
     got = np.concatenate([p.records.t_response for p in pieces])
     np.testing.assert_array_equal(got, whole.t_response)
+    run = _Run(s, s.seed)  # the loop itself, between chunks: only what it has not answered
+    in_loop = []
+    for k in range(1, 41):
+        run.chunk(k * 1000.0, k == 40)
+        in_loop.append(run.loop_server.n)
+    assert max(in_loop) < 50
+    assert in_loop[-1] == 0
 
 
 def test_the_fit_recovers_the_loop_from_the_server_clocks():

@@ -9,7 +9,7 @@ from simulator.engine import simulate
 from simulator.ledger import Outcome
 from simulator.scenario.config import Features
 from simulator.scenario.distributions import Sampler
-from simulator.stages.features import _makespan, fetch_contended, fetch_uncontended, trip_keys
+from simulator.stages.features import Store, _makespan, fetch_uncontended, trip_keys
 from tests.helpers import scenario
 from tests.test_theory import check
 from tests.theory import pk_mean_wait
@@ -39,7 +39,11 @@ def test_store_with_ample_threads_equals_uncontended():
     start = np.sort(np.random.default_rng(1).uniform(0, 1000, 500))
     free = fetch_uncontended(Features(**cfg), start, Sampler(Features(**cfg).round_trip, np.random.default_rng(7)))
     f = Features(**cfg, store={"threads": 10_000})
-    busy = fetch_contended(f, start, Sampler(f.round_trip, np.random.default_rng(7)))
+    store = Store(f, Sampler(f.round_trip, np.random.default_rng(7)))
+    store.feed(np.arange(len(start)), start)
+    ids, fetched = store.run(np.inf)
+    busy = np.empty_like(start)
+    busy[ids] = fetched.end
     np.testing.assert_allclose(busy, start + free, rtol=1e-12)
 
 

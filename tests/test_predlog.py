@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from simulator.engine import simulate
-from simulator.results.metrics import logging_summary, window
+from simulator.results.reduce import summarize
 from simulator.stages.prediction_log import record_ms
 from tests.helpers import scenario
 
@@ -29,8 +29,8 @@ def test_responses_do_not_wait_for_logs():
 
 
 def test_overloaded_pipeline_backlog_follows_the_fluid_limit():
-    s, run = _run(1.2)  # 150 MB/s of capacity against 2000 x 100 KB = 200 MB/s offered
-    out = logging_summary(run.records, s, window(run.records, s))
+    _, run = _run(1.2)  # 150 MB/s of capacity against 2000 x 100 KB = 200 MB/s offered
+    out = summarize(run)["logging"]
     assert out["falling_behind"]
     r = run.records
     first = np.nanmin(r.t_response)
@@ -41,7 +41,7 @@ def test_overloaded_pipeline_backlog_follows_the_fluid_limit():
 
 def test_underloaded_pipeline_lag_is_near_the_record_time():
     s, run = _run(16.0)  # 2 GB/s of capacity, 10% utilised
-    out = logging_summary(run.records, s, window(run.records, s))
+    out = summarize(run)["logging"]
     assert not out["falling_behind"]
     assert out["utilization"] == pytest.approx(0.1, rel=0.05)
     assert out["lag_ms"]["p50"] == pytest.approx(record_ms(s.logging), rel=1e-6)

@@ -12,7 +12,6 @@ import numpy as np
 
 from simulator.ledger import BatchLog
 from simulator.results import summary
-from simulator.results.records import Records
 from simulator.results.run import Run
 from simulator.results.stats import overlap, sla_verdict, summary_stats, window
 from simulator.scenario.config import Scenario
@@ -25,7 +24,6 @@ __all__ = [
     "deploy_events",
     "extra_workers",
     "fleet_summary",
-    "logging_summary",
     "peak_throughput_rps",
     "sla_verdict",
     "summary_stats",
@@ -37,7 +35,7 @@ __all__ = [
 
 def utilization(batches: BatchLog, instances: int, t0_ms: float, t1_ms: float) -> np.ndarray:
     """Busy fraction of each instance over ``[t0_ms, t1_ms)``."""
-    busy = np.clip(np.minimum(batches.end, t1_ms) - np.maximum(batches.start, t0_ms), 0.0, None)
+    busy = overlap(batches.start, batches.end, t0_ms, t1_ms)
     per_instance = np.bincount(batches.instance, weights=busy, minlength=instances)
     return per_instance / (t1_ms - t0_ms)
 
@@ -63,19 +61,6 @@ def cost(workers: int, price_per_hour_usd: float, completed_rps: float) -> dict[
         "per_million_requests_usd": per_million,
         "price_per_worker_hour_usd": price_per_hour_usd,
     }
-
-
-def logging_summary(records: Records, scenario: Scenario, mask: np.ndarray) -> dict | None:
-    """Prediction-log volume against pipeline capacity, the lag of records, and the backlog."""
-    cfg = scenario.logging
-    if cfg is None:
-        return None
-    emitted = np.where(np.isnan(records.t_response), records.t_dropped, records.t_response)
-    sel = mask & np.isfinite(records.t_logged)
-    lag = (records.t_logged - emitted)[sel]
-    end = scenario.duration_s * 1000.0
-    behind = np.count_nonzero((emitted <= end) & (records.t_logged > end))
-    return logging_figures(scenario, int(np.count_nonzero(sel)), summary_stats(lag), int(behind))
 
 
 def logging_figures(scenario: Scenario, logged: int, lag_ms: dict[str, float], behind: int) -> dict:

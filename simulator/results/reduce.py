@@ -27,7 +27,7 @@ from simulator.results.experiments import classes_summary, versions_summary
 from simulator.results.metrics import _cost, fleet_summary, logging_figures, peak_throughput_rps, worker_price
 from simulator.results.records import STAGES, Records
 from simulator.results.sketch import LatencySketch
-from simulator.results.stats import PERCENTILES, ExactSample, window
+from simulator.results.stats import PERCENTILES, ExactSample, overlap, window
 from simulator.results.timeline import COLUMNS, _workers
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import scenario_hash
@@ -219,8 +219,7 @@ class Reduction:
             self._timeline(r, done_all, e2e_all, watermark_ms)
 
     def _batches(self, b: BatchLog) -> None:
-        busy = np.clip(np.minimum(b.end, self.t1) - np.maximum(b.start, self.t0), 0.0, None)
-        add = np.bincount(b.instance, weights=busy, minlength=len(self.busy))
+        add = np.bincount(b.instance, weights=overlap(b.start, b.end, self.t0, self.t1), minlength=len(self.busy))
         if len(add) > len(self.busy):  # a dynamic fleet's new workers
             self.busy = np.concatenate([self.busy, np.zeros(len(add) - len(self.busy))])
         self.busy += add
@@ -394,9 +393,11 @@ class Reduction:
         for k, v in self._closed.items():
             if k < n:
                 p[k] = v
-        if shadow is not None:
+        shadow_rps = np.full(n, np.nan)
+        if shadow is not None:  # counted here, not into the bins: the timeline may be asked twice
             t = shadow["t_preprocessed"]
-            self.bins.add("shadow", t[np.isfinite(t)])
+            k = self.bins.index(t[np.isfinite(t)])
+            shadow_rps = np.bincount(k[k < n], minlength=n)[:n] / dt
         nan = np.full(n, np.nan)
         with np.errstate(invalid="ignore", divide="ignore"):
             offered = col("offered", n)
@@ -417,7 +418,7 @@ class Reduction:
                 "log_backlog_mb": col("log_backlog", n) / w * s.logging.record_kb / 1e3 if s.logging else nan,
                 "result_hit_ratio": col("result_hits", n) / offered if s.caches.result else nan,
                 "feature_hit_ratio": col("feature_hits", n) / col("feature_lookups", n) if s.caches.feature else nan,
-                "shadow_rps": col("shadow", n) / dt if shadow is not None else nan,
+                "shadow_rps": shadow_rps,
                 "canary_share": col("canary", n) / np.maximum(offered, 1) if s.router.canary is not None else nan,
             }
         rows = np.column_stack([np.asarray(cols[name], dtype=float) for name in COLUMNS])

@@ -340,27 +340,3 @@ class Loop:
         st[_QH], st[_QT] = qh - q0, qt - q0
         self.factors = self.factors[int(st[_FPOS]) :].copy()
         st[_FPOS] = 0
-
-
-def serve_on_loop(
-    t_ready: np.ndarray,
-    cost_ms: np.ndarray,
-    loop: EventLoop,
-    batching: Batching,
-    instances: int,
-    service,
-    front=None,
-) -> tuple[np.ndarray, Served, BatchLog, np.ndarray]:
-    """:class:`Loop` over a whole run, in one call: the requests ready for the loop at
-    ``t_ready`` (ms, any order), each admitted in ``cost_ms`` of nominal loop work.
-    Returns, in the requests' order, when each was queued (admission done), the serving
-    columns, the batch log (in dispatch order) and when each response was written (NaN if
-    refused)."""
-    n = len(t_ready)
-    order = np.argsort(t_ready, kind="stable")
-    server = Loop(loop, batching, instances, service, front)
-    server.push(order, np.ascontiguousarray(t_ready[order], dtype=float), np.broadcast_to(cost_ms, (n,))[order])
-    ids, t_enq, served, t_resp, log = server.run(math.inf)
-    back = np.empty(n, dtype=np.int64)
-    back[ids] = np.arange(n)
-    return t_enq[back], served.take(back), log, t_resp[back]

@@ -233,14 +233,3 @@ class Store:
         start = np.fromiter((d[1] for d in done), dtype=float, count=len(done))
         end = np.fromiter((d[2] for d in done), dtype=float, count=len(done))
         return ids, _give_up(self.cfg, start, end)
-
-
-def fetch_contended(cfg: Features, start: np.ndarray, sampler: Sampler | None, path=None) -> np.ndarray:
-    """Feature-fetch completion times through a store of finite capacity (:class:`Store`),
-    for requests starting at ``start`` (sorted), in one pass, before any timeout."""
-    store = Store(cfg.model_copy(update={"timeout_ms": None}), sampler, path)
-    store.feed(np.arange(len(start)), start)
-    ids, fetched = store.run(math.inf)
-    done = np.empty_like(start)
-    done[ids] = fetched.end
-    return done
