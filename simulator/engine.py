@@ -27,13 +27,15 @@ the order of all lookups, so a cache is a stage with a horizon too (:class:`_Cac
 yet; a request is handed out once it is settled (served, dropped, or answered from the
 result cache) and, with a prediction log, shipped.
 
-**Held stages.** Two parts of the model are still written over a whole run: the traffic
-classes' pools and a canary or shadow (:mod:`simulator.serving.whole`). A scenario with
-one of them (:func:`simulator.chunks.held`) keeps its requests in the ledger until the
-last chunk, where those stages see them all: its records are the same for any chunk
-length, its memory is the whole run's. A feature store of finite capacity and the front
-end's event loop run chunk by chunk, their state carried to the next chunk
-(:class:`~simulator.stages.features.Store`, :class:`~simulator.serving.event_loop.Loop`).
+**Held stages.** The traffic classes' pools are still written over a whole run
+(:mod:`simulator.serving.whole`), and a shared shadow on a changing fleet is fed to its
+pool in one part (:mod:`simulator.serving.versions`). A scenario with one of them
+(:func:`simulator.chunks.held`) keeps its requests in the ledger until the last chunk:
+its records are the same for any chunk length, its memory is the whole run's. A canary
+and a shadow's pools, a feature store of finite capacity and the front end's event loop
+run chunk by chunk, their state carried to the next chunk
+(:class:`~simulator.serving.versions.VersionsPool`,
+:class:`~simulator.stages.features.Store`, :class:`~simulator.serving.event_loop.Loop`).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from simulator.serving.fleet import FleetLog
 from simulator.serving.router import Router
 from simulator.serving.served import ServingLog
 from simulator.serving.streamed import Horizon, StreamedDynamicPool, StreamedPool
+from simulator.serving.versions import VersionDrawn, VersionsPool
 from simulator.serving.whole import serve_whole
 from simulator.serving.workers import ServiceModel
 from simulator.stages.arrivals import Arrivals
@@ -74,8 +77,9 @@ from simulator.stages.stations import Lindley
 @dataclass
 class Piece:
     """What one chunk of the run settled: records of requests ``first`` … (in request
-    order, a contiguous run of ids), and the batches that started. The last piece carries
-    what the run leaves besides (fleet, other pools, shadow copies)."""
+    order, a contiguous run of ids), the batches that started, and the other pools'
+    batches and the shadow copies settled in it. The last piece carries the fleet (and a
+    held run's other pools)."""
 
     first: int  # id (arrival index) of the first record
     records: Records
@@ -85,7 +89,7 @@ class Piece:
     fleet: FleetLog | None = None  # a dynamic pool's workers and events, with the last piece
     pools: dict[str, BatchLog] = field(default_factory=dict)  # the canary's, a shadow's, each class's
     shadow: dict[str, np.ndarray] | None = None  # the shadow copies
-    response_without_shadow: np.ndarray | None = None  # primary responses without shared shadow copies
+    response_without_shadow: np.ndarray | None = None  # the records' responses without shared shadow copies
 
 
 @dataclass
@@ -136,6 +140,11 @@ class Columns:
     trips: np.ndarray | None = None
     deadline: np.ndarray | None = None  # with batching.deadline_ms: when it gives up, end to end
     worker: np.ndarray | None = None  # its worker in the primary pool, where the engine routes to one
+    # with a canary or a shadow: what it drew for them; with measure_impact, its completion
+    # without the shared shadow's copies (NaN until known), and whether that is settled
+    versions: VersionDrawn | None = None
+    t_alone: np.ndarray | None = None
+    alone: np.ndarray | None = None
     # with a prediction log: when its response left, or it was dropped (what the log ships); shipped yet
     t_emitted: np.ndarray | None = None
     shipped: np.ndarray | None = None
@@ -145,7 +154,9 @@ class Columns:
         return len(self.arrival)
 
     @classmethod
-    def arriving(cls, t0: np.ndarray, *, logging: bool, serving: bool, **drawn) -> Columns:
+    def arriving(
+        cls, t0: np.ndarray, *, logging: bool, serving: bool, version: np.ndarray | None = None, **drawn
+    ) -> Columns:
         """New requests arriving at ``t0`` with what they drew; the rest not yet known
         (serving's columns left out unless ``serving``: see :meth:`with_serving`)."""
         n = len(t0)
@@ -160,7 +171,7 @@ class Columns:
             result_hit=no.copy(),
             feature_hit=no.copy(),
             live=no.copy(),
-            version=np.zeros(n, dtype=np.int8),
+            version=np.zeros(n, dtype=np.int8) if version is None else version,
             settled=no.copy(),
             **drawn,
         )
@@ -183,8 +194,8 @@ class Columns:
         def each(mine, theirs):
             if mine is None:
                 return None
-            if isinstance(mine, CacheDrawn):
-                return CacheDrawn(
+            if isinstance(mine, CacheDrawn | VersionDrawn):
+                return type(mine)(
                     *(each(getattr(mine, f.name), [getattr(o, f.name) for o in theirs]) for f in fields(mine))
                 )
             return fn(mine, *theirs)
@@ -225,6 +236,8 @@ class Ledger:
         """The settled (and, with logging, shipped) requests at the front, removed."""
         c = self.cols
         done = c.settled & c.shipped if self.logging else c.settled
+        if c.alone is not None:  # a served primary request waits for its completion without the copies
+            done = done & (c.alone | ~c.live | (c.version != 0))
         k = 0 if self.hold and not final else int(np.argmin(done)) if not done.all() else len(done)
         first = self.lo
         out = c.map(lambda v: v[:k])
@@ -299,19 +312,35 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
     wall0 = time.perf_counter()
     seed = scenario.seed if seed is None else seed
     pieces = list(stream(scenario, seed=seed, chunk_s=scenario.duration_s))
-    last = pieces[-1]
     records = pieces[0].records if len(pieces) == 1 else concat_records([p.records for p in pieces])
+    pools, shadow, counterfactual = gather(pieces)
     return Run(
         scenario=scenario,
         seed=seed,
         records=records,
         batches=concat_logs([p.batches for p in pieces]),
         wall_s=time.perf_counter() - wall0,
-        fleet=last.fleet,
-        pools=last.pools,
-        shadow=last.shadow,
-        response_without_shadow=last.response_without_shadow,
+        fleet=pieces[-1].fleet,
+        pools=pools,
+        shadow=shadow,
+        response_without_shadow=counterfactual,
     )
+
+
+def gather(pieces: list[Piece]) -> tuple[dict[str, BatchLog], dict[str, np.ndarray] | None, np.ndarray | None]:
+    """What the pieces settled besides their records, as one run's: the other pools'
+    batch logs by name, the shadow copies (in request order) and the responses without
+    the shared shadow's copies (None where the run has none)."""
+    names = dict.fromkeys(name for p in pieces for name in p.pools)
+    pools = {name: concat_logs([p.pools[name] for p in pieces if name in p.pools]) for name in names}
+    parts = [p.shadow for p in pieces if p.shadow is not None]
+    shadow = None
+    if parts:
+        shadow = {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
+        order = np.argsort(shadow["request"], kind="stable")
+        shadow = {k: v[order] for k, v in shadow.items()}
+    alone = [p.response_without_shadow for p in pieces if p.response_without_shadow is not None]
+    return pools, shadow, np.concatenate(alone) if alone else None
 
 
 def concat_records(parts: list[Records]) -> Records:
@@ -334,10 +363,12 @@ class _Run:
         self.router_stage = RouterStage(s, rng)
         self.pre = Preprocessing(s, rng, None if speed is None else speed.frontend)
         self.post = Postprocessing(s, rng)
-        # the held stages (simulator.chunks.held): the versions' or classes' pools
         self.store = s.features.store is not None and s.features.lookups_per_request > 0
         self.loop = s.preprocess.event_loop is not None
-        self.whole = bool(s.traffic.classes) or s.router.canary is not None or s.router.shadow is not None
+        self.whole = bool(s.traffic.classes)  # held (simulator.chunks.held): the classes' pools
+        result, feature = s.caches.result, s.caches.feature
+        # past a cache, requests reach the later stages out of request order: ties by id
+        by_id = result is not None or feature is not None
         self.trips = (
             Sampler(s.features.round_trip, rng.features)
             if s.features.round_trip is not None and not self.store
@@ -354,22 +385,23 @@ class _Run:
                 None if speed is None else speed.frontend,
             )
             self.loop_wait = Horizon(by_id=True)
+        self.versions = None
         if not (self.loop or self.whole):
-            service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed)
-            self.pool = StreamedDynamicPool(s, service, rng) if s.workers.dynamic else StreamedPool(s, service)
+            if s.router.canary is not None or s.router.shadow is not None:
+                self.pool = self.versions = VersionsPool(s, seed, rng, speed, by_id=by_id)
+            else:
+                service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed)
+                self.pool = StreamedDynamicPool(s, service, rng) if s.workers.dynamic else StreamedPool(s, service)
+                self.pool.waiting = Horizon(by_id=by_id)
+        self.impact = self.versions is not None and self.versions.alone is not None
         # a dynamic pool routes by itself (the traffic classes' pools excepted); the others are routed here
         dynamic = s.workers.dynamic and not s.traffic.classes
         self.router = None if dynamic else Router(s.router.balancing, rng.routing)
-        result, feature = s.caches.result, s.caches.feature
         self.result_cache = None if result is None else _CacheStage(result, rng.result_cache, lambda c: c.result_cache)
         self.feature_cache = (
             None if feature is None else _CacheStage(feature, rng.feature_cache, lambda c: c.feature_cache)
         )
-        self.cached = result is not None or feature is not None
-        # past a cache, requests reach the later stages out of request order: ties by id
-        by_id = self.cached
-        if self.pool is not None:
-            self.pool.waiting = Horizon(by_id=by_id)
+        self.cached = by_id
         self.cpu_wait = Horizon(by_id=by_id)
         if self.store:  # round trips drawn as requests reach the store, in time order (ties by id)
             sampler = None if s.features.round_trip is None else Sampler(s.features.round_trip, rng.features)
@@ -389,6 +421,7 @@ class _Run:
         c = ledger.cols
         new_rows = [done_ids - ledger.lo, f_id[failed] - ledger.lo]
         batches = BatchLog.empty()
+        extra = None  # what the versions' pools settled besides the requests
         if self.loop:  # the front end's one event loop admits, batches, serves and answers
             if failed.any():
                 f_id, f_t = f_id[~failed], f_t[~failed]
@@ -407,11 +440,20 @@ class _Run:
                     new_rows.append(rows)
             else:
                 worker, deadline = (None if v is None else _rows_of(v, rows) for v in (c.worker, c.deadline))
-                del rows
-                settled, batches = self.pool.run(p_t, p_id, worker, deadline, hi, final)
+                if self.versions is None:
+                    del rows
+                    settled, batches = self.pool.run(p_t, p_id, worker, deadline, hi, final)
+                else:
+                    drawn = (c.arrival[rows], c.version[rows], c.versions.take(rows))
+                    del rows
+                    settled, batches, extra = self.versions.run(p_t, p_id, worker, deadline, *drawn, hi, final)
+                    del drawn
                 del p_t, p_id, worker, deadline
                 if settled is not None:
-                    new_rows.append(ledger.settle(*settled))
+                    new_rows.append(self._settle(*settled))
+                if extra is not None and extra.alone is not None:
+                    alone = extra.alone[0] - ledger.lo
+                    c.t_alone[alone], c.alone[alone] = extra.alone[1], True
         c.with_serving()
         rows = np.concatenate(new_rows).astype(np.int64)
         if self.log_station is not None:
@@ -422,10 +464,12 @@ class _Run:
             c.t_emitted[rows] = np.where(np.isnan(t_resp), c.t_dropped[rows], t_resp)
             self._ship(rows, hi, final)
         left = self.left or ServingLog(None, None, {}, None, None, None)  # nothing besides, but for a held pool
-        counterfactual = left.counterfactual
-        if counterfactual is not None:  # primary responses had the shadow not shared their queues
-            counterfactual = counterfactual + c.post + c.back
         first, cols = ledger.hand_out(final)
+        pools, shadow, counterfactual = left.pools, left.shadow, None
+        if extra is not None:
+            pools, shadow = extra.pools, extra.shadow
+        if cols.t_alone is not None:  # primary responses had the shadow not shared their queues
+            counterfactual = cols.t_alone + cols.post + cols.back
         watermark = hi if not len(ledger) else min(hi, float(ledger.cols.arrival.min()))
         fleet = None
         if final:
@@ -437,8 +481,8 @@ class _Run:
             math.inf if final else watermark,
             hi,
             fleet,
-            left.pools,
-            left.shadow,
+            pools,
+            shadow,
             counterfactual,
         )
 
@@ -458,6 +502,7 @@ class _Run:
         post = np.broadcast_to(self.post.draw(n), (n,)).copy()
         back = np.broadcast_to(self.network.back_ms(n, klass), (n,)).astype(float)
         worker = None if self.router is None else self.router.pick(n, s.workers.count)
+        version, versions = (None, None) if self.versions is None else self.versions.arriving(t_router)
         self.ledger.append(
             Columns.arriving(
                 t0,
@@ -477,6 +522,10 @@ class _Run:
                 # the round trips of every request, used once it passes the caches
                 trips=trips(s.features, self.trips, n) if self.cached and not self.store else None,
                 t_answered=np.full(n, np.nan) if self.loop else None,
+                version=version,
+                versions=versions,
+                t_alone=np.full(n, np.nan) if self.impact else None,
+                alone=np.zeros(n, dtype=bool) if self.impact else None,
             )
         )
         if not self.cached and not self.store:  # every arrival reaches the feature stage now, in request order
@@ -546,6 +595,16 @@ class _Run:
             c.settled[f] = True
         return ids, fetched.end, failed
 
+    def _settle(self, ids: np.ndarray, served: Served) -> np.ndarray:
+        """Record what the pool settled (:meth:`Ledger.settle`); a canary's answers that
+        drew an error on arrival become errors. Returns their rows."""
+        rows = self.ledger.settle(ids, served)
+        if self.versions is not None:
+            c = self.ledger.cols
+            err = c.versions.error[rows] & (c.version[rows] == 1) & (c.outcome[rows] == Outcome.COMPLETED)
+            c.outcome[rows[err]] = Outcome.ERROR
+        return rows
+
     def _preprocess(self, ids, t_feat, svc, hi: float, final: bool):
         """Preprocessing: a pure delay, or an FCFS pool of CPU workers (with a horizon).
         The requests that leave it now, and when."""
@@ -556,15 +615,13 @@ class _Run:
         return ids, self.pre.leave_sorted(t, svc)
 
     def _serve_whole(self) -> tuple[np.ndarray, BatchLog]:
-        """The versions' or the traffic classes' pools, for every live request of the run
-        (held: the ledger holds the whole run). Returns the rows settled, and the batches."""
+        """The traffic classes' pools, for every live request of the run (held: the ledger
+        holds the whole run). Returns the rows settled, and the batches."""
         s, c = self.s, self.ledger.cols
         idx, served, log = serve_whole(
             s,
-            self.seed,
             self.rng,
             self.speed,
-            t_router=c.t_router,
             t_pre=c.t_preprocessed,
             klass=c.traffic_class,
             live=np.flatnonzero(c.live),

@@ -80,7 +80,9 @@ def summarize_stream(
     def take(piece: Piece) -> None:
         if on_piece is not None:
             on_piece(piece)
-        reduction.add(piece.records, piece.batches, piece.watermark_ms)
+        reduction.add(
+            piece.records, piece.batches, piece.watermark_ms, shadow=piece.shadow, alone=piece.response_without_shadow
+        )
 
     fleet = None
     # a piece is written and reduced on a second thread while the next chunk is simulated

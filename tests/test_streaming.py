@@ -17,6 +17,8 @@ import pytest
 
 from simulator import load_scenario, simulate
 from simulator.chunks import held
+from simulator.engine import concat_records, gather
+from simulator.ledger import concat_logs
 from simulator.serving.fleet import WorkerState
 from simulator.streaming import simulate_streaming, stream
 from tests.helpers import ROOT
@@ -215,21 +217,90 @@ def test_pieces_are_contiguous_and_hold_little():
     assert max(sizes) < 0.2 * nxt  # about one chunk's worth at a time
 
 
-HELD = {
-    "a canary": ("canary.yaml", ["duration_s=20", "warmup_s=2", "router.canary.rollback_at_s=15"]),
-    "a shadow": (
+VERSIONS = {
+    "canary_own_shadow": ("canary.yaml", ["duration_s=20", "warmup_s=2", "router.canary.rollback_at_s=15"]),
+    "shared_shadow_impact": (
         "canary.yaml",
         ["duration_s=10", "warmup_s=1", "router.shadow.pool=shared", "router.shadow.measure_impact=true"],
     ),
+    # requests that never reach a pool: answered from the result cache, failed at the features
+    "canary_cache_failures_round_robin": (
+        "canary.yaml",
+        [
+            "duration_s=12",
+            "warmup_s=1",
+            "router.balancing=round_robin",
+            "router.shadow.pool=shared",
+            "router.shadow.measure_impact=true",
+            "caches.result={keys: 3000, ttl_s: 2}",
+            "features.timeout_ms=8",
+            "features.on_timeout=fail",
+        ],
+    ),
+    # the primary under an autoscaler routes its requests itself; the shadow has its own pool
+    "canary_own_shadow_autoscaler": (
+        "autoscaling.yaml",
+        [
+            "duration_s=80",
+            "router.users=5000",
+            "router.canary={percent: 10, workers: 2}",
+            "router.shadow={percent: 20, pool: own, workers: 2}",
+        ],
+    ),
+    "canary_shared_queue_deadlines": (
+        "canary.yaml",
+        ["duration_s=10", "warmup_s=1", "router.balancing=shared", "batching.deadline_ms=60"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VERSIONS))
+def test_a_canary_and_a_shadow_stream_the_records_of_a_whole_run(case):
+    """A canary's and a shadow's pools run chunk by chunk: for any chunk length the
+    records, every pool's batches, the shadow copies and the responses without them are
+    a whole run's, and the requests are handed out as they settle (not at the end)."""
+    path, overrides = VERSIONS[case]
+    s = load_scenario(ROOT / "scenarios" / path, overrides)
+    assert held(s) is None
+    whole = simulate(s)
+    for chunk_s in (0.05, 0.731):
+        pieces = list(stream(s, chunk_s=chunk_s))
+        assert sum(len(p.records) for p in pieces[: len(pieces) // 2]) > 0.3 * len(whole.records)
+        records = concat_records([p.records for p in pieces])
+        pools, shadow, alone = gather(pieces)
+        differ = [
+            f.name for f in fields(records) if not _equal(getattr(whole.records, f.name), getattr(records, f.name))
+        ]
+        assert differ == [], f"{case}, chunks of {chunk_s} s: columns differ: {differ}"
+        for name, log in [("primary", concat_logs([p.batches for p in pieces])), *pools.items()]:
+            ref = whole.batches if name == "primary" else whole.pools[name]
+            key_a, key_b = np.lexsort((ref.instance, ref.start)), np.lexsort((log.instance, log.start))
+            for col in ("start", "end", "size", "instance"):
+                assert np.array_equal(getattr(ref, col)[key_a], getattr(log, col)[key_b]), (name, col)
+        assert sorted(pools) == sorted(whole.pools)
+        assert (shadow is None) == (whole.shadow is None)
+        for k, v in (shadow or {}).items():
+            assert _equal(v, whole.shadow[k]), k
+        assert (alone is None) == (whole.response_without_shadow is None)
+        if alone is not None:
+            assert _equal(alone, whole.response_without_shadow)
+
+
+HELD = {
     "traffic classes": ("noisy_neighbour.yaml", ["duration_s=10", "warmup_s=1"]),
+    # the copies tie with their requests in the dynamic pool's queues (simulator.serving.versions)
+    "a shared shadow on a changing fleet": (
+        "autoscaling.yaml",
+        ["duration_s=80", "router.shadow={percent: 20, pool: shared, measure_impact: true}"],
+    ),
 }
 
 
 @pytest.mark.parametrize("why", sorted(HELD))
 def test_a_held_scenario_is_named_and_gives_the_same_records_in_chunks(why):
     """The stages still written over a whole run hold a scenario's requests to its last
-    chunk: named by held(), and the records, batches, other pools and shadow copies are
-    those of one chunk whatever the chunk length."""
+    chunk: named by held(), and the records, batches and other pools are those of one
+    chunk whatever the chunk length."""
     path, overrides = HELD[why]
     s = load_scenario(ROOT / "scenarios" / path, overrides)
     assert why in held(s)
@@ -242,15 +313,16 @@ def test_a_held_scenario_is_named_and_gives_the_same_records_in_chunks(why):
         assert _equal(getattr(whole.records, f.name), getattr(last.records, f.name)), f.name
     for name in ("start", "end", "size", "instance"):
         assert np.array_equal(getattr(whole.batches, name), getattr(last.batches, name)), name
-    assert sorted(whole.pools) == sorted(last.pools)
+    pools, shadow, alone = gather(pieces)
+    assert sorted(whole.pools) == sorted(pools)
     for pool in whole.pools:
-        assert np.array_equal(whole.pools[pool].end, last.pools[pool].end), pool
-    assert (whole.shadow is None) == (last.shadow is None)
+        assert np.array_equal(whole.pools[pool].end, pools[pool].end), pool
+    assert (whole.shadow is None) == (shadow is None)
     if whole.shadow is not None:
         for k, v in whole.shadow.items():
-            assert _equal(v, last.shadow[k]), k
+            assert _equal(v, shadow[k]), k
     if whole.response_without_shadow is not None:
-        assert _equal(whole.response_without_shadow, last.response_without_shadow)
+        assert _equal(whole.response_without_shadow, alone)
 
 
 def test_run_streams_records_a_row_group_per_chunk(tmp_path):
@@ -298,11 +370,15 @@ def test_chunk_choice_and_budget():
     assert estimate(hour, streamed=True).bytes < 1e9 < estimate(hour).bytes / 100
     short = load_scenario(ROOT / "scenarios/inference_platform.yaml")
     assert not prefer_streaming(short)  # 2M requests: held whole, exact percentiles
-    res = CliRunner().invoke(app, ["run", str(ROOT / "scenarios/canary.yaml"), "--chunk-s", "5"])
+    res = CliRunner().invoke(app, ["run", str(ROOT / "scenarios/noisy_neighbour.yaml"), "--chunk-s", "5"])
     assert res.exit_code == 2
-    assert "a canary" in res.output
+    assert "traffic classes" in res.output
     assert "--chunk-s whole" in res.output
     assert "Traceback" not in res.output
+    # a canary and a shadow run in chunks
+    res = CliRunner().invoke(app, ["run", str(ROOT / "scenarios/canary.yaml"), "--duration-s", "20", "--chunk-s", "5"])
+    assert res.exit_code == 0, res.output
+    assert "ranker-v2" in res.output
     for bad in ("0", "-1", "soon", "nan", "inf"):  # one line naming the option, before anything runs
         res = CliRunner().invoke(app, ["run", str(ROOT / "scenarios/canary.yaml"), "--chunk-s", bad])
         assert res.exit_code == 2, bad

@@ -1,69 +1,105 @@
 """The summary sections of experiments: the canary's and the shadow's traffic, latency and
-cost (:func:`versions_summary`), and each traffic class's (:func:`classes_summary`).
-Pure functions of a run."""
+cost (:class:`Versions`, read piece by piece), and each traffic class's
+(:func:`classes_summary`, of a run held whole)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from simulator.ledger import Outcome
+from simulator.ledger import BatchLog, Outcome
+from simulator.results.records import Records
 from simulator.results.run import Run
-from simulator.results.stats import overlap, sla_verdict, summary_stats
+from simulator.results.stats import PERCENTILES, overlap, sla_verdict, summary_stats
+from simulator.scenario.config import Scenario
 from simulator.serving.workers import mean_service_ms
 
 
-def versions_summary(run: Run, mask: np.ndarray, price: float, billed_workers: float) -> dict | None:
-    """Per-version traffic share, latency and errors; the shadow's load, latency, cost and
-    the primary p99 it costs when it shares the primary's queues."""
-    s, rec = run.scenario, run.records
-    r = s.router
-    if r.canary is None and r.shadow is None:
-        return None
-    out: dict = {"versions": {}}
-    for code, name, cfg in ((0, "primary", None), (1, r.canary.name if r.canary else "canary", r.canary)):
-        sel = mask & (rec.version == code)
-        if code == 1 and cfg is None:
-            continue
-        done = sel & rec.completed
-        out["versions"][name] = {
-            "requests": int(sel.sum()),
-            "share": float(sel.sum() / max(mask.sum(), 1)),
-            "errors": int(np.count_nonzero(rec.outcome[sel] == Outcome.ERROR)),
-            "latency_ms": summary_stats((rec.t_response - rec.arrival)[done]),
-            "workers": cfg.workers if cfg else s.workers.count,
-        }
-    if r.shadow is not None and run.shadow is not None:
-        sh = run.shadow
-        inside = mask[sh["request"]]
-        ok = inside & (sh["outcome"] == Outcome.COMPLETED)
-        served = (sh["t_inferred"] - sh["t_preprocessed"])[ok]
-        span_s = s.duration_s - s.warmup_s
-        if r.shadow.pool == "own":
-            gpu_cost = r.shadow.workers * price
-        else:  # its share of the primary pool's batch items
-            items = float(run.batches.size.sum())
-            gpu_cost = (len(sh["request"]) / items if items else 0.0) * billed_workers * price
-        shadow = {
-            "copies": int(inside.sum()),
-            "copies_per_s": float(inside.sum() / span_s),
-            "dropped": int(np.count_nonzero(inside & (sh["outcome"] != Outcome.COMPLETED))),
-            "server_latency_ms": summary_stats(served),
-            "gpu_cost_per_hour_usd": gpu_cost,
-            "pool": r.shadow.pool,
-        }
-        if run.response_without_shadow is not None:
-            prim = mask & rec.completed & (rec.version == 0)
-            with_p99 = float(np.percentile((rec.t_response - rec.arrival)[prim], 99)) if prim.any() else float("nan")
-            alone = (run.response_without_shadow - rec.arrival)[prim]
-            alone = alone[np.isfinite(alone)]
-            without_p99 = float(np.percentile(alone, 99)) if len(alone) else float("nan")
-            shadow["primary_p99_ms"] = {
-                "with_shadow": with_p99,
-                "without_shadow": without_p99,
-                "added": with_p99 - without_p99,
+class Versions:
+    """The canary's and the shadow's sections, accumulated piece by piece: per-version
+    traffic share, latency and errors; the shadow's load, latency, cost and the primary
+    p99 it costs when it shares the primary's queues. ``sample`` keeps each latency
+    (:class:`~simulator.results.stats.ExactSample` or a sketch)."""
+
+    def __init__(self, s: Scenario, sample: type):
+        self.s, r = s, s.router
+        self.t0, self.t1 = s.warmup_s * 1000.0, s.duration_s * 1000.0
+        self.codes = [(0, "primary", None)] + ([(1, r.canary.name, r.canary)] if r.canary is not None else [])
+        self.requests = [0] * len(self.codes)
+        self.errors = [0] * len(self.codes)
+        self.latency = [sample() for _ in self.codes]
+        self.arrived = 0
+        self.items = 0  # the primary pool's batch items, the whole run's
+        self.copies = self.copies_in = self.copies_dropped = 0
+        self.served = sample()  # a copy's time in the shadow's pool, batching to done
+        impact = r.shadow is not None and r.shadow.pool == "shared" and r.shadow.measure_impact
+        self.with_shadow, self.without_shadow = (sample(), sample()) if impact else (None, None)
+
+    def add(self, rec: Records, mask: np.ndarray, batches: BatchLog, shadow: dict | None, alone: np.ndarray | None):
+        """One piece: its records (``mask``: in the window), the primary's batches, the
+        shadow copies settled and the records' responses without the copies."""
+        self.arrived += int(np.count_nonzero(mask))
+        self.items += int(batches.size.sum())
+        e2e = rec.t_response - rec.arrival
+        done = mask & rec.completed
+        for i, (code, _, _) in enumerate(self.codes):
+            sel = mask & (rec.version == code)
+            self.requests[i] += int(np.count_nonzero(sel))
+            self.errors[i] += int(np.count_nonzero(rec.outcome[sel] == Outcome.ERROR))
+            self.latency[i].add(e2e[sel & rec.completed])
+        if shadow is not None:
+            inside = (shadow["arrival"] >= self.t0) & (shadow["arrival"] < self.t1)
+            ok = inside & (shadow["outcome"] == Outcome.COMPLETED)
+            self.copies += len(inside)
+            self.copies_in += int(np.count_nonzero(inside))
+            self.copies_dropped += int(np.count_nonzero(inside & ~ok))
+            self.served.add((shadow["t_inferred"] - shadow["t_preprocessed"])[ok])
+        if self.with_shadow is not None and alone is not None:
+            prim = done & (rec.version == 0)
+            self.with_shadow.add(e2e[prim])
+            without = (alone - rec.arrival)[prim]
+            self.without_shadow.add(without[np.isfinite(without)])
+
+    def seal(self) -> None:
+        """No piece follows: exact samples summarize and let their values go."""
+        for sample in (*self.latency, self.served, self.with_shadow, self.without_shadow):
+            if sample is not None and hasattr(sample, "seal"):
+                sample.seal()
+
+    def summary(self, price: float, billed_workers: float) -> dict:
+        s, r = self.s, self.s.router
+        out: dict = {"versions": {}}
+        for i, (_, name, cfg) in enumerate(self.codes):
+            out["versions"][name] = {
+                "requests": self.requests[i],
+                "share": float(self.requests[i] / max(self.arrived, 1)),
+                "errors": self.errors[i],
+                "latency_ms": self.latency[i].summary(PERCENTILES),
+                "workers": cfg.workers if cfg else s.workers.count,
             }
-        out["shadow"] = shadow
-    return out
+        if r.shadow is not None:
+            span_s = s.duration_s - s.warmup_s
+            if r.shadow.pool == "own":
+                gpu_cost = r.shadow.workers * price
+            else:  # its share of the primary pool's batch items
+                gpu_cost = (self.copies / self.items if self.items else 0.0) * billed_workers * price
+            shadow = {
+                "copies": self.copies_in,
+                "copies_per_s": float(self.copies_in / span_s),
+                "dropped": self.copies_dropped,
+                "server_latency_ms": self.served.summary(PERCENTILES),
+                "gpu_cost_per_hour_usd": gpu_cost,
+                "pool": r.shadow.pool,
+            }
+            if self.with_shadow is not None:
+                with_p99 = self.with_shadow.percentile(99.0) if self.with_shadow.count else float("nan")
+                without_p99 = self.without_shadow.percentile(99.0) if self.without_shadow.count else float("nan")
+                shadow["primary_p99_ms"] = {
+                    "with_shadow": with_p99,
+                    "without_shadow": without_p99,
+                    "added": with_p99 - without_p99,
+                }
+            out["shadow"] = shadow
+        return out
 
 
 def classes_summary(run: Run, mask: np.ndarray, price: float) -> dict | None:

@@ -23,7 +23,7 @@ import numpy as np
 
 from simulator.ledger import DROPS, BatchLog
 from simulator.results import summary
-from simulator.results.experiments import classes_summary, versions_summary
+from simulator.results.experiments import Versions, classes_summary
 from simulator.results.metrics import _cost, fleet_summary, logging_figures, peak_throughput_rps, worker_price
 from simulator.results.records import STAGES, Records
 from simulator.results.sketch import LatencySketch
@@ -181,11 +181,24 @@ class Reduction:
         self.bins = None if interval_s is None else _Bins(self.interval_ms)
         self._open: list[tuple[np.ndarray, np.ndarray]] = []  # (interval, e2e) of responses not closed
         self._closed: dict[int, tuple[float, float]] = {}  # interval -> (p50, p99)
+        r = s.router
+        self.versions = Versions(s, sample) if r.canary is not None or r.shadow is not None else None
 
-    def add(self, records: Records, batches: BatchLog, watermark_ms: float, *, last: bool = False) -> None:
+    def add(
+        self,
+        records: Records,
+        batches: BatchLog,
+        watermark_ms: float,
+        *,
+        last: bool = False,
+        shadow: dict[str, np.ndarray] | None = None,
+        alone: np.ndarray | None = None,
+    ) -> None:
         """Take one piece: its records (all settled), the batches that started, and the
-        time before which no later record responds. ``last``: no piece follows (an exact
-        reduction then summarizes each stage's latencies at once and lets them go)."""
+        time before which no later record responds; the shadow copies it settled, and
+        the records' responses without them (``measure_impact``). ``last``: no piece
+        follows (an exact reduction then summarizes each stage's latencies at once and
+        lets them go)."""
         r = records
         self.simulated += len(r)
         mask = (r.arrival >= self.t0) & (r.arrival < self.t1)
@@ -210,6 +223,10 @@ class Reduction:
             self.e2e.seal((self.s.sla.percentile,))
         self.within += int(np.count_nonzero(e2e <= self.s.sla.target_ms))
         self._batches(batches)
+        if self.versions is not None:
+            self.versions.add(r, mask, batches, shadow, alone)
+            if seal:
+                self.versions.seal()
         self._caches(r, mask)
         if self.s.logging:
             self._logging(r, mask, done_all, last)
@@ -217,6 +234,8 @@ class Reduction:
             self.last_response = max(self.last_response, float(np.nanmax(r.t_response[done_all])))
         if self.bins is not None:
             self._timeline(r, done_all, e2e_all, watermark_ms)
+            if shadow is not None:
+                self.bins.add("shadow", shadow["t_preprocessed"][np.isfinite(shadow["t_preprocessed"])])
 
     def _batches(self, b: BatchLog) -> None:
         add = np.bincount(b.instance, weights=overlap(b.start, b.end, self.t0, self.t1), minlength=len(self.busy))
@@ -226,8 +245,9 @@ class Reduction:
         inside = (b.start >= self.t0) & (b.start < self.t1)
         self.sizes += np.bincount(b.size[inside], minlength=len(self.sizes))[: len(self.sizes)]
         if self.bins is not None:
-            self.bins.add("batches", b.start)
-            self.bins.add("batch_items", b.start, b.size.astype(float))
+            k = self.bins.index(b.start)  # binned once, counted twice
+            self.bins.add_indexed("batches", k)
+            self.bins.add_indexed("batch_items", k, b.size.astype(float))
 
     def _caches(self, r: Records, mask: np.ndarray) -> None:
         """Lookups in the window: every arrival looks up the result cache, every
@@ -291,7 +311,7 @@ class Reduction:
         """The run's summary (:class:`simulator.results.summary.Summary`).
 
         ``fleet``: a dynamic pool's log (the last piece's); ``held``: the whole run, whose
-        traffic classes, canary and shadow (held stages) give their own sections."""
+        traffic classes (a held stage) give their own section."""
         s = self.s
         self.fleet_log = fleet
         span_s = (self.t1 - self.t0) / 1000.0
@@ -321,9 +341,9 @@ class Reduction:
         attainment = self.within / total if total else float("nan")
         classes = experiments = None
         if held is not None:
-            mask = window(held.records, s)
-            classes = classes_summary(held, mask, worker_price(s))
-            experiments = versions_summary(held, mask, worker_price(s), fleet["billed_mean"])
+            classes = classes_summary(held, window(held.records, s), worker_price(s))
+        if self.versions is not None:
+            experiments = self.versions.summary(worker_price(s), fleet["billed_mean"])
         if classes:  # each model's load over its own peak, on the shared pool
             of_peak = sum(v["load_of_peak_capacity"] for v in classes.values() if v["pool"] == "shared")
         else:
@@ -355,7 +375,7 @@ class Reduction:
             "experiments": experiments,
             "classes": classes,
             "caches": self._caches_summary(),
-            "timeline": [] if self.bins is None else self.timeline(held.shadow if held is not None else None),
+            "timeline": [] if self.bins is None else self.timeline(),
             "sim": {
                 "wall_s": wall_s,
                 "requests": self.simulated,
@@ -380,9 +400,8 @@ class Reduction:
             return None
         return logging_figures(self.s, self.logged, self.lag.summary(PERCENTILES), self.behind)
 
-    def timeline(self, shadow: dict | None = None) -> list[dict[str, float]]:
-        """The timeline's rows, one per interval (columns: :data:`timeline.COLUMNS`);
-        ``shadow``: the shadow copies of a run held whole."""
+    def timeline(self) -> list[dict[str, float]]:
+        """The timeline's rows, one per interval (columns: :data:`timeline.COLUMNS`)."""
         self._close(np.inf)
         s, w = self.s, self.interval_ms
         end_ms = max(s.duration_s * 1000.0, self.last_response)
@@ -393,11 +412,7 @@ class Reduction:
         for k, v in self._closed.items():
             if k < n:
                 p[k] = v
-        shadow_rps = np.full(n, np.nan)
-        if shadow is not None:  # counted here, not into the bins: the timeline may be asked twice
-            t = shadow["t_preprocessed"]
-            k = self.bins.index(t[np.isfinite(t)])
-            shadow_rps = np.bincount(k[k < n], minlength=n)[:n] / dt
+        shadow_rps = col("shadow", n) / dt if s.router.shadow is not None else np.full(n, np.nan)
         nan = np.full(n, np.nan)
         with np.errstate(invalid="ignore", divide="ignore"):
             offered = col("offered", n)
@@ -449,8 +464,8 @@ def summarize(run: Run, *, interval_s: float | None = 1.0) -> summary.Summary:
         :data:`simulator.results.timeline.COLUMNS`). Pure: it reads no file.
     """
     red = Reduction(run.scenario, run.seed, interval_s=interval_s, exact=True)
-    red.add(run.records, run.batches, np.inf, last=True)
-    return red.summary(run.wall_s, run.fleet, held=run)
+    red.add(run.records, run.batches, np.inf, last=True, shadow=run.shadow, alone=run.response_without_shadow)
+    return red.summary(run.wall_s, run.fleet, held=run if run.scenario.traffic.classes else None)
 
 
 def timeline(run: Run, *, interval_s: float = 1.0) -> pd.DataFrame:

@@ -49,11 +49,3 @@ class ServingLog(NamedTuple):
     fleet: FleetLog | None  # the primary's, when it changes during the run
     shadow: dict[str, np.ndarray] | None  # the shadow copies: source request, times, outcome
     counterfactual: np.ndarray | None  # primary completion times without the shared shadow
-
-
-class VersionsRun(NamedTuple):
-    """The versions' run: the live requests served (their indices and columns), and the rest."""
-
-    idx: np.ndarray
-    served: Served
-    log: ServingLog
