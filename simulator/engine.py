@@ -58,8 +58,8 @@ from simulator.serving.event_loop import Loop
 from simulator.serving.fleet import FleetLog
 from simulator.serving.router import Router
 from simulator.serving.served import ServingLog
-from simulator.serving.streamed import Horizon, StreamedDynamicPool, StreamedPool
-from simulator.serving.versions import VersionDrawn, VersionsPool
+from simulator.serving.streamed import Horizon
+from simulator.serving.versions import VersionDrawn, VersionsPool, primary_pool
 from simulator.serving.whole import serve_whole
 from simulator.serving.workers import ServiceModel
 from simulator.stages.arrivals import Arrivals
@@ -391,8 +391,7 @@ class _Run:
                 self.pool = self.versions = VersionsPool(s, seed, rng, speed, by_id=by_id)
             else:
                 service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed)
-                self.pool = StreamedDynamicPool(s, service, rng) if s.workers.dynamic else StreamedPool(s, service)
-                self.pool.waiting = Horizon(by_id=by_id)
+                self.pool = primary_pool(s, service, rng, by_id)
         self.impact = self.versions is not None and self.versions.alone is not None
         # a dynamic pool routes by itself (the traffic classes' pools excepted); the others are routed here
         dynamic = s.workers.dynamic and not s.traffic.classes

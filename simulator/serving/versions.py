@@ -23,14 +23,14 @@ for any chunk length.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from simulator.ledger import BatchLog, Served
 from simulator.rng import Streams, streams
 from simulator.scenario.config import Scenario
-from simulator.serving.dispatch import pool_workers
+from simulator.serving.dispatch import pool_workers, sub
 from simulator.serving.router import Router
 from simulator.serving.streamed import Horizon, StreamedDynamicPool, StreamedPool
 from simulator.serving.workers import ServiceModel
@@ -50,7 +50,11 @@ class VersionDrawn:
     error: np.ndarray  # bool: the canary answers it with an error, if it completes there (set as it settles)
 
     def take(self, rows) -> VersionDrawn:
-        return VersionDrawn(self.copy[rows], self.copy_worker[rows], self.canary_worker[rows], self.error[rows])
+        return VersionDrawn(*(getattr(self, f.name)[rows] for f in fields(self)))
+
+    @classmethod
+    def concat(cls, parts: list[VersionDrawn]) -> VersionDrawn:
+        return cls(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)))
 
 
 @dataclass
@@ -169,16 +173,13 @@ class VersionsPool:
             self.held.append((t, rid, worker, deadline, arrival, version, drawn))
             if not final:
                 return None, BatchLog.empty(), VersionsPiece({}, None, None)
-            t, rid, worker, deadline, arrival, version = (
-                None if parts[0] is None else np.concatenate(parts) for parts in list(zip(*self.held, strict=True))[:6]
-            )
-            drawn = VersionDrawn(
-                *(np.concatenate([getattr(d, f) for *_, d in self.held]) for f in VersionDrawn.__annotations__)
-            )
+            *cols, parts = zip(*self.held, strict=True)
+            t, rid, worker, deadline, arrival, version = (None if c[0] is None else np.concatenate(c) for c in cols)
+            drawn = VersionDrawn.concat(list(parts))
             self.held = []
         prim = version == 0
         copy = prim & drawn.copy
-        sub = _sub(prim)
+        prim_in = (t[prim], rid[prim], sub(worker, prim), sub(deadline, prim))
         ids, settled, pools = [], [], {}
         if self.shared:
             cw = drawn.copy_worker[copy]
@@ -189,7 +190,7 @@ class VersionsPool:
                 None if deadline is None else np.concatenate([deadline[prim], deadline[copy]]),
             )
         else:
-            p_in = (t[prim], rid[prim], sub(worker), sub(deadline))
+            p_in = prim_in
         if self.r.shadow is not None:
             self.pending.add(rid[copy], arrival[copy], t[copy])
         got, batches = self.primary.run(*p_in, horizon, final)
@@ -204,20 +205,20 @@ class VersionsPool:
             settled.append(g_served)
         if self.shadow is not None:
             got_s, pools["shadow"] = self.shadow.run(
-                t[copy], rid[copy], _sub(copy)(drawn.copy_worker), _sub(copy)(deadline), horizon, final
+                t[copy], rid[copy], drawn.copy_worker[copy], sub(deadline, copy), horizon, final
             )
             copies = got_s
         if self.canary is not None:
             on = ~prim
             got_c, pools["canary"] = self.canary.run(
-                t[on], rid[on], _sub(on)(drawn.canary_worker), _sub(on)(deadline), horizon, final
+                t[on], rid[on], drawn.canary_worker[on], sub(deadline, on), horizon, final
             )
             if got_c is not None:  # its errors: drawn on arrival, applied as they settle (the engine)
                 ids.append(got_c[0])
                 settled.append(got_c[1])
         alone = None
         if self.alone is not None:
-            got_a, _ = self.alone.run(*(t[prim], rid[prim], sub(worker), sub(deadline)), horizon, final)
+            got_a, _ = self.alone.run(*prim_in, horizon, final)
             if got_a is not None:
                 alone = (got_a[0], got_a[1].t_done)
         shadow = None
@@ -229,14 +230,6 @@ class VersionsPool:
         if ids:
             out = (np.concatenate(ids), Served(*(np.concatenate(c) for c in zip(*settled, strict=True))))
         return out, batches, VersionsPiece(pools, shadow, alone)
-
-
-_DRAWN = ("copy", "copy_worker", "canary_worker", "error")
-
-
-def _sub(mask: np.ndarray):
-    """A column's entries under ``mask`` (None stays None)."""
-    return lambda column: None if column is None else column[mask]
 
 
 def _copies(ids: np.ndarray, served: Served, pending: _Pending) -> dict[str, np.ndarray]:
