@@ -13,8 +13,6 @@ def held(s: Scenario) -> str | None:
     """What in ``s`` is still simulated over the whole run (:mod:`simulator.engine`, "Held
     stages"), so that its requests stay in memory to the run's end however it is cut; None
     when a run of ``s`` streams in bounded memory."""
-    if s.traffic.classes:
-        return "traffic classes"
     if s.router.shadow is not None and s.router.shadow.pool == "shared" and s.workers.dynamic:
         return "a shared shadow on a changing fleet"  # serving.versions: its copies tie with their requests
     return None

@@ -27,15 +27,15 @@ the order of all lookups, so a cache is a stage with a horizon too (:class:`_Cac
 yet; a request is handed out once it is settled (served, dropped, or answered from the
 result cache) and, with a prediction log, shipped.
 
-**Held stages.** The traffic classes' pools are still written over a whole run
-(:mod:`simulator.serving.whole`), and a shared shadow on a changing fleet is fed to its
-pool in one part (:mod:`simulator.serving.versions`). A scenario with one of them
-(:func:`simulator.chunks.held`) keeps its requests in the ledger until the last chunk:
-its records are the same for any chunk length, its memory is the whole run's. A canary
-and a shadow's pools, a feature store of finite capacity and the front end's event loop
-run chunk by chunk, their state carried to the next chunk
-(:class:`~simulator.serving.versions.VersionsPool`,
-:class:`~simulator.stages.features.Store`, :class:`~simulator.serving.event_loop.Loop`).
+**Held stages.** A shared shadow on a changing fleet is fed to its pool in one part
+(:mod:`simulator.serving.versions`): such a scenario (:func:`simulator.chunks.held`) keeps
+its requests in the ledger until the last chunk; its records are the same for any chunk
+length, its memory is the whole run's. Every other pool runs chunk by chunk, its state
+carried to the next chunk: a canary's and a shadow's
+(:class:`~simulator.serving.versions.VersionsPool`), the traffic classes'
+(:class:`~simulator.serving.classes.ClassesPool`), a feature store of finite capacity
+(:class:`~simulator.stages.features.Store`) and the front end's event loop
+(:class:`~simulator.serving.event_loop.Loop`).
 """
 
 from __future__ import annotations
@@ -54,13 +54,12 @@ from simulator.results.run import Run
 from simulator.rng import STREAMS, Streams, streams
 from simulator.scenario.config import Cache, Scenario
 from simulator.scenario.distributions import Sampler
+from simulator.serving.classes import ClassesPool
 from simulator.serving.event_loop import Loop
 from simulator.serving.fleet import FleetLog
 from simulator.serving.router import Router
-from simulator.serving.served import ServingLog
 from simulator.serving.streamed import Horizon
 from simulator.serving.versions import VersionDrawn, VersionsPool, primary_pool
-from simulator.serving.whole import serve_whole
 from simulator.serving.workers import ServiceModel
 from simulator.stages.arrivals import Arrivals
 from simulator.stages.caches import CacheDraws, CacheState, cache_done
@@ -78,8 +77,7 @@ from simulator.stages.stations import Lindley
 class Piece:
     """What one chunk of the run settled: records of requests ``first`` … (in request
     order, a contiguous run of ids), the batches that started, and the other pools'
-    batches and the shadow copies settled in it. The last piece carries the fleet (and a
-    held run's other pools)."""
+    batches and the shadow copies settled in it. The last piece carries the fleet."""
 
     first: int  # id (arrival index) of the first record
     records: Records
@@ -365,7 +363,6 @@ class _Run:
         self.post = Postprocessing(s, rng)
         self.store = s.features.store is not None and s.features.lookups_per_request > 0
         self.loop = s.preprocess.event_loop is not None
-        self.whole = bool(s.traffic.classes)  # held (simulator.chunks.held): the classes' pools
         result, feature = s.caches.result, s.caches.feature
         # past a cache, requests reach the later stages out of request order: ties by id
         by_id = result is not None or feature is not None
@@ -385,8 +382,10 @@ class _Run:
                 None if speed is None else speed.frontend,
             )
             self.loop_wait = Horizon(by_id=True)
-        self.versions = None
-        if not (self.loop or self.whole):
+        self.versions = self.classes = None
+        if s.traffic.classes:
+            self.pool = self.classes = ClassesPool(s, rng, speed, by_id=by_id)
+        elif not self.loop:
             if s.router.canary is not None or s.router.shadow is not None:
                 self.pool = self.versions = VersionsPool(s, seed, rng, speed, by_id=by_id)
             else:
@@ -411,7 +410,6 @@ class _Run:
         self.ship_ms = record_ms(s.logging) if s.logging else 0.0
         self.ledger = Ledger(logging=s.logging is not None, hold=held(s) is not None)
         self.next_id = 0
-        self.left: ServingLog | None = None  # what the versions' or classes' pools leave besides the records
 
     def chunk(self, hi: float, final: bool) -> Piece:
         """Arrivals before ``hi`` through every stage; the requests settled by then."""
@@ -421,6 +419,7 @@ class _Run:
         new_rows = [done_ids - ledger.lo, f_id[failed] - ledger.lo]
         batches = BatchLog.empty()
         extra = None  # what the versions' pools settled besides the requests
+        pools: dict[str, BatchLog] = {}  # the batches of the pools besides the primary's
         if self.loop:  # the front end's one event loop admits, batches, serves and answers
             if failed.any():
                 f_id, f_t = f_id[~failed], f_t[~failed]
@@ -433,26 +432,25 @@ class _Run:
             del f_id, f_t  # a whole run's columns: gone before the pool runs
             rows = p_id - ledger.lo
             c.t_preprocessed[rows] = p_t
-            if self.pool is None:  # the versions' or classes' pools, over the whole run
-                if final:
-                    rows, batches = self._serve_whole()
-                    new_rows.append(rows)
+            worker, deadline = (None if v is None else _rows_of(v, rows) for v in (c.worker, c.deadline))
+            if self.classes is not None:
+                klass = c.traffic_class[rows]
+                del rows
+                settled, batches, pools = self.classes.run(p_t, p_id, worker, deadline, klass, hi, final)
+            elif self.versions is None:
+                del rows
+                settled, batches = self.pool.run(p_t, p_id, worker, deadline, hi, final)
             else:
-                worker, deadline = (None if v is None else _rows_of(v, rows) for v in (c.worker, c.deadline))
-                if self.versions is None:
-                    del rows
-                    settled, batches = self.pool.run(p_t, p_id, worker, deadline, hi, final)
-                else:
-                    drawn = (c.arrival[rows], c.version[rows], c.versions.take(rows))
-                    del rows
-                    settled, batches, extra = self.versions.run(p_t, p_id, worker, deadline, *drawn, hi, final)
-                    del drawn
-                del p_t, p_id, worker, deadline
-                if settled is not None:
-                    new_rows.append(self._settle(*settled))
-                if extra is not None and extra.alone is not None:
-                    alone = extra.alone[0] - ledger.lo
-                    c.t_alone[alone], c.alone[alone] = extra.alone[1], True
+                drawn = (c.arrival[rows], c.version[rows], c.versions.take(rows))
+                del rows
+                settled, batches, extra = self.versions.run(p_t, p_id, worker, deadline, *drawn, hi, final)
+                del drawn
+            del p_t, p_id, worker, deadline
+            if settled is not None:
+                new_rows.append(self._settle(*settled))
+            if extra is not None and extra.alone is not None:
+                alone = extra.alone[0] - ledger.lo
+                c.t_alone[alone], c.alone[alone] = extra.alone[1], True
         c.with_serving()
         rows = np.concatenate(new_rows).astype(np.int64)
         if self.log_station is not None:
@@ -462,17 +460,14 @@ class _Run:
             t_resp = answered[rows] + c.post[rows] + c.back[rows]
             c.t_emitted[rows] = np.where(np.isnan(t_resp), c.t_dropped[rows], t_resp)
             self._ship(rows, hi, final)
-        left = self.left or ServingLog(None, None, {}, None, None, None)  # nothing besides, but for a held pool
         first, cols = ledger.hand_out(final)
-        pools, shadow, counterfactual = left.pools, left.shadow, None
+        shadow, counterfactual = None, None
         if extra is not None:
             pools, shadow = extra.pools, extra.shadow
         if cols.t_alone is not None:  # primary responses had the shadow not shared their queues
             counterfactual = cols.t_alone + cols.post + cols.back
         watermark = hi if not len(ledger) else min(hi, float(ledger.cols.arrival.min()))
-        fleet = None
-        if final:
-            fleet = left.fleet if self.pool is None else self.pool.fleet
+        fleet = self.pool.fleet if final and self.pool is not None else None
         return Piece(
             first,
             _records(cols, self.loop),
@@ -501,6 +496,8 @@ class _Run:
         post = np.broadcast_to(self.post.draw(n), (n,)).copy()
         back = np.broadcast_to(self.network.back_ms(n, klass), (n,)).astype(float)
         worker = None if self.router is None else self.router.pick(n, s.workers.count)
+        if self.classes is not None:  # a class with a pool of its own draws its worker there
+            worker = self.classes.arriving(klass, worker)
         version, versions = (None, None) if self.versions is None else self.versions.arriving(t_router)
         self.ledger.append(
             Columns.arriving(
@@ -612,24 +609,6 @@ class _Run:
         self.cpu_wait.push(t_feat, ids, np.asarray(svc, dtype=float))
         t, ids, svc = self.cpu_wait.ready(math.inf if final else hi)
         return ids, self.pre.leave_sorted(t, svc)
-
-    def _serve_whole(self) -> tuple[np.ndarray, BatchLog]:
-        """The traffic classes' pools, for every live request of the run (held: the ledger
-        holds the whole run). Returns the rows settled, and the batches."""
-        s, c = self.s, self.ledger.cols
-        idx, served, log = serve_whole(
-            s,
-            self.rng,
-            self.speed,
-            t_pre=c.t_preprocessed,
-            klass=c.traffic_class,
-            live=np.flatnonzero(c.live),
-            assign=c.worker,
-            deadlines=c.deadline,
-        )
-        c.version[:] = log.version
-        self.left = log
-        return self.ledger.settle(idx + self.ledger.lo, served), log.batches
 
     def _on_loop(self, ids: np.ndarray, t: np.ndarray, horizon: float) -> tuple[np.ndarray, BatchLog]:
         """The front end's event loop with its batch queue and instances: requests ``ids``

@@ -81,7 +81,12 @@ def summarize_stream(
         if on_piece is not None:
             on_piece(piece)
         reduction.add(
-            piece.records, piece.batches, piece.watermark_ms, shadow=piece.shadow, alone=piece.response_without_shadow
+            piece.records,
+            piece.batches,
+            piece.watermark_ms,
+            shadow=piece.shadow,
+            alone=piece.response_without_shadow,
+            pools=piece.pools,
         )
 
     fleet = None

@@ -21,6 +21,11 @@ from simulator.streaming import stream
 from tests.helpers import ROOT
 
 QS = (0.5, 0.9, 0.95, 0.99, 0.999)
+NOISY = [
+    "duration_s=8",
+    "warmup_s=1",
+    "traffic.classes.tagger.shape={kind: bursts, bursts: [{start_s: 2, duration_s: 4, multiplier: 4}]}",
+]
 BOUND = RELATIVE_ACCURACY * (1 + 1e-9)
 
 
@@ -83,6 +88,9 @@ def test_bad_values_and_empty_sketch():
         ("feature_store_outage.yaml", ["duration_s=4", "warmup_s=0.5", "features.on_timeout=fail"]),
         ("autoscaling.yaml", ["duration_s=150"]),  # a fleet that grows, cold starts, a backlog
         ("scale_to_zero.yaml", []),  # the activator's buffer and rejections
+        # traffic classes: a tenant's burst on a shared pool under a quota, and on a pool of its own
+        ("noisy_neighbour.yaml", [*NOISY, "traffic.classes.tagger.max_instances=5"]),
+        ("noisy_neighbour.yaml", [*NOISY, "workers.count=3", "traffic.classes.tagger.workers=5"]),
     ],
 )
 def test_reduced_summary_matches_the_whole_run(path, overrides):
@@ -96,9 +104,27 @@ def test_reduced_summary_matches_the_whole_run(path, overrides):
     red = Reduction(s, s.seed, interval_s=0.5)
     fleet = None
     for piece in stream(s, chunk_s=0.23 if s.duration_s < 60 else 7.0):
-        red.add(piece.records, piece.batches, piece.watermark_ms)
+        red.add(piece.records, piece.batches, piece.watermark_ms, pools=piece.pools)
         fleet = piece.fleet or fleet
     got = red.summary(wall_s=1.0, fleet=fleet)
+    if whole["classes"] is not None:  # each class's counts and shares exactly, its percentiles from sketches
+        rec = run.records
+        for code, (name, table) in enumerate(whole["classes"].items()):
+            mine = got["classes"][name]
+            done = window(rec, s) & rec.completed & (rec.traffic_class == code)
+            e2e = (rec.t_response - rec.arrival)[done]
+            for key, values in (("latency_ms", e2e), ("queue_ms", rec.stage_ms("queue")[done])):
+                for q_key, q in (("p50", 50), ("p99", 99), ("p999", 99.9)):
+                    assert _rel(mine[key][q_key], np.percentile(values, q, method="lower")) <= BOUND, (name, key)
+                del mine[key], table[key]
+            verdict, exact_verdict = mine.pop("sla"), table.pop("sla")
+            assert verdict["attainment"] == exact_verdict["attainment"]
+            assert verdict["met"] == exact_verdict["met"]
+            assert _rel(verdict["attained_ms"], np.percentile(e2e, verdict["percentile"], method="lower")) <= BOUND
+            for key in ("priority", "pool", "workers", "max_instances"):
+                assert mine.pop(key) == table.pop(key), key
+            assert mine == pytest.approx(table, rel=1e-12)
+        assert got["utilization"]["of_peak_capacity"] == pytest.approx(whole["utilization"]["of_peak_capacity"])
     assert got["fleet"] == whole["fleet"]
     if whole["logging"] is not None:  # the prediction log: volume and backlog exact, lag from its sketch
         lag_got, lag_whole = got["logging"].pop("lag_ms"), whole["logging"].pop("lag_ms")

@@ -254,12 +254,57 @@ VERSIONS = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(VERSIONS))
-def test_a_canary_and_a_shadow_stream_the_records_of_a_whole_run(case):
-    """A canary's and a shadow's pools run chunk by chunk: for any chunk length the
-    records, every pool's batches, the shadow copies and the responses without them are
-    a whole run's, and the requests are handed out as they settle (not at the end)."""
-    path, overrides = VERSIONS[case]
+# the tagger's burst (4x for 40 s from 40 s in the scenario) early and short
+NOISY = (
+    "noisy_neighbour.yaml",
+    [
+        "duration_s=8",
+        "warmup_s=1",
+        "traffic.classes.tagger.shape={kind: bursts, bursts: [{start_s: 2, duration_s: 4, multiplier: 4}]}",
+    ],
+)
+CLASSES = {
+    "classes_shared_queue": NOISY,
+    "classes_quota": (NOISY[0], [*NOISY[1], "traffic.classes.tagger.max_instances=5"]),
+    "classes_priority": (NOISY[0], [*NOISY[1], "traffic.classes.tagger.priority=bulk"]),
+    # per-worker queues: a quota across eight feeds
+    "classes_quota_per_worker": (
+        NOISY[0],
+        [*NOISY[1], "traffic.classes.tagger.max_instances=5", "router.balancing=random"],
+    ),
+    # dedicated pools, routed round robin over requests some of which never reach them
+    "classes_own_pools_cache_failures": (
+        NOISY[0],
+        [
+            *NOISY[1],
+            "workers.count=3",
+            "traffic.classes.tagger.workers=5",
+            "router.balancing=round_robin",
+            "caches.result={keys: 3000, ttl_s: 2}",
+            "features={lookups_per_request: 20, batch_size: 20, round_trip: {kind: lognormal, p50_ms: 2, p99_ms: 12}}",
+            "features.timeout_ms=8",
+            "features.on_timeout=fail",
+        ],
+    ),
+    "classes_deadlines_speed": (
+        NOISY[0],
+        [
+            *NOISY[1],
+            "traffic.classes.tagger.priority=bulk",
+            "batching.deadline_ms=40",
+            "platform.speed={kind: log_ar1, step_ms: 50, components: [{sigma: 0.2, correlation_time_s: 1}]}",
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VERSIONS) + sorted(CLASSES))
+def test_other_pools_stream_the_records_of_a_whole_run(case):
+    """A canary's, a shadow's and the traffic classes' pools run chunk by chunk: for any
+    chunk length the records, every pool's batches, the shadow copies and the responses
+    without them are a whole run's, and the requests are handed out as they settle (not
+    at the end)."""
+    path, overrides = VERSIONS.get(case) or CLASSES[case]
     s = load_scenario(ROOT / "scenarios" / path, overrides)
     assert held(s) is None
     whole = simulate(s)
@@ -287,7 +332,6 @@ def test_a_canary_and_a_shadow_stream_the_records_of_a_whole_run(case):
 
 
 HELD = {
-    "traffic classes": ("noisy_neighbour.yaml", ["duration_s=10", "warmup_s=1"]),
     # the copies tie with their requests in the dynamic pool's queues (simulator.serving.versions)
     "a shared shadow on a changing fleet": (
         "autoscaling.yaml",
@@ -370,12 +414,16 @@ def test_chunk_choice_and_budget():
     assert estimate(hour, streamed=True).bytes < 1e9 < estimate(hour).bytes / 100
     short = load_scenario(ROOT / "scenarios/inference_platform.yaml")
     assert not prefer_streaming(short)  # 2M requests: held whole, exact percentiles
-    res = CliRunner().invoke(app, ["run", str(ROOT / "scenarios/noisy_neighbour.yaml"), "--chunk-s", "5"])
+    shared_shadow = ["--set", "router.shadow={percent: 20, pool: shared}", "--duration-s", "60"]
+    res = CliRunner().invoke(app, ["run", str(ROOT / "scenarios/autoscaling.yaml"), *shared_shadow, "--chunk-s", "5"])
     assert res.exit_code == 2
-    assert "traffic classes" in res.output
+    assert "a shared shadow on a changing fleet" in res.output
     assert "--chunk-s whole" in res.output
     assert "Traceback" not in res.output
-    # a canary and a shadow run in chunks
+    # traffic classes, a canary and a shadow run in chunks
+    res = CliRunner().invoke(app, ["run", str(ROOT / "scenarios/noisy_neighbour.yaml"), "--chunk-s", "5"])
+    assert res.exit_code == 0, res.output
+    assert "tagger" in res.output
     res = CliRunner().invoke(app, ["run", str(ROOT / "scenarios/canary.yaml"), "--duration-s", "20", "--chunk-s", "5"])
     assert res.exit_code == 0, res.output
     assert "ranker-v2" in res.output

@@ -1,6 +1,6 @@
 """The summary sections of experiments: the canary's and the shadow's traffic, latency and
-cost (:class:`Versions`, read piece by piece), and each traffic class's
-(:func:`classes_summary`, of a run held whole)."""
+cost (:class:`Versions`), and each traffic class's (:class:`Classes`), both read piece by
+piece."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import numpy as np
 
 from simulator.ledger import BatchLog, Outcome
 from simulator.results.records import Records
-from simulator.results.run import Run
-from simulator.results.stats import PERCENTILES, overlap, sla_verdict, summary_stats
+from simulator.results.stats import PERCENTILES, overlap
 from simulator.scenario.config import Scenario
 from simulator.serving.workers import mean_service_ms
 
@@ -102,53 +101,102 @@ class Versions:
         return out
 
 
-def classes_summary(run: Run, mask: np.ndarray, price: float) -> dict | None:
-    """Per traffic class: outcomes, latency, its own SLA verdict, and its share of the GPUs.
+class Classes:
+    """Each traffic class's section, accumulated piece by piece: outcomes, latency, its
+    own SLA verdict, and its share of the GPUs. ``sample`` keeps each latency
+    (:class:`~simulator.results.stats.ExactSample` or a sketch).
 
     ``gpu_share`` is the class's busy instance-time over its pool's instance-time in the
     window; a class on the shared pool is charged its share of the shared pool's busy time.
     """
-    s, rec = run.scenario, run.records
-    if not s.traffic.classes:
-        return None
-    t0, t1 = s.warmup_s * 1000.0, s.duration_s * 1000.0
-    span_s = (t1 - t0) / 1000.0
-    inst = s.workers.instances
-    busy = {name: float(overlap(log.start, log.end, t0, t1).sum()) for name, log in run.pools.items()}
-    shared_busy = sum(busy[n] for n, c in s.traffic.classes.items() if c.workers is None)
-    out = {}
-    for code, (name, cfg) in enumerate(s.traffic.classes.items()):
-        sel = mask & (rec.traffic_class == code)
-        done = sel & rec.completed
-        outcome = rec.outcome[sel]
-        e2e = (rec.t_response - rec.arrival)[done]
-        dropped = int(np.count_nonzero(outcome != Outcome.COMPLETED))
-        sla = cfg.sla or s.sla
-        own = cfg.workers is not None
-        workers = cfg.workers if own else s.workers.count
-        if own:
-            cost_h = workers * price
-        else:
-            cost_h = s.workers.count * price * (busy[name] / shared_busy if shared_busy else 0.0)
-        b = s.batching.max_batch_size
-        w = s.workers.model_copy(update={"service_time": cfg.service_time or s.workers.service_time})
-        peak = workers * inst * b / mean_service_ms(w, b) * 1000.0
-        out[name] = {
-            "priority": cfg.priority,
-            "pool": "own" if own else "shared",
-            "workers": workers,
-            "max_instances": cfg.max_instances,
-            "requests": int(sel.sum()),
-            "completed": int(done.sum()),
-            "rejected": int(np.count_nonzero(outcome == Outcome.REJECTED)),
-            "timed_out": int(np.count_nonzero(outcome == Outcome.TIMED_OUT)),
-            "throughput_rps": float(done.sum() / span_s),
-            "latency_ms": summary_stats(e2e),
-            "queue_ms": summary_stats(rec.stage_ms("queue")[done]),
-            "mean_batch_size": float(rec.batch_size[done].mean()) if done.any() else float("nan"),
-            "sla": sla_verdict(e2e, sla.percentile, sla.target_ms, dropped if sla.count_dropped else 0),
-            "gpu_share": busy[name] / (workers * inst * (t1 - t0)),
-            "load_of_peak_capacity": float(done.sum() / span_s / peak),
-            "cost_per_hour_usd": cost_h,
-        }
-    return out
+
+    def __init__(self, s: Scenario, sample: type):
+        self.s = s
+        self.t0, self.t1 = s.warmup_s * 1000.0, s.duration_s * 1000.0
+        self.names = list(s.traffic.classes)
+        k = len(self.names)
+        self.requests, self.completed, self.rejected, self.timed_out, self.dropped, self.within, self.items = (
+            [0] * k for _ in range(7)
+        )
+        self.latency = [sample() for _ in range(k)]
+        self.queue = [sample() for _ in range(k)]
+        self.busy = dict.fromkeys(self.names, 0.0)
+
+    def _sla(self, code: int):
+        return self.s.traffic.classes[self.names[code]].sla or self.s.sla
+
+    def add(self, rec: Records, mask: np.ndarray, pools: dict[str, BatchLog]) -> None:
+        """One piece: its records (``mask``: in the window) and each class's batches that
+        started in it, by name."""
+        for name, log in pools.items():
+            self.busy[name] += float(overlap(log.start, log.end, self.t0, self.t1).sum())
+        e2e_all = rec.t_response - rec.arrival
+        queue = rec.stage_ms("queue")
+        for code in range(len(self.names)):
+            sel = mask & (rec.traffic_class == code)
+            done = sel & rec.completed
+            outcome = rec.outcome[sel]
+            e2e = e2e_all[done]
+            self.requests[code] += int(np.count_nonzero(sel))
+            self.completed[code] += int(np.count_nonzero(done))
+            self.rejected[code] += int(np.count_nonzero(outcome == Outcome.REJECTED))
+            self.timed_out[code] += int(np.count_nonzero(outcome == Outcome.TIMED_OUT))
+            self.dropped[code] += int(np.count_nonzero(outcome != Outcome.COMPLETED))
+            self.within[code] += int(np.count_nonzero(e2e <= self._sla(code).target_ms))
+            self.items[code] += int(rec.batch_size[done].sum())
+            self.latency[code].add(e2e)
+            self.queue[code].add(queue[done])
+
+    def seal(self) -> None:
+        """No piece follows: exact samples summarize and let their values go."""
+        for code in range(len(self.names)):
+            for sample, extra in ((self.latency[code], (self._sla(code).percentile,)), (self.queue[code], ())):
+                if hasattr(sample, "seal"):
+                    sample.seal(extra)
+
+    def summary(self, price: float) -> dict:
+        s = self.s
+        span_s = (self.t1 - self.t0) / 1000.0
+        inst = s.workers.instances
+        shared_busy = sum(self.busy[n] for n, c in s.traffic.classes.items() if c.workers is None)
+        out = {}
+        for code, (name, cfg) in enumerate(s.traffic.classes.items()):
+            done, latency = self.completed[code], self.latency[code]
+            sla = self._sla(code)
+            own = cfg.workers is not None
+            workers = cfg.workers if own else s.workers.count
+            if own:
+                cost_h = workers * price
+            else:
+                cost_h = s.workers.count * price * (self.busy[name] / shared_busy if shared_busy else 0.0)
+            b = s.batching.max_batch_size
+            w = s.workers.model_copy(update={"service_time": cfg.service_time or s.workers.service_time})
+            peak = workers * inst * b / mean_service_ms(w, b) * 1000.0
+            attained = latency.percentile(sla.percentile) if done else float("nan")
+            total = done + (self.dropped[code] if sla.count_dropped else 0)
+            attainment = self.within[code] / total if total else float("nan")
+            out[name] = {
+                "priority": cfg.priority,
+                "pool": "own" if own else "shared",
+                "workers": workers,
+                "max_instances": cfg.max_instances,
+                "requests": self.requests[code],
+                "completed": done,
+                "rejected": self.rejected[code],
+                "timed_out": self.timed_out[code],
+                "throughput_rps": float(done / span_s),
+                "latency_ms": latency.summary(PERCENTILES),
+                "queue_ms": self.queue[code].summary(PERCENTILES),
+                "mean_batch_size": self.items[code] / done if done else float("nan"),
+                "sla": {
+                    "percentile": sla.percentile,
+                    "target_ms": sla.target_ms,
+                    "attained_ms": attained,
+                    "met": bool(done) and attained <= sla.target_ms and attainment >= sla.percentile / 100,
+                    "attainment": attainment,
+                },
+                "gpu_share": self.busy[name] / (workers * inst * (self.t1 - self.t0)),
+                "load_of_peak_capacity": float(done / span_s / peak),
+                "cost_per_hour_usd": cost_h,
+            }
+        return out

@@ -9,8 +9,8 @@ per-instance busy time, batch-size counts, cache lookups, and the timeline's
 per-interval sums. The timeline's windowed p50 and p99 are exact either way, because an
 interval is closed only once the engine's watermark has passed it (every later record
 responds after the watermark), and its rows are then computed from the interval's own
-responses. The held stages' sections (traffic classes, canary and shadow:
-:func:`simulator.chunks.held`) are read from the whole run, which they hold anyway.
+responses. The traffic classes' and the versions' sections are read piece by piece too
+(:mod:`simulator.results.experiments`).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import numpy as np
 
 from simulator.ledger import DROPS, BatchLog
 from simulator.results import summary
-from simulator.results.experiments import Versions, classes_summary
+from simulator.results.experiments import Classes, Versions
 from simulator.results.metrics import _cost, fleet_summary, logging_figures, peak_throughput_rps, worker_price
 from simulator.results.records import STAGES, Records
 from simulator.results.sketch import LatencySketch
-from simulator.results.stats import PERCENTILES, ExactSample, overlap, window
+from simulator.results.stats import PERCENTILES, ExactSample, overlap
 from simulator.results.timeline import COLUMNS, _workers
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import scenario_hash
@@ -183,6 +183,7 @@ class Reduction:
         self._closed: dict[int, tuple[float, float]] = {}  # interval -> (p50, p99)
         r = s.router
         self.versions = Versions(s, sample) if r.canary is not None or r.shadow is not None else None
+        self.classes = Classes(s, sample) if s.traffic.classes else None
 
     def add(
         self,
@@ -193,10 +194,12 @@ class Reduction:
         last: bool = False,
         shadow: dict[str, np.ndarray] | None = None,
         alone: np.ndarray | None = None,
+        pools: dict[str, BatchLog] | None = None,
     ) -> None:
         """Take one piece: its records (all settled), the batches that started, and the
-        time before which no later record responds; the shadow copies it settled, and
-        the records' responses without them (``measure_impact``). ``last``: no piece
+        time before which no later record responds; the shadow copies it settled, the
+        records' responses without them (``measure_impact``), and the other pools' batches
+        that started (each traffic class's, by name). ``last``: no piece
         follows (an exact reduction then summarizes each stage's latencies at once and
         lets them go)."""
         r = records
@@ -227,6 +230,10 @@ class Reduction:
             self.versions.add(r, mask, batches, shadow, alone)
             if seal:
                 self.versions.seal()
+        if self.classes is not None:
+            self.classes.add(r, mask, pools or {})
+            if seal:
+                self.classes.seal()
         self._caches(r, mask)
         if self.s.logging:
             self._logging(r, mask, done_all, last)
@@ -307,11 +314,9 @@ class Reduction:
             self._closed.update(zip(kc.tolist(), map(tuple, values.tolist()), strict=True))
         self._open = [(k[~closed], x[~closed])]
 
-    def summary(self, wall_s: float, fleet: FleetLog | None = None, held: Run | None = None) -> summary.Summary:
-        """The run's summary (:class:`simulator.results.summary.Summary`).
-
-        ``fleet``: a dynamic pool's log (the last piece's); ``held``: the whole run, whose
-        traffic classes (a held stage) give their own section."""
+    def summary(self, wall_s: float, fleet: FleetLog | None = None) -> summary.Summary:
+        """The run's summary (:class:`simulator.results.summary.Summary`); ``fleet``: a
+        dynamic pool's log (the last piece's)."""
         s = self.s
         self.fleet_log = fleet
         span_s = (self.t1 - self.t0) / 1000.0
@@ -340,8 +345,8 @@ class Reduction:
         attained = self.e2e.percentile(s.sla.percentile)
         attainment = self.within / total if total else float("nan")
         classes = experiments = None
-        if held is not None:
-            classes = classes_summary(held, window(held.records, s), worker_price(s))
+        if self.classes is not None:
+            classes = self.classes.summary(worker_price(s))
         if self.versions is not None:
             experiments = self.versions.summary(worker_price(s), fleet["billed_mean"])
         if classes:  # each model's load over its own peak, on the shared pool
@@ -464,8 +469,16 @@ def summarize(run: Run, *, interval_s: float | None = 1.0) -> summary.Summary:
         :data:`simulator.results.timeline.COLUMNS`). Pure: it reads no file.
     """
     red = Reduction(run.scenario, run.seed, interval_s=interval_s, exact=True)
-    red.add(run.records, run.batches, np.inf, last=True, shadow=run.shadow, alone=run.response_without_shadow)
-    return red.summary(run.wall_s, run.fleet, held=run if run.scenario.traffic.classes else None)
+    red.add(
+        run.records,
+        run.batches,
+        np.inf,
+        last=True,
+        shadow=run.shadow,
+        alone=run.response_without_shadow,
+        pools=run.pools,
+    )
+    return red.summary(run.wall_s, run.fleet)
 
 
 def timeline(run: Run, *, interval_s: float = 1.0) -> pd.DataFrame:

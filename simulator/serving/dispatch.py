@@ -1,5 +1,5 @@
-"""A fixed pool served in one part: the traffic classes' own pools (:mod:`simulator.serving.classes`,
-a held stage), and checks that feed a scheduler a whole run.
+"""A fixed pool served in one part, for checks that feed a scheduler a whole run; and the
+workers of a version's or a class's own pool.
 
 Given when each request reaches the batching stage, compute when it is dispatched and
 done, in which batch and on which instance, with the scheduler that
@@ -16,16 +16,9 @@ import numpy as np
 
 from simulator.ledger import Served
 from simulator.scenario.config import Batching, Workers
-from simulator.serving.router import Router
 from simulator.serving.scheduler import build, queues_of
 from simulator.serving.served import PoolRun
 from simulator.serving.workers import ServiceModel
-
-
-def route(balancing: str, count: int, n: int, rng: np.random.Generator) -> np.ndarray | None:
-    """Worker of each of ``n`` requests (arrival order) among ``count``, or None when the
-    pool shares one queue (``balancing``: the router section's)."""
-    return Router(balancing, rng).pick(n, count)
 
 
 def sub(column: np.ndarray | None, idx) -> np.ndarray | None:

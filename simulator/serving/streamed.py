@@ -62,6 +62,14 @@ def _apply(fn, first, *rest):
     return fn((first, *rest)) if rest else fn(first)
 
 
+def run_to(env, horizon: float, final: bool) -> None:
+    """Run a SimPy environment up to ``horizon`` (its events before it), or to its end."""
+    if final:
+        env.run()
+    elif horizon > env.now:
+        env.run(until=horizon)
+
+
 def settle(feed: Feed, cut: int, batches: int | None = None, *, results: PoolRun | None = None):
     """A feed's first ``cut`` arrivals' serving columns (:class:`Served`), and its first ``batches``
     dispatched batches (default: all), copied out of the queue's buffers so that the
@@ -128,10 +136,7 @@ class StreamedDynamicPool:
         self.waiting.push(t_pre, rid, deadline)
         t, ids, dl = self.waiting.ready(math.inf if final else horizon)
         self.pool.push(t, ids, dl if self.deadlines else None, horizon, final)
-        if final:
-            self.env.run()
-        elif horizon > self.env.now:
-            self.env.run(until=horizon)
+        run_to(self.env, horizon, final)
         return self._harvest(final)
 
     def _harvest(self, final: bool):
@@ -218,4 +223,4 @@ class StreamedDynamicPool:
         return self.pool.fleet.log
 
 
-__all__ = ["Horizon", "StreamedDynamicPool", "StreamedPool", "settle"]
+__all__ = ["Horizon", "StreamedDynamicPool", "StreamedPool", "run_to", "settle"]
