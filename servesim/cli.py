@@ -164,9 +164,7 @@ def run(
     try:
         prepared = prepare(s, sample=sample, chunk_s=chunks)
     except ValueError as e:
-        raise fail(
-            f"--chunk-s {chunk_s}: {e} (--chunk-s whole)" if "chunks save no memory" in str(e) else str(e)
-        ) from None
+        raise fail(str(e)) from None
     sim = prepared.simulated
     if sample is not None:
         err.print(

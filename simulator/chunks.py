@@ -1,21 +1,12 @@
-"""How a run is cut: the chunk length, what holds a run's requests to its end, and when
-``chunk_s="auto"`` runs in chunks. Kept apart from :mod:`simulator.engine` so that deciding
-loads no engine (``servesim check`` answers before numba or SimPy are loaded)."""
+"""How a run is cut: the chunk length, and when ``chunk_s="auto"`` runs in chunks. Kept
+apart from :mod:`simulator.engine` so that deciding loads no engine (``servesim check``
+answers before numba or SimPy are loaded)."""
 
 from __future__ import annotations
 
 from simulator.scenario.config import Scenario, expected_requests
 
 TARGET_CHUNK_REQUESTS = 250_000  # requests per chunk, by default
-
-
-def held(s: Scenario) -> str | None:
-    """What in ``s`` is still simulated over the whole run (:mod:`simulator.engine`, "Held
-    stages"), so that its requests stay in memory to the run's end however it is cut; None
-    when a run of ``s`` streams in bounded memory."""
-    if s.router.shadow is not None and s.router.shadow.pool == "shared" and s.workers.dynamic:
-        return "a shared shadow on a changing fleet"  # serving.versions: its copies tie with their requests
-    return None
 
 
 def chunk_ms(s: Scenario, requests_per_chunk: int = TARGET_CHUNK_REQUESTS) -> float:
@@ -28,7 +19,7 @@ STREAM_ABOVE_REQUESTS = 5_000_000  # "auto" streams runs expected to be larger t
 
 
 def prefer_streaming(s: Scenario) -> bool:
-    """Whether ``chunk_s="auto"`` runs ``s`` in chunks: nothing holds its requests to the end and
-    the run is large (over :data:`STREAM_ABOVE_REQUESTS` arrivals, about 1.2 GB held whole).
-    Smaller runs are one chunk, with exact percentiles."""
-    return held(s) is None and expected_requests(s) > STREAM_ABOVE_REQUESTS
+    """Whether ``chunk_s="auto"`` runs ``s`` in chunks: the run is large (over
+    :data:`STREAM_ABOVE_REQUESTS` arrivals, about 1.2 GB held whole). Smaller runs are one
+    chunk, with exact percentiles."""
+    return expected_requests(s) > STREAM_ABOVE_REQUESTS

@@ -27,11 +27,8 @@ the order of all lookups, so a cache is a stage with a horizon too (:class:`_Cac
 yet; a request is handed out once it is settled (served, dropped, or answered from the
 result cache) and, with a prediction log, shipped.
 
-**Held stages.** A shared shadow on a changing fleet is fed to its pool in one part
-(:mod:`simulator.serving.versions`): such a scenario (:func:`simulator.chunks.held`) keeps
-its requests in the ledger until the last chunk; its records are the same for any chunk
-length, its memory is the whole run's. Every other pool runs chunk by chunk, its state
-carried to the next chunk: a canary's and a shadow's
+**Every stage runs chunk by chunk**, its state carried to the next chunk: a canary's and a
+shadow's
 (:class:`~simulator.serving.versions.VersionsPool`), the traffic classes'
 (:class:`~simulator.serving.classes.ClassesPool`), a feature store of finite capacity
 (:class:`~simulator.stages.features.Store`) and the front end's event loop
@@ -47,7 +44,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from simulator.chunks import chunk_ms, held
+from simulator.chunks import chunk_ms
 from simulator.ledger import BatchLog, Outcome, Served, concat_logs
 from simulator.results.records import Records
 from simulator.results.run import Run
@@ -202,14 +199,12 @@ class Columns:
 
 
 class Ledger:
-    """The columns of the requests not handed out yet: ids ``lo`` … ``lo + len``. A held
-    run (:func:`~simulator.chunks.held`) hands out nothing before its last chunk."""
+    """The columns of the requests not handed out yet: ids ``lo`` … ``lo + len``."""
 
-    def __init__(self, *, logging: bool, hold: bool):
+    def __init__(self, *, logging: bool):
         self.lo = 0
         self.cols: Columns | None = None
         self.logging = logging
-        self.hold = hold
 
     def __len__(self) -> int:
         return 0 if self.cols is None else len(self.cols)
@@ -236,7 +231,7 @@ class Ledger:
         done = c.settled & c.shipped if self.logging else c.settled
         if c.alone is not None:  # a served primary request waits for its completion without the copies
             done = done & (c.alone | ~c.live | (c.version != 0))
-        k = 0 if self.hold and not final else int(np.argmin(done)) if not done.all() else len(done)
+        k = int(np.argmin(done)) if not done.all() else len(done)
         first = self.lo
         out = c.map(lambda v: v[:k])
         self.cols = c.map(lambda v: v[k:])
@@ -269,8 +264,7 @@ def stream(
     Piece
         The records settled in the chunk (a contiguous run of request ids, in order) and
         the batches that started. Concatenated, the pieces' records equal
-        ``simulate(scenario, seed=seed).records`` for any chunk length. A held scenario
-        (:func:`~simulator.chunks.held`) settles everything in its last chunk.
+        ``simulate(scenario, seed=seed).records`` for any chunk length.
     """
     step = chunk_ms(scenario) if chunk_s is None else chunk_s * 1000.0
     if step <= 0:
@@ -408,7 +402,7 @@ class _Run:
         self.log_station = Lindley() if s.logging else None
         self.log_wait = Horizon()
         self.ship_ms = record_ms(s.logging) if s.logging else 0.0
-        self.ledger = Ledger(logging=s.logging is not None, hold=held(s) is not None)
+        self.ledger = Ledger(logging=s.logging is not None)
         self.next_id = 0
 
     def chunk(self, hi: float, final: bool) -> Piece:

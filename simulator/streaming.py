@@ -5,7 +5,6 @@ as they come, or gathered for checks.
 Reduction`) and drops them, so an hour of a 200k req/s platform fits in half a GB;
 :func:`simulate_streaming` gathers them, for runs small enough to keep. Both cut the run in
 chunks of about 250,000 arrivals by default; the records are the same for any chunk length.
-A held scenario (:func:`simulator.chunks.held`) keeps its requests to the last chunk.
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator.chunks import held
 from simulator.engine import simulate
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import load_scenario
@@ -146,13 +145,12 @@ def test_what_it_does_not_combine_with_is_said_before_the_run(text, words):
 
 
 def test_the_loop_runs_in_chunks_holding_only_what_is_not_answered():
-    """Not a held stage: a run of the loop in 1-s chunks hands out its records as it goes
+    """A run of the loop in 1-s chunks hands out its records as it goes
     (the ledger holds about a chunk's worth), the same records as one chunk, and the loop
     itself keeps only the requests and batches not answered yet."""
     from simulator.engine import _Run, stream
 
     s = Scenario.model_validate(_doc(400, {"return_ms": 0.3, "respond_per_batch_ms": 0.1}))
-    assert held(s) is None
     whole = simulate(s).records
     pieces = list(stream(s, chunk_s=1.0))
     assert len(pieces) == 40

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from simulator import load_scenario, simulate
-from simulator.chunks import held
 from simulator.engine import concat_records, gather
 from simulator.ledger import concat_logs
 from simulator.serving.fleet import WorkerState
@@ -178,7 +177,6 @@ def _equal(a: np.ndarray, b: np.ndarray) -> bool:
 def test_streamed_records_equal_whole_run(case):
     path, overrides = CASES[case]
     s = load_scenario(ROOT / "scenarios" / path, overrides)
-    assert held(s) is None
     whole = simulate(s)
     for chunk_s in (0.05, 0.731):
         records, batches, _ = simulate_streaming(s, chunk_s=chunk_s)
@@ -247,6 +245,12 @@ VERSIONS = {
             "router.shadow={percent: 20, pool: own, workers: 2}",
         ],
     ),
+    # a changing fleet shares its queues with the shadow's copies, which tie with their
+    # requests: each worker draws its batch times from a stream of its own
+    "shared_shadow_autoscaler": (
+        "autoscaling.yaml",
+        ["duration_s=80", "router.shadow={percent: 20, pool: shared, measure_impact: true}"],
+    ),
     "canary_shared_queue_deadlines": (
         "canary.yaml",
         ["duration_s=10", "warmup_s=1", "router.balancing=shared", "batching.deadline_ms=60"],
@@ -306,7 +310,6 @@ def test_other_pools_stream_the_records_of_a_whole_run(case):
     at the end)."""
     path, overrides = VERSIONS.get(case) or CLASSES[case]
     s = load_scenario(ROOT / "scenarios" / path, overrides)
-    assert held(s) is None
     whole = simulate(s)
     for chunk_s in (0.05, 0.731):
         pieces = list(stream(s, chunk_s=chunk_s))
@@ -329,44 +332,6 @@ def test_other_pools_stream_the_records_of_a_whole_run(case):
         assert (alone is None) == (whole.response_without_shadow is None)
         if alone is not None:
             assert _equal(alone, whole.response_without_shadow)
-
-
-HELD = {
-    # the copies tie with their requests in the dynamic pool's queues (simulator.serving.versions)
-    "a shared shadow on a changing fleet": (
-        "autoscaling.yaml",
-        ["duration_s=80", "router.shadow={percent: 20, pool: shared, measure_impact: true}"],
-    ),
-}
-
-
-@pytest.mark.parametrize("why", sorted(HELD))
-def test_a_held_scenario_is_named_and_gives_the_same_records_in_chunks(why):
-    """The stages still written over a whole run hold a scenario's requests to its last
-    chunk: named by held(), and the records, batches and other pools are those of one
-    chunk whatever the chunk length."""
-    path, overrides = HELD[why]
-    s = load_scenario(ROOT / "scenarios" / path, overrides)
-    assert why in held(s)
-    whole = simulate(s)
-    pieces = list(stream(s, chunk_s=0.731))
-    assert len(pieces) > 5
-    assert all(len(p.records) == 0 for p in pieces[:-1])
-    last = pieces[-1]
-    for f in fields(whole.records):
-        assert _equal(getattr(whole.records, f.name), getattr(last.records, f.name)), f.name
-    for name in ("start", "end", "size", "instance"):
-        assert np.array_equal(getattr(whole.batches, name), getattr(last.batches, name)), name
-    pools, shadow, alone = gather(pieces)
-    assert sorted(whole.pools) == sorted(pools)
-    for pool in whole.pools:
-        assert np.array_equal(whole.pools[pool].end, pools[pool].end), pool
-    assert (whole.shadow is None) == (shadow is None)
-    if whole.shadow is not None:
-        for k, v in whole.shadow.items():
-            assert _equal(v, shadow[k]), k
-    if whole.response_without_shadow is not None:
-        assert _equal(whole.response_without_shadow, alone)
 
 
 def test_run_streams_records_a_row_group_per_chunk(tmp_path):
@@ -414,13 +379,7 @@ def test_chunk_choice_and_budget():
     assert estimate(hour, streamed=True).bytes < 1e9 < estimate(hour).bytes / 100
     short = load_scenario(ROOT / "scenarios/inference_platform.yaml")
     assert not prefer_streaming(short)  # 2M requests: held whole, exact percentiles
-    shared_shadow = ["--set", "router.shadow={percent: 20, pool: shared}", "--duration-s", "60"]
-    res = CliRunner().invoke(app, ["run", str(ROOT / "scenarios/autoscaling.yaml"), *shared_shadow, "--chunk-s", "5"])
-    assert res.exit_code == 2
-    assert "a shared shadow on a changing fleet" in res.output
-    assert "--chunk-s whole" in res.output
-    assert "Traceback" not in res.output
-    # traffic classes, a canary and a shadow run in chunks
+    # every scenario runs in chunks: traffic classes, a canary and a shadow
     res = CliRunner().invoke(app, ["run", str(ROOT / "scenarios/noisy_neighbour.yaml"), "--chunk-s", "5"])
     assert res.exit_code == 0, res.output
     assert "tagger" in res.output

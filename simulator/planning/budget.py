@@ -180,10 +180,7 @@ def check(
         drivers = sorted(b.parts, key=b.parts.get, reverse=True)
         remedies = [remedy[d] for d in drivers if b.parts[d] > 0.2 * b.bytes] or [remedy[drivers[0]]]
         if not streamed:
-            from simulator.chunks import held
-
-            if held(s) is None:
-                remedies.append("run it in chunks, in bounded memory (--chunk-s auto, or a number of seconds)")
+            remedies.append("run it in chunks, in bounded memory (--chunk-s auto, or a number of seconds)")
         remedies.append("simulate part of the fleet with --sample-workers K (exact under random routing)")
         raise BudgetError(
             f"{what} would need {_gb(b.bytes)} of memory ({_count(b.requests)} requests, {b.instances:,} model "

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Literal, NamedTuple
 import numpy as np
 
 from simulator import jit
-from simulator.chunks import held, prefer_streaming
+from simulator.chunks import prefer_streaming
 from simulator.ledger import DROPS
 from simulator.planning.sampling import auto_sample_size, sample_fleet, scale_summary
 from simulator.results.metrics import cost, worker_price
@@ -57,8 +57,7 @@ def prepare(
     """Decide what :func:`run` simulates, before anything runs.
 
     Raises ValueError when ``sample`` asks for a fleet sample that would be wrong, when
-    ``chunk_s`` is not one of its choices, or when it asks for chunks of a held scenario
-    (:func:`simulator.chunks.held`), which chunks would not make smaller.
+    ``chunk_s`` is not one of its choices.
     """
     s = scenario if seed is None else scenario.model_copy(update={"seed": int(seed)})
     n = s.workers.count
@@ -77,9 +76,6 @@ def prepare(
         return Prepared(s, simulated, False)
     if isinstance(chunk_s, bool) or not isinstance(chunk_s, int | float) or not chunk_s > 0:
         raise ValueError(f"chunk_s must be 'auto', 'whole' or a positive number of seconds, not {chunk_s!r}")
-    why = held(simulated)
-    if why is not None:
-        raise ValueError(f"{why} holds every request to the run's end, so chunks save no memory; run it whole")
     return Prepared(s, simulated, True, float(chunk_s))
 
 

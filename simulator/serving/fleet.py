@@ -163,7 +163,7 @@ class Fleet:
                 continue
             w = self.workers[arg]
             if kind is Transition.READY and w.gone_at == INF and w.drain_at == INF:
-                self.env.process(schedule(self.env, w.feed, self.service))
+                self.env.process(schedule(self.env, w.feed, self.service.feed(w.wid)))
                 self._crash_time(w)
                 self.log.events.append((at, FleetEvent.READY, f"worker {arg}"))
             elif kind is Transition.CRASH and w.serving(at):

@@ -52,10 +52,6 @@ class VersionDrawn:
     def take(self, rows) -> VersionDrawn:
         return VersionDrawn(*(getattr(self, f.name)[rows] for f in fields(self)))
 
-    @classmethod
-    def concat(cls, parts: list[VersionDrawn]) -> VersionDrawn:
-        return cls(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)))
-
 
 @dataclass
 class VersionsPiece:
@@ -122,11 +118,6 @@ class VersionsPool:
                 fresh = streams(seed)
                 self.alone = primary_pool(s, ServiceModel(w, b, fresh.service, speed), fresh, by_id)
         self.pending = _Pending()
-        # a changing fleet's pool is fed in one part when the shared shadow's copies share it:
-        # a copy reaches the queues at the very time of its request, and the dynamic pool's
-        # decisions at such ties depend on where the chunks fall (simulator.chunks.held)
-        self.hold = self.shared and w.dynamic
-        self.held: list[tuple] = []
 
     def _pw(self, version):
         return pool_workers(self.s.workers, version.workers, version.service_time)
@@ -169,14 +160,6 @@ class VersionsPool:
         primary worker, deadline, arrival, version, draws) and run every pool to
         ``horizon``. Returns the settled requests (ids and columns, or None), the primary
         pool's batches, and the chunk's :class:`VersionsPiece`."""
-        if self.hold:
-            self.held.append((t, rid, worker, deadline, arrival, version, drawn))
-            if not final:
-                return None, BatchLog.empty(), VersionsPiece({}, None, None)
-            *cols, parts = zip(*self.held, strict=True)
-            t, rid, worker, deadline, arrival, version = (None if c[0] is None else np.concatenate(c) for c in cols)
-            drawn = VersionDrawn.concat(list(parts))
-            self.held = []
         prim = version == 0
         copy = prim & drawn.copy
         prim_in = (t[prim], rid[prim], sub(worker, prim), sub(deadline, prim))

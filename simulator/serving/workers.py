@@ -12,7 +12,10 @@ This SimPy scheduler is the reference, and it runs every dynamic pool and every 
 with end-to-end deadlines. A fixed pool's other queues run the same decisions compiled
 (:mod:`simulator.serving.compiled`, checked against this scheduler request for request);
 each fixed-pool queue draws its batch times from a stream of its own
-(:meth:`ServiceModel.feed`), so either scheduler gives the same numbers.
+(:meth:`ServiceModel.feed`), so either scheduler gives the same numbers. A dynamic pool's
+worker does too (its id's stream), so that the order in which SimPy runs two workers'
+decisions at the same instant changes no draw, and a run cut into chunks gives the same
+numbers as one chunk.
 """
 
 from __future__ import annotations
