@@ -161,12 +161,15 @@ async def run_level(
     connections: int = CONNECTIONS,
 ) -> pd.DataFrame:
     """One open-loop level; one row per request."""
+    from calibrate.sender import parse, request_bytes, send_on_schedule
+
     rng = np.random.default_rng(seed)
     times = schedule(rate_rps, duration_s, min_queries, rng)
     pick = rng.integers(0, len(payloads), len(times))
-    async with _session(connections) as session:
-        rows = await _level(session, f"{url}/v2/models/{model}/infer", times, pick, payloads)
-    df = pd.DataFrame(rows)
+    path = f"/v2/models/{model}/infer"
+    requests = [request_bytes(url, path, p.body, p.headers) for p in payloads]
+    rows = await send_on_schedule(url, requests, times, pick, connections=connections)
+    df = pd.DataFrame(parse(rows, TIMING_KEYS))
     df["offered_rps"] = rate_rps
     return df
 
@@ -356,7 +359,7 @@ def sweep(
     """Run each rate as a level; the first ``warmup_s`` of each level is marked, not dropped."""
     frames = []
     for k, rate in enumerate(rates):
-        df = asyncio.run(
+        df = _run(
             run_level(
                 url,
                 model,
@@ -372,6 +375,17 @@ def sweep(
         df["warmup"] = df["scheduled_s"] < warmup_s
         frames.append(df)
     return pd.concat(frames, ignore_index=True)
+
+
+def _run(coro):
+    """Run a level on uvloop where it is installed (the client's own cost per request is
+    what keeps it on schedule), else on asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
 
 
 def _span(g: pd.DataFrame, ok: pd.DataFrame) -> float:
