@@ -119,8 +119,9 @@ def load(
     nice: Annotated[
         int,
         typer.Option(
-            help="Lower this client's CPU priority (0-19): on a machine it shares with the server, 19 "
-            "leaves the server the CPU, as a client on another machine would.",
+            help="Lower this client's CPU priority (0-19). Seldom needed: the client costs about 90 us of CPU "
+            "a request, and niced on a machine it shares with a saturated server it waits out the server's "
+            "time slices and sends late (see send_lag_p99_ms).",
             min=0,
             max=19,
         ),

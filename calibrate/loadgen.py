@@ -7,6 +7,11 @@ silently lowering the offered load (no coordinated omission). A level runs for a
 ``duration_s`` and ``min_queries`` requests, as MLPerf LoadGen's server scenario does.
 Each record keeps the client latency and the server's stage timings from the response.
 
+:func:`run_level` (``servesim calibrate load``) sends with the lean HTTP/1.1 sender of
+:mod:`calibrate.sender`, which keeps its schedule at twice the reference server's
+capacity; :func:`run_slices` (``calibrate run``) still sends through aiohttp, whose
+per-request cost its calibrated fixed delay includes.
+
 :func:`run_slices` runs a randomized block design: rounds of short slices, one per level in
 a random order, back to back in one event loop over one connection pool, so a slow minute
 of the machine hits every level alike. Around each slice it reads the server's front-end
