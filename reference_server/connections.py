@@ -36,8 +36,9 @@ def _raw(status: str, msg: str, extra: bytes = b"") -> bytes:
     )
 
 
-def guarded_http(max_connections: int, header_timeout_s: float) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol with a connection cap and a header deadline."""
+def guarded_http(max_connections: int, header_timeout_s: float, idle_close_s: float = 0.5) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with a connection cap, a header deadline, and a
+    shutdown that leaves a connection active within ``idle_close_s`` its next request."""
     if max_connections < 1 or not header_timeout_s > 0:
         raise ValueError("max_connections >= 1 and header_timeout_s > 0")
     busy = _raw("503 Service Unavailable", f"too many connections (limit {max_connections})", b"retry-after: 1\r\n")
@@ -47,9 +48,11 @@ def guarded_http(max_connections: int, header_timeout_s: float) -> type[HttpTool
     class GuardedHttp(HttpToolsProtocol):
         _deadline = None  # the header timer, armed from connection or request start to headers complete
         _begun = False
+        _idle_since = 0.0  # the loop's time when it was made, or its last response ended
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
+            self._idle_since = self.loop.time()
             if len(self.connections) > max_connections:
                 once.warning(f"refused a connection past --max-connections {max_connections}")
                 transport.write(busy)
@@ -67,6 +70,10 @@ def guarded_http(max_connections: int, header_timeout_s: float) -> type[HttpTool
             self._disarm()
             self._begun = False
             super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._idle_since = self.loop.time()
 
         def connection_lost(self, exc) -> None:
             self._disarm()
@@ -89,11 +96,25 @@ def guarded_http(max_connections: int, header_timeout_s: float) -> type[HttpTool
                 self.transport.write(slow)
             self.transport.close()
 
-        def close_if_idle(self) -> None:
-            """Draining: a connection between requests is closed now, while the listener still
-            accepts, so its client reconnects instead of meeting a reset at shutdown."""
+        def shutdown(self) -> None:
+            """The server stops: a connection that has just been made or has just answered
+            may have a request on its way, unread; closing it with unread data resets it.
+            It closes after its next response (draining, every response says
+            ``Connection: close``), or once idle for ``idle_close_s``."""
             idle = (self.cycle is None or self.cycle.response_complete) and not self._begun
-            if idle and not self.transport.is_closing():
+            if idle and self.loop.time() - self._idle_since < idle_close_s and not self.transport.is_closing():
+                self.loop.call_later(idle_close_s, self.close_if_idle, idle_close_s)
+                return
+            super().shutdown()
+
+        def close_if_idle(self, for_s: float = 0.0) -> None:
+            """Draining: a connection between requests for ``for_s`` or more is closed now,
+            while the listener still accepts, so its client reconnects instead of meeting a
+            reset at shutdown. One that has just answered is left to its client's next
+            request (answered with ``Connection: close``): closing it could cross a request
+            already on its way, which the client would see reset."""
+            idle = (self.cycle is None or self.cycle.response_complete) and not self._begun
+            if idle and self.loop.time() - self._idle_since >= for_s and not self.transport.is_closing():
                 self.transport.close()
 
     return GuardedHttp

@@ -244,16 +244,67 @@ def fit_open_files(max_connections: int) -> int:
     return max(1, min(max_connections, soft - FD_RESERVE))
 
 
+QUIESCE_S = 5.0  # after the drain, at most this long: new connections dropped, those already made answered
+IDLE_CLOSE_S = 0.5  # draining, a keep-alive connection idle this long is closed (swept every 0.25 s)
+
+
+def refuse_new_connections(sock) -> bool:
+    """Make a listening socket drop every new connection attempt (a socket filter that
+    keeps no packet: SYNs go unanswered, the client retries, then meets the closed port)
+    while the connections it has already made can still be accepted and answered. False
+    where the platform has no socket filters (then nothing changes)."""
+    import ctypes
+    import os
+    import socket
+
+    class Instruction(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Instruction))]
+
+    keep_nothing = (Instruction * 1)(Instruction(0x06, 0, 0, 0))  # BPF_RET | BPF_K, 0 bytes
+    program = Program(1, keep_nothing)
+    try:
+        with socket.socket(fileno=os.dup(sock.fileno())) as dup:  # the same socket, a second descriptor
+            dup.setsockopt(socket.SOL_SOCKET, getattr(socket, "SO_ATTACH_FILTER", 26), bytes(program))
+    except OSError:
+        return False
+    return True
+
+
+def accept_queue(sock) -> int:
+    """Connections the kernel has made on a listening socket and nobody has accepted yet
+    (``tcpi_unacked`` of a listener's TCP_INFO, as ``ss -lt`` shows it); 0 where unknown."""
+    import os
+    import socket
+    import struct
+
+    try:
+        with socket.socket(fileno=os.dup(sock.fileno())) as dup:
+            info = dup.getsockopt(socket.IPPROTO_TCP, getattr(socket, "TCP_INFO", 11), 104)
+    except OSError:
+        return 0
+    return struct.unpack_from("I", info, 24)[0] if len(info) >= 28 else 0
+
+
 def draining_server(base, config, drain, drain_s: float):
     """A uvicorn server whose first SIGTERM (or Ctrl-C) turns readiness false and keeps
     serving for ``drain_s`` before uvicorn's own graceful shutdown (stop accepting, finish
     what is in flight within the grace period); a second signal skips the wait. Draining,
-    idle keep-alive connections are closed and responses say ``Connection: close``, so
-    clients reconnect while the listener is still open instead of sending on a connection
-    that the shutdown resets."""
+    responses say ``Connection: close`` and keep-alive connections idle for
+    :data:`IDLE_CLOSE_S` are closed, so clients reconnect while the listener is still open
+    instead of sending on a connection that the shutdown resets.
+
+    At the drain's end the listener first drops new connection attempts, and keeps
+    accepting until the kernel's queue of connections already made is empty (at most
+    :data:`QUIESCE_S`), so that their requests are read and answered; only then does it
+    close. Closing it at once reset every connection still in the accept queue, with its
+    request sent: under 1.9x load, 595 of a second's requests."""
     import asyncio
     import contextlib
     import threading
+    import time
 
     class Draining(base):
         draining = False
@@ -261,7 +312,26 @@ def draining_server(base, config, drain, drain_s: float):
         def _close_idle(self) -> None:
             for conn in list(self.server_state.connections):
                 if hasattr(conn, "close_if_idle"):
-                    conn.close_if_idle()
+                    conn.close_if_idle(IDLE_CLOSE_S)
+            if not self.should_exit:
+                asyncio.get_running_loop().call_later(IDLE_CLOSE_S / 2, self._close_idle)
+
+        def _refuse_new(self) -> None:
+            for sock in self._listeners():
+                refuse_new_connections(sock)
+
+        def _listeners(self) -> list:
+            return [sock for server in getattr(self, "servers", []) for sock in server.sockets]
+
+        def _quiesce_then_exit(self, loop, sig, frame) -> None:
+            if loop is not None:
+                with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to quiesce
+                    loop.call_soon_threadsafe(self._refuse_new)
+                    deadline = time.monotonic() + QUIESCE_S
+                    time.sleep(0.02)
+                    while time.monotonic() < deadline and any(accept_queue(s) for s in self._listeners()):
+                        time.sleep(0.01)
+            super().handle_exit(sig, frame)
 
         def handle_exit(self, sig, frame):
             again, self.draining = self.draining, True
@@ -269,9 +339,11 @@ def draining_server(base, config, drain, drain_s: float):
                 drain()
             if again or drain_s <= 0:
                 return super().handle_exit(sig, frame)
+            loop = None
             with contextlib.suppress(RuntimeError):  # from the signal handler, on the loop's thread
-                asyncio.get_running_loop().call_soon_threadsafe(self._close_idle)
-            threading.Timer(drain_s, super().handle_exit, (sig, frame)).start()
+                loop = asyncio.get_running_loop()
+                loop.call_soon_threadsafe(self._close_idle)
+            threading.Timer(drain_s, self._quiesce_then_exit, (loop, sig, frame)).start()
 
     return Draining(config)
 
