@@ -1,8 +1,9 @@
 """Record hashes: what a behaviour-keeping change must leave identical, bit for bit.
 
-Runs every shipped scenario (shortened where long), the streaming engine's test cases and
-the variants the tests use (canary and shadow, traffic classes, a finite feature store,
-the platform's speed, the front end's event loop), two seeds each, and prints one SHA-256
+Runs every shipped scenario (shortened where long), the streaming engine's test cases (the
+versions' and the traffic classes' among them) and the variants the tests use (canary and
+shadow, traffic classes, a finite feature store, the platform's speed, the front end's
+event loop), two seeds each, and prints one SHA-256
 per run over everything a run leaves: the records, the batch logs of every pool, the fleet's
 events and intervals and the shadow copies, bit for bit; and its summary (its wall time and
 the scenario's hash left out), kept beside the hashes and compared value by value, floats
@@ -81,8 +82,9 @@ CASES: dict[str, tuple[str, list[str]]] = {
 
 def _streaming_cases() -> dict[str, tuple[str, list[str]]]:
     from tests.test_streaming import CASES as STREAMED
+    from tests.test_streaming import CLASSES, VERSIONS
 
-    return {f"stream:{k}": v for k, v in STREAMED.items()}
+    return {f"stream:{k}": v for k, v in {**STREAMED, **VERSIONS, **CLASSES}.items()}
 
 
 def _feed(h, value) -> None:
