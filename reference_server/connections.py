@@ -103,7 +103,7 @@ def guarded_http(max_connections: int, header_timeout_s: float, idle_close_s: fl
             ``Connection: close``), or once idle for ``idle_close_s``."""
             idle = (self.cycle is None or self.cycle.response_complete) and not self._begun
             if idle and self.loop.time() - self._idle_since < idle_close_s and not self.transport.is_closing():
-                self.loop.call_later(idle_close_s, self.close_if_idle, idle_close_s)
+                self.loop.call_later(idle_close_s, self.close_if_idle)  # still idle then: closed
                 return
             super().shutdown()
 
