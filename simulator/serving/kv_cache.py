@@ -1,0 +1,219 @@
+"""Paged KV memory of one LLM replica, with a prefix cache (vLLM V1's block manager).
+
+The replica's KV memory is ``num_blocks`` blocks of ``block_size`` tokens. A sequence
+holds a table of blocks, enough for the tokens it has computed; a block is shared by every
+sequence whose prompt begins with the same tokens, and counted by reference.
+
+The prefix cache works as vLLM's does:
+
+- a *full* block whose content can recur (a shared system prompt, an earlier turn of the
+  same session) carries a key, chained like vLLM's block hashes: the key of block ``i``
+  stands for the first ``(i + 1) · block_size`` tokens, so a hit on it implies hits on the
+  blocks before it;
+- a new sequence looks its keys up in order and takes the longest run of cached blocks;
+  at least its last prompt token is always computed (a model must run to give the first
+  output token), so a prompt cached whole still recomputes its last block;
+- a block whose last reference goes joins the *free queue* with its content kept: a later
+  sequence may still hit it, until it is taken for new content, least recently freed
+  first. A sequence's blocks are freed from its last to its first, so the tail of a shared
+  prefix is evicted before its head.
+
+The simulator has no token ids: keys are whatever the workload says identifies content
+(a prefix group and a block index, a session and a turn), any hashable.
+
+Nothing here is timed: the replica's scheduler (``batching.kind: continuous``) asks for
+blocks at each step and preempts a sequence when :meth:`KVCache.allocate` says there are
+not enough.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+
+
+def bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: float) -> float:
+    """KV bytes one token takes across the model: a key and a value per layer and head."""
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
+def blocks_from_memory(
+    gpu_bytes: float,
+    utilization: float,
+    weights_bytes: float,
+    activations_bytes: float,
+    block_size: int,
+    token_bytes: float,
+) -> int:
+    """Blocks of KV memory a replica has, as vLLM sizes them: what
+    ``gpu_memory_utilization`` of the GPU leaves after the weights and the peak
+    activations, in blocks of ``block_size`` tokens of ``token_bytes`` each. Raises
+    ValueError when nothing is left for even one block."""
+    if not 0 < utilization <= 1:
+        raise ValueError(f"gpu memory utilization must be in (0, 1], not {utilization}")
+    left = gpu_bytes * utilization - weights_bytes - activations_bytes
+    blocks = int(left // (block_size * token_bytes)) if left > 0 else 0
+    if blocks < 1:
+        raise ValueError(
+            f"no room for the KV cache: {gpu_bytes * utilization / 2**30:.1f} GiB usable, weights "
+            f"{weights_bytes / 2**30:.1f} GiB and activations {activations_bytes / 2**30:.1f} GiB"
+        )
+    return blocks
+
+
+class KVCache:
+    """``num_blocks`` blocks of ``block_size`` tokens, handed to sequences by id.
+
+    Parameters
+    ----------
+    num_blocks : int
+        Blocks of KV memory (at least 1).
+    block_size : int
+        Tokens a block holds (at least 1).
+    prefix_caching : bool
+        Keep freed blocks' content for later hits (vLLM's ``enable_prefix_caching``).
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = True):
+        if not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ValueError(f"num_blocks must be a whole number of at least 1, not {num_blocks!r}")
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be a whole number of tokens of at least 1, not {block_size!r}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.prefix_caching = prefix_caching
+        self.ref = [0] * num_blocks  # sequences holding each block
+        self.key: list[Hashable | None] = [None] * num_blocks  # the content a block holds, where it can recur
+        self.cached: dict[Hashable, int] = {}  # content key -> the block holding it
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # taken from the front
+        self.tables: dict[Hashable, list[int]] = {}  # sequence -> its blocks, in token order
+        self.hits = 0  # tokens served from the cache, over the run
+        self.lookups = 0  # prompt tokens looked up
+
+    # --- what a scheduler asks -------------------------------------------------
+    def blocks_for(self, tokens: int) -> int:
+        """Blocks that ``tokens`` tokens need."""
+        return -(-tokens // self.block_size)
+
+    @property
+    def free_blocks(self) -> int:
+        """Blocks no sequence holds (cached content or empty): what an allocation can take."""
+        return len(self.free_queue)
+
+    @property
+    def usage(self) -> float:
+        """Share of the blocks that sequences hold (vLLM's ``kv_cache_usage_perc``)."""
+        return 1.0 - len(self.free_queue) / self.num_blocks
+
+    def holds(self, seq: Hashable) -> bool:
+        return seq in self.tables
+
+    def cached_prefix(self, keys: Sequence[Hashable], prompt_tokens: int) -> int:
+        """Tokens of a new sequence's prompt that the cache would serve (whole blocks,
+        leaving its last token to compute), without taking them."""
+        return len(self._hit_blocks(keys, prompt_tokens)) * self.block_size
+
+    def _hit_blocks(self, keys: Sequence[Hashable], prompt_tokens: int) -> list[int]:
+        if not self.prefix_caching:
+            return []
+        usable = min(len(keys), max(prompt_tokens - 1, 0) // self.block_size)  # the last token is computed
+        hit = []
+        for key in keys[:usable]:
+            block = self.cached.get(key)
+            if block is None:
+                break
+            hit.append(block)
+        return hit
+
+    def allocate(self, seq: Hashable, tokens: int, keys: Sequence[Hashable] = ()) -> int | None:
+        """Blocks for sequence ``seq`` to hold ``tokens`` tokens in all (its computed ones
+        and those of this step). On its first allocation, ``keys`` name the content of its
+        prompt's full blocks, in order, and the longest cached run of them is shared.
+
+        Returns the tokens served from the cache (0 after the first allocation), or None
+        when the free blocks do not suffice; then nothing changes (the scheduler preempts
+        or waits)."""
+        if tokens < 0:
+            raise ValueError(f"tokens must be at least 0, not {tokens}")
+        table = self.tables.get(seq)
+        first = table is None
+        hit = self._hit_blocks(keys, tokens) if first else []
+        have = len(hit) if first else len(table)
+        need = self.blocks_for(tokens) - have
+        # a hit block that sits in the free queue is taken from it too
+        free_after_hits = len(self.free_queue) - sum(1 for b in hit if self.ref[b] == 0)
+        if need > free_after_hits:
+            return None
+        if first:
+            table = self.tables[seq] = []
+            for b in hit:
+                if self.ref[b] == 0:
+                    del self.free_queue[b]
+                self.ref[b] += 1
+                table.append(b)
+            self.lookups += tokens
+            self.hits += len(hit) * self.block_size
+        for _ in range(max(need, 0)):
+            b, _ = self.free_queue.popitem(last=False)  # the least recently freed
+            if self.key[b] is not None:  # its cached content is evicted
+                del self.cached[self.key[b]]
+                self.key[b] = None
+            self.ref[b] = 1
+            table.append(b)
+        return len(hit) * self.block_size if first else 0
+
+    def cache_full_blocks(self, seq: Hashable, keys: Sequence[Hashable]) -> None:
+        """Name the content of ``seq``'s first ``len(keys)`` blocks (full ones), so later
+        sequences can hit them; a block whose content is cached elsewhere already keeps
+        the block that has it."""
+        if not self.prefix_caching:
+            return
+        table = self.tables[seq]
+        if len(keys) > len(table):
+            raise ValueError(f"{len(keys)} keys for a sequence of {len(table)} blocks")
+        for b, key in zip(table, keys, strict=False):
+            if self.key[b] is None and key not in self.cached:
+                self.key[b] = key
+                self.cached[key] = b
+
+    def free(self, seq: Hashable) -> None:
+        """Sequence ``seq`` finished or was preempted: its blocks go, last first, to the
+        back of the free queue once nobody holds them (their content still cached)."""
+        for b in reversed(self.tables.pop(seq)):
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                self.free_queue[b] = None
+
+    def _forget(self, b: int) -> None:
+        if self.key[b] is not None:
+            del self.cached[self.key[b]]
+            self.key[b] = None
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached content (the blocks stay where they are)."""
+        for b in range(self.num_blocks):
+            if self.ref[b] == 0:
+                self._forget(b)
+
+    @property
+    def hit_rate(self) -> float:
+        """Prompt tokens served from the cache over prompt tokens looked up."""
+        return self.hits / self.lookups if self.lookups else math.nan
+
+    def check(self) -> None:
+        """Raise AssertionError unless the books balance: every block either held (by as
+        many sequences as count it) or free, never both; cached keys point both ways."""
+        held: dict[int, int] = {}
+        for table in self.tables.values():
+            for b in table:
+                held[b] = held.get(b, 0) + 1
+        for b in range(self.num_blocks):
+            assert self.ref[b] == held.get(b, 0), f"block {b}: ref {self.ref[b]}, held by {held.get(b, 0)}"
+            assert (self.ref[b] == 0) == (b in self.free_queue), f"block {b}: ref {self.ref[b]}, free-queued"
+        for key, b in self.cached.items():
+            assert self.key[b] == key, f"key {key!r} -> block {b}, which holds {self.key[b]!r}"
+        assert sum(k is not None for k in self.key) == len(self.cached)
+
+
+__all__ = ["KVCache", "blocks_from_memory", "bytes_per_token"]

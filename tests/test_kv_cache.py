@@ -1,0 +1,161 @@
+"""The paged KV cache of an LLM replica (issue 29's block manager): sizing from memory,
+blocks exactly at block boundaries, failed allocations that change nothing, shared
+prefixes counted by reference, freed content hit until evicted least recently freed
+first, and the books balanced through a long random workload."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from simulator.serving.kv_cache import KVCache, blocks_from_memory, bytes_per_token
+
+GiB = 2**30
+
+
+def test_sizing_follows_the_model_and_the_memory():
+    # Llama-3-8B: 32 layers, 8 KV heads of 128, bf16: 128 KiB a token
+    per_token = bytes_per_token(layers=32, kv_heads=8, head_dim=128, dtype_bytes=2)
+    assert per_token == 128 * 1024
+    # an 80 GiB GPU at 0.9, 16 GiB of weights, 4 GiB of activations: 52 GiB of blocks of 16 tokens (2 MiB)
+    blocks = blocks_from_memory(80 * GiB, 0.9, 16 * GiB, 4 * GiB, 16, per_token)
+    assert blocks == int((80 * 0.9 - 20) * GiB // (16 * per_token))
+    assert blocks * 16 == 425_984  # tokens of KV the replica holds
+    with pytest.raises(ValueError, match="no room for the KV cache"):
+        blocks_from_memory(24 * GiB, 0.9, 16 * GiB, 8 * GiB, 16, per_token)
+    with pytest.raises(ValueError, match="utilization"):
+        blocks_from_memory(80 * GiB, 1.5, 16 * GiB, 0, 16, per_token)
+
+
+@pytest.mark.parametrize(("blocks", "size"), [(0, 16), (8, 0), (8, -1), (2.5, 16)])
+def test_a_cache_of_no_blocks_or_empty_blocks_is_refused(blocks, size):
+    with pytest.raises(ValueError, match=r"num_blocks|block_size"):
+        KVCache(blocks, size)
+
+
+def test_a_sequence_takes_a_block_at_each_boundary_and_gives_them_all_back():
+    kv = KVCache(8, 4)
+    taken = []
+    for tokens in range(1, 17):
+        assert kv.allocate("a", tokens) == 0
+        taken.append(len(kv.tables["a"]))
+        kv.check()
+    assert taken == [-(-t // 4) for t in range(1, 17)]
+    assert kv.usage == 0.5
+    kv.free("a")
+    kv.check()
+    assert kv.free_blocks == 8
+    assert not kv.holds("a")
+
+
+def test_an_allocation_that_does_not_fit_changes_nothing():
+    kv = KVCache(4, 4)
+    kv.allocate("a", 12, keys=["p0", "p1"])
+    kv.cache_full_blocks("a", ["p0", "p1"])
+    before = copy.deepcopy((kv.ref, kv.key, kv.cached, list(kv.free_queue), kv.tables, kv.hits, kv.lookups))
+    assert kv.allocate("b", 8) is None  # two blocks, one free
+    assert kv.allocate("a", 20) is None  # five blocks for "a", four in all
+    after = (kv.ref, kv.key, kv.cached, list(kv.free_queue), kv.tables, kv.hits, kv.lookups)
+    assert after == before
+    assert kv.allocate("a", 16) == 0  # the last free block
+    assert kv.free_blocks == 0
+
+
+def test_a_shared_prefix_is_held_once_and_counted_by_reference():
+    kv = KVCache(16, 4)
+    system = [("sys", i) for i in range(3)]  # a 12-token system prompt, 3 full blocks
+    assert kv.allocate("a", 14, keys=system) == 0  # nothing cached yet
+    kv.cache_full_blocks("a", system)
+    assert kv.cached_prefix(system, 14) == 12
+    assert kv.allocate("b", 14, keys=system) == 12  # three blocks shared, two tokens computed
+    kv.check()
+    shared = kv.tables["a"][:3]
+    assert kv.tables["b"][:3] == shared
+    assert all(kv.ref[b] == 2 for b in shared)
+    assert kv.usage == (3 + 1 + 1) / 16  # the prefix once, each its own last block
+    # a prompt that is the prefix exactly still computes its last token: two blocks hit, not three
+    assert kv.allocate("c", 12, keys=system) == 8
+    kv.free("a")
+    kv.check()
+    assert all(kv.ref[b] == 2 for b in shared[:2])
+    assert kv.ref[shared[2]] == 1
+    assert kv.hit_rate == (12 + 8) / (14 + 14 + 12)
+
+
+def test_freed_content_is_hit_until_evicted_least_recently_freed_first():
+    kv = KVCache(6, 4)
+    keys = [("doc", i) for i in range(3)]
+    kv.allocate("a", 13, keys=keys)  # 4 blocks: 3 full and cacheable, 1 partial
+    kv.cache_full_blocks("a", keys)
+    head, mid, tail = kv.tables["a"][:3]
+    kv.free("a")  # last first: the partial block, then tail, mid, head at the back
+    kv.check()
+    assert list(kv.free_queue)[-3:] == [tail, mid, head]
+    assert kv.cached_prefix(keys, 13) == 12  # kept after the free
+    kv.allocate("x", 12)  # 3 blocks: the 2 never used, then the partial one: no cached content lost
+    assert kv.cached_prefix(keys, 13) == 12
+    kv.allocate("y", 4)  # 1 more: the tail block goes first
+    assert ("doc", 2) not in kv.cached
+    assert kv.cached_prefix(keys, 13) == 8  # the head and middle still hit
+    assert kv.allocate("z", 13, keys=keys) is None  # the two hits leave no block for the rest
+    kv.free("x")
+    assert kv.allocate("z", 13, keys=keys) == 8
+    kv.check()
+
+
+def test_without_prefix_caching_nothing_is_hit():
+    kv = KVCache(8, 4, prefix_caching=False)
+    keys = [("sys", 0), ("sys", 1)]
+    kv.allocate("a", 10, keys=keys)
+    kv.cache_full_blocks("a", keys)
+    assert kv.allocate("b", 10, keys=keys) == 0
+    assert not kv.cached
+    kv.check()
+
+
+def test_the_books_balance_through_a_random_workload():
+    """Sequences of ten prefix groups arrive, grow token by token, finish or are preempted
+    (freed and later recomputed) while blocks last: after every step each block is held by
+    as many tables as count it, or free, never both; the hits are the groups' prefixes."""
+    rng = np.random.default_rng(7)
+    kv = KVCache(64, 8)
+    running: dict[int, list] = {}  # seq -> [tokens, target, keys]
+    waiting: list[tuple[int, int, int, list]] = []
+    nxt = preempted = 0
+    for _step in range(4000):
+        if len(waiting) < 5:
+            group = int(rng.integers(0, 10))
+            prompt = int(rng.integers(1, 80))
+            keys = [(group, i) for i in range(min(prompt, 40) // 8)]  # a group shares up to 40 tokens
+            waiting.append((nxt, prompt, prompt + int(rng.integers(1, 60)), keys))
+            nxt += 1
+        seq, prompt, target, keys = waiting[0]
+        got = kv.allocate(seq, prompt, keys)
+        if got is not None:
+            waiting.pop(0)
+            assert got % 8 == 0
+            assert got <= max(prompt - 1, 0)
+            kv.cache_full_blocks(seq, keys[: len(kv.tables[seq])])
+            running[seq] = [prompt, target, keys]
+        for s in list(running):
+            if s not in running:  # preempted this step
+                continue
+            tokens, target, keys = running[s]
+            if tokens == target:
+                kv.free(s)
+                del running[s]
+            elif kv.allocate(s, tokens + 1) is None:  # no block for its next token: preempt the newest
+                victim = max(running)
+                preempted += 1
+                kv.free(victim)
+                t, tg, k = running.pop(victim)
+                waiting.insert(0, (victim, t, tg, k))  # recomputed from its tokens so far
+            else:
+                running[s][0] = tokens + 1
+        kv.check()
+        assert sum(len(t) for t in kv.tables.values()) >= kv.num_blocks - kv.free_blocks
+    assert preempted > 50  # memory ran short, often
+    assert kv.hits > 0
+    assert 0 < kv.hit_rate < 1
