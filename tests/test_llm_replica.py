@@ -1,0 +1,92 @@
+"""One LLM replica stepping as vLLM 0.1.7 (prefill first) over the paged KV cache: exact
+steps on a small trace, M/G/1 at one sequence at a time (Pollaczek-Khinchine), no request
+lost under heavy preemption, bad input refused before serving, DistServe's step-time fits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from simulator.serving.llm_replica import Limits, StepTime, serve_prefill_first
+from tests.test_theory import check
+
+FLAT = StepTime(prefill=(10.0, 0.0, 0.0), decode_small=(5.0, 0.0, 0.0), decode_large=(5.0, 0.0, 0.0), threshold=95)
+DISTSERVE = Path(__file__).resolve().parents[2] / "shared/data/distserve/profile/profiler-a100-80g.vllm.4c68ed9.json"
+
+
+def test_a_small_trace_steps_exactly():
+    """Request 0 (4 prompt, 3 output tokens) at 0, request 1 (4, 2) at 12 ms; prefill 10 ms,
+    decode 5 ms: 0's prefill ends at 10 (first token), a decode at 15; then 1 has arrived
+    and its prefill goes first (10 ms: 25), and one decode ends both at 30."""
+    got = serve_prefill_first(np.array([0.0, 12.0]), np.array([4, 4]), np.array([3, 2]), FLAT, Limits(num_blocks=8))
+    assert got.first_token.tolist() == [10.0, 25.0]
+    assert got.done.tolist() == [30.0, 30.0]
+    assert got.steps == 4
+    assert got.preemptions.tolist() == [0, 0]
+
+
+def test_one_sequence_at_a_time_is_mg1():
+    """``max_num_seqs: 1`` serves a request whole (one prefill, then a decode per further
+    token) before the next: an M/G/1 queue whose mean wait before the prefill is
+    Pollaczek-Khinchine's, with output lengths uniform on 1..20."""
+    prefill_ms, decode_ms = 20.0, 4.0
+    step = StepTime((prefill_ms, 0.0, 0.0), (decode_ms, 0.0, 0.0), (decode_ms, 0.0, 0.0), 95)
+    outs = np.arange(1, 21)
+    service = prefill_ms + (outs - 1) * decode_ms
+    es, es2 = service.mean(), (service**2).mean()
+    lam = 0.7 / es  # per ms: rho 0.7
+    expected = lam * es2 / (2 * (1 - lam * es))
+    waits = []
+    for seed in range(8):
+        rng = np.random.default_rng(5100 + seed)
+        n = 20_000
+        arrival = np.cumsum(rng.exponential(1 / lam, n))
+        out = rng.integers(1, 21, n)
+        got = serve_prefill_first(arrival, np.full(n, 32), out, step, Limits(num_blocks=64, max_num_seqs=1))
+        wait = got.first_token - prefill_ms - arrival
+        waits.append(wait[n // 10 :].mean())
+    check(np.array(waits), expected, "M/G/1 wait before the prefill")
+
+
+def test_heavy_preemption_loses_no_request():
+    """Long answers on a cache that holds few of them: sequences are preempted and
+    recomputed again and again, and every request still finishes, in order of its tokens."""
+    rng = np.random.default_rng(3)
+    n = 300
+    arrival = np.sort(rng.uniform(0, 2000, n))
+    prompt, output = rng.integers(8, 64, n), rng.integers(20, 200, n)
+    step = StepTime((5.0, 0.01, 0.0), (3.0, 1e-4, 0.01), (3.0, 1e-4, 0.01), 95)
+    got = serve_prefill_first(arrival, prompt, output, step, Limits(num_blocks=40, block_size=16))
+    assert got.preemptions.sum() > 50
+    assert not got.ignored.any()
+    assert np.isfinite(got.done).all()
+    assert (got.first_token >= arrival).all()
+    assert (got.done >= got.first_token).all()
+
+
+@pytest.mark.parametrize(
+    ("prompt", "output", "blocks", "words"),
+    [
+        (10, 0, 40, "at least 1"),
+        (600, 100, 40, "can never fit the KV cache"),
+        (3000, 10, 400, "over max_num_batched_tokens"),
+    ],
+)
+def test_a_request_it_can_never_serve_is_refused_before_serving(prompt, output, blocks, words):
+    limits = Limits(num_blocks=blocks, block_size=16, max_num_batched_tokens=2048)
+    with pytest.raises(ValueError, match=words):
+        serve_prefill_first(np.array([0.0, 1.0]), np.array([8, prompt]), np.array([4, output]), FLAT, limits)
+
+
+@pytest.mark.skipif(not DISTSERVE.exists(), reason="the shared DistServe data is not beside this checkout")
+def test_distserve_step_time_fits_are_read_as_published():
+    step = StepTime.distserve(DISTSERVE, "facebook/opt-13b")
+    assert step.prefill == pytest.approx((22.05, 0.1405, 8.08e-6), rel=1e-3)
+    assert step.threshold == 95
+    # a 1,000-token prompt alone, then 64 sequences of 800 tokens of context
+    assert step.prefill_ms([1000]) == pytest.approx(22.05 + 140.5 + 8.08, rel=1e-3)
+    assert step.decode_ms(64 * 800, 64) == pytest.approx(23.475 + 5.929e-4 * 51_200 + 0.06073 * 64, rel=1e-3)
+    with pytest.raises(ValueError, match="no profile"):
+        StepTime.distserve(DISTSERVE, "facebook/opt-13b", tensor_parallel=3)
