@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate.payloads import Payload, bytes_payload, image_payloads, ranker_payloads
+from calibrate.sender import parse, read_answer, request_bytes, send_on_schedule
 
 # the payloads live in payloads.py; the load generator has always offered them
 __all__ = [
@@ -96,17 +97,7 @@ async def _post(session, endpoint: str, p: Payload, scheduled: float, row: dict)
             done = time.perf_counter()
             row["status"] = resp.status
             hl = resp.headers.get("Inference-Header-Content-Length")
-            try:
-                doc = json.loads(raw[: int(hl)] if hl else raw)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                if resp.status == 200:
-                    raise
-                doc = {"error": raw[:200].decode("utf-8", "replace")}  # a proxy's or server's plain-text error
-            params = doc.get("parameters", {}) if resp.status == 200 else {}
-            for k in TIMING_KEYS:
-                row[k] = params.get(k, np.nan)
-            if resp.status != 200:
-                row["error"] = str(doc.get("error", ""))[:200]
+            read_answer(row, resp.status, raw, int(hl) if hl else None, TIMING_KEYS)
     except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError, ValueError) as err:
         done = time.perf_counter()
         row["status"] = -1
@@ -166,8 +157,6 @@ async def run_level(
     connections: int = CONNECTIONS,
 ) -> pd.DataFrame:
     """One open-loop level; one row per request."""
-    from calibrate.sender import parse, request_bytes, send_on_schedule
-
     rng = np.random.default_rng(seed)
     times = schedule(rate_rps, duration_s, min_queries, rng)
     pick = rng.integers(0, len(payloads), len(times))

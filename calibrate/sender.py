@@ -300,6 +300,26 @@ async def send_on_schedule(
     return rows
 
 
+def read_answer(row: dict, status: int, raw: bytes, json_length: int | None, timing_keys: tuple[str, ...]) -> None:
+    """Fill ``row`` from an answer's body: the server's stage timings (``parameters`` of a
+    200's JSON part, NaN where absent) or, for another status, its error text (JSON's
+    ``error``, or the start of a proxy's plain text). A 200 whose JSON does not parse
+    raises ValueError (the caller counts it as the client's error)."""
+    try:
+        doc = json.loads(raw[:json_length] if json_length else raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        if status == 200:
+            raise
+        doc = {"error": raw[:200].decode("utf-8", "replace")}
+    if not isinstance(doc, dict):
+        doc = {}
+    params = doc.get("parameters", {}) if status == 200 else {}
+    for k in timing_keys:
+        row[k] = params.get(k, np.nan)
+    if status != 200:
+        row["error"] = str(doc.get("error", ""))[:200]
+
+
 def parse(rows: list[dict], timing_keys: tuple[str, ...]) -> list[dict]:
     """The rows as the load generator records them: latency from the scheduled time, and
     the server's stage timings (``parameters`` of a 200's JSON) or its error text."""
@@ -316,19 +336,12 @@ def parse(rows: list[dict], timing_keys: tuple[str, ...]) -> list[dict]:
         row["latency_ms"] = (done - scheduled) * 1e3
         if body is None:
             continue
-        raw = body[:json_length] if json_length else body
         try:
-            doc = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            doc = {"error": raw[:200].decode("utf-8", "replace")}  # a proxy's or server's plain-text error
-        if not isinstance(doc, dict):
-            doc = {}
-        params = doc.get("parameters", {}) if row["status"] == 200 else {}
-        for k in timing_keys:
-            row[k] = params.get(k, np.nan)
-        if row["status"] != 200:
-            row["error"] = str(doc.get("error", ""))[:200]
+            read_answer(row, row["status"], body, json_length, timing_keys)
+        except ValueError as err:  # a 200 that is not the protocol's JSON
+            row["status"] = -1
+            row["error"] = type(err).__name__
     return rows
 
 
-__all__ = ["Sender", "parse", "request_bytes", "send_on_schedule"]
+__all__ = ["Sender", "parse", "read_answer", "request_bytes", "send_on_schedule"]

@@ -28,8 +28,7 @@ yet; a request is handed out once it is settled (served, dropped, or answered fr
 result cache) and, with a prediction log, shipped.
 
 **Every stage runs chunk by chunk**, its state carried to the next chunk: a canary's and a
-shadow's
-(:class:`~simulator.serving.versions.VersionsPool`), the traffic classes'
+shadow's pools (:class:`~simulator.serving.versions.VersionsPool`), the traffic classes'
 (:class:`~simulator.serving.classes.ClassesPool`), a feature store of finite capacity
 (:class:`~simulator.stages.features.Store`) and the front end's event loop
 (:class:`~simulator.serving.event_loop.Loop`).
@@ -225,7 +224,7 @@ class Ledger:
         c.settled[row] = True
         return row
 
-    def hand_out(self, final: bool) -> tuple[int, Columns]:
+    def hand_out(self) -> tuple[int, Columns]:
         """The settled (and, with logging, shipped) requests at the front, removed."""
         c = self.cols
         done = c.settled & c.shipped if self.logging else c.settled
@@ -454,7 +453,7 @@ class _Run:
             t_resp = answered[rows] + c.post[rows] + c.back[rows]
             c.t_emitted[rows] = np.where(np.isnan(t_resp), c.t_dropped[rows], t_resp)
             self._ship(rows, hi, final)
-        first, cols = ledger.hand_out(final)
+        first, cols = ledger.hand_out()
         shadow, counterfactual = None, None
         if extra is not None:
             pools, shadow = extra.pools, extra.shadow

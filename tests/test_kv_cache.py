@@ -155,7 +155,6 @@ def test_the_books_balance_through_a_random_workload():
             else:
                 running[s][0] = tokens + 1
         kv.check()
-        assert sum(len(t) for t in kv.tables.values()) >= kv.num_blocks - kv.free_blocks
     assert preempted > 50  # memory ran short, often
     assert kv.hits > 0
     assert 0 < kv.hit_rate < 1

@@ -163,7 +163,10 @@ class Fleet:
                 continue
             w = self.workers[arg]
             if kind is Transition.READY and w.gone_at == INF and w.drain_at == INF:
-                self.env.process(schedule(self.env, w.feed, self.service.feed(w.wid)))
+                # its own batch-time stream (the order SimPy runs two workers at one instant
+                # draws nothing differently); the pool's speed path, as platform.speed's scope says
+                service = self.service.feed(w.wid, path=self.service.queue)
+                self.env.process(schedule(self.env, w.feed, service))
                 self._crash_time(w)
                 self.log.events.append((at, FleetEvent.READY, f"worker {arg}"))
             elif kind is Transition.CRASH and w.serving(at):

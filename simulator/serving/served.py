@@ -38,14 +38,3 @@ class ClassesRun(NamedTuple):
     served: Served
     batches: BatchLog
     pools: dict[str, BatchLog]
-
-
-class ServingLog(NamedTuple):
-    """What the serving stage leaves besides the per-request columns."""
-
-    version: np.ndarray  # each request's version: 0 the primary, 1 the canary
-    batches: BatchLog  # the primary pool's
-    pools: dict[str, BatchLog]  # the canary's, an own shadow's, or each class's
-    fleet: FleetLog | None  # the primary's, when it changes during the run
-    shadow: dict[str, np.ndarray] | None  # the shadow copies: source request, times, outcome
-    counterfactual: np.ndarray | None  # primary completion times without the shared shadow

@@ -77,6 +77,7 @@ class ServiceModel:
     ):
         self._args = (cfg, max_batch, rng)
         self.speed = speed
+        self.queue = queue
         self.path = None if speed is None else speed.worker(queue)  # the host's speed, where it varies
         st = cfg.service_time
         if isinstance(st, ProfileRef):
@@ -97,11 +98,12 @@ class ServiceModel:
         self._buf: list[float] = []
         self._pos = 0
 
-    def feed(self, k: int) -> ServiceModel:
+    def feed(self, k: int, *, path: int | None = None) -> ServiceModel:
         """The model of a fixed pool's ``k``-th queue: its own stream, a child of this one's
-        seed (the same for every call, whatever this model has drawn)."""
+        seed (the same for every call, whatever this model has drawn), and its own speed
+        path (``path``: queue ``path``'s instead; a dynamic pool's workers keep this model's)."""
         cfg, max_batch, rng = self._args
-        return ServiceModel(cfg, max_batch, child(rng, k), self.speed, k)
+        return ServiceModel(cfg, max_batch, child(rng, k), self.speed, k if path is None else path)
 
     def queue_path(self, k: int) -> SpeedPath | None:
         """The speed path of the fixed pool's ``k``-th queue (None: constant speed)."""
