@@ -103,6 +103,8 @@ def _feed(h, value) -> None:
             _feed(h, v)
     elif hasattr(value, "__dataclass_fields__"):
         for f in fields(value):
+            if getattr(value, f.name) is None:  # a column this run does not have (an LLM's, say)
+                continue
             h.update(f.name.encode())
             _feed(h, getattr(value, f.name))
     elif hasattr(value, "_fields"):  # a NamedTuple
@@ -118,7 +120,7 @@ def _without_wall(summary):
     scenario, which a new field with its default changes while every run stays the same)."""
     if isinstance(summary, dict):
         drop = ("wall_s", "requests_per_wall_s", "start_s", "simulate_s", "hash")
-        return {k: _without_wall(v) for k, v in summary.items() if k not in drop}
+        return {k: _without_wall(v) for k, v in summary.items() if k not in drop and v is not None}
     if isinstance(summary, list):
         return [_without_wall(v) for v in summary]
     return summary

@@ -22,6 +22,7 @@ def render(summary: dict) -> Group:
         _head(summary),
         _latency(summary),
         _sla(summary["sla"]),
+        _llm(summary.get("llm")),
         _classes(summary.get("classes")),
         _fleet(summary),
         _fleet_events(summary.get("fleet", {})),
@@ -80,6 +81,47 @@ def _sla(sla: dict) -> Text:
     )
 
 
+def _llm(llm: dict | None) -> Group:
+    """An LLM run's tokens: TTFT and TPOT against their targets, throughput, goodput, cost."""
+    if not llm:
+        return Group()
+    t = Table(title="tokens (ms), completed requests", title_justify="left")
+    t.add_column("")
+    for col in ("p50", "p95", "p99", "p99.9", "mean"):
+        t.add_column(col, justify="right")
+    for name, key in (("time to first token", "ttft_ms"), ("time per output token", "tpot_ms")):
+        row = llm[key]
+        t.add_row(name, _ms(row["p50"]), _ms(row["p95"]), _ms(row["p99"]), _ms(row["p999"]), _ms(row["mean"]))
+    lines = []
+    sla = llm["sla"]
+    for name, key in (("TTFT", "ttft"), ("TPOT", "tpot")):
+        v = sla[key]
+        if v is None:
+            continue
+        verdict = Text("MET", style="bold green") if v["met"] else Text("MISSED", style="bold red")
+        margin = v["target_ms"] - v["attained_ms"]
+        lines.append(
+            Text.assemble(
+                f"{name} p{sla['percentile']:g} ≤ {v['target_ms']:g} ms: ",
+                verdict,
+                f"  (attained {_ms(v['attained_ms'])} ms, margin {margin:+,.1f} ms; "
+                f"{v['attainment']:.2%} within target)",
+            )
+        )
+    tok, cost = llm["tokens"], llm["cost"]
+    lines.append(
+        Text(
+            f"goodput {sla['goodput_rps']:,.1f} req/s meeting every token target ({sla['good_share']:.2%}) · "
+            f"tokens {tok['prompt_per_s']:,.0f} prompt/s, {tok['output_per_s']:,.0f} output/s · "
+            f"prefix cache {tok['prefix_hit_rate']:.1%} of prompt tokens · "
+            f"{tok['preemptions_per_request']:.3f} preemptions a request · "
+            f"${cost['per_million_output_tokens_usd']:,.3f} per million output tokens "
+            f"(${cost['per_million_tokens_usd']:,.3f} per million tokens in and out)"
+        )
+    )
+    return Group(t, *lines)
+
+
 def _fleet(summary: dict) -> Table:
     """Workers, utilization, batches, cost, then whatever else the run had (versions,
     shadow, caches, the prediction log) and how fast it was simulated."""
@@ -95,10 +137,11 @@ def _fleet(summary: dict) -> Table:
         else f"{w['count']}"
     )
     fleet.add_row("workers", f"{w['instance_type']} × {size} ({w['instances']} instance(s) each)")
+    peak = util["of_peak_capacity"]
     fleet.add_row(
         "utilization",
-        f"busy {util['workers']:.1%} (min {min(per_worker):.1%}, max {max(per_worker):.1%}) · "
-        f"load is {util['of_peak_capacity']:.1%} of peak capacity (full batches)",
+        f"busy {util['workers']:.1%} (min {min(per_worker):.1%}, max {max(per_worker):.1%})"
+        + (f" · load is {peak:.1%} of peak capacity (full batches)" if math.isfinite(peak) else ""),
     )
     counts = summary["batch_size"]["counts"]
     total = sum(counts.values()) or 1

@@ -51,9 +51,11 @@ from simulator.rng import STREAMS, Streams, streams
 from simulator.scenario.config import Cache, Scenario
 from simulator.scenario.distributions import Sampler
 from simulator.serving.classes import ClassesPool
+from simulator.serving.continuous import LLMService
 from simulator.serving.event_loop import Loop
 from simulator.serving.fleet import FleetLog
 from simulator.serving.router import Router
+from simulator.serving.served import TokensServed
 from simulator.serving.streamed import Horizon
 from simulator.serving.versions import VersionDrawn, VersionsPool, primary_pool
 from simulator.serving.workers import ServiceModel
@@ -67,6 +69,7 @@ from simulator.stages.preprocess import Preprocessing
 from simulator.stages.router import RouterStage
 from simulator.stages.speed import SpeedProcess
 from simulator.stages.stations import Lindley
+from simulator.stages.tokens import TokenDraws
 
 
 @dataclass
@@ -143,6 +146,14 @@ class Columns:
     t_emitted: np.ndarray | None = None
     shipped: np.ndarray | None = None
     t_answered: np.ndarray | None = None  # with the front end's event loop: when the loop answered it
+    # an LLM request's work (drawn on arrival) and what its replica left
+    prompt_tokens: np.ndarray | None = None
+    output_tokens: np.ndarray | None = None
+    prefix_group: np.ndarray | None = None
+    shared_tokens: np.ndarray | None = None
+    t_first_token: np.ndarray | None = None
+    preemptions: np.ndarray | None = None
+    cached_tokens: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival)
@@ -336,7 +347,12 @@ def gather(pieces: list[Piece]) -> tuple[dict[str, BatchLog], dict[str, np.ndarr
 
 def concat_records(parts: list[Records]) -> Records:
     """One set of records from consecutive pieces."""
-    return Records(*(np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(Records)))
+    return Records(
+        *(
+            None if getattr(parts[0], f.name) is None else np.concatenate([getattr(p, f.name) for p in parts])
+            for f in fields(Records)
+        )
+    )
 
 
 class _Run:
@@ -365,6 +381,7 @@ class _Run:
             else None
         )
         self.pool = None
+        self.tokens = TokenDraws(s, rng) if s.traffic.tokens is not None else None
         if self.loop:  # the front end's one event loop, and the instances it feeds
             service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed).feed(0)
             self.loop_server = Loop(
@@ -382,7 +399,10 @@ class _Run:
             if s.router.canary is not None or s.router.shadow is not None:
                 self.pool = self.versions = VersionsPool(s, seed, rng, speed, by_id=by_id)
             else:
-                service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed)
+                if self.tokens is not None:  # LLM replicas: their step time, limits and noise
+                    service = LLMService.of(s.batching, s.workers.instance_type, rng.steps)
+                else:
+                    service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed)
                 self.pool = primary_pool(s, service, rng, by_id)
         self.impact = self.versions is not None and self.versions.alone is not None
         # a dynamic pool routes by itself (the traffic classes' pools excepted); the others are routed here
@@ -431,8 +451,12 @@ class _Run:
                 del rows
                 settled, batches, pools = self.classes.run(p_t, p_id, worker, deadline, klass, hi, final)
             elif self.versions is None:
+                work = None
+                if self.tokens is not None:
+                    work = tuple(v[rows] for v in (c.prompt_tokens, c.output_tokens, c.prefix_group, c.shared_tokens))
                 del rows
-                settled, batches = self.pool.run(p_t, p_id, worker, deadline, hi, final)
+                settled, batches = self.pool.run(p_t, p_id, worker, deadline, hi, final, work)
+                del work
             else:
                 drawn = (c.arrival[rows], c.version[rows], c.versions.take(rows))
                 del rows
@@ -492,6 +516,18 @@ class _Run:
         if self.classes is not None:  # a class with a pool of its own draws its worker there
             worker = self.classes.arriving(klass, worker)
         version, versions = (None, None) if self.versions is None else self.versions.arriving(t_router)
+        llm = {}
+        if self.tokens is not None:
+            w = self.tokens.draw(n)
+            llm = {
+                "prompt_tokens": w.prompt,
+                "output_tokens": w.output,
+                "prefix_group": w.group,
+                "shared_tokens": w.shared,
+                "t_first_token": np.full(n, np.nan),
+                "preemptions": np.zeros(n, dtype=np.int64),
+                "cached_tokens": np.zeros(n, dtype=np.int64),
+            }
         self.ledger.append(
             Columns.arriving(
                 t0,
@@ -515,6 +551,7 @@ class _Run:
                 versions=versions,
                 t_alone=np.full(n, np.nan) if self.impact else None,
                 alone=np.zeros(n, dtype=bool) if self.impact else None,
+                **llm,
             )
         )
         if not self.cached and not self.store:  # every arrival reaches the feature stage now, in request order
@@ -584,10 +621,14 @@ class _Run:
             c.settled[f] = True
         return ids, fetched.end, failed
 
-    def _settle(self, ids: np.ndarray, served: Served) -> np.ndarray:
-        """Record what the pool settled (:meth:`Ledger.settle`); a canary's answers that
-        drew an error on arrival become errors. Returns their rows."""
+    def _settle(self, ids: np.ndarray, served: Served, tokens: TokensServed | None = None) -> np.ndarray:
+        """Record what the pool settled (:meth:`Ledger.settle`), with an LLM replica's
+        tokens; a canary's answers that drew an error on arrival become errors. Returns
+        their rows."""
         rows = self.ledger.settle(ids, served)
+        if tokens is not None:
+            c = self.ledger.cols
+            c.t_first_token[rows], c.preemptions[rows], c.cached_tokens[rows] = tokens
         if self.versions is not None:
             c = self.ledger.cols
             err = c.versions.error[rows] & (c.version[rows] == 1) & (c.outcome[rows] == Outcome.COMPLETED)

@@ -42,6 +42,8 @@ class Streams:
     canary_routing: Generator  # the canary pool's worker assignment
     canary_errors: Generator  # which canary answers fail
     speed: Generator  # the platform's speed paths (a child per host or worker)
+    tokens: Generator  # LLM requests' prompt and output lengths and prefix groups (a child each)
+    steps: Generator  # LLM replicas' step-time noise (a child per replica)
 
 
 STREAMS = tuple(f.name for f in fields(Streams))

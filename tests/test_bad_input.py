@@ -83,8 +83,8 @@ def one_error(res, *needles):
         (["--set", "batching.max_queue_delay_ms=1e12"], ["batching.max_queue_delay_ms", "not shorter than the run"]),
         (["--set", "traffic.rate_rps=1e308"], ["rate × duration is not a finite number"]),
         (
-            ["--set", "batching.kind=continuous"],
-            ["batching.kind", "unknown kind 'continuous'", "expected one of triton"],
+            ["--set", "batching.kind=paged"],
+            ["batching.kind", "unknown kind 'paged'", "expected one of triton, continuous"],
         ),
     ],
 )

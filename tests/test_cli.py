@@ -148,7 +148,7 @@ BAD = [
         "  service_time: {kind: affine, base_ms: 2.0, per_item_ms: 0.5}",
         "",
         "line 16: workers.service_time",
-        "Field required",
+        "is required",
     ),
 ]
 

@@ -56,6 +56,12 @@ class Records:
     instance: np.ndarray  # within the request's version's pool
     version: np.ndarray  # 0: primary, 1: canary
     traffic_class: np.ndarray  # index into traffic.classes (0 without classes)
+    # LLM requests (batching.kind continuous); None otherwise
+    t_first_token: np.ndarray | None = None  # its first output token was produced (ms)
+    prompt_tokens: np.ndarray | None = None  # with its shared prefix
+    output_tokens: np.ndarray | None = None
+    preemptions: np.ndarray | None = None
+    cached_tokens: np.ndarray | None = None  # prompt tokens served from the prefix cache
 
     def __len__(self) -> int:
         return len(self.arrival)
@@ -73,7 +79,7 @@ class Records:
         """A tidy table: one row per request, times in ms, outcome as a category."""
         import pandas as pd
 
-        df = pd.DataFrame({f.name: getattr(self, f.name) for f in fields(self)})
+        df = pd.DataFrame({f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None})
         df["outcome"] = pd.Categorical.from_codes(df["outcome"], [o.name.lower() for o in Outcome])
         df.index.name = "request"
         return df

@@ -29,6 +29,7 @@ from simulator.results.records import STAGES, Records
 from simulator.results.sketch import LatencySketch
 from simulator.results.stats import PERCENTILES, ExactSample, overlap
 from simulator.results.timeline import COLUMNS, _workers
+from simulator.results.tokens import Tokens
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import scenario_hash
 from simulator.serving.fleet import FleetLog
@@ -184,6 +185,7 @@ class Reduction:
         r = s.router
         self.versions = Versions(s, sample) if r.canary is not None or r.shadow is not None else None
         self.classes = Classes(s, sample) if s.traffic.classes else None
+        self.tokens = Tokens(s, sample) if s.traffic.tokens is not None else None
 
     def add(
         self,
@@ -234,6 +236,10 @@ class Reduction:
             self.classes.add(r, mask, pools or {})
             if seal:
                 self.classes.seal()
+        if self.tokens is not None:
+            self.tokens.add(r, done)
+            if seal:
+                self.tokens.seal()
         self._caches(r, mask)
         if self.s.logging:
             self._logging(r, mask, done_all, last)
@@ -351,8 +357,11 @@ class Reduction:
             experiments = self.versions.summary(worker_price(s), fleet["billed_mean"])
         if classes:  # each model's load over its own peak, on the shared pool
             of_peak = sum(v["load_of_peak_capacity"] for v in classes.values() if v["pool"] == "shared")
+        elif self.tokens is not None:  # an LLM replica has no fixed batch time to read a peak from
+            of_peak = float("nan")
         else:
             of_peak = items / span_s / peak_throughput_rps(s)
+        cost = _cost(s, fleet, experiments, c["completed"] / span_s)
         return {
             "scenario": {"name": s.name, "hash": scenario_hash(s)},
             "requests": requests,
@@ -375,11 +384,12 @@ class Reduction:
             "batch_size": {"mean": items / n_batches if n_batches else float("nan"), "counts": sizes},
             "fleet": fleet,
             "workers": {"count": n, "instances": s.workers.instances, "instance_type": s.workers.instance_type},
-            "cost": _cost(s, fleet, experiments, c["completed"] / span_s),
+            "cost": cost,
             "logging": self._logging_summary(),
             "experiments": experiments,
             "classes": classes,
             "caches": self._caches_summary(),
+            "llm": None if self.tokens is None else self.tokens.summary(span_s, cost["per_hour_usd"], n_dropped),
             "timeline": [] if self.bins is None else self.timeline(),
             "sim": {
                 "wall_s": wall_s,

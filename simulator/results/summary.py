@@ -110,5 +110,6 @@ class Summary(TypedDict):
     experiments: dict[str, Any] | None  # versions (canary) and the shadow, when there are any
     classes: dict[str, dict[str, Any]] | None  # per traffic class, when there are any
     caches: dict[str, CacheStats]  # result / feature, those modelled
+    llm: dict[str, Any] | None  # TTFT, TPOT, tokens, goodput (batching.kind continuous)
     timeline: list[dict[str, float]]  # one row per interval; columns in timeline.COLUMNS
     sim: Sim

@@ -13,6 +13,8 @@ checks that span sections, and exports every section under one name.
 
 from __future__ import annotations
 
+import math
+
 import yaml
 from pydantic import Field, PrivateAttr, model_validator
 
@@ -27,6 +29,7 @@ from simulator.scenario.distributions import (
 )
 from simulator.scenario.fleet import Batching, ColdStart, Cost, Crash, Failures, TritonBatching, Workers
 from simulator.scenario.frozen import Frozen
+from simulator.scenario.llm import ContinuousBatching
 from simulator.scenario.path import (
     Activator,
     Cache,
@@ -166,6 +169,61 @@ class Scenario(Frozen):
                     f"traffic.classes.{name}.max_instances ({c.max_instances}) exceeds the shared pool's "
                     f"{slots} model instances"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _llm_complete(self) -> Scenario:
+        b, w, t = self.batching, self.workers, self.traffic
+        if not isinstance(b, ContinuousBatching):
+            if self.sla.ttft_ms is not None or self.sla.tpot_ms is not None:
+                raise ValueError("sla.ttft_ms and sla.tpot_ms judge LLM requests: they need batching.kind continuous")
+            if t.tokens is not None:
+                raise ValueError("traffic.tokens describes LLM requests: it needs batching.kind continuous")
+            if w.service_time is None:
+                raise ValueError("workers.service_time is required (how long a batch takes on a worker)")
+            return self
+        if t.tokens is None:
+            raise ValueError("batching.kind continuous serves tokens: traffic.tokens gives their lengths")
+        if w.service_time is not None:
+            raise ValueError("workers.service_time is a batch time; an LLM engine has batching.step_time instead")
+        reasons = [
+            (bool(t.classes), "traffic.classes"),
+            (self.router.canary is not None or self.router.shadow is not None, "router.canary and router.shadow"),
+            (self.preprocess.event_loop is not None, "preprocess.event_loop"),
+            (w.dynamic, "workers.autoscaler and workers.failures"),
+            (self.router.balancing == "shared", "router.balancing shared (the router picks a replica)"),
+            (w.instances > 1, "workers.instances above 1 (a worker is one replica)"),
+            (self.platform.speed is not None, "platform.speed"),
+        ]
+        found = [why for cond, why in reasons if cond]
+        if found:
+            raise ValueError(f"batching.kind continuous does not combine with {', '.join(found)} yet")
+        blocks = b.blocks(w.instance_type)
+        if b.max_num_seqs > blocks:
+            raise ValueError(
+                f"batching.max_num_seqs ({b.max_num_seqs}) exceeds the {blocks} KV blocks of a replica: "
+                "every running sequence holds at least one block"
+            )
+        prompt, output = t.tokens.lengths()
+        room = blocks * b.block_size
+        for name, lengths in (("prompt", prompt), ("output", output)):
+            if math.isinf(lengths.upper):
+                raise ValueError(
+                    f"traffic.tokens.{name} has no max: a draw could exceed the KV cache "
+                    f"({room} tokens); set traffic.tokens.{name}.max"
+                )
+        prefix = t.tokens.prefix.tokens if t.tokens.prefix is not None else 0
+        if prompt.upper + prefix + output.upper > room:
+            raise ValueError(
+                f"traffic.tokens.prompt: a prompt of {prompt.upper + prefix:.0f} and an answer of "
+                f"{output.upper:.0f} tokens can never fit the KV cache of a replica "
+                f"({blocks} blocks of {b.block_size} = {room} tokens)"
+            )
+        if b.policy == "prefill_first" and prompt.upper + prefix > b.max_num_batched_tokens:
+            raise ValueError(
+                f"batching.max_num_batched_tokens ({b.max_num_batched_tokens}) is below the longest prompt "
+                f"({prompt.upper + prefix:.0f}): prefill_first prefills whole prompts"
+            )
         return self
 
     @model_validator(mode="after")

@@ -13,6 +13,7 @@ from simulator.scenario.distributions import (
     _Dist,
 )
 from simulator.scenario.frozen import Frozen
+from simulator.scenario.llm import ContinuousBatching
 from simulator.scenario.servicetime import ServiceTime
 
 Metric = Literal["in_flight", "queue_depth", "utilization", "p99_ms"]
@@ -86,12 +87,12 @@ def _batching_kind(value) -> str:
     return kind if isinstance(kind, str) else repr(kind)
 
 
-BATCHING_KINDS = ("triton",)  # the first is the default
+BATCHING_KINDS = ("triton", "continuous")  # the first is the default
 
 # A discriminated union on ``kind``: a new scheduler adds its section here and its module
 # to simulator/serving/scheduler.py's factory (the LLM issue adds ``continuous``).
 Batching = Annotated[
-    Annotated[TritonBatching, Tag("triton")],
+    Annotated[TritonBatching, Tag("triton")] | Annotated[ContinuousBatching, Tag("continuous")],
     Discriminator(
         _batching_kind,
         custom_error_type="batching_kind",
@@ -146,8 +147,10 @@ class Workers(Frozen):
         description="GPU type the service times were measured on (default: the instance_type the scenario file "
         "names); another instance_type rescales them by the catalog's relative throughput.",
     )
-    service_time: ServiceTime = Field(
-        description="Batch service time: affine, table, or a plain distribution (batch-size independent)."
+    service_time: ServiceTime | None = Field(
+        None,
+        description="Batch service time: affine, table, or a plain distribution (batch-size independent); "
+        "an LLM engine (batching.kind continuous) has a step time instead.",
     )
     autoscaler: Autoscaler | None = Field(None, description="Scale the fleet over time (count is the start).")
     cold_start: ColdStart = Field(ColdStart(), description="What a new worker goes through before it serves.")

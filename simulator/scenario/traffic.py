@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from simulator.scenario.frozen import Frozen
+from simulator.scenario.llm import Tokens
 from simulator.scenario.servicetime import ServiceTime
 from simulator.scenario.shapes import Constant, Shape
 
@@ -18,6 +19,12 @@ class SLA(Frozen):
     target_ms: float = Field(gt=0, description="End-to-end latency target at that percentile, in ms.")
     count_dropped: bool = Field(
         True, description="Rejected, timed-out and failed requests count as SLA misses (false: ignored)."
+    )
+    ttft_ms: float | None = Field(
+        None, gt=0, description="LLM: time to first token at the percentile, ms, client to client (none: not judged)."
+    )
+    tpot_ms: float | None = Field(
+        None, gt=0, description="LLM: time per output token after the first at the percentile, ms (none: not judged)."
     )
 
 
@@ -77,6 +84,9 @@ class Traffic(Frozen):
     )
     payload_kb: float = Field(0.0, ge=0, description="Request payload size, KB (1 KB = 1000 bytes).")
     response_kb: float = Field(0.0, ge=0, description="Response payload size, KB.")
+    tokens: Tokens | None = Field(
+        None, description="LLM requests: prompt and output token lengths (with batching.kind continuous)."
+    )
     classes: dict[str, TrafficClass] = Field(
         {}, description="Tenants or models by name, each with its own rate (replaces rate_rps and shape)."
     )

@@ -32,34 +32,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
-
-def bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: float) -> float:
-    """KV bytes one token takes across the model: a key and a value per layer and head."""
-    return 2 * layers * kv_heads * head_dim * dtype_bytes
-
-
-def blocks_from_memory(
-    gpu_bytes: float,
-    utilization: float,
-    weights_bytes: float,
-    activations_bytes: float,
-    block_size: int,
-    token_bytes: float,
-) -> int:
-    """Blocks of KV memory a replica has, as vLLM sizes them: what
-    ``gpu_memory_utilization`` of the GPU leaves after the weights and the peak
-    activations, in blocks of ``block_size`` tokens of ``token_bytes`` each. Raises
-    ValueError when nothing is left for even one block."""
-    if not 0 < utilization <= 1:
-        raise ValueError(f"gpu memory utilization must be in (0, 1], not {utilization}")
-    left = gpu_bytes * utilization - weights_bytes - activations_bytes
-    blocks = int(left // (block_size * token_bytes)) if left > 0 else 0
-    if blocks < 1:
-        raise ValueError(
-            f"no room for the KV cache: {gpu_bytes * utilization / 2**30:.1f} GiB usable, weights "
-            f"{weights_bytes / 2**30:.1f} GiB and activations {activations_bytes / 2**30:.1f} GiB"
-        )
-    return blocks
+from simulator.scenario.llm import blocks_from_memory, bytes_per_token
 
 
 class KVCache:

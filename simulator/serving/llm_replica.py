@@ -1,45 +1,152 @@
-"""One LLM replica stepping as vLLM 0.1.7 does (``prefill_first``), over the paged KV cache.
+"""One LLM replica stepping over its paged KV cache, as vLLM's engines do.
 
-Each iteration of the engine is one *step* on the GPU, of one of two kinds, never mixed:
+Each iteration of the engine is one *step* on the GPU: the scheduler picks which sequences
+compute how many tokens, the model runs once over all of them, and every sequence whose
+known tokens are then all computed samples one more output token. Three policies
+(``batching.policy``):
 
-- **prefill**: waiting requests are admitted first come, first served, whole prompts, while
-  their blocks fit above a watermark of free blocks, their prompt tokens fit
-  ``max_num_batched_tokens`` and the running sequences fit ``max_num_seqs``; admission
-  stops at the first request that does not fit. The step computes their prompts; each
-  admitted request has its first output token when the step ends (its TTFT).
-- **decode**: when nothing can be admitted, every running sequence computes one more token.
-  Going through them in arrival order, each needs a free block (vLLM 0.1.7 asks one per
-  sequence); without one, the latest arrival not yet served this step (or the sequence
-  itself, if none is left) is preempted by recompute: its blocks are freed and it goes back
-  to the front of the waiting queue, to prefill its prompt and the tokens it had generated
-  again.
+- ``continuous``, vLLM V1's scheduler (chunked prefill, prefill and decode mixed in one
+  step). A step's token budget is ``max_num_batched_tokens``. The *running* sequences go
+  first, in the order they were admitted: each takes the tokens it still has to compute
+  (one for a decode; a prompt's next chunk, capped by ``long_prefill_token_threshold``)
+  within the budget. A sequence that needs a KV block when none is free preempts the last
+  running sequence (or itself, when it is the last), by recompute: its blocks are freed
+  (their content kept in the prefix cache while it lasts) and it goes to the front of the
+  waiting queue. Then, if nobody was preempted, *waiting* requests are admitted first
+  come, first served while the budget, ``max_num_seqs`` and the free blocks last; the
+  first that does not fit stops admission. A prompt longer than what is left of the
+  budget is prefilled in chunks over several steps.
+- ``prefill_first``, vLLM v0 (0.1.7, as in DistServe's runs): a step either prefills
+  whole prompts of admitted requests (FCFS, above a 1% watermark of free blocks) or
+  decodes every running sequence one token, never both; prefills go first. A decode that
+  needs a block preempts the latest arrival not yet given its slot in the step.
+- ``static``: request-level batching, as FasterTransformer serves: up to ``max_num_seqs``
+  requests are admitted only when the replica is empty, prefilled together, then decoded
+  until the *last* of them is done; a finished sequence keeps its slot (the batch is
+  computed at its full width) until then. It is here to teach what continuous batching
+  buys.
 
-A step's time is a fitted function of its work (:class:`StepTime`, DistServe's form). With
-nothing running and nothing waiting, the replica idles until the next arrival. The output
-length is not the scheduler's to know: a sequence simply stops when it has produced it.
+A step's time is a fitted function of its work (:class:`LinearStepTime`, or
+:class:`StepTime`, DistServe's form), times the replica's noise. With nothing running and
+nothing waiting the replica idles until the next arrival. The output length is not the
+scheduler's to know: a sequence stops when it has produced it.
 
-This is the policy DistServe's runs of vLLM used (``../shared/data/distserve``), kept here
-to predict them from the profiles; the ``continuous`` policy of vLLM V1 (chunked prefill,
-prefill and decode mixed) builds on the same cache.
+:class:`Replica` steps incrementally: requests are pushed as they become known and
+:meth:`Replica.advance` runs every step that starts before the horizon of what is known,
+so a run in chunks takes the same steps as a run in one.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections import deque
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, Protocol
 
 import numpy as np
 
 from simulator.serving.kv_cache import KVCache
+
+Policy = Literal["continuous", "prefill_first", "static"]
+POLICIES: tuple[str, ...] = ("continuous", "prefill_first", "static")
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one step computes: ``prefill_tokens`` prompt (or recomputed) tokens in chunks,
+    their attention work Σ p_i·(ctx_i + p_i/2) (a chunk of ``p_i`` tokens after ``ctx_i``
+    already computed), ``chunks`` prefill chunks, ``decodes`` sequences decoding one token
+    and their ``decode_context`` tokens of context in all."""
+
+    prefill_tokens: int = 0
+    attention: float = 0.0
+    chunks: int = 0
+    decodes: int = 0
+    decode_context: int = 0
+
+
+class StepModel(Protocol):
+    def ms(self, work: Work) -> float:
+        """The step's time on the GPU, ms."""
+
+
+@dataclass(frozen=True)
+class LinearStepTime:
+    """``t = c0 + c_prefill·P + c_attn·Σ p_i(ctx_i + p_i/2) + c_decode·D + c_kv·Σ ctx_j`` (ms):
+    a fixed cost per step, prefill tokens' linear work (weights read and multiplied),
+    their attention, decoding sequences' per-sequence work and their attention over
+    ``Σ ctx_j`` tokens of KV."""
+
+    c0_ms: float
+    prefill_ms_per_token: float = 0.0
+    attention_ms_per_token2: float = 0.0
+    decode_ms_per_seq: float = 0.0
+    kv_ms_per_token: float = 0.0
+
+    def ms(self, work: Work) -> float:
+        return (
+            self.c0_ms
+            + self.prefill_ms_per_token * work.prefill_tokens
+            + self.attention_ms_per_token2 * work.attention
+            + self.decode_ms_per_seq * work.decodes
+            + self.kv_ms_per_token * work.decode_context
+        )
+
+
+@dataclass(frozen=True)
+class RooflineStepTime:
+    """A step's time from its FLOPs and bytes: ``overhead + max(FLOPs / flop_rate,
+    bytes / byte_rate)``. FLOPs: ``2·params`` a token computed, ``4·layers·hidden`` a
+    (query, key) pair of attention; bytes: the weights once a step, and the KV of every
+    decode's context and every token computed."""
+
+    flops_per_token: float
+    attention_flops_per_pair: float
+    weight_bytes: float
+    kv_bytes_per_token: float
+    flop_rate: float  # FLOP/ms reached
+    byte_rate: float  # bytes/ms reached
+    overhead_ms: float
+
+    def ms(self, work: Work) -> float:
+        tokens = work.prefill_tokens + work.decodes
+        flops = self.flops_per_token * tokens + self.attention_flops_per_pair * (work.attention + work.decode_context)
+        moved = self.weight_bytes + self.kv_bytes_per_token * (work.decode_context + tokens)
+        return self.overhead_ms + max(flops / self.flop_rate, moved / self.byte_rate)
+
+
+def step_model(batching, instance_type: str) -> StepModel:
+    """The step time of a ``batching.kind: continuous`` section on ``instance_type``: its
+    fitted linear form, or the roofline of its model on that GPU's datasheet."""
+    from simulator.scenario.llm import LinearStep, gpu_spec
+
+    st = batching.step_time
+    if isinstance(st, LinearStep):
+        return LinearStepTime(
+            st.c0_ms, st.prefill_ms_per_token, st.attention_ms_per_token2, st.decode_ms_per_seq, st.kv_ms_per_token
+        )
+    m, gpu = batching.spec, gpu_spec(instance_type)
+    return RooflineStepTime(
+        flops_per_token=2.0 * m.params_b * 1e9,
+        attention_flops_per_pair=4.0 * m.layers * m.hidden,
+        weight_bytes=m.weights_total_bytes,
+        kv_bytes_per_token=m.kv_bytes_per_token,
+        flop_rate=gpu.tflops * 1e12 * st.mfu / 1000.0,
+        byte_rate=gpu.hbm_tb_s * 1e12 * st.mbu / 1000.0,
+        overhead_ms=st.overhead_ms,
+    )
 
 
 @dataclass(frozen=True)
 class StepTime:
     """Step time (ms) as DistServe fits it on a GPU: a prefill of prompts ``l`` takes
     ``a + b·Σl + c·Σl²``; a decode of ``B`` sequences with contexts ``ctx`` takes
-    ``a + b·Σctx + c·B``, with one row for ``B`` below ``threshold`` and another from it."""
+    ``a + b·Σctx + c·B``, with one row for ``B`` below ``threshold`` and another from it.
+    A chunk after ``ctx`` tokens counts ``2·p·(ctx + p/2)`` for its ``l²``; a mixed step
+    pays the prefill's row and the decode's terms without a second intercept."""
 
     prefill: tuple[float, float, float]
     decode_small: tuple[float, float, float]
@@ -53,6 +160,16 @@ class StepTime:
     def decode_ms(self, context_tokens: int, batch: int) -> float:
         a, b, c = self.decode_small if batch < self.threshold else self.decode_large
         return a + b * context_tokens + c * batch
+
+    def ms(self, work: Work) -> float:
+        t = 0.0
+        if work.chunks:
+            a, b, c = self.prefill
+            t = a + b * work.prefill_tokens + c * 2.0 * work.attention
+        if work.decodes:
+            a = (self.decode_small if work.decodes < self.threshold else self.decode_large)[0]
+            t += self.decode_ms(work.decode_context, work.decodes) - (a if work.chunks else 0.0)
+        return t
 
     @classmethod
     def distserve(cls, path: str | Path, model: str, tensor_parallel: int = 1) -> StepTime:
@@ -78,7 +195,384 @@ class Limits:
     block_size: int = 16
     max_num_batched_tokens: int = 2048
     max_num_seqs: int = 256
-    watermark: float = 0.01  # of the blocks, kept free at admission
+    watermark: float = 0.01  # of the blocks, kept free at admission (prefill_first)
+    long_prefill_token_threshold: int = 0  # most tokens of one prompt in a step (0: no cap)
+    prefix_caching: bool = False
+
+
+class _Seq:
+    """One request on the replica."""
+
+    __slots__ = (
+        "arrival",
+        "cached",
+        "computed",
+        "first",
+        "group",
+        "keys",
+        "made",
+        "named",
+        "output",
+        "preempted",
+        "prompt",
+        "rid",
+        "start",
+    )
+
+    def __init__(self, rid: int, arrival: float, prompt: int, output: int, keys: Sequence[Hashable]):
+        self.rid, self.arrival, self.prompt, self.output, self.keys = rid, arrival, prompt, output, keys
+        self.computed = 0  # tokens whose KV is computed (or served from the cache)
+        self.made = 0  # output tokens produced
+        self.first = math.nan  # when the first output token was produced
+        self.start = math.nan  # when its first step started
+        self.preempted = 0
+        self.cached = 0  # prompt tokens served from the prefix cache, first admission
+        self.named = 0  # full blocks named in the prefix cache
+
+
+class Keys(Sequence):
+    """A request's block keys: ``shared`` blocks of a prefix group's, then its own."""
+
+    def __init__(self, rid: int, group: Hashable | None, shared_blocks: int, total_blocks: int):
+        self.rid, self.group, self.shared, self.total = rid, group, shared_blocks, total_blocks
+
+    def __len__(self) -> int:
+        return self.total
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.total))]
+        if not 0 <= i < self.total:
+            raise IndexError(i)
+        return ("g", self.group, i) if i < self.shared else ("r", self.rid, i)
+
+
+@dataclass
+class Finished:
+    """Requests settled by a replica, in the order they settled: ids, when their first
+    step started, first token and last token (ms), preemptions, prompt tokens served from
+    the prefix cache, and whether it was dropped (a preempted sequence grown past any
+    prefill, vLLM's ``ignored``)."""
+
+    rid: np.ndarray
+    start: np.ndarray
+    first_token: np.ndarray
+    done: np.ndarray
+    preemptions: np.ndarray
+    cached_tokens: np.ndarray
+    ignored: np.ndarray
+
+
+@dataclass
+class Steps:
+    """One row per step: start and end (ms), prefill tokens, decoding sequences, sequences
+    in the step, sequences running during it (admitted, not finished before it), requests
+    waiting after it, KV blocks in use after it (share)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    prefill_tokens: np.ndarray
+    decodes: np.ndarray
+    seqs: np.ndarray
+    running: np.ndarray
+    waiting: np.ndarray
+    kv_usage: np.ndarray
+
+
+class Replica:
+    """One replica serving requests pushed in arrival order.
+
+    Parameters
+    ----------
+    policy : {"continuous", "prefill_first", "static"}
+    step : StepModel
+        The step time (ms) of a step's work.
+    limits : Limits
+    noise : callable, optional
+        ``noise()`` gives the next step's multiplicative factor (default: 1).
+    """
+
+    def __init__(self, policy: Policy, step: StepModel, limits: Limits, noise=None):
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
+        self.policy, self.step, self.limits, self.noise = policy, step, limits, noise
+        self.kv = KVCache(limits.num_blocks, limits.block_size, prefix_caching=limits.prefix_caching)
+        self.keep_free = int(limits.watermark * limits.num_blocks) if policy == "prefill_first" else 0
+        self.pending: deque[_Seq] = deque()  # pushed, not yet arrived at the replica's clock
+        self.waiting: deque[_Seq] = deque()
+        self.running: list[_Seq] = []
+        self.batch_width = 0  # static: the batch's width while it lasts
+        self.t = 0.0
+        self.steps = 0
+        self.tokens_out = 0  # output tokens produced
+        self.tokens_computed = 0  # tokens whose KV a step computed (recomputes included, cache hits not)
+        self._done: list[tuple] = []
+        self._log: list[tuple] = []
+
+    # --- input ----------------------------------------------------------------
+    def push(
+        self, rid: int, arrival: float, prompt: int, output: int, group: Hashable | None = None, shared_tokens: int = 0
+    ) -> None:
+        """A request arriving at ``arrival`` (not before the last pushed) with ``prompt`` and
+        ``output`` tokens; its first ``shared_tokens`` prompt tokens are prefix group
+        ``group``'s (content other requests of the group share)."""
+        bs = self.limits.block_size
+        keys: Sequence[Hashable] = ()
+        if self.limits.prefix_caching:
+            shared = min(shared_tokens, prompt) // bs if group is not None else 0
+            keys = Keys(rid, group, shared, (prompt + output) // bs)
+        self.pending.append(_Seq(rid, arrival, int(prompt), int(output), keys))
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending or self.waiting or self.running)
+
+    # --- time -----------------------------------------------------------------
+    def advance(self, horizon: float = math.inf) -> None:
+        """Run every step that starts before ``horizon``: every request arriving before it
+        has been pushed."""
+        while True:
+            pending, waiting = self.pending, self.waiting
+            while pending and pending[0].arrival <= self.t:
+                waiting.append(pending.popleft())
+            if not waiting and not self.running:
+                if not pending:
+                    return
+                self.t = pending[0].arrival
+                continue
+            if self.t >= horizon:
+                return
+            if self.policy == "continuous":
+                self._continuous()
+            elif self.policy == "prefill_first":
+                self._prefill_first()
+            else:
+                self._static()
+
+    def finished(self) -> Finished:
+        """The requests settled since the last call."""
+        rows, self._done = self._done, []
+        cols = list(zip(*rows, strict=True)) if rows else [()] * 7
+        return Finished(
+            np.array(cols[0], dtype=np.int64),
+            np.array(cols[1], dtype=float),
+            np.array(cols[2], dtype=float),
+            np.array(cols[3], dtype=float),
+            np.array(cols[4], dtype=np.int64),
+            np.array(cols[5], dtype=np.int64),
+            np.array(cols[6], dtype=bool),
+        )
+
+    def step_log(self) -> Steps:
+        """The steps run since the last call."""
+        rows, self._log = self._log, []
+        cols = list(zip(*rows, strict=True)) if rows else [()] * 8
+        ints = {2, 3, 4, 5, 6}
+        return Steps(*(np.array(c, dtype=np.int64 if k in ints else float) for k, c in enumerate(cols)))
+
+    # --- the policies ---------------------------------------------------------
+    def _continuous(self) -> None:
+        lim, kv = self.limits, self.kv
+        budget = lim.max_num_batched_tokens
+        cap = lim.long_prefill_token_threshold
+        running, waiting = self.running, self.waiting
+        scheduled: list[tuple[_Seq, int]] = []
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            s = running[i]
+            n = s.prompt + s.made - s.computed
+            if cap and n > cap:
+                n = cap
+            n = min(n, budget)
+            while kv.allocate(s.rid, s.computed + n) is None:
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is s:
+                    break
+            else:
+                scheduled.append((s, n))
+                budget -= n
+                i += 1
+                continue
+            break
+        if not preempted:
+            while waiting and budget > 0 and len(running) < lim.max_num_seqs:
+                s = waiting[0]
+                total = s.prompt + s.made
+                hit = kv.cached_prefix(s.keys, total) if s.keys else 0
+                n = total - hit
+                if cap and n > cap:
+                    n = cap
+                n = min(n, budget)
+                if self._admit(s, hit + n) is None:
+                    break
+                running.append(s)
+                scheduled.append((s, n))
+                budget -= n
+        if not scheduled:
+            if not preempted:  # nothing fits an empty replica (validation refuses such requests)
+                self._idle_or_fail()
+            return  # everything running was preempted: admission comes next
+        self._run(scheduled)
+
+    def _prefill_first(self) -> None:
+        lim, kv = self.limits, self.kv
+        running, waiting = self.running, self.waiting
+        batch: list[tuple[_Seq, int]] = []
+        tokens = 0
+        while waiting:
+            s = waiting[0]
+            length = s.prompt + s.made
+            if length > lim.max_num_batched_tokens:  # a preempted sequence grown past any prefill
+                waiting.popleft()
+                self._settle(s, ignored=True)
+                continue
+            if tokens + length > lim.max_num_batched_tokens or len(running) + len(batch) >= lim.max_num_seqs:
+                break
+            hit = kv.cached_prefix(s.keys, length) if s.keys else 0
+            if kv.blocks_for(length) - hit // lim.block_size > kv.free_blocks - self.keep_free:
+                break
+            got = self._admit(s, length)
+            if got is None:
+                break
+            batch.append((s, length - got))
+            tokens += length
+        if batch:
+            running.extend(s for s, _ in batch)
+            self._run(batch)
+            return
+        if not running:  # the head does not fit an empty replica above the watermark
+            self._idle_or_fail()
+            return
+        self._decode_all()
+
+    def _static(self) -> None:
+        lim = self.limits
+        running, waiting = self.running, self.waiting
+        if not running:  # a new batch: as many as fit the KV cache, prefilled together
+            batch: list[tuple[_Seq, int]] = []
+            while waiting and len(batch) < lim.max_num_seqs:
+                s = waiting[0]
+                length = s.prompt + s.made
+                got = self._admit(s, length)
+                if got is None:
+                    break
+                batch.append((s, length - got))
+            if not batch:
+                self._idle_or_fail()
+                return
+            self.batch_width = len(batch)
+            running.extend(s for s, _ in batch)
+            self._run(batch, width=self.batch_width)
+            return
+        self._decode_all(width=self.batch_width)
+
+    def _decode_all(self, width: int = 0) -> None:
+        """One token for every running sequence, in arrival order (prefill_first, static);
+        each needs its block: without one, the latest arrival not yet given its slot is
+        preempted, or the sequence itself."""
+        kv = self.kv
+        order = sorted(self.running, key=lambda s: (s.arrival, s.rid))
+        kept: list[_Seq] = []
+        while order:
+            s = order.pop(0)
+            while kv.allocate(s.rid, s.computed + 1) is None:
+                victim = order.pop() if order else s
+                self._preempt(victim)
+                if victim is s:
+                    break
+            else:
+                kept.append(s)
+        self.running = kept
+        if not kept:
+            if width:
+                self.batch_width = 0
+            return
+        self._run([(s, 1) for s in kept], width=width)
+
+    # --- mechanics ------------------------------------------------------------
+    def _admit(self, s: _Seq, tokens: int) -> int | None:
+        """Blocks for ``s``, the head of the waiting queue, to hold ``tokens`` (sharing its
+        cached prefix); on success it leaves the queue. Returns the tokens the cache
+        served, or None when the blocks are not free (nothing changes)."""
+        got = self.kv.allocate(s.rid, tokens, s.keys)
+        if got is None:
+            return None
+        self.waiting.popleft()
+        s.computed = got
+        if s.made == 0 and s.preempted == 0:
+            s.cached = got
+        return got
+
+    def _preempt(self, s: _Seq) -> None:
+        self.kv.free(s.rid)
+        s.computed = 0
+        s.named = 0
+        s.preempted += 1
+        self.waiting.appendleft(s)
+        if s in self.running:
+            self.running.remove(s)
+
+    def _idle_or_fail(self) -> None:
+        """No step could be formed although requests wait: the head of the queue can never
+        be served here (validation refuses such requests, so this is a guard)."""
+        s = self.waiting.popleft()
+        self._settle(s, ignored=True)
+
+    def _run(self, scheduled: list[tuple[_Seq, int]], width: int = 0) -> None:
+        """Run one step over ``scheduled`` (sequence, tokens it computes): its time, then
+        the tokens it produced."""
+        lim = self.limits
+        during = len(self.running)
+        prefill = chunks = decodes = context = 0
+        attention = 0.0
+        for s, n in scheduled:
+            if s.made and s.computed == s.prompt + s.made - 1 and n == 1:
+                decodes += 1
+                context += s.computed + 1  # the new token attends to its context and itself
+            else:
+                prefill += n
+                chunks += 1
+                attention += n * (s.computed + n / 2.0)
+        if width > decodes and not chunks:  # static: the finished keep their slots
+            decodes = width
+        ms = self.step.ms(Work(prefill, attention, chunks, decodes, context))
+        if self.noise is not None:
+            ms *= self.noise()
+        start = self.t
+        self.t = end = start + ms
+        self.steps += 1
+        keep = self.policy == "static"
+        for s, n in scheduled:
+            if math.isnan(s.start):
+                s.start = start
+            s.computed += n
+            self.tokens_computed += n
+            if s.keys:
+                full = min(s.computed // lim.block_size, len(s.keys))
+                if full > s.named:
+                    self.kv.cache_full_blocks(s.rid, s.keys[:full])
+                    s.named = full
+            if s.computed == s.prompt + s.made:  # every known token computed: one more token
+                s.made += 1
+                self.tokens_out += 1
+                if s.made == 1:
+                    s.first = end
+                if s.made >= s.output:
+                    self.kv.free(s.rid)
+                    if not keep:
+                        self.running.remove(s)
+                    self._settle(s)
+        if keep:
+            self.running = [s for s in self.running if s.made < s.output]
+            if not self.running:
+                self.batch_width = 0
+        self._log.append((start, end, prefill, decodes, len(scheduled), during, len(self.waiting), self.kv.usage))
+
+    def _settle(self, s: _Seq, ignored: bool = False) -> None:
+        self._done.append((s.rid, s.start, s.first, math.nan if ignored else self.t, s.preempted, s.cached, ignored))
 
 
 @dataclass
@@ -91,23 +585,16 @@ class Served:
     preemptions: np.ndarray
     ignored: np.ndarray  # dropped: preempted with more tokens than a prefill may hold (vLLM's "ignored")
     steps: int  # steps the engine ran
+    start: np.ndarray | None = None  # when its first step started
+    cached_tokens: np.ndarray | None = None
+    log: Steps | None = None
 
 
-def serve_prefill_first(
-    arrival_ms: np.ndarray,
-    prompt: np.ndarray,
-    output: np.ndarray,
-    step: StepTime,
-    limits: Limits,
-) -> Served:
-    """Serve requests arriving at ``arrival_ms`` (sorted) with ``prompt`` and ``output``
-    token counts on one replica, prefill first. Raises ValueError, before serving, for a
-    request the replica can never hold (its prompt and output over the KV cache, or its
-    prompt over ``max_num_batched_tokens``) or one with no output token."""
-    n = len(arrival_ms)
-    prompt = np.asarray(prompt, dtype=np.int64)
-    output = np.asarray(output, dtype=np.int64)
-    if n and output.min() < 1:
+def refuse(prompt: np.ndarray, output: np.ndarray, limits: Limits, policy: Policy) -> None:
+    """Raise ValueError, naming the first such request, for one a replica can never serve:
+    no output token, more tokens than the KV cache holds, or (prefill first, whole prompts)
+    a prompt over ``max_num_batched_tokens``."""
+    if len(output) and output.min() < 1:
         raise ValueError(f"request {int(np.argmin(output))} asks for {int(output.min())} output tokens; at least 1")
     capacity = limits.num_blocks * limits.block_size
     too_long = np.flatnonzero(prompt + output > capacity)
@@ -117,93 +604,75 @@ def serve_prefill_first(
             f"request {i}: {int(prompt[i])} prompt + {int(output[i])} output tokens can never fit the "
             f"KV cache ({limits.num_blocks} blocks of {limits.block_size} = {capacity} tokens)"
         )
-    over = np.flatnonzero(prompt > limits.max_num_batched_tokens)
-    if len(over):
-        i = int(over[0])
-        raise ValueError(
-            f"request {i}: a {int(prompt[i])}-token prompt is over max_num_batched_tokens "
-            f"{limits.max_num_batched_tokens}: it can never be prefilled"
+    if policy == "prefill_first":
+        over = np.flatnonzero(prompt > limits.max_num_batched_tokens)
+        if len(over):
+            i = int(over[0])
+            raise ValueError(
+                f"request {i}: a {int(prompt[i])}-token prompt is over max_num_batched_tokens "
+                f"{limits.max_num_batched_tokens}: it can never be prefilled"
+            )
+
+
+def serve(
+    arrival_ms: np.ndarray,
+    prompt: np.ndarray,
+    output: np.ndarray,
+    step: StepModel,
+    limits: Limits,
+    policy: Policy = "continuous",
+    *,
+    groups: np.ndarray | None = None,
+    shared_tokens: np.ndarray | None = None,
+    noise=None,
+) -> Served:
+    """Serve requests arriving at ``arrival_ms`` (sorted) with ``prompt`` and ``output``
+    token counts on one replica under ``policy``; ``groups`` (a prefix group per request,
+    -1 for none) with ``shared_tokens`` name shared prompt prefixes. Raises ValueError,
+    before serving, for a request the replica can never serve (:func:`refuse`)."""
+    n = len(arrival_ms)
+    prompt = np.asarray(prompt, dtype=np.int64)
+    output = np.asarray(output, dtype=np.int64)
+    refuse(prompt, output, limits, policy)
+    rep = Replica(policy, step, limits, noise)
+    for i in range(n):
+        g = None if groups is None or groups[i] < 0 else int(groups[i])
+        rep.push(
+            i,
+            float(arrival_ms[i]),
+            int(prompt[i]),
+            int(output[i]),
+            g,
+            0 if shared_tokens is None else int(shared_tokens[i]),
         )
-    kv = KVCache(limits.num_blocks, limits.block_size, prefix_caching=False)
-    keep_free = int(limits.watermark * limits.num_blocks)
-    first = np.full(n, np.nan)
-    done = np.full(n, np.nan)
-    preempted = np.zeros(n, dtype=np.int64)
-    ignored = np.zeros(n, dtype=bool)
-    made = np.zeros(n, dtype=np.int64)  # output tokens produced so far
-    waiting: deque[int] = deque()
-    running: list[int] = []  # in admission order
-    t, nxt, steps = 0.0, 0, 0
-    while nxt < n or waiting or running:
-        while nxt < n and arrival_ms[nxt] <= t:
-            waiting.append(nxt)
-            nxt += 1
-        if not waiting and not running:
-            t = float(arrival_ms[nxt])
-            continue
-        # prefill: admit whole prompts (with what they had generated, after a preemption)
-        batch, tokens = [], 0
-        while waiting:
-            i = waiting[0]
-            length = int(prompt[i] + made[i])
-            if length > limits.max_num_batched_tokens:  # a preempted sequence grown past any prefill
-                waiting.popleft()
-                ignored[i] = True
-                continue
-            if tokens + length > limits.max_num_batched_tokens or len(running) + len(batch) >= limits.max_num_seqs:
-                break
-            if kv.blocks_for(length) > kv.free_blocks - keep_free or kv.allocate(i, length) is None:
-                break
-            waiting.popleft()
-            batch.append(i)
-            tokens += length
-        if batch:
-            t += step.prefill_ms([int(prompt[i] + made[i]) for i in batch])
-            steps += 1
-            for i in batch:
-                if made[i] == 0:
-                    first[i] = t
-                made[i] += 1
-            running.extend(batch)
-            running = _finish(running, made, output, done, kv, t)
-            continue
-        # decode: one token for every running sequence, in arrival order; each needs a free
-        # block to go on (vLLM 0.1.7 asks one per sequence, whether or not it opens a block):
-        # without one, the latest arrival not yet given its slot is preempted, or itself
-        order, running = sorted(running), []
-        while order:
-            i = order.pop(0)
-            while kv.free_blocks < 1:
-                victim = order.pop() if order else i
-                kv.free(victim)
-                waiting.appendleft(victim)
-                preempted[victim] += 1
-                if victim == i:
-                    break
-            else:
-                kv.allocate(i, int(prompt[i] + made[i]))  # the last token's KV: a block when it opens one
-                running.append(i)
-        if not running:
-            continue
-        context = sum(int(prompt[i] + made[i]) for i in running)
-        t += step.decode_ms(context, len(running))
-        steps += 1
-        for i in running:
-            made[i] += 1
-        running = _finish(running, made, output, done, kv, t)
-    return Served(first, done, preempted, ignored, steps)
+    rep.advance()
+    f = rep.finished()
+    out = {k: np.full(n, np.nan) for k in ("first", "done", "start")}
+    pre, cached = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    ign = np.zeros(n, dtype=bool)
+    out["first"][f.rid], out["done"][f.rid], out["start"][f.rid] = f.first_token, f.done, f.start
+    pre[f.rid], cached[f.rid], ign[f.rid] = f.preemptions, f.cached_tokens, f.ignored
+    return Served(out["first"], out["done"], pre, ign, rep.steps, out["start"], cached, rep.step_log())
 
 
-def _finish(running: list[int], made, output, done, kv: KVCache, t: float) -> list[int]:
-    """The running sequences that have not produced their last token; the others end at ``t``."""
-    still = []
-    for i in running:
-        if made[i] >= output[i]:
-            done[i] = t
-            kv.free(i)
-        else:
-            still.append(i)
-    return still
+def serve_prefill_first(arrival_ms, prompt, output, step: StepModel, limits: Limits) -> Served:
+    """:func:`serve` with vLLM 0.1.7's policy (DistServe's runs)."""
+    return serve(arrival_ms, prompt, output, step, limits, "prefill_first")
 
 
-__all__ = ["Limits", "Served", "StepTime", "serve_prefill_first"]
+__all__ = [
+    "POLICIES",
+    "Finished",
+    "Limits",
+    "LinearStepTime",
+    "Replica",
+    "RooflineStepTime",
+    "Served",
+    "StepTime",
+    "Steps",
+    "Work",
+    "refuse",
+    "serve",
+    "serve_prefill_first",
+    "step_model",
+]

@@ -7,11 +7,12 @@ after the last. What a batch costs on the GPU is the
 it for batch times and never draws its own.
 
 :func:`build` makes the scheduler from the scenario's ``batching`` section, a union
-discriminated by ``kind`` (:data:`simulator.scenario.fleet.Batching`). Today's only kind
-is ``triton`` (:mod:`simulator.serving.triton`), run by one of three strategies with the
+discriminated by ``kind`` (:data:`simulator.scenario.fleet.Batching`).
+``triton`` (:mod:`simulator.serving.triton`) is run by one of three strategies with the
 same results: the exact FCFS recursion when batching is off, the compiled loop where it
-covers the batching, or the SimPy scheduler. A new kind is one module here and one union
-member there.
+covers the batching, or the SimPy scheduler. ``continuous`` (:mod:`simulator.serving.continuous`)
+is a pool of LLM replicas stepping token by token. A new kind is one module here and one
+union member there.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from simulator.scenario.fleet import TritonBatching
+from simulator.scenario.llm import ContinuousBatching
 
 if TYPE_CHECKING:
     import numpy as np
@@ -26,7 +28,6 @@ if TYPE_CHECKING:
     from simulator.scenario.fleet import Batching
     from simulator.serving.batcher import BatchQueue
     from simulator.serving.served import Settled
-    from simulator.serving.workers import ServiceModel
 
 
 class Scheduler(Protocol):
@@ -39,10 +40,17 @@ class Scheduler(Protocol):
     """
 
     def extend(
-        self, t: np.ndarray, rid: np.ndarray, queue: np.ndarray | None, deadlines: np.ndarray | None, horizon: float
+        self,
+        t: np.ndarray,
+        rid: np.ndarray,
+        queue: np.ndarray | None,
+        deadlines: np.ndarray | None,
+        horizon: float,
+        work: tuple[np.ndarray, ...] | None = None,
     ) -> None:
         """Requests reaching the batching stage at times ``t``; every request before
-        ``horizon`` is now known."""
+        ``horizon`` is now known. ``work``: what each request asks of the model where the
+        kind needs it (an LLM's tokens: prompt, output, prefix group, shared tokens)."""
 
     def close(self) -> None:
         """No more requests will come."""
@@ -72,9 +80,11 @@ def queues_of(count: int, per_worker: int, *, shared: bool) -> list[list[int]]:
     return [list(range(w * per_worker, (w + 1) * per_worker)) for w in range(count)]
 
 
-def build(batching: Batching, instances: list[list[int]], service: ServiceModel, *, compiled: bool | None = None):
+def build(batching: Batching, instances: list[list[int]], service, *, compiled: bool | None = None):
     """The scheduler of a fixed pool whose queue ``k`` feeds the model instances
-    ``instances[k]`` (global ids) and draws its batch times from ``service.feed(k)``.
+    ``instances[k]`` (global ids) and draws its batch times from ``service.feed(k)`` (a
+    :class:`~simulator.serving.workers.ServiceModel`; for ``kind: continuous`` an
+    :class:`~simulator.serving.continuous.LLMService`, its replicas' step time).
 
     ``compiled`` picks the triton strategy (default: the compiled loop where it covers the
     batching; False: the SimPy scheduler, the reference).
@@ -84,6 +94,10 @@ def build(batching: Batching, instances: list[list[int]], service: ServiceModel,
     match batching:
         case TritonBatching():
             return triton.scheduler(batching, instances, service, compiled=compiled)
+        case ContinuousBatching():
+            from simulator.serving.continuous import Replicas
+
+            return Replicas(batching, instances, service)
     raise ValueError(f"no scheduler for batching.kind {getattr(batching, 'kind', None)!r}")  # pragma: no cover
 
 

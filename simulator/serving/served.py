@@ -22,13 +22,25 @@ class PoolRun(NamedTuple):
     fleet: FleetLog | None = None
 
 
+class TokensServed(NamedTuple):
+    """What an LLM engine adds to a settled request's columns: when its first output token
+    was produced (ms), how often it was preempted, and its prompt tokens served from the
+    prefix cache."""
+
+    t_first_token: np.ndarray
+    preemptions: np.ndarray
+    cached_tokens: np.ndarray
+
+
 class Settled(NamedTuple):
     """What a scheduler hands out: the requests settled since its last call (their ids as
-    given to it, and their serving columns) and the batches that started."""
+    given to it, and their serving columns) and the batches that started; an LLM engine's
+    steps are its batches, and it adds each request's :class:`TokensServed`."""
 
     ids: np.ndarray
     served: Served
     batches: BatchLog
+    tokens: TokensServed | None = None
 
 
 class ClassesRun(NamedTuple):

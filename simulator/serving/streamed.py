@@ -93,18 +93,24 @@ class StreamedPool:
         self.waiting = Horizon()
         self.deadlines = s.batching.deadline_ms is not None
 
-    def run(self, t_pre, rid, worker, deadline, horizon: float, final: bool):
+    def run(self, t_pre, rid, worker, deadline, horizon: float, final: bool, work=None):
         """Feed the requests (request order) and run to ``horizon``; returns the settled
-        requests' serving columns (ids and columns), and the batches that started."""
-        self.waiting.push(t_pre, rid, worker, deadline)
+        requests' serving columns (ids and columns, and an LLM's tokens where ``work``
+        gives them theirs), and the batches that started."""
+        work = () if work is None else work
+        self.waiting.push(t_pre, rid, worker, deadline, *work)
         # maybe none are ready: every queue still learns the horizon
-        t, ids, queue, dl = self.waiting.ready(math.inf if final else horizon)
-        self.scheduler.extend(t, ids, None if self.shared else queue, dl if self.deadlines else None, horizon)
+        t, ids, queue, dl, *ready = self.waiting.ready(math.inf if final else horizon)
+        self.scheduler.extend(
+            t, ids, None if self.shared else queue, dl if self.deadlines else None, horizon, tuple(ready) or None
+        )
         if final:
             self.scheduler.close()
         got = self.scheduler.run()
         if final:  # its queues' buffers go now, not with the run
             self.scheduler = None
+        if got.tokens is not None:
+            return (got.ids, got.served, got.tokens), got.batches
         return (got.ids, got.served), got.batches
 
 
@@ -132,7 +138,7 @@ class StreamedDynamicPool:
         self.waiting = Horizon()
         self.last_end: dict[int, float] = {}
 
-    def run(self, t_pre, rid, worker, deadline, horizon: float, final: bool):
+    def run(self, t_pre, rid, worker, deadline, horizon: float, final: bool, work=None):
         self.waiting.push(t_pre, rid, deadline)
         t, ids, dl = self.waiting.ready(math.inf if final else horizon)
         self.pool.push(t, ids, dl if self.deadlines else None, horizon, final)

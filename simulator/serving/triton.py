@@ -79,7 +79,7 @@ class FcfsScheduler:
         self.paths = [service.queue_path(q) for q in range(len(instances))]
         self.pending: Settled | None = None
 
-    def extend(self, t, rid, queue, deadlines, horizon: float) -> None:
+    def extend(self, t, rid, queue, deadlines, horizon: float, work=None) -> None:
         n = len(t)
         if not n:
             return
@@ -122,7 +122,7 @@ class CompiledScheduler:
         self.gid = [np.zeros(0, dtype=np.int64) for _ in instances]  # request id of each queued arrival
         self.closed = False
 
-    def extend(self, t, rid, queue, deadlines, horizon: float) -> None:
+    def extend(self, t, rid, queue, deadlines, horizon: float, work=None) -> None:
         for q, idx in enumerate(by_queue(queue, len(self.feeds), len(t))):
             self.feeds[q].extend(t[idx], horizon)
             if len(idx):
@@ -164,7 +164,7 @@ class SimPyScheduler:
         self.horizon = -math.inf
         self.closed = False
 
-    def extend(self, t, rid, queue, deadlines, horizon: float) -> None:
+    def extend(self, t, rid, queue, deadlines, horizon: float, work=None) -> None:
         now = self.env.now
         for q, idx in enumerate(by_queue(queue, len(self.feeds), len(t))):
             self.feeds[q].extend(t[idx], horizon, now, deadlines[idx] if self.deadlines else None)

@@ -1,0 +1,114 @@
+"""The LLM section of a summary: time to first token and time per output token against
+their SLA targets, token throughput, goodput, the prefix cache and preemptions, and the
+cost per million tokens; read from the records piece by piece, like every section.
+
+Definitions (vLLM's benchmark's):
+
+- **TTFT**, as the client sees it: from its send to the first token's arrival, the
+  replica's first token plus the network back (``t_first_token - arrival`` + the way back).
+- **TPOT**: the time per output token after the first, ``(last - first) / (output - 1)``,
+  for requests of at least two output tokens.
+- **goodput**: completions per second that met both the TTFT and the TPOT target (each
+  where set), the SLO-meeting sense; DistServe's other sense, the highest rate per GPU at
+  which the percentile of requests meet both, is a search over rates (``servesim plan``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simulator.results.records import Records
+from simulator.results.stats import PERCENTILES
+from simulator.scenario.config import Scenario
+
+
+def ttft_ms(r: Records) -> np.ndarray:
+    """Each request's time to first token as its client sees it (ms; NaN if none came)."""
+    return r.t_first_token - r.arrival + (r.t_response - r.t_postprocessed)
+
+
+def tpot_ms(r: Records) -> np.ndarray:
+    """Each request's time per output token after the first (ms; NaN below two tokens)."""
+    out = r.output_tokens.astype(float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(out > 1, (r.t_inferred - r.t_first_token) / (out - 1), np.nan)
+
+
+class Tokens:
+    """The LLM section, accumulated from pieces of records."""
+
+    def __init__(self, s: Scenario, sample):
+        self.s = s
+        self.ttft, self.tpot = sample(), sample()
+        self.n = dict.fromkeys(("completed", "good", "prompt", "output", "cached", "preemptions", "ttft_ok"), 0)
+        self.n["tpot_ok"] = 0
+        self.n["tpot_n"] = 0
+
+    def add(self, r: Records, done: np.ndarray) -> None:
+        sla, n = self.s.sla, self.n
+        ttft, tpot = ttft_ms(r)[done], tpot_ms(r)[done]
+        self.ttft.add(ttft)
+        has = np.isfinite(tpot)
+        self.tpot.add(tpot[has])
+        ok_ttft = ttft <= sla.ttft_ms if sla.ttft_ms is not None else np.ones(len(ttft), dtype=bool)
+        ok_tpot = ~has | (tpot <= sla.tpot_ms) if sla.tpot_ms is not None else np.ones(len(ttft), dtype=bool)
+        n["completed"] += len(ttft)
+        n["good"] += int(np.count_nonzero(ok_ttft & ok_tpot))
+        n["ttft_ok"] += int(np.count_nonzero(ok_ttft))
+        n["tpot_ok"] += int(np.count_nonzero(ok_tpot & has))
+        n["tpot_n"] += int(np.count_nonzero(has))
+        n["prompt"] += int(r.prompt_tokens[done].sum())
+        n["output"] += int(r.output_tokens[done].sum())
+        n["cached"] += int(r.cached_tokens[done].sum())
+        n["preemptions"] += int(r.preemptions[done].sum())
+
+    def seal(self) -> None:
+        self.ttft.seal((self.s.sla.percentile,))
+        self.tpot.seal((self.s.sla.percentile,))
+
+    def summary(self, span_s: float, per_hour_usd: float, dropped: int) -> dict:
+        s, n = self.s, self.n
+        p = s.sla.percentile
+        judged = n["completed"] + (dropped if s.sla.count_dropped else 0)
+
+        def verdict(target, sample, ok, count):
+            if target is None:
+                return None
+            attained = sample.percentile(p) if sample.count else float("nan")
+            share = ok / count if count else float("nan")
+            return {
+                "target_ms": target,
+                "attained_ms": attained,
+                "met": bool(sample.count and attained <= target and share >= p / 100),
+                "attainment": share,
+            }
+
+        out_per_s, in_per_s = n["output"] / span_s, n["prompt"] / span_s
+        hourly = per_hour_usd
+        return {
+            "ttft_ms": self.ttft.summary(PERCENTILES),
+            "tpot_ms": self.tpot.summary(PERCENTILES),
+            "sla": {
+                "percentile": p,
+                "ttft": verdict(s.sla.ttft_ms, self.ttft, n["ttft_ok"], judged),
+                "tpot": verdict(s.sla.tpot_ms, self.tpot, n["tpot_ok"], n["tpot_n"]),
+                "goodput_rps": n["good"] / span_s,
+                "good_share": n["good"] / judged if judged else float("nan"),
+            },
+            "tokens": {
+                "prompt_per_s": in_per_s,
+                "output_per_s": out_per_s,
+                "prefix_hit_rate": n["cached"] / n["prompt"] if n["prompt"] else float("nan"),
+                "preemptions_per_request": n["preemptions"] / n["completed"] if n["completed"] else float("nan"),
+            },
+            # each figure carries the fleet's whole cost (the GPU serves both kinds of token)
+            "cost": {
+                "per_million_output_tokens_usd": hourly / (out_per_s * 3600) * 1e6 if out_per_s else float("inf"),
+                "per_million_tokens_usd": hourly / ((in_per_s + out_per_s) * 3600) * 1e6
+                if in_per_s + out_per_s
+                else float("inf"),
+            },
+        }
+
+
+__all__ = ["Tokens", "tpot_ms", "ttft_ms"]

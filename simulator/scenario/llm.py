@@ -1,0 +1,344 @@
+"""LLM serving in a scenario: token lengths (``traffic.tokens``), the continuous-batching
+section (``batching.kind: continuous``), and the model and GPU presets its step time and
+KV memory are derived from.
+
+**What is an estimate.** The model architectures below are the models' published configs
+(layers, hidden size, KV heads, head dimension, parameters). The GPUs' dense BF16 peak
+FLOP/s, HBM bandwidth and memory are their vendors' datasheet figures. The *efficiencies*
+(the share of peak FLOP/s a prefill reaches, the share of bandwidth a decode reaches) and
+the fixed cost of a step (the scheduler's and the launch's CPU time) are estimates, typical
+of vLLM on those GPUs, not measured here: a step time fitted on the real engine
+(``batching.step_time``) replaces the whole roofline.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+from typing import Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from simulator.scenario.frozen import Frozen
+
+_Z99 = NormalDist().inv_cdf(0.99)
+
+
+def bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: float) -> float:
+    """KV bytes one token takes across the model: a key and a value per layer and head."""
+    return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
+def blocks_from_memory(
+    gpu_bytes: float,
+    utilization: float,
+    weights_bytes: float,
+    activations_bytes: float,
+    block_size: int,
+    token_bytes: float,
+) -> int:
+    """Blocks of KV memory a replica has, as vLLM sizes them: what
+    ``gpu_memory_utilization`` of the GPU leaves after the weights and the peak
+    activations, in blocks of ``block_size`` tokens of ``token_bytes`` each. Raises
+    ValueError when nothing is left for even one block."""
+    if not 0 < utilization <= 1:
+        raise ValueError(f"gpu memory utilization must be in (0, 1], not {utilization}")
+    left = gpu_bytes * utilization - weights_bytes - activations_bytes
+    blocks = int(left // (block_size * token_bytes)) if left > 0 else 0
+    if blocks < 1:
+        raise ValueError(
+            f"no room for the KV cache: {gpu_bytes * utilization / 2**30:.1f} GiB usable, weights "
+            f"{weights_bytes / 2**30:.1f} GiB and activations {activations_bytes / 2**30:.1f} GiB"
+        )
+    return blocks
+
+
+class ModelSpec(Frozen):
+    """A decoder's architecture: what its weights and its KV cache weigh, and its FLOPs."""
+
+    params_b: float = Field(gt=0, description="Parameters, billions.")
+    layers: int = Field(ge=1, description="Transformer layers.")
+    hidden: int = Field(ge=1, description="Hidden size (query heads x head dim).")
+    kv_heads: int = Field(ge=1, description="Key/value heads (grouped-query attention).")
+    head_dim: int = Field(ge=1, description="Dimension of one head.")
+    weight_bytes: float = Field(2.0, gt=0, description="Bytes per weight (2: FP16/BF16; 0.5: INT4).")
+    kv_bytes: float = Field(2.0, gt=0, description="Bytes per KV element (2: FP16/BF16; 1: FP8).")
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """2 (key and value) x layers x KV heads x head dim x bytes."""
+        return bytes_per_token(self.layers, self.kv_heads, self.head_dim, self.kv_bytes)
+
+    @property
+    def weights_total_bytes(self) -> float:
+        return self.params_b * 1e9 * self.weight_bytes
+
+
+class GPUSpec(Frozen):
+    """A GPU's datasheet: dense BF16 peak, HBM bandwidth, memory."""
+
+    tflops: float = Field(gt=0, description="Dense BF16 tensor peak, TFLOP/s.")
+    hbm_tb_s: float = Field(gt=0, description="HBM bandwidth, TB/s.")
+    memory_gb: float = Field(gt=0, description="Memory, GB (1e9 bytes).")
+
+
+MODELS: dict[str, ModelSpec] = {
+    # published configs (config.json of each model)
+    "llama-3-8b": ModelSpec(params_b=8.03, layers=32, hidden=4096, kv_heads=8, head_dim=128),
+    "llama-3-70b": ModelSpec(params_b=70.6, layers=80, hidden=8192, kv_heads=8, head_dim=128),
+    "mistral-7b": ModelSpec(params_b=7.24, layers=32, hidden=4096, kv_heads=8, head_dim=128),
+    "qwen2.5-7b": ModelSpec(params_b=7.62, layers=28, hidden=3584, kv_heads=4, head_dim=128),
+    "opt-13b": ModelSpec(params_b=12.9, layers=40, hidden=5120, kv_heads=40, head_dim=128),
+}
+
+GPUS: dict[str, GPUSpec] = {
+    # vendors' datasheets: dense BF16 (FP16 on T4) tensor peak, HBM bandwidth, memory
+    "t4": GPUSpec(tflops=65, hbm_tb_s=0.32, memory_gb=16),
+    "l4": GPUSpec(tflops=121, hbm_tb_s=0.30, memory_gb=24),
+    "a100": GPUSpec(tflops=312, hbm_tb_s=1.555, memory_gb=40),  # the catalog's a100 is the 40 GB part
+    "a100-80g": GPUSpec(tflops=312, hbm_tb_s=2.039, memory_gb=80),
+    "h100": GPUSpec(tflops=989, hbm_tb_s=3.35, memory_gb=80),
+    "h200": GPUSpec(tflops=989, hbm_tb_s=4.8, memory_gb=141),
+}
+
+
+class TokenLengths(Frozen):
+    """A length in tokens: ``fixed``; log-normal by ``mean`` and ``p99`` (as traces publish
+    them) or by ``mean`` and ``cv``; or ``values`` drawn uniformly (an empirical sample).
+    Draws are rounded and clipped to ``[min, max]``."""
+
+    fixed: int | None = Field(None, ge=0, description="Every request has this many tokens.")
+    mean: float | None = Field(None, gt=0, description="Mean tokens (log-normal, with p99 or cv).")
+    p99: float | None = Field(None, gt=0, description="99th percentile, tokens (log-normal, with mean).")
+    cv: float | None = Field(None, gt=0, description="Coefficient of variation (log-normal, with mean).")
+    values: tuple[int, ...] | None = Field(None, min_length=1, description="An empirical sample, drawn uniformly.")
+    min: int = Field(1, ge=0, description="Fewest tokens (draws below are raised to it).")
+    max: int | None = Field(None, ge=1, description="Most tokens (draws above are cut to it; none: no cap).")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> TokenLengths:
+        forms = [
+            self.fixed is not None,
+            self.values is not None,
+            self.mean is not None and (self.p99 is not None or self.cv is not None),
+        ]
+        if sum(forms) != 1 or (self.p99 is not None and self.cv is not None):
+            raise ValueError("give exactly one of: fixed; values; mean with p99; mean with cv")
+        if self.p99 is not None and self.p99 <= self.mean:
+            raise ValueError(f"p99 ({self.p99:g}) must exceed the mean ({self.mean:g}) of a log-normal")
+        if self.max is not None and self.max < self.min:
+            raise ValueError(f"max ({self.max}) is below min ({self.min})")
+        return self
+
+    def mu_sigma(self) -> tuple[float, float]:
+        """The log-normal's parameters: from mean and cv, or from mean and p99
+        (ln p99 - ln mean = z99·σ - σ²/2, the smaller root)."""
+        if self.cv is not None:
+            s2 = math.log1p(self.cv**2)
+            return math.log(self.mean) - s2 / 2, math.sqrt(s2)
+        gap = math.log(self.p99 / self.mean)
+        disc = _Z99**2 - 2 * gap
+        if disc < 0:
+            raise ValueError(f"no log-normal has mean {self.mean:g} and p99 {self.p99:g}")
+        sigma = _Z99 - math.sqrt(disc)
+        return math.log(self.mean) - sigma**2 / 2, sigma
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        if self.fixed is not None:
+            x = np.full(n, self.fixed, dtype=np.int64)
+        elif self.values is not None:
+            x = np.asarray(self.values, dtype=np.int64)[rng.integers(0, len(self.values), n)]
+        else:
+            mu, sigma = self.mu_sigma()
+            x = np.rint(rng.lognormal(mu, sigma, n)).astype(np.int64)
+        return np.clip(x, self.min, self.max if self.max is not None else np.iinfo(np.int64).max)
+
+    @property
+    def upper(self) -> float:
+        """The most tokens a draw can have (inf for an uncapped log-normal)."""
+        if self.fixed is not None:
+            return float(max(self.fixed, self.min))
+        if self.values is not None:
+            top = max(max(self.values), self.min)
+            return float(top if self.max is None else min(top, self.max))
+        return math.inf if self.max is None else float(self.max)
+
+
+PRESETS: dict[str, tuple[TokenLengths, TokenLengths]] = {
+    # Azure's LLM inference traces (2023), their published shapes: means and p99s
+    "azure_conversation": (TokenLengths(mean=1155, p99=4142, max=16384), TokenLengths(mean=211, p99=601, max=4096)),
+    "azure_code": (TokenLengths(mean=2048, p99=7436, max=16384), TokenLengths(mean=28, p99=249, max=4096)),
+    # ShareGPT as DistServe sampled it for its vLLM runs (prompt mean ~780, p99 ~1,890;
+    # output mean ~175, p99 ~830), cut as vLLM's benchmark filters it: prompt <= 1024,
+    # prompt + output <= 2048, at least 4 of each
+    "sharegpt": (TokenLengths(mean=780, p99=1890, min=4, max=1024), TokenLengths(mean=175, p99=830, min=4, max=1024)),
+}
+
+
+class PrefixGroups(Frozen):
+    """Shared prompt prefixes (a system prompt, a RAG corpus's documents): a share of the
+    requests begin with one of ``groups`` prefixes of ``tokens`` tokens, picked by Zipf
+    popularity."""
+
+    share: float = Field(1.0, ge=0, le=1, description="Share of requests that begin with a shared prefix.")
+    groups: int = Field(1, ge=1, description="Distinct prefixes.")
+    tokens: int = Field(ge=1, description="Tokens of a prefix (of the prompt; a shorter prompt shares all of it).")
+    zipf_s: float = Field(1.0, ge=0, description="Zipf exponent of the prefixes' popularity (0: uniform).")
+
+
+class Tokens(Frozen):
+    """Each request's prompt and output lengths; the output length is hidden from the
+    scheduler (the sequence simply stops when it has produced it)."""
+
+    preset: Literal["azure_conversation", "azure_code", "sharegpt"] | None = Field(
+        None, description="Published length shapes: azure_conversation, azure_code, sharegpt (prompt and output)."
+    )
+    prompt: TokenLengths | None = Field(None, description="Prompt tokens (replaces the preset's).")
+    output: TokenLengths | None = Field(None, description="Output tokens (replaces the preset's).")
+    prefix: PrefixGroups | None = Field(None, description="Shared prompt prefixes (none: every prompt its own).")
+
+    @model_validator(mode="after")
+    def _complete(self) -> Tokens:
+        if self.preset is None and (self.prompt is None or self.output is None):
+            raise ValueError("traffic.tokens needs a preset, or both prompt and output")
+        out = self.lengths()[1]
+        if out.fixed == 0 or out.min < 1 or out.max == 0:
+            raise ValueError("traffic.tokens.output must be at least 1 token: a request produces at least one")
+        return self
+
+    def lengths(self) -> tuple[TokenLengths, TokenLengths]:
+        """The prompt's and the output's lengths, the preset's where not given."""
+        p, o = PRESETS[self.preset] if self.preset is not None else (None, None)
+        return self.prompt or p, self.output or o
+
+
+class LinearStep(Frozen):
+    """A fitted step time: ``c0 + c_prefill·P + c_attn·Σ p(ctx + p/2) + c_decode·D + c_kv·Σ ctx`` ms."""
+
+    c0_ms: float = Field(ge=0, description="Fixed cost of a step, ms.")
+    prefill_ms_per_token: float = Field(0.0, ge=0, description="Per prompt token computed, ms.")
+    attention_ms_per_token2: float = Field(0.0, ge=0, description="Per unit of prefill attention work, ms.")
+    decode_ms_per_seq: float = Field(0.0, ge=0, description="Per decoding sequence, ms.")
+    kv_ms_per_token: float = Field(0.0, ge=0, description="Per token of decode context read, ms.")
+
+
+class Roofline(Frozen):
+    """The step time from the model's FLOPs and bytes on the GPU's datasheet:
+    ``overhead + max(FLOPs / (peak x mfu), bytes / (bandwidth x mbu))``. The
+    efficiencies and the overhead are estimates."""
+
+    kind: Literal["roofline"] = "roofline"
+    mfu: float = Field(0.5, gt=0, le=1, description="Share of peak FLOP/s a step reaches (estimate).")
+    mbu: float = Field(0.75, gt=0, le=1, description="Share of HBM bandwidth a step reaches (estimate).")
+    overhead_ms: float = Field(2.0, ge=0, description="Fixed CPU cost of a step: scheduling, launch (estimate), ms.")
+
+
+class ContinuousBatching(Frozen):
+    """An LLM engine's iteration-level scheduler (``kind: continuous``), with vLLM's flags.
+
+    Each worker is one replica of ``model`` on one ``workers.instance_type`` GPU; the
+    router picks its replica. ``policy`` picks the scheduler: ``continuous`` (vLLM V1:
+    chunked prefill, prefill and decode mixed), ``prefill_first`` (vLLM v0: whole prompts
+    first, never mixed with decodes) or ``static`` (request-level batches, as
+    FasterTransformer serves).
+    """
+
+    kind: Literal["continuous"] = Field(description="continuous: an LLM engine stepping token by token.")
+    policy: Literal["continuous", "prefill_first", "static"] = Field(
+        "continuous", description="continuous (vLLM V1), prefill_first (vLLM v0) or static (request-level)."
+    )
+    model: str = Field(description=f"The model served, a preset: {', '.join(MODELS)}.")
+    max_num_batched_tokens: int = Field(8192, ge=1, description="Tokens one step may compute.")
+    max_num_seqs: int = Field(256, ge=1, description="Sequences running at once.")
+    long_prefill_token_threshold: int = Field(
+        0, ge=0, description="Most tokens of one prompt per step (continuous; 0: no cap but the step's budget)."
+    )
+    block_size: int = Field(16, ge=1, description="Tokens per KV block.")
+    num_blocks: int | None = Field(
+        None, ge=1, description="KV blocks per replica (none: from the GPU's memory, as vLLM sizes them)."
+    )
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Share of the GPU's memory vLLM may use.")
+    activations_gb: float = Field(
+        2.0, ge=0, description="Peak activation memory at max_num_batched_tokens, GB (an estimate)."
+    )
+    enable_prefix_caching: bool = Field(True, description="Keep freed blocks' content for later hits (vLLM V1: on).")
+    step_time: LinearStep | Roofline = Field(
+        Roofline(), description="The step time: a fitted linear form or the roofline."
+    )
+    noise_cv: float = Field(0.0, ge=0, description="Multiplicative log-normal noise of each step's time (its cv).")
+
+    @model_validator(mode="after")
+    def _known(self) -> ContinuousBatching:
+        if self.model not in MODELS:
+            raise ValueError(f"batching.model {self.model!r} is not a preset ({', '.join(MODELS)})")
+        return self
+
+    # what the rest of the model reads off any batching section
+    @property
+    def max_batch_size(self) -> int:
+        return self.max_num_seqs
+
+    @property
+    def deadline_ms(self) -> None:
+        return None
+
+    @property
+    def timeout_ms(self) -> None:
+        return None
+
+    @property
+    def max_queue_size(self) -> None:
+        return None
+
+    @property
+    def max_queue_delay_ms(self) -> float:
+        return 0.0
+
+    @property
+    def preferred_batch_sizes(self) -> tuple[int, ...]:
+        return ()
+
+    @property
+    def spec(self) -> ModelSpec:
+        return MODELS[self.model]
+
+    def blocks(self, instance_type: str) -> int:
+        """KV blocks per replica: ``num_blocks``, or what the GPU's memory leaves after the
+        weights and the activations (ValueError when nothing is left, or the GPU has no preset)."""
+        if self.num_blocks is not None:
+            return self.num_blocks
+        gpu = gpu_spec(instance_type)
+        m = self.spec
+        return blocks_from_memory(
+            gpu.memory_gb * 1e9,
+            self.gpu_memory_utilization,
+            m.weights_total_bytes,
+            self.activations_gb * 1e9,
+            self.block_size,
+            m.kv_bytes_per_token,
+        )
+
+
+def gpu_spec(instance_type: str) -> GPUSpec:
+    if instance_type not in GPUS:
+        raise ValueError(f"workers.instance_type {instance_type!r} has no GPU preset ({', '.join(GPUS)})")
+    return GPUS[instance_type]
+
+
+__all__ = [
+    "GPUS",
+    "MODELS",
+    "PRESETS",
+    "ContinuousBatching",
+    "GPUSpec",
+    "LinearStep",
+    "ModelSpec",
+    "PrefixGroups",
+    "Roofline",
+    "TokenLengths",
+    "Tokens",
+    "blocks_from_memory",
+    "bytes_per_token",
+    "gpu_spec",
+]

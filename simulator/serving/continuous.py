@@ -1,0 +1,138 @@
+"""The scheduler of ``batching.kind: continuous``: a pool of LLM replicas, each an engine
+stepping token by token over its paged KV cache (:class:`~simulator.serving.llm_replica.Replica`).
+
+Behind the one :class:`~simulator.serving.scheduler.Scheduler` seam: requests come with
+their work (prompt and output tokens, prefix group) and the replica the router picked;
+each replica steps up to the horizon of what is known, so chunks take the same steps as
+one whole run. A replica's steps are its batches (start, end, sequences in the step).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from simulator.ledger import BatchLog, Outcome, Served, concat_logs
+from simulator.rng import child
+from simulator.scenario.llm import ContinuousBatching
+from simulator.serving.llm_replica import Limits, Replica, StepModel, step_model
+from simulator.serving.served import Settled, TokensServed
+
+
+class Noise:
+    """A replica's multiplicative step-time noise: log-normal with mean 1 and ``cv``,
+    drawn from its own stream in buffers (the same factors whatever the chunks)."""
+
+    def __init__(self, cv: float, rng: np.random.Generator, buffer: int = 4096):
+        s2 = math.log1p(cv * cv)
+        self.mu, self.sigma = -s2 / 2, math.sqrt(s2)
+        self.rng, self.buffer = rng, buffer
+        self.values: list[float] = []
+
+    def __call__(self) -> float:
+        if not self.values:
+            self.values = self.rng.lognormal(self.mu, self.sigma, self.buffer).tolist()[::-1]
+        return self.values.pop()
+
+
+@dataclass(frozen=True)
+class LLMService:
+    """What a pool's replicas are: the step time, the engine's limits and policy, and the
+    stream their step noise comes from (a child per replica)."""
+
+    step: StepModel
+    limits: Limits
+    policy: str
+    noise_cv: float
+    rng: np.random.Generator
+
+    @classmethod
+    def of(cls, batching: ContinuousBatching, instance_type: str, rng: np.random.Generator) -> LLMService:
+        limits = Limits(
+            num_blocks=batching.blocks(instance_type),
+            block_size=batching.block_size,
+            max_num_batched_tokens=batching.max_num_batched_tokens,
+            max_num_seqs=batching.max_num_seqs,
+            long_prefill_token_threshold=batching.long_prefill_token_threshold,
+            prefix_caching=batching.enable_prefix_caching,
+        )
+        return cls(step_model(batching, instance_type), limits, batching.policy, batching.noise_cv, rng)
+
+    def replica(self, k: int) -> Replica:
+        noise = Noise(self.noise_cv, child(self.rng, k)) if self.noise_cv > 0 else None
+        return Replica(self.policy, self.step, self.limits, noise)
+
+
+class Replicas:
+    """The :class:`~simulator.serving.scheduler.Scheduler` of ``kind: continuous``: one
+    replica per queue (``instances[k]`` holds its one global id)."""
+
+    def __init__(self, batching: ContinuousBatching, instances: list[list[int]], service: LLMService):
+        if any(len(i) != 1 for i in instances):
+            raise ValueError("an LLM replica is one instance: workers.instances must be 1")
+        self.replicas = [service.replica(k) for k in range(len(instances))]
+        self.instance = [i[0] for i in instances]
+        self.horizon = -math.inf
+
+    def extend(self, t, rid, queue, deadlines, horizon, work=None) -> None:
+        """Requests reaching the replicas at ``t`` (time order), each on replica ``queue``,
+        with ``work``: prompt tokens, output tokens, prefix group (-1: none) and its shared
+        prefix tokens."""
+        if len(t):
+            if work is None:
+                raise ValueError("an LLM replica needs each request's tokens")
+            prompt, output, group, shared = work
+            q = np.zeros(len(t), dtype=np.int64) if queue is None else queue
+            for i in range(len(t)):
+                g = int(group[i])
+                self.replicas[int(q[i])].push(
+                    int(rid[i]), float(t[i]), int(prompt[i]), int(output[i]), None if g < 0 else g, int(shared[i])
+                )
+        self.horizon = max(self.horizon, horizon)
+
+    def close(self) -> None:
+        self.horizon = math.inf
+
+    def run(self) -> Settled:
+        ids, served, tokens, logs = [], [], [], []
+        for k, rep in enumerate(self.replicas):
+            rep.advance(self.horizon)
+            f = rep.finished()
+            n = len(f.rid)
+            inst = self.instance[k]
+            if n:
+                outcome = np.where(f.ignored, np.int8(Outcome.REJECTED), np.int8(Outcome.COMPLETED)).astype(np.int8)
+                ids.append(f.rid)
+                served.append(
+                    Served(
+                        t_dispatch=f.start,
+                        t_done=f.done,
+                        batch_size=np.ones(n, dtype=np.int64),
+                        instance=np.full(n, inst, dtype=np.int64),
+                        outcome=outcome,
+                        t_dropped=np.where(f.ignored, f.start, np.nan),
+                    )
+                )
+                tokens.append(TokensServed(f.first_token, f.preemptions, f.cached_tokens))
+            steps = rep.step_log()
+            if len(steps.start):
+                logs.append(BatchLog(steps.start, steps.end, steps.seqs, np.full(len(steps.start), inst, np.int64)))
+        if not ids:
+            empty = np.zeros(0)
+            return Settled(
+                np.zeros(0, np.int64),
+                Served.empty(0),
+                concat_logs(logs),
+                TokensServed(empty, np.zeros(0, np.int64), np.zeros(0, np.int64)),
+            )
+        return Settled(
+            np.concatenate(ids),
+            Served(*(np.concatenate(c) for c in zip(*served, strict=True))),
+            concat_logs(logs),
+            TokensServed(*(np.concatenate(c) for c in zip(*tokens, strict=True))),
+        )
+
+
+__all__ = ["LLMService", "Noise", "Replicas"]

@@ -1,0 +1,98 @@
+"""LLM serving in a scenario (``batching.kind: continuous``, ``traffic.tokens``): the
+command line answers the chat question with TTFT and TPOT verdicts, tokens and cost; the
+records carry each request's tokens; bad input is refused before the run with the field
+and its line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from simulator import load_scenario
+from simulator.engine import simulate
+from simulator.results.tokens import tpot_ms, ttft_ms
+from tests.test_bad_input import ROOT, cli, one_error
+
+CHAT = ROOT / "scenarios/llm_chat.yaml"
+
+
+def test_the_chat_scenario_runs_on_the_command_line(tmp_path):
+    out, rec = tmp_path / "s.json", tmp_path / "r.parquet"
+    res = cli("run", CHAT, "--duration-s", "20", "--set", "warmup_s=5", "--json", out, "--records", rec, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "time to first token" in res.stdout
+    assert "TTFT p99 ≤ 300 ms" in res.stdout
+    assert "per million output tokens" in res.stdout
+    llm = json.loads(out.read_text())["llm"]
+    assert 0 < llm["ttft_ms"]["p50"] <= llm["ttft_ms"]["p99"]
+    assert 0 < llm["tpot_ms"]["p50"] <= llm["tpot_ms"]["p99"]
+    assert llm["sla"]["ttft"]["target_ms"] == 300
+    assert llm["tokens"]["output_per_s"] > 0
+    frame = pd.read_parquet(rec)
+    for column in ("t_first_token_ms", "prompt_tokens", "output_tokens", "preemptions", "cached_tokens"):
+        assert column in frame.columns
+    done = frame[frame.outcome == "completed"]
+    assert (done.t_first_token_ms >= done.t_dispatch_ms).all()
+    assert (done.t_inferred_ms >= done.t_first_token_ms).all()
+
+
+def test_ttft_and_tpot_follow_their_definitions():
+    """TTFT as the client sees it (send to the first token's arrival), TPOT after the
+    first token; a one-token answer has no TPOT."""
+    s = load_scenario(CHAT, ["duration_s=5", "warmup_s=0", "workers.count=2", "traffic.rate_rps=8"])
+    r = simulate(s).records
+    ttft, tpot = ttft_ms(r), tpot_ms(r)
+    done = r.completed
+    back = r.t_response - r.t_postprocessed
+    assert np.allclose(ttft[done], (r.t_first_token - r.arrival + back)[done])
+    many = done & (r.output_tokens > 1)
+    assert np.allclose(tpot[many], ((r.t_inferred - r.t_first_token) / (r.output_tokens - 1))[many])
+    assert np.isnan(tpot[r.output_tokens == 1]).all()
+    assert (ttft[done] > 0).all()
+
+
+def test_prefix_groups_are_served_from_the_cache():
+    s = load_scenario(
+        CHAT,
+        ["duration_s=10", "warmup_s=0", "workers.count=2", "traffic.rate_rps=10",
+         "traffic.tokens.prefix={share: 0.8, groups: 2, tokens: 1024}"],
+    )  # fmt: skip
+    r = simulate(s).records
+    grouped = r.cached_tokens > 0
+    assert grouped.mean() > 0.5
+    assert (r.cached_tokens <= r.prompt_tokens - 1).all()  # the last prompt token is always computed
+    off = simulate(s.model_copy(update={"batching": s.batching.model_copy(update={"enable_prefix_caching": False})}))
+    assert off.records.cached_tokens.sum() == 0
+
+
+def test_policies_differ_as_they_should_on_the_same_traffic():
+    """Common random numbers: the same requests under continuous and static batching;
+    static's TTFT is far worse (a request waits for the batch before it to finish)."""
+    base = ["duration_s=20", "warmup_s=2", "workers.count=2", "traffic.rate_rps=12"]
+    cont = simulate(load_scenario(CHAT, base)).records
+    static = simulate(load_scenario(CHAT, [*base, "batching.policy=static"])).records
+    assert np.array_equal(cont.output_tokens, static.output_tokens)
+    assert np.nanmedian(ttft_ms(static)) > 3 * np.nanmedian(ttft_ms(cont))
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--set", "batching.num_blocks=300"], ["traffic.tokens.prompt", "can never fit the KV cache"]),
+        (["--set", "traffic.tokens.output={fixed: 0}"], ["traffic.tokens.output", "at least 1"]),
+        (["--set", "batching.block_size=0"], ["batching.block_size", "greater than or equal to 1"]),
+        (
+            ["--set", "batching.num_blocks=600", "--set", "batching.max_num_seqs=1024"],
+            ["batching.max_num_seqs", "exceeds the 600 KV blocks"],
+        ),
+        (["--set", "workers.instance_type=tpu-v5"], ["workers.instance_type", "no GPU preset"]),
+        (["--set", "batching.model=gpt-5"], ["batching.model", "not a preset"]),
+        (["--set", "traffic.tokens.prompt.max=null"], ["traffic.tokens.prompt", "has no max"]),
+    ],
+)
+def test_bad_llm_input_is_refused_before_the_run(args, needles):
+    text = one_error(cli("run", CHAT, *args), *needles)
+    assert "line " in text
