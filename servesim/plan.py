@@ -248,27 +248,31 @@ def _print_checks(checks: dict) -> None:
 
 def _print_ranked(best_rows: list[dict], s: Scenario, max_rate: bool) -> None:
     what = "highest rate meeting" if max_rate else "fewest workers meeting"
-    t = RichTable(title=f"{what} p{s.sla.percentile:g} ≤ {s.sla.target_ms:g} ms, cheapest first")
-    for col in (
-        "config",
-        "workers",
-        "rate req/s" if max_rate else "load of peak",
-        f"p{s.sla.percentile:g} ms [95% CI]",
-        "reps",
-        "$/h",
-        "$/M req",
-    ):
+    p = f"p{s.sla.percentile:g}"
+    tokens = [
+        (col, name, t) for col, name, t in (("ttft_ms", "TTFT", s.sla.ttft_ms), ("tpot_ms", "TPOT", s.sla.tpot_ms)) if t
+    ]
+    goal = f"{p} ≤ {s.sla.target_ms:g} ms" + "".join(f", {name} {p} ≤ {t:g} ms" for _, name, t in tokens)
+    t = RichTable(title=f"{what} {goal}, cheapest first")
+    llm = s.traffic.tokens is not None  # an LLM replica has no full-batch peak to read a load from
+    cols = ["config", "workers"]
+    cols += ["rate req/s"] if max_rate else ([] if llm else ["load of peak"])
+    cols += [f"{p} ms [95% CI]", *(f"{name} {p} ms" for _, name, _ in tokens), "reps", "$/h", "$/M req"]
+    for col in cols:
         t.add_column(col, justify="left" if col == "config" else "right")
     order = sorted(best_rows, key=lambda r: (not r.get("met"), r.get("cost_per_hour_usd", math.inf)))
     for r in order:
         if not r.get("met"):
-            t.add_row(r["config"], "—", "—", "not met in range", "—", "—", "—")
+            after = len(tokens) + 3
+            t.add_row(r["config"], *(["—"] * (len(cols) - 2 - after)), "not met in range", *(["—"] * after))
             continue
+        load = [f"{r['rate_rps']:,.0f}"] if max_rate else ([] if llm else [f"{r['load_of_peak']:.0%}"])
         t.add_row(
             r["config"],
             str(r["workers"]),
-            f"{r['rate_rps']:,.0f}" if max_rate else f"{r['load_of_peak']:.0%}",
+            *load,
             _ci(r),
+            *(_ms(r[col]) for col, _, _ in tokens),
             str(r["replications"]),
             f"{r['cost_per_hour_usd']:,.2f}",
             f"{r['cost_per_million_usd']:.4f}",

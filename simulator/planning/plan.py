@@ -96,22 +96,36 @@ class Evaluation:
     target_ms: float
     sample: int
     load: float  # offered rate over what full batches on every instance complete (ρ at the peak)
+    tokens: dict[str, float] = field(default_factory=dict)  # an LLM's targets: ttft_ms, tpot_ms
 
     @property
     def sla_ci(self) -> tuple[float, float, float]:
         return interval(self.rows["sla_ms"].to_numpy())
 
+    def _intervals(self) -> list[tuple[tuple[float, float, float], float]]:
+        """Each judged figure's interval over the replications, with its target."""
+        out = [(self.sla_ci, self.target_ms)]
+        out += [(interval(self.rows[col].to_numpy()), target) for col, target in self.tokens.items()]
+        return out
+
     @property
     def met(self) -> bool:
-        _, _, hi = self.sla_ci
         # an offered load at or past the peak is unstable however the finite run went
         stable = not self.load >= 1.0
-        return stable and bool(self.rows["met"].all()) and math.isfinite(hi) and hi <= self.target_ms
+        return (
+            stable
+            and bool(self.rows["met"].all())
+            and all(math.isfinite(hi) and hi <= target for (_, _, hi), target in self._intervals())
+        )
 
     @property
     def marginal(self) -> bool:
-        lo = self.sla_ci[1]  # the interval straddles the target: more replications may settle it
-        return self.load < 1.0 and not self.met and math.isfinite(lo) and lo <= self.target_ms
+        # every interval reaches below its target: more replications may settle it
+        return (
+            self.load < 1.0
+            and not self.met
+            and all(math.isfinite(lo) and lo <= target for (_, lo, _), target in self._intervals())
+        )
 
     def row(self) -> dict:
         m, lo, hi = self.sla_ci
@@ -127,6 +141,7 @@ class Evaluation:
             "cost_per_hour_usd": float(self.rows["cost_per_hour_usd"].mean()),
             "cost_per_million_usd": float(self.rows["cost_per_million_usd"].mean()),
             "load_of_peak": self.load,
+            **{col: float(self.rows[col].mean()) for col in self.tokens},
             "sampled_workers": self.sample,
             "requests": int(self.rows["requests"].sum()),
         }
@@ -157,7 +172,9 @@ class Planner:
         k = self._k(s)
         rows = replicate(s, self.replications, key, sample=k, workers_billed=n)
         rate = s.traffic.rate_rps or float("nan")
-        ev = Evaluation(n, rate, rows, s.sla.target_ms, k, rate / peak_throughput_rps(s))
+        tokens = {col: t for col, t in (("ttft_ms", s.sla.ttft_ms), ("tpot_ms", s.sla.tpot_ms)) if t is not None}
+        peak = float("nan") if s.traffic.tokens is not None else peak_throughput_rps(s)  # an LLM's has no batch time
+        ev = Evaluation(n, rate, rows, s.sla.target_ms, k, rate / peak, tokens)
         while ev.marginal and len(ev.rows) < self.max_replications:
             upto = min(len(ev.rows) + 2, self.max_replications)
             more = replicate(s, upto, key, start=len(ev.rows), sample=k, workers_billed=n)

@@ -125,7 +125,8 @@ class Result:
 
     def headline(self, workers_billed: float | None = None) -> dict:
         """The numbers a sweep or a plan compares, as one flat row: the SLA percentile and
-        verdict, p50/p95/p99, completed throughput, drops and cost (for ``workers_billed``
+        verdict (an LLM's TTFT and TPOT at that percentile too, and its verdict includes
+        them), p50/p95/p99, completed throughput, drops and cost (for ``workers_billed``
         workers when given, else for the fleet the run billed)."""
         m = self.summary
         r, e2e, sla, sim = m["requests"], m["latency_ms"]["e2e"], m["sla"], m["sim"]
@@ -134,6 +135,15 @@ class Result:
             price = m["cost"]
         else:
             price = cost(workers_billed, worker_price(self.scenario), completed_rps)
+        llm = m.get("llm")
+        verdicts = [] if llm is None else [v for v in (llm["sla"]["ttft"], llm["sla"]["tpot"]) if v is not None]
+        tokens = {}
+        if llm is not None:  # the LLM targets at the SLA's percentile, and the goodput
+            tokens = {
+                "ttft_ms": llm["sla"]["ttft"]["attained_ms"] if llm["sla"]["ttft"] else llm["ttft_ms"]["p99"],
+                "tpot_ms": llm["sla"]["tpot"]["attained_ms"] if llm["sla"]["tpot"] else llm["tpot_ms"]["p99"],
+                "goodput_rps": llm["sla"]["goodput_rps"],
+            }
         return {
             "seed": self.scenario.seed,
             "p50_ms": e2e["p50"],
@@ -141,7 +151,8 @@ class Result:
             "p99_ms": e2e["p99"],
             "sla_ms": sla["attained_ms"],
             "attainment": sla["attainment"],
-            "met": sla["met"],
+            "met": sla["met"] and all(v["met"] for v in verdicts),
+            **tokens,
             "completed_rps": completed_rps,
             "dropped": sum(r[k] for k in DROPS),
             "arrived": r["arrived"],
