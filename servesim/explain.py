@@ -50,16 +50,20 @@ def explain(
     batch size and headroom come from the scenario's `napkin:` section (default: max batch
     size, 30%)."""
     from simulator.chunks import prefer_streaming
-    from simulator.planning.napkin import napkin, napkin_batch, peak_rate, per_worker_rps, workers_needed
+    from simulator.planning.napkin import llm_napkin, napkin, napkin_batch, peak_rate, per_worker_rps, workers_needed
     from simulator.planning.plan import Planner, with_workers
     from simulator.planning.sampling import sampling_refusal
     from simulator.results.metrics import worker_price
     from simulator.scenario.loader import ScenarioError, load_scenario
 
     check_output(json_path, "--json")
+    llm = None
     try:
         s = load_scenario(scenario, set_ or [])
-        lines = napkin(s, worker_price(s))
+        if s.traffic.tokens is not None:
+            lines, llm = llm_napkin(s, worker_price(s))
+        else:
+            lines = napkin(s, worker_price(s))
     except (ScenarioError, ValueError) as e:
         raise fail(str(e)) from None
     budget(s, runs=replications, what="each simulation", streamed=prefer_streaming(s))
@@ -70,7 +74,7 @@ def explain(
         t.add_row(ln.quantity, ln.formula, f"{_num(ln.value)} {ln.unit}")
     out.print(t)
 
-    bare, padded = workers_needed(s)
+    bare, padded = (llm.bare, llm.padded) if llm is not None else workers_needed(s)
     if s.workers.autoscaler is not None or s.traffic.classes:
         out.print(
             "The simulator's check varies workers.count of one fixed fleet; this scenario has "
@@ -90,6 +94,12 @@ def explain(
             points["minimum meeting the SLA"] = (best.workers, best)
         shapes = {name: anatomy(with_workers(s, n)) for name, (n, _) in points.items()}
 
+    if llm is not None:
+        rows = _llm_verdict(s, points, shapes, replications)
+        for line in why_llm(s, llm, best.workers if best else None, rows):
+            out.print(f"• {line}")
+        _write(json_path, lines, rows, best, check)
+        return
     q, target = s.sla.percentile, s.sla.target_ms
     v = RichTable(title=f"simulator: p{q:g} ≤ {target:g} ms? ({replications}+ replications, 95% CI)")
     for col in ("", "workers", f"p{q:g} ms", "SLA", "load of full-batch peak", "mean batch", "queue p99 ms", "$/h"):
@@ -113,17 +123,80 @@ def explain(
     out.print(v)
     for line in why(s, bare, padded, best.workers if best else None, rows, check):
         out.print(f"• {line}")
-    if json_path is not None:
-        doc = {
-            "napkin": [ln.__dict__ for ln in lines],
-            "verdict": rows,
-            "minimum_workers": best.workers if best else None,
-            "monotone": check["monotone"],
-        }
-        try:
-            json_path.write_text(json.dumps(doc, indent=2, default=float) + "\n")
-        except OSError as e:
-            raise fail(f"cannot write {e.filename}: {e.strerror}") from None
+    _write(json_path, lines, rows, best, check)
+
+
+def _write(json_path: Path | None, lines, rows: dict, best, check: dict) -> None:
+    if json_path is None:
+        return
+    doc = {
+        "napkin": [ln.__dict__ for ln in lines],
+        "verdict": rows,
+        "minimum_workers": best.workers if best else None,
+        "monotone": check["monotone"],
+    }
+    try:
+        json_path.write_text(json.dumps(doc, indent=2, default=float) + "\n")
+    except OSError as e:
+        raise fail(f"cannot write {e.filename}: {e.strerror}") from None
+
+
+def _llm_verdict(s: Scenario, points: dict, shapes: dict, replications: int) -> dict:
+    """The simulator's table for an LLM scenario: TTFT and TPOT at the percentile against
+    their targets at the napkin's counts and the minimum; returns its rows."""
+    q = s.sla.percentile
+    goal = ", ".join(f"{name} p{q:g} ≤ {t:g} ms" for name, t in (("TTFT", s.sla.ttft_ms), ("TPOT", s.sla.tpot_ms)) if t)
+    v = RichTable(title=f"simulator: {goal or f'p{q:g} ≤ {s.sla.target_ms:g} ms'}? ({replications}+ replications)")
+    for col in ("", "replicas", f"TTFT p{q:g} ms", f"TPOT p{q:g} ms", "SLA", "mean sequences a step", "$/h"):
+        v.add_column(col, justify="left" if col == "" else "right")
+    rows = {}
+    for name, (n, ev) in points.items():
+        r, a = ev.row(), shapes[name]
+        ttft, tpot = float(ev.rows["ttft_ms"].mean()), float(ev.rows["tpot_ms"].mean())
+        rows[name] = {**r, **a, "ttft_ms": ttft, "tpot_ms": tpot}
+        v.add_row(
+            name,
+            str(n),
+            f"{ttft:,.1f}",
+            f"{tpot:,.1f}",
+            "[green]met[/]" if r["met"] else "[red]missed[/]",
+            f"{a['mean_batch']:.1f}",
+            f"{r['cost_per_hour_usd']:,.2f}",
+        )
+    out.print(v)
+    return rows
+
+
+def why_llm(s: Scenario, k, minimum: int | None, rows: dict) -> list[str]:
+    """Plain sentences: why the LLM napkin and the simulator differ."""
+    q = s.sla.percentile
+    nap = rows["napkin"]
+    out = [
+        f"the napkin runs {k.batch} sequences a step ({k.step_ms:.1f} ms) with each prompt's prefill "
+        f"({k.prefill_ms:.1f} ms) on top: {k.per_replica_rps:.1f} req/s a replica, so {k.bare} replicas; "
+        f"the simulated replicas there run {nap['mean_batch']:.1f} sequences a step on average",
+    ]
+    if minimum is None:
+        out.append("no replica count in the range checked meets the targets")
+        return out
+    m = rows["minimum meeting the SLA"]
+    out.append(
+        f"the fewest replicas meeting the targets is {minimum} (TTFT p{q:g} {m['ttft_ms']:.0f} ms, "
+        f"TPOT p{q:g} {m['tpot_ms']:.1f} ms): "
+        + (
+            f"{k.bare - minimum} fewer than the napkin, whose batch is wider than the load fills"
+            if minimum < k.bare
+            else f"{minimum - k.bare} more than the napkin: a prompt's prefill stalls the decodes sharing its "
+            "steps, and arrivals bunch, so the tail of TTFT needs slack the mean-value napkin does not have"
+            if minimum > k.bare
+            else "the napkin's count"
+        )
+    )
+    out.append(
+        "the napkin counts means; the targets are tails: TTFT's p99 waits behind the long prompts of "
+        "the requests ahead, and TPOT's p99 belongs to the requests whose decodes shared steps with them"
+    )
+    return out
 
 
 def why(s: Scenario, bare: int, padded: int, minimum: int | None, rows: dict, check: dict) -> list[str]:

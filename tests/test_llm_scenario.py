@@ -96,3 +96,20 @@ def test_policies_differ_as_they_should_on_the_same_traffic():
 def test_bad_llm_input_is_refused_before_the_run(args, needles):
     text = one_error(cli("run", CHAT, *args), *needles)
     assert "line " in text
+
+
+def test_explain_writes_the_llm_napkin_and_checks_it(tmp_path):
+    """The napkin of the chat question: weights, KV bytes per token (Llama-3-8B's 128 KiB),
+    concurrent sequences, a decode step, Little's law, replicas and cost; then the
+    simulator's TTFT and TPOT at the napkin's counts and the minimum."""
+    doc = tmp_path / "explain.json"
+    res = cli("explain", CHAT, "--set", "duration_s=15", "--set", "warmup_s=3", "--json", doc, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    for words in ("KV bytes per token", "max concurrent sequences", "Little", "replicas with headroom", "TTFT p99"):
+        assert words in res.stdout, words
+    got = json.loads(doc.read_text())
+    lines = {ln["quantity"]: ln["value"] for ln in got["napkin"]}
+    assert lines["KV bytes per token"] == pytest.approx(131.072)  # KB: 2 x 32 x 8 x 128 x 2 bytes
+    assert lines["weights"] == pytest.approx(16.06)
+    assert 1 <= lines["replicas"] <= lines["replicas with headroom"]
+    assert got["minimum_workers"] is not None

@@ -112,3 +112,147 @@ def napkin(s: Scenario, price_per_worker_hour: float) -> list[Line]:
             Line("prediction-log volume per day", f"{per_s / 1e9:.3g} GB/s × 86,400 s", per_s * 86400 / 1e12, "TB/day"),
         ]
     return lines
+
+
+def mean_tokens(s: Scenario, draws: int = 100_000) -> tuple[float, float]:
+    """The mean prompt (with any shared prefix) and output tokens of the traffic, from a
+    fixed sample of the length distributions (their clipping included)."""
+    import numpy as np
+
+    t = s.traffic.tokens
+    prompt, output = t.lengths()
+    rng = np.random.default_rng(0)
+    p = float(prompt.sample(draws, rng).mean())
+    if t.prefix is not None:
+        p += t.prefix.share * t.prefix.tokens
+    return p, float(output.sample(draws, rng).mean())
+
+
+@dataclass(frozen=True)
+class LLMNapkin:
+    """The LLM napkin's key figures (per replica unless said)."""
+
+    batch: int  # decoding sequences the napkin assumes per step
+    step_ms: float  # a decode step at that batch
+    prefill_ms: float  # a mean prompt's prefill, above a step's fixed cost
+    per_replica_rps: float
+    bare: int
+    padded: int
+
+
+def llm_napkin(s: Scenario, price_per_worker_hour: float) -> tuple[list[Line], LLMNapkin]:
+    """The napkin of an LLM scenario (``batching.kind: continuous``): weights and KV bytes,
+    the concurrent sequences the KV cache holds, a decode step's time at a batch, tokens/s
+    per GPU, a prompt's prefill, Little's law for the running sequences, and replicas with
+    headroom and their cost."""
+    from simulator.scenario.llm import gpu_spec
+    from simulator.serving.llm_replica import Work, step_model
+
+    b, w = s.batching, s.workers
+    m = b.spec
+    lam = peak_rate(s)
+    e_s, e_o = mean_tokens(s)
+    step = step_model(b, w.instance_type)
+    blocks = b.blocks(w.instance_type)
+    kv_tokens = blocks * b.block_size
+    concurrent = kv_tokens / (e_s + e_o)  # each sequence's footprint when it finishes
+    cap = int(min(b.max_num_seqs, concurrent))
+
+    def decode_ms(batch: int) -> float:
+        return step.ms(Work(decodes=batch, decode_context=int(batch * (e_s + e_o / 2))))
+
+    target = s.sla.tpot_ms
+    batch = cap
+    if target is not None:  # the widest batch whose step stays within the TPOT target
+        while batch > 1 and decode_ms(batch) > target:
+            batch -= 1
+    t_b = decode_ms(batch)
+    prefill = step.ms(Work(prefill_tokens=round(e_s), attention=e_s * e_s / 2, chunks=1)) - step.ms(Work())
+    mu = 1000.0 / (e_o * t_b / batch + prefill)
+    bare = math.ceil(lam / mu - 1e-9)
+    padded = math.ceil(bare * (1 + s.napkin.headroom) - 1e-9)
+    # Little's law for the running sequences at ``bare`` replicas, self-consistently: each
+    # is resident for its prefill and E[o] tokens; with N running a token takes a decode
+    # step t(N), stretched by the share of the GPU's time the prompts' prefills take
+    lam_r, running = lam / bare / 1000.0, 1.0
+    busy_prefill = lam_r * prefill
+    stretch = 1.0 / (1.0 - busy_prefill) if busy_prefill < 1 else math.inf
+
+    def tpot(n: float) -> float:
+        return decode_ms(max(round(n), 1)) * stretch
+
+    for _ in range(200):
+        running = min(lam_r * (e_o * tpot(running) + prefill), float(cap))
+    gpu = gpu_spec(w.instance_type) if b.num_blocks is None else None
+    lines = [
+        Line("peak request rate", "from traffic (rate × the shape's peak)", lam, "req/s"),
+        Line("mean prompt tokens", "E[prompt] of traffic.tokens (shared prefix included)", e_s, "tokens"),
+        Line("mean output tokens", "E[output] of traffic.tokens", e_o, "tokens"),
+        Line("weights", f"{m.params_b:g} B parameters × {m.weight_bytes:g} bytes", m.weights_total_bytes / 1e9, "GB"),
+        Line(
+            "KV bytes per token",
+            f"2 × {m.layers} layers × {m.kv_heads} KV heads × {m.head_dim} × {m.kv_bytes:g} bytes",
+            m.kv_bytes_per_token / 1e3,
+            "KB",
+        ),
+        Line(
+            "KV cache per replica",
+            f"({gpu.memory_gb:g} GB × {b.gpu_memory_utilization:g} − weights − {b.activations_gb:g} GB activations)"
+            f" / KV bytes per token"
+            if gpu is not None
+            else f"{blocks} blocks × {b.block_size}",
+            kv_tokens,
+            "tokens",
+        ),
+        Line(
+            "max concurrent sequences",
+            f"{kv_tokens:,} / ({e_s:,.0f} + {e_o:,.0f}), at most max_num_seqs {b.max_num_seqs}",
+            min(concurrent, b.max_num_seqs),
+            "sequences",
+        ),
+        Line(
+            "decode step at the napkin's batch",
+            f"step time of {batch} sequences"
+            + (f" (the widest within TPOT {target:g} ms)" if target is not None else " (the widest that fits)"),
+            t_b,
+            "ms",
+        ),
+        Line("output tokens per GPU", f"{batch} / {t_b:.3g} ms", batch / t_b * 1000.0, "tokens/s"),
+        Line("prefill of a mean prompt", f"{e_s:,.0f} tokens' step time above its fixed cost", prefill, "ms"),
+        Line(
+            "per-replica throughput",
+            f"1 / ({e_o:,.0f} × {t_b:.3g} / {batch} + {prefill:.3g}) ms",
+            mu,
+            "req/s",
+        ),
+        Line("replicas", f"⌈{lam:,.0f} / {mu:.3g}⌉", bare, "replicas"),
+        Line(
+            "share of a replica's time in prefill",
+            f"{lam / bare:.3g} req/s × {prefill:.3g} ms",
+            busy_prefill,
+            "",
+        ),
+        Line(
+            "running sequences per replica",
+            f"Little: N = {lam / bare:.3g} req/s × ({e_o:,.0f} × TPOT(N) + {prefill:.3g} ms)",
+            running,
+            "sequences",
+        ),
+        Line(
+            "time per output token there",
+            f"TPOT(N) = t(N = {running:.0f}) / (1 − {busy_prefill:.2f})",
+            tpot(running),
+            "ms",
+        ),
+        Line("replicas with headroom", f"⌈{bare} × (1 + {s.napkin.headroom:g})⌉", padded, "replicas"),
+        Line(
+            "cost with headroom", f"{padded} × ${price_per_worker_hour:.4g}/h", padded * price_per_worker_hour, "USD/h"
+        ),
+        Line(
+            "cost per million output tokens",
+            f"${padded * price_per_worker_hour:,.2f}/h / ({lam:,.0f} × {e_o:,.0f} × 3,600)",
+            padded * price_per_worker_hour / (lam * e_o * 3600) * 1e6,
+            "USD",
+        ),
+    ]
+    return lines, LLMNapkin(batch, t_b, prefill, mu, bare, padded)
