@@ -113,3 +113,42 @@ def test_explain_writes_the_llm_napkin_and_checks_it(tmp_path):
     assert lines["weights"] == pytest.approx(16.06)
     assert 1 <= lines["replicas"] <= lines["replicas with headroom"]
     assert got["minimum_workers"] is not None
+
+
+RAG = ROOT / "scenarios/llm_rag_prefix.yaml"
+SHORT = ["duration_s=30", "warmup_s=5"]
+
+
+def test_routing_by_prefix_keeps_documents_where_they_are_cached():
+    """The RAG scenario: 200 shared documents overflow one replica's KV cache. Round robin
+    makes every replica cache every document; prefix affinity (and llm-d's weighted score)
+    send a document's questions where it is cached: more of the prompts served from the
+    cache, and lower TTFT and TPOT tails, on the same requests."""
+    got = {}
+    for balancing in ("round_robin", "prefix_affinity", "scored", "least_loaded"):
+        r = simulate(load_scenario(RAG, [*SHORT, f"router.balancing={balancing}"])).records
+        done = r.completed & (r.arrival >= 5000)
+        got[balancing] = (
+            r.cached_tokens[done].sum() / r.prompt_tokens[done].sum(),
+            np.nanpercentile(ttft_ms(r)[done], 99),
+            np.nanpercentile(tpot_ms(r)[done], 99),
+        )
+    assert got["prefix_affinity"][0] > got["round_robin"][0] + 0.05
+    assert got["scored"][0] > got["round_robin"][0] + 0.05
+    for better in ("prefix_affinity", "scored"):
+        assert got[better][1] < got["round_robin"][1]
+        assert got[better][2] < got["round_robin"][2]
+
+
+def test_least_loaded_balances_the_replicas():
+    """Least loaded spreads the requests over the replicas at least as evenly as round
+    robin (its picks follow the load, not the turn)."""
+    s = load_scenario(CHAT, ["duration_s=20", "warmup_s=0", "router.balancing=least_loaded"])
+    r = simulate(s).records
+    counts = np.bincount(r.instance[r.completed], minlength=s.workers.count)
+    assert counts.min() > 0.8 * counts.mean()
+
+
+def test_routing_by_state_needs_llm_replicas():
+    res = cli("run", ROOT / "scenarios/inference_platform.yaml", "--set", "router.balancing=prefix_affinity")
+    one_error(res, "router.balancing", "needs batching.kind continuous")

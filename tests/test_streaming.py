@@ -172,6 +172,19 @@ CASES = {
             "batching.max_num_batched_tokens=1024",
         ],
     ),
+    "llm_scored_routing": (
+        "llm_rag_prefix.yaml",
+        [
+            "duration_s=5",
+            "warmup_s=0",
+            "workers.count=3",
+            "traffic.rate_rps=30",
+            "traffic.tokens.prefix.groups=20",
+            "router.balancing=scored",
+            "batching.num_blocks=2000",
+            "batching.noise_cv=0.1",
+        ],
+    ),
     "speed_autoscaler": (
         "autoscaling.yaml",
         [

@@ -49,6 +49,8 @@ from simulator.scenario.servicetime import Affine, ServiceTime, Table
 from simulator.scenario.shapes import rate_bound
 from simulator.scenario.traffic import SLA, Traffic, TrafficClass
 
+STATEFUL = ("least_loaded", "prefix_affinity", "scored")  # balancing that reads the replicas' state
+
 
 class Napkin(Frozen):
     """The back-of-envelope assumptions that ``servesim explain`` writes out, then checks."""
@@ -175,6 +177,11 @@ class Scenario(Frozen):
     def _llm_complete(self) -> Scenario:
         b, w, t = self.batching, self.workers, self.traffic
         if not isinstance(b, ContinuousBatching):
+            if self.router.balancing in STATEFUL:
+                raise ValueError(
+                    f"router.balancing {self.router.balancing} reads LLM replicas' state: "
+                    "it needs batching.kind continuous"
+                )
             if self.sla.ttft_ms is not None or self.sla.tpot_ms is not None:
                 raise ValueError("sla.ttft_ms and sla.tpot_ms judge LLM requests: they need batching.kind continuous")
             if t.tokens is not None:

@@ -43,6 +43,15 @@ def on_type(s: Scenario, instance_type: str, catalog: Catalog) -> Scenario:
     was measured on (``workers.measured_on``, else ``instance_type``), which it then records."""
     w = s.workers
     source = w.measured_on or w.instance_type
+    if s.traffic.tokens is not None:  # an LLM replica: its roofline is the new GPU's own
+        from simulator.scenario.llm import LinearStep
+
+        if isinstance(s.batching.step_time, LinearStep) and instance_type != source:
+            raise ValueError(
+                f"batching.step_time was fitted on {source}; on {instance_type} give the roofline "
+                "(drop step_time) or a step time fitted there"
+            )
+        return s.model_copy(update={"workers": w.model_copy(update={"instance_type": instance_type})}).repriced(catalog)
     if instance_type == source:
         return s.model_copy(update={"workers": w.model_copy(update={"instance_type": instance_type})}).repriced(catalog)
     f = speed_ratio(catalog, source, instance_type)

@@ -31,16 +31,33 @@ class Activator(Frozen):
     timeout_ms: float = Field(60_000.0, gt=0, description="A request buffered this long gets an error (rejected), ms.")
 
 
+class ScoreWeights(Frozen):
+    """The weights of ``balancing: scored``: each replica scores
+    ``prefix·(share of the prompt cached) + queue·(1 − its load / the most loaded's) +
+    kv·(1 − its KV use)``, and the highest wins (ties: the lower replica)."""
+
+    prefix: float = Field(2.0, ge=0, description="Weight of the share of the prompt the replica has cached.")
+    queue: float = Field(1.0, ge=0, description="Weight of a short queue (running + waiting).")
+    kv: float = Field(1.0, ge=0, description="Weight of free KV memory.")
+
+
 class Router(Frozen):
     """API layer and traffic router: auth, schema normalisation, version choice."""
 
     overhead: Distribution | None = Field(None, description="Per-request API/router processing time, ms.")
-    balancing: Literal["random", "round_robin", "shared"] = Field(
+    balancing: Literal["random", "round_robin", "shared", "least_loaded", "prefix_affinity", "scored"] = Field(
         "random",
         description=(
             "How requests reach workers: random (uniform, like kube-proxy) or round_robin to per-worker batch "
-            "queues, or shared: one queue feeding every instance of the pool (an M/M/c-style central queue)."
+            "queues, or shared: one queue feeding every instance of the pool (an M/M/c-style central queue). "
+            "LLM replicas (batching.kind continuous) may also be picked by their state when the request "
+            "reaches them: least_loaded (fewest requests running and waiting), prefix_affinity (the most of "
+            "its prompt's prefix cached, then the least loaded), or scored (llm-d's weighted sum of prefix "
+            "hit, queue and KV use: router.weights)."
         ),
+    )
+    weights: ScoreWeights = Field(
+        default_factory=lambda: ScoreWeights(), description="Weights of balancing: scored (llm-d's scorers)."
     )
     users: int = Field(100_000, ge=1, description="User population; a user's id fixes its canary bucket.")
     canary: Canary | None = Field(None, description="A candidate version on its own pool, sticky per user.")

@@ -47,9 +47,11 @@ class LLMService:
     policy: str
     noise_cv: float
     rng: np.random.Generator
+    balancing: str = "round_robin"  # the state-reading ones route in Replicas.extend
+    weights: tuple[float, float, float] = (2.0, 1.0, 1.0)  # scored: prefix, queue, kv
 
     @classmethod
-    def of(cls, batching: ContinuousBatching, instance_type: str, rng: np.random.Generator) -> LLMService:
+    def of(cls, batching: ContinuousBatching, instance_type: str, rng: np.random.Generator, router=None) -> LLMService:
         limits = Limits(
             num_blocks=batching.blocks(instance_type),
             block_size=batching.block_size,
@@ -58,7 +60,11 @@ class LLMService:
             long_prefill_token_threshold=batching.long_prefill_token_threshold,
             prefix_caching=batching.enable_prefix_caching,
         )
-        return cls(step_model(batching, instance_type), limits, batching.policy, batching.noise_cv, rng)
+        extra = {}
+        if router is not None:
+            w = router.weights
+            extra = {"balancing": router.balancing, "weights": (w.prefix, w.queue, w.kv)}
+        return cls(step_model(batching, instance_type), limits, batching.policy, batching.noise_cv, rng, **extra)
 
     def replica(self, k: int) -> Replica:
         noise = Noise(self.noise_cv, child(self.rng, k)) if self.noise_cv > 0 else None
@@ -75,30 +81,94 @@ class Replicas:
         self.replicas = [service.replica(k) for k in range(len(instances))]
         self.instance = [i[0] for i in instances]
         self.horizon = -math.inf
+        self.balancing, self.weights = service.balancing, service.weights
+        self.block_size = service.limits.block_size
+        # the prefix groups each replica has been sent and not yet finished (llm-d's index
+        # of routed prefixes: a group in flight there will be cached there)
+        self.in_flight: list[dict[int, int]] = [{} for _ in self.replicas]
+        self.group_of: dict[int, tuple[int, int]] = {}  # request -> (replica, group) while in flight
 
     def extend(self, t, rid, queue, deadlines, horizon, work=None) -> None:
-        """Requests reaching the replicas at ``t`` (time order), each on replica ``queue``,
-        with ``work``: prompt tokens, output tokens, prefix group (-1: none) and its shared
+        """Requests reaching the replicas at ``t`` (time order), each on replica ``queue``
+        (None: picked here from the replicas' state as of the request's time), with
+        ``work``: prompt tokens, output tokens, prefix group (-1: none) and its shared
         prefix tokens."""
         if len(t):
             if work is None:
                 raise ValueError("an LLM replica needs each request's tokens")
             prompt, output, group, shared = work
-            q = np.zeros(len(t), dtype=np.int64) if queue is None else queue
+            routed = queue is None and len(self.replicas) > 1
             for i in range(len(t)):
-                g = int(group[i])
-                self.replicas[int(q[i])].push(
-                    int(rid[i]), float(t[i]), int(prompt[i]), int(output[i]), None if g < 0 else g, int(shared[i])
+                g, at = int(group[i]), float(t[i])
+                if routed:
+                    k = self._pick(at, g, int(shared[i]), int(prompt[i]))
+                else:
+                    k = 0 if queue is None else int(queue[i])
+                self.replicas[k].push(
+                    int(rid[i]), at, int(prompt[i]), int(output[i]), None if g < 0 else g, int(shared[i])
                 )
+                if g >= 0:
+                    held = self.in_flight[k]
+                    held[g] = held.get(g, 0) + 1
+                    self.group_of[int(rid[i])] = (k, g)
         self.horizon = max(self.horizon, horizon)
+
+    def _pick(self, t: float, group: int, shared: int, prompt: int) -> int:
+        """The replica a request reaching the pool at ``t`` goes to, by ``balancing``, from
+        each replica's state after the steps it started before ``t``."""
+        for rep in self.replicas:
+            rep.advance(t)
+        self._forget_finished()
+        load = [len(r.pending) + len(r.waiting) + len(r.running) for r in self.replicas]
+        k_least = min(range(len(load)), key=load.__getitem__)
+        if self.balancing == "least_loaded":
+            return k_least
+        hit = [self._hit(k, group, shared) / prompt for k in range(len(self.replicas))] if group >= 0 else None
+        if self.balancing == "prefix_affinity":
+            if hit is None:
+                return k_least
+            return min(range(len(load)), key=lambda k: (-hit[k], load[k], k))
+        wp, wq, wk = self.weights
+        top = max(load) or 1
+        score = [
+            (wp * hit[k] if hit is not None else 0.0) + wq * (1.0 - load[k] / top) + wk * (1.0 - r.kv.usage)
+            for k, r in enumerate(self.replicas)
+        ]
+        return max(range(len(score)), key=lambda k: (score[k], -k))
+
+    def _hit(self, k: int, group: int, shared: int) -> int:
+        """Prompt tokens of ``group``'s prefix replica ``k`` holds or will hold: the whole
+        prefix while a request of the group is in flight there, else its cached blocks."""
+        if self.in_flight[k].get(group):
+            return shared
+        cached = self.replicas[k].kv.cached
+        blocks = shared // self.block_size
+        j = 0
+        while j < blocks and ("g", group, j) in cached:
+            j += 1
+        return j * self.block_size
+
+    def _forget_finished(self) -> None:
+        for rep in self.replicas:
+            for rid in rep.just_finished():
+                held = self.group_of.pop(rid, None)
+                if held is not None:
+                    k, g = held
+                    left = self.in_flight[k][g] - 1
+                    if left:
+                        self.in_flight[k][g] = left
+                    else:
+                        del self.in_flight[k][g]
 
     def close(self) -> None:
         self.horizon = math.inf
 
     def run(self) -> Settled:
         ids, served, tokens, logs = [], [], [], []
-        for k, rep in enumerate(self.replicas):
+        for rep in self.replicas:
             rep.advance(self.horizon)
+        self._forget_finished()
+        for k, rep in enumerate(self.replicas):
             f = rep.finished()
             n = len(f.rid)
             inst = self.instance[k]

@@ -308,6 +308,7 @@ class Replica:
         self.tokens_computed = 0  # tokens whose KV a step computed (recomputes included, cache hits not)
         self._done: list[tuple] = []
         self._log: list[tuple] = []
+        self._seen = 0  # of _done, the rows just_finished() has handed out
 
     # --- input ----------------------------------------------------------------
     def push(
@@ -349,9 +350,16 @@ class Replica:
             else:
                 self._static()
 
+    def just_finished(self) -> list[int]:
+        """The ids of the requests settled since the last call (of this method; what
+        :meth:`finished` hands out is kept for it)."""
+        new = [row[0] for row in self._done[self._seen :]]
+        self._seen = len(self._done)
+        return new
+
     def finished(self) -> Finished:
         """The requests settled since the last call."""
-        rows, self._done = self._done, []
+        rows, self._done, self._seen = self._done, [], 0
         cols = list(zip(*rows, strict=True)) if rows else [()] * 7
         return Finished(
             np.array(cols[0], dtype=np.int64),

@@ -3,7 +3,10 @@
 One router for every pool, fixed or dynamic (``router.balancing``): ``round_robin`` goes
 around the workers in turn, carrying its position from one chunk of requests to the
 next; ``random`` draws a worker uniformly (kube-proxy's iptables mode); ``shared`` has no
-per-worker queues (one queue feeds every instance), so there is nothing to pick.
+per-worker queues (one queue feeds every instance), so there is nothing to pick. The
+balancing that reads LLM replicas' state (``least_loaded``, ``prefix_affinity``,
+``scored``) picks when the request reaches them (:class:`~simulator.serving.continuous.Replicas`),
+so nothing is picked here either.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Literal
 
 import numpy as np
 
-Balancing = Literal["random", "round_robin", "shared"]
+Balancing = Literal["random", "round_robin", "shared", "least_loaded", "prefix_affinity", "scored"]
 
 
 class Router:
@@ -26,7 +29,7 @@ class Router:
     def pick(self, n: int, workers: int) -> np.ndarray | None:
         """The worker (0 … ``workers`` − 1) of each of ``n`` requests, or None for a shared queue."""
         match self.balancing:
-            case "shared":
+            case "shared" | "least_loaded" | "prefix_affinity" | "scored":
                 return None
             case "round_robin":
                 pick = (self.next + np.arange(n)) % workers
