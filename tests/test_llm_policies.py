@@ -24,6 +24,8 @@ from simulator.serving.llm_replica import (
 from tests.test_theory import check
 
 FLAT = LinearStepTime(10.0)
+# an 8B model on an H100 (the roofline: FLOPs and bytes on the datasheet's peak and bandwidth)
+H100_8B = RooflineStepTime(2 * 8e9, 4 * 32 * 4096, 16e9, 131072, 989e12 * 0.5 / 1e3, 3.35e12 * 0.75 / 1e3, 2.0)
 
 
 @dataclass(frozen=True)
@@ -136,7 +138,7 @@ def test_chunked_prefill_lowers_the_tpot_tail_at_equal_load():
     free), long prompts prefilled whole stall every running decode for a whole prompt;
     chunked into 512-token pieces they share steps with the decodes, and the p99 TPOT
     falls."""
-    step = RooflineStepTime(2 * 8e9, 4 * 32 * 4096, 16e9, 131072, 989e12 * 0.5 / 1e3, 3.35e12 * 0.75 / 1e3, 2.0)
+    step = H100_8B
     rng = np.random.default_rng(5)
     n = 3000
     prompt = np.clip(rng.lognormal(np.log(3000), 0.6, n).astype(int), 64, 8000)
@@ -180,7 +182,7 @@ def test_continuous_batching_outserves_static():
     done (the model's ratio here is about 2x; published ones, 10-24x, also count the
     memory static batching reserves for the longest possible answer, which this static
     policy does not)."""
-    step = RooflineStepTime(2 * 8e9, 4 * 32 * 4096, 16e9, 131072, 989e12 * 0.5 / 1e3, 3.35e12 * 0.75 / 1e3, 2.0)
+    step = H100_8B
     rng = np.random.default_rng(3)
     n = 1000
     prompt = np.clip(rng.lognormal(np.log(800), 0.8, n).astype(int), 16, 4000)
@@ -265,3 +267,38 @@ def test_littles_law_holds_on_every_run(policy):
     area = (log.running * (log.end - log.start)).sum()
     residence = got.done - got.start
     assert area == pytest.approx(residence.sum(), rel=1e-9)
+
+
+@pytest.mark.parametrize("policy", ["continuous", "prefill_first", "static"])
+@pytest.mark.parametrize("model", ["linear", "roofline", "distserve"])
+def test_decode_stretches_in_one_go_take_exactly_the_single_steps(policy, model):
+    """The closed-form skip of decode-only stretches: with step noise, shared prefixes, a
+    cache small enough to preempt, and each policy and step model, every request's times
+    and every step equal those of the replica stepping one step at a time, to the bit."""
+    from simulator.serving.continuous import Noise
+
+    steps = {
+        "linear": LinearStepTime(4.0, 0.01, 1e-6, 0.05, 1e-4),
+        "roofline": H100_8B,
+        "distserve": StepTime((22.05, 0.1405, 8.08e-6), (23.48, 5.93e-4, 0.0607), (20.21, 4.91e-4, 0.12), 95),
+    }
+    rng = np.random.default_rng(12)
+    n = 400
+    arrival = np.cumsum(rng.exponential(60.0, n))
+    prompt, output = rng.integers(16, 700, n), rng.integers(1, 400, n)
+    groups = np.where(rng.random(n) < 0.5, rng.integers(0, 3, n), -1)
+    lim = Limits(num_blocks=400, max_num_batched_tokens=1024, prefix_caching=True)
+    got = {}
+    for skip in (False, True):
+        noise = Noise(0.1, np.random.default_rng(5))
+        got[skip] = serve(
+            arrival, prompt, output, steps[model], lim, policy,
+            groups=groups, shared_tokens=np.where(groups >= 0, 64, 0), noise=noise, skip=skip,
+        )  # fmt: skip
+    slow, fast = got[False], got[True]
+    assert slow.preemptions.sum() > 0  # the cache is tight enough to preempt
+    for name in ("first_token", "done", "start", "preemptions", "cached_tokens"):
+        assert np.array_equal(getattr(slow, name), getattr(fast, name), equal_nan=True), name
+    assert slow.steps == fast.steps
+    for name in ("start", "end", "prefill_tokens", "decodes", "seqs", "running", "waiting", "kv_usage"):
+        assert np.array_equal(getattr(slow.log, name), getattr(fast.log, name)), name

@@ -29,12 +29,28 @@ class Noise:
         s2 = math.log1p(cv * cv)
         self.mu, self.sigma = -s2 / 2, math.sqrt(s2)
         self.rng, self.buffer = rng, buffer
-        self.values: list[float] = []
+        self.values = np.zeros(0)
+        self.at = 0  # the next factor's place in values
+
+    def _fill(self, k: int) -> None:
+        while len(self.values) - self.at < k:
+            self.values = np.concatenate([self.values[self.at :], self.rng.lognormal(self.mu, self.sigma, self.buffer)])
+            self.at = 0
 
     def __call__(self) -> float:
-        if not self.values:
-            self.values = self.rng.lognormal(self.mu, self.sigma, self.buffer).tolist()[::-1]
-        return self.values.pop()
+        self._fill(1)
+        self.at += 1
+        return float(self.values[self.at - 1])
+
+    def peek(self, k: int) -> np.ndarray:
+        """The next ``k`` factors, not taken yet."""
+        self._fill(k)
+        return self.values[self.at : self.at + k]
+
+    def consume(self, k: int) -> None:
+        """Take the next ``k`` factors (those :meth:`peek` showed)."""
+        self._fill(k)
+        self.at += k
 
 
 @dataclass(frozen=True)

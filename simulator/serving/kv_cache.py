@@ -136,16 +136,17 @@ class KVCache:
             table.append(b)
         return len(hit) * self.block_size if first else 0
 
-    def cache_full_blocks(self, seq: Hashable, keys: Sequence[Hashable]) -> None:
-        """Name the content of ``seq``'s first ``len(keys)`` blocks (full ones), so later
-        sequences can hit them; a block whose content is cached elsewhere already keeps
-        the block that has it."""
+    def cache_full_blocks(self, seq: Hashable, keys: Sequence[Hashable], start: int = 0) -> None:
+        """Name the content of ``seq``'s blocks ``start``, ``start + 1``, ... (full ones, as
+        many as ``keys``), so later sequences can hit them; a block whose content is cached
+        elsewhere already keeps the block that has it. Like vLLM V1, a scheduler names each
+        block once, when it becomes full (``start``: the blocks named before)."""
         if not self.prefix_caching:
             return
         table = self.tables[seq]
-        if len(keys) > len(table):
-            raise ValueError(f"{len(keys)} keys for a sequence of {len(table)} blocks")
-        for b, key in zip(table, keys, strict=False):
+        if start + len(keys) > len(table):
+            raise ValueError(f"{len(keys)} keys from block {start} for a sequence of {len(table)} blocks")
+        for b, key in zip(table[start:], keys, strict=False):
             if self.key[b] is None and key not in self.cached:
                 self.key[b] = key
                 self.cached[key] = b

@@ -86,6 +86,18 @@ class LinearStepTime:
     decode_ms_per_seq: float = 0.0
     kv_ms_per_token: float = 0.0
 
+    def decode_series(self, width: int, context: int, d: int, k: int) -> np.ndarray:
+        """:meth:`ms` of ``k`` decode steps of ``width`` whose context starts at ``context`` and
+        grows by ``d`` a step (the same operations, so the same bits)."""
+        ctx = context + d * np.arange(k, dtype=np.int64)
+        return (
+            self.c0_ms
+            + self.prefill_ms_per_token * 0
+            + self.attention_ms_per_token2 * 0.0
+            + self.decode_ms_per_seq * width
+            + self.kv_ms_per_token * ctx
+        )
+
     def ms(self, work: Work) -> float:
         return (
             self.c0_ms
@@ -110,6 +122,14 @@ class RooflineStepTime:
     flop_rate: float  # FLOP/ms reached
     byte_rate: float  # bytes/ms reached
     overhead_ms: float
+
+    def decode_series(self, width: int, context: int, d: int, k: int) -> np.ndarray:
+        """:meth:`ms` of ``k`` decode steps (see :meth:`LinearStepTime.decode_series`)."""
+        ctx = context + d * np.arange(k, dtype=np.int64)
+        tokens = 0 + width
+        flops = self.flops_per_token * tokens + self.attention_flops_per_pair * (0.0 + ctx)
+        moved = self.weight_bytes + self.kv_bytes_per_token * (ctx + tokens)
+        return self.overhead_ms + np.maximum(flops / self.flop_rate, moved / self.byte_rate)
 
     def ms(self, work: Work) -> float:
         tokens = work.prefill_tokens + work.decodes
@@ -160,6 +180,11 @@ class StepTime:
     def decode_ms(self, context_tokens: int, batch: int) -> float:
         a, b, c = self.decode_small if batch < self.threshold else self.decode_large
         return a + b * context_tokens + c * batch
+
+    def decode_series(self, width: int, context: int, d: int, k: int) -> np.ndarray:
+        """:meth:`ms` of ``k`` decode steps (see :meth:`LinearStepTime.decode_series`)."""
+        ctx = context + d * np.arange(k, dtype=np.int64)
+        return 0.0 + (self.decode_ms(ctx, width) - 0.0)
 
     def ms(self, work: Work) -> float:
         t = 0.0
@@ -241,7 +266,8 @@ class Keys(Sequence):
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(self.total))]
+            g, r, shared = self.group, self.rid, self.shared
+            return [("g", g, j) if j < shared else ("r", r, j) for j in range(*i.indices(self.total))]
         if not 0 <= i < self.total:
             raise IndexError(i)
         return ("g", self.group, i) if i < self.shared else ("r", self.rid, i)
@@ -292,10 +318,11 @@ class Replica:
         ``noise()`` gives the next step's multiplicative factor (default: 1).
     """
 
-    def __init__(self, policy: Policy, step: StepModel, limits: Limits, noise=None):
+    def __init__(self, policy: Policy, step: StepModel, limits: Limits, noise=None, *, skip: bool = True):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
         self.policy, self.step, self.limits, self.noise = policy, step, limits, noise
+        self.skip = skip  # take decode-only stretches in one go (the same steps, exactly)
         self.kv = KVCache(limits.num_blocks, limits.block_size, prefix_caching=limits.prefix_caching)
         self.keep_free = int(limits.watermark * limits.num_blocks) if policy == "prefill_first" else 0
         self.pending: deque[_Seq] = deque()  # pushed, not yet arrived at the replica's clock
@@ -343,6 +370,8 @@ class Replica:
                 continue
             if self.t >= horizon:
                 return
+            if self.skip and self._decode_stretch(horizon):
+                continue
             if self.policy == "continuous":
                 self._continuous()
             elif self.policy == "prefill_first":
@@ -500,6 +529,95 @@ class Replica:
             return
         self._run([(s, 1) for s in kept], width=width)
 
+    def _decode_stretch(self, horizon: float) -> bool:
+        """Take, in one go, the decode-only steps that come next, when nothing can change
+        between them: nobody waits to be admitted (static batching admits nobody while its
+        batch runs), every running sequence decodes, none finishes, every block they need
+        is free, and each step starts before the next arrival and the horizon. Between such
+        steps the context grows by the batch each step, so their times follow in closed
+        form (:func:`decode_series`); the blocks are taken in the order the single steps
+        take them, so the cache ends as it would have, and the clock adds the steps up one
+        by one as they would. Returns whether it took any (at least two steps)."""
+        lim, kv = self.limits, self.kv
+        running = self.running
+        d = len(running)
+        if d < 1 or (self.waiting and self.policy != "static"):
+            return False
+        if self.policy == "continuous" and d > lim.max_num_batched_tokens:
+            return False
+        if self.noise is not None and not hasattr(self.noise, "peek"):
+            return False
+        left, context = math.inf, 0
+        for s in running:
+            if s.made < 1 or s.computed != s.prompt + s.made - 1:
+                return False
+            left = min(left, s.output - s.made)
+            context += s.computed + 1
+        k = int(left) - 1  # steps in which nobody finishes (the one after is taken singly)
+        if k < 2:
+            return False
+        if self.policy != "continuous":  # prefill first and static decode in arrival order
+            running = sorted(running, key=lambda s: (s.arrival, s.rid))
+        width = self.batch_width if self.policy == "static" else d
+        ms = decode_series(self.step, width, context, d, k)
+        if self.noise is not None:
+            ms = ms * self.noise.peek(k)
+        # the clock as the single steps add it up, and the steps that start before the
+        # next arrival and the horizon
+        ends = np.add.accumulate(np.concatenate(([self.t], ms)))[1:]
+        starts = np.concatenate(([self.t], ends[:-1]))
+        limit = min(horizon, self.pending[0].arrival if self.pending else math.inf)
+        taken = int(np.searchsorted(starts, limit, side="left"))
+        # the blocks: sequence i needs one at step j (1-based) when c_i + j opens a block
+        bs = lim.block_size
+        events = sorted(
+            (j, pos) for pos, s in enumerate(running) for j in range((1 - s.computed) % bs or bs, k + 1, bs)
+        )
+        free = kv.free_blocks
+        if len(events) > free:
+            taken = min(taken, events[free][0] - 1)  # the step whose block is not free: singly
+        if taken < 2:
+            return False
+        if self.noise is not None:
+            self.noise.consume(taken)
+        # each step's blocks, then each step's newly full blocks named (as the single steps
+        # do: naming after an eviction differs from naming before it)
+        names = []
+        if any(s.keys for s in running):
+            names = [
+                (j, pos) for pos, s in enumerate(running) if s.keys for j in range(bs - s.computed % bs, taken + 1, bs)
+            ]
+        todo = sorted([(j, 0, pos) for j, pos in events if j <= taken] + [(j, 1, pos) for j, pos in names])
+        for j, naming, pos in todo:
+            s = running[pos]
+            if naming:
+                full = min((s.computed + j) // bs, len(s.keys))
+                if full > s.named:
+                    kv.cache_full_blocks(s.rid, s.keys[s.named : full], s.named)
+                    s.named = full
+            else:
+                kv.allocate(s.rid, s.computed + j)
+        self.t = float(ends[taken - 1])
+        self.steps += taken
+        self.tokens_out += taken * d
+        self.tokens_computed += taken * d
+        for s in running:
+            s.computed += taken
+            s.made += taken
+        if self.policy != "continuous":
+            self.running = running
+        opened = np.zeros(taken + 1, dtype=np.int64)  # blocks taken at each step
+        for j, _ in events:
+            if j > taken:
+                break
+            opened[j] += 1
+        usage = 1.0 - (free - np.cumsum(opened[1:])) / kv.num_blocks  # KVCache.usage's expression
+        waiting = len(self.waiting)
+        self._log.extend(
+            (float(starts[i]), float(ends[i]), 0, width, d, d, waiting, float(usage[i])) for i in range(taken)
+        )
+        return True
+
     # --- mechanics ------------------------------------------------------------
     def _admit(self, s: _Seq, tokens: int) -> int | None:
         """Blocks for ``s``, the head of the waiting queue, to hold ``tokens`` (sharing its
@@ -561,7 +679,7 @@ class Replica:
             if s.keys:
                 full = min(s.computed // lim.block_size, len(s.keys))
                 if full > s.named:
-                    self.kv.cache_full_blocks(s.rid, s.keys[:full])
+                    self.kv.cache_full_blocks(s.rid, s.keys[s.named : full], s.named)
                     s.named = full
             if s.computed == s.prompt + s.made:  # every known token computed: one more token
                 s.made += 1
@@ -596,6 +714,17 @@ class Served:
     start: np.ndarray | None = None  # when its first step started
     cached_tokens: np.ndarray | None = None
     log: Steps | None = None
+
+
+def decode_series(step: StepModel, width: int, context: int, d: int, k: int) -> np.ndarray:
+    """The times of ``k`` decode-only steps of ``width`` sequences (``d`` of them real,
+    the rest a static batch's finished slots) whose context starts at ``context`` and
+    grows by ``d`` a step: the step model's own series where it has one, else its
+    ``ms`` step by step."""
+    series = getattr(step, "decode_series", None)
+    if series is not None:
+        return series(width, context, d, k)
+    return np.array([step.ms(Work(decodes=width, decode_context=context + d * i)) for i in range(k)])
 
 
 def refuse(prompt: np.ndarray, output: np.ndarray, limits: Limits, policy: Policy) -> None:
@@ -633,16 +762,18 @@ def serve(
     groups: np.ndarray | None = None,
     shared_tokens: np.ndarray | None = None,
     noise=None,
+    skip: bool = True,
 ) -> Served:
     """Serve requests arriving at ``arrival_ms`` (sorted) with ``prompt`` and ``output``
     token counts on one replica under ``policy``; ``groups`` (a prefix group per request,
-    -1 for none) with ``shared_tokens`` name shared prompt prefixes. Raises ValueError,
+    -1 for none) with ``shared_tokens`` name shared prompt prefixes; ``skip`` takes
+    decode-only stretches in one go (the same steps exactly). Raises ValueError,
     before serving, for a request the replica can never serve (:func:`refuse`)."""
     n = len(arrival_ms)
     prompt = np.asarray(prompt, dtype=np.int64)
     output = np.asarray(output, dtype=np.int64)
     refuse(prompt, output, limits, policy)
-    rep = Replica(policy, step, limits, noise)
+    rep = Replica(policy, step, limits, noise, skip=skip)
     for i in range(n):
         g = None if groups is None or groups[i] < 0 else int(groups[i])
         rep.push(
