@@ -17,7 +17,7 @@ import numpy as np
 from simulator.ledger import BatchLog, Outcome, Served, concat_logs
 from simulator.rng import child
 from simulator.scenario.llm import ContinuousBatching
-from simulator.serving.llm_replica import Limits, Replica, StepModel, step_model
+from simulator.serving.llm_replica import Limits, Replica, StepModel, group_key, step_model
 from simulator.serving.served import Settled, TokensServed
 
 
@@ -160,7 +160,7 @@ class Replicas:
         cached = self.replicas[k].kv.cached
         blocks = shared // self.block_size
         j = 0
-        while j < blocks and ("g", group, j) in cached:
+        while j < blocks and group_key(group, j) in cached:
             j += 1
         return j * self.block_size
 

@@ -59,7 +59,10 @@ class KVCache:
         self.ref = [0] * num_blocks  # sequences holding each block
         self.key: list[Hashable | None] = [None] * num_blocks  # the content a block holds, where it can recur
         self.cached: dict[Hashable, int] = {}  # content key -> the block holding it
-        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # taken from the front
+        # the free queue, taken from the front: the blocks never used yet (fresh, lowest
+        # first), then those freed, least recently freed first; only the freed ones are kept
+        self.fresh = 0  # blocks fresh..num_blocks-1 were never used
+        self.free_queue: OrderedDict[int, None] = OrderedDict()
         self.tables: dict[Hashable, list[int]] = {}  # sequence -> its blocks, in token order
         self.hits = 0  # tokens served from the cache, over the run
         self.lookups = 0  # prompt tokens looked up
@@ -72,12 +75,12 @@ class KVCache:
     @property
     def free_blocks(self) -> int:
         """Blocks no sequence holds (cached content or empty): what an allocation can take."""
-        return len(self.free_queue)
+        return self.num_blocks - self.fresh + len(self.free_queue)
 
     @property
     def usage(self) -> float:
         """Share of the blocks that sequences hold (vLLM's ``kv_cache_usage_perc``)."""
-        return 1.0 - len(self.free_queue) / self.num_blocks
+        return 1.0 - self.free_blocks / self.num_blocks
 
     def holds(self, seq: Hashable) -> bool:
         return seq in self.tables
@@ -115,7 +118,7 @@ class KVCache:
         have = len(hit) if first else len(table)
         need = self.blocks_for(tokens) - have
         # a hit block that sits in the free queue is taken from it too
-        free_after_hits = len(self.free_queue) - sum(1 for b in hit if self.ref[b] == 0)
+        free_after_hits = self.free_blocks - sum(1 for b in hit if self.ref[b] == 0)
         if need > free_after_hits:
             return None
         if first:
@@ -128,7 +131,11 @@ class KVCache:
             self.lookups += tokens
             self.hits += len(hit) * self.block_size
         for _ in range(max(need, 0)):
-            b, _ = self.free_queue.popitem(last=False)  # the least recently freed
+            if self.fresh < self.num_blocks:  # a block never used
+                b = self.fresh
+                self.fresh += 1
+            else:
+                b, _ = self.free_queue.popitem(last=False)  # the least recently freed
             if self.key[b] is not None:  # its cached content is evicted
                 del self.cached[self.key[b]]
                 self.key[b] = None
@@ -184,7 +191,8 @@ class KVCache:
                 held[b] = held.get(b, 0) + 1
         for b in range(self.num_blocks):
             assert self.ref[b] == held.get(b, 0), f"block {b}: ref {self.ref[b]}, held by {held.get(b, 0)}"
-            assert (self.ref[b] == 0) == (b in self.free_queue), f"block {b}: ref {self.ref[b]}, free-queued"
+            free = b in self.free_queue or b >= self.fresh
+            assert (self.ref[b] == 0) == free, f"block {b}: ref {self.ref[b]}, free"
         for key, b in self.cached.items():
             assert self.key[b] == key, f"key {key!r} -> block {b}, which holds {self.key[b]!r}"
         assert sum(k is not None for k in self.key) == len(self.cached)

@@ -255,8 +255,19 @@ class _Seq:
         self.named = 0  # full blocks named in the prefix cache
 
 
+BLOCKS = 1 << 24  # most blocks of one sequence: a key is an owner's number x BLOCKS + a block
+
+
+def group_key(group: int, block: int) -> int:
+    """The content key of block ``block`` of prefix group ``group``'s shared prefix (negative:
+    apart from every request's own)."""
+    return -(group * BLOCKS + block) - 1
+
+
 class Keys(Sequence):
-    """A request's block keys: ``shared`` blocks of a prefix group's, then its own."""
+    """A request's block keys: ``shared`` blocks of a prefix group's, then its own. Keys are
+    ints (a request's own: ``rid x BLOCKS + block``; a group's: :func:`group_key`), small
+    for a replica's cache to hold by the ten thousand."""
 
     def __init__(self, rid: int, group: Hashable | None, shared_blocks: int, total_blocks: int):
         self.rid, self.group, self.shared, self.total = rid, group, shared_blocks, total_blocks
@@ -266,11 +277,11 @@ class Keys(Sequence):
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            g, r, shared = self.group, self.rid, self.shared
-            return [("g", g, j) if j < shared else ("r", r, j) for j in range(*i.indices(self.total))]
+            g, own, shared = self.group, self.rid * BLOCKS, self.shared
+            return [group_key(g, j) if j < shared else own + j for j in range(*i.indices(self.total))]
         if not 0 <= i < self.total:
             raise IndexError(i)
-        return ("g", self.group, i) if i < self.shared else ("r", self.rid, i)
+        return group_key(self.group, i) if i < self.shared else self.rid * BLOCKS + i
 
 
 @dataclass
