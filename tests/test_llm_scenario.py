@@ -152,3 +152,19 @@ def test_least_loaded_balances_the_replicas():
 def test_routing_by_state_needs_llm_replicas():
     res = cli("run", ROOT / "scenarios/inference_platform.yaml", "--set", "router.balancing=prefix_affinity")
     one_error(res, "router.balancing", "needs batching.kind continuous")
+
+
+def test_the_highest_rate_one_replica_serves_is_distserves_goodput(tmp_path):
+    """``plan --max-rate`` on one replica: the highest rate at which the percentile of
+    requests meets both TTFT and TPOT, DistServe's goodput per GPU; below the napkin's
+    ceiling, and met there while twice it is not."""
+    table = tmp_path / "points.csv"
+    res = cli(
+        "plan", CHAT, "--max-rate", "--set", "workers.count=1", "--set", "duration_s=40", "--set", "warmup_s=5",
+        "--table", table, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    points = pd.read_csv(table)
+    best = points[points.met].rate_rps.max()
+    assert 1 < best < points.rate_rps.max()
+    assert not points[points.rate_rps > 2 * best].met.any()

@@ -230,7 +230,7 @@ class Planner:
             evals.append(ev)
             return ev
 
-        lo, hi = 0.0, peak_throughput_rps(s)
+        lo, hi = 0.0, rate_ceiling(s)
         best = None
         while hi - lo > rel_tol * hi:
             mid = (lo + hi) / 2
@@ -240,6 +240,18 @@ class Planner:
             else:
                 hi = mid
         return best, evals
+
+
+def rate_ceiling(s: Scenario) -> float:
+    """A rate the fleet of ``s`` cannot serve, req/s: every instance busy with full batches;
+    for LLM replicas, twice the napkin's per-replica throughput at the widest batch the KV
+    cache holds (a step's batch then no longer gains throughput)."""
+    if s.traffic.tokens is None:
+        return peak_throughput_rps(s)
+    from simulator.planning.napkin import llm_napkin
+
+    wide = s.model_copy(update={"sla": s.sla.model_copy(update={"tpot_ms": None})})
+    return 2.0 * s.workers.count * llm_napkin(wide, 0.0)[1].per_replica_rps
 
 
 def worse(a: Evaluation, b: Evaluation, confidence: float = 0.95) -> bool:
