@@ -168,3 +168,42 @@ def test_the_highest_rate_one_replica_serves_is_distserves_goodput(tmp_path):
     best = points[points.met].rate_rps.max()
     assert 1 < best < points.rate_rps.max()
     assert not points[points.rate_rps > 2 * best].met.any()
+
+
+def _trace(tmp_path, rows: str):
+    (tmp_path / "trace.csv").write_text("arrival_s,prompt_tokens,output_tokens\n" + rows)
+    text = CHAT.read_text().replace("  rate_rps: 50\n", "  arrivals_file: trace.csv\n")
+    lengths = "    prompt: {mean: 1000, p99: 3500, max: 8192}\n    output: {mean: 200, p99: 600, max: 2048}\n"
+    text = text.replace(lengths, "    from_trace: true\n")
+    (tmp_path / "chat_trace.yaml").write_text(text)
+    return tmp_path / "chat_trace.yaml"
+
+
+def test_a_trace_of_token_counts_is_replayed_request_by_request(tmp_path):
+    """``traffic.tokens.from_trace``: each row's arrival, prompt and output tokens, in time
+    order (the file's rows need not be), become a request."""
+    rng = np.random.default_rng(2)
+    n = 400
+    t = np.sort(rng.uniform(0, 19, n))
+    prompt, output = rng.integers(1, 3000, n), rng.integers(1, 500, n)
+    order = rng.permutation(n)  # shuffled rows
+    rows = "".join(f"{t[i]:.6f},{prompt[i]},{output[i]}\n" for i in order)
+    s = load_scenario(_trace(tmp_path, rows), ["duration_s=20", "warmup_s=0"])
+    r = simulate(s).records
+    assert np.allclose(r.arrival, t * 1000.0)
+    assert np.array_equal(r.prompt_tokens, prompt)
+    assert np.array_equal(r.output_tokens, output)
+    assert r.completed.all()
+
+
+@pytest.mark.parametrize(
+    ("rows", "words"),
+    [
+        ("0.1,100\n", "three columns"),
+        ("0.1,100,0\n", "output_tokens must be a whole number >= 1"),
+        ("0.1,100.5,3\n", "prompt_tokens must be a whole number"),
+        ("0.1,900000,10\n", "can never fit the KV cache"),
+    ],
+)
+def test_a_bad_trace_is_refused_before_the_run(tmp_path, rows, words):
+    one_error(cli("run", _trace(tmp_path, rows)), "traffic.arrivals_file", words)

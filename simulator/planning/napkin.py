@@ -120,12 +120,15 @@ def mean_tokens(s: Scenario, draws: int = 100_000) -> tuple[float, float]:
     import numpy as np
 
     t = s.traffic.tokens
+    extra = t.prefix.share * t.prefix.tokens if t.prefix is not None else 0.0
+    if t.from_trace:
+        from simulator.scenario.llm import read_trace
+
+        _, prompt, output = read_trace(s.traffic.arrivals_file)
+        return float(prompt.mean()) + extra, float(output.mean())
     prompt, output = t.lengths()
     rng = np.random.default_rng(0)
-    p = float(prompt.sample(draws, rng).mean())
-    if t.prefix is not None:
-        p += t.prefix.share * t.prefix.tokens
-    return p, float(output.sample(draws, rng).mean())
+    return float(prompt.sample(draws, rng).mean()) + extra, float(output.sample(draws, rng).mean())
 
 
 @dataclass(frozen=True)

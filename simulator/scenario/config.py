@@ -211,6 +211,10 @@ class Scenario(Frozen):
                 f"batching.max_num_seqs ({b.max_num_seqs}) exceeds the {blocks} KV blocks of a replica: "
                 "every running sequence holds at least one block"
             )
+        if t.tokens.from_trace:
+            if t.arrivals_file is None:
+                raise ValueError("traffic.tokens.from_trace replays traffic.arrivals_file: give the trace there")
+            return self  # the trace's lengths are checked once it is read (the loader)
         prompt, output = t.tokens.lengths()
         room = blocks * b.block_size
         for name, lengths in (("prompt", prompt), ("output", output)):

@@ -14,6 +14,7 @@ of vLLM on those GPUs, not measured here: a step time fitted on the real engine
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from statistics import NormalDist
 from typing import Literal
 
@@ -194,21 +195,33 @@ class Tokens(Frozen):
     preset: Literal["azure_conversation", "azure_code", "sharegpt"] | None = Field(
         None, description="Published length shapes: azure_conversation, azure_code, sharegpt (prompt and output)."
     )
+    from_trace: bool = Field(
+        False,
+        description="Replay the lengths of traffic.arrivals_file, a CSV of arrival_s, prompt_tokens, "
+        "output_tokens (one request a row; its arrivals are replayed too).",
+    )
     prompt: TokenLengths | None = Field(None, description="Prompt tokens (replaces the preset's).")
     output: TokenLengths | None = Field(None, description="Output tokens (replaces the preset's).")
     prefix: PrefixGroups | None = Field(None, description="Shared prompt prefixes (none: every prompt its own).")
 
     @model_validator(mode="after")
     def _complete(self) -> Tokens:
+        if self.from_trace:
+            if self.preset is not None or self.prompt is not None or self.output is not None:
+                raise ValueError("traffic.tokens.from_trace replays the trace's lengths: drop preset, prompt, output")
+            return self
         if self.preset is None and (self.prompt is None or self.output is None):
-            raise ValueError("traffic.tokens needs a preset, or both prompt and output")
+            raise ValueError("traffic.tokens needs a preset, or both prompt and output (or from_trace)")
         out = self.lengths()[1]
         if out.fixed == 0 or out.min < 1 or out.max == 0:
             raise ValueError("traffic.tokens.output must be at least 1 token: a request produces at least one")
         return self
 
     def lengths(self) -> tuple[TokenLengths, TokenLengths]:
-        """The prompt's and the output's lengths, the preset's where not given."""
+        """The prompt's and the output's lengths, the preset's where not given (a trace's:
+        :func:`read_trace`)."""
+        if self.from_trace:
+            raise ValueError("traffic.tokens.from_trace: the lengths are the trace's (read_trace)")
         p, o = PRESETS[self.preset] if self.preset is not None else (None, None)
         return self.prompt or p, self.output or o
 
@@ -320,6 +333,31 @@ class ContinuousBatching(Frozen):
         )
 
 
+def read_trace(path: str | Path, duration_ms: float = math.inf) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An LLM trace (CSV: arrival_s, prompt_tokens, output_tokens; a header line and '#'
+    comments skipped): arrival times (ms), prompt and output tokens, in time order (ties
+    as in the file), those arriving before ``duration_ms``. ValueError names the file and
+    what is wrong."""
+    from simulator.scenario.distributions import read_rows
+
+    rows = read_rows(Path(path))
+    if rows.shape[1] < 3:
+        raise ValueError(f"{path}: an LLM trace needs three columns: arrival_s, prompt_tokens, output_tokens")
+    t, prompt, output = rows[:, 0], rows[:, 1], rows[:, 2]
+    if not np.isfinite(rows[:, :3]).all() or (t < 0).any():
+        raise ValueError(f"{path}: arrival_s must be finite and >= 0")
+    for name, col, low in (("prompt_tokens", prompt, 0), ("output_tokens", output, 1)):
+        bad = np.flatnonzero((col != np.round(col)) | (col < low))
+        if len(bad):
+            raise ValueError(
+                f"{path}: row {int(bad[0]) + 1}: {name} must be a whole number >= {low}, not {col[bad[0]]:g}"
+            )
+    order = np.argsort(t, kind="stable")
+    t, prompt, output = t[order] * 1000.0, prompt[order].astype(np.int64), output[order].astype(np.int64)
+    keep = t < duration_ms
+    return t[keep], prompt[keep], output[keep]
+
+
 def gpu_spec(instance_type: str) -> GPUSpec:
     if instance_type not in GPUS:
         raise ValueError(f"workers.instance_type {instance_type!r} has no GPU preset ({', '.join(GPUS)})")
@@ -341,4 +379,5 @@ __all__ = [
     "blocks_from_memory",
     "bytes_per_token",
     "gpu_spec",
+    "read_trace",
 ]

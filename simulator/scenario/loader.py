@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 from pydantic import BaseModel, ValidationError
 
@@ -341,6 +342,8 @@ def load_scenario(
         raise ScenarioError(_format_errors(str(source), errors, lines, overridden))
     scenario = _resolve_files(scenario, source.parent, (), errors)
     scenario = _check_pricing(scenario, source.parent, errors)
+    if not errors:
+        _check_trace(scenario, errors)
     if errors:
         raise ScenarioError(_format_errors(str(source), errors, lines, overridden))
     return scenario
@@ -356,6 +359,42 @@ def _format_errors(source: str, errors: list[tuple[Path_, str]], lines: dict, ov
         msgs.append(f"  line {lines.get(where, 1)}: {_dotted(path)}: {msg}{origin}")
     n = len(errors)
     return f"{source}: invalid scenario ({n} problem{'s' * (n > 1)})\n" + "\n".join(msgs)
+
+
+def _check_trace(scenario: Scenario, errors: list[tuple[Path_, str]]) -> None:
+    """An LLM trace (``traffic.tokens.from_trace``): its rows readable, and every request one
+    replica's KV cache can hold, before the run."""
+    t = scenario.traffic
+    if t.tokens is None or not t.tokens.from_trace:
+        return
+    from simulator.scenario.llm import read_trace
+
+    try:
+        _, prompt, output = read_trace(t.arrivals_file)
+    except (OSError, ValueError) as err:
+        errors.append((("traffic", "arrivals_file"), _file_msg(err)))
+        return
+    b = scenario.batching
+    room = b.blocks(scenario.workers.instance_type) * b.block_size
+    prefix = t.tokens.prefix.tokens if t.tokens.prefix is not None else 0
+    over = np.flatnonzero(prompt + prefix + output > room)
+    if len(over):
+        i = int(over[0])
+        errors.append(
+            (
+                ("traffic", "arrivals_file"),
+                f"request {i} of the trace: {int(prompt[i])} prompt and {int(output[i])} output tokens can never "
+                f"fit the KV cache of a replica ({room} tokens)",
+            )
+        )
+    if b.policy == "prefill_first" and len(prompt) and prompt.max() + prefix > b.max_num_batched_tokens:
+        errors.append(
+            (
+                ("batching", "max_num_batched_tokens"),
+                f"{b.max_num_batched_tokens} is below the trace's longest prompt ({int(prompt.max()) + prefix}): "
+                "prefill_first prefills whole prompts",
+            )
+        )
 
 
 def _check_pricing(scenario: Scenario, base_dir: Path, errors: list[tuple[Path_, str]]) -> Scenario:

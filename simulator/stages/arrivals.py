@@ -71,7 +71,8 @@ def poisson_arrivals(rate_rps: float, duration_ms: float, *, rng: np.random.Gene
 
 def trace_arrivals(path: str, duration_ms: float) -> np.ndarray:
     """Replayed arrival timestamps (file in seconds), sorted, within ``[0, duration_ms)``."""
-    times = np.sort(read_numbers(path) * 1000.0)
+    times = read_numbers(path) * 1000.0
+    times = times[np.argsort(times, kind="stable")]  # ties as in the file (an LLM trace's rows stay with them)
     return times[times < duration_ms]
 
 
