@@ -72,7 +72,8 @@ def chosen_yaml(path: Path, sets: list[str], combo: dict, s: Scenario, workers: 
     data["workers"]["count"] = workers
     if "workers.instance_type" in combo:
         data["workers"]["instance_type"] = s.workers.instance_type
-        data["workers"]["service_time"] = s.workers.service_time.model_dump(mode="json")
+        if s.workers.service_time is not None:  # rescaled to the type (an LLM's roofline follows it)
+            data["workers"]["service_time"] = s.workers.service_time.model_dump(mode="json")
     data["name"] = f"{data.get('name', path.stem)}_planned"
     head = (
         f"# Chosen by `servesim plan {path.name}`: the cheapest configuration meeting "

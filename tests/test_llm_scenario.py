@@ -207,3 +207,15 @@ def test_a_trace_of_token_counts_is_replayed_request_by_request(tmp_path):
 )
 def test_a_bad_trace_is_refused_before_the_run(tmp_path, rows, words):
     one_error(cli("run", _trace(tmp_path, rows)), "traffic.arrivals_file", words)
+
+
+def test_the_budget_counts_an_llm_fleets_steps_and_kv():
+    """``check`` says what an LLM run will cost before it starts: its steps (at most one a
+    shortest step on every replica) and the KV blocks the prefix cache may keep."""
+    from simulator.planning.budget import estimate
+
+    small = estimate(load_scenario(CHAT))
+    big = estimate(load_scenario(CHAT, ["workers.count=100", "traffic.rate_rps=1250", "duration_s=3600"]))
+    assert small.wall_s < 30
+    assert big.wall_s > 600  # an hour of 100 replicas is not quick, and check says so
+    assert big.parts["kv"] == pytest.approx(100 * 25_720 * 200)

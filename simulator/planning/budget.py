@@ -42,6 +42,11 @@ WALL_S_PER_REQUEST = 2.0e-6
 WALL_S_PER_STREAMED_REQUEST = 0.6e-6  # streamed through a fixed pool's compiled batch queues (measured 0.52 µs)
 WALL_S_PER_WORKER = 50e-6
 WALL_S_PER_TRIP = 30e-9
+# an LLM replica: a step in Python (measured 25-38 µs on one replica, 61 µs a step across 100
+# with routing by state; benchmarks/README, issue 29), and a KV block's place in the prefix
+# cache once used (its free-queue entry, content key and block number: about 180 B)
+WALL_S_PER_LLM_STEP = 60e-6
+BYTES_PER_KV_BLOCK = 200
 
 
 class BudgetError(ValueError):
@@ -96,10 +101,24 @@ def estimate(s: Scenario, *, streamed: bool = False, records: bool = False, inte
         "features": max(trips, min(TRIP_CHUNK_CELLS, n * trips)) * BYTES_PER_TRIP_CELL if trips else 0.0,
         "speed": _speed_bytes(s),
     }
-    fast = streamed and not s.workers.dynamic and _compiled(s)
+    fast = streamed and not s.workers.dynamic and s.traffic.tokens is None and _compiled(s)
     per_request = WALL_S_PER_STREAMED_REQUEST if fast else WALL_S_PER_REQUEST
     wall = n * per_request + workers * WALL_S_PER_WORKER + n * trips * WALL_S_PER_TRIP
+    if s.traffic.tokens is not None:  # LLM replicas: at most one step per shortest step, each busy
+        steps, blocks = _llm_steps(s)
+        wall += steps * WALL_S_PER_LLM_STEP
+        parts["kv"] = blocks * BYTES_PER_KV_BLOCK
     return Budget(requests=n, bytes=BASE_BYTES + sum(parts.values()), wall_s=wall, instances=workers, parts=parts)
+
+
+def _llm_steps(s: Scenario) -> tuple[float, float]:
+    """The most steps LLM replicas can take over the run (every replica busy, each step
+    the shortest: one sequence decoding), and the KV blocks they hold at most."""
+    from simulator.serving.llm_replica import Work, step_model
+
+    b, w = s.batching, s.workers
+    shortest_ms = max(step_model(b, w.instance_type).ms(Work(decodes=1, decode_context=1)), 1e-3)
+    return w.count * s.duration_s * 1000.0 / shortest_ms, w.count * b.blocks(w.instance_type)
 
 
 def _compiled(s: Scenario) -> bool:
