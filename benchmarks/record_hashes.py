@@ -192,7 +192,7 @@ def hashes(only: str | None = None) -> tuple[dict[str, str], dict[str, dict]]:
             if name.startswith("stream:"):
                 records, batches, _ = simulate_streaming(s, seed=seed, chunk_s=0.731)
                 order = np.lexsort((batches.instance, batches.start))
-                logged = (getattr(batches, f.name)[order] for f in fields(batches))
+                logged = (v[order] for f in fields(batches) if (v := getattr(batches, f.name)) is not None)
                 out[f"{name}/{seed}/streamed"] = _digest(records, *logged)
             print(f"{name}/{seed}: {out[f'{name}/{seed}']} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
     return out, summaries

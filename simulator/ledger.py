@@ -76,12 +76,14 @@ class Served(NamedTuple):
 
 @dataclass
 class BatchLog:
-    """Columnar record of every batch: when it ran, how big, on which instance."""
+    """Columnar record of every batch: when it ran, how big, on which instance; an LLM
+    replica's steps also say the share of its KV blocks in use after each (None otherwise)."""
 
     start: np.ndarray
     end: np.ndarray
     size: np.ndarray
     instance: np.ndarray
+    kv_usage: np.ndarray | None = None
 
     @classmethod
     def empty(cls) -> BatchLog:
@@ -89,11 +91,12 @@ class BatchLog:
 
     def take(self, idx) -> BatchLog:
         """The batches ``idx`` (an index array or a mask)."""
-        return BatchLog(*(getattr(self, f.name)[idx] for f in fields(self)))
+        return BatchLog(*(None if (v := getattr(self, f.name)) is None else v[idx] for f in fields(self)))
 
 
 def concat_logs(logs) -> BatchLog:
-    """One batch log from several."""
+    """One batch log from several (a column some lack is left out)."""
     if not logs:
         return BatchLog.empty()
-    return BatchLog(*(np.concatenate([getattr(p, f.name) for p in logs]) for f in fields(BatchLog)))
+    cols = [[getattr(p, f.name) for p in logs] for f in fields(BatchLog)]
+    return BatchLog(*(None if any(v is None for v in c) else np.concatenate(c) for c in cols))

@@ -219,3 +219,35 @@ def test_the_budget_counts_an_llm_fleets_steps_and_kv():
     assert small.wall_s < 30
     assert big.wall_s > 600  # an hour of 100 replicas is not quick, and check says so
     assert big.parts["kv"] == pytest.approx(100 * 25_720 * 200)
+
+
+def test_the_kv_in_use_and_the_running_agree_with_the_records():
+    """Self-consistency on a run: the KV tokens the replicas' steps say they hold,
+    integrated over time, equal what the records imply (each request holds its prompt from
+    its first step to its last token, and its answer growing from its first token), within
+    the blocks' rounding; the timeline's running sequences integrate to the requests'
+    residences (Little's law), and its output tokens add up to the records'."""
+    s = load_scenario(CHAT, ["duration_s=60", "warmup_s=0"])
+    run = simulate(s)
+    r, b = run.records, run.batches
+    room = s.batching.blocks(s.workers.instance_type) * s.batching.block_size
+    steps = (b.kv_usage * (b.end - b.start)).sum() * room
+    implied = (
+        r.prompt_tokens * (r.t_inferred - r.t_dispatch) + r.output_tokens * (r.t_inferred - r.t_first_token) / 2
+    ).sum()
+    assert steps == pytest.approx(implied, rel=0.02)
+    from simulator.results.reduce import summarize
+
+    timeline = pd.DataFrame(summarize(run)["timeline"])
+    assert timeline.running.sum() * 1000.0 == pytest.approx((r.t_inferred - r.t_dispatch).sum(), rel=1e-9)
+    assert timeline.output_tokens_per_s.sum() == r.output_tokens[r.completed].sum()
+    assert timeline.kv_usage.between(0, 1).all()
+
+
+def test_other_runs_keep_their_timeline_columns():
+    from simulator.results.reduce import summarize
+    from simulator.results.timeline import LLM_COLUMNS
+
+    s = load_scenario(ROOT / "scenarios/inference_platform.yaml", ["duration_s=1", "warmup_s=0"])
+    row = summarize(simulate(s))["timeline"][0]
+    assert not set(LLM_COLUMNS) & set(row)

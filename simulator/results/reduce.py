@@ -28,7 +28,7 @@ from simulator.results.metrics import _cost, fleet_summary, logging_figures, pea
 from simulator.results.records import STAGES, Records
 from simulator.results.sketch import LatencySketch
 from simulator.results.stats import PERCENTILES, ExactSample, overlap
-from simulator.results.timeline import COLUMNS, _workers
+from simulator.results.timeline import COLUMNS, LLM_COLUMNS, _workers
 from simulator.results.tokens import Tokens
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import scenario_hash
@@ -261,6 +261,8 @@ class Reduction:
             k = self.bins.index(b.start)  # binned once, counted twice
             self.bins.add_indexed("batches", k)
             self.bins.add_indexed("batch_items", k, b.size.astype(float))
+            if b.kv_usage is not None:  # an LLM step's KV use, over its time (in its start's interval)
+                self.bins.add_indexed("kv_area", k, b.kv_usage * (b.end - b.start))
 
     def _caches(self, r: Records, mask: np.ndarray) -> None:
         """Lookups in the window: every arrival looks up the result cache, every
@@ -307,6 +309,9 @@ class Reduction:
             b.add_indexed("feature_hits", ka[r.feature_hit])
         if s.router.canary is not None:
             b.add_indexed("canary", ka[r.version == 1])
+        if r.output_tokens is not None:
+            b.add_level("running", r.t_dispatch[done], r.t_inferred[done])
+            b.add_indexed("output_tokens", kr, r.output_tokens[done].astype(float))
         self._open.append((kr, e2e[done]))
         self._close(watermark_ms)
 
@@ -451,8 +456,17 @@ class Reduction:
                 "shadow_rps": shadow_rps,
                 "canary_share": col("canary", n) / np.maximum(offered, 1) if s.router.canary is not None else nan,
             }
-        rows = np.column_stack([np.asarray(cols[name], dtype=float) for name in COLUMNS])
-        return [dict(zip(COLUMNS, map(float, row), strict=True)) for row in rows]
+        names = [c for c in COLUMNS if c not in LLM_COLUMNS]
+        if s.traffic.tokens is not None:
+            replicas = s.workers.count
+            cols |= {
+                "running": col("running", n) / w,
+                "kv_usage": col("kv_area", n) / (w * replicas),
+                "output_tokens_per_s": col("output_tokens", n) / dt,
+            }
+            names = list(COLUMNS)
+        rows = np.column_stack([np.asarray(cols[name], dtype=float) for name in names])
+        return [dict(zip(names, map(float, row), strict=True)) for row in rows]
 
 
 def summarize(run: Run, *, interval_s: float | None = 1.0) -> summary.Summary:

@@ -48,7 +48,14 @@ COLUMNS: dict[str, Column] = {
     "feature_hit_ratio": Column("ratio", "feature-cache hits per lookup"),
     "shadow_rps": Column("req/s", "copies sent to the shadow", fleet_wide=True),
     "canary_share": Column("ratio", "share of arrivals routed to the canary"),
+    # LLM replicas (batching.kind continuous); left out of the rows of other runs
+    "running": Column(
+        "sequences", "time-average of sequences in LLM replicas' steps (first step to last token)", fleet_wide=True
+    ),
+    "kv_usage": Column("ratio", "time-average share of the LLM replicas' KV blocks in use"),
+    "output_tokens_per_s": Column("tokens/s", "output tokens of the responses", fleet_wide=True),
 }
+LLM_COLUMNS = ("running", "kv_usage", "output_tokens_per_s")
 
 # the columns that are sums over the fleet: a sampled run scales them back up
 FLEET_WIDE = frozenset(name for name, c in COLUMNS.items() if c.fleet_wide)

@@ -204,7 +204,11 @@ class Replicas:
                 tokens.append(TokensServed(f.first_token, f.preemptions, f.cached_tokens))
             steps = rep.step_log()
             if len(steps.start):
-                logs.append(BatchLog(steps.start, steps.end, steps.seqs, np.full(len(steps.start), inst, np.int64)))
+                inst_col = np.full(len(steps.start), inst, np.int64)
+                logs.append(BatchLog(steps.start, steps.end, steps.seqs, inst_col, steps.kv_usage))
+        if not logs:  # an LLM pool's log always says its KV use, even with no step
+            logs = [BatchLog(*BatchLog.empty().__dict__.values())]
+            logs[0].kv_usage = np.zeros(0)
         if not ids:
             empty = np.zeros(0)
             return Settled(
