@@ -270,12 +270,19 @@ def test_littles_law_holds_on_every_run(policy):
 
 
 @pytest.mark.parametrize("policy", ["continuous", "prefill_first", "static"])
-@pytest.mark.parametrize("model", ["linear", "roofline", "distserve"])
+@pytest.mark.parametrize("model", ["linear", "roofline", "distserve", "linear_slowed"])
 def test_decode_stretches_in_one_go_take_exactly_the_single_steps(policy, model):
     """The closed-form skip of decode-only stretches: with step noise, shared prefixes, a
-    cache small enough to preempt, and each policy and step model, every request's times
-    and every step equal those of the replica stepping one step at a time, to the bit."""
+    cache small enough to preempt, each policy and step model, and the host's speed
+    changing under the steps, every request's times and every step equal those of the
+    replica stepping one step at a time, to the bit."""
     from simulator.serving.continuous import Noise
+    from simulator.stages.speed import SpeedPath
+
+    speed = None
+    if model == "linear_slowed":  # the host slows by 1.5-3x in spells of about 0.5 s
+        t = np.arange(0.0, 60_000.0, 500.0)
+        speed, model = SpeedPath(t, np.random.default_rng(1).choice([1.0, 1.5, 3.0], len(t))), "linear"
 
     steps = {
         "linear": LinearStepTime(4.0, 0.01, 1e-6, 0.05, 1e-4),
@@ -293,7 +300,7 @@ def test_decode_stretches_in_one_go_take_exactly_the_single_steps(policy, model)
         noise = Noise(0.1, np.random.default_rng(5))
         got[skip] = serve(
             arrival, prompt, output, steps[model], lim, policy,
-            groups=groups, shared_tokens=np.where(groups >= 0, 64, 0), noise=noise, skip=skip,
+            groups=groups, shared_tokens=np.where(groups >= 0, 64, 0), noise=noise, skip=skip, speed=speed,
         )  # fmt: skip
     slow, fast = got[False], got[True]
     assert slow.preemptions.sum() > 0  # the cache is tight enough to preempt

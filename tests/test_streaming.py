@@ -168,6 +168,7 @@ CASES = {
             "traffic.rate_rps=30",
             "traffic.tokens.prefix={share: 0.5, groups: 3, tokens: 600}",
             "batching.noise_cv=0.1",
+            "platform.speed={kind: log_ar1, step_ms: 100, components: [{sigma: 0.2, correlation_time_s: 2}]}",
             "batching.num_blocks=3000",
             "batching.max_num_batched_tokens=1024",
         ],

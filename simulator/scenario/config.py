@@ -200,7 +200,6 @@ class Scenario(Frozen):
             (w.dynamic, "workers.autoscaler and workers.failures"),
             (self.router.balancing == "shared", "router.balancing shared (the router picks a replica)"),
             (w.instances > 1, "workers.instances above 1 (a worker is one replica)"),
-            (self.platform.speed is not None, "platform.speed"),
         ]
         found = [why for cond, why in reasons if cond]
         if found:

@@ -65,9 +65,12 @@ class LLMService:
     rng: np.random.Generator
     balancing: str = "round_robin"  # the state-reading ones route in Replicas.extend
     weights: tuple[float, float, float] = (2.0, 1.0, 1.0)  # scored: prefix, queue, kv
+    speed: object | None = None  # the platform's SpeedProcess: replica k steps on its worker(k) path
 
     @classmethod
-    def of(cls, batching: ContinuousBatching, instance_type: str, rng: np.random.Generator, router=None) -> LLMService:
+    def of(
+        cls, batching: ContinuousBatching, instance_type: str, rng: np.random.Generator, router=None, speed=None
+    ) -> LLMService:
         limits = Limits(
             num_blocks=batching.blocks(instance_type),
             block_size=batching.block_size,
@@ -76,15 +79,16 @@ class LLMService:
             long_prefill_token_threshold=batching.long_prefill_token_threshold,
             prefix_caching=batching.enable_prefix_caching,
         )
-        extra = {}
+        extra = {"speed": speed}
         if router is not None:
             w = router.weights
-            extra = {"balancing": router.balancing, "weights": (w.prefix, w.queue, w.kv)}
+            extra |= {"balancing": router.balancing, "weights": (w.prefix, w.queue, w.kv)}
         return cls(step_model(batching, instance_type), limits, batching.policy, batching.noise_cv, rng, **extra)
 
     def replica(self, k: int) -> Replica:
         noise = Noise(self.noise_cv, child(self.rng, k)) if self.noise_cv > 0 else None
-        return Replica(self.policy, self.step, self.limits, noise)
+        path = None if self.speed is None else self.speed.worker(k)
+        return Replica(self.policy, self.step, self.limits, noise, speed=path)
 
 
 class Replicas:

@@ -327,13 +327,19 @@ class Replica:
     limits : Limits
     noise : callable, optional
         ``noise()`` gives the next step's multiplicative factor (default: 1).
+    skip : bool
+        Take decode-only stretches in one go (:meth:`_decode_stretch`; the same steps).
+    speed : SpeedPath, optional
+        The host's speed (``platform.speed``): a step of ``ms`` nominal work started at
+        ``t`` ends at ``speed.finish(t, ms)``.
     """
 
-    def __init__(self, policy: Policy, step: StepModel, limits: Limits, noise=None, *, skip: bool = True):
+    def __init__(self, policy: Policy, step: StepModel, limits: Limits, noise=None, *, skip: bool = True, speed=None):
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
         self.policy, self.step, self.limits, self.noise = policy, step, limits, noise
         self.skip = skip  # take decode-only stretches in one go (the same steps, exactly)
+        self.speed = speed  # the host's speed path (platform.speed): a step's work as a time change
         self.kv = KVCache(limits.num_blocks, limits.block_size, prefix_caching=limits.prefix_caching)
         self.keep_free = int(limits.watermark * limits.num_blocks) if policy == "prefill_first" else 0
         self.pending: deque[_Seq] = deque()  # pushed, not yet arrived at the replica's clock
@@ -575,9 +581,18 @@ class Replica:
             ms = ms * self.noise.peek(k)
         # the clock as the single steps add it up, and the steps that start before the
         # next arrival and the horizon
-        ends = np.add.accumulate(np.concatenate(([self.t], ms)))[1:]
-        starts = np.concatenate(([self.t], ends[:-1]))
         limit = min(horizon, self.pending[0].arrival if self.pending else math.inf)
+        if self.speed is None:
+            ends = np.add.accumulate(np.concatenate(([self.t], ms)))[1:]
+        else:  # the host's speed: each step's work done by its own time change, in turn
+            done, t = [], self.t
+            for work in ms:
+                if t >= limit:
+                    break
+                t = float(self.speed.finish(t, work))
+                done.append(t)
+            ends = np.array(done)
+        starts = np.concatenate(([self.t], ends[:-1]))
         taken = int(np.searchsorted(starts, limit, side="left"))
         # the blocks: sequence i needs one at step j (1-based) when c_i + j opens a block
         bs = lim.block_size
@@ -679,7 +694,7 @@ class Replica:
         if self.noise is not None:
             ms *= self.noise()
         start = self.t
-        self.t = end = start + ms
+        self.t = end = start + ms if self.speed is None else float(self.speed.finish(start, ms))
         self.steps += 1
         keep = self.policy == "static"
         for s, n in scheduled:
@@ -774,6 +789,7 @@ def serve(
     shared_tokens: np.ndarray | None = None,
     noise=None,
     skip: bool = True,
+    speed=None,
 ) -> Served:
     """Serve requests arriving at ``arrival_ms`` (sorted) with ``prompt`` and ``output``
     token counts on one replica under ``policy``; ``groups`` (a prefix group per request,
@@ -784,7 +800,7 @@ def serve(
     prompt = np.asarray(prompt, dtype=np.int64)
     output = np.asarray(output, dtype=np.int64)
     refuse(prompt, output, limits, policy)
-    rep = Replica(policy, step, limits, noise, skip=skip)
+    rep = Replica(policy, step, limits, noise, skip=skip, speed=speed)
     for i in range(n):
         g = None if groups is None or groups[i] < 0 else int(groups[i])
         rep.push(
