@@ -89,7 +89,11 @@ def _llm(llm: dict | None) -> Group:
     t.add_column("")
     for col in ("p50", "p95", "p99", "p99.9", "mean"):
         t.add_column(col, justify="right")
-    for name, key in (("time to first token", "ttft_ms"), ("time per output token", "tpot_ms")):
+    for name, key in (
+        ("time to first token", "ttft_ms"),
+        ("time per output token", "tpot_ms"),
+        ("worst gap between tokens", "max_itl_ms"),
+    ):
         row = llm[key]
         t.add_row(name, _ms(row["p50"]), _ms(row["p95"]), _ms(row["p99"]), _ms(row["p999"]), _ms(row["mean"]))
     lines = []

@@ -154,6 +154,7 @@ class Columns:
     t_first_token: np.ndarray | None = None
     preemptions: np.ndarray | None = None
     cached_tokens: np.ndarray | None = None
+    max_itl_ms: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival)
@@ -527,6 +528,7 @@ class _Run:
                 "t_first_token": np.full(n, np.nan),
                 "preemptions": np.zeros(n, dtype=np.int64),
                 "cached_tokens": np.zeros(n, dtype=np.int64),
+                "max_itl_ms": np.full(n, np.nan),
             }
         self.ledger.append(
             Columns.arriving(
@@ -628,7 +630,7 @@ class _Run:
         rows = self.ledger.settle(ids, served)
         if tokens is not None:
             c = self.ledger.cols
-            c.t_first_token[rows], c.preemptions[rows], c.cached_tokens[rows] = tokens
+            c.t_first_token[rows], c.preemptions[rows], c.cached_tokens[rows], c.max_itl_ms[rows] = tokens
         if self.versions is not None:
             c = self.ledger.cols
             err = c.versions.error[rows] & (c.version[rows] == 1) & (c.outcome[rows] == Outcome.COMPLETED)

@@ -304,7 +304,7 @@ def test_decode_stretches_in_one_go_take_exactly_the_single_steps(policy, model)
         )  # fmt: skip
     slow, fast = got[False], got[True]
     assert slow.preemptions.sum() > 0  # the cache is tight enough to preempt
-    for name in ("first_token", "done", "start", "preemptions", "cached_tokens"):
+    for name in ("first_token", "done", "start", "preemptions", "cached_tokens", "max_itl"):
         assert np.array_equal(getattr(slow, name), getattr(fast, name), equal_nan=True), name
     assert slow.steps == fast.steps
     for name in ("start", "end", "prefill_tokens", "decodes", "seqs", "running", "waiting", "kv_usage"):

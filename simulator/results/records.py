@@ -62,6 +62,7 @@ class Records:
     output_tokens: np.ndarray | None = None
     preemptions: np.ndarray | None = None
     cached_tokens: np.ndarray | None = None  # prompt tokens served from the prefix cache
+    max_itl_ms: np.ndarray | None = None  # its worst gap between two output tokens (0 with one token)
 
     def __len__(self) -> int:
         return len(self.arrival)

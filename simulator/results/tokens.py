@@ -8,6 +8,8 @@ Definitions (vLLM's benchmark's):
   replica's first token plus the network back (``t_first_token - arrival`` + the way back).
 - **TPOT**: the time per output token after the first, ``(last - first) / (output - 1)``,
   for requests of at least two output tokens.
+- **max ITL**: a request's worst gap between two output tokens (the longest pause its
+  stream shows: a prefill sharing its step, a preemption), for requests of at least two.
 - **goodput**: completions per second that met both the TTFT and the TPOT target (each
   where set), the SLO-meeting sense; DistServe's other sense, the highest rate per GPU at
   which the percentile of requests meet both, is a search over rates (``servesim plan``).
@@ -39,7 +41,7 @@ class Tokens:
 
     def __init__(self, s: Scenario, sample):
         self.s = s
-        self.ttft, self.tpot = sample(), sample()
+        self.ttft, self.tpot, self.stall = sample(), sample(), sample()
         self.n = dict.fromkeys(("completed", "good", "prompt", "output", "cached", "preemptions", "ttft_ok"), 0)
         self.n["tpot_ok"] = 0
         self.n["tpot_n"] = 0
@@ -50,6 +52,7 @@ class Tokens:
         self.ttft.add(ttft)
         has = np.isfinite(tpot)
         self.tpot.add(tpot[has])
+        self.stall.add(r.max_itl_ms[done][has])
         ok_ttft = ttft <= sla.ttft_ms if sla.ttft_ms is not None else np.ones(len(ttft), dtype=bool)
         ok_tpot = ~has | (tpot <= sla.tpot_ms) if sla.tpot_ms is not None else np.ones(len(ttft), dtype=bool)
         n["completed"] += len(ttft)
@@ -65,6 +68,7 @@ class Tokens:
     def seal(self) -> None:
         self.ttft.seal((self.s.sla.percentile,))
         self.tpot.seal((self.s.sla.percentile,))
+        self.stall.seal()
 
     def summary(self, span_s: float, per_hour_usd: float, dropped: int) -> dict:
         s, n = self.s, self.n
@@ -88,6 +92,7 @@ class Tokens:
         return {
             "ttft_ms": self.ttft.summary(PERCENTILES),
             "tpot_ms": self.tpot.summary(PERCENTILES),
+            "max_itl_ms": self.stall.summary(PERCENTILES),
             "sla": {
                 "percentile": p,
                 "ttft": verdict(s.sla.ttft_ms, self.ttft, n["ttft_ok"], judged),

@@ -205,7 +205,7 @@ class Replicas:
                         t_dropped=np.where(f.ignored, f.start, np.nan),
                     )
                 )
-                tokens.append(TokensServed(f.first_token, f.preemptions, f.cached_tokens))
+                tokens.append(TokensServed(f.first_token, f.preemptions, f.cached_tokens, f.max_itl))
             steps = rep.step_log()
             if len(steps.start):
                 inst_col = np.full(len(steps.start), inst, np.int64)
@@ -219,7 +219,7 @@ class Replicas:
                 np.zeros(0, np.int64),
                 Served.empty(0),
                 concat_logs(logs),
-                TokensServed(empty, np.zeros(0, np.int64), np.zeros(0, np.int64)),
+                TokensServed(empty, np.zeros(0, np.int64), np.zeros(0, np.int64), empty),
             )
         return Settled(
             np.concatenate(ids),

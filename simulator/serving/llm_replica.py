@@ -235,12 +235,14 @@ class _Seq:
         "first",
         "group",
         "keys",
+        "last",
         "made",
         "named",
         "output",
         "preempted",
         "prompt",
         "rid",
+        "stall",
         "start",
     )
 
@@ -253,6 +255,8 @@ class _Seq:
         self.preempted = 0
         self.cached = 0  # prompt tokens served from the prefix cache, first admission
         self.named = 0  # full blocks named in the prefix cache
+        self.last = math.nan  # when its latest output token was produced
+        self.stall = 0.0  # its longest gap between two output tokens (its worst inter-token latency)
 
 
 BLOCKS = 1 << 24  # most blocks of one sequence: a key is an owner's number x BLOCKS + a block
@@ -288,8 +292,8 @@ class Keys(Sequence):
 class Finished:
     """Requests settled by a replica, in the order they settled: ids, when their first
     step started, first token and last token (ms), preemptions, prompt tokens served from
-    the prefix cache, and whether it was dropped (a preempted sequence grown past any
-    prefill, vLLM's ``ignored``)."""
+    the prefix cache, whether it was dropped (a preempted sequence grown past any
+    prefill, vLLM's ``ignored``), and its worst inter-token latency (ms)."""
 
     rid: np.ndarray
     start: np.ndarray
@@ -298,6 +302,7 @@ class Finished:
     preemptions: np.ndarray
     cached_tokens: np.ndarray
     ignored: np.ndarray
+    max_itl: np.ndarray  # the longest gap between two of its output tokens (0 with one token)
 
 
 @dataclass
@@ -406,7 +411,7 @@ class Replica:
     def finished(self) -> Finished:
         """The requests settled since the last call."""
         rows, self._done, self._seen = self._done, [], 0
-        cols = list(zip(*rows, strict=True)) if rows else [()] * 7
+        cols = list(zip(*rows, strict=True)) if rows else [()] * 8
         return Finished(
             np.array(cols[0], dtype=np.int64),
             np.array(cols[1], dtype=float),
@@ -415,6 +420,7 @@ class Replica:
             np.array(cols[4], dtype=np.int64),
             np.array(cols[5], dtype=np.int64),
             np.array(cols[6], dtype=bool),
+            np.array(cols[7], dtype=float),
         )
 
     def step_log(self) -> Steps:
@@ -627,9 +633,12 @@ class Replica:
         self.steps += taken
         self.tokens_out += taken * d
         self.tokens_computed += taken * d
+        gap = float(np.max(np.diff(ends[:taken])))  # every sequence's gaps after the first step's
         for s in running:
             s.computed += taken
             s.made += taken
+            s.stall = max(s.stall, float(ends[0]) - s.last, gap)
+            s.last = float(ends[taken - 1])
         if self.policy != "continuous":
             self.running = running
         opened = np.zeros(taken + 1, dtype=np.int64)  # blocks taken at each step
@@ -712,6 +721,9 @@ class Replica:
                 self.tokens_out += 1
                 if s.made == 1:
                     s.first = end
+                elif end - s.last > s.stall:
+                    s.stall = end - s.last
+                s.last = end
                 if s.made >= s.output:
                     self.kv.free(s.rid)
                     if not keep:
@@ -724,7 +736,8 @@ class Replica:
         self._log.append((start, end, prefill, decodes, len(scheduled), during, len(self.waiting), self.kv.usage))
 
     def _settle(self, s: _Seq, ignored: bool = False) -> None:
-        self._done.append((s.rid, s.start, s.first, math.nan if ignored else self.t, s.preempted, s.cached, ignored))
+        done = math.nan if ignored else self.t
+        self._done.append((s.rid, s.start, s.first, done, s.preempted, s.cached, ignored, s.stall))
 
 
 @dataclass
@@ -740,6 +753,7 @@ class Served:
     start: np.ndarray | None = None  # when its first step started
     cached_tokens: np.ndarray | None = None
     log: Steps | None = None
+    max_itl: np.ndarray | None = None  # its worst inter-token latency (ms)
 
 
 def decode_series(step: StepModel, width: int, context: int, d: int, k: int) -> np.ndarray:
@@ -813,12 +827,13 @@ def serve(
         )
     rep.advance()
     f = rep.finished()
-    out = {k: np.full(n, np.nan) for k in ("first", "done", "start")}
+    out = {k: np.full(n, np.nan) for k in ("first", "done", "start", "itl")}
     pre, cached = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
     ign = np.zeros(n, dtype=bool)
     out["first"][f.rid], out["done"][f.rid], out["start"][f.rid] = f.first_token, f.done, f.start
+    out["itl"][f.rid] = f.max_itl
     pre[f.rid], cached[f.rid], ign[f.rid] = f.preemptions, f.cached_tokens, f.ignored
-    return Served(out["first"], out["done"], pre, ign, rep.steps, out["start"], cached, rep.step_log())
+    return Served(out["first"], out["done"], pre, ign, rep.steps, out["start"], cached, rep.step_log(), out["itl"])
 
 
 def serve_prefill_first(arrival_ms, prompt, output, step: StepModel, limits: Limits) -> Served:

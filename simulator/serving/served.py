@@ -24,12 +24,13 @@ class PoolRun(NamedTuple):
 
 class TokensServed(NamedTuple):
     """What an LLM engine adds to a settled request's columns: when its first output token
-    was produced (ms), how often it was preempted, and its prompt tokens served from the
-    prefix cache."""
+    was produced (ms), how often it was preempted, its prompt tokens served from the
+    prefix cache, and its worst inter-token latency (ms)."""
 
     t_first_token: np.ndarray
     preemptions: np.ndarray
     cached_tokens: np.ndarray
+    max_itl_ms: np.ndarray  # its worst gap between two output tokens
 
 
 class Settled(NamedTuple):
