@@ -401,7 +401,7 @@ class _Run:
                 self.pool = self.versions = VersionsPool(s, seed, rng, speed, by_id=by_id)
             else:
                 if self.tokens is not None:  # LLM replicas: their step time, limits and noise
-                    service = LLMService.of(s.batching, s.workers.instance_type, rng.steps, s.router, speed)
+                    service = LLMService.of(s.batching, s.workers.instance_type, rng.steps, s.router, speed, s.workers)
                 else:
                     service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed)
                 self.pool = primary_pool(s, service, rng, by_id)

@@ -270,3 +270,51 @@ def test_smaller_prefill_chunks_shorten_the_worst_pause_in_a_stream():
 
 def s_warm(path) -> float:
     return load_scenario(path).warmup_s * 1000.0
+
+
+AUTOSCALED = ROOT / "scenarios/llm_autoscaling.yaml"
+QUICK_DAY = [
+    "duration_s=120",
+    "warmup_s=0",
+    "traffic.rate_rps=12",
+    "traffic.shape={kind: diurnal, peak_to_mean: 1.8, period_s: 120, peak_at_s: 60}",
+    "workers.autoscaler.sync_period_s=5",
+    "workers.autoscaler.target=8",
+    "workers.autoscaler.scale_down_stabilization_s=10",
+    "workers.cold_start={model_load: {kind: lognormal, mean_ms: 8000, cv: 0.3}}",
+]
+
+
+def test_an_llm_fleet_follows_its_traffic_through_cold_starts():
+    """HPA on requests in flight per serving replica: it scales up on the ramp and down
+    after the peak; a new replica serves only once its cold start is over, and a request
+    reaches only a replica serving at that moment (none still starting, none draining)."""
+    run = simulate(load_scenario(AUTOSCALED, QUICK_DAY))
+    fleet, r = run.fleet, run.records
+    kinds = [str(e[1]) for e in fleet.events]
+    assert "scale_up" in kinds
+    assert "scale_down" in kinds
+    assert kinds.index("scale_up") < len(kinds) - 1 - kinds[::-1].index("scale_down")
+    new = [w for w in fleet.workers if w.requested_at > 0]
+    assert new
+    assert all(w.ready_at - w.requested_at > 1000.0 for w in new)
+    ready = np.array([w.ready_at for w in fleet.workers])
+    drain = np.array([w.drain_at for w in fleet.workers])
+    k = r.instance[r.completed]
+    routed = r.t_preprocessed[r.completed]
+    assert (ready[k] <= routed).all()
+    assert (routed < drain[k]).all()
+    assert r.completed.all()
+
+
+@pytest.mark.parametrize(
+    ("sets", "words"),
+    [
+        (["workers.autoscaler.metric=p99_ms"], "workers.autoscaler.metric p99_ms"),
+        (["workers.failures={mtbf_s: 100}"], "workers.failures"),
+        (["workers.autoscaler.min_replicas=0"], "min_replicas 0"),
+    ],
+)
+def test_what_an_llm_fleet_cannot_scale_on_is_refused(sets, words):
+    args = [a for x in sets for a in ("--set", x)]
+    one_error(cli("run", AUTOSCALED, *args), "batching.kind continuous does not combine with", words)

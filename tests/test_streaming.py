@@ -186,6 +186,19 @@ CASES = {
             "batching.noise_cv=0.1",
         ],
     ),
+    "llm_autoscaler": (
+        "llm_autoscaling.yaml",
+        [
+            "duration_s=60",
+            "warmup_s=0",
+            "traffic.rate_rps=12",
+            "traffic.shape={kind: diurnal, peak_to_mean: 1.8, period_s: 60, peak_at_s: 30}",
+            "workers.autoscaler.sync_period_s=3",
+            "workers.autoscaler.target=8",
+            "workers.autoscaler.scale_down_stabilization_s=6",
+            "workers.cold_start={model_load: {kind: lognormal, mean_ms: 4000, cv: 0.3}, warm_pool: 1}",
+        ],
+    ),
     "speed_autoscaler": (
         "autoscaling.yaml",
         [

@@ -197,7 +197,11 @@ class Scenario(Frozen):
             (bool(t.classes), "traffic.classes"),
             (self.router.canary is not None or self.router.shadow is not None, "router.canary and router.shadow"),
             (self.preprocess.event_loop is not None, "preprocess.event_loop"),
-            (w.dynamic, "workers.autoscaler and workers.failures"),
+            (w.failures is not None, "workers.failures"),
+            (self.router.activator is not None, "router.activator"),
+            (w.autoscaler is not None and w.autoscaler.metric == "p99_ms", "workers.autoscaler.metric p99_ms"),
+            (w.autoscaler is not None and w.autoscaler.scrape_delay_s > 0, "workers.autoscaler.scrape_delay_s"),
+            (w.autoscaler is not None and w.autoscaler.min_replicas < 1, "workers.autoscaler.min_replicas 0"),
             (self.router.balancing == "shared", "router.balancing shared (the router picks a replica)"),
             (w.instances > 1, "workers.instances above 1 (a worker is one replica)"),
         ]

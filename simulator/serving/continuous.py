@@ -66,10 +66,17 @@ class LLMService:
     balancing: str = "round_robin"  # the state-reading ones route in Replicas.extend
     weights: tuple[float, float, float] = (2.0, 1.0, 1.0)  # scored: prefix, queue, kv
     speed: object | None = None  # the platform's SpeedProcess: replica k steps on its worker(k) path
+    workers: object | None = None  # the scenario's workers section, where it autoscales
 
     @classmethod
     def of(
-        cls, batching: ContinuousBatching, instance_type: str, rng: np.random.Generator, router=None, speed=None
+        cls,
+        batching: ContinuousBatching,
+        instance_type: str,
+        rng: np.random.Generator,
+        router=None,
+        speed=None,
+        workers=None,
     ) -> LLMService:
         limits = Limits(
             num_blocks=batching.blocks(instance_type),
@@ -79,7 +86,7 @@ class LLMService:
             long_prefill_token_threshold=batching.long_prefill_token_threshold,
             prefix_caching=batching.enable_prefix_caching,
         )
-        extra = {"speed": speed}
+        extra = {"speed": speed, "workers": workers}
         if router is not None:
             w = router.weights
             extra |= {"balancing": router.balancing, "weights": (w.prefix, w.queue, w.kv)}
@@ -91,6 +98,98 @@ class LLMService:
         return Replica(self.policy, self.step, self.limits, noise, speed=path)
 
 
+class Scaling:
+    """An LLM pool's autoscaler (``workers.autoscaler``), evaluated every ``sync_period_s``
+    on the replicas' state: ``in_flight`` (requests running or waiting per serving replica),
+    ``queue_depth`` (waiting) or ``utilization`` (the share of KV blocks in use), or the
+    fleet's total in flight for Knative. A new replica serves after its cold start
+    (``workers.cold_start``, drawn in the order replicas are asked for; a warm-pool node
+    skips provisioning and the image pull); scale-down cancels replicas still starting,
+    newest first, then drains the newest serving ones: they take no new request and leave
+    once their sequences are done."""
+
+    def __init__(self, workers, rng: np.random.Generator, count: int):
+        from simulator.scenario.distributions import Sampler
+        from simulator.serving.autoscaler import HPA, KPA
+        from simulator.serving.fleet import FleetLog, Worker
+
+        a = workers.autoscaler
+        self.cfg, self.period_ms = a, a.sync_period_s * 1000.0
+        self.policy = HPA(a, initial=count) if a.policy == "hpa" else KPA(a)
+        self.next_ms = self.period_ms
+        self.log = FleetLog([Worker(k, 0.0, 0.0, None) for k in range(count)])
+        self.route = child(rng, 1 << 20)  # random routing among the serving replicas
+        cold = child(rng, (1 << 20) + 1)
+        cs = workers.cold_start
+        self.warm_free = self.warm_cap = cs.warm_pool
+        self.cold = [Sampler(d, cold) if d else None for d in (cs.provision, cs.image_pull)]
+        self.load = [Sampler(d, cold) if d else None for d in (cs.model_load, cs.warmup)]
+
+    def serving(self, t: float) -> list[int]:
+        """The replicas serving at ``t`` (the oldest if none: a pool never goes empty)."""
+        ks = [w.wid for w in self.log.workers if w.ready_at <= t < w.drain_at]
+        return ks or [min(w.wid for w in self.log.workers if w.drain_at == math.inf)]
+
+    def evaluate(self, t: float, replicas) -> None:
+        from simulator.serving.autoscaler import Observation
+        from simulator.serving.fleet import FleetEvent, Worker
+
+        workers = self.log.workers
+        counted = [w for w in workers if w.drain_at == math.inf]
+        ready = [w for w in counted if w.ready_at <= t]
+        metric = self.cfg.metric
+        per = []
+        for w in ready:
+            r = replicas[w.wid]
+            waiting = len(r.pending) + len(r.waiting)
+            per.append(
+                r.kv.usage
+                if metric == "utilization"
+                else waiting
+                if metric == "queue_depth"
+                else waiting + len(r.running)
+            )
+        total = self.cfg.policy == "knative"  # Knative scales on the fleet's total concurrency
+        value = float(sum(per)) if total or not per else float(np.mean(per))
+        want = self.policy.desired(t / 1000.0, Observation(len(counted), len(ready), value))
+        if want > len(counted):
+            for _ in range(want - len(counted)):
+                warm = self.warm_free > 0
+                stages = self.load + ([] if warm else self.cold)
+                ready_at = t + sum(float(smp.draw(1)[0]) for smp in stages if smp is not None)
+                if warm:
+                    self.warm_free -= 1
+                workers.append(Worker(len(workers), t, ready_at, None))
+            self.log.events.append((t, FleetEvent.SCALE_UP, f"{len(counted)} -> {want}"))
+        elif want < len(counted):
+            starting = sorted((w for w in counted if w.ready_at > t), key=lambda w: -w.wid)
+            serving = sorted((w for w in counted if w.ready_at <= t), key=lambda w: -w.wid)
+            for w in (starting + serving)[: len(counted) - want]:
+                w.drain_at = t
+                if w.ready_at > t:  # cancelled before it served
+                    w.gone_at = t
+                    self._free_node()
+            self.log.events.append((t, FleetEvent.SCALE_DOWN, f"{len(counted)} -> {want}"))
+        self.next_ms += self.period_ms
+        self.settle_drained(replicas, final=False)
+
+    def _free_node(self) -> None:
+        """A removed replica's node goes back to the warm pool."""
+        self.warm_free = min(self.warm_free + 1, self.warm_cap)
+
+    def settle_drained(self, replicas, *, final: bool) -> None:
+        """Draining replicas with nothing left leave when their last sequence ended; at the
+        end of the run every replica leaves when its work is done."""
+        for w in self.log.workers:
+            if w.gone_at != math.inf or w.wid >= len(replicas):
+                continue
+            r = replicas[w.wid]
+            if (w.drain_at != math.inf or final) and not r.busy:
+                w.gone_at = max(r.t, w.drain_at if w.drain_at != math.inf else r.t, w.ready_at)
+                if w.drain_at != math.inf:
+                    self._free_node()
+
+
 class Replicas:
     """The :class:`~simulator.serving.scheduler.Scheduler` of ``kind: continuous``: one
     replica per queue (``instances[k]`` holds its one global id)."""
@@ -98,9 +197,14 @@ class Replicas:
     def __init__(self, batching: ContinuousBatching, instances: list[list[int]], service: LLMService):
         if any(len(i) != 1 for i in instances):
             raise ValueError("an LLM replica is one instance: workers.instances must be 1")
+        self.service = service
         self.replicas = [service.replica(k) for k in range(len(instances))]
         self.instance = [i[0] for i in instances]
         self.horizon = -math.inf
+        w = service.workers
+        self.scaling = None if w is None or w.autoscaler is None else Scaling(w, service.rng, len(self.replicas))
+        self.fleet = None if self.scaling is None else self.scaling.log
+        self.turn = 0  # round robin over the serving replicas, where the pool decides
         self.balancing, self.weights = service.balancing, service.weights
         self.block_size = service.limits.block_size
         # the prefix groups each replica has been sent and not yet finished (llm-d's index
@@ -117,9 +221,11 @@ class Replicas:
             if work is None:
                 raise ValueError("an LLM replica needs each request's tokens")
             prompt, output, group, shared = work
-            routed = queue is None and len(self.replicas) > 1
+            routed = queue is None and (len(self.replicas) > 1 or self.scaling is not None)
             for i in range(len(t)):
                 g, at = int(group[i]), float(t[i])
+                if self.scaling is not None:
+                    self._control(at, inclusive=True)
                 if routed:
                     k = self._pick(at, g, int(shared[i]), int(prompt[i]))
                 else:
@@ -134,27 +240,52 @@ class Replicas:
         self.horizon = max(self.horizon, horizon)
 
     def _pick(self, t: float, group: int, shared: int, prompt: int) -> int:
-        """The replica a request reaching the pool at ``t`` goes to, by ``balancing``, from
-        each replica's state after the steps it started before ``t``."""
-        for rep in self.replicas:
-            rep.advance(t)
+        """The replica a request reaching the pool at ``t`` goes to, by ``balancing``, among
+        those serving then, from each replica's state after the steps it started before ``t``."""
+        ks = list(range(len(self.replicas))) if self.scaling is None else self.scaling.serving(t)
+        if self.balancing in ("round_robin", "random"):  # an autoscaled pool routes by itself
+            if self.balancing == "random":
+                return ks[int(self.scaling.route.random() * len(ks))]
+            self.turn += 1
+            return ks[(self.turn - 1) % len(ks)]
+        for k in ks:
+            self.replicas[k].advance(t)
         self._forget_finished()
-        load = [len(r.pending) + len(r.waiting) + len(r.running) for r in self.replicas]
-        k_least = min(range(len(load)), key=load.__getitem__)
+        load = {k: len(r.pending) + len(r.waiting) + len(r.running) for k in ks for r in (self.replicas[k],)}
+        k_least = min(ks, key=lambda k: (load[k], k))
         if self.balancing == "least_loaded":
             return k_least
-        hit = [self._hit(k, group, shared) / prompt for k in range(len(self.replicas))] if group >= 0 else None
+        hit = {k: self._hit(k, group, shared) / prompt for k in ks} if group >= 0 else None
         if self.balancing == "prefix_affinity":
             if hit is None:
                 return k_least
-            return min(range(len(load)), key=lambda k: (-hit[k], load[k], k))
+            return min(ks, key=lambda k: (-hit[k], load[k], k))
         wp, wq, wk = self.weights
-        top = max(load) or 1
-        score = [
-            (wp * hit[k] if hit is not None else 0.0) + wq * (1.0 - load[k] / top) + wk * (1.0 - r.kv.usage)
-            for k, r in enumerate(self.replicas)
-        ]
-        return max(range(len(score)), key=lambda k: (score[k], -k))
+        top = max(load.values()) or 1
+        score = {
+            k: (wp * hit[k] if hit is not None else 0.0)
+            + wq * (1.0 - load[k] / top)
+            + wk * (1.0 - self.replicas[k].kv.usage)
+            for k in ks
+        }
+        return max(ks, key=lambda k: (score[k], -k))
+
+    def _control(self, t: float, *, inclusive: bool) -> None:
+        """The autoscaler's evaluations due before ``t`` (at ``t`` too when ``inclusive``:
+        a request arriving at an evaluation's instant comes after it), each on the
+        replicas' state after the steps they started before it."""
+        sc = self.scaling
+        while sc.next_ms < t or (inclusive and sc.next_ms == t):
+            at = sc.next_ms
+            for rep in self.replicas:
+                rep.advance(at)
+            self._forget_finished()
+            sc.evaluate(at, self.replicas)
+            while len(self.replicas) < len(sc.log.workers):  # the replicas it asked for
+                k = len(self.replicas)
+                self.replicas.append(self.service.replica(k))
+                self.instance.append(k)
+                self.in_flight.append({})
 
     def _hit(self, k: int, group: int, shared: int) -> int:
         """Prompt tokens of ``group``'s prefix replica ``k`` holds or will hold: the whole
@@ -185,9 +316,17 @@ class Replicas:
 
     def run(self) -> Settled:
         ids, served, tokens, logs = [], [], [], []
+        if self.scaling is not None:
+            if math.isinf(self.horizon):  # no request will come: evaluations while any replica works
+                while any(r.busy for r in self.replicas):
+                    self._control(self.scaling.next_ms, inclusive=True)
+            else:
+                self._control(self.horizon, inclusive=False)
         for rep in self.replicas:
             rep.advance(self.horizon)
         self._forget_finished()
+        if self.scaling is not None:
+            self.scaling.settle_drained(self.replicas, final=math.isinf(self.horizon))
         for k, rep in enumerate(self.replicas):
             f = rep.finished()
             n = len(f.rid)

@@ -108,6 +108,7 @@ class StreamedPool:
             self.scheduler.close()
         got = self.scheduler.run()
         if final:  # its queues' buffers go now, not with the run
+            self.fleet = getattr(self.scheduler, "fleet", None)  # an LLM pool that scaled itself
             self.scheduler = None
         if got.tokens is not None:
             return (got.ids, got.served, got.tokens), got.batches

@@ -64,7 +64,9 @@ class VersionsPiece:
 
 def primary_pool(s: Scenario, service: ServiceModel, rng: Streams, by_id: bool):
     """The primary's pool as the engine feeds it, chunk by chunk."""
-    pool = StreamedDynamicPool(s, service, rng) if s.workers.dynamic else StreamedPool(s, service)
+    # an LLM pool scales itself (serving/continuous.py): a fixed pool's scheduler
+    dynamic = s.workers.dynamic and s.traffic.tokens is None
+    pool = StreamedDynamicPool(s, service, rng) if dynamic else StreamedPool(s, service)
     pool.waiting = Horizon(by_id=by_id)
     return pool
 
