@@ -98,6 +98,16 @@ class LLMService:
         return Replica(self.policy, self.step, self.limits, noise, speed=path)
 
 
+def _metric(r: Replica, metric: str) -> float:
+    """What the autoscaler reads off one serving replica: its requests waiting
+    (``queue_depth``), those and its running sequences (``in_flight``), or the share of its
+    KV blocks in use (``utilization``)."""
+    if metric == "utilization":
+        return r.kv.usage
+    waiting = len(r.pending) + len(r.waiting)
+    return waiting if metric == "queue_depth" else waiting + len(r.running)
+
+
 class Scaling:
     """An LLM pool's autoscaler (``workers.autoscaler``), evaluated every ``sync_period_s``
     on the replicas' state: ``in_flight`` (requests running or waiting per serving replica),
@@ -137,18 +147,7 @@ class Scaling:
         workers = self.log.workers
         counted = [w for w in workers if w.drain_at == math.inf]
         ready = [w for w in counted if w.ready_at <= t]
-        metric = self.cfg.metric
-        per = []
-        for w in ready:
-            r = replicas[w.wid]
-            waiting = len(r.pending) + len(r.waiting)
-            per.append(
-                r.kv.usage
-                if metric == "utilization"
-                else waiting
-                if metric == "queue_depth"
-                else waiting + len(r.running)
-            )
+        per = [_metric(replicas[w.wid], self.cfg.metric) for w in ready]
         total = self.cfg.policy == "knative"  # Knative scales on the fleet's total concurrency
         value = float(sum(per)) if total or not per else float(np.mean(per))
         want = self.policy.desired(t / 1000.0, Observation(len(counted), len(ready), value))
