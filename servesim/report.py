@@ -119,8 +119,10 @@ def _llm(llm: dict | None) -> Group:
             f"tokens {tok['prompt_per_s']:,.0f} prompt/s, {tok['output_per_s']:,.0f} output/s · "
             f"prefix cache {tok['prefix_hit_rate']:.1%} of prompt tokens · "
             f"{tok['preemptions_per_request']:.3f} preemptions a request · "
+            f"${cost['per_million_input_tokens_usd']:,.3f} per million input and "
             f"${cost['per_million_output_tokens_usd']:,.3f} per million output tokens "
-            f"(${cost['per_million_tokens_usd']:,.3f} per million tokens in and out)"
+            f"(prompts take {cost['prefill_share_of_gpu_time']:.0%} of the GPUs' time; "
+            f"${cost['per_million_tokens_usd']:,.3f} per million tokens in and out)"
         )
     )
     return Group(t, *lines)

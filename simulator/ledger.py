@@ -77,13 +77,15 @@ class Served(NamedTuple):
 @dataclass
 class BatchLog:
     """Columnar record of every batch: when it ran, how big, on which instance; an LLM
-    replica's steps also say the share of its KV blocks in use after each (None otherwise)."""
+    replica's steps also say the share of its KV blocks in use after each and the share of
+    each's time its prompt tokens took (None otherwise)."""
 
     start: np.ndarray
     end: np.ndarray
     size: np.ndarray
     instance: np.ndarray
     kv_usage: np.ndarray | None = None
+    prefill_share: np.ndarray | None = None  # an LLM step: the share of its time its prompt tokens took
 
     @classmethod
     def empty(cls) -> BatchLog:

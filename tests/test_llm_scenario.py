@@ -23,14 +23,27 @@ def test_the_chat_scenario_runs_on_the_command_line(tmp_path):
     out, rec = tmp_path / "s.json", tmp_path / "r.parquet"
     res = cli("run", CHAT, "--duration-s", "20", "--set", "warmup_s=5", "--json", out, "--records", rec, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "time to first token" in res.stdout
-    assert "TTFT p99 ≤ 300 ms" in res.stdout
-    assert "per million output tokens" in res.stdout
+    text = " ".join(res.stdout.split())  # as wrapped to the terminal's width
+    assert "time to first token" in text
+    assert "TTFT p99 ≤ 300 ms" in text
+    assert "per million output tokens" in text
     llm = json.loads(out.read_text())["llm"]
     assert 0 < llm["ttft_ms"]["p50"] <= llm["ttft_ms"]["p99"]
     assert 0 < llm["tpot_ms"]["p50"] <= llm["tpot_ms"]["p99"]
     assert llm["sla"]["ttft"]["target_ms"] == 300
     assert llm["tokens"]["output_per_s"] > 0
+    cost, tok = llm["cost"], llm["tokens"]  # the split adds back up to the fleet's cost
+    hourly = json.loads(out.read_text())["cost"]["per_hour_usd"]
+    split = (
+        (
+            cost["per_million_input_tokens_usd"] * tok["prompt_per_s"]
+            + cost["per_million_output_tokens_usd"] * tok["output_per_s"]
+        )
+        * 3600
+        / 1e6
+    )
+    assert split == pytest.approx(hourly, rel=1e-9)
+    assert 0 < cost["prefill_share_of_gpu_time"] < 1
     frame = pd.read_parquet(rec)
     for column in ("t_first_token_ms", "prompt_tokens", "output_tokens", "preemptions", "cached_tokens"):
         assert column in frame.columns

@@ -251,7 +251,10 @@ class Reduction:
                 self.bins.add("shadow", shadow["t_preprocessed"][np.isfinite(shadow["t_preprocessed"])])
 
     def _batches(self, b: BatchLog) -> None:
-        add = np.bincount(b.instance, weights=overlap(b.start, b.end, self.t0, self.t1), minlength=len(self.busy))
+        inside_ms = overlap(b.start, b.end, self.t0, self.t1)
+        if b.prefill_share is not None and self.tokens is not None:  # an LLM's steps: the prompts' share
+            self.tokens.add_steps(inside_ms, b.prefill_share)
+        add = np.bincount(b.instance, weights=inside_ms, minlength=len(self.busy))
         if len(add) > len(self.busy):  # a dynamic fleet's new workers
             self.busy = np.concatenate([self.busy, np.zeros(len(add) - len(self.busy))])
         self.busy += add

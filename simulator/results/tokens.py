@@ -10,6 +10,9 @@ Definitions (vLLM's benchmark's):
   for requests of at least two output tokens.
 - **max ITL**: a request's worst gap between two output tokens (the longest pause its
   stream shows: a prefill sharing its step, a preemption), for requests of at least two.
+- **cost per million tokens**: the fleet's cost split by the GPUs' time, each step's part
+  that its prompt tokens added to it going to the input tokens, the rest to the output
+  tokens (as providers price them apart); and the whole cost over every token.
 - **goodput**: completions per second that met both the TTFT and the TPOT target (each
   where set), the SLO-meeting sense; DistServe's other sense, the highest rate per GPU at
   which the percentile of requests meet both, is a search over rates (``servesim plan``).
@@ -45,6 +48,12 @@ class Tokens:
         self.n = dict.fromkeys(("completed", "good", "prompt", "output", "cached", "preemptions", "ttft_ok"), 0)
         self.n["tpot_ok"] = 0
         self.n["tpot_n"] = 0
+        self.step_ms = self.prefill_ms = 0.0  # the replicas' step time in the window, and the prompts' part
+
+    def add_steps(self, inside_ms: np.ndarray, prefill_share: np.ndarray) -> None:
+        """Steps' time inside the window, and the share of each its prompt tokens took."""
+        self.step_ms += float(inside_ms.sum())
+        self.prefill_ms += float((inside_ms * prefill_share).sum())
 
     def add(self, r: Records, done: np.ndarray) -> None:
         sla, n = self.s.sla, self.n
@@ -89,6 +98,11 @@ class Tokens:
 
         out_per_s, in_per_s = n["output"] / span_s, n["prompt"] / span_s
         hourly = per_hour_usd
+        share = self.prefill_ms / self.step_ms if self.step_ms else 0.0  # of the GPUs' time, the prompts'
+
+        def per_million(usd_per_hour: float, per_s: float) -> float:
+            return usd_per_hour / (per_s * 3600) * 1e6 if per_s else float("inf")
+
         return {
             "ttft_ms": self.ttft.summary(PERCENTILES),
             "tpot_ms": self.tpot.summary(PERCENTILES),
@@ -106,12 +120,13 @@ class Tokens:
                 "prefix_hit_rate": n["cached"] / n["prompt"] if n["prompt"] else float("nan"),
                 "preemptions_per_request": n["preemptions"] / n["completed"] if n["completed"] else float("nan"),
             },
-            # each figure carries the fleet's whole cost (the GPU serves both kinds of token)
+            # the fleet's cost split by the GPUs' time: the prompts' part of each step (what their
+            # tokens added to it) to the input tokens, the rest (and idle time) to the output
             "cost": {
-                "per_million_output_tokens_usd": hourly / (out_per_s * 3600) * 1e6 if out_per_s else float("inf"),
-                "per_million_tokens_usd": hourly / ((in_per_s + out_per_s) * 3600) * 1e6
-                if in_per_s + out_per_s
-                else float("inf"),
+                "prefill_share_of_gpu_time": share,
+                "per_million_input_tokens_usd": per_million(hourly * share, in_per_s),
+                "per_million_output_tokens_usd": per_million(hourly * (1 - share), out_per_s),
+                "per_million_tokens_usd": per_million(hourly, in_per_s + out_per_s),
             },
         }
 

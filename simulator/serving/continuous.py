@@ -347,10 +347,10 @@ class Replicas:
             steps = rep.step_log()
             if len(steps.start):
                 inst_col = np.full(len(steps.start), inst, np.int64)
-                logs.append(BatchLog(steps.start, steps.end, steps.seqs, inst_col, steps.kv_usage))
+                logs.append(BatchLog(steps.start, steps.end, steps.seqs, inst_col, steps.kv_usage, steps.prefill_share))
         if not logs:  # an LLM pool's log always says its KV use, even with no step
             logs = [BatchLog(*BatchLog.empty().__dict__.values())]
-            logs[0].kv_usage = np.zeros(0)
+            logs[0].kv_usage, logs[0].prefill_share = np.zeros(0), np.zeros(0)
         if not ids:
             empty = np.zeros(0)
             return Settled(

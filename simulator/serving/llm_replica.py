@@ -309,7 +309,8 @@ class Finished:
 class Steps:
     """One row per step: start and end (ms), prefill tokens, decoding sequences, sequences
     in the step, sequences running during it (admitted, not finished before it), requests
-    waiting after it, KV blocks in use after it (share)."""
+    waiting after it, KV blocks in use after it (share), and the share of its time its
+    prompt tokens took (what they added to the step without them)."""
 
     start: np.ndarray
     end: np.ndarray
@@ -319,6 +320,7 @@ class Steps:
     running: np.ndarray
     waiting: np.ndarray
     kv_usage: np.ndarray
+    prefill_share: np.ndarray  # of the step's time, what its prompt tokens added to the rest
 
 
 class Replica:
@@ -426,7 +428,7 @@ class Replica:
     def step_log(self) -> Steps:
         """The steps run since the last call."""
         rows, self._log = self._log, []
-        cols = list(zip(*rows, strict=True)) if rows else [()] * 8
+        cols = list(zip(*rows, strict=True)) if rows else [()] * 9
         ints = {2, 3, 4, 5, 6}
         return Steps(*(np.array(c, dtype=np.int64 if k in ints else float) for k, c in enumerate(cols)))
 
@@ -649,7 +651,7 @@ class Replica:
         usage = 1.0 - (free - np.cumsum(opened[1:])) / kv.num_blocks  # KVCache.usage's expression
         waiting = len(self.waiting)
         self._log.extend(
-            (float(starts[i]), float(ends[i]), 0, width, d, d, waiting, float(usage[i])) for i in range(taken)
+            (float(starts[i]), float(ends[i]), 0, width, d, d, waiting, float(usage[i]), 0.0) for i in range(taken)
         )
         return True
 
@@ -699,7 +701,12 @@ class Replica:
                 attention += n * (s.computed + n / 2.0)
         if width > decodes and not chunks:  # static: the finished keep their slots
             decodes = width
-        ms = self.step.ms(Work(prefill, attention, chunks, decodes, context))
+        work = Work(prefill, attention, chunks, decodes, context)
+        ms = self.step.ms(work)
+        # the prompt tokens' share of the step: what they add to the step without them
+        share = 0.0
+        if prefill and ms > 0:
+            share = min(max(ms - self.step.ms(Work(decodes=decodes, decode_context=context)), 0.0), ms) / ms
         if self.noise is not None:
             ms *= self.noise()
         start = self.t
@@ -733,7 +740,9 @@ class Replica:
             self.running = [s for s in self.running if s.made < s.output]
             if not self.running:
                 self.batch_width = 0
-        self._log.append((start, end, prefill, decodes, len(scheduled), during, len(self.waiting), self.kv.usage))
+        self._log.append(
+            (start, end, prefill, decodes, len(scheduled), during, len(self.waiting), self.kv.usage, share)
+        )
 
     def _settle(self, s: _Seq, ignored: bool = False) -> None:
         done = math.nan if ignored else self.t
