@@ -170,7 +170,7 @@ def _digest(*parts) -> str:
 
 def hashes(only: str | None = None) -> tuple[dict[str, str], dict[str, dict]]:
     from simulator import load_scenario, simulate, summarize
-    from simulator.serving.fleet import WorkerState
+    from simulator.serving.lives import WorkerState
     from simulator.streaming import simulate_streaming
 
     out, summaries = {}, {}

@@ -53,7 +53,7 @@ from simulator.scenario.distributions import Sampler
 from simulator.serving.classes import ClassesPool
 from simulator.serving.continuous import LLMService
 from simulator.serving.event_loop import Loop
-from simulator.serving.fleet import FleetLog
+from simulator.serving.lives import FleetLog
 from simulator.serving.router import Router
 from simulator.serving.served import TokensServed
 from simulator.serving.streamed import Horizon

@@ -18,7 +18,7 @@ import pytest
 from simulator import load_scenario, simulate
 from simulator.engine import concat_records, gather
 from simulator.ledger import concat_logs
-from simulator.serving.fleet import WorkerState
+from simulator.serving.lives import WorkerState
 from simulator.streaming import simulate_streaming, stream
 from tests.helpers import ROOT
 

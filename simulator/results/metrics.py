@@ -15,7 +15,7 @@ from simulator.results import summary
 from simulator.results.run import Run
 from simulator.results.stats import overlap, sla_verdict, summary_stats, window
 from simulator.scenario.config import Scenario
-from simulator.serving.fleet import WorkerState
+from simulator.serving.lives import WorkerState
 from simulator.serving.workers import mean_service_ms
 
 # the window and the SLA verdict live in stats.py; readers have always found them here

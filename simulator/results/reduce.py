@@ -32,7 +32,7 @@ from simulator.results.timeline import COLUMNS, LLM_COLUMNS, _workers
 from simulator.results.tokens import Tokens
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import scenario_hash
-from simulator.serving.fleet import FleetLog
+from simulator.serving.lives import FleetLog
 
 if TYPE_CHECKING:
     import pandas as pd

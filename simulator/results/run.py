@@ -9,7 +9,7 @@ import numpy as np
 from simulator.ledger import BatchLog
 from simulator.results.records import Records
 from simulator.scenario.config import Scenario
-from simulator.serving.fleet import FleetLog
+from simulator.serving.lives import FleetLog
 
 
 @dataclass

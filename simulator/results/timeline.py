@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulator.serving.fleet import FleetLog, WorkerState
+from simulator.serving.lives import FleetLog, WorkerState
 
 
 @dataclass(frozen=True)

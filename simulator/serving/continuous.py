@@ -121,7 +121,7 @@ class Scaling:
     def __init__(self, workers, rng: np.random.Generator, count: int):
         from simulator.scenario.distributions import Sampler
         from simulator.serving.autoscaler import HPA, KPA
-        from simulator.serving.fleet import FleetLog, Worker
+        from simulator.serving.lives import FleetLog, Worker
 
         a = workers.autoscaler
         self.cfg, self.period_ms = a, a.sync_period_s * 1000.0
@@ -142,7 +142,7 @@ class Scaling:
 
     def evaluate(self, t: float, replicas) -> None:
         from simulator.serving.autoscaler import Observation
-        from simulator.serving.fleet import FleetEvent, Worker
+        from simulator.serving.lives import FleetEvent, Worker
 
         workers = self.log.workers
         counted = [w for w in workers if w.drain_at == math.inf]

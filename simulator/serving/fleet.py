@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
 from enum import StrEnum
 
 import numpy as np
@@ -23,6 +22,7 @@ import simpy
 
 from simulator.scenario.config import Batching, Workers
 from simulator.scenario.distributions import Sampler
+from simulator.serving.lives import FleetEvent, FleetLog, Worker
 from simulator.serving.scheduler import batch_queue
 from simulator.serving.workers import Feed, ServiceModel, schedule
 
@@ -35,66 +35,6 @@ class Transition(StrEnum):
     READY = "ready"  # its cold start is over: it serves from now
     CRASH = "crash"  # a random failure (mean time between failures)
     SCHEDULED_CRASH = "scheduled_crash"  # a failure the scenario names (workers.failures.crashes)
-
-
-class FleetEvent(StrEnum):
-    """What the fleet log records, for reports and the timeline."""
-
-    READY = "ready"
-    CRASH = "crash"
-    SCALE_UP = "scale_up"
-    SCALE_DOWN = "scale_down"
-
-
-class WorkerState(StrEnum):
-    """The spans of a worker's life that :meth:`FleetLog.intervals` measures."""
-
-    WARMING = "warming"  # requested, not yet serving (cold start)
-    ACTIVE = "active"  # serving
-    DRAINING = "draining"  # taking no new requests, finishing its queue
-    BILLED = "billed"  # from request to gone: what the fleet pays for
-
-
-@dataclass
-class Worker:
-    """One GPU worker's life, in ms."""
-
-    wid: int
-    requested_at: float
-    ready_at: float
-    feed: Feed
-    drain_at: float = INF
-    gone_at: float = INF
-    crashed_at: float = INF
-
-    def serving(self, t: float) -> bool:
-        return self.ready_at <= t < min(self.drain_at, self.crashed_at, self.gone_at)
-
-
-@dataclass
-class FleetLog:
-    """What the fleet did: each worker's life and the control-plane events."""
-
-    workers: list[Worker]
-    events: list[tuple[float, FleetEvent, str]] = field(default_factory=list)
-
-    def intervals(self, state: WorkerState | str) -> tuple[np.ndarray, np.ndarray]:
-        """(start, end) ms of every worker's stay in ``state``: warming, active, draining, billed."""
-        w = self.workers
-        req = np.array([x.requested_at for x in w])
-        ready = np.array([x.ready_at for x in w])
-        drain = np.array([x.drain_at for x in w])
-        gone = np.array([min(x.gone_at, x.crashed_at) for x in w])
-        match WorkerState(state):
-            case WorkerState.WARMING:
-                return req, np.minimum(ready, gone)
-            case WorkerState.ACTIVE:
-                return ready, np.minimum(drain, gone)
-            case WorkerState.DRAINING:
-                return np.minimum(drain, gone), gone
-            case WorkerState.BILLED:
-                return req, gone
-        raise ValueError(state)
 
 
 class Fleet:

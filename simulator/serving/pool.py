@@ -36,7 +36,8 @@ from simulator.scenario.config import Batching, Workers
 from simulator.scenario.config import Router as RouterConfig
 from simulator.serving.activator import Activator
 from simulator.serving.autoscaler import HPA, KPA, Observation, Policy
-from simulator.serving.fleet import Fleet, FleetEvent, FleetLog, Transition, Worker, WorkerState
+from simulator.serving.fleet import Fleet, Transition
+from simulator.serving.lives import FleetEvent, FleetLog, Worker, WorkerState
 from simulator.serving.probe import scrape
 from simulator.serving.router import Router
 from simulator.serving.served import PoolRun

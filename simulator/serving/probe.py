@@ -13,7 +13,7 @@ import numpy as np
 
 from simulator.scenario.fleet import Autoscaler
 from simulator.serving.activator import Activator
-from simulator.serving.fleet import Worker
+from simulator.serving.lives import Worker
 from simulator.serving.workers import Feed
 
 

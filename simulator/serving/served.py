@@ -10,7 +10,7 @@ import numpy as np
 from simulator.ledger import BatchLog, Served
 
 if TYPE_CHECKING:
-    from simulator.serving.fleet import FleetLog
+    from simulator.serving.lives import FleetLog
 
 
 class PoolRun(NamedTuple):
