@@ -17,21 +17,31 @@ def main() -> None:
     st.set_page_config(page_title="servesim", layout="wide")
     choice, s = sidebar()
 
-    def needs_scenario(render):
+    def needs_scenario(render, llm: str | None = None):
         def page():
             if s is None:
                 st.warning("Fix the scenario in the sidebar to see this page.")
+                return
+            if llm is not None and s.traffic.tokens is not None:  # an LLM scenario: not drawn here yet
+                st.info(llm)
                 return
             render(choice, s)
 
         return page
 
+    # what the command line gives for an LLM scenario where a page does not draw one yet
+    later = "This page does not draw LLM scenarios yet; on the command line: `servesim {}`."
+
     views = [
         (needs_scenario(results.render), "Results", "results"),
         (needs_scenario(compare.render), "Compare", "compare"),
-        (needs_scenario(load_curve.render), "Load curve", "load-curve"),
+        (
+            needs_scenario(load_curve.render, later.format("plan SCENARIO --max-rate --set workers.count=1")),
+            "Load curve",
+            "load-curve",
+        ),
         (needs_scenario(timeline.render), "Timeline", "timeline"),
-        (needs_scenario(plan.render), "Plan", "plan"),
+        (needs_scenario(plan.render, later.format("plan SCENARIO --vary workers.count=2..8")), "Plan", "plan"),
         (calibration.render, "Calibration", "calibration"),
         (practice.render, "Practice", "practice"),
     ]

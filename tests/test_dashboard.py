@@ -494,3 +494,19 @@ def test_practice_takes_your_own_numbers():
     after = at.info[0].value
     assert after != before
     assert "123,000 requests/s" in after
+
+
+@pytest.mark.parametrize("page", ["results", "timeline", "compare"])
+def test_an_llm_scenario_opens_on_the_pages_that_draw_it(page):
+    at = run_page(page, "scenarios/llm_chat.yaml")
+    assert charts(at) >= 1
+
+
+@pytest.mark.parametrize("page", ["load-curve", "plan"])
+def test_the_pages_that_do_not_draw_an_llm_scenario_yet_say_what_to_run(page):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params["scenario"] = "scenarios/llm_chat.yaml"
+    at.query_params["page"] = page
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("servesim plan" in i.value for i in at.info)
