@@ -104,6 +104,10 @@ def test_policies_differ_as_they_should_on_the_same_traffic():
         (["--set", "workers.instance_type=tpu-v5"], ["workers.instance_type", "no GPU preset"]),
         (["--set", "batching.model=gpt-5"], ["batching.model", "not a preset"]),
         (["--set", "traffic.tokens.prompt.max=null"], ["traffic.tokens.prompt", "has no max"]),
+        (
+            ["--set", "batching.step_time={c0_ms: 0, decode_ms_per_seq: 0.1}"],
+            ["batching.step_time.c0_ms", "greater than 0"],
+        ),
     ],
 )
 def test_bad_llm_input_is_refused_before_the_run(args, needles):

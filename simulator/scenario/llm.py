@@ -16,10 +16,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 from statistics import NormalDist
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Discriminator, Field, Tag, model_validator
 
 from simulator.scenario.frozen import Frozen
 
@@ -229,7 +229,8 @@ class Tokens(Frozen):
 class LinearStep(Frozen):
     """A fitted step time: ``c0 + c_prefill·P + c_attn·Σ p(ctx + p/2) + c_decode·D + c_kv·Σ ctx`` ms."""
 
-    c0_ms: float = Field(ge=0, description="Fixed cost of a step, ms.")
+    kind: Literal["linear"] = "linear"
+    c0_ms: float = Field(gt=0, description="Fixed cost of a step, ms (a step always takes some: scheduling, launch).")
     prefill_ms_per_token: float = Field(0.0, ge=0, description="Per prompt token computed, ms.")
     attention_ms_per_token2: float = Field(0.0, ge=0, description="Per unit of prefill attention work, ms.")
     decode_ms_per_seq: float = Field(0.0, ge=0, description="Per decoding sequence, ms.")
@@ -245,6 +246,25 @@ class Roofline(Frozen):
     mfu: float = Field(0.5, gt=0, le=1, description="Share of peak FLOP/s a step reaches (estimate).")
     mbu: float = Field(0.75, gt=0, le=1, description="Share of HBM bandwidth a step reaches (estimate).")
     overhead_ms: float = Field(2.0, ge=0, description="Fixed CPU cost of a step: scheduling, launch (estimate), ms.")
+
+
+def step_kind(value) -> str:
+    """The ``kind`` of a step_time section: as given, else ``linear`` when it has the fitted
+    form's ``c0_ms``, else ``roofline``."""
+    if isinstance(value, dict):
+        kind = value.get("kind", "linear" if "c0_ms" in value else "roofline")
+        return kind if isinstance(kind, str) else repr(kind)
+    return getattr(value, "kind", "roofline")
+
+
+StepTimeSection = Annotated[
+    Annotated[LinearStep, Tag("linear")] | Annotated[Roofline, Tag("roofline")],
+    Discriminator(
+        step_kind,
+        custom_error_type="step_time_kind",
+        custom_error_message="batching.step_time.kind must be one of: linear, roofline",
+    ),
+]
 
 
 class ContinuousBatching(Frozen):
@@ -276,8 +296,8 @@ class ContinuousBatching(Frozen):
         2.0, ge=0, description="Peak activation memory at max_num_batched_tokens, GB (an estimate)."
     )
     enable_prefix_caching: bool = Field(True, description="Keep freed blocks' content for later hits (vLLM V1: on).")
-    step_time: LinearStep | Roofline = Field(
-        Roofline(), description="The step time: a fitted linear form or the roofline."
+    step_time: StepTimeSection = Field(
+        Roofline(), description="The step time: kind linear (fitted coefficients) or roofline (the default)."
     )
     noise_cv: float = Field(0.0, ge=0, description="Multiplicative log-normal noise of each step's time (its cv).")
 

@@ -23,6 +23,7 @@ from simulator.scenario.config import Scenario, Traffic
 from simulator.scenario.distributions import Empirical, read_numbers
 from simulator.scenario.fleet import BATCHING_KINDS
 from simulator.scenario.gputypes import on_type
+from simulator.scenario.llm import step_kind
 from simulator.scenario.servicetime import ProfileRef
 from simulator.scenario.shapes import RateTrace
 
@@ -168,8 +169,12 @@ def _strip_tags(loc: tuple, data) -> tuple:
     """Drop the ``kind`` tags that discriminated unions insert into error locations."""
     out, node = [], data
     for i, p in enumerate(loc):
-        # the union's tag: the kind given, or batching's default kind when none is
-        default = BATCHING_KINDS[0] if loc[i - 1 : i] == ("batching",) else None
+        # the union's tag: the kind given, or the default kind of a union that has one
+        default = None
+        if loc[i - 1 : i] == ("batching",):
+            default = BATCHING_KINDS[0]
+        elif loc[i - 1 : i] == ("step_time",):
+            default = step_kind(node)
         tag = isinstance(node, dict) and node.get("kind", default) == p
         if tag and (p not in node or loc[i + 1 : i + 2] == (p,)):
             continue
@@ -193,7 +198,7 @@ def _format_validation(err: ValidationError, source: str, lines: dict, overridde
                 loc = tuple(named.group().split("."))
             elif not loc and first and (first.group(1),) in lines:
                 loc = (first.group(1),)
-        if e["type"] == "batching_kind":  # the batching union's own tag check: blame its kind
+        if e["type"] in ("batching_kind", "step_time_kind"):  # a union's own tag check: blame its kind
             loc = (*loc, "kind")
         where = loc
         while where and where not in lines:
@@ -209,6 +214,8 @@ def _format_validation(err: ValidationError, source: str, lines: dict, overridde
             )
         elif e["type"] == "batching_kind":
             msg = f"unknown kind {e['input'].get('kind')!r}; expected one of {', '.join(BATCHING_KINDS)}"
+        elif e["type"] == "step_time_kind":
+            msg = f"unknown kind {e['input'].get('kind')!r}; expected one of linear, roofline"
         elif "input" in e and not isinstance(e["input"], dict | list):
             msg += f" (got {e['input']!r})"
         out.append(f"  line {line}: {_dotted(loc)}: {msg}{origin}")
