@@ -45,9 +45,8 @@ class Tokens:
     def __init__(self, s: Scenario, sample):
         self.s = s
         self.ttft, self.tpot, self.stall = sample(), sample(), sample()
-        self.n = dict.fromkeys(("completed", "good", "prompt", "output", "cached", "preemptions", "ttft_ok"), 0)
-        self.n["tpot_ok"] = 0
-        self.n["tpot_n"] = 0
+        names = ("completed", "good", "prompt", "output", "cached", "preemptions", "ttft_ok", "tpot_ok", "tpot_n")
+        self.n = dict.fromkeys(names, 0)
         self.step_ms = self.prefill_ms = 0.0  # the replicas' step time in the window, and the prompts' part
 
     def add_steps(self, inside_ms: np.ndarray, prefill_share: np.ndarray) -> None:

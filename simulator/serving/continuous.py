@@ -326,39 +326,23 @@ class Replicas:
         self._forget_finished()
         if self.scaling is not None:
             self.scaling.settle_drained(self.replicas, final=math.isinf(self.horizon))
-        for k, rep in enumerate(self.replicas):
-            f = rep.finished()
-            n = len(f.rid)
-            inst = self.instance[k]
-            if n:
-                outcome = np.where(f.ignored, np.int8(Outcome.REJECTED), np.int8(Outcome.COMPLETED)).astype(np.int8)
-                ids.append(f.rid)
-                served.append(
-                    Served(
-                        t_dispatch=f.start,
-                        t_done=f.done,
-                        batch_size=np.ones(n, dtype=np.int64),
-                        instance=np.full(n, inst, dtype=np.int64),
-                        outcome=outcome,
-                        t_dropped=np.where(f.ignored, f.start, np.nan),
-                    )
+        for k, rep in enumerate(self.replicas):  # every replica's part, empty or not: one shape
+            f, steps = rep.finished(), rep.step_log()
+            n, inst = len(f.rid), self.instance[k]
+            ids.append(f.rid)
+            served.append(
+                Served(
+                    t_dispatch=f.start,
+                    t_done=f.done,
+                    batch_size=np.ones(n, dtype=np.int64),
+                    instance=np.full(n, inst, dtype=np.int64),
+                    outcome=np.where(f.ignored, Outcome.REJECTED, Outcome.COMPLETED).astype(np.int8),
+                    t_dropped=np.where(f.ignored, f.start, np.nan),
                 )
-                tokens.append(TokensServed(f.first_token, f.preemptions, f.cached_tokens, f.max_itl))
-            steps = rep.step_log()
-            if len(steps.start):
-                inst_col = np.full(len(steps.start), inst, np.int64)
-                logs.append(BatchLog(steps.start, steps.end, steps.seqs, inst_col, steps.kv_usage, steps.prefill_share))
-        if not logs:  # an LLM pool's log always says its KV use, even with no step
-            logs = [BatchLog(*BatchLog.empty().__dict__.values())]
-            logs[0].kv_usage, logs[0].prefill_share = np.zeros(0), np.zeros(0)
-        if not ids:
-            empty = np.zeros(0)
-            return Settled(
-                np.zeros(0, np.int64),
-                Served.empty(0),
-                concat_logs(logs),
-                TokensServed(empty, np.zeros(0, np.int64), np.zeros(0, np.int64), empty),
             )
+            tokens.append(TokensServed(f.first_token, f.preemptions, f.cached_tokens, f.max_itl))
+            inst_col = np.full(len(steps.start), inst, np.int64)
+            logs.append(BatchLog(steps.start, steps.end, steps.seqs, inst_col, steps.kv_usage, steps.prefill_share))
         return Settled(
             np.concatenate(ids),
             Served(*(np.concatenate(c) for c in zip(*served, strict=True))),

@@ -233,7 +233,6 @@ class _Seq:
         "cached",
         "computed",
         "first",
-        "group",
         "keys",
         "last",
         "made",
