@@ -125,6 +125,15 @@ def _llm(llm: dict | None) -> Group:
             f"${cost['per_million_tokens_usd']:,.3f} per million tokens in and out)"
         )
     )
+    ses = llm.get("sessions")
+    if ses is not None:
+        lines.append(
+            Text(
+                f"sessions: {ses['later_turns_share']:.0%} of requests are later turns of a conversation; "
+                f"{ses['early_turns_share']:.1%} of those arrived before the answer to the turn before them "
+                "(turns arrive a gap after the turn before them arrived)"
+            )
+        )
     return Group(t, *lines)
 
 

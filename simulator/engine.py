@@ -151,6 +151,9 @@ class Columns:
     output_tokens: np.ndarray | None = None
     prefix_group: np.ndarray | None = None
     shared_tokens: np.ndarray | None = None
+    session: np.ndarray | None = None  # its conversation (-1: none), its turn there, and the turns before it
+    turn: np.ndarray | None = None
+    history: np.ndarray | None = None
     t_first_token: np.ndarray | None = None
     preemptions: np.ndarray | None = None
     cached_tokens: np.ndarray | None = None
@@ -363,7 +366,11 @@ class _Run:
     def __init__(self, s: Scenario, seed: int):
         self.s, self.seed = s, seed
         self.rng = rng = streams(seed)
-        self.arrivals = Arrivals(s.traffic, s.duration_s * 1000.0, rng=rng.arrivals)
+        self.tokens = TokenDraws(s, rng) if s.traffic.tokens is not None else None
+        if self.tokens is not None and self.tokens.sessions is not None:  # the sessions' turns arrive
+            self.arrivals = self.tokens
+        else:
+            self.arrivals = Arrivals(s.traffic, s.duration_s * 1000.0, rng=rng.arrivals)
         self.speed = speed = (
             None if s.platform.speed is None else SpeedProcess(s.platform.speed, s.duration_s * 1000.0, rng.speed)
         )
@@ -382,7 +389,6 @@ class _Run:
             else None
         )
         self.pool = None
-        self.tokens = TokenDraws(s, rng) if s.traffic.tokens is not None else None
         if self.loop:  # the front end's one event loop, and the instances it feeds
             service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed).feed(0)
             self.loop_server = Loop(
@@ -454,7 +460,8 @@ class _Run:
             elif self.versions is None:
                 work = None
                 if self.tokens is not None:
-                    work = tuple(v[rows] for v in (c.prompt_tokens, c.output_tokens, c.prefix_group, c.shared_tokens))
+                    asked = (c.prompt_tokens, c.output_tokens, c.prefix_group, c.shared_tokens, c.session, c.history)
+                    work = tuple(None if v is None else v[rows] for v in asked)
                 del rows
                 settled, batches = self.pool.run(p_t, p_id, worker, deadline, hi, final, work)
                 del work
@@ -525,6 +532,7 @@ class _Run:
                 "output_tokens": w.output,
                 "prefix_group": w.group,
                 "shared_tokens": w.shared,
+                **({} if self.tokens.sessions is None else dict(session=w.session, turn=w.turn, history=w.history)),
                 "t_first_token": np.full(n, np.nan),
                 "preemptions": np.zeros(n, dtype=np.int64),
                 "cached_tokens": np.zeros(n, dtype=np.int64),

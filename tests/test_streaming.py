@@ -186,6 +186,18 @@ CASES = {
             "batching.noise_cv=0.1",
         ],
     ),
+    "llm_sessions": (
+        "llm_multiturn.yaml",
+        [
+            "duration_s=8",
+            "warmup_s=0",
+            "workers.count=3",
+            "traffic.rate_rps=25",
+            "traffic.tokens.sessions.turn_gap={kind: exponential, mean_ms: 1500}",
+            "batching.num_blocks=4000",
+            "batching.noise_cv=0.1",
+        ],
+    ),
     "llm_autoscaler": (
         "llm_autoscaling.yaml",
         [

@@ -115,12 +115,19 @@ def napkin(s: Scenario, price_per_worker_hour: float) -> list[Line]:
 
 
 def mean_tokens(s: Scenario, draws: int = 100_000) -> tuple[float, float]:
-    """The mean prompt (with any shared prefix) and output tokens of the traffic, from a
-    fixed sample of the length distributions (their clipping included)."""
+    """The mean prompt (with any shared prefix, and a session's history) and output tokens
+    of the traffic, from a fixed sample of the length distributions (their clipping
+    included); with sessions, of the turns of ``draws / 5`` sessions."""
     import numpy as np
 
     t = s.traffic.tokens
     extra = t.prefix.share * t.prefix.tokens if t.prefix is not None else 0.0
+    if t.sessions is not None:
+        from simulator.rng import streams
+        from simulator.stages.tokens import TokenDraws
+
+        turns = TokenDraws(s, streams(0)).sessions._start(np.zeros(draws // 5))[1]
+        return float(turns.prompt.mean()), float(turns.output.mean())
     if t.from_trace:
         from simulator.scenario.llm import read_trace
 
@@ -189,7 +196,13 @@ def llm_napkin(s: Scenario, price_per_worker_hour: float) -> tuple[list[Line], L
     gpu = gpu_spec(w.instance_type) if b.num_blocks is None else None
     lines = [
         Line("peak request rate", "from traffic (rate × the shape's peak)", lam, "req/s"),
-        Line("mean prompt tokens", "E[prompt] of traffic.tokens (shared prefix included)", e_s, "tokens"),
+        Line(
+            "mean prompt tokens",
+            "E[prompt] of traffic.tokens (shared prefix included"
+            + (", and the conversation so far: all computed, no cache)" if s.traffic.tokens.sessions else ")"),
+            e_s,
+            "tokens",
+        ),
         Line("mean output tokens", "E[output] of traffic.tokens", e_o, "tokens"),
         Line("weights", f"{m.params_b:g} B parameters × {m.weight_bytes:g} bytes", m.weights_total_bytes / 1e9, "GB"),
         Line(

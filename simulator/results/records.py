@@ -63,6 +63,8 @@ class Records:
     preemptions: np.ndarray | None = None
     cached_tokens: np.ndarray | None = None  # prompt tokens served from the prefix cache
     max_itl_ms: np.ndarray | None = None  # its worst gap between two output tokens (0 with one token)
+    session: np.ndarray | None = None  # its conversation (traffic.tokens.sessions; -1: none)
+    turn: np.ndarray | None = None  # its turn in the conversation (0: the first)
 
     def __len__(self) -> int:
         return len(self.arrival)

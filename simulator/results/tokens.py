@@ -13,6 +13,10 @@ Definitions (vLLM's benchmark's):
 - **cost per million tokens**: the fleet's cost split by the GPUs' time, each step's part
   that its prompt tokens added to it going to the input tokens, the rest to the output
   tokens (as providers price them apart); and the whole cost over every token.
+- **early turns** (with ``traffic.tokens.sessions``): of the turns after a session's
+  first, those that arrived before the turn before them had its answer back at the client.
+  Turns arrive open loop, a gap after the turn before them *arrived*; a user waits for the
+  answer, so a large share says the gaps are shorter than the answers take.
 - **goodput**: completions per second that met both the TTFT and the TPOT target (each
   where set), the SLO-meeting sense; DistServe's other sense, the highest rate per GPU at
   which the percentile of requests meet both, is a search over rates (``servesim plan``).
@@ -48,6 +52,9 @@ class Tokens:
         names = ("completed", "good", "prompt", "output", "cached", "preemptions", "ttft_ok", "tpot_ok", "tpot_n")
         self.n = dict.fromkeys(names, 0)
         self.step_ms = self.prefill_ms = 0.0  # the replicas' step time in the window, and the prompts' part
+        self.sessions = s.traffic.tokens.sessions is not None
+        self.answered: dict[int, tuple[int, float]] = {}  # session -> its latest turn and its response
+        self.later = self.early = 0  # completed turns after a session's first; those that came early
 
     def add_steps(self, inside_ms: np.ndarray, prefill_share: np.ndarray) -> None:
         """Steps' time inside the window, and the share of each its prompt tokens took."""
@@ -72,6 +79,32 @@ class Tokens:
         n["output"] += int(r.output_tokens[done].sum())
         n["cached"] += int(r.cached_tokens[done].sum())
         n["preemptions"] += int(r.preemptions[done].sum())
+        if self.sessions:
+            self._turns(r, done)
+
+    def _turns(self, r: Records, done: np.ndarray) -> None:
+        """Count the later turns, and those that arrived before the turn before them was
+        answered (a piece holds each turn after the turn before it: requests are handed out
+        in arrival order)."""
+        rows = np.flatnonzero(r.session >= 0)
+        rows = rows[np.lexsort((r.turn[rows], r.session[rows]))]
+        session, turn, response = r.session[rows], r.turn[rows], r.t_response[rows]
+        before = np.full(len(rows), np.nan)  # the turn before's response
+        follows = np.zeros(len(rows), dtype=bool)
+        if len(rows):
+            follows[1:] = (session[1:] == session[:-1]) & (turn[1:] == turn[:-1] + 1)
+            before[1:][follows[1:]] = response[:-1][follows[1:]]
+            for i in np.flatnonzero(~follows & (turn > 0)):  # the turn before is in an earlier piece
+                got = self.answered.get(int(session[i]))
+                if got is not None and got[0] == turn[i] - 1:
+                    before[i] = got[1]
+            last = np.append(session[1:] != session[:-1], True)
+            latest = zip(turn[last].tolist(), response[last].tolist(), strict=True)
+            self.answered.update(zip(session[last].tolist(), latest, strict=True))
+        later = done[rows] & (turn > 0)
+        self.later += int(np.count_nonzero(later))
+        with np.errstate(invalid="ignore"):
+            self.early += int(np.count_nonzero(later & (r.arrival[rows] < before)))
 
     def seal(self) -> None:
         self.ttft.seal((self.s.sla.percentile,))
@@ -118,6 +151,12 @@ class Tokens:
                 "output_per_s": out_per_s,
                 "prefix_hit_rate": n["cached"] / n["prompt"] if n["prompt"] else float("nan"),
                 "preemptions_per_request": n["preemptions"] / n["completed"] if n["completed"] else float("nan"),
+            },
+            "sessions": None
+            if not self.sessions
+            else {
+                "later_turns_share": self.later / n["completed"] if n["completed"] else float("nan"),
+                "early_turns_share": self.early / self.later if self.later else float("nan"),
             },
             # the fleet's cost split by the GPUs' time: the prompts' part of each step (what their
             # tokens added to it) to the input tokens, the rest (and idle time) to the output

@@ -227,17 +227,42 @@ class Scenario(Frozen):
                     f"({room} tokens); set traffic.tokens.{name}.max"
                 )
         prefix = t.tokens.prefix.tokens if t.tokens.prefix is not None else 0
-        if prompt.upper + prefix + output.upper > room:
+        longest = prompt.upper + prefix + output.upper  # a request's prompt and answer, at most
+        longest_prompt = prompt.upper + prefix
+        sessions = t.tokens.sessions
+        if sessions is not None:
+            if sessions.max_context_tokens is not None:
+                if longest > sessions.max_context_tokens:
+                    raise ValueError(
+                        f"traffic.tokens.sessions.max_context_tokens ({sessions.max_context_tokens}) is below a "
+                        f"first turn's prompt and answer ({longest:.0f} tokens at most)"
+                    )
+                longest = sessions.max_context_tokens
+                longest_prompt = longest - output.min
+                grown = f"max_context_tokens ({longest})"
+            else:  # every turn carries the ones before it
+                longest = prefix + sessions.turns.upper * (prompt.upper + output.upper)
+                longest_prompt = longest - output.upper
+                grown = f"a session of {sessions.turns.upper:.0f} turns ({longest:.0f} tokens)"
+            if longest > room:
+                raise ValueError(
+                    f"traffic.tokens.sessions: {grown} is more than the KV cache of a replica holds "
+                    f"({blocks} blocks of {b.block_size} = {room} tokens); set a smaller "
+                    "traffic.tokens.sessions.max_context_tokens"
+                )
+        if longest > room:
             raise ValueError(
-                f"traffic.tokens.prompt: a prompt of {prompt.upper + prefix:.0f} and an answer of "
+                f"traffic.tokens.prompt: a prompt of {longest_prompt:.0f} and an answer of "
                 f"{output.upper:.0f} tokens can never fit the KV cache of a replica "
                 f"({blocks} blocks of {b.block_size} = {room} tokens)"
             )
-        if b.policy == "prefill_first" and prompt.upper + prefix > b.max_num_batched_tokens:
+        if b.policy == "prefill_first" and longest_prompt > b.max_num_batched_tokens:
             raise ValueError(
                 f"batching.max_num_batched_tokens ({b.max_num_batched_tokens}) is below the longest prompt "
-                f"({prompt.upper + prefix:.0f}): prefill_first prefills whole prompts"
+                f"({longest_prompt:.0f}): prefill_first prefills whole prompts"
             )
+        if sessions is not None and t.arrivals_file is not None:
+            raise ValueError("traffic.tokens.sessions start as a Poisson process: drop traffic.arrivals_file")
         return self
 
     @model_validator(mode="after")

@@ -21,6 +21,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import Discriminator, Field, Tag, model_validator
 
+from simulator.scenario.distributions import Distribution
 from simulator.scenario.frozen import Frozen
 
 _Z99 = NormalDist().inv_cdf(0.99)
@@ -155,6 +156,27 @@ class TokenLengths(Frozen):
             x = np.rint(rng.lognormal(mu, sigma, n)).astype(np.int64)
         return np.clip(x, self.min, self.max if self.max is not None else np.iinfo(np.int64).max)
 
+    def expected(self) -> float:
+        """The exact mean of a draw (rounded and clipped as :meth:`sample` does); a
+        log-normal needs its ``max``."""
+        top = self.max if self.max is not None else math.inf
+        if self.fixed is not None:
+            return float(min(max(self.fixed, self.min), top))
+        if self.values is not None:
+            return float(np.clip(np.asarray(self.values, dtype=float), self.min, top).mean())
+        if math.isinf(top):
+            raise ValueError("the mean of an uncapped log-normal count is not computed: give it a max")
+        mu, sigma = self.mu_sigma()
+        dist = NormalDist(mu, sigma)
+        k = np.arange(self.min, self.max + 1, dtype=float)
+
+        def cdf(x: float) -> float:  # P(X < x)
+            return dist.cdf(math.log(x)) if x > 0 else 0.0
+
+        edges = np.array([cdf(x) for x in (k[:-1] + 0.5)])
+        mass = np.diff(np.concatenate(([0.0], edges, [1.0])))  # min takes all below, max all above
+        return float((k * mass).sum())
+
     @property
     def upper(self) -> float:
         """The most tokens a draw can have (inf for an uncapped log-normal)."""
@@ -188,6 +210,41 @@ class PrefixGroups(Frozen):
     zipf_s: float = Field(1.0, ge=0, description="Zipf exponent of the prefixes' popularity (0: uniform).")
 
 
+class Sessions(Frozen):
+    """Multi-turn conversations: each session is ``turns`` requests, the prompt of each turn
+    the whole conversation so far (the earlier turns' prompts and answers, which a prefix
+    cache may still hold) followed by the turn's new input (``traffic.tokens.prompt``).
+    Sessions start as the traffic's arrival process at ``rate_rps`` divided by the mean
+    turns, so ``rate_rps`` stays the rate of requests; a session's next turn arrives
+    ``turn_gap`` after the turn before it *arrived*, as a trace records turns (the
+    simulator does not wait for the answer: give gaps longer than answers take)."""
+
+    turns: TokenLengths = Field(
+        description="Turns per session (a count: fixed; values; mean with cv or p99, with max)."
+    )
+    turn_gap: Distribution = Field(
+        description="From one turn's arrival to the next's, ms (the answer's time and the user's think time)."
+    )
+    max_context_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="The model's context window: a session ends before a turn whose prompt and answer would "
+        "exceed it (none: no limit, so the longest session must fit a replica's KV cache).",
+    )
+
+    @model_validator(mode="after")
+    def _counted(self) -> Sessions:
+        if math.isinf(self.turns.upper):
+            raise ValueError("traffic.tokens.sessions.turns has no max: set traffic.tokens.sessions.turns.max")
+        if self.turns.min < 1 or self.turns.fixed == 0:
+            raise ValueError("traffic.tokens.sessions.turns must be at least 1: a session has a first turn")
+        return self
+
+    def mean_turns(self) -> float:
+        """The exact mean of the turns per session: its rounding and clipping included."""
+        return self.turns.expected()
+
+
 class Tokens(Frozen):
     """Each request's prompt and output lengths; the output length is hidden from the
     scheduler (the sequence simply stops when it has produced it)."""
@@ -203,12 +260,17 @@ class Tokens(Frozen):
     prompt: TokenLengths | None = Field(None, description="Prompt tokens (replaces the preset's).")
     output: TokenLengths | None = Field(None, description="Output tokens (replaces the preset's).")
     prefix: PrefixGroups | None = Field(None, description="Shared prompt prefixes (none: every prompt its own).")
+    sessions: Sessions | None = Field(
+        None, description="Multi-turn conversations (none: every request a conversation of its own)."
+    )
 
     @model_validator(mode="after")
     def _complete(self) -> Tokens:
         if self.from_trace:
             if self.preset is not None or self.prompt is not None or self.output is not None:
                 raise ValueError("traffic.tokens.from_trace replays the trace's lengths: drop preset, prompt, output")
+            if self.sessions is not None:
+                raise ValueError("traffic.tokens.from_trace replays requests, not sessions: drop sessions")
             return self
         if self.preset is None and (self.prompt is None or self.output is None):
             raise ValueError("traffic.tokens needs a preset, or both prompt and output (or from_trace)")
@@ -394,6 +456,7 @@ __all__ = [
     "ModelSpec",
     "PrefixGroups",
     "Roofline",
+    "Sessions",
     "TokenLengths",
     "Tokens",
     "blocks_from_memory",

@@ -17,7 +17,7 @@ import numpy as np
 from simulator.ledger import BatchLog, Outcome, Served, concat_logs
 from simulator.rng import child
 from simulator.scenario.llm import ContinuousBatching
-from simulator.serving.llm_replica import Limits, Replica, StepModel, group_key, step_model
+from simulator.serving.llm_replica import BLOCKS, Limits, Replica, StepModel, group_key, session_owner, step_model
 from simulator.serving.served import Settled, TokensServed
 
 
@@ -206,39 +206,46 @@ class Replicas:
         self.turn = 0  # round robin over the serving replicas, where the pool decides
         self.balancing, self.weights = service.balancing, service.weights
         self.block_size = service.limits.block_size
-        # the prefix groups each replica has been sent and not yet finished (llm-d's index
-        # of routed prefixes: a group in flight there will be cached there)
+        # the prefix groups and sessions each replica has been sent and not yet finished
+        # (llm-d's index of routed prefixes: a prefix in flight there will be cached there);
+        # a group g is g, a session s is -s - 1
         self.in_flight: list[dict[int, int]] = [{} for _ in self.replicas]
-        self.group_of: dict[int, tuple[int, int]] = {}  # request -> (replica, group) while in flight
+        self.group_of: dict[int, tuple[int, tuple[int, ...]]] = {}  # request -> (replica, prefixes) in flight
 
     def extend(self, t, rid, queue, deadlines, horizon, work=None) -> None:
         """Requests reaching the replicas at ``t`` (time order), each on replica ``queue``
         (None: picked here from the replicas' state as of the request's time), with
-        ``work``: prompt tokens, output tokens, prefix group (-1: none) and its shared
-        prefix tokens."""
+        ``work``: prompt tokens, output tokens, prefix group (-1: none), its shared prefix
+        tokens, and (with sessions) its session (-1: none) and the prompt tokens that are
+        its session's earlier turns."""
         if len(t):
             if work is None:
                 raise ValueError("an LLM replica needs each request's tokens")
-            prompt, output, group, shared = work
+            prompt, output, group, shared, *rest = work
+            session, history = rest if rest and rest[0] is not None else (None, None)
             routed = queue is None and (len(self.replicas) > 1 or self.scaling is not None)
             for i in range(len(t)):
                 g, at = int(group[i]), float(t[i])
+                sid = -1 if session is None else int(session[i])
                 if self.scaling is not None:
                     self._control(at, inclusive=True)
                 if routed:
-                    k = self._pick(at, g, int(shared[i]), int(prompt[i]))
+                    past = 0 if history is None else int(history[i])
+                    k = self._pick(at, g, int(shared[i]), int(prompt[i]), sid, past)
                 else:
                     k = 0 if queue is None else int(queue[i])
                 self.replicas[k].push(
-                    int(rid[i]), at, int(prompt[i]), int(output[i]), None if g < 0 else g, int(shared[i])
+                    int(rid[i]), at, int(prompt[i]), int(output[i]), None if g < 0 else g, int(shared[i]), sid
                 )
-                if g >= 0:
+                prefixes = (g,) * (g >= 0) + (-sid - 1,) * (sid >= 0)
+                if prefixes:
                     held = self.in_flight[k]
-                    held[g] = held.get(g, 0) + 1
-                    self.group_of[int(rid[i])] = (k, g)
+                    for key in prefixes:
+                        held[key] = held.get(key, 0) + 1
+                    self.group_of[int(rid[i])] = (k, prefixes)
         self.horizon = max(self.horizon, horizon)
 
-    def _pick(self, t: float, group: int, shared: int, prompt: int) -> int:
+    def _pick(self, t: float, group: int, shared: int, prompt: int, session: int = -1, history: int = 0) -> int:
         """The replica a request reaching the pool at ``t`` goes to, by ``balancing``, among
         those serving then, from each replica's state after the steps it started before ``t``."""
         ks = list(range(len(self.replicas))) if self.scaling is None else self.scaling.serving(t)
@@ -254,7 +261,8 @@ class Replicas:
         k_least = min(ks, key=lambda k: (load[k], k))
         if self.balancing == "least_loaded":
             return k_least
-        hit = {k: self._hit(k, group, shared) / prompt for k in ks} if group >= 0 else None
+        known = group >= 0 or session >= 0
+        hit = {k: self._hit(k, group, shared, session, history, prompt) / prompt for k in ks} if known else None
         if self.balancing == "prefix_affinity":
             if hit is None:
                 return k_least
@@ -286,29 +294,37 @@ class Replicas:
                 self.instance.append(k)
                 self.in_flight.append({})
 
-    def _hit(self, k: int, group: int, shared: int) -> int:
-        """Prompt tokens of ``group``'s prefix replica ``k`` holds or will hold: the whole
-        prefix while a request of the group is in flight there, else its cached blocks."""
-        if self.in_flight[k].get(group):
-            return shared
+    def _hit(self, k: int, group: int, shared: int, session: int = -1, history: int = 0, prompt: int = 0) -> int:
+        """Prompt tokens of the request's prefix (its group's, then its session's earlier
+        turns) replica ``k`` holds or will hold: the whole of it while a request of the
+        session (or, for the group's part, of the group) is in flight there, else its
+        cached blocks."""
+        held = self.in_flight[k]
+        if session >= 0 and held.get(-session - 1):
+            return shared + history
+        known = shared if group >= 0 and held.get(group) else 0
         cached = self.replicas[k].kv.cached
-        blocks = shared // self.block_size
+        bs = self.block_size
+        blocks = (shared if session < 0 else min(shared + history, max(prompt - 1, 0))) // bs
+        grouped = shared // bs if group >= 0 else 0
+        owner = None if session < 0 else session_owner(session) * BLOCKS
         j = 0
-        while j < blocks and group_key(group, j) in cached:
+        while j < blocks and (group_key(group, j) if j < grouped else owner + j) in cached:
             j += 1
-        return j * self.block_size
+        return max(known, j * bs)
 
     def _forget_finished(self) -> None:
         for rep in self.replicas:
             for rid in rep.just_finished():
                 held = self.group_of.pop(rid, None)
                 if held is not None:
-                    k, g = held
-                    left = self.in_flight[k][g] - 1
-                    if left:
-                        self.in_flight[k][g] = left
-                    else:
-                        del self.in_flight[k][g]
+                    k, prefixes = held
+                    for key in prefixes:
+                        left = self.in_flight[k][key] - 1
+                        if left:
+                            self.in_flight[k][key] = left
+                        else:
+                            del self.in_flight[k][key]
 
     def close(self) -> None:
         self.horizon = math.inf

@@ -267,24 +267,33 @@ def group_key(group: int, block: int) -> int:
     return -(group * BLOCKS + block) - 1
 
 
-class Keys(Sequence):
-    """A request's block keys: ``shared`` blocks of a prefix group's, then its own. Keys are
-    ints (a request's own: ``rid x BLOCKS + block``; a group's: :func:`group_key`), small
-    for a replica's cache to hold by the ten thousand."""
+def session_owner(session: int) -> int:
+    """The owner number of session ``session``'s blocks (block ``j`` of any of its turns is
+    ``owner x BLOCKS + j``: every turn's sequence begins with the one before it, so their
+    full blocks hold the same tokens); far below every prefix group's keys."""
+    return -((1 << 40) + session)
 
-    def __init__(self, rid: int, group: Hashable | None, shared_blocks: int, total_blocks: int):
+
+class Keys(Sequence):
+    """A request's block keys: ``shared`` blocks of a prefix group's, then its owner's (the
+    request itself: ``rid x BLOCKS + block``; a session's turns share theirs,
+    :func:`session_owner`). Keys are ints (a group's: :func:`group_key`), small for a
+    replica's cache to hold by the ten thousand."""
+
+    def __init__(self, rid: int, group: Hashable | None, shared_blocks: int, total_blocks: int, owner: int = -1):
         self.rid, self.group, self.shared, self.total = rid, group, shared_blocks, total_blocks
+        self.own = (rid if owner == -1 else owner) * BLOCKS
 
     def __len__(self) -> int:
         return self.total
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            g, own, shared = self.group, self.rid * BLOCKS, self.shared
+            g, own, shared = self.group, self.own, self.shared
             return [group_key(g, j) if j < shared else own + j for j in range(*i.indices(self.total))]
         if not 0 <= i < self.total:
             raise IndexError(i)
-        return group_key(self.group, i) if i < self.shared else self.rid * BLOCKS + i
+        return group_key(self.group, i) if i < self.shared else self.own + i
 
 
 @dataclass
@@ -362,16 +371,26 @@ class Replica:
 
     # --- input ----------------------------------------------------------------
     def push(
-        self, rid: int, arrival: float, prompt: int, output: int, group: Hashable | None = None, shared_tokens: int = 0
+        self,
+        rid: int,
+        arrival: float,
+        prompt: int,
+        output: int,
+        group: Hashable | None = None,
+        shared_tokens: int = 0,
+        session: int = -1,
     ) -> None:
         """A request arriving at ``arrival`` (not before the last pushed) with ``prompt`` and
         ``output`` tokens; its first ``shared_tokens`` prompt tokens are prefix group
-        ``group``'s (content other requests of the group share)."""
+        ``group``'s (content other requests of the group share), and the rest of its
+        blocks are session ``session``'s (-1: its own), which its session's other turns
+        share as far as their sequences agree."""
         bs = self.limits.block_size
         keys: Sequence[Hashable] = ()
         if self.limits.prefix_caching:
             shared = min(shared_tokens, prompt) // bs if group is not None else 0
-            keys = Keys(rid, group, shared, (prompt + output) // bs)
+            owner = -1 if session < 0 else session_owner(session)
+            keys = Keys(rid, group, shared, (prompt + output) // bs, owner)
         self.pending.append(_Seq(rid, arrival, int(prompt), int(output), keys))
 
     @property
@@ -863,5 +882,6 @@ __all__ = [
     "refuse",
     "serve",
     "serve_prefill_first",
+    "session_owner",
     "step_model",
 ]

@@ -43,6 +43,12 @@ class ArrivalSource:
         self._parts: list[np.ndarray] = []
         self._finite = times is not None or not rate_rps or rate_rps <= 0
 
+    def rate_at(self, t_ms: float) -> float:
+        """The source's rate (per second) at ``t_ms``."""
+        if self._rate is None:
+            return float(self._bound or 0.0)
+        return float(self._rate(np.array([t_ms / 1000.0]))[0])
+
     def _block(self) -> None:
         rng, bound = self._rng, self._bound
         cand = self._last + np.cumsum(rng.exponential(1000.0 / bound, BLOCK))
@@ -85,12 +91,19 @@ def nhpp_arrivals(rate: RateFn, bound_rps: float, duration_ms: float, *, rng: np
     return ArrivalSource(rate_rps=bound_rps, rate=rate, rng=rng).take(duration_ms)
 
 
-def shaped_source(rate_rps: float | None, shape: Shape, duration_ms: float, *, rng: np.random.Generator):
-    """The :class:`ArrivalSource` of Poisson arrivals at ``rate_rps`` shaped by ``shape``."""
+def shaped_source(
+    rate_rps: float | None, shape: Shape, duration_ms: float, *, rng: np.random.Generator, per: float = 1.0
+):
+    """The :class:`ArrivalSource` of Poisson arrivals at ``rate_rps`` shaped by ``shape``,
+    every rate divided by ``per`` (sessions of ``per`` requests on average start at the
+    requests' rate over ``per``)."""
     if isinstance(shape, Constant):
-        return ArrivalSource(rate_rps=rate_rps, rng=rng)
+        return ArrivalSource(rate_rps=rate_rps / per, rng=rng)
     rate = rate_function(shape, rate_rps, duration_ms / 1000.0, rng=rng)
-    return ArrivalSource(rate_rps=rate_bound(shape, rate_rps), rate=rate, rng=rng)
+    if per != 1.0:
+        whole = rate
+        rate = lambda t: whole(t) / per  # noqa: E731
+    return ArrivalSource(rate_rps=rate_bound(shape, rate_rps) / per, rate=rate, rng=rng)
 
 
 def shaped_arrivals(rate_rps: float | None, shape: Shape, duration_ms: float, *, rng: np.random.Generator):

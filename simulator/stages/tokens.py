@@ -7,10 +7,15 @@ depend on how many are taken at once, so a run in chunks draws what a whole run 
 A request in a prefix group has the group's ``prefix.tokens`` followed by its own prompt.
 With ``from_trace`` the lengths are a trace's, row by row in time order, beside its
 arrivals (``traffic.arrivals_file``).
+
+With ``sessions`` the requests are the turns of multi-turn conversations
+(:class:`SessionTurns`): the arrivals are theirs, and each turn's prompt is its session's
+earlier turns (their prompts and answers) followed by its own new input.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -18,16 +23,131 @@ import numpy as np
 from simulator.rng import Streams, child
 from simulator.scenario.config import Scenario
 from simulator.scenario.llm import read_trace
+from simulator.stages.arrivals import ArrivalSource
 
 
 class Work(NamedTuple):
-    """Per request: prompt tokens (with its prefix), output tokens, prefix group (-1:
-    none) and the prompt tokens that are the group's."""
+    """Per request: prompt tokens (with its prefix and its session's history), output
+    tokens, prefix group (-1: none), the prompt tokens that are the group's, its session
+    (-1: none), its turn in the session (0 first) and the prompt tokens that are the
+    session's earlier turns."""
 
     prompt: np.ndarray
     output: np.ndarray
     group: np.ndarray
     shared: np.ndarray
+    session: np.ndarray
+    turn: np.ndarray
+    history: np.ndarray
+
+    @classmethod
+    def empty(cls) -> Work:
+        return cls(*(np.zeros(0, dtype=np.int64) for _ in cls._fields))
+
+    def take(self, rows) -> Work:
+        return Work(*(col[rows] for col in self))
+
+
+def groups(prefix, cdf, draws: list[np.random.Generator], n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The prefix group of each of ``n`` requests (or sessions) and its shared tokens (-1
+    and 0: none), a member with probability ``prefix.share`` (``draws[2]``) of a group
+    picked by the popularity ``cdf`` (``draws[3]``)."""
+    if prefix is None:
+        return np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    member = draws[2].random(n) < prefix.share
+    pick = np.minimum(np.searchsorted(cdf, draws[3].random(n), side="right"), prefix.groups - 1)
+    return np.where(member, pick, -1), np.where(member, prefix.tokens, 0)
+
+
+class SessionTurns:
+    """The turns of multi-turn sessions, in time order, handed out in successive time
+    chunks as :class:`~simulator.stages.arrivals.Arrivals` hands out arrivals.
+
+    Sessions start as the traffic's arrival process at ``rate_rps`` over the mean turns. A
+    session draws, when it starts, its turns, each turn's new input and answer lengths, the
+    gaps between its turns' arrivals and its prefix group, each from its own stream in
+    session order; its turns wait until their chunk comes. Within a session the turns'
+    times and histories are summed along the session alone, so a session's numbers are the
+    same whatever else its chunk holds. Turns in one chunk go in time order (ties: the
+    earlier session, then the earlier turn). A session ends before a turn whose prompt and
+    answer would exceed ``max_context_tokens``.
+
+    The run starts in the steady state: sessions also start before time 0, at the rate of
+    time 0 from a stream of their own, over a window no session outlasts but with
+    negligible probability (its most turns times the gap's mean plus six standard
+    deviations), and their turns from time 0 on arrive in the run.
+    """
+
+    def __init__(self, s: Scenario, rng: Streams, lengths: tuple, prefix, cdf, draws: list[np.random.Generator]):
+        from simulator.scenario.distributions import Sampler
+        from simulator.stages.arrivals import shaped_source
+
+        sessions = s.traffic.tokens.sessions
+        self.turns, self.prompt, self.output = sessions.turns, *lengths
+        self.cap = sessions.max_context_tokens or np.iinfo(np.int64).max
+        self.starts = shaped_source(
+            s.traffic.rate_rps, s.traffic.shape, s.duration_s * 1000.0, rng=rng.arrivals, per=sessions.mean_turns()
+        )
+        self.prefix, self.cdf = prefix, cdf  # the groups' popularity
+        self.draws = draws  # prompt, output, member, pick: TokenDraws' streams
+        self.count = child(rng.tokens, 4)
+        self.gap = Sampler(sessions.turn_gap, child(rng.tokens, 5))
+        self.next_session = 0
+        self.waiting = (np.zeros(0), Work.empty())  # drawn turns not handed out yet
+        self.ready = Work.empty()  # the work of the turns the last take handed out
+        gap = sessions.turn_gap
+        self.before_ms = (self.turns.upper - 1) * (gap.mean + 6.0 * math.sqrt(gap.variance))
+        self.before = ArrivalSource(rate_rps=self.starts.rate_at(0.0), rng=child(rng.tokens, 6))
+
+    def _start(self, t0: np.ndarray) -> tuple[np.ndarray, Work]:
+        """The turns of sessions starting at ``t0``: their times and work."""
+        m = len(t0)
+        turns = self.turns.sample(m, self.count)
+        total = int(turns.sum())
+        new_in = self.prompt.sample(total, self.draws[0])
+        out = self.output.sample(total, self.draws[1])
+        gaps = self.gap.draw(total - m)
+        group, shared = groups(self.prefix, self.cdf, self.draws, m)
+        # one row a session, one column a turn: sums along a row are the session's alone
+        width = int(turns.max()) if m else 0
+        on = np.arange(width) < turns[:, None]
+        gap = np.zeros((m, width))
+        gap[:, 1:][on[:, 1:]] = gaps
+        tokens = np.zeros((m, width), dtype=np.int64)
+        tokens[on] = new_in + out
+        times = (t0[:, None] + np.cumsum(gap, axis=1))[on]
+        history = (np.cumsum(tokens, axis=1) - tokens)[on]
+        session = np.repeat(np.arange(self.next_session, self.next_session + m, dtype=np.int64), turns)
+        self.next_session += m
+        turn = np.broadcast_to(np.arange(width, dtype=np.int64), (m, width))[on]
+        group, shared = np.repeat(group, turns), np.repeat(shared, turns)
+        prompt = shared + history + new_in
+        keep = prompt + out <= self.cap  # a session ends before the turn that outgrows the context
+        work = Work(prompt, out, group, shared, session, turn, history)
+        return times[keep], work.take(keep)
+
+    def take(self, until_ms: float) -> tuple[np.ndarray, np.ndarray]:
+        """The turns arriving before ``until_ms`` not handed out yet (sorted) and their
+        traffic classes (0); their work is :attr:`ready`."""
+        if self.before is not None:  # the sessions under way when the run starts
+            early = self.before.take(self.before_ms) - self.before_ms if self.before_ms > 0 else np.zeros(0)
+            self.before = None
+            if len(early):
+                t_new, w_new = self._start(early)
+                now = t_new >= 0
+                self.waiting = (t_new[now], w_new.take(now))
+        times, work = self.waiting
+        t0 = self.starts.take(until_ms)
+        if len(t0):
+            t_new, w_new = self._start(t0)
+            times = np.concatenate([times, t_new])
+            work = Work(*(np.concatenate(c) for c in zip(work, w_new, strict=True)))
+        now = times < until_ms
+        order = np.flatnonzero(now)
+        order = order[np.lexsort((work.turn[order], work.session[order], times[order]))]
+        self.waiting = (times[~now], work.take(~now))
+        self.ready = work.take(order)
+        return times[order], np.zeros(len(order), dtype=np.int8)
 
 
 class TokenDraws:
@@ -43,27 +163,33 @@ class TokenDraws:
             self.prompt, self.output = t.lengths()
         self.prefix = t.prefix
         self.rng = [child(rng.tokens, k) for k in range(4)]
+        self.cdf = None
         if self.prefix is not None:
             w = np.arange(1, self.prefix.groups + 1, dtype=float) ** -self.prefix.zipf_s
             self.cdf = np.cumsum(w / w.sum())
+        self.sessions = None
+        if t.sessions is not None:
+            self.sessions = SessionTurns(s, rng, t.lengths(), self.prefix, self.cdf, self.rng)
+
+    def take(self, until_ms: float) -> tuple[np.ndarray, np.ndarray]:
+        """The sessions' turns before ``until_ms`` (the arrivals, where there are sessions)."""
+        return self.sessions.take(until_ms)
 
     def draw(self, n: int) -> Work:
+        if self.sessions is not None:  # the turns the last take handed out
+            if len(self.sessions.ready.prompt) != n:
+                raise RuntimeError(f"{n} arrivals but {len(self.sessions.ready.prompt)} session turns")
+            return self.sessions.ready
         if self.trace is not None:
             prompt, output = (col[self.at : self.at + n] for col in self.trace)
             self.at += n
         else:
             prompt = self.prompt.sample(n, self.rng[0])
             output = self.output.sample(n, self.rng[1])
-        group = np.full(n, -1, dtype=np.int64)
-        shared = np.zeros(n, dtype=np.int64)
-        p = self.prefix
-        if p is not None:
-            member = self.rng[2].random(n) < p.share
-            pick = np.minimum(np.searchsorted(self.cdf, self.rng[3].random(n), side="right"), p.groups - 1)
-            group = np.where(member, pick, -1)
-            shared = np.where(member, p.tokens, 0)
-            prompt = prompt + shared
-        return Work(prompt, output, group, shared)
+        group, shared = groups(self.prefix, self.cdf, self.rng, n)
+        prompt = prompt + shared
+        none = np.full(n, -1, dtype=np.int64)
+        return Work(prompt, output, group, shared, none, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64))
 
 
-__all__ = ["TokenDraws", "Work"]
+__all__ = ["SessionTurns", "TokenDraws", "Work"]

@@ -1,0 +1,194 @@
+"""Multi-turn sessions (``traffic.tokens.sessions``): each turn carries its conversation so
+far, the turns arrive at the requests' rate from the first second (the run starts in the
+steady state), a later turn finds its history in the prefix cache of the replica that
+served the turn before it, prefix-aware routing keeps a conversation on its replica, the
+summary counts the turns that came before their previous answer, and bad input is refused
+before the run with the field and its line."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from simulator import load_scenario
+from simulator.engine import simulate
+from simulator.rng import streams
+from simulator.stages.tokens import TokenDraws
+from tests.test_bad_input import ROOT, cli, one_error
+
+MULTI = ROOT / "scenarios/llm_multiturn.yaml"
+SHORT = ["duration_s=40", "warmup_s=10", "workers.count=2", "traffic.rate_rps=12"]
+
+
+def _turns(overrides: list[str], until_s: float, seed: int = 1):
+    s = load_scenario(MULTI, overrides)
+    draws = TokenDraws(s, streams(seed))
+    t, _ = draws.take(until_s * 1000.0)
+    return s, t, draws.draw(len(t))
+
+
+def test_each_turn_carries_its_conversation_so_far():
+    """Per session, in turn order: the turns arrive in order, each turn's history is the
+    turns before it (their prompts' new input and their answers), its prompt the system
+    prompt, that history and its own input, and none outgrows the context window."""
+    s, t, w = _turns(["traffic.tokens.sessions.max_context_tokens=6000"], 600.0)
+    assert np.all(np.diff(t) >= 0)
+    shared = s.traffic.tokens.prefix.tokens
+    assert np.all(w.shared == shared)
+    assert np.all(w.group == 0)
+    assert np.all(w.prompt + w.output <= 6000)
+    order = np.lexsort((w.turn, w.session))
+    session, turn, hist = w.session[order], w.turn[order], w.history[order]
+    new_input = (w.prompt - w.shared - w.history)[order]
+    out, arrival = w.output[order], t[order]
+    assert np.all(new_input >= 1)
+    same = session[1:] == session[:-1]
+    # a session's turns are consecutive from where the run caught it, one more each time
+    assert np.all(turn[1:][same] == turn[:-1][same] + 1)
+    assert np.all(hist[1:][same] == hist[:-1][same] + new_input[:-1][same] + out[:-1][same])
+    assert np.all(arrival[1:][same] >= arrival[:-1][same])
+    first = np.append(True, ~same)
+    assert np.all(hist[first & (turn == 0)] == 0)
+    # sessions under way when the run starts: their first turn seen here is a later one
+    assert np.count_nonzero(first & (turn > 0)) > 10
+
+
+def test_turns_arrive_at_the_requests_rate_from_the_start():
+    """Sessions start at rate / E[turns], so turns arrive at ``rate_rps``; in the steady
+    state from the first second (sessions under way at time 0 send their later turns), not
+    after a ramp. A compound-Poisson count: the variance of the turns in a window is about
+    the session rate x window x E[T^2] (a session's turns mostly fall in one window)."""
+    rate = 12.0
+    s, t, _ = _turns([f"traffic.rate_rps={rate}", "traffic.tokens.sessions.max_context_tokens=null"], 3000.0)
+    turns = s.traffic.tokens.sessions.turns
+    x = turns.sample(1_000_000, np.random.default_rng(0)).astype(float)
+    assert turns.expected() == pytest.approx(x.mean(), rel=0.005)  # the exact mean of the clipped draws
+    for lo, hi in ((0.0, 300.0), (0.0, 3000.0), (1500.0, 3000.0)):
+        n = np.count_nonzero((t >= lo * 1000) & (t < hi * 1000))
+        mean = rate * (hi - lo)
+        sd = math.sqrt(rate / turns.expected() * (hi - lo) * (x**2).mean())
+        assert abs(n - mean) < 4 * sd, (lo, hi, n, mean, sd)
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--set", "traffic.tokens.sessions.turns.max=null"], ["traffic.tokens.sessions", "turns has no max"]),
+        (["--set", "traffic.tokens.sessions.turns={fixed: 0}"], ["traffic.tokens.sessions", "at least 1"]),
+        (["--set", "traffic.tokens.sessions.max_context_tokens=1000"], ["max_context_tokens", "first turn"]),
+        (["--set", "traffic.tokens.sessions.turn_gap={kind: exponential}"], ["turn_gap", "mean_ms"]),
+        (["--set", "traffic.tokens.sessions.turns={mean: 4}"], ["traffic.tokens.sessions.turns", "exactly one"]),
+        (  # a context window the KV cache cannot hold
+            ["--set", "batching.num_blocks=400"],
+            ["traffic.tokens.sessions", "max_context_tokens (8192) is more than the KV cache"],
+        ),
+        (  # no window, and a session that can outgrow the KV cache
+            ["--set", "batching.num_blocks=3000", "--set", "traffic.tokens.sessions.max_context_tokens=null"],
+            ["traffic.tokens.sessions", "a session of 16 turns", "set a smaller"],
+        ),
+        (["--set", "traffic.arrivals_file=x.csv", "--set", "traffic.rate_rps=null"], ["arrivals_file"]),
+    ],
+)
+def test_bad_sessions_are_refused_before_the_run(args, needles):
+    """Sessions that cannot be drawn or cannot fit a replica: one message naming the field
+    and its line, exit 2, before the run."""
+    text = one_error(cli("run", MULTI, *args), *needles)
+    assert "line " in text
+
+
+def test_a_later_turn_finds_its_history_in_the_cache():
+    """One replica with room for every conversation: a turn whose previous turn was done
+    before it arrived is served its system prompt and history from the cache, all but the
+    block the previous turn's last token left unfull (the last sampled token's KV is never
+    computed): at least the whole blocks of history less one token, never more."""
+    gap = "traffic.tokens.sessions.turn_gap={kind: lognormal, p50_ms: 6000, p99_ms: 20000}"
+    s = load_scenario(MULTI, [*SHORT, "workers.count=1", "traffic.rate_rps=6", "batching.num_blocks=200000", gap])
+    r = simulate(s).records
+    bs = s.batching.block_size
+    order = np.lexsort((r.turn, r.session))
+    ses, turn, arrival, done = (x[order] for x in (r.session, r.turn, r.arrival, r.t_inferred))
+    cached, prompt, output = (x[order] for x in (r.cached_tokens, r.prompt_tokens, r.output_tokens))
+    follows = (ses[1:] == ses[:-1]) & (turn[1:] == turn[:-1] + 1) & (done[:-1] <= arrival[1:])
+    assert np.count_nonzero(follows) > 50
+    known = (prompt[:-1] + output[:-1])[follows]  # the turn before, prompt and answer: this one's prefix
+    got, asked = cached[1:][follows], prompt[1:][follows]
+    assert np.all(got >= np.minimum(known - 1, asked - 1) // bs * bs)
+    assert np.all(got <= known)
+
+
+def _same_replica(balancing: str) -> tuple[float, int]:
+    s = load_scenario(
+        MULTI,
+        [
+            *SHORT,
+            "workers.count=4",
+            f"router.balancing={balancing}",
+            "traffic.tokens.prefix=null",
+            "traffic.tokens.sessions.turn_gap={kind: lognormal, p50_ms: 6000, p99_ms: 20000}",
+        ],
+    )
+    r = simulate(s).records
+    order = np.lexsort((r.turn, r.session))
+    ses, turn, inst = r.session[order], r.turn[order], r.instance[order]
+    follows = (ses[1:] == ses[:-1]) & (turn[1:] == turn[:-1] + 1)
+    return float(np.mean(inst[1:][follows] == inst[:-1][follows])), int(np.count_nonzero(follows))
+
+
+def test_prefix_aware_routing_keeps_a_conversation_on_its_replica():
+    """Without a shared system prompt, prefix affinity sends a later turn where its history
+    is cached or in flight: to its previous turn's replica, but where the cache has let it
+    go; round robin does so one time in four on four replicas (within four standard
+    errors of the share)."""
+    assert _same_replica("prefix_affinity")[0] > 0.95
+    share, n = _same_replica("round_robin")
+    assert n > 200
+    assert abs(share - 0.25) < 4 * math.sqrt(0.25 * 0.75 / n)
+
+
+def test_the_summary_counts_the_turns_that_came_before_their_answer():
+    """The summary's early share equals the count from the whole run's records (a turn
+    after the window's start whose previous turn's response came after it arrived), read
+    piece by piece."""
+    from simulator.results.reduce import summarize
+    from simulator.streaming import summarize_stream
+
+    s = load_scenario(MULTI, [*SHORT, "traffic.tokens.sessions.turn_gap={kind: exponential, mean_ms: 3000}"])
+    run = simulate(s)
+    r = run.records
+    order = np.lexsort((r.turn, r.session))
+    ses, turn, arrival, resp = (x[order] for x in (r.session, r.turn, r.arrival, r.t_response))
+    window = (arrival >= s.warmup_s * 1000) & (arrival < s.duration_s * 1000) & r.completed[order]
+    follows = np.zeros(len(order), dtype=bool)
+    follows[1:] = (ses[1:] == ses[:-1]) & (turn[1:] == turn[:-1] + 1)
+    before = np.full(len(order), np.nan)
+    before[1:][follows[1:]] = resp[:-1][follows[1:]]
+    later = window & (turn > 0)
+    with np.errstate(invalid="ignore"):
+        early = np.count_nonzero(later & (arrival < before))
+    assert early > 20  # gaps of 3 s: answers often take longer
+    want = early / np.count_nonzero(later)
+    assert summarize(run)["llm"]["sessions"]["early_turns_share"] == pytest.approx(want, abs=1e-12)
+    streamed = summarize_stream(s, chunk_s=0.9)
+    assert streamed["llm"]["sessions"]["early_turns_share"] == pytest.approx(want, abs=1e-12)
+
+
+def test_the_scenario_answers_its_question():
+    """The shipped scenario's claims, on a shorter run: the prefix cache serves a large
+    share of the prompts, prefix-aware routing (scored) more of them than round robin and
+    with a lower TTFT tail, and without the cache the replicas fall behind."""
+    got = {}
+    for name, extra in (
+        ("scored", []),
+        ("round_robin", ["router.balancing=round_robin"]),
+        ("no_cache", ["batching.enable_prefix_caching=false"]),
+    ):
+        r = simulate(load_scenario(MULTI, ["duration_s=50", "warmup_s=15", *extra])).records
+        done = r.completed & (r.arrival >= 15000)
+        ttft = r.t_first_token - r.arrival
+        got[name] = (r.cached_tokens[done].sum() / r.prompt_tokens[done].sum(), np.nanpercentile(ttft[done], 99))
+    assert got["scored"][0] > 0.4
+    assert got["scored"][0] > got["round_robin"][0] + 0.1
+    assert got["scored"][1] < got["round_robin"][1]
+    assert got["no_cache"][1] > 3 * got["scored"][1]
