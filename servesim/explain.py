@@ -171,10 +171,16 @@ def why_llm(s: Scenario, k, minimum: int | None, rows: dict) -> list[str]:
     """Plain sentences: why the LLM napkin and the simulator differ."""
     q = s.sla.percentile
     nap = rows["napkin"]
+    split = s.batching.disaggregation is not None
     out = [
         f"the napkin runs {k.batch} sequences a step ({k.step_ms:.1f} ms) with each prompt's prefill "
         f"({k.prefill_ms:.1f} ms) on top: {k.per_replica_rps:.1f} req/s a replica, so {k.bare} replicas; "
-        f"the simulated replicas there run {nap['mean_batch']:.1f} sequences a step on average",
+        f"the simulated replicas there run {nap['mean_batch']:.1f} sequences a step on average"
+        if not split
+        else f"the napkin counts prefill and decode replicas apart: {k.bare} in all, the decode ones running "
+        f"{k.batch} sequences a step ({k.step_ms:.1f} ms) without a prefill's pause; a fleet of another size keeps "
+        f"the scenario's share of prefill replicas ({s.batching.disaggregation.prefill_replicas} of "
+        f"{s.workers.count}, rounded)",
     ]
     if minimum is None:
         out.append("no replica count in the range checked meets the targets")
@@ -186,8 +192,14 @@ def why_llm(s: Scenario, k, minimum: int | None, rows: dict) -> list[str]:
         + (
             f"{k.bare - minimum} fewer than the napkin, whose batch is wider than the load fills"
             if minimum < k.bare
-            else f"{minimum - k.bare} more than the napkin: a prompt's prefill stalls the decodes sharing its "
-            "steps, and arrivals bunch, so the tail of TTFT needs slack the mean-value napkin does not have"
+            else f"{minimum - k.bare} more than the napkin: "
+            + (
+                "arrivals bunch and the prefill replicas queue the prompts, so the tail of TTFT needs slack the "
+                "mean-value napkin does not have"
+                if split
+                else "a prompt's prefill stalls the decodes sharing its steps, and arrivals bunch, so the tail "
+                "of TTFT needs slack the mean-value napkin does not have"
+            )
             if minimum > k.bare
             else "the napkin's count"
         )

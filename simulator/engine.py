@@ -520,7 +520,8 @@ class _Run:
         t_router = self.router_stage.leave(t_api)
         post = np.broadcast_to(self.post.draw(n), (n,)).copy()
         back = np.broadcast_to(self.network.back_ms(n, klass), (n,)).astype(float)
-        worker = None if self.router is None else self.router.pick(n, s.workers.count)
+        front = s.workers.count if self.tokens is None else s.batching.front(s.workers.count)
+        worker = None if self.router is None else self.router.pick(n, front)
         if self.classes is not None:  # a class with a pool of its own draws its worker there
             worker = self.classes.arriving(klass, worker)
         version, versions = (None, None) if self.versions is None else self.versions.arriving(t_router)

@@ -198,6 +198,19 @@ CASES = {
             "batching.noise_cv=0.1",
         ],
     ),
+    "llm_disaggregated": (
+        "llm_disaggregated.yaml",
+        [
+            "duration_s=8",
+            "warmup_s=0",
+            "traffic.rate_rps=40",
+            "router.balancing=scored",
+            "traffic.tokens.prefix={share: 0.5, groups: 3, tokens: 600}",
+            "batching.num_blocks=1200",
+            "batching.noise_cv=0.1",
+            "batching.disaggregation={prefill_replicas: 2, kv_transfer_gb_s: 2, kv_transfer_ms: 3}",
+        ],
+    ),
     "llm_autoscaler": (
         "llm_autoscaling.yaml",
         [

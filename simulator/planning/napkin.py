@@ -271,4 +271,51 @@ def llm_napkin(s: Scenario, price_per_worker_hour: float) -> tuple[list[Line], L
             "USD",
         ),
     ]
-    return lines, LLMNapkin(batch, t_b, prefill, mu, bare, padded)
+    if b.disaggregation is None:
+        return lines, LLMNapkin(batch, t_b, prefill, mu, bare, padded)
+    return _split(s, lines, step, e_s, e_o, batch, t_b, prefill, price_per_worker_hour)
+
+
+def _split(s: Scenario, lines: list[Line], step, e_s, e_o, batch, t_b, prefill, price) -> tuple[list[Line], LLMNapkin]:
+    """The napkin of prefill and decode on separate replicas (DistServe's planning): a
+    prefill replica computes prompts back to back, full steps of ``max_num_batched_tokens``
+    sharing a step's fixed cost; a decode replica runs the napkin's batch without pauses;
+    each side is counted apart, with its headroom."""
+    from simulator.serving.llm_replica import Work
+
+    b, lam, head = s.batching, peak_rate(s), s.napkin.headroom
+    fixed = step.ms(Work())
+    per_step = max(1, b.max_num_batched_tokens // max(round(e_s), 1))
+    mu_p = 1000.0 / (prefill + fixed / per_step)
+    mu_d = 1000.0 * batch / (e_o * t_b)
+    n_p, n_d = (math.ceil(lam / mu - 1e-9) for mu in (mu_p, mu_d))
+    pad_p, pad_d = (math.ceil(n * (1 + head) - 1e-9) for n in (n_p, n_d))
+    d = b.disaggregation
+    transfer = d.kv_transfer_ms + e_s * b.spec.kv_bytes_per_token / (d.kv_transfer_gb_s * 1e9) * 1000.0
+    colocated = {"per-replica throughput", "replicas", "share of a replica's time in prefill"}
+    colocated |= {"running sequences per replica", "time per output token there", "replicas with headroom"}
+    colocated |= {"cost with headroom", "cost per million output tokens"}
+    padded = pad_p + pad_d
+    lines = [ln for ln in lines if ln.quantity not in colocated] + [
+        Line("prompts per prefill step", f"{b.max_num_batched_tokens:,} / {e_s:,.0f}", per_step, "prompts"),
+        Line("prefill replica throughput", f"1 / ({prefill:.3g} + {fixed:.3g} / {per_step}) ms", mu_p, "req/s"),
+        Line("decode replica throughput", f"{batch} / ({e_o:,.0f} × {t_b:.3g} ms)", mu_d, "req/s"),
+        Line("prefill replicas", f"⌈{lam:,.0f} / {mu_p:.3g}⌉", n_p, "replicas"),
+        Line("decode replicas", f"⌈{lam:,.0f} / {mu_d:.3g}⌉", n_d, "replicas"),
+        Line(
+            "KV transfer of a mean prompt",
+            f"{d.kv_transfer_ms:g} ms + {e_s:,.0f} × {b.spec.kv_bytes_per_token / 1e3:.4g} KB"
+            f" / {d.kv_transfer_gb_s:g} GB/s",
+            transfer,
+            "ms",
+        ),
+        Line("replicas with headroom", f"⌈{n_p} × (1 + {head:g})⌉ + ⌈{n_d} × (1 + {head:g})⌉", padded, "replicas"),
+        Line("cost with headroom", f"{padded} × ${price:.4g}/h", padded * price, "USD/h"),
+        Line(
+            "cost per million output tokens",
+            f"${padded * price:,.2f}/h / ({lam:,.0f} × {e_o:,.0f} × 3,600)",
+            padded * price / (lam * e_o * 3600) * 1e6,
+            "USD",
+        ),
+    ]
+    return lines, LLMNapkin(batch, t_b, prefill, lam / (n_p + n_d), n_p + n_d, padded)

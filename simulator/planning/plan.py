@@ -64,8 +64,19 @@ class Vary:
 
 
 def with_workers(s: Scenario, n: int) -> Scenario:
-    """``s`` with a fleet of ``n`` workers."""
-    return s.model_copy(update={"workers": s.workers.model_copy(update={"count": n})})
+    """``s`` with a fleet of ``n`` workers. Where prefill and decode are apart, the fleet
+    keeps its share of prefill replicas (rounded, at least one of each side; one GPU does
+    both)."""
+    b = s.batching
+    update = {"workers": s.workers.model_copy(update={"count": n})}
+    d = getattr(b, "disaggregation", None)
+    if d is not None and n != s.workers.count:
+        split = None
+        if n > 1:
+            p = min(max(round(n * d.prefill_replicas / s.workers.count), 1), n - 1)
+            split = d.model_copy(update={"prefill_replicas": p})
+        update["batching"] = b.model_copy(update={"disaggregation": split})
+    return s.model_copy(update=update)
 
 
 def on_instance_type(s: Scenario, instance_type: str) -> Scenario:

@@ -208,6 +208,15 @@ class Scenario(Frozen):
         found = [why for cond, why in reasons if cond]
         if found:
             raise ValueError(f"batching.kind continuous does not combine with {', '.join(found)} yet")
+        d = b.disaggregation
+        if d is not None:
+            if d.prefill_replicas >= w.count:
+                raise ValueError(
+                    f"batching.disaggregation.prefill_replicas ({d.prefill_replicas}) leaves no decode replica "
+                    f"of workers.count {w.count}"
+                )
+            if w.autoscaler is not None:
+                raise ValueError("batching.disaggregation does not combine with workers.autoscaler yet")
         blocks = b.blocks(w.instance_type)
         if b.max_num_seqs > blocks:
             raise ValueError(

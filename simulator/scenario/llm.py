@@ -329,6 +329,21 @@ StepTimeSection = Annotated[
 ]
 
 
+class Disaggregation(Frozen):
+    """Prefill and decode on separate replicas, as DistServe and Splitwise serve: the first
+    ``prefill_replicas`` of ``workers.count`` compute prompts and the first token, then each
+    request's prompt KV crosses to the decode replica with the fewest sequences, which
+    produces the rest of its answer."""
+
+    prefill_replicas: int = Field(ge=1, description="Replicas that only prefill (the rest of workers.count decode).")
+    kv_transfer_gb_s: float = Field(
+        gt=0,
+        description="Bandwidth a prompt's KV crosses from its prefill replica to its decode replica, GB/s "
+        "(1e9 bytes; NVLink within a node ~450, 400 Gb/s InfiniBand ~50).",
+    )
+    kv_transfer_ms: float = Field(0.0, ge=0, description="Fixed cost of one transfer (setup, first byte), ms.")
+
+
 class ContinuousBatching(Frozen):
     """An LLM engine's iteration-level scheduler (``kind: continuous``), with vLLM's flags.
 
@@ -362,12 +377,22 @@ class ContinuousBatching(Frozen):
         Roofline(), description="The step time: kind linear (fitted coefficients) or roofline (the default)."
     )
     noise_cv: float = Field(0.0, ge=0, description="Multiplicative log-normal noise of each step's time (its cv).")
+    disaggregation: Disaggregation | None = Field(
+        None, description="Prefill and decode on separate replicas (none: every replica does both)."
+    )
 
     @model_validator(mode="after")
     def _known(self) -> ContinuousBatching:
         if self.model not in MODELS:
             raise ValueError(f"batching.model {self.model!r} is not a preset ({', '.join(MODELS)})")
+        if self.disaggregation is not None and self.policy != "continuous":
+            raise ValueError("batching.disaggregation needs policy continuous (chunked prefill on its own replicas)")
         return self
+
+    def front(self, count: int) -> int:
+        """The replicas a new request is routed among, of ``count``: the prefill replicas
+        where prefill and decode are apart."""
+        return count if self.disaggregation is None else self.disaggregation.prefill_replicas
 
     # what the rest of the model reads off any batching section
     @property
@@ -451,6 +476,7 @@ __all__ = [
     "MODELS",
     "PRESETS",
     "ContinuousBatching",
+    "Disaggregation",
     "GPUSpec",
     "LinearStep",
     "ModelSpec",

@@ -9,15 +9,25 @@ one whole run. A replica's steps are its batches (start, end, sequences in the s
 
 from __future__ import annotations
 
+import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
 from simulator.ledger import BatchLog, Outcome, Served, concat_logs
 from simulator.rng import child
 from simulator.scenario.llm import ContinuousBatching
-from simulator.serving.llm_replica import BLOCKS, Limits, Replica, StepModel, group_key, session_owner, step_model
+from simulator.serving.llm_replica import (
+    BLOCKS,
+    Finished,
+    Limits,
+    Replica,
+    StepModel,
+    group_key,
+    session_owner,
+    step_model,
+)
 from simulator.serving.served import Settled, TokensServed
 
 
@@ -67,6 +77,10 @@ class LLMService:
     weights: tuple[float, float, float] = (2.0, 1.0, 1.0)  # scored: prefix, queue, kv
     speed: object | None = None  # the platform's SpeedProcess: replica k steps on its worker(k) path
     workers: object | None = None  # the scenario's workers section, where it autoscales
+    # prefill and decode apart: the prefill replicas (the first ones), and a prompt's KV
+    # transfer time, ms: fixed + per prompt token
+    prefill_replicas: int = 0
+    transfer_ms: tuple[float, float] = (0.0, 0.0)
 
     @classmethod
     def of(
@@ -87,6 +101,10 @@ class LLMService:
             prefix_caching=batching.enable_prefix_caching,
         )
         extra = {"speed": speed, "workers": workers}
+        d = batching.disaggregation
+        if d is not None:
+            per_token = batching.spec.kv_bytes_per_token / (d.kv_transfer_gb_s * 1e9) * 1000.0
+            extra |= {"prefill_replicas": d.prefill_replicas, "transfer_ms": (d.kv_transfer_ms, per_token)}
         if router is not None:
             w = router.weights
             extra |= {"balancing": router.balancing, "weights": (w.prefix, w.queue, w.kv)}
@@ -211,6 +229,15 @@ class Replicas:
         # a group g is g, a session s is -s - 1
         self.in_flight: list[dict[int, int]] = [{} for _ in self.replicas]
         self.group_of: dict[int, tuple[int, tuple[int, ...]]] = {}  # request -> (replica, prefixes) in flight
+        # prefill and decode apart: the first ``prefill`` replicas prefill (each request asked
+        # for one token there, its real answer kept in ``asked``); what they finish moves to a
+        # decode replica (``moving``: arrival time, id, prompt, output), keeping what its
+        # prefill left (``prefilled``); a one-token answer settles where it was prefilled
+        self.prefill = service.prefill_replicas
+        self.asked: dict[int, tuple[int, int]] = {}
+        self.moving: list[tuple[float, int, int, int]] = []
+        self.prefilled: dict[int, tuple] = {}
+        self.settled_here: dict[int, Finished] = {}
 
     def extend(self, t, rid, queue, deadlines, horizon, work=None) -> None:
         """Requests reaching the replicas at ``t`` (time order), each on replica ``queue``
@@ -223,7 +250,7 @@ class Replicas:
                 raise ValueError("an LLM replica needs each request's tokens")
             prompt, output, group, shared, *rest = work
             session, history = rest if rest and rest[0] is not None else (None, None)
-            routed = queue is None and (len(self.replicas) > 1 or self.scaling is not None)
+            routed = queue is None and ((self.prefill or len(self.replicas)) > 1 or self.scaling is not None)
             for i in range(len(t)):
                 g, at = int(group[i]), float(t[i])
                 sid = -1 if session is None else int(session[i])
@@ -234,9 +261,11 @@ class Replicas:
                     k = self._pick(at, g, int(shared[i]), int(prompt[i]), sid, past)
                 else:
                     k = 0 if queue is None else int(queue[i])
-                self.replicas[k].push(
-                    int(rid[i]), at, int(prompt[i]), int(output[i]), None if g < 0 else g, int(shared[i]), sid
-                )
+                asked = int(output[i])
+                if self.prefill:  # a prefill replica makes the first token; the rest is decoded elsewhere
+                    self.asked[int(rid[i])] = (asked, int(prompt[i]))
+                    asked = 1
+                self.replicas[k].push(int(rid[i]), at, int(prompt[i]), asked, None if g < 0 else g, int(shared[i]), sid)
                 prefixes = (g,) * (g >= 0) + (-sid - 1,) * (sid >= 0)
                 if prefixes:
                     held = self.in_flight[k]
@@ -248,7 +277,7 @@ class Replicas:
     def _pick(self, t: float, group: int, shared: int, prompt: int, session: int = -1, history: int = 0) -> int:
         """The replica a request reaching the pool at ``t`` goes to, by ``balancing``, among
         those serving then, from each replica's state after the steps it started before ``t``."""
-        ks = list(range(len(self.replicas))) if self.scaling is None else self.scaling.serving(t)
+        ks = list(range(self.prefill or len(self.replicas))) if self.scaling is None else self.scaling.serving(t)
         if self.balancing in ("round_robin", "random"):  # an autoscaled pool routes by itself
             if self.balancing == "random":
                 return ks[int(self.scaling.route.random() * len(ks))]
@@ -276,6 +305,49 @@ class Replicas:
             for k in ks
         }
         return max(ks, key=lambda k: (score[k], -k))
+
+    def _hand_over(self) -> None:
+        """The prefill replicas' finished requests: a one-token answer (or a dropped
+        request) settles where it was prefilled; every other request's prompt KV leaves
+        for a decode replica when its first token is out and arrives a transfer later.
+        The arrivals before the horizon (every one that can come before it is known) are
+        handed to the decode replica with the fewest sequences at that time, in time
+        order."""
+        fixed, per_token = self.service.transfer_ms
+        for k in range(self.prefill):
+            f = self.replicas[k].finished()
+            here = np.ones(len(f.rid), dtype=bool)
+            for i, rid in enumerate(f.rid.tolist()):
+                output, prompt = self.asked.pop(rid)
+                if f.ignored[i] or output <= 1:
+                    continue
+                here[i] = False
+                self.prefilled[rid] = (f.start[i], f.first_token[i], f.preemptions[i], f.cached_tokens[i], f.max_itl[i])
+                heapq.heappush(self.moving, (float(f.first_token[i]) + fixed + per_token * prompt, rid, prompt, output))
+            self.settled_here[k] = Finished(*(getattr(f, x.name)[here] for x in fields(Finished)))
+        decode = range(self.prefill, len(self.replicas))
+        while self.moving and self.moving[0][0] < self.horizon:
+            at, rid, prompt, output = heapq.heappop(self.moving)
+            for j in decode:
+                self.replicas[j].advance(at)
+            j = min(decode, key=lambda j: (self._load(j), j))
+            self.replicas[j].push(rid, at, prompt, output, first_token=float(self.prefilled[rid][1]))
+
+    def _load(self, k: int) -> int:
+        r = self.replicas[k]
+        return len(r.pending) + len(r.waiting) + len(r.running)
+
+    def _decoded(self, f: Finished) -> Finished:
+        """A decode replica's finished requests with what their prefill left: when it
+        started, the first token, preemptions on either side, the prompt tokens its prefix
+        cache served, and the worst gap between tokens (the transfer's included)."""
+        if not len(f.rid):
+            return f
+        before = [self.prefilled.pop(rid) for rid in f.rid.tolist()]
+        start, first, pre, cached, stall = (np.array(c) for c in zip(*before, strict=True))
+        return Finished(
+            f.rid, start, first, f.done, f.preemptions + pre, cached, f.ignored, np.maximum(f.max_itl, stall)
+        )
 
     def _control(self, t: float, *, inclusive: bool) -> None:
         """The autoscaler's evaluations due before ``t`` (at ``t`` too when ``inclusive``:
@@ -337,6 +409,11 @@ class Replicas:
                     self._control(self.scaling.next_ms, inclusive=True)
             else:
                 self._control(self.horizon, inclusive=False)
+        if self.prefill:  # the prefills first: what they finish goes on to the decode replicas
+            for rep in self.replicas[: self.prefill]:
+                rep.advance(self.horizon)
+            self._forget_finished()
+            self._hand_over()
         for rep in self.replicas:
             rep.advance(self.horizon)
         self._forget_finished()
@@ -344,6 +421,8 @@ class Replicas:
             self.scaling.settle_drained(self.replicas, final=math.isinf(self.horizon))
         for k, rep in enumerate(self.replicas):  # every replica's part, empty or not: one shape
             f, steps = rep.finished(), rep.step_log()
+            if self.prefill:
+                f = self.settled_here.pop(k) if k < self.prefill else self._decoded(f)
             n, inst = len(f.rid), self.instance[k]
             ids.append(f.rid)
             served.append(

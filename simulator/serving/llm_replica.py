@@ -240,6 +240,7 @@ class _Seq:
         "output",
         "preempted",
         "prompt",
+        "ready",
         "rid",
         "stall",
         "start",
@@ -256,6 +257,7 @@ class _Seq:
         self.named = 0  # full blocks named in the prefix cache
         self.last = math.nan  # when its latest output token was produced
         self.stall = 0.0  # its longest gap between two output tokens (its worst inter-token latency)
+        self.ready = 0  # prompt tokens whose KV arrives with it (prefilled on another replica)
 
 
 BLOCKS = 1 << 24  # most blocks of one sequence: a key is an owner's number x BLOCKS + a block
@@ -379,19 +381,26 @@ class Replica:
         group: Hashable | None = None,
         shared_tokens: int = 0,
         session: int = -1,
+        first_token: float | None = None,
     ) -> None:
         """A request arriving at ``arrival`` (not before the last pushed) with ``prompt`` and
         ``output`` tokens; its first ``shared_tokens`` prompt tokens are prefix group
         ``group``'s (content other requests of the group share), and the rest of its
         blocks are session ``session``'s (-1: its own), which its session's other turns
-        share as far as their sequences agree."""
+        share as far as their sequences agree. With ``first_token`` (its time) the request
+        was prefilled on another replica: its prompt's KV arrives with it and it decodes
+        from its second token on (a preemption here recomputes it all)."""
         bs = self.limits.block_size
         keys: Sequence[Hashable] = ()
-        if self.limits.prefix_caching:
+        if self.limits.prefix_caching and first_token is None:
             shared = min(shared_tokens, prompt) // bs if group is not None else 0
             owner = -1 if session < 0 else session_owner(session)
             keys = Keys(rid, group, shared, (prompt + output) // bs, owner)
-        self.pending.append(_Seq(rid, arrival, int(prompt), int(output), keys))
+        s = _Seq(rid, arrival, int(prompt), int(output), keys)
+        if first_token is not None:
+            s.made, s.ready, s.first = 1, s.prompt, first_token
+            s.last = first_token
+        self.pending.append(s)
 
     @property
     def busy(self) -> bool:
@@ -481,7 +490,7 @@ class Replica:
             while waiting and budget > 0 and len(running) < lim.max_num_seqs:
                 s = waiting[0]
                 total = s.prompt + s.made
-                hit = kv.cached_prefix(s.keys, total) if s.keys else 0
+                hit = s.ready or (kv.cached_prefix(s.keys, total) if s.keys else 0)
                 n = total - hit
                 if cap and n > cap:
                     n = cap
@@ -682,6 +691,7 @@ class Replica:
         if got is None:
             return None
         self.waiting.popleft()
+        got = max(got, s.ready)  # a prompt prefilled elsewhere: its KV is here
         s.computed = got
         if s.made == 0 and s.preempted == 0:
             s.cached = got
@@ -690,6 +700,7 @@ class Replica:
     def _preempt(self, s: _Seq) -> None:
         self.kv.free(s.rid)
         s.computed = 0
+        s.ready = 0
         s.named = 0
         s.preempted += 1
         self.waiting.appendleft(s)
