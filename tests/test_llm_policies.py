@@ -87,6 +87,33 @@ def test_one_sequence_at_a_time_is_mg1_for_every_policy(policy):
     check(np.array(waits), expected, f"M/G/1 wait before the prefill ({policy})")
 
 
+def test_static_batches_are_a_take_all_bulk_service_queue():
+    """``static`` with fixed lengths is a bulk-service queue: a free replica takes every
+    waiting request, up to ``max_num_seqs``, prefills them in one step and decodes them all
+    at the batch's width until they finish together, so a batch of ``b`` takes ``S(b) = t(b
+    prompts) + (O - 1)·t(b decodes)``. The mean time from arrival to the last token against
+    the embedded Markov chain's (``tests/theory.py``), at 69% of the full batches' rate."""
+    from tests.theory import take_all_batch_mean_sojourn
+
+    prompt, output, k = 100, 20, 8
+    step = LinearStepTime(5.0, prefill_ms_per_token=0.01, decode_ms_per_seq=0.5)
+
+    def service(b: int) -> float:
+        return step.ms(Work(prefill_tokens=b * prompt, chunks=b)) + (output - 1) * step.ms(Work(decodes=b))
+
+    lam = 0.03  # a ms; full batches serve k / S(k) = 0.0435
+    expected = take_all_batch_mean_sojourn(lam, service, k)
+    lim = Limits(num_blocks=10_000, max_num_seqs=k, max_num_batched_tokens=k * prompt)
+    got = []
+    for seed in range(8):
+        rng = np.random.default_rng(9100 + seed)
+        n = 12_000
+        arrival = np.cumsum(rng.exponential(1 / lam, n))
+        r = serve(arrival, np.full(n, prompt), np.full(n, output), step, lim, "static")
+        got.append((r.done - arrival)[n // 10 :].mean())
+    check(np.array(got), expected, "static batches against the take-all bulk-service chain")
+
+
 def _saturated_rate(policy: str, max_num_seqs: int, step) -> float:
     """Tokens a ms over the steps after which requests still wait, under a sustained
     overload (an arrival every 5 ms, each asking about 700 tokens of work)."""
