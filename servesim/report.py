@@ -151,6 +151,9 @@ def _fleet(summary: dict) -> Table:
         if scaled
         else f"{w['count']}"
     )
+    mix = w.get("mix") or {}
+    if mix and not scaled:  # a mixed fleet: each type's count
+        size = f"{w['count'] - sum(mix.values())}" + "".join(f" + {t} × {n}" for t, n in mix.items())
     fleet.add_row("workers", f"{w['instance_type']} × {size} ({w['instances']} instance(s) each)")
     peak = util["of_peak_capacity"]
     fleet.add_row(

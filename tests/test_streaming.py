@@ -211,6 +211,20 @@ CASES = {
             "batching.disaggregation={prefill_replicas: 2, kv_transfer_gb_s: 2, kv_transfer_ms: 3}",
         ],
     ),
+    "llm_mixed_fleet": (
+        "llm_chat.yaml",
+        [
+            "duration_s=6",
+            "warmup_s=0",
+            "traffic.rate_rps=30",
+            "workers.count=4",
+            "workers.mix={a100: 1, l4: 1}",
+            "traffic.tokens.prompt.max=3000",
+            "traffic.tokens.output.max=512",
+            "router.balancing=least_loaded",
+            "batching.noise_cv=0.1",
+        ],
+    ),
     "llm_autoscaler": (
         "llm_autoscaling.yaml",
         [

@@ -159,6 +159,11 @@ def llm_napkin(s: Scenario, price_per_worker_hour: float) -> tuple[list[Line], L
     from simulator.serving.llm_replica import Work, step_model
 
     b, w = s.batching, s.workers
+    if w.mix:
+        raise ValueError(
+            "workers.mix: the napkin counts replicas of one GPU type; run the mixed fleet (servesim run) "
+            "or compare types with servesim plan --vary workers.instance_type"
+        )
     m = b.spec
     lam = peak_rate(s)
     e_s, e_o = mean_tokens(s)

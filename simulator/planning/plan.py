@@ -66,9 +66,16 @@ class Vary:
 def with_workers(s: Scenario, n: int) -> Scenario:
     """``s`` with a fleet of ``n`` workers. Where prefill and decode are apart, the fleet
     keeps its share of prefill replicas (rounded, at least one of each side; one GPU does
-    both)."""
-    b = s.batching
-    update = {"workers": s.workers.model_copy(update={"count": n})}
+    both); a mixed fleet keeps each GPU type's share (rounded, at least one of the main
+    type)."""
+    b, w = s.batching, s.workers
+    mix = dict(w.mix)
+    if mix and n != w.count:
+        mix = {t: round(n * m / w.count) for t, m in w.mix.items()}
+        for t in reversed(list(mix)):  # the main type keeps at least one
+            mix[t] -= min(mix[t], max(sum(mix.values()) - (n - 1), 0))
+        mix = {t: m for t, m in mix.items() if m > 0}
+    update = {"workers": w.model_copy(update={"count": n, "mix": mix})}
     d = getattr(b, "disaggregation", None)
     if d is not None and n != s.workers.count:
         split = None
@@ -76,7 +83,8 @@ def with_workers(s: Scenario, n: int) -> Scenario:
             p = min(max(round(n * d.prefill_replicas / s.workers.count), 1), n - 1)
             split = d.model_copy(update={"prefill_replicas": p})
         update["batching"] = b.model_copy(update={"disaggregation": split})
-    return s.model_copy(update=update)
+    new = s.model_copy(update=update)
+    return new.repriced(load_catalog(s.cost.catalog)) if w.mix and n != w.count else new
 
 
 def on_instance_type(s: Scenario, instance_type: str) -> Scenario:

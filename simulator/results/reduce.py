@@ -391,7 +391,12 @@ class Reduction:
             },
             "batch_size": {"mean": items / n_batches if n_batches else float("nan"), "counts": sizes},
             "fleet": fleet,
-            "workers": {"count": n, "instances": s.workers.instances, "instance_type": s.workers.instance_type},
+            "workers": {
+                "count": n,
+                "instances": s.workers.instances,
+                "instance_type": s.workers.instance_type,
+                "mix": dict(s.workers.mix),
+            },
             "cost": cost,
             "logging": self._logging_summary(),
             "experiments": experiments,

@@ -67,6 +67,7 @@ class Workers(TypedDict):
     count: int
     instances: int
     instance_type: str
+    mix: dict[str, int]  # replicas of other GPU types within count (workers.mix)
 
 
 class Cost(TypedDict):

@@ -117,7 +117,11 @@ class Scenario(Frozen):
             self._price_usd, self._price_problem = None, catalog
         else:
             try:
-                price = worker_hour_price(catalog, self.workers.instance_type, self.cost.market)
+                w = self.workers
+                price = worker_hour_price(catalog, w.instance_type, self.cost.market)
+                if w.mix:  # a mixed fleet: its mean price per worker
+                    others = sum(n * worker_hour_price(catalog, t, self.cost.market) for t, n in w.mix.items())
+                    price = (price * (w.count - sum(w.mix.values())) + others) / w.count
             except ValueError as err:
                 self._price_usd, self._price_problem = None, str(err)
             else:
@@ -188,6 +192,8 @@ class Scenario(Frozen):
                 raise ValueError("traffic.tokens describes LLM requests: it needs batching.kind continuous")
             if w.service_time is None:
                 raise ValueError("workers.service_time is required (how long a batch takes on a worker)")
+            if w.mix:
+                raise ValueError("workers.mix is for LLM replicas (batching.kind continuous) yet")
             return self
         if t.tokens is None:
             raise ValueError("batching.kind continuous serves tokens: traffic.tokens gives their lengths")
@@ -208,6 +214,21 @@ class Scenario(Frozen):
         found = [why for cond, why in reasons if cond]
         if found:
             raise ValueError(f"batching.kind continuous does not combine with {', '.join(found)} yet")
+        if w.mix:
+            from simulator.scenario.llm import LinearStep, gpu_spec
+
+            if w.autoscaler is not None:
+                raise ValueError("workers.mix does not combine with workers.autoscaler yet")
+            if isinstance(b.step_time, LinearStep):
+                raise ValueError(
+                    "workers.mix: batching.step_time is fitted on one GPU; a mixed fleet steps by each GPU's "
+                    "roofline (drop step_time)"
+                )
+            for gpu in w.mix:
+                try:
+                    gpu_spec(gpu)
+                except ValueError:
+                    raise ValueError(f"workers.mix.{gpu}: no GPU preset for {gpu!r}") from None
         d = b.disaggregation
         if d is not None:
             if d.prefill_replicas >= w.count:
@@ -217,7 +238,7 @@ class Scenario(Frozen):
                 )
             if w.autoscaler is not None:
                 raise ValueError("batching.disaggregation does not combine with workers.autoscaler yet")
-        blocks = b.blocks(w.instance_type)
+        blocks = min(b.blocks(gpu) for gpu in (w.instance_type, *w.mix))  # the smallest replica's
         if b.max_num_seqs > blocks:
             raise ValueError(
                 f"batching.max_num_seqs ({b.max_num_seqs}) exceeds the {blocks} KV blocks of a replica: "

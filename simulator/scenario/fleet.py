@@ -152,6 +152,11 @@ class Workers(Frozen):
         description="Batch service time: affine, table, or a plain distribution (batch-size independent); "
         "an LLM engine (batching.kind continuous) has a step time instead.",
     )
+    mix: dict[str, int] = Field(
+        {},
+        description="Replicas of other GPU types within count, by type: the last ones, in the order given "
+        "(LLM replicas; each steps and holds KV as its GPU does, and is priced as its type).",
+    )
     autoscaler: Autoscaler | None = Field(None, description="Scale the fleet over time (count is the start).")
     cold_start: ColdStart = Field(ColdStart(), description="What a new worker goes through before it serves.")
     failures: Failures | None = Field(None, description="Worker crashes.")
@@ -164,6 +169,17 @@ class Workers(Frozen):
                 mean = self.service_time.mean
         if mean is not None and not mean > 0:
             raise ValueError("workers.service_time has a mean of 0: a batch must take some time")
+        if self.mix:
+            bad = [t for t, n in self.mix.items() if n < 1]
+            if bad:
+                raise ValueError(f"workers.mix.{bad[0]}: a count of at least 1")
+            if sum(self.mix.values()) >= self.count:
+                raise ValueError(
+                    f"workers.mix ({sum(self.mix.values())} replicas) leaves none of workers.instance_type "
+                    f"{self.instance_type!r} in workers.count {self.count}: name the main type there"
+                )
+            if self.instance_type in self.mix:
+                raise ValueError(f"workers.mix.{self.instance_type} is workers.instance_type: count it there")
         a = self.autoscaler
         if a is not None and self.count > a.max_replicas:
             raise ValueError(
@@ -171,6 +187,11 @@ class Workers(Frozen):
                 "the fleet starts above what the autoscaler may keep"
             )
         return self
+
+    def types(self) -> list[str]:
+        """Each worker's GPU type: ``instance_type``, then ``mix``'s in the order given."""
+        rest = [t for t, n in self.mix.items() for _ in range(n)]
+        return [self.instance_type] * (self.count - len(rest)) + rest
 
     @property
     def dynamic(self) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -81,6 +81,8 @@ class LLMService:
     # transfer time, ms: fixed + per prompt token
     prefill_replicas: int = 0
     transfer_ms: tuple[float, float] = (0.0, 0.0)
+    # a mixed fleet (workers.mix): each replica's step time and limits, by its GPU type
+    kinds: tuple[tuple[StepModel, Limits], ...] = ()
 
     @classmethod
     def of(
@@ -108,12 +110,18 @@ class LLMService:
         if router is not None:
             w = router.weights
             extra |= {"balancing": router.balancing, "weights": (w.prefix, w.queue, w.kv)}
+        if workers is not None and workers.mix:
+            types = workers.types()
+            extra["kinds"] = tuple(
+                (step_model(batching, t), replace(limits, num_blocks=batching.blocks(t))) for t in types
+            )
         return cls(step_model(batching, instance_type), limits, batching.policy, batching.noise_cv, rng, **extra)
 
     def replica(self, k: int) -> Replica:
         noise = Noise(self.noise_cv, child(self.rng, k)) if self.noise_cv > 0 else None
         path = None if self.speed is None else self.speed.worker(k)
-        return Replica(self.policy, self.step, self.limits, noise, speed=path)
+        step, limits = self.kinds[k] if k < len(self.kinds) else (self.step, self.limits)
+        return Replica(self.policy, step, limits, noise, speed=path)
 
 
 def _metric(r: Replica, metric: str) -> float:
