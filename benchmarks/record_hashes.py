@@ -25,7 +25,7 @@ import hashlib
 import json
 import sys
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -161,6 +161,12 @@ def _summaries_differ(before: dict, got: dict, rel: float = 1e-9, abs_: float = 
     return out
 
 
+def _sorted_gaps(g) -> tuple:
+    """Token gaps in one order whatever the chunks (by time, gap, count)."""
+    order = np.lexsort((g.tokens, g.ms, g.end))
+    return g.end[order], g.ms[order], g.tokens[order]
+
+
 def _digest(*parts) -> str:
     h = hashlib.sha256()
     for p in parts:
@@ -186,14 +192,19 @@ def hashes(only: str | None = None) -> tuple[dict[str, str], dict[str, dict]]:
             if run.fleet is not None:
                 fleet = (repr(run.fleet.events), [run.fleet.intervals(k) for k in WorkerState])
             out[f"{name}/{seed}"] = _digest(
-                run.records, run.batches, run.pools, run.shadow, run.response_without_shadow, fleet
+                run.records, replace(run.batches, gaps=None), run.pools, run.shadow, run.response_without_shadow, fleet
             )
+            if run.batches.gaps is not None:  # an LLM's gaps between tokens, apart (they came later)
+                out[f"{name}/{seed}/gaps"] = _digest(_sorted_gaps(run.batches.gaps))
             summaries[f"{name}/{seed}"] = _flat(json.loads(json.dumps(_without_wall(summarize(run)), default=repr)))
             if name.startswith("stream:"):
                 records, batches, _ = simulate_streaming(s, seed=seed, chunk_s=0.731)
                 order = np.lexsort((batches.instance, batches.start))
-                logged = (v[order] for f in fields(batches) if (v := getattr(batches, f.name)) is not None)
+                rows = replace(batches, gaps=None)
+                logged = (v[order] for f in fields(rows) if (v := getattr(rows, f.name)) is not None)
                 out[f"{name}/{seed}/streamed"] = _digest(records, *logged)
+                if batches.gaps is not None:
+                    out[f"{name}/{seed}/streamed/gaps"] = _digest(_sorted_gaps(batches.gaps))
             print(f"{name}/{seed}: {out[f'{name}/{seed}']} ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
     return out, summaries
 

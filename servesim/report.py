@@ -92,9 +92,12 @@ def _llm(llm: dict | None) -> Group:
     for name, key in (
         ("time to first token", "ttft_ms"),
         ("time per output token", "tpot_ms"),
+        ("gap between tokens (every token)", "itl_ms"),
         ("worst gap between tokens", "max_itl_ms"),
     ):
-        row = llm[key]
+        row = llm.get(key)
+        if row is None:  # a summary written before the field
+            continue
         t.add_row(name, _ms(row["p50"]), _ms(row["p95"]), _ms(row["p99"]), _ms(row["p999"]), _ms(row["mean"]))
     lines = []
     sla = llm["sla"]

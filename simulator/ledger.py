@@ -75,10 +75,27 @@ class Served(NamedTuple):
 
 
 @dataclass
+class TokenGaps:
+    """The gaps between an LLM's consecutive output tokens (its inter-token latencies), as
+    steps make them: at ``end`` (ms) ``tokens`` tokens came ``ms`` after the token before
+    each in its sequence (a step's decodes mostly share one gap, so a row holds many)."""
+
+    end: np.ndarray
+    ms: np.ndarray
+    tokens: np.ndarray
+
+    @classmethod
+    def of(cls, rows: list[tuple[float, float, int]]) -> TokenGaps:
+        cols = list(zip(*rows, strict=True)) if rows else [(), (), ()]
+        return cls(np.array(cols[0], dtype=float), np.array(cols[1], dtype=float), np.array(cols[2], dtype=np.int64))
+
+
+@dataclass
 class BatchLog:
     """Columnar record of every batch: when it ran, how big, on which instance; an LLM
     replica's steps also say the share of its KV blocks in use after each and the share of
-    each's time its prompt tokens took (None otherwise)."""
+    each's time its prompt tokens took (None otherwise), and carry the gaps between the
+    tokens they made (``gaps``, a table of its own, not a row per step)."""
 
     start: np.ndarray
     end: np.ndarray
@@ -86,19 +103,25 @@ class BatchLog:
     instance: np.ndarray
     kv_usage: np.ndarray | None = None
     prefill_share: np.ndarray | None = None  # an LLM step: the share of its time its prompt tokens took
+    gaps: TokenGaps | None = None
 
     @classmethod
     def empty(cls) -> BatchLog:
         return cls(np.zeros(0), np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     def take(self, idx) -> BatchLog:
-        """The batches ``idx`` (an index array or a mask)."""
-        return BatchLog(*(None if (v := getattr(self, f.name)) is None else v[idx] for f in fields(self)))
+        """The batches ``idx`` (an index array or a mask); the token gaps all go along."""
+        rows = [None if (v := getattr(self, f.name)) is None else v[idx] for f in fields(self) if f.name != "gaps"]
+        return BatchLog(*rows, gaps=self.gaps)
 
 
 def concat_logs(logs) -> BatchLog:
     """One batch log from several (a column some lack is left out)."""
     if not logs:
         return BatchLog.empty()
-    cols = [[getattr(p, f.name) for p in logs] for f in fields(BatchLog)]
-    return BatchLog(*(None if any(v is None for v in c) else np.concatenate(c) for c in cols))
+    names = [f.name for f in fields(BatchLog) if f.name != "gaps"]
+    cols = [[getattr(p, name) for p in logs] for name in names]
+    out = BatchLog(*(None if any(v is None for v in c) else np.concatenate(c) for c in cols))
+    if all(p.gaps is not None for p in logs):
+        out.gaps = TokenGaps(*(np.concatenate([getattr(p.gaps, f.name) for p in logs]) for f in fields(TokenGaps)))
+    return out

@@ -296,6 +296,37 @@ def test_littles_law_holds_on_every_run(policy):
     assert area == pytest.approx(residence.sum(), rel=1e-9)
 
 
+def _gap_counts(rows) -> dict[tuple[float, float], int]:
+    out: dict[tuple[float, float], int] = {}
+    for end, ms, n in rows:
+        out[end, ms] = out.get((end, ms), 0) + n
+    return out
+
+
+@pytest.mark.parametrize("policy", ["continuous", "static"])
+def test_the_gaps_between_tokens_add_up_to_every_stream(policy):
+    """Every output token after a sequence's first is counted once with its gap after the
+    one before: the gaps' count is the tokens after the first tokens, their sum every
+    request's time from first token to last (preemptions included), their largest the
+    worst request's worst gap; with a fixed step and room for everyone, every gap is one
+    step."""
+    rng = np.random.default_rng(3)
+    n = 300
+    arrival = np.cumsum(rng.exponential(40.0, n))
+    prompt, output = rng.integers(16, 700, n), rng.integers(1, 300, n)
+    lim = Limits(num_blocks=300, max_num_batched_tokens=1024)
+    got = serve(arrival, prompt, output, LinearStepTime(4.0, 0.01, 0.0, 0.05, 1e-4), lim, policy)
+    assert not got.ignored.any()
+    if policy == "continuous":
+        assert got.preemptions.sum() > 0
+    _, ms, tokens = (np.array(c) for c in zip(*got.gaps, strict=True))
+    assert tokens.sum() == (output - 1).sum()
+    assert (ms * tokens).sum() == pytest.approx((got.done - got.first_token).sum(), rel=1e-9)
+    assert ms.max() == pytest.approx(np.nanmax(got.max_itl), rel=1e-12)
+    flat = serve(arrival, prompt, output, FLAT, Limits(num_blocks=100_000, max_num_batched_tokens=100_000), policy)
+    assert np.allclose([ms for _, ms, _ in flat.gaps], 10.0, rtol=1e-12)  # differences of summed clocks
+
+
 @pytest.mark.parametrize("policy", ["continuous", "prefill_first", "static"])
 @pytest.mark.parametrize("model", ["linear", "roofline", "distserve", "linear_slowed"])
 def test_decode_stretches_in_one_go_take_exactly_the_single_steps(policy, model):
@@ -331,6 +362,7 @@ def test_decode_stretches_in_one_go_take_exactly_the_single_steps(policy, model)
         )  # fmt: skip
     slow, fast = got[False], got[True]
     assert slow.preemptions.sum() > 0  # the cache is tight enough to preempt
+    assert _gap_counts(slow.gaps) == _gap_counts(fast.gaps)  # every token's gap after the one before
     for name in ("first_token", "done", "start", "preemptions", "cached_tokens", "max_itl"):
         assert np.array_equal(getattr(slow, name), getattr(fast, name), equal_nan=True), name
     assert slow.steps == fast.steps

@@ -335,3 +335,21 @@ def test_an_llm_fleet_follows_its_traffic_through_cold_starts():
 def test_what_an_llm_fleet_cannot_scale_on_is_refused(sets, words):
     args = [a for x in sets for a in ("--set", x)]
     one_error(cli("run", AUTOSCALED, *args), "batching.kind continuous does not combine with", words)
+
+
+def test_every_tokens_gap_is_summarized_whole_or_streamed():
+    """The summary's inter-token latency over every token made in the window: the same read
+    whole (exact) or streamed (a sketch within its 0.5%; the mean exact), its median below
+    the median request's worst gap, its mean near the requests' mean TPOT (the same gaps,
+    weighted by tokens rather than by requests)."""
+    from simulator.results.reduce import summarize
+    from simulator.streaming import summarize_stream
+
+    s = load_scenario(CHAT, ["duration_s=20", "warmup_s=5", "workers.count=2", "traffic.rate_rps=20"])
+    whole = summarize(simulate(s))["llm"]
+    streamed = summarize_stream(s, chunk_s=1.3)["llm"]
+    for key in ("p50", "p95", "p99"):
+        assert streamed["itl_ms"][key] == pytest.approx(whole["itl_ms"][key], rel=0.01)
+    assert streamed["itl_ms"]["mean"] == pytest.approx(whole["itl_ms"]["mean"], rel=1e-9)
+    assert whole["itl_ms"]["p50"] < whole["max_itl_ms"]["p50"]
+    assert whole["itl_ms"]["mean"] == pytest.approx(whole["tpot_ms"]["mean"], rel=0.25)

@@ -254,6 +254,10 @@ class Reduction:
         inside_ms = overlap(b.start, b.end, self.t0, self.t1)
         if b.prefill_share is not None and self.tokens is not None:  # an LLM's steps: the prompts' share
             self.tokens.add_steps(inside_ms, b.prefill_share)
+        if b.gaps is not None and self.tokens is not None:  # the gaps between tokens made in the window
+            g = b.gaps
+            inside = (g.end >= self.t0) & (g.end < self.t1)
+            self.tokens.add_gaps(g.ms[inside], g.tokens[inside])
         add = np.bincount(b.instance, weights=inside_ms, minlength=len(self.busy))
         if len(add) > len(self.busy):  # a dynamic fleet's new workers
             self.busy = np.concatenate([self.busy, np.zeros(len(add) - len(self.busy))])

@@ -43,23 +43,26 @@ class LatencySketch:
         self._zeros = 0  # values mapped to zero, not handed to the library yet
         self._pending: dict[float, tuple[int, np.ndarray]] = {}  # sign -> (first key, counts per key)
 
-    def add(self, values: np.ndarray) -> None:
-        """Add every value of ``values`` (finite; NaNs are a caller's bug and are refused)."""
+    def add(self, values: np.ndarray, counts: np.ndarray | None = None) -> None:
+        """Add every value of ``values`` (finite; NaNs are a caller's bug and are refused),
+        each ``counts`` times where given (whole numbers)."""
         x = np.asarray(values, dtype=float).ravel()
         if not len(x):
             return
         if not np.isfinite(x).all():
             raise ValueError("a latency sketch takes finite values only")
-        self.count += len(x)
-        self.total += float(x.sum())
+        w = np.ones(len(x), dtype=np.int64) if counts is None else np.asarray(counts, dtype=np.int64).ravel()
+        self.count += int(w.sum())
+        self.total += float((x * w).sum()) if counts is not None else float(x.sum())
         tiny = self._mapping.min_possible
-        pos, neg = x[x > tiny], -x[x < -tiny]
-        self._zeros += len(x) - len(pos) - len(neg)
-        for part, sign in ((pos, 1.0), (neg, -1.0)):
-            if len(part):
-                keys = np.ceil(np.log2(part) * self._multiplier).astype(np.int64)
+        pos, neg = x > tiny, x < -tiny
+        self._zeros += int(w[~(pos | neg)].sum())
+        for mask, sign in ((pos, 1.0), (neg, -1.0)):
+            if mask.any():
+                keys = np.ceil(np.log2(sign * x[mask]) * self._multiplier).astype(np.int64)
                 first = int(keys.min())
-                self._counted(sign, first, np.bincount(keys - first))  # a few thousand buckets: no sort
+                bins = np.bincount(keys - first, weights=None if counts is None else w[mask])
+                self._counted(sign, first, bins.astype(np.int64))  # a few thousand buckets: no sort
 
     def _counted(self, sign: float, first: int, counts: np.ndarray) -> None:
         """Add ``counts`` of the buckets ``first``… to the pending counts of that sign."""

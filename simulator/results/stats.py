@@ -41,10 +41,12 @@ class ExactSample:
         self._extra: dict[float, float] = {}  # percentiles besides PERCENTILES, computed at seal()
         self._sealed = False
 
-    def add(self, values: np.ndarray) -> None:
+    def add(self, values: np.ndarray, counts: np.ndarray | None = None) -> None:
         if self._sealed:
             raise RuntimeError("a sealed sample takes no more values")
         x = np.asarray(values, dtype=float).ravel()
+        if counts is not None:  # each value that many times
+            x = np.repeat(x, np.asarray(counts, dtype=np.int64).ravel())
         if len(x):
             self._parts.append(x)
             self.count += len(x)

@@ -10,6 +10,9 @@ Definitions (vLLM's benchmark's):
   for requests of at least two output tokens.
 - **max ITL**: a request's worst gap between two output tokens (the longest pause its
   stream shows: a prefill sharing its step, a preemption), for requests of at least two.
+- **ITL**: every gap between two consecutive output tokens of a sequence, over the tokens
+  made in the window (vLLM's benchmark's inter-token latency; its mean, weighted by
+  tokens, is the token-weighted TPOT).
 - **cost per million tokens**: the fleet's cost split by the GPUs' time, each step's part
   that its prompt tokens added to it going to the input tokens, the rest to the output
   tokens (as providers price them apart); and the whole cost over every token.
@@ -48,7 +51,7 @@ class Tokens:
 
     def __init__(self, s: Scenario, sample):
         self.s = s
-        self.ttft, self.tpot, self.stall = sample(), sample(), sample()
+        self.ttft, self.tpot, self.stall, self.itl = sample(), sample(), sample(), sample()
         names = ("completed", "good", "prompt", "output", "cached", "preemptions", "ttft_ok", "tpot_ok", "tpot_n")
         self.n = dict.fromkeys(names, 0)
         self.step_ms = self.prefill_ms = 0.0  # the replicas' step time in the window, and the prompts' part
@@ -60,6 +63,10 @@ class Tokens:
         """Steps' time inside the window, and the share of each its prompt tokens took."""
         self.step_ms += float(inside_ms.sum())
         self.prefill_ms += float((inside_ms * prefill_share).sum())
+
+    def add_gaps(self, ms: np.ndarray, tokens: np.ndarray) -> None:
+        """Gaps between consecutive tokens, each ``tokens`` times."""
+        self.itl.add(ms, tokens)
 
     def add(self, r: Records, done: np.ndarray) -> None:
         sla, n = self.s.sla, self.n
@@ -110,6 +117,7 @@ class Tokens:
         self.ttft.seal((self.s.sla.percentile,))
         self.tpot.seal((self.s.sla.percentile,))
         self.stall.seal()
+        self.itl.seal()
 
     def summary(self, span_s: float, per_hour_usd: float, dropped: int) -> dict:
         s, n = self.s, self.n
@@ -139,6 +147,7 @@ class Tokens:
             "ttft_ms": self.ttft.summary(PERCENTILES),
             "tpot_ms": self.tpot.summary(PERCENTILES),
             "max_itl_ms": self.stall.summary(PERCENTILES),
+            "itl_ms": self.itl.summary(PERCENTILES),
             "sla": {
                 "percentile": p,
                 "ttft": verdict(s.sla.ttft_ms, self.ttft, n["ttft_ok"], judged),

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
-from simulator.ledger import BatchLog, Outcome, Served, concat_logs
+from simulator.ledger import BatchLog, Outcome, Served, TokenGaps, concat_logs
 from simulator.rng import child
 from simulator.scenario.llm import ContinuousBatching
 from simulator.serving.llm_replica import (
@@ -445,7 +445,10 @@ class Replicas:
             )
             tokens.append(TokensServed(f.first_token, f.preemptions, f.cached_tokens, f.max_itl))
             inst_col = np.full(len(steps.start), inst, np.int64)
-            logs.append(BatchLog(steps.start, steps.end, steps.seqs, inst_col, steps.kv_usage, steps.prefill_share))
+            gaps = TokenGaps.of(rep.token_gaps())
+            logs.append(
+                BatchLog(steps.start, steps.end, steps.seqs, inst_col, steps.kv_usage, steps.prefill_share, gaps)
+            )
         return Settled(
             np.concatenate(ids),
             Served(*(np.concatenate(c) for c in zip(*served, strict=True))),

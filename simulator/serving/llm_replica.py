@@ -369,6 +369,7 @@ class Replica:
         self.tokens_computed = 0  # tokens whose KV a step computed (recomputes included, cache hits not)
         self._done: list[tuple] = []
         self._log: list[tuple] = []
+        self._gaps: list[tuple[float, float, int]] = []  # (when, gap, tokens): each token's gap after the one before
         self._seen = 0  # of _done, the rows just_finished() has handed out
 
     # --- input ----------------------------------------------------------------
@@ -451,6 +452,12 @@ class Replica:
             np.array(cols[6], dtype=bool),
             np.array(cols[7], dtype=float),
         )
+
+    def token_gaps(self) -> list[tuple[float, float, int]]:
+        """The gaps between consecutive output tokens made since the last call: (when, gap
+        ms, tokens that came that long after the token before them)."""
+        rows, self._gaps = self._gaps, []
+        return rows
 
     def step_log(self) -> Steps:
         """The steps run since the last call."""
@@ -662,12 +669,18 @@ class Replica:
         self.steps += taken
         self.tokens_out += taken * d
         self.tokens_computed += taken * d
-        gap = float(np.max(np.diff(ends[:taken])))  # every sequence's gaps after the first step's
+        diffs = np.diff(ends[:taken])
+        gap = float(np.max(diffs))  # every sequence's gaps after the first step's
+        first: dict[float, int] = {}  # the first step's gaps: each sequence's after its last token
         for s in running:
+            g = float(ends[0]) - s.last
+            first[g] = first.get(g, 0) + 1
             s.computed += taken
             s.made += taken
-            s.stall = max(s.stall, float(ends[0]) - s.last, gap)
+            s.stall = max(s.stall, g, gap)
             s.last = float(ends[taken - 1])
+        self._gaps.extend((float(ends[0]), g, n) for g, n in first.items())
+        self._gaps.extend(zip(ends[1:taken].tolist(), diffs.tolist(), [d] * (taken - 1), strict=True))
         if self.policy != "continuous":
             self.running = running
         opened = np.zeros(taken + 1, dtype=np.int64)  # blocks taken at each step
@@ -742,6 +755,7 @@ class Replica:
         self.t = end = start + ms if self.speed is None else float(self.speed.finish(start, ms))
         self.steps += 1
         keep = self.policy == "static"
+        gaps: dict[float, int] = {}
         for s, n in scheduled:
             if math.isnan(s.start):
                 s.start = start
@@ -757,8 +771,11 @@ class Replica:
                 self.tokens_out += 1
                 if s.made == 1:
                     s.first = end
-                elif end - s.last > s.stall:
-                    s.stall = end - s.last
+                else:
+                    g = end - s.last
+                    gaps[g] = gaps.get(g, 0) + 1
+                    if g > s.stall:
+                        s.stall = g
                 s.last = end
                 if s.made >= s.output:
                     self.kv.free(s.rid)
@@ -772,6 +789,7 @@ class Replica:
         self._log.append(
             (start, end, prefill, decodes, len(scheduled), during, len(self.waiting), self.kv.usage, share)
         )
+        self._gaps.extend((end, g, n) for g, n in gaps.items())
 
     def _settle(self, s: _Seq, ignored: bool = False) -> None:
         done = math.nan if ignored else self.t
@@ -792,6 +810,7 @@ class Served:
     cached_tokens: np.ndarray | None = None
     log: Steps | None = None
     max_itl: np.ndarray | None = None  # its worst inter-token latency (ms)
+    gaps: list[tuple[float, float, int]] | None = None  # (when, gap, tokens): every token's gap after its last
 
 
 def decode_series(step: StepModel, width: int, context: int, d: int, k: int) -> np.ndarray:
@@ -871,7 +890,8 @@ def serve(
     out["first"][f.rid], out["done"][f.rid], out["start"][f.rid] = f.first_token, f.done, f.start
     out["itl"][f.rid] = f.max_itl
     pre[f.rid], cached[f.rid], ign[f.rid] = f.preemptions, f.cached_tokens, f.ignored
-    return Served(out["first"], out["done"], pre, ign, rep.steps, out["start"], cached, rep.step_log(), out["itl"])
+    log, gaps = rep.step_log(), rep.token_gaps()
+    return Served(out["first"], out["done"], pre, ign, rep.steps, out["start"], cached, log, out["itl"], gaps)
 
 
 def serve_prefill_first(arrival_ms, prompt, output, step: StepModel, limits: Limits) -> Served:
