@@ -474,13 +474,20 @@ class Replica:
         running, waiting = self.running, self.waiting
         scheduled: list[tuple[_Seq, int]] = []
         preempted = False
+        tables, bs = kv.tables, lim.block_size
         i = 0
         while i < len(running) and budget > 0:
             s = running[i]
             n = s.prompt + s.made - s.computed
             if cap and n > cap:
                 n = cap
-            n = min(n, budget)
+            if n > budget:
+                n = budget
+            if -(-(s.computed + n) // bs) <= len(tables[s.rid]):  # its blocks hold them (most decodes)
+                scheduled.append((s, n))
+                budget -= n
+                i += 1
+                continue
             while kv.allocate(s.rid, s.computed + n) is None:
                 victim = running.pop()
                 self._preempt(victim)
@@ -636,10 +643,13 @@ class Replica:
             ends = np.array(done)
         starts = np.concatenate(([self.t], ends[:-1]))
         taken = int(np.searchsorted(starts, limit, side="left"))
+        if taken < 2:
+            return False
         # the blocks: sequence i needs one at step j (1-based) when c_i + j opens a block
+        # (those of the steps that could be taken: a later step's block never limits them)
         bs = lim.block_size
         events = sorted(
-            (j, pos) for pos, s in enumerate(running) for j in range((1 - s.computed) % bs or bs, k + 1, bs)
+            (j, pos) for pos, s in enumerate(running) for j in range((1 - s.computed) % bs or bs, taken + 1, bs)
         )
         free = kv.free_blocks
         if len(events) > free:
@@ -691,7 +701,8 @@ class Replica:
         usage = 1.0 - (free - np.cumsum(opened[1:])) / kv.num_blocks  # KVCache.usage's expression
         waiting = len(self.waiting)
         self._log.extend(
-            (float(starts[i]), float(ends[i]), 0, width, d, d, waiting, float(usage[i]), 0.0) for i in range(taken)
+            (t0, t1, 0, width, d, d, waiting, u, 0.0)
+            for t0, t1, u in zip(starts[:taken].tolist(), ends[:taken].tolist(), usage[:taken].tolist(), strict=True)
         )
         return True
 
@@ -756,19 +767,19 @@ class Replica:
         self.steps += 1
         keep = self.policy == "static"
         gaps: dict[float, int] = {}
+        bs, made_here = lim.block_size, 0
         for s, n in scheduled:
-            if math.isnan(s.start):
+            if s.start != s.start:  # NaN: its first step
                 s.start = start
             s.computed += n
-            self.tokens_computed += n
-            if s.keys:
-                full = min(s.computed // lim.block_size, len(s.keys))
+            if s.keys and s.computed // bs > s.named:  # a block filled: named, as far as it has keys
+                full = min(s.computed // bs, len(s.keys))
                 if full > s.named:
                     self.kv.cache_full_blocks(s.rid, s.keys[s.named : full], s.named)
                     s.named = full
             if s.computed == s.prompt + s.made:  # every known token computed: one more token
                 s.made += 1
-                self.tokens_out += 1
+                made_here += 1
                 if s.made == 1:
                     s.first = end
                 else:
@@ -782,6 +793,8 @@ class Replica:
                     if not keep:
                         self.running.remove(s)
                     self._settle(s)
+        self.tokens_computed += sum(n for _, n in scheduled)
+        self.tokens_out += made_here
         if keep:
             self.running = [s for s in self.running if s.made < s.output]
             if not self.running:
