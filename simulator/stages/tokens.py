@@ -132,10 +132,16 @@ class SessionTurns:
         if self.before is not None:  # the sessions under way when the run starts
             early = self.before.take(self.before_ms) - self.before_ms if self.before_ms > 0 else np.zeros(0)
             self.before = None
-            if len(early):
-                t_new, w_new = self._start(early)
+            kept = []
+            for lo in range(0, len(early), 1 << 16):  # in blocks: most of them end before time 0
+                t_new, w_new = self._start(early[lo : lo + (1 << 16)])
                 now = t_new >= 0
-                self.waiting = (t_new[now], w_new.take(now))
+                kept.append((t_new[now], w_new.take(now)))
+            if kept:
+                self.waiting = (
+                    np.concatenate([t for t, _ in kept]),
+                    Work(*(np.concatenate(c) for c in zip(*(w for _, w in kept), strict=True))),
+                )
         times, work = self.waiting
         t0 = self.starts.take(until_ms)
         if len(t0):
