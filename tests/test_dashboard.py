@@ -502,6 +502,12 @@ def test_an_llm_scenario_opens_on_the_pages_that_draw_it(page):
     assert charts(at) >= 1
 
 
+@pytest.mark.parametrize("scenario", ["scenarios/llm_multiturn.yaml", "scenarios/llm_disaggregated.yaml"])
+def test_multi_turn_and_split_fleets_open_on_results(scenario):
+    at = run_page("results", scenario)
+    assert charts(at) >= 1
+
+
 @pytest.mark.parametrize("page", ["load-curve", "plan"])
 def test_the_pages_that_do_not_draw_an_llm_scenario_yet_say_what_to_run(page):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
