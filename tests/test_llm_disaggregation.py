@@ -138,3 +138,34 @@ def test_the_napkin_counts_prefill_and_decode_replicas_apart():
     for n, p in ((5, 3), (8, 5), (4, 2), (2, 1)):
         assert with_workers(s, n).batching.disaggregation.prefill_replicas == p
     assert with_workers(s, 1).batching.disaggregation is None  # one GPU does both
+
+
+@pytest.mark.parametrize("link", ["per_prefill_replica", "unlimited"])
+def test_a_prefill_replicas_link_sends_one_prompt_at_a_time(tmp_path, link):
+    """Two 1,000-token prompts arrive together and are prefilled in one 30 ms step. Over one
+    link the second's KV leaves when the first's has crossed (2.62 ms each at 50 GB/s, then
+    1 ms of latency): it reaches the decode replica during the first's 10 ms decode step and
+    gets its second token one step later; with unlimited links both cross at once and
+    decode together."""
+    from tests.test_llm_scenario import _trace
+
+    path = _trace(tmp_path, "0.0,1000,3\n0.0,1000,3\n")
+    s = load_scenario(
+        path,
+        [
+            "duration_s=5",
+            "warmup_s=0",
+            "workers.count=2",
+            "batching.noise_cv=0",
+            "batching.step_time={c0_ms: 10, prefill_ms_per_token: 0.01}",
+            "batching.disaggregation={prefill_replicas: 1, kv_transfer_gb_s: 50, kv_transfer_ms: 1}",
+            f"batching.disaggregation.kv_link={link}",
+            "network.client_to_api=null",
+            "network.api_to_client=null",
+        ],
+    )
+    r = simulate(s).records
+    b = 1000 * KV_BYTES / 50e9 * 1000.0  # one prompt's KV on the link, ms
+    np.testing.assert_allclose(r.t_first_token, 30.0, atol=1e-9)
+    queued = link == "per_prefill_replica"
+    np.testing.assert_allclose(r.max_itl_ms, [b + 1 + 10, b + 1 + (20 if queued else 10)], atol=1e-9)

@@ -333,7 +333,8 @@ class Disaggregation(Frozen):
     """Prefill and decode on separate replicas, as DistServe and Splitwise serve: the first
     ``prefill_replicas`` of ``workers.count`` compute prompts and the first token, then each
     request's prompt KV crosses to the decode replica with the fewest sequences, which
-    produces the rest of its answer."""
+    produces the rest of its answer. A prefill replica's link carries one prompt's KV at a
+    time (``kv_link``); ``kv_transfer_ms`` is a latency on top that does not hold the link."""
 
     prefill_replicas: int = Field(ge=1, description="Replicas that only prefill (the rest of workers.count decode).")
     kv_transfer_gb_s: float = Field(
@@ -342,6 +343,11 @@ class Disaggregation(Frozen):
         "(1e9 bytes; NVLink within a node ~450, 400 Gb/s InfiniBand ~50).",
     )
     kv_transfer_ms: float = Field(0.0, ge=0, description="Fixed cost of one transfer (setup, first byte), ms.")
+    kv_link: Literal["per_prefill_replica", "unlimited"] = Field(
+        "per_prefill_replica",
+        description="per_prefill_replica: each prefill replica sends one prompt's KV at a time at the full "
+        "bandwidth, in the order their first tokens came; unlimited: every transfer at once at the full bandwidth.",
+    )
 
 
 class ContinuousBatching(Frozen):

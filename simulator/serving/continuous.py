@@ -81,6 +81,7 @@ class LLMService:
     # transfer time, ms: fixed + per prompt token
     prefill_replicas: int = 0
     transfer_ms: tuple[float, float] = (0.0, 0.0)
+    link_queues: bool = True  # each prefill replica's link sends one prompt's KV at a time
     # a mixed fleet (workers.mix): each replica's step time and limits, by its GPU type
     kinds: tuple[tuple[StepModel, Limits], ...] = ()
 
@@ -106,7 +107,11 @@ class LLMService:
         d = batching.disaggregation
         if d is not None:
             per_token = batching.spec.kv_bytes_per_token / (d.kv_transfer_gb_s * 1e9) * 1000.0
-            extra |= {"prefill_replicas": d.prefill_replicas, "transfer_ms": (d.kv_transfer_ms, per_token)}
+            extra |= {
+                "prefill_replicas": d.prefill_replicas,
+                "transfer_ms": (d.kv_transfer_ms, per_token),
+                "link_queues": d.kv_link == "per_prefill_replica",
+            }
         if router is not None:
             w = router.weights
             extra |= {"balancing": router.balancing, "weights": (w.prefix, w.queue, w.kv)}
@@ -246,6 +251,7 @@ class Replicas:
         self.moving: list[tuple[float, int, int, int]] = []
         self.prefilled: dict[int, tuple] = {}
         self.settled_here: dict[int, Finished] = {}
+        self.link_free = [-math.inf] * self.prefill  # when each prefill replica's link is next free
 
     def extend(self, t, rid, queue, deadlines, horizon, work=None) -> None:
         """Requests reaching the replicas at ``t`` (time order), each on replica ``queue``
@@ -318,6 +324,8 @@ class Replicas:
         """The prefill replicas' finished requests: a one-token answer (or a dropped
         request) settles where it was prefilled; every other request's prompt KV leaves
         for a decode replica when its first token is out and arrives a transfer later.
+        With ``link_queues`` a prefill replica's link sends one prompt's KV at a time, in the
+        order the first tokens came (``kv_transfer_ms`` is latency on top, not link time).
         The arrivals before the horizon (every one that can come before it is known) are
         handed to the decode replica with the fewest sequences at that time, in time
         order."""
@@ -331,7 +339,11 @@ class Replicas:
                     continue
                 here[i] = False
                 self.prefilled[rid] = (f.start[i], f.first_token[i], f.preemptions[i], f.cached_tokens[i], f.max_itl[i])
-                heapq.heappush(self.moving, (float(f.first_token[i]) + fixed + per_token * prompt, rid, prompt, output))
+                sent = float(f.first_token[i])
+                if self.service.link_queues:
+                    sent = max(sent, self.link_free[k])
+                    self.link_free[k] = sent + per_token * prompt
+                heapq.heappush(self.moving, (sent + per_token * prompt + fixed, rid, prompt, output))
             self.settled_here[k] = Finished(*(getattr(f, x.name)[here] for x in fields(Finished)))
         decode = range(self.prefill, len(self.replicas))
         while self.moving and self.moving[0][0] < self.horizon:
