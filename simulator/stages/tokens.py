@@ -23,7 +23,7 @@ import numpy as np
 from simulator.rng import Streams, child
 from simulator.scenario.config import Scenario
 from simulator.scenario.llm import read_trace
-from simulator.stages.arrivals import ArrivalSource
+from simulator.stages.arrivals import ArrivalSource, shaped_source
 
 
 class Work(NamedTuple):
@@ -80,7 +80,6 @@ class SessionTurns:
 
     def __init__(self, s: Scenario, rng: Streams, lengths: tuple, prefix, cdf, draws: list[np.random.Generator]):
         from simulator.scenario.distributions import Sampler
-        from simulator.stages.arrivals import shaped_source
 
         sessions = s.traffic.tokens.sessions
         self.turns, self.prompt, self.output = sessions.turns, *lengths
