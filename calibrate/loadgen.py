@@ -7,10 +7,12 @@ silently lowering the offered load (no coordinated omission). A level runs for a
 ``duration_s`` and ``min_queries`` requests, as MLPerf LoadGen's server scenario does.
 Each record keeps the client latency and the server's stage timings from the response.
 
-:func:`run_level` (``servesim calibrate load``) sends with the lean HTTP/1.1 sender of
-:mod:`calibrate.sender`, which keeps its schedule at twice the reference server's
-capacity; :func:`run_slices` (``calibrate run``) still sends through aiohttp, whose
-per-request cost its calibrated fixed delay includes.
+:func:`run_level` (``servesim calibrate load``) and :func:`run_slices` (``calibrate run``)
+send with the lean HTTP/1.1 sender of :mod:`calibrate.sender`, which keeps its schedule at
+twice the reference server's capacity and costs a fraction of aiohttp's CPU per request
+(aiohttp, which ``calibrate run`` used until --frontends, took 0.28 ms a request on an
+H100 host: one process could not offer the 4,000 req/s a GPU instance takes). The
+front end's ``/metrics`` is still read through aiohttp between slices.
 
 :func:`run_slices` runs a randomized block design: rounds of short slices, one per level in
 a random order, back to back in one event loop over one connection pool, so a slow minute
@@ -71,6 +73,8 @@ TIMING_KEYS = (
     "received_at_ns",
     "enqueued_at_ns",
     "dispatched_at_ns",
+    "relay_us",  # servesim serve --frontends N: the hops between a front end and the batcher
+    "frontend",  # and which front end answered
 )
 
 
@@ -226,9 +230,10 @@ async def _run_slices(
     log,
     sidecars: tuple[int, ...] = (),
 ) -> tuple[list[pd.DataFrame], list[dict], list[pd.DataFrame], list[pd.DataFrame]]:
-    endpoint = f"{url}/v2/models/{model}/infer"
+    path = f"/v2/models/{model}/infer"
+    requests = [request_bytes(url, path, p.body, p.headers) for p in payloads]
     frames, slices, hiccups, speed = [], [], [], []
-    async with _session() as session:
+    async with _session() as session:  # for the scrapes around each slice
         for k, sl in enumerate(plan):
             for attempt in range(retries + 1):
                 rng = np.random.default_rng([sl.seed, attempt])
@@ -238,7 +243,7 @@ async def _run_slices(
                 if meter is not None:
                     meter.collect()  # drop what came before the slice
                 t_start, t_start_ns = time.perf_counter(), time.perf_counter_ns()
-                rows = await _level(session, endpoint, times, pick, payloads)
+                rows = parse(await send_on_schedule(url, requests, times, pick, connections=CONNECTIONS), TIMING_KEYS)
                 seconds = time.perf_counter() - t_start
                 client1, side1, fe1 = time.process_time(), process_cpu_s(sidecars), await _frontend(session, url)
                 h = meter.collect() if meter is not None else None

@@ -29,6 +29,11 @@ def client_shares(servesim: dict) -> bool:
     return len(servesim["frontend_cores"]) < 2
 
 
+def frontend_servers(servesim: dict) -> int:
+    """The front end's servers: one per front-end process (``servesim serve --frontends``)."""
+    return int(servesim.get("frontends", 1))
+
+
 def build_profile(
     config: dict,
     requests: pd.DataFrame,
@@ -48,6 +53,7 @@ def build_profile(
         "max_queue_size": config["dynamic_batching"]["default_queue_policy"]["max_queue_size"] or None,
         "instances": config["instance_group"][0]["count"],
         "preprocess_threads": 1,
+        "frontends": int(servesim.get("frontends", 1)),
         "preprocess": servesim.get("preprocess", "thread"),
         "device": servesim["device"],
         "threads": servesim["threads"],
@@ -58,11 +64,11 @@ def build_profile(
     frontend = None
     if slices is not None and servesim.get("frontend_cores"):
         used = slices[slices["kept"] & slices["level"].isin(fit_levels)]
-        # One server: the front end's Python work holds the GIL, whether it decodes on the
-        # event loop or in a thread (on a 16-core host the thread design saturated at 1.03
-        # cores). The load generator's own loop competes for those cores only when the front
-        # end has fewer than two.
-        frontend = fit_frontend(used, servers=1, client_shares_cores=client_shares(servesim))
+        # One server per front-end process: its Python work holds the GIL, whether it decodes
+        # on the event loop or in a thread (on a 16-core host the thread design saturated at
+        # 1.03 cores); --frontends N runs N of them. The load generator's own loop competes
+        # for those cores only when the front end has fewer than two.
+        frontend = fit_frontend(used, servers=frontend_servers(servesim), client_shares_cores=client_shares(servesim))
         speed = fit_speed(slices, fit_levels, client_shares_cores=client_shares(servesim))
         if speed is not None:
             frontend["speed"] = speed
@@ -147,11 +153,18 @@ def capacity(bench: pd.DataFrame, warm: pd.DataFrame, front: dict, *, instances:
     ok = warm[warm["status"] == 200]
     handoff = float(ok["handoff_us"].median() / 1e3) if "handoff_us" in ok and ok["handoff_us"].notna().any() else 0.0
     inst = instances * b / (t_max + handoff) * 1e3
+    # this load generator is one process: where its own core would saturate first, the
+    # levels are set against it, and said so
+    client_ms = front.get("client_cpu_ms_per_request") or 0.0
+    client = 1e3 / client_ms if client_ms > 0 and not front.get("client_shares_cores") else float("inf")
+    bounds = {"instances": inst, "front end": front["capacity_rps"], "load generator": client}
+    bottleneck = min(bounds, key=bounds.get)
     return {
-        "rps": min(inst, front["capacity_rps"]),
-        "bottleneck": "instances" if inst <= front["capacity_rps"] else "front end",
+        "rps": bounds[bottleneck],
+        "bottleneck": bottleneck,
         "instances_rps": inst,
         "frontend_rps": front["capacity_rps"],
+        "client_rps": client if np.isfinite(client) else None,
         "batch_ms": t_max,
         "handoff_ms": handoff,
         "frontend_ms_per_request": front["station_ms_per_request"],

@@ -121,7 +121,13 @@ def _header(profile: dict) -> list[str]:
         f"Measured {profile['created']}: capacity {profile['capacity_rps']:.1f} req/s"
         + (
             f" (set by the {profile['capacity']['bottleneck']}: instances {profile['capacity']['instances_rps']:.0f}, "
-            f"front end {profile['capacity']['frontend_rps']:.0f} req/s)"
+            f"front end {profile['capacity']['frontend_rps']:.0f}"
+            + (
+                f", load generator {profile['capacity']['client_rps']:.0f}"
+                if profile["capacity"].get("client_rps")
+                else ""
+            )
+            + " req/s)"
             if "capacity" in profile
             else ""
         )

@@ -38,7 +38,14 @@ from calibrate.hiccups import HiccupMeter, platform_speed
 from calibrate.loadgen import Slice, level_summary, run_slices
 from calibrate.microbench import feature_fetch_cost, feature_fetch_in_flight
 from calibrate.payloads import image_payloads, ranker_payloads
-from calibrate.profile import build_profile, capacity, client_shares, compute_inside, cpu_ticks
+from calibrate.profile import (
+    build_profile,
+    capacity,
+    client_shares,
+    compute_inside,
+    cpu_ticks,
+    frontend_servers,
+)
 from calibrate.report import markdown, write_scenario
 from calibrate.servers import get_json, redis_server, server
 from calibrate.speed import fit_run_speed
@@ -250,7 +257,7 @@ class _Probe:
 
 def _capacity(probe: _Probe, servesim: dict, bench: pd.DataFrame, *, instances: int, max_batch: int, log) -> dict:
     """Warm the path and find the capacity (see :func:`calibrate.profile.capacity`)."""
-    servers = 1  # the front end's event loop (see build_profile)
+    servers = frontend_servers(servesim)  # the front end's event loops (see build_profile)
     # warm the path at a gentle rate; its CPU per request (background included, so an
     # overestimate) bounds what the front end can take, where the model alone would say
     # tens of thousands of req/s for a small ranker
@@ -270,7 +277,9 @@ def _capacity(probe: _Probe, servesim: dict, bench: pd.DataFrame, *, instances: 
     cap_info = capacity(bench, warm[~warm["warmup"]], front, instances=instances)
     log(
         f"capacity: {cap_info['rps']:.1f} req/s, set by the {cap_info['bottleneck']} (instances "
-        f"{cap_info['instances_rps']:.0f}, front end {cap_info['frontend_rps']:.0f} req/s; batches up to {b})"
+        f"{cap_info['instances_rps']:.0f}, front end {cap_info['frontend_rps']:.0f}"
+        + (f", load generator {cap_info['client_rps']:.0f}" if cap_info.get("client_rps") else "")
+        + f" req/s; batches up to {b})"
     )
     return cap_info
 

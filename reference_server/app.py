@@ -26,13 +26,14 @@ from reference_server.frontend import FrontEnd, error
 __all__ = ["ServerConfig", "create_app", "describe", "redact"]
 
 
-def create_app(cfg: ServerConfig) -> FastAPI:
-    """The FastAPI app serving one model under the configuration ``cfg``.
+def create_app(cfg: ServerConfig, relay=None) -> FastAPI:
+    """The FastAPI app serving one model under the configuration ``cfg`` (``relay``: one of
+    several front ends, whose batcher is the hub's, :mod:`reference_server.hub`).
 
     Raises ValueError for a configuration that cannot be served. ``app.state.drain()``
     starts draining (readiness 503, ``Connection: close``) before a shutdown.
     """
-    fe = FrontEnd(cfg)
+    fe = FrontEnd(cfg, relay)
     name = fe.name
     app = FastAPI(title="servesim reference server", lifespan=fe.lifespan)
     app.state.config = cfg
@@ -83,7 +84,7 @@ def _server_routes(app: FastAPI, fe: FrontEnd) -> None:
 
     @app.get("/metrics")
     async def prometheus():
-        return Response(fe.metrics.scrape(len(fe.batcher.queue)), media_type="text/plain; version=0.0.4")
+        return Response(await fe.scrape(), media_type="text/plain; version=0.0.4")
 
 
 def _model_routes(app: FastAPI, fe: FrontEnd) -> None:
@@ -105,7 +106,7 @@ def _model_routes(app: FastAPI, fe: FrontEnd) -> None:
 
     @app.get("/v2/models/{model_name}/stats")
     async def model_stats(model_name: str):
-        return fe.known(model_name) or fe.metrics.triton_stats()
+        return fe.known(model_name) or await fe.stats()
 
     @app.post("/v2/models/{model_name}/infer")
     @app.post("/v2/models/{model_name}/versions/{version}/infer")

@@ -21,6 +21,7 @@ class ServerConfig:
     max_queue_delay_ms: float = 2.0
     max_queue_size: int | None = 256
     instances: int = 1
+    frontends: int = 1  # front-end processes (HTTP, decode) in front of the one batcher (reference_server/hub.py)
     threads: int = 1  # torch intra-op threads per instance (CPU)
     features: FeatureStoreConfig | None = None
     max_body_bytes: int = 8 * 1024 * 1024
@@ -68,6 +69,7 @@ def describe(cfg: ServerConfig) -> str:
             "max_queue_delay_ms": cfg.max_queue_delay_ms,
             "max_queue_size": cfg.max_queue_size,
             "instances": cfg.instances,
+            "frontends": cfg.frontends,
             "instance_mode": cfg.instance_mode,
             "instance_cores": cfg.instance_cores,
             "preprocess": cfg.preprocess,

@@ -30,6 +30,7 @@ from starlette.requests import ClientDisconnect
 from reference_server.batcher import DynamicBatcher, Overloaded, Pending
 from reference_server.config import VERSION, ServerConfig, features_public
 from reference_server.features import FeatureStore, StoreUnavailable
+from reference_server.hub import RelayMetrics
 from reference_server.instances import (
     InstanceDied,
     InstanceSpec,
@@ -99,12 +100,17 @@ class FrontEnd:
     Raises ValueError for a configuration that cannot be served (the CLI's exit 2).
     """
 
-    def __init__(self, cfg: ServerConfig):
+    def __init__(self, cfg: ServerConfig, relay=None):
         if cfg.instance_mode not in ("process", "thread") or cfg.instances < 1:
             raise ValueError("--instance-mode is process or thread, and --instances at least 1")
         if cfg.preprocess not in ("inline", "thread"):
             raise ValueError(f"--preprocess is inline or thread; got {cfg.preprocess!r}")
-        self.cores = instance_cores(cfg.instance_cores, cfg.instances)
+        # a worker of several front ends (--frontends): the hub owns the instances and the batcher
+        self.relay = relay
+        if relay is not None:
+            self.cores = [i["core"] for i in relay.info.instances]
+        else:
+            self.cores = instance_cores(cfg.instance_cores, cfg.instances)
         self.pinned = {c for c in self.cores if c is not None}
         self.frontend_cores = sorted(set(range(os.cpu_count() or 1)) - self.pinned)
         if self.pinned and not self.frontend_cores:
@@ -116,7 +122,7 @@ class FrontEnd:
         torch.set_num_threads(cfg.threads if self.threaded else 1)
         # the front end decodes and batches; in process mode it holds no weights at all
         self.model = ServedModel(cfg.model, None if self.threaded else "cpu", weights=self.threaded)
-        self.metrics = ServerMetrics(self.name, VERSION)
+        self.metrics = ServerMetrics(self.name, VERSION) if relay is None else RelayMetrics(relay)
         self.store = FeatureStore(cfg.features) if cfg.features is not None else None
         self.inputs: list[TensorSpec] = self.model.inputs
         if self.store is not None:  # ids come from Redis: the request names the entity instead
@@ -138,16 +144,20 @@ class FrontEnd:
         """Start the instances, the batcher and the store; stop them when the app stops."""
         cfg, model, store = self.cfg, self.model, self.store
         loop = asyncio.get_running_loop()
-        instances = await loop.run_in_executor(None, start_instances, cfg, model, self.cores)
-        if self.pinned:  # the front end (event loop, decode thread) keeps off the instances' cores
-            os.sched_setaffinity(0, self.frontend_cores)
-        self.batcher = DynamicBatcher(
-            instances,
-            max_batch_size=cfg.max_batch_size,
-            max_queue_delay_ms=cfg.max_queue_delay_ms,
-            max_queue_size=cfg.max_queue_size,
-            on_batch=self.metrics.observe_batch,
-        )
+        if self.relay is not None:  # the hub's batcher, over the relay
+            await self.relay.connect()
+            self.batcher = self.relay
+        else:
+            instances = await loop.run_in_executor(None, start_instances, cfg, model, self.cores)
+            if self.pinned:  # the front end (event loop, decode thread) keeps off the instances' cores
+                os.sched_setaffinity(0, self.frontend_cores)
+            self.batcher = DynamicBatcher(
+                instances,
+                max_batch_size=cfg.max_batch_size,
+                max_queue_delay_ms=cfg.max_queue_delay_ms,
+                max_queue_size=cfg.max_queue_size,
+                on_batch=self.metrics.observe_batch,
+            )
         self.batcher.start()
         if self.threaded:
             rng = np.random.default_rng(cfg.model.seed)
@@ -169,6 +179,8 @@ class FrontEnd:
         gc.collect()
         gc.freeze()
         self.ready = True
+        if self.relay is not None:
+            self.relay.send(("ready",))
         try:
             yield
         finally:
@@ -187,6 +199,18 @@ class FrontEnd:
     def full(self) -> bool:
         """Whether a new inference request would find the queue full."""
         return self.ready and self.batcher.full(self.admitted)
+
+    async def scrape(self) -> bytes:
+        """The Prometheus text of /metrics: this process's, or the hub's for a worker."""
+        if self.relay is not None:
+            return await self.relay.ask("scrape")
+        return self.metrics.scrape(len(self.batcher.queue))
+
+    async def stats(self) -> dict:
+        """Triton's statistics JSON: this process's, or the hub's for a worker."""
+        if self.relay is not None:
+            return await self.relay.ask("stats")
+        return self.metrics.triton_stats()
 
     def is_ready(self) -> bool:
         """Started, and every instance alive."""
@@ -232,6 +256,7 @@ class FrontEnd:
                     "threads": cfg.threads,
                     "instance_mode": cfg.instance_mode,
                     "preprocess": cfg.preprocess,
+                    "frontends": cfg.frontends,
                     "instances": [
                         {"index": k, "pid": inst.pid, "core": self.cores[k], "device": inst.device, "alive": inst.alive}
                         for k, inst in enumerate(instances)
@@ -404,6 +429,8 @@ class FrontEnd:
         timing["queue_us"] = (pending.t_dispatch_ns - pending.t_enqueue_ns) / 1e3
         for stage, ns in pending.timing.items():
             timing[f"{stage}_us"] = ns / 1e3
+        if self.relay is not None:  # the two hops to the hub and back
+            timing["relay_us"] = pending.relay_ns / 1e3
         timing["request_us"] = (time.perf_counter_ns() - t_start) / 1e3
         self.metrics.observe(timing, n)
         params = {
@@ -415,6 +442,8 @@ class FrontEnd:
             "enqueued_at_ns": pending.t_enqueue_ns,
             "dispatched_at_ns": pending.t_dispatch_ns,
         }
+        if self.relay is not None:
+            params["frontend"] = self.relay.info.index
         try:
             payload, header_len = encode_response(self.name, VERSION, req, outputs, self.model.outputs, params)
         except ProtocolError as err:

@@ -10,10 +10,14 @@ JSON, batch statistics included, so calibration can read this server as it reads
 from __future__ import annotations
 
 import gc
+import os
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 STAGES = ("queue", "compute_input", "compute_infer", "compute_output")
 BATCH_STAGES = (*STAGES[1:], "handoff")  # handoff: to a model instance's process and back (servesim's own)
@@ -46,17 +50,46 @@ class GPU:
         return util, float(mem)
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) a process has used, from /proc; 0 when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class FrontEndCPU:
+    """``process_cpu_seconds_total`` of this process and its front-end workers together.
+
+    A worker that exits takes its CPU out of the sum, so the counter can fall at a shutdown;
+    calibration reads it while every worker serves."""
+
+    def __init__(self, extra_pids: Callable[[], list[int]]):
+        self.extra_pids = extra_pids
+
+    def collect(self):
+        total = sum(cpu_seconds(p) for p in (os.getpid(), *self.extra_pids()))
+        yield CounterMetricFamily(
+            "process_cpu_seconds_total", "CPU seconds of the front end's processes (hub and workers)", value=total
+        )
+
+
 class ServerMetrics:
     """Counters, histograms and statistics of one model."""
 
-    def __init__(self, model: str, version: str = "1"):
+    def __init__(self, model: str, version: str = "1", extra_pids: Callable[[], list[int]] | None = None):
         self.model, self.version = model, version
         self.registry = CollectorRegistry()
         labels = ["model", "version"]
         r = self.registry
         # process_cpu_seconds_total: the front end's CPU (the instances are other processes),
-        # which calibration divides by the requests served to get its CPU per request
-        ProcessCollector(registry=r)
+        # which calibration divides by the requests served to get its CPU per request; with
+        # several front ends (extra_pids: the workers), theirs and this process's together
+        if extra_pids is None:
+            ProcessCollector(registry=r)
+        else:
+            r.register(FrontEndCPU(extra_pids))
         self.success = Counter("nv_inference_request_success", "Successful requests", labels, registry=r)
         self.failure = Counter("nv_inference_request_failure", "Failed requests", [*labels, "reason"], registry=r)
         self.count = Counter("nv_inference_count", "Inferences (items) performed", labels, registry=r)

@@ -27,6 +27,13 @@ def serve(
     instances: Annotated[
         int, typer.Option(help="Model instances (Triton's instance group), each running one batch at a time.")
     ] = 1,
+    frontends: Annotated[
+        int,
+        typer.Option(
+            help="Front-end processes (HTTP, decoding, preprocessing) sharing the port, as uvicorn's workers or "
+            "Triton's HTTP threads; their requests meet in one batcher (a process of its own when above 1).",
+        ),
+    ] = 1,
     instance_cores: Annotated[
         str,
         typer.Option(
@@ -129,6 +136,9 @@ def serve(
             err=True,
         )
         raise typer.Exit(code=2) from None
+    if frontends < 1:
+        typer.echo(f"error: --frontends is at least 1; got {frontends}", err=True)
+        raise typer.Exit(code=2)
     if model not in ("resnet", "ranker") or precision not in ("fp32", "fp16", "bf16", "int8"):
         typer.echo("error: --model is resnet or ranker; --precision is fp32, fp16, bf16 or int8", err=True)
         raise typer.Exit(code=2)
@@ -153,6 +163,7 @@ def serve(
         max_queue_delay_ms=max_queue_delay_ms,
         max_queue_size=max_queue_size or None,
         instances=instances,
+        frontends=frontends,
         threads=threads,
         features=None
         if not redis_url
@@ -191,12 +202,6 @@ def _serve(
     from reference_server.app import create_app, describe
     from reference_server.connections import guarded_http
 
-    try:
-        app = create_app(cfg)
-    except ValueError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(code=2) from None
-    typer.echo(f"servesim serve: http://{host}:{port} {describe(cfg)}")
     fitted = fit_open_files(max_connections)
     if fitted < max_connections:
         typer.echo(
@@ -211,6 +216,25 @@ def _serve(
             "set --api-key (or SERVESIM_API_KEY) to require a bearer token",
             err=True,
         )
+    if cfg.frontends > 1:
+        _serve_frontends(
+            cfg,
+            host=host,
+            port=port,
+            kw={
+                "max_connections": max_connections,
+                "header_timeout_s": header_timeout_s,
+                "grace_s": grace_s,
+                "drain_s": drain_s,
+            },
+        )
+        return
+    try:
+        app = create_app(cfg)
+    except ValueError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    typer.echo(f"servesim serve: http://{host}:{port} {describe(cfg)}")
     config = uvicorn.Config(
         app,
         host=host,
@@ -221,6 +245,32 @@ def _serve(
         timeout_keep_alive=5,
     )
     draining_server(uvicorn.Server, config, app.state.drain, drain_s).run()
+
+
+def _serve_frontends(cfg, *, host: str, port: int, kw: dict) -> None:
+    """Several front-end processes and the hub between them and the instances
+    (:mod:`reference_server.hub`)."""
+    from reference_server.app import describe
+    from reference_server.hub import Hub, serve_frontends
+
+    try:
+        hub = Hub(cfg)
+    except ValueError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    try:
+        code = serve_frontends(
+            hub,
+            host=host,
+            port=port,
+            serve_kwargs=kw,
+            announce=lambda: typer.echo(f"servesim serve: http://{host}:{port} {describe(cfg)}"),
+        )
+    except OSError as err:  # the port is taken, say
+        typer.echo(f"error: cannot listen on {host}:{port}: {err.strerror or err}", err=True)
+        raise typer.Exit(code=1) from None
+    if code:
+        raise typer.Exit(code=code)
 
 
 FD_RESERVE = 128  # descriptors the server needs besides its connections: libraries, pipes, Redis
@@ -288,7 +338,7 @@ def accept_queue(sock) -> int:
     return struct.unpack_from("I", info, 24)[0] if len(info) >= 28 else 0
 
 
-def draining_server(base, config, drain, drain_s: float):
+def draining_server(base, config, drain, drain_s: float, signals: tuple | None = None):
     """A uvicorn server whose first SIGTERM (or Ctrl-C) turns readiness false and keeps
     serving for ``drain_s`` before uvicorn's own graceful shutdown (stop accepting, finish
     what is in flight within the grace period); a second signal skips the wait. Draining,
@@ -334,6 +384,8 @@ def draining_server(base, config, drain, drain_s: float):
             super().handle_exit(sig, frame)
 
         def handle_exit(self, sig, frame):
+            if signals is not None and sig not in signals:  # a front-end worker: the hub passes SIGTERM on
+                return
             again, self.draining = self.draining, True
             if not again:
                 drain()

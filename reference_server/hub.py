@@ -1,0 +1,478 @@
+"""Several front-end processes in front of one batcher: ``servesim serve --frontends N``.
+
+One Python process parses HTTP and decodes JPEGs at about a millisecond of CPU a request,
+so a single front end tops out near a thousand requests a second whatever the model: on
+an H100 the front end set the capacity (852 req/s) while the instance could take 4,321.
+uvicorn's ``--workers`` and Triton's HTTP threads answer this by parsing in parallel;
+here, as in Triton, the parallel part stays in front of *one* scheduler, so batches still
+form from every request on the host:
+
+* **the hub** (the process ``servesim serve`` starts) owns the listening socket, the model
+  instances, the dynamic batcher and the server's one set of metrics. It serves no HTTP;
+  it takes preprocessed items from the workers, batches them, hands batches to the
+  instances (:mod:`reference_server.instances`) and sends each request's outputs back;
+* **N workers**, spawned processes sharing the listening socket (the kernel hands each new
+  connection to one of them), each run the whole front end of :mod:`reference_server.frontend`
+  (HTTP, admission, body, decode, features, preprocessing) and relay the item to the hub
+  over a socket pair, with length-prefixed pickles written through asyncio transports (a
+  write never blocks either side, so neither can wait on the other).
+
+Each response's parameters add ``relay_us`` (the two hops between a worker and the hub) and
+``frontend`` (which worker answered). ``/metrics`` and ``/v2/models/{m}/stats`` are the
+hub's, whichever worker a scrape reaches: workers forward every success, failure and
+garbage-collection pause, and ``process_cpu_seconds_total`` is the CPU of the hub and all
+its workers (the front end's, as calibration reads it; the instances are not in it).
+
+Signals go to the hub, which passes SIGTERM to every worker (each drains as a single server
+does) and stops the batcher and the instances once they are gone. Workers and instances die
+with the hub (the kernel's parent-death signal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+
+from reference_server.batcher import DynamicBatcher, Overloaded
+from reference_server.config import VERSION, ServerConfig
+from reference_server.instances import InstanceDied, die_with_parent
+
+log = logging.getLogger("servesim.server")
+
+_HEAD = struct.Struct("!I")
+STATE_EVERY_S = 0.05  # the hub tells the workers its queue length and the instances' health this often
+WORKER_START_S = 180.0
+
+
+def pack(msg) -> bytes:
+    """One message as written on a relay socket: its length, then its pickle."""
+    data = pickle.dumps(msg, protocol=5)
+    return _HEAD.pack(len(data)) + data
+
+
+async def receive(reader: asyncio.StreamReader):
+    """The next message on a relay socket (raises IncompleteReadError when it closes)."""
+    (n,) = _HEAD.unpack(await reader.readexactly(_HEAD.size))
+    return pickle.loads(await reader.readexactly(n))
+
+
+@dataclass
+class HubInfo:
+    """What a worker is told about the server it is part of (picklable)."""
+
+    index: int
+    frontends: int
+    instances: list[dict]  # index, pid, core, device
+    frontend_cores: list[int]
+    pinned: bool
+    hub_pid: int
+
+
+@dataclass
+class RelayPending:
+    """A request the hub is batching; the worker-side twin of :class:`~reference_server.batcher.Pending`."""
+
+    future: asyncio.Future
+    t_sent_ns: int
+    t_enqueue_ns: int = 0
+    t_dispatch_ns: int = 0
+    batch_size: int = 0
+    timing: dict = field(default_factory=dict)
+    relay_ns: int = 0
+
+
+class _InstanceView:
+    """A worker's view of one instance: what ``/config`` and readiness read."""
+
+    def __init__(self, info: dict):
+        self.pid, self.device, self.index = info["pid"], info["device"], info["index"]
+        self.died: str | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.died is None
+
+
+class Relay:
+    """A worker's link to the hub: requests out, outputs and the hub's state back.
+
+    It stands where a :class:`~reference_server.batcher.DynamicBatcher` stands in a single
+    front end (``submit``, ``full``, ``unavailable``, ``instances``, ``queue``)."""
+
+    def __init__(self, sock: socket.socket, info: HubInfo, max_queue_size: int | None):
+        self._sock, self.info = sock, info
+        self.max_queue_size = max_queue_size
+        self.instances = [_InstanceView(i) for i in info.instances]
+        self.queued = 0  # the hub's queue, as last told
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task | None = None
+        self._waiting: dict[int, RelayPending] = {}
+        self._asked: dict[int, asyncio.Future] = {}
+        self._next = 0
+        self.lost: str | None = None
+
+    @property
+    def queue(self) -> range:  # len() of it is what /metrics reports as pending
+        return range(self.queued)
+
+    async def connect(self) -> None:
+        reader, self._writer = await asyncio.open_connection(sock=self._sock)
+        self._reader_task = asyncio.create_task(self._read(reader))
+
+    def start(self) -> None:  # the batcher's interface: the hub's batcher is already running
+        pass
+
+    async def stop(self) -> None:
+        """Wait for the requests still with the hub (the hub outlives its workers), then close."""
+        deadline = time.monotonic() + 30
+        while self._waiting and self.lost is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            await asyncio.gather(self._reader_task, return_exceptions=True)
+        if self._writer is not None:
+            self._writer.close()
+
+    def send(self, msg) -> None:
+        if self._writer is not None and self.lost is None:
+            self._writer.write(pack(msg))
+
+    def full(self, ahead: int = 0) -> bool:
+        return self.max_queue_size is not None and self.queued + ahead >= self.max_queue_size
+
+    def unavailable(self) -> str | None:
+        if self.lost is not None:
+            return self.lost
+        if any(inst.alive for inst in self.instances):
+            return None
+        return "; ".join(inst.died or "model instance stopped" for inst in self.instances)
+
+    async def submit(self, item: dict, n: int) -> RelayPending:
+        """Send one request's item to the hub's batcher; returns it answered."""
+        dead = self.unavailable()
+        if dead:
+            raise InstanceDied(dead)
+        self._next += 1
+        rid = self._next
+        p = RelayPending(asyncio.get_running_loop().create_future(), time.perf_counter_ns())
+        self._waiting[rid] = p
+        try:
+            self.send(("infer", rid, item, n))
+            await p.future
+        finally:
+            self._waiting.pop(rid, None)
+        return p
+
+    async def ask(self, what: str):
+        """Ask the hub for ``scrape`` (the /metrics text) or ``stats`` (Triton's statistics)."""
+        if self.lost is not None:
+            raise InstanceDied(self.lost)
+        self._next += 1
+        qid = self._next
+        fut = asyncio.get_running_loop().create_future()
+        self._asked[qid] = fut
+        try:
+            self.send(("ask", qid, what))
+            async with asyncio.timeout(10):
+                return await fut
+        finally:
+            self._asked.pop(qid, None)
+
+    async def _read(self, reader: asyncio.StreamReader) -> None:
+        try:
+            while True:
+                self._take(await receive(reader))
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            self.lost = "the server's batcher process is gone"
+            err = InstanceDied(self.lost)
+            for p in self._waiting.values():
+                if not p.future.done():
+                    p.future.set_exception(err)
+            for fut in self._asked.values():
+                if not fut.done():
+                    fut.set_exception(err)
+
+    def _take(self, msg) -> None:
+        kind = msg[0]
+        if kind == "done":
+            _, rid, outputs, t_enq, t_disp, size, timing, t_in, t_out, self.queued = msg
+            p = self._waiting.get(rid)
+            if p is not None and not p.future.done():
+                p.t_enqueue_ns, p.t_dispatch_ns, p.batch_size, p.timing = t_enq, t_disp, size, timing
+                p.relay_ns = max((t_in - p.t_sent_ns) + (time.perf_counter_ns() - t_out), 0)
+                p.future.set_result(outputs)
+        elif kind == "error":
+            _, rid, what, text, self.queued = msg
+            p = self._waiting.get(rid)
+            if p is not None and not p.future.done():
+                err = {"overloaded": Overloaded, "instance_died": InstanceDied}.get(what, RuntimeError)(text)
+                p.future.set_exception(err)
+        elif kind == "answer":
+            _, qid, payload = msg
+            fut = self._asked.get(qid)
+            if fut is not None and not fut.done():
+                fut.set_result(payload)
+        elif kind == "state":
+            _, self.queued, died = msg
+            for inst, why in zip(self.instances, died, strict=True):
+                inst.died = why
+
+
+class RelayMetrics:
+    """A worker's metrics: every observation goes to the hub's one set; scrapes ask it."""
+
+    def __init__(self, relay: Relay):
+        self.relay = relay
+        self.gpu = _NoNotice()
+        self._gc_t0 = 0
+        gc.callbacks.append(self._gc)
+
+    def _gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_t0 = time.perf_counter_ns()
+        elif self._gc_t0:
+            self.relay.send(("gc", str(info["generation"]), (time.perf_counter_ns() - self._gc_t0) / 1e9))
+
+    def observe(self, timing_us: dict[str, float], items: int) -> None:
+        self.relay.send(("observe", timing_us, items))
+
+    def observe_batch(self, size: int, timing_ns: dict[str, int]) -> None:  # the hub's batcher counts batches
+        pass
+
+    def fail(self, reason: str) -> None:
+        self.relay.send(("fail", reason))
+
+    def close(self) -> None:
+        if self._gc in gc.callbacks:
+            gc.callbacks.remove(self._gc)
+
+
+class _NoNotice:
+    notice = None  # the hub prints the GPU notice once
+
+
+class Hub:
+    """The hub's side: instances, batcher and metrics, and a link to each worker."""
+
+    def __init__(self, cfg: ServerConfig):
+        """Raises ValueError for a configuration that cannot be served (the CLI's exit 2)."""
+        from reference_server.frontend import FrontEnd  # the same checks and layout as a single front end
+
+        if cfg.frontends < 2:
+            raise ValueError(f"a hub has at least two front ends; --frontends is {cfg.frontends}")
+        if cfg.instance_mode != "process":
+            raise ValueError("--frontends above 1 needs --instance-mode process (the model in its own processes)")
+        self.cfg, self.frontends = cfg, cfg.frontends
+        self.fe = FrontEnd(cfg)  # checks the configuration; its model description lays out the blocks
+        self.fe.metrics.close()  # the hub's metrics are made when it runs
+        self.workers: list[mp.Process] = []
+        self.writers: list[asyncio.StreamWriter] = []
+        self.ready: list[asyncio.Event] = []
+        self.batcher: DynamicBatcher | None = None
+        self.stopping = 0
+
+    def worker_pids(self) -> list[int]:
+        return [p.pid for p in self.workers if p.pid is not None]
+
+    async def run(self, sock: socket.socket, serve_kwargs: dict, announce) -> int:
+        """Start everything, serve until a signal (or every worker is gone), stop; the exit code."""
+        from reference_server.frontend import start_instances
+        from reference_server.metrics import ServerMetrics
+
+        cfg, fe = self.cfg, self.fe
+        loop = asyncio.get_running_loop()
+        self.ready = [asyncio.Event() for _ in range(self.frontends)]
+        instances = await loop.run_in_executor(None, start_instances, cfg, fe.model, fe.cores)
+        if fe.pinned:
+            os.sched_setaffinity(0, fe.frontend_cores)
+        self.metrics = ServerMetrics(fe.name, VERSION, extra_pids=self.worker_pids)
+        self.batcher = DynamicBatcher(
+            instances,
+            max_batch_size=cfg.max_batch_size,
+            max_queue_delay_ms=cfg.max_queue_delay_ms,
+            max_queue_size=cfg.max_queue_size,
+            on_batch=self.metrics.observe_batch,
+        )
+        self.batcher.start()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._signal, stop)
+        info = [
+            {"index": k, "pid": inst.pid, "core": fe.cores[k], "device": inst.device}
+            for k, inst in enumerate(instances)
+        ]
+        ctx = mp.get_context("spawn")
+        readers = []
+        try:
+            for k in range(self.frontends):
+                mine, theirs = socket.socketpair()
+                hub_info = HubInfo(k, self.frontends, info, fe.frontend_cores, bool(fe.pinned), os.getpid())
+                proc = ctx.Process(
+                    target=worker_main,
+                    args=(cfg, hub_info, theirs, sock, serve_kwargs),
+                    name=f"frontend-{k}",
+                    daemon=False,
+                )
+                proc.start()
+                theirs.close()
+                self.workers.append(proc)
+                reader, writer = await asyncio.open_connection(sock=mine)
+                self.writers.append(writer)
+                readers.append(asyncio.create_task(self._serve_worker(k, reader, writer)))
+            watch = asyncio.create_task(self._broadcast())
+            async with asyncio.timeout(WORKER_START_S):
+                await asyncio.gather(*(r.wait() for r in self.ready))
+            gc.collect()
+            gc.freeze()
+            announce()
+            gone = asyncio.create_task(self._all_gone())
+            await asyncio.wait([asyncio.create_task(stop.wait()), gone], return_when=asyncio.FIRST_COMPLETED)
+            code = 0 if stop.is_set() else 1
+            if not stop.is_set():
+                log.error("every front-end worker exited; stopping")
+            await self._wait_workers(serve_kwargs)
+            watch.cancel()
+        finally:
+            for p in self.workers:
+                if p.is_alive():
+                    p.kill()
+                p.join(5)
+            for r in readers:
+                r.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+            await self.batcher.stop()
+            self.metrics.close()
+            self.fe.pre_pool.shutdown(wait=False)
+        return code
+
+    def _signal(self, stop: asyncio.Event) -> None:
+        """SIGTERM or Ctrl-C: every worker gets SIGTERM (the second signal skips their drain)."""
+        self.stopping += 1
+        for p in self.workers:
+            if p.pid is not None and p.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGTERM)
+        stop.set()
+
+    async def _all_gone(self) -> None:
+        while any(p.is_alive() for p in self.workers):
+            await asyncio.sleep(0.2)
+
+    async def _wait_workers(self, serve_kwargs: dict) -> None:
+        limit = serve_kwargs["drain_s"] + serve_kwargs["grace_s"] + 10.0
+        deadline = time.monotonic() + limit
+        while any(p.is_alive() for p in self.workers) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    async def _broadcast(self) -> None:
+        """Every :data:`STATE_EVERY_S`: the queue's length and which instances died, to every worker."""
+        while True:
+            died = [None if inst.alive else inst.died for inst in self.batcher.instances]
+            msg = pack(("state", len(self.batcher.queue), died))
+            for w in self.writers:
+                if not w.is_closing():
+                    w.write(msg)
+            await asyncio.sleep(STATE_EVERY_S)
+
+    async def _serve_worker(self, k: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        tasks: set[asyncio.Task] = set()
+        try:
+            while True:
+                msg = await receive(reader)
+                kind = msg[0]
+                if kind == "infer":
+                    t = asyncio.create_task(self._infer(writer, msg[1], msg[2], msg[3], time.perf_counter_ns()))
+                    tasks.add(t)
+                    t.add_done_callback(tasks.discard)
+                elif kind == "observe":
+                    self.metrics.observe(msg[1], msg[2])
+                elif kind == "fail":
+                    self.metrics.fail(msg[1])
+                elif kind == "gc":
+                    self.metrics.gc_pause.labels(msg[1]).observe(msg[2])
+                elif kind == "ask":
+                    if msg[2] == "scrape":
+                        payload = self.metrics.scrape(len(self.batcher.queue))
+                    else:
+                        payload = self.metrics.triton_stats()
+                    writer.write(pack(("answer", msg[1], payload)))
+                elif kind == "ready":
+                    self.ready[k].set()
+        except (asyncio.IncompleteReadError, ConnectionError, OSError):
+            pass  # the worker is gone; the hub notices in _all_gone
+        finally:
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _infer(self, writer: asyncio.StreamWriter, rid: int, item: dict, n: int, t_in: int) -> None:
+        batcher = self.batcher
+        try:
+            p = await batcher.submit(item, n)
+            outputs = p.future.result()
+        except Overloaded as err:
+            msg = ("error", rid, "overloaded", str(err), len(batcher.queue))
+        except InstanceDied as err:
+            msg = ("error", rid, "instance_died", str(err), len(batcher.queue))
+        except Exception as err:  # the model failed on the batch: the worker answers 500
+            msg = ("error", rid, "internal", f"{type(err).__name__}: {err}", len(batcher.queue))
+        else:
+            msg = (
+                "done",
+                rid,
+                outputs,
+                p.t_enqueue_ns,
+                p.t_dispatch_ns,
+                p.batch_size,
+                p.timing,
+                t_in,
+                time.perf_counter_ns(),
+                len(batcher.queue),
+            )
+        if not writer.is_closing():
+            writer.write(pack(msg))
+
+
+def worker_main(cfg: ServerConfig, info: HubInfo, relay_sock: socket.socket, listen: socket.socket, kw: dict) -> None:
+    """A front-end worker: the whole front end on the shared listening socket, its batcher the hub."""
+    die_with_parent()
+    if info.pinned:
+        os.sched_setaffinity(0, info.frontend_cores)
+    import uvicorn
+
+    from reference_server.app import create_app
+    from reference_server.connections import guarded_http
+    from reference_server.serve import draining_server
+
+    relay = Relay(relay_sock, info, cfg.max_queue_size)
+    app = create_app(cfg, relay=relay)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        timeout_graceful_shutdown=kw["grace_s"],
+        http=guarded_http(kw["max_connections"], kw["header_timeout_s"]),
+        timeout_keep_alive=5,
+    )
+    # Ctrl-C reaches the whole process group: only the hub acts on it, and passes SIGTERM on
+    server = draining_server(uvicorn.Server, config, app.state.drain, kw["drain_s"], signals=(signal.SIGTERM,))
+    server.run(sockets=[listen])
+
+
+def serve_frontends(hub: Hub, *, host: str, port: int, serve_kwargs: dict, announce) -> int:
+    """``servesim serve --frontends N``: bind, run ``hub`` until a signal; the exit code."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.create_server((host, port), family=family, backlog=2048)
+    sock.set_inheritable(True)
+    try:
+        return asyncio.run(hub.run(sock, serve_kwargs, announce))
+    finally:
+        sock.close()
