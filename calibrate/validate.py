@@ -238,6 +238,11 @@ def chart(table: pd.DataFrame, path) -> None:
         .mark_rule()
         .encode(x="offered_rps:Q", y="measured_lo:Q", y2="measured_hi:Q", color=alt.Color("percentile:N"))
     )
+    try:
+        import vl_convert  # noqa: F401 - altair renders PNGs with it
+    except ImportError:  # a GPU host with only the wheels carried to it: the report stands without it
+        print(f"{path}: not drawn (vl-convert-python is missing); `servesim calibrate refit` draws it")  # noqa: T201
+        return
     (lines + bars).properties(width=520, height=320, title="measured (95% interval) vs predicted latency").save(
         str(path), format="png"
     )
