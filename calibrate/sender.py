@@ -172,7 +172,10 @@ class Sender:
         parts = urlsplit(url)
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
         self.limit = limit
-        self.free_conns: list[_Connection] = []
+        # used in turn (the longest idle first): requests spread over every open connection, so
+        # a server that deals connections to several front ends (servesim serve --frontends)
+        # sees them spread too; the most recent one first put a light load on one front end
+        self.free_conns: deque[_Connection] = deque()
         self.conns: set[_Connection] = set()
         self.open = 0  # connections open or opening
         self.waiting: deque[tuple[bytes, dict]] = deque()
@@ -200,7 +203,7 @@ class Sender:
         """Send a request now on a free connection, or queue it for the next one."""
         self.outstanding += 1
         if self.free_conns:
-            self.free_conns.pop().send(data, row)
+            self.free_conns.popleft().send(data, row)
             return
         self.waiting.append((data, row))
         if self.open < self.limit:

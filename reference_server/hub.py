@@ -11,11 +11,19 @@ form from every request on the host:
   instances, the dynamic batcher and the server's one set of metrics. It serves no HTTP;
   it takes preprocessed items from the workers, batches them, hands batches to the
   instances (:mod:`reference_server.instances`) and sends each request's outputs back;
-* **N workers**, spawned processes sharing the listening socket (the kernel hands each new
-  connection to one of them), each run the whole front end of :mod:`reference_server.frontend`
-  (HTTP, admission, body, decode, features, preprocessing) and relay the item to the hub
-  over a socket pair, with length-prefixed pickles written through asyncio transports (a
-  write never blocks either side, so neither can wait on the other).
+* **N workers**, spawned processes, each run the whole front end of
+  :mod:`reference_server.frontend` (HTTP, admission, body, decode, features, preprocessing)
+  and relay the item to the hub over a socket pair, with length-prefixed pickles written
+  through asyncio transports (a write never blocks either side, so neither can wait on the
+  other).
+
+**Connections are dealt round-robin.** The hub accepts every connection and passes it to
+the next worker (``SCM_RIGHTS`` over a ``SOCK_SEQPACKET`` pair). Workers accepting from a
+shared socket themselves, as uvicorn's and gunicorn's do, split the load by who woke
+first: on an H100 host with 8 workers, one of them took 61-68% of the requests at 20-30%
+load and 22% at 85% (the load generator reuses its most recent free connection, so at
+light load a few connections carry everything), and its queue, not the model's, set the
+tails. Dealt in turn, N connections used in turn reach the N workers evenly.
 
 Each response's parameters add ``relay_us`` (the two hops between a worker and the hub) and
 ``frontend`` (which worker answered). ``/metrics`` and ``/v2/models/{m}/stats`` are the
@@ -23,9 +31,13 @@ hub's, whichever worker a scrape reaches: workers forward every success, failure
 garbage-collection pause, and ``process_cpu_seconds_total`` is the CPU of the hub and all
 its workers (the front end's, as calibration reads it; the instances are not in it).
 
-Signals go to the hub, which passes SIGTERM to every worker (each drains as a single server
-does) and stops the batcher and the instances once they are gone. Workers and instances die
-with the hub (the kernel's parent-death signal).
+Signals go to the hub. The first tells every worker to drain (readiness 503,
+``Connection: close``, idle keep-alive connections closed) while the hub goes on dealing
+connections for ``--drain-s``; then the hub drops new connection attempts, deals those the
+kernel has already made, closes its listener and sends the workers SIGTERM: each finishes
+its requests within ``--grace-s`` and exits, and the hub stops the batcher and the
+instances. A second signal skips the drain. Workers and instances die with the hub (the
+kernel's parent-death signal).
 """
 
 from __future__ import annotations
@@ -120,6 +132,7 @@ class Relay:
         self._asked: dict[int, asyncio.Future] = {}
         self._next = 0
         self.lost: str | None = None
+        self.on_drain = None  # called when the hub starts draining
 
     @property
     def queue(self) -> range:  # len() of it is what /metrics reports as pending
@@ -226,6 +239,8 @@ class Relay:
             _, self.queued, died = msg
             for inst, why in zip(self.instances, died, strict=True):
                 inst.died = why
+        elif kind == "drain" and self.on_drain is not None:
+            self.on_drain()
 
 
 class RelayMetrics:
@@ -278,6 +293,8 @@ class Hub:
         self.workers: list[mp.Process] = []
         self.writers: list[asyncio.StreamWriter] = []
         self.ready: list[asyncio.Event] = []
+        self.deals: list[socket.socket] = []  # where each worker's connections are passed
+        self.turn = 0  # the worker dealt the next connection
         self.batcher: DynamicBatcher | None = None
         self.stopping = 0
 
@@ -285,7 +302,8 @@ class Hub:
         return [p.pid for p in self.workers if p.pid is not None]
 
     async def run(self, sock: socket.socket, serve_kwargs: dict, announce) -> int:
-        """Start everything, serve until a signal (or every worker is gone), stop; the exit code."""
+        """Start everything, deal connections until a signal (or every worker is gone), stop;
+        the exit code."""
         from reference_server.frontend import start_instances
         from reference_server.metrics import ServerMetrics
 
@@ -304,49 +322,66 @@ class Hub:
             on_batch=self.metrics.observe_batch,
         )
         self.batcher.start()
-        stop = asyncio.Event()
+        self.signals = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._signal, stop)
+            loop.add_signal_handler(sig, self._signal)
         info = [
             {"index": k, "pid": inst.pid, "core": fe.cores[k], "device": inst.device}
             for k, inst in enumerate(instances)
         ]
+        # each worker caps its own share of the connections
+        kw = {**serve_kwargs, "max_connections": -(-serve_kwargs["max_connections"] // self.frontends)}
         ctx = mp.get_context("spawn")
         readers = []
+        code = 1
         try:
             for k in range(self.frontends):
                 mine, theirs = socket.socketpair()
+                deal, dealt = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
                 hub_info = HubInfo(k, self.frontends, info, fe.frontend_cores, bool(fe.pinned), os.getpid())
                 proc = ctx.Process(
-                    target=worker_main,
-                    args=(cfg, hub_info, theirs, sock, serve_kwargs),
-                    name=f"frontend-{k}",
-                    daemon=False,
+                    target=worker_main, args=(cfg, hub_info, theirs, dealt, kw), name=f"frontend-{k}", daemon=False
                 )
                 proc.start()
                 theirs.close()
+                dealt.close()
                 self.workers.append(proc)
+                self.deals.append(deal)
                 reader, writer = await asyncio.open_connection(sock=mine)
                 self.writers.append(writer)
                 readers.append(asyncio.create_task(self._serve_worker(k, reader, writer)))
             watch = asyncio.create_task(self._broadcast())
             async with asyncio.timeout(WORKER_START_S):
                 await asyncio.gather(*(r.wait() for r in self.ready))
+            sock.setblocking(False)
+            loop.add_reader(sock.fileno(), self._accept, sock)
             gc.collect()
             gc.freeze()
             announce()
             gone = asyncio.create_task(self._all_gone())
-            await asyncio.wait([asyncio.create_task(stop.wait()), gone], return_when=asyncio.FIRST_COMPLETED)
-            code = 0 if stop.is_set() else 1
-            if not stop.is_set():
+            signalled = asyncio.create_task(self.signals.wait())
+            await asyncio.wait([signalled, gone], return_when=asyncio.FIRST_COMPLETED)
+            if self.signals.is_set():
+                code = 0
+                await self._drain(sock, serve_kwargs)
+            else:
                 log.error("every front-end worker exited; stopping")
+            loop.remove_reader(sock.fileno())
+            for p in self.workers:  # the workers finish what they have (--grace-s) and exit
+                if p.is_alive():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(p.pid, signal.SIGTERM)
             await self._wait_workers(serve_kwargs)
             watch.cancel()
         finally:
+            with contextlib.suppress(ValueError, OSError):
+                loop.remove_reader(sock.fileno())
             for p in self.workers:
                 if p.is_alive():
                     p.kill()
                 p.join(5)
+            for d in self.deals:
+                d.close()
             for r in readers:
                 r.cancel()
             await asyncio.gather(*readers, return_exceptions=True)
@@ -355,22 +390,57 @@ class Hub:
             self.fe.pre_pool.shutdown(wait=False)
         return code
 
-    def _signal(self, stop: asyncio.Event) -> None:
-        """SIGTERM or Ctrl-C: every worker gets SIGTERM (the second signal skips their drain)."""
+    def _accept(self, sock: socket.socket) -> None:
+        """Accept what the kernel has made and deal each connection to the next live worker."""
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as err:  # out of descriptors, say: the connection waits in the kernel's queue
+                log.error("accepting a connection failed: %s", err)
+                return
+            with conn:
+                for _ in range(self.frontends):
+                    k, self.turn = self.turn, (self.turn + 1) % self.frontends
+                    if not self.workers[k].is_alive():
+                        continue
+                    try:
+                        socket.send_fds(self.deals[k], [b"c"], [conn.fileno()])
+                    except OSError:  # that worker is gone: the next one
+                        continue
+                    break
+
+    def _signal(self) -> None:
+        """SIGTERM or Ctrl-C: drain (the first), or stop at once (a second)."""
         self.stopping += 1
-        for p in self.workers:
-            if p.pid is not None and p.is_alive():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signal.SIGTERM)
-        stop.set()
+        if self.stopping == 1:
+            for w in self.writers:  # readiness 503, Connection: close, idle connections closed
+                if not w.is_closing():
+                    w.write(pack(("drain",)))
+        self.signals.set()
+
+    async def _drain(self, sock: socket.socket, serve_kwargs: dict) -> None:
+        """Keep dealing connections for ``drain_s`` (load balancers see readiness 503 and stop
+        sending), then drop new attempts and deal those the kernel has already made."""
+        from reference_server.serve import QUIESCE_S, accept_queue, refuse_new_connections
+
+        deadline = time.monotonic() + serve_kwargs["drain_s"]
+        while time.monotonic() < deadline and self.stopping == 1:
+            await asyncio.sleep(0.02)
+        refuse_new_connections(sock)
+        deadline = time.monotonic() + QUIESCE_S
+        await asyncio.sleep(0.02)
+        while accept_queue(sock) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # the last connections' requests reach their workers
 
     async def _all_gone(self) -> None:
         while any(p.is_alive() for p in self.workers):
             await asyncio.sleep(0.2)
 
     async def _wait_workers(self, serve_kwargs: dict) -> None:
-        limit = serve_kwargs["drain_s"] + serve_kwargs["grace_s"] + 10.0
-        deadline = time.monotonic() + limit
+        deadline = time.monotonic() + serve_kwargs["grace_s"] + 10.0
         while any(p.is_alive() for p in self.workers) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
 
@@ -442,8 +512,9 @@ class Hub:
             writer.write(pack(msg))
 
 
-def worker_main(cfg: ServerConfig, info: HubInfo, relay_sock: socket.socket, listen: socket.socket, kw: dict) -> None:
-    """A front-end worker: the whole front end on the shared listening socket, its batcher the hub."""
+def worker_main(cfg: ServerConfig, info: HubInfo, relay_sock: socket.socket, dealt: socket.socket, kw: dict) -> None:
+    """A front-end worker: the whole front end, serving the connections the hub deals it, its
+    batcher the hub's."""
     die_with_parent()
     if info.pinned:
         os.sched_setaffinity(0, info.frontend_cores)
@@ -462,16 +533,55 @@ def worker_main(cfg: ServerConfig, info: HubInfo, relay_sock: socket.socket, lis
         http=guarded_http(kw["max_connections"], kw["header_timeout_s"]),
         timeout_keep_alive=5,
     )
-    # Ctrl-C reaches the whole process group: only the hub acts on it, and passes SIGTERM on
-    server = draining_server(uvicorn.Server, config, app.state.drain, kw["drain_s"], signals=(signal.SIGTERM,))
-    server.run(sockets=[listen])
+    # the hub drains (it deals the connections) and then sends SIGTERM: the worker stops at
+    # once; Ctrl-C reaches the whole process group, and only the hub acts on it
+    base = draining_server(uvicorn.Server, config, app.state.drain, 0.0, signals=(signal.SIGTERM,))
+
+    class Dealt(type(base)):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=[])  # no listener of its own
+            loop = asyncio.get_running_loop()
+
+            def protocol():
+                return config.http_protocol_class(
+                    config=config, server_state=self.server_state, app_state=self.lifespan.state
+                )
+
+            joining: set[asyncio.Task] = set()
+
+            def take() -> None:
+                try:
+                    _, fds, _, _ = socket.recv_fds(dealt, 16, 16)
+                except (BlockingIOError, InterruptedError):
+                    return
+                except OSError:
+                    fds = []
+                if not fds:  # the hub is gone
+                    loop.remove_reader(dealt.fileno())
+                    return
+                for fd in fds:
+                    conn = socket.socket(fileno=fd)
+                    conn.setblocking(False)
+                    task = loop.create_task(loop.connect_accepted_socket(protocol, conn))
+                    joining.add(task)
+                    task.add_done_callback(joining.discard)
+
+            def drain() -> None:
+                self.draining = True
+                app.state.drain()
+                self._close_idle()
+
+            relay.on_drain = drain
+            dealt.setblocking(False)
+            loop.add_reader(dealt.fileno(), take)
+
+    Dealt(config).run()
 
 
 def serve_frontends(hub: Hub, *, host: str, port: int, serve_kwargs: dict, announce) -> int:
     """``servesim serve --frontends N``: bind, run ``hub`` until a signal; the exit code."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.create_server((host, port), family=family, backlog=2048)
-    sock.set_inheritable(True)
     try:
         return asyncio.run(hub.run(sock, serve_kwargs, announce))
     finally:

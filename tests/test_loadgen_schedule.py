@@ -208,3 +208,11 @@ def test_sigterm_at_twice_capacity_resets_no_request():
     df = _sigterm_under_load((), 1500.0, 4.0)
     _no_request_is_reset(df)
     assert (df["status"] == 503).sum() > 0.2 * len(df)  # it was shedding
+
+
+def test_sigterm_under_load_on_several_front_ends_resets_no_request():
+    """The same with two front-end processes behind the hub, at 300 req/s: the hub deals
+    connections until its drain ends, then drops new attempts, deals those already made,
+    and only then stops the workers."""
+    pytest.importorskip("torch", reason="the reference server needs the server extra (torch)")
+    _no_request_is_reset(_sigterm_under_load(("--resolution", "32", "--width", "8", "--frontends", "2"), 300.0, 2.0))
