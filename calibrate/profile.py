@@ -54,6 +54,8 @@ def build_profile(
         "instances": config["instance_group"][0]["count"],
         "preprocess_threads": 1,
         "frontends": int(servesim.get("frontends", 1)),
+        # how requests reach the front ends: dealt in turn (the hub), or one pool
+        "frontend_dispatch": servesim.get("frontend_dispatch", "shared"),
         "preprocess": servesim.get("preprocess", "thread"),
         "device": servesim["device"],
         "threads": servesim["threads"],

@@ -89,6 +89,8 @@ def scenario_dict(
             if fe.get("on_store")
             else {"service": _scaled(_dist(fe["service"]), speed), "cpu_workers": fe["servers"]}
         )
+        if preprocess and fe["servers"] > 1 and server.get("frontend_dispatch") == "round_robin":
+            preprocess["dispatch"] = "round_robin"  # the hub deals connections in turn (--frontends)
         loop = fe.get("event_loop")
         if loop is not None and not fe.get("on_store") and fe["servers"] == 1:
             # one event loop admits the requests and writes the responses (calibrate/README)

@@ -257,6 +257,8 @@ class FrontEnd:
                     "instance_mode": cfg.instance_mode,
                     "preprocess": cfg.preprocess,
                     "frontends": cfg.frontends,
+                    # the hub deals connections to its front ends in turn; one front end is one queue
+                    "frontend_dispatch": "round_robin" if cfg.frontends > 1 else "shared",
                     "instances": [
                         {"index": k, "pid": inst.pid, "core": self.cores[k], "device": inst.device, "alive": inst.alive}
                         for k, inst in enumerate(instances)

@@ -649,7 +649,7 @@ class _Run:
     def _preprocess(self, ids, t_feat, svc, hi: float, final: bool):
         """Preprocessing: a pure delay, or an FCFS pool of CPU workers (with a horizon).
         The requests that leave it now, and when."""
-        if self.pre.station is None:
+        if not self.pre.pooled:
             return ids, self.pre.leave_sorted(t_feat, svc)
         self.cpu_wait.push(t_feat, ids, np.asarray(svc, dtype=float))
         t, ids, svc = self.cpu_wait.ready(math.inf if final else hi)

@@ -135,6 +135,11 @@ LOOP = "preprocess:\n  service: {kind: deterministic, value_ms: 0.3}\n  cpu_work
          "line 8: preprocess.event_loop: .*cpu_workers: 1"),
         (LOOP % 1 + "workers: {count: 2, service_time: {kind: deterministic, value_ms: 5}}\n"
          "router: {balancing: round_robin}\n", "a batch queue per worker"),
+        ("preprocess:\n  service: {kind: deterministic, value_ms: 0.3}\n  dispatch: round_robin\n"
+         "workers: {count: 1, service_time: {kind: deterministic, value_ms: 5}}\n",
+         "line 7: preprocess.dispatch: .*round_robin .*set cpu_workers"),
+        ("preprocess:\n  service: {kind: deterministic, value_ms: 0.3}\n  cpu_workers: 2\n  dispatch: in_turn\n"
+         "workers: {count: 1, service_time: {kind: deterministic, value_ms: 5}}\n", "preprocess.dispatch"),
     ],
 )  # fmt: skip
 def test_what_it_does_not_combine_with_is_said_before_the_run(text, words):

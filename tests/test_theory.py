@@ -19,7 +19,7 @@ from simulator.engine import simulate
 from simulator.results.metrics import window
 from simulator.scenario.loader import load_scenario
 from simulator.streaming import simulate_streaming
-from tests.theory import erlang_c, mmc_mean_wait, mmc_sojourn_quantile, pk_mean_wait
+from tests.theory import erlang_c, mmc_mean_wait, mmc_sojourn_quantile, pk_mean_wait, round_robin_mm_mean_sojourn
 
 Z_MAX = 4.0
 REL_MAX = 0.02
@@ -130,3 +130,31 @@ def test_theory_helpers_agree_with_known_values():
     assert mmc_sojourn_quantile(0.99, 1, 0.8, 1.0) == pytest.approx(np.log(100) / 0.2, rel=1e-9)
     # a textbook Erlang C value: c=2, a=1 -> 1/3
     assert erlang_c(2, 1.0) == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("rho", [0.5, 0.85])
+def test_round_robin_front_ends_match_the_erlang_n_queue(root_dir, rho):
+    """``preprocess.dispatch: round_robin`` over 4 exponential workers (each dealt every
+    4th request, as ``servesim serve --frontends 4`` deals its connections): each is an
+    E4/M/1 queue, whose mean sojourn is exact (GI/M/1); a shared pool of 4 (M/M/4) waits
+    less, and a random split (M/M/1 each) more."""
+    n, mean_ms = 4, 1.0
+    lam = rho * n / mean_ms  # per ms
+    duration = 150_000 / (lam * 1000)
+    overrides = [
+        "preprocess={service: {kind: exponential, mean_ms: 1.0}, cpu_workers: 4, dispatch: round_robin}",
+        f"traffic.rate_rps={lam * 1000}",
+        "workers.count=64",
+        f"duration_s={duration:.3f}",
+        f"warmup_s={duration * 0.1:.3f}",
+    ]
+    sojourn = [
+        run.records.stage_ms("preprocess")[mask].mean()
+        for run, mask in _replicate(root_dir / "scenarios/validation/mmc.yaml", overrides, reps=8)
+    ]
+    expected = round_robin_mm_mean_sojourn(lam, 1 / mean_ms, n)
+    check(sojourn, expected, f"E{n}/M/1 rho={rho} mean sojourn")
+    shared = mean_ms + mmc_mean_wait(n, lam, 1 / mean_ms)
+    split = mean_ms / (1 - rho)
+    assert shared < expected < split
+    assert abs(np.mean(sojourn) - shared) > 0.05 * shared  # the test tells the dispatch rules apart

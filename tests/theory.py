@@ -163,3 +163,16 @@ def take_all_batch_mean_sojourn(lam: float, service, k: int, levels: int = 500) 
     pi = np.linalg.solve(a, rhs)
     area = np.where(q > 0, q, 1) * s + lam * s * s / 2
     return float((pi * area).sum() / (pi * b).sum())
+
+
+def round_robin_mm_mean_sojourn(lam: float, mu: float, n: int) -> float:
+    """Mean sojourn at one of ``n`` exponential servers (rate ``mu``) dealt a Poisson
+    stream (rate ``lam``) in turn: each sees Erlang-``n`` interarrival times, a GI/M/1
+    queue whose sojourn is exponential with rate mu(1 - sigma), sigma the root in (0, 1)
+    of sigma = A*(mu(1 - sigma)), A*(s) = (lam / (lam + s))^n (Kleinrock, vol. 1, 6.4)."""
+    from scipy.optimize import brentq
+
+    if not lam / n < mu:
+        raise ValueError("unstable: lam / n must be below mu")
+    sigma = brentq(lambda x: (lam / (lam + mu * (1 - x))) ** n - x, 1e-12, 1 - 1e-12)
+    return 1.0 / (mu * (1.0 - sigma))

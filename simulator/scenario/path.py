@@ -185,6 +185,12 @@ class Preprocess(Frozen):
     cpu_workers: int | None = Field(
         None, ge=1, description="CPU workers in the pool (none: unlimited, preprocessing never queues)."
     )
+    dispatch: Literal["shared", "round_robin"] = Field(
+        "shared",
+        description="shared: one queue for the pool (threads taking work as they free up); round_robin: "
+        "each worker its own queue, dealt every cpu_workers-th request (front-end processes dealt connections "
+        "in turn, as servesim serve --frontends N).",
+    )
     event_loop: EventLoop | None = Field(
         None,
         description="The pool is one event loop that also writes the responses (cpu_workers 1, one batch queue).",
@@ -194,6 +200,8 @@ class Preprocess(Frozen):
     def _loop_is_one_worker(self) -> Preprocess:
         if self.event_loop is not None and (self.cpu_workers != 1 or self.service is None):
             raise ValueError("preprocess.event_loop is one loop: it needs preprocess.service and cpu_workers: 1")
+        if self.dispatch == "round_robin" and self.cpu_workers is None:
+            raise ValueError("preprocess.dispatch round_robin deals requests to cpu_workers queues: set cpu_workers")
         return self
 
 
