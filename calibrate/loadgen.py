@@ -186,7 +186,7 @@ def process_cpu_s(pids: tuple[int, ...]) -> float:
 async def _frontend(session, url: str) -> dict[str, float]:
     """From the server's /metrics: its process's CPU seconds, and its garbage collections
     (seconds in all, and how many took over 10 ms) so far; nan when it has none."""
-    out = {"cpu_s": float("nan"), "gc_s": float("nan"), "gc_over_10ms": float("nan")}
+    out = {"cpu_s": float("nan"), "gc_s": float("nan"), "gc_over_10ms": float("nan"), "hub_cpu_s": float("nan")}
     try:
         async with session.get(f"{url}/metrics") as resp:
             text = await resp.text()
@@ -196,6 +196,8 @@ async def _frontend(session, url: str) -> dict[str, float]:
     for line in text.splitlines():
         if line.startswith("process_cpu_seconds_total "):
             out["cpu_s"] = float(line.split()[1])
+        elif line.startswith("servesim_hub_cpu_seconds_total "):  # --frontends: the batcher's process alone
+            out["hub_cpu_s"] = float(line.split()[1])
         elif line.startswith("servesim_gc_pause_seconds_sum"):
             out["gc_s"] = (0.0 if np.isnan(out["gc_s"]) else out["gc_s"]) + float(line.split()[-1])
         elif line.startswith("servesim_gc_pause_seconds_count"):
@@ -257,6 +259,7 @@ async def _run_slices(
                     "requests": len(rows),
                     "seconds": seconds,
                     "frontend_cpu_s": fe1["cpu_s"] - fe0["cpu_s"],
+                    "hub_cpu_s": fe1["hub_cpu_s"] - fe0["hub_cpu_s"],
                     "client_cpu_s": client1 - client0,
                     "sidecar_cpu_s": side1 - side0 if sidecars else float("nan"),
                     "frontend_gc_s": fe1["gc_s"] - fe0["gc_s"],

@@ -262,6 +262,12 @@ def _frontend(fe: dict) -> str:
         f"- **Front end** as a station of {fe['servers']} server(s): {fe['cpu_ms_per_request']:.2f} ms of server "
         f"CPU per request"
         + (
+            f" (of which the hub, the one process every request passes between the front ends and the batcher, "
+            f"{fe['hub_cpu_ms_per_request']:.2f} ms: not modelled apart yet)"
+            if fe.get("hub_cpu_ms_per_request") is not None
+            else ""
+        )
+        + (
             f", plus {fe['client_cpu_ms_per_request']:.2f} ms of this load generator's on the same cores"
             + (
                 f" and {fe['sidecar_cpu_ms_per_request']:.2f} ms of the redis-server's"

@@ -29,6 +29,8 @@ def fit_frontend(slices: pd.DataFrame, *, servers: int, client_shares_cores: boo
     parts = {"server": ok["frontend_cpu_s"] / secs, "client": ok["client_cpu_s"] / secs}
     if "sidecar_cpu_s" in ok and ok["sidecar_cpu_s"].notna().all():
         parts["sidecar"] = ok["sidecar_cpu_s"] / secs
+    if "hub_cpu_s" in ok and ok["hub_cpu_s"].notna().all():  # --frontends: the batcher's process, in the total
+        parts["hub"] = ok["hub_cpu_s"] / secs
     fits = {}
     for name, cores in parts.items():
         if np.ptp(rate) > 0.2 * rate.mean():
@@ -46,6 +48,10 @@ def fit_frontend(slices: pd.DataFrame, *, servers: int, client_shares_cores: boo
         "cpu_ms_per_request": fits["server"][0],
         "client_cpu_ms_per_request": fits["client"][0],
         "sidecar_cpu_ms_per_request": fits["sidecar"][0] if "sidecar" in fits else None,
+        # one process every request passes (servesim serve --frontends): its share of the server's
+        # CPU per request and in the background, which the N servers above carry between them
+        "hub_cpu_ms_per_request": fits["hub"][0] if "hub" in fits else None,
+        "hub_background_cores": fits["hub"][1] if "hub" in fits else None,
         "background_cores": background,
         "client_shares_cores": client_shares_cores,
         "station_ms_per_request": marginal / left,

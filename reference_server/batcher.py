@@ -133,6 +133,13 @@ class DynamicBatcher:
 
     async def submit(self, item: dict, n: int) -> Pending:
         """Queue one request of ``n`` items; returns it answered (``future`` holds its outputs)."""
+        p = self.enqueue(item, n)
+        await p.future
+        return p
+
+    def enqueue(self, item: dict, n: int) -> Pending:
+        """Queue one request of ``n`` items now; its ``future`` is answered with its outputs
+        (a caller that needs no task per request adds a done callback)."""
         if not 1 <= n <= self.max_batch_size:
             raise ValueError(f"a request carries 1..{self.max_batch_size} items (max_batch_size); got {n}")
         if self.full():
@@ -143,7 +150,6 @@ class DynamicBatcher:
         p = Pending(item, n, time.perf_counter_ns(), asyncio.get_running_loop().create_future())
         self.queue.append(p)
         self._arrived.set()
-        await p.future
         return p
 
     def _queued_items(self) -> int:

@@ -455,15 +455,12 @@ class Hub:
             await asyncio.sleep(STATE_EVERY_S)
 
     async def _serve_worker(self, k: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        tasks: set[asyncio.Task] = set()
         try:
             while True:
                 msg = await receive(reader)
                 kind = msg[0]
-                if kind == "infer":
-                    t = asyncio.create_task(self._infer(writer, msg[1], msg[2], msg[3], time.perf_counter_ns()))
-                    tasks.add(t)
-                    t.add_done_callback(tasks.discard)
+                if kind == "infer":  # no task per request: the answer goes out from the future's callback
+                    self._infer(writer, msg[1], msg[2], msg[3], time.perf_counter_ns())
                 elif kind == "observe":
                     self.metrics.observe(msg[1], msg[2])
                 elif kind == "fail":
@@ -480,36 +477,47 @@ class Hub:
                     self.ready[k].set()
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
             pass  # the worker is gone; the hub notices in _all_gone
-        finally:
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _infer(self, writer: asyncio.StreamWriter, rid: int, item: dict, n: int, t_in: int) -> None:
+    def _infer(self, writer: asyncio.StreamWriter, rid: int, item: dict, n: int, t_in: int) -> None:
         batcher = self.batcher
         try:
-            p = await batcher.submit(item, n)
-            outputs = p.future.result()
-        except Overloaded as err:
-            msg = ("error", rid, "overloaded", str(err), len(batcher.queue))
-        except InstanceDied as err:
-            msg = ("error", rid, "instance_died", str(err), len(batcher.queue))
-        except Exception as err:  # the model failed on the batch: the worker answers 500
-            msg = ("error", rid, "internal", f"{type(err).__name__}: {err}", len(batcher.queue))
-        else:
+            p = batcher.enqueue(item, n)
+        except Exception as err:
+            self._answer(writer, rid, None, t_in, err)
+            return
+        p.future.add_done_callback(lambda fut: self._answer(writer, rid, p, t_in, _failure(fut)))
+
+    def _answer(self, writer, rid: int, p, t_in: int, err: BaseException | None) -> None:
+        """The request's outputs and timings, or what went wrong, back to its worker."""
+        queued = len(self.batcher.queue)
+        if err is None:
             msg = (
                 "done",
                 rid,
-                outputs,
+                p.future.result(),
                 p.t_enqueue_ns,
                 p.t_dispatch_ns,
                 p.batch_size,
                 p.timing,
                 t_in,
                 time.perf_counter_ns(),
-                len(batcher.queue),
+                queued,
             )
+        elif isinstance(err, Overloaded):
+            msg = ("error", rid, "overloaded", str(err), queued)
+        elif isinstance(err, InstanceDied):
+            msg = ("error", rid, "instance_died", str(err), queued)
+        else:  # the model failed on the batch, or a bad item: the worker answers 500
+            msg = ("error", rid, "internal", f"{type(err).__name__}: {err}", queued)
         if not writer.is_closing():
             writer.write(pack(msg))
+
+
+def _failure(fut: asyncio.Future) -> BaseException | None:
+    """What a finished future failed with (None: it has its result)."""
+    if fut.cancelled():
+        return InstanceDied("the batch was cancelled (the server is stopping)")
+    return fut.exception()
 
 
 def worker_main(cfg: ServerConfig, info: HubInfo, relay_sock: socket.socket, dealt: socket.socket, kw: dict) -> None:
