@@ -279,7 +279,13 @@ def _capacity(probe: _Probe, servesim: dict, bench: pd.DataFrame, *, instances: 
         f"capacity: {cap_info['rps']:.1f} req/s, set by the {cap_info['bottleneck']} (instances "
         f"{cap_info['instances_rps']:.0f}, front end {cap_info['frontend_rps']:.0f}"
         + (f", load generator {cap_info['client_rps']:.0f}" if cap_info.get("client_rps") else "")
-        + f" req/s; batches up to {b})"
+        + f" req/s; batches up to {b}"
+        + (
+            f", a batch of {b} taking {cap_info['full_batch_ms_inside']:.2f} ms in the server"
+            if cap_info.get("full_batch_ms_inside")
+            else f", a batch of {b} timed by the microbenchmark"
+        )
+        + ")"
     )
     return cap_info
 

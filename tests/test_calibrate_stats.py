@@ -191,3 +191,28 @@ def test_a_gpu_profile_is_priced_as_its_catalog_type():
     assert catalog_gpu({**h100, "server": {"device": "cpu"}}) is None  # measured on the CPU
     assert catalog_gpu({**h100, "hardware": {"gpu": {"name": "NVIDIA GB300"}}}) is None  # not in the catalog
     assert catalog_gpu({"hardware": {"gpu": {"name": None}}, "server": {"device": "cpu"}}) is None
+
+
+def test_the_capacity_takes_the_largest_batches_as_the_server_ran_them():
+    """A microbenchmark that times a batch of 8 at 1.5 ms, where the server's own batches of
+    8 took 2.3 ms (hand-off and compute), sets the instance's capacity from the server's
+    (8 / 2.3 ms); with too few such batches in the warm-up, from the microbenchmark."""
+    from calibrate.profile import MIN_FULL_BATCHES, capacity
+
+    bench = pd.DataFrame({"batch_size": [1, 8], "mean_ms": [1.2, 1.5]})
+    front = {"capacity_rps": 1e6, "station_ms_per_request": 0.1, "background_cores": 0.0, "client_shares_cores": True}
+
+    def warm(batches: int) -> pd.DataFrame:
+        rows = [
+            {"status": 200, "batch_size": 8, "slice": 0, "handoff_us": 300.0 + k, "compute_input_us": 200.0,
+             "compute_infer_us": 1600.0, "compute_output_us": 200.0 - k}
+            for k in range(batches) for _ in range(8)
+        ]  # fmt: skip
+        return pd.DataFrame(rows)
+
+    cap = capacity(bench, warm(MIN_FULL_BATCHES), front, instances=1)
+    assert cap["full_batch_ms_inside"] == pytest.approx(2.3)
+    assert cap["instances_rps"] == pytest.approx(8 / 2.3e-3)
+    few = capacity(bench, warm(MIN_FULL_BATCHES - 1), front, instances=1)
+    assert few["full_batch_ms_inside"] is None
+    assert few["instances_rps"] == pytest.approx(8 / (1.5 + few["handoff_ms"]) * 1e3)
