@@ -158,7 +158,7 @@ class Relay:
 
     def send(self, msg) -> None:
         if self._writer is not None and self.lost is None:
-            self._writer.write(pack(msg))
+            _send(self._writer, pack(msg))
 
     def full(self, ahead: int = 0) -> bool:
         return self.max_queue_size is not None and self.queued + ahead >= self.max_queue_size
@@ -351,8 +351,7 @@ class Hub:
                 self.writers.append(writer)
                 readers.append(asyncio.create_task(self._serve_worker(k, reader, writer)))
             watch = asyncio.create_task(self._broadcast())
-            async with asyncio.timeout(WORKER_START_S):
-                await asyncio.gather(*(r.wait() for r in self.ready))
+            await self._started()
             sock.setblocking(False)
             loop.add_reader(sock.fileno(), self._accept, sock)
             gc.collect()
@@ -390,6 +389,30 @@ class Hub:
             self.fe.pre_pool.shutdown(wait=False)
         return code
 
+    async def _started(self) -> None:
+        """Every worker ready; raises StartFailed as soon as one exits first (its own error is
+        on the console already), or after :data:`WORKER_START_S`."""
+        starting = asyncio.ensure_future(asyncio.gather(*(r.wait() for r in self.ready)))
+        died = asyncio.ensure_future(self._any_gone())
+        try:
+            await asyncio.wait([starting, died], timeout=WORKER_START_S, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            died.cancel()
+            if not starting.done():
+                starting.cancel()
+            await asyncio.gather(starting, died, return_exceptions=True)
+        if all(r.is_set() for r in self.ready):
+            return
+        gone = [(k, p.exitcode) for k, p in enumerate(self.workers) if not p.is_alive()]
+        if gone:
+            k, code = gone[0]
+            raise StartFailed(f"front-end worker {k} exited during start-up (exit code {code})")
+        raise StartFailed(f"the front-end workers did not start within {WORKER_START_S:.0f} s")
+
+    async def _any_gone(self) -> None:
+        while all(p.is_alive() for p in self.workers):
+            await asyncio.sleep(0.1)
+
     def _accept(self, sock: socket.socket) -> None:
         """Accept what the kernel has made and deal each connection to the next live worker."""
         while True:
@@ -416,8 +439,7 @@ class Hub:
         self.stopping += 1
         if self.stopping == 1:
             for w in self.writers:  # readiness 503, Connection: close, idle connections closed
-                if not w.is_closing():
-                    w.write(pack(("drain",)))
+                _send(w, pack(("drain",)))
         self.signals.set()
 
     async def _drain(self, sock: socket.socket, serve_kwargs: dict) -> None:
@@ -450,8 +472,7 @@ class Hub:
             died = [None if inst.alive else inst.died for inst in self.batcher.instances]
             msg = pack(("state", len(self.batcher.queue), died))
             for w in self.writers:
-                if not w.is_closing():
-                    w.write(msg)
+                _send(w, msg)
             await asyncio.sleep(STATE_EVERY_S)
 
     async def _serve_worker(self, k: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -472,7 +493,7 @@ class Hub:
                         payload = self.metrics.scrape(len(self.batcher.queue))
                     else:
                         payload = self.metrics.triton_stats()
-                    writer.write(pack(("answer", msg[1], payload)))
+                    _send(writer, pack(("answer", msg[1], payload)))
                 elif kind == "ready":
                     self.ready[k].set()
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
@@ -509,8 +530,19 @@ class Hub:
             msg = ("error", rid, "instance_died", str(err), queued)
         else:  # the model failed on the batch, or a bad item: the worker answers 500
             msg = ("error", rid, "internal", f"{type(err).__name__}: {err}", queued)
-        if not writer.is_closing():
-            writer.write(pack(msg))
+        _send(writer, pack(msg))
+
+
+class StartFailed(RuntimeError):
+    """The server could not start (a worker exited, or took too long)."""
+
+
+def _send(writer: asyncio.StreamWriter, data: bytes) -> None:
+    """Write to a worker, unless it is gone (its transport closed under us)."""
+    if writer.is_closing():
+        return
+    with contextlib.suppress(RuntimeError, ConnectionError):
+        writer.write(data)
 
 
 def _failure(fut: asyncio.Future) -> BaseException | None:

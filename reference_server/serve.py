@@ -251,7 +251,8 @@ def _serve_frontends(cfg, *, host: str, port: int, kw: dict) -> None:
     """Several front-end processes and the hub between them and the instances
     (:mod:`reference_server.hub`)."""
     from reference_server.app import describe
-    from reference_server.hub import Hub, serve_frontends
+    from reference_server.hub import Hub, StartFailed, serve_frontends
+    from reference_server.instances import InstanceDied
 
     try:
         hub = Hub(cfg)
@@ -266,6 +267,9 @@ def _serve_frontends(cfg, *, host: str, port: int, kw: dict) -> None:
             serve_kwargs=kw,
             announce=lambda: typer.echo(f"servesim serve: http://{host}:{port} {describe(cfg)}"),
         )
+    except (StartFailed, InstanceDied) as err:  # the worker's or instance's own error is on the console
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=1) from None
     except OSError as err:  # the port is taken, say
         typer.echo(f"error: cannot listen on {host}:{port}: {err.strerror or err}", err=True)
         raise typer.Exit(code=1) from None

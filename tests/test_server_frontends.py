@@ -7,6 +7,7 @@ import collections
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 import urllib.request
@@ -134,3 +135,29 @@ def test_the_load_generator_reaches_every_front_end_evenly():
     share = df["frontend"].value_counts(normalize=True)
     assert set(share.index) == {0, 1}
     assert share.max() <= 0.55, share.to_dict()
+
+
+def test_a_front_end_that_cannot_start_stops_the_server_at_once():
+    """Workers that fail their start-up (the ranker's Redis unreachable) end the server with
+    one line and exit 1 within seconds, not after the start-up timeout, and leave nothing
+    running."""
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        redis_url = f"redis://127.0.0.1:{closed.getsockname()[1]}/0"
+    cmd = [*servesim_cmd(), "serve", "--port", str(free_port()), "--model", "ranker", "--frontends", "2"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env={**os.environ, "SERVESIM_REDIS_URL": redis_url})
+    family: set[int] = set()
+    t0 = time.monotonic()
+    while proc.poll() is None and time.monotonic() - t0 < 90:
+        family |= set(descendants(proc.pid))
+        time.sleep(0.2)
+    try:
+        assert proc.wait(timeout=5) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read()
+    assert "error: front-end worker" in err
+    assert "exited during start-up" in err
+    assert "hub.py" not in err  # the hub's own path raises nothing
+    assert wait_gone(list(family)) == []
