@@ -94,6 +94,17 @@ def start_instances(cfg: ServerConfig, front: ServedModel, cores: list[int | Non
     return started
 
 
+def batcher_for(cfg: ServerConfig, instances: list, on_batch) -> DynamicBatcher:
+    """The dynamic batcher ``cfg`` asks for, over ``instances`` (a front end's, or the hub's)."""
+    return DynamicBatcher(
+        instances,
+        max_batch_size=cfg.max_batch_size,
+        max_queue_delay_ms=cfg.max_queue_delay_ms,
+        max_queue_size=cfg.max_queue_size,
+        on_batch=on_batch,
+    )
+
+
 class FrontEnd:
     """One served model's front end under the configuration ``cfg``.
 
@@ -151,13 +162,7 @@ class FrontEnd:
             instances = await loop.run_in_executor(None, start_instances, cfg, model, self.cores)
             if self.pinned:  # the front end (event loop, decode thread) keeps off the instances' cores
                 os.sched_setaffinity(0, self.frontend_cores)
-            self.batcher = DynamicBatcher(
-                instances,
-                max_batch_size=cfg.max_batch_size,
-                max_queue_delay_ms=cfg.max_queue_delay_ms,
-                max_queue_size=cfg.max_queue_size,
-                on_batch=self.metrics.observe_batch,
-            )
+            self.batcher = batcher_for(cfg, instances, self.metrics.observe_batch)
         self.batcher.start()
         if self.threaded:
             rng = np.random.default_rng(cfg.model.seed)

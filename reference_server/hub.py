@@ -304,7 +304,7 @@ class Hub:
     async def run(self, sock: socket.socket, serve_kwargs: dict, announce) -> int:
         """Start everything, deal connections until a signal (or every worker is gone), stop;
         the exit code."""
-        from reference_server.frontend import start_instances
+        from reference_server.frontend import batcher_for, start_instances
         from reference_server.metrics import ServerMetrics
 
         cfg, fe = self.cfg, self.fe
@@ -314,13 +314,7 @@ class Hub:
         if fe.pinned:
             os.sched_setaffinity(0, fe.frontend_cores)
         self.metrics = ServerMetrics(fe.name, VERSION, extra_pids=self.worker_pids)
-        self.batcher = DynamicBatcher(
-            instances,
-            max_batch_size=cfg.max_batch_size,
-            max_queue_delay_ms=cfg.max_queue_delay_ms,
-            max_queue_size=cfg.max_queue_size,
-            on_batch=self.metrics.observe_batch,
-        )
+        self.batcher = batcher_for(cfg, instances, self.metrics.observe_batch)
         self.batcher.start()
         self.signals = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
