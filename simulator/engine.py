@@ -421,6 +421,7 @@ class _Run:
         )
         self.cached = by_id
         self.cpu_wait = Horizon(by_id=by_id)
+        self.hub_wait = Horizon(by_id=True)  # requests leave the pool out of order
         if self.store:  # round trips drawn as requests reach the store, in time order (ties by id)
             sampler = None if s.features.round_trip is None else Sampler(s.features.round_trip, rng.features)
             self.store_stage = Store(s.features, sampler, None if speed is None else speed.frontend)
@@ -647,13 +648,20 @@ class _Run:
         return rows
 
     def _preprocess(self, ids, t_feat, svc, hi: float, final: bool):
-        """Preprocessing: a pure delay, or an FCFS pool of CPU workers (with a horizon).
-        The requests that leave it now, and when."""
+        """Preprocessing: a pure delay, or an FCFS pool of CPU workers (with a horizon),
+        and the hub after it when there is one (with a horizon too: a request leaving the
+        pool before ``hi`` arrived before it). The requests that leave it now, and when."""
         if not self.pre.pooled:
-            return ids, self.pre.leave_sorted(t_feat, svc)
-        self.cpu_wait.push(t_feat, ids, np.asarray(svc, dtype=float))
-        t, ids, svc = self.cpu_wait.ready(math.inf if final else hi)
-        return ids, self.pre.leave_sorted(t, svc)
+            t = self.pre.leave_sorted(t_feat, svc)
+        else:
+            self.cpu_wait.push(t_feat, ids, np.asarray(svc, dtype=float))
+            t, ids, svc = self.cpu_wait.ready(math.inf if final else hi)
+            t = self.pre.leave_sorted(t, svc)
+        if self.pre.hub is None:
+            return ids, t
+        self.hub_wait.push(t, ids)
+        t, ids = self.hub_wait.ready(math.inf if final else hi)
+        return ids, self.pre.through_hub(t)
 
     def _on_loop(self, ids: np.ndarray, t: np.ndarray, horizon: float) -> tuple[np.ndarray, BatchLog]:
         """The front end's event loop with its batch queue and instances: requests ``ids``

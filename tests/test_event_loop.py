@@ -138,6 +138,9 @@ LOOP = "preprocess:\n  service: {kind: deterministic, value_ms: 0.3}\n  cpu_work
         ("preprocess:\n  service: {kind: deterministic, value_ms: 0.3}\n  dispatch: round_robin\n"
          "workers: {count: 1, service_time: {kind: deterministic, value_ms: 5}}\n",
          "line 7: preprocess.dispatch: .*round_robin .*set cpu_workers"),
+        (LOOP % 1 + "  hub: {kind: deterministic, value_ms: 0.2}\n"
+         "workers: {count: 1, service_time: {kind: deterministic, value_ms: 5}}\n",
+         "line 9: preprocess.hub: .*preprocess.hub and preprocess.event_loop: the event loop is the one process"),
         ("preprocess:\n  service: {kind: deterministic, value_ms: 0.3}\n  cpu_workers: 2\n  dispatch: in_turn\n"
          "workers: {count: 1, service_time: {kind: deterministic, value_ms: 5}}\n", "preprocess.dispatch"),
     ],

@@ -48,6 +48,14 @@ CASES = {
     "cpu_pool": ("vision_preprocessing.yaml", ["preprocess.cpu_workers=2"]),
     "cpu_single": ("vision_preprocessing.yaml", ["preprocess.cpu_workers=1", "traffic.rate_rps=50"]),
     "cpu_dealt": ("vision_preprocessing.yaml", ["preprocess.cpu_workers=3", "preprocess.dispatch=round_robin"]),
+    "cpu_hub": (
+        "vision_preprocessing.yaml",
+        [
+            "preprocess.cpu_workers=3",
+            "preprocess.dispatch=round_robin",
+            "preprocess.hub={kind: exponential, mean_ms: 0.5}",
+        ],
+    ),
     "deadlines": ("cv_degradation.yaml", ["duration_s=40", "warmup_s=5"]),
     "mmc": ("validation/mmc.yaml", ["duration_s=20"]),
     "md1": ("validation/md1.yaml", ["duration_s=20"]),

@@ -132,6 +132,23 @@ def test_theory_helpers_agree_with_known_values():
     assert erlang_c(2, 1.0) == pytest.approx(1 / 3)
 
 
+def _preprocess_sojourns(root, preprocess: str, lam: float, reps: int = 8) -> list[float]:
+    """Mean time in the preprocess stage per replication, with ``preprocess`` (a YAML flow
+    mapping) at ``lam`` requests per ms, about 150k requests each, workers never queueing."""
+    duration = 150_000 / (lam * 1000)
+    overrides = [
+        f"preprocess={preprocess}",
+        f"traffic.rate_rps={lam * 1000}",
+        "workers.count=64",
+        f"duration_s={duration:.3f}",
+        f"warmup_s={duration * 0.1:.3f}",
+    ]
+    return [
+        run.records.stage_ms("preprocess")[mask].mean()
+        for run, mask in _replicate(root / "scenarios/validation/mmc.yaml", overrides, reps=reps)
+    ]
+
+
 @pytest.mark.parametrize("rho", [0.5, 0.85])
 def test_round_robin_front_ends_match_the_erlang_n_queue(root_dir, rho):
     """``preprocess.dispatch: round_robin`` over 4 exponential workers (each dealt every
@@ -140,21 +157,30 @@ def test_round_robin_front_ends_match_the_erlang_n_queue(root_dir, rho):
     less, and a random split (M/M/1 each) more."""
     n, mean_ms = 4, 1.0
     lam = rho * n / mean_ms  # per ms
-    duration = 150_000 / (lam * 1000)
-    overrides = [
-        "preprocess={service: {kind: exponential, mean_ms: 1.0}, cpu_workers: 4, dispatch: round_robin}",
-        f"traffic.rate_rps={lam * 1000}",
-        "workers.count=64",
-        f"duration_s={duration:.3f}",
-        f"warmup_s={duration * 0.1:.3f}",
-    ]
-    sojourn = [
-        run.records.stage_ms("preprocess")[mask].mean()
-        for run, mask in _replicate(root_dir / "scenarios/validation/mmc.yaml", overrides, reps=8)
-    ]
+    pre = "{service: {kind: exponential, mean_ms: 1.0}, cpu_workers: 4, dispatch: round_robin}"
+    sojourn = _preprocess_sojourns(root_dir, pre, lam)
     expected = round_robin_mm_mean_sojourn(lam, 1 / mean_ms, n)
     check(sojourn, expected, f"E{n}/M/1 rho={rho} mean sojourn")
     shared = mean_ms + mmc_mean_wait(n, lam, 1 / mean_ms)
     split = mean_ms / (1 - rho)
     assert shared < expected < split
     assert abs(np.mean(sojourn) - shared) > 0.05 * shared  # the test tells the dispatch rules apart
+
+
+@pytest.mark.parametrize("rho_hub", [0.5, 0.85])
+def test_a_hub_after_the_pool_is_a_tandem_queue(root_dir, rho_hub):
+    """``preprocess.hub``: after an M/M/2 pool, every request passes one exponential server
+    (the hub between front ends and the batcher). The pool's departures are Poisson
+    (Burke), so the hub is an M/M/1 of its own and the stage's mean sojourn is the sum of
+    the two; without the hub's queueing it would be its service alone."""
+    lam, pool_ms = 1.0, 1.2  # per ms; the pool runs at 60%
+    hub_ms = rho_hub / lam
+    pre = (
+        f"{{service: {{kind: exponential, mean_ms: {pool_ms}}}, cpu_workers: 2, "
+        f"hub: {{kind: exponential, mean_ms: {hub_ms}}}}}"
+    )
+    sojourn = _preprocess_sojourns(root_dir, pre, lam)
+    pool = pool_ms + mmc_mean_wait(2, lam, 1 / pool_ms)
+    hub = hub_ms / (1 - rho_hub)
+    check(sojourn, pool + hub, f"M/M/2 then M/M/1 (hub at {rho_hub:.0%}) mean sojourn")
+    assert abs(np.mean(sojourn) - (pool + hub_ms)) > 0.05 * (pool + hub)  # the hub's queue is seen

@@ -195,11 +195,19 @@ class Preprocess(Frozen):
         None,
         description="The pool is one event loop that also writes the responses (cpu_workers 1, one batch queue).",
     )
+    hub: Distribution | None = Field(
+        None,
+        description="CPU time per request, ms, of one process every request passes after the pool, one at a "
+        "time, before the batcher (the hub of servesim serve --frontends N, which relays items to the one "
+        "batcher and the answers back; a single dispatcher thread).",
+    )
 
     @model_validator(mode="after")
     def _loop_is_one_worker(self) -> Preprocess:
         if self.event_loop is not None and (self.cpu_workers != 1 or self.service is None):
             raise ValueError("preprocess.event_loop is one loop: it needs preprocess.service and cpu_workers: 1")
+        if self.hub is not None and self.event_loop is not None:
+            raise ValueError("preprocess.hub and preprocess.event_loop: the event loop is the one process already")
         if self.dispatch == "round_robin" and self.cpu_workers is None:
             raise ValueError("preprocess.dispatch round_robin deals requests to cpu_workers queues: set cpu_workers")
         return self

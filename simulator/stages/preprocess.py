@@ -3,6 +3,8 @@
 (``dispatch: shared``), or on ``cpu_workers`` single-server queues that take the requests
 in turn (``dispatch: round_robin``: front-end processes each dealt every N-th request, as
 ``servesim serve --frontends N`` deals its connections and a client uses them in turn).
+With ``hub``, every request then passes one more single server, FCFS in the order it
+leaves the pool: the process between N front ends and the one batcher (their hub).
 
 Called as every stage is: built from the scenario and its streams, it draws each
 request's CPU time in request order (for every request, whether it reaches the stage or
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.rng import Streams
+from simulator.rng import Streams, child
 from simulator.scenario.config import Scenario
 from simulator.stages.network import delay, draw
 from simulator.stages.speed import SpeedPath
@@ -35,6 +37,10 @@ class Preprocessing:
         self.queues = [Lindley() for _ in range(self.workers)] if dealt else None  # one per worker
         self.turn = 0  # the worker the next request goes to (round_robin)
         self.path = path
+        # the hub's CPU times, drawn in the order requests reach it (a child stream: the
+        # pool's draws stay as they were)
+        self.hub = None if s.preprocess.hub is None else delay(s.preprocess.hub, child(rng.preprocess, 0))
+        self.hub_station = Lindley()
 
     @property
     def pooled(self) -> bool:
@@ -55,6 +61,15 @@ class Preprocessing:
         if self.path is None:
             return self.station.run(t, svc)[0] + svc
         return self.path.time(self.station.run(self.path.work(t), svc)[0] + svc)
+
+    def through_hub(self, t: np.ndarray) -> np.ndarray:
+        """When requests reaching the hub at ``t`` (sorted; ties in request order) leave it,
+        one at a time; its state carried to the next call."""
+        n = len(t)
+        svc = np.array(np.broadcast_to(draw(self.hub, n), (n,)), dtype=float)
+        at = t if self.path is None else self.path.work(t)
+        leave = self.hub_station.run(at, svc) + svc
+        return leave if self.path is None else self.path.time(leave)
 
     def _dealt(self, t: np.ndarray, svc: np.ndarray) -> np.ndarray:
         """Round robin: the i-th request to arrive (ties in request order) joins queue
