@@ -145,6 +145,12 @@ def cpu_ticks() -> tuple[int, int] | None:
 MIN_FULL_BATCHES = 30  # batches of the largest size in the warm-up that time it instead of the microbenchmark
 
 
+def full_batches(warm: pd.DataFrame, b: int) -> int:
+    """How many batches of ``b`` the successful requests of ``warm`` ran in."""
+    ok = warm[warm["status"] == 200]
+    return int((batches_from_requests(ok)["batch_size"] == b).sum()) if len(ok) else 0
+
+
 def capacity(bench: pd.DataFrame, warm: pd.DataFrame, front: dict, *, instances: int) -> dict:
     """The throughput at which the first resource saturates: the model instances (largest
     batch back to back: its time in the warm-up's batches of that size when there are

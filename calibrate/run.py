@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,12 +40,14 @@ from calibrate.loadgen import Slice, level_summary, run_slices
 from calibrate.microbench import feature_fetch_cost, feature_fetch_in_flight
 from calibrate.payloads import image_payloads, ranker_payloads
 from calibrate.profile import (
+    MIN_FULL_BATCHES,
     build_profile,
     capacity,
     client_shares,
     compute_inside,
     cpu_ticks,
     frontend_servers,
+    full_batches,
 )
 from calibrate.report import markdown, write_scenario
 from calibrate.servers import get_json, redis_server, server
@@ -191,6 +194,7 @@ def _calibrate(
             )
     slices, speed_summary = _speed_per_slice(requests, slices, speed, coarse)
     ticks1 = cpu_ticks()
+    _save_measurements(out, requests, slices, hiccups, speed)  # kept, should the fit be cut short
     fit_levels = [i for i, f in enumerate(loads) if f in FIT_LOADS]
     profile = build_profile(config, requests, fit_levels, rng=rng, slices=slices, fetch_cost=fetch_cost)
     if fetch_cost is not None:
@@ -211,7 +215,7 @@ def _calibrate(
     log("fitted; simulating the held-out levels")
     table = compare(profile, requests, summary[summary["held_out"]], reps=reps, rng=rng, slices=slices, draws=draws)
     inside = compute_inside(requests, loads, bench)
-    return _write(out, profile, requests, slices, hiccups, speed, summary, table, inside)
+    return _write(out, profile, requests, slices, hiccups, summary, table, inside)
 
 
 def _fetch_alone(server_args: list[str], servesim: dict, log) -> tuple[dict | None, tuple[int, ...]]:
@@ -274,7 +278,21 @@ def _capacity(probe: _Probe, servesim: dict, bench: pd.DataFrame, *, instances: 
     first = [(round(f * guess, 2), probe.seed + 100 + k) for k, f in enumerate((0.25, 0.6))]
     warm, warm_slices, *_ = probe.run(first, slice_s=WARMUP_S / 2, warmup_s=0.5)
     front = fit_frontend(warm_slices, servers=servers, client_shares_cores=client_shares(servesim))
-    cap_info = capacity(bench, warm[~warm["warmup"]], front, instances=instances)
+    warm = warm[~warm["warmup"]]
+    if full_batches(warm, b) < MIN_FULL_BATCHES:
+        # the instances' largest batches, timed as the server runs them: offered 90% of what
+        # the front end and this load generator can take, a slower instance saturates and
+        # every batch is full (503s past its queue are expected). On an H200 host the gentle
+        # guess (its CPU per request counts the background: 0.4 cores at 20 req/s) put the
+        # warm-up at a few hundred req/s, which ran no batch of 8, and the microbenchmark's
+        # 1.30 ms for one set the levels against 5,028 req/s for a server that saturated
+        # at about 2,800
+        client = 1e3 / front["client_cpu_ms_per_request"] if front["client_cpu_ms_per_request"] > 0 else math.inf
+        rate = round(0.9 * min(front["capacity_rps"], client if not front["client_shares_cores"] else math.inf), 2)
+        sat, *_ = probe.run([(rate, probe.seed + 102)], slice_s=WARMUP_S / 2, warmup_s=0.5)
+        warm = pd.concat([warm, sat[~sat["warmup"]]], ignore_index=True)
+        log(f"saturation probe at {rate:g} req/s: {full_batches(sat[~sat['warmup']], b)} batches of {b}")
+    cap_info = capacity(bench, warm, front, instances=instances)
     log(
         f"capacity: {cap_info['rps']:.1f} req/s, set by the {cap_info['bottleneck']} (instances "
         f"{cap_info['instances_rps']:.0f}, front end {cap_info['frontend_rps']:.0f}"
@@ -315,25 +333,31 @@ def refit_run(out: Path, *, draws: int, rng: np.random.Generator) -> dict:
         requests, slices, profile["service_time"], fit_levels, client_shares_cores=shares
     )
     fe = profile.get("frontend")
-    if fe is not None and not fe.get("on_store"):  # the front end's event loop, from the server's clocks
-        loop = fit_profile(requests, fit_levels=fit_levels, rng=rng, frontend=fe).get("frontend", {}).get("event_loop")
-        fe.pop("event_loop", None)
-        if loop is not None:
-            fe["event_loop"] = loop
+    if fe is not None and not fe.get("on_store"):  # the front end (its hub apart) and its event loop, again
+        used = slices[slices["kept"] & slices["level"].isin(fit_levels)]
+        front = fit_frontend(used, servers=fe["servers"], client_shares_cores=shares)
+        if "speed" in fe:
+            front["speed"] = fe["speed"]
+        profile["frontend"] = fit_profile(requests, fit_levels=fit_levels, rng=rng, frontend=front)["frontend"]
     summary = pd.DataFrame(old["levels"])
     table = compare(profile, requests, summary[summary["held_out"]], rng=rng, slices=slices, draws=draws)
     inside = pd.DataFrame(old["compute_inside"])
-    return _write(out, profile, requests, slices, hiccups, None, summary, table, inside)
+    return _write(out, profile, requests, slices, hiccups, summary, table, inside)
 
 
-def _write(out: Path, profile, requests, slices, hiccups, speed, summary, table, inside) -> dict:
-    """Write everything a run leaves under ``out`` (the measurements too, unless ``speed``
-    is None: a refit); return the report."""
-    if speed is not None:
-        requests.to_csv(out / "measurements.csv.gz", index=False)
-        slices.to_csv(out / "slices.csv", index=False)
-        hiccups.to_csv(out / "hiccups.csv", index=False)
-        speed.to_csv(out / "speed.csv", index=False)
+def _save_measurements(out: Path, requests, slices, hiccups, speed) -> None:
+    """What the server and the meters measured, written as soon as the load ends: a run
+    cut short in its fit (a device's time limit) still leaves what ``calibrate refit``
+    needs, bar the profile."""
+    requests.to_csv(out / "measurements.csv.gz", index=False)
+    slices.to_csv(out / "slices.csv", index=False)
+    hiccups.to_csv(out / "hiccups.csv", index=False)
+    speed.to_csv(out / "speed.csv", index=False)
+
+
+def _write(out: Path, profile, requests, slices, hiccups, summary, table, inside) -> dict:
+    """Write the fit and the report under ``out`` (the measurements are written as the
+    load ends); return the report."""
     (out / "profile.json").write_text(json.dumps(profile, indent=2) + "\n")
     write_scenario(profile, out / "scenario.yaml")
     report = {
