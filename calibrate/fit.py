@@ -259,6 +259,9 @@ def fit_profile(
         else:  # the preprocessing's wall time holds waits (a decode thread's GIL hand-offs):
             service, extra = pre * (station / pre.mean()), 0.0  # its CPU share; the waits are delay
         rest = (overhead + after.loc[lowest.index]).to_numpy() + pre - service
+        # the hub's time (--frontends) is in what the light level measured outside the batch:
+        # it moves to the hub's station, so light-load latency stays as measured
+        rest = rest - (frontend.get("hub_station_ms_per_request") or 0.0)
         out["frontend"] = {
             **frontend,
             "service": fit_distribution(service, rng=rng),

@@ -263,8 +263,10 @@ def _frontend(fe: dict) -> str:
         f"CPU per request"
         + (
             f" (of which the hub, the one process every request passes between the front ends and the batcher, "
-            f"{fe['hub_cpu_ms_per_request']:.2f} ms: not modelled apart yet)"
-            if fe.get("hub_cpu_ms_per_request") is not None
+            f"{fe['hub_cpu_ms_per_request']:.2f} ms, with {fe['hub_background_cores']:.2f} of its core busy "
+            f"whatever the load: a station of one server after the {fe['servers']}, "
+            f"{fe['hub_station_ms_per_request']:.2f} ms a request, `preprocess.hub`)"
+            if fe.get("hub_station_ms_per_request") is not None
             else ""
         )
         + (
@@ -439,10 +441,20 @@ def write_scenario(profile: dict, path: Path, *, load: float = 0.5) -> None:
             "#   router.overhead  - loopback, HTTP and the client outside the server's CPU work (a pure delay)",
             f"#   preprocess       - the front end: {fe['servers']} server(s) of CPU per request (parse, JPEG "
             "decode, encode),",
-            f"#                      {fe['cpu_ms_per_request']:.2f} ms of the server's own plus "
-            f"{fe['client_cpu_ms_per_request']:.2f} ms of the load generator that shared its cores;",
-            "#                      with the client on another host, lower its mean by that much",
+            f"#                      {fe['cpu_ms_per_request']:.2f} ms of the server's own"
+            + (
+                f" plus {fe['client_cpu_ms_per_request']:.2f} ms of the load generator that shared its cores;"
+                if fe["client_shares_cores"]
+                else " (the load generator had cores of its own)"
+            ),
         ]
+        if fe["client_shares_cores"]:
+            header.append("#                      with the client on another host, lower its mean by that much")
+        if fe.get("hub_station_ms_per_request"):
+            header.append(
+                "#   preprocess.hub   - the hub that relays every request between the front ends and the batcher "
+                f"({fe['hub_cpu_ms_per_request']:.2f} ms of the above)"
+            )
     else:
         header += ["#   router.overhead, preprocess, postprocess - the request's time outside the batch"]
     header += [

@@ -91,6 +91,8 @@ def scenario_dict(
         )
         if preprocess and fe["servers"] > 1 and server.get("frontend_dispatch") == "round_robin":
             preprocess["dispatch"] = "round_robin"  # the hub deals connections in turn (--frontends)
+        if preprocess and fe.get("hub_station_ms_per_request"):  # and relays every request to the batcher
+            preprocess["hub"] = {"kind": "deterministic", "value_ms": fe["hub_station_ms_per_request"] * speed}
         loop = fe.get("event_loop")
         if loop is not None and not fe.get("on_store") and fe["servers"] == 1:
             # one event loop admits the requests and writes the responses (calibrate/README)

@@ -18,8 +18,11 @@ def fit_frontend(slices: pd.DataFrame, *, servers: int, client_shares_cores: boo
     redis-server's CPU), and on a front end of one core, the client's and the sidecar's CPU
     count as the front end's. The station's service time is the
     marginal cost stretched by the share of the cores that background leaves, as a CPU
-    shared round-robin would stretch it. With a single rate the line cannot be drawn and
-    the mean cost per request stands in for the slope.
+    shared round-robin would stretch it. With ``hub_cpu_s`` (``servesim serve --frontends
+    N``: the one process between the N front ends and the batcher, its CPU counted in the
+    server's), the hub's line is fitted alone and taken out of the servers': it is a
+    station of one server, stretched by its own background. With a single rate the line
+    cannot be drawn and the mean cost per request stands in for the slope.
     """
     ok = slices[slices["frontend_cpu_s"].notna() & (slices["requests"] > 0)]
     if ok.empty:
@@ -40,22 +43,30 @@ def fit_frontend(slices: pd.DataFrame, *, servers: int, client_shares_cores: boo
         fits[name] = (max(float(slope), 0.0) * 1e3, max(float(intercept), 0.0))
     # on a front end of one core, this client and a redis-server pinned there take its CPU too
     shared = [p for p in ("client", "sidecar") if p in fits] if client_shares_cores else []
-    marginal = fits["server"][0] + sum(fits[p][0] for p in shared)
-    background = fits["server"][1] + sum(fits[p][1] for p in shared)
+    # --frontends N: the hub's CPU is in the server's; it is a station of its own, one
+    # process every request passes, so the N servers carry the rest
+    hub_ms, hub_bg = fits.get("hub", (0.0, 0.0))
+    marginal = max(fits["server"][0] - hub_ms, 0.0) + sum(fits[p][0] for p in shared)
+    background = max(fits["server"][1] - hub_bg, 0.0) + sum(fits[p][1] for p in shared)
     left = max(servers - background, 0.05 * servers) / servers  # share of each core the requests get
+    hub_left = max(1.0 - hub_bg, 0.05)  # of the hub's one core
+    capacity = servers * left / marginal * 1e3 if marginal > 0 else float("inf")
+    if hub_ms > 0:
+        capacity = min(capacity, hub_left / hub_ms * 1e3)
     return {
         "servers": servers,
         "cpu_ms_per_request": fits["server"][0],
         "client_cpu_ms_per_request": fits["client"][0],
         "sidecar_cpu_ms_per_request": fits["sidecar"][0] if "sidecar" in fits else None,
         # one process every request passes (servesim serve --frontends): its share of the server's
-        # CPU per request and in the background, which the N servers above carry between them
+        # CPU per request and in the background, and its time per request as a one-server station
         "hub_cpu_ms_per_request": fits["hub"][0] if "hub" in fits else None,
         "hub_background_cores": fits["hub"][1] if "hub" in fits else None,
+        "hub_station_ms_per_request": hub_ms / hub_left if "hub" in fits else None,
         "background_cores": background,
         "client_shares_cores": client_shares_cores,
         "station_ms_per_request": marginal / left,
-        "capacity_rps": servers * left / marginal * 1e3 if marginal > 0 else float("inf"),
+        "capacity_rps": capacity,
     }
 
 

@@ -9,6 +9,7 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from calibrate.fit import fit_affine, fit_distribution
 from calibrate.importers import affine_from_triton, perf_analyzer_levels, triton_batch_times
@@ -421,6 +422,33 @@ def test_each_simulated_slice_runs_at_a_measured_platform_speed():
     mixed = predict(prof, 200.0, slices=8, slice_s=5.0, warmup_s=0.5, reps=6, seed=1)
     even_hi, mixed_lo = even["p99"][2], mixed["p99"][1]
     assert mixed_lo > even_hi  # M/M/1 p99 at 0.64, 0.8, 0.96 load: 51, 92, 460 ms (x4.6 ln 100 / (1 - rho))
+
+
+def test_a_server_of_several_front_ends_is_dealt_servers_and_a_hub():
+    """A profile of ``servesim serve --frontends 4``: four servers dealt in turn, then the
+    hub as one more station (at the slice's speed too), and it loads as a scenario."""
+    from calibrate.scenario import scenario_dict
+    from simulator.scenario.loader import load_scenario
+
+    prof = {
+        "model": {"kind": "resnet"},
+        "server": {"max_batch_size": 8, "max_queue_delay_ms": 1.0, "max_queue_size": None, "instances": 1,
+                   "frontend_dispatch": "round_robin"},
+        "service_time": {"kind": "affine", "base_ms": 0.5, "per_item_ms": 0.05, "noise_cv": 0.0},
+        "frontend": {
+            "servers": 4,
+            "service": {"kind": "exponential", "mean_ms": 1.0},
+            "fixed_delay": {"kind": "deterministic", "value_ms": 1.0},
+            "hub_station_ms_per_request": 0.25,
+        },
+    }  # fmt: skip
+    doc = scenario_dict(prof, 200.0, duration_s=5.0, warmup_s=0.5, speed=1.2)
+    pre = doc["preprocess"]
+    assert (pre["cpu_workers"], pre["dispatch"]) == (4, "round_robin")
+    assert pre["hub"] == {"kind": "deterministic", "value_ms": pytest.approx(0.3)}
+    load_scenario("calibrated.yaml", text=yaml.safe_dump(doc))
+    prof["frontend"]["hub_station_ms_per_request"] = None  # an older profile: no hub apart
+    assert "hub" not in scenario_dict(prof, 200.0, duration_s=5.0, warmup_s=0.5)["preprocess"]
 
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed (CI installs it)")

@@ -129,6 +129,18 @@ def test_front_end_station_is_recovered_from_slices_and_requests():
     assert fit_frontend(one_rate, servers=1, client_shares_cores=False)["cpu_ms_per_request"] == pytest.approx(
         server_ms + 0.10 / 300 * 1e3, rel=0.05
     )
+    # --frontends 4: a hub of 0.2 ms a request and 0.05 cores idle, its CPU inside the
+    # server's, is a one-server station of its own; the four servers carry the rest
+    hub = slices.assign(hub_cpu_s=(0.05 + per_s * 0.2 / 1e3) * seconds * rng.normal(1, 0.01, 12))
+    four = fit_frontend(hub, servers=4, client_shares_cores=False)
+    assert four["cpu_ms_per_request"] == pytest.approx(server_ms, rel=0.05)  # the server's, hub included
+    assert four["hub_station_ms_per_request"] == pytest.approx(0.2 / (1 - 0.05), rel=0.1)
+    assert four["station_ms_per_request"] == pytest.approx((server_ms - 0.2) / (1 - 0.05 / 4), rel=0.05)
+    slow = hub.assign(hub_cpu_s=(0.05 + per_s * 0.5 / 1e3) * seconds)  # 0.5 of the 0.9 ms: the hub binds
+    assert fit_frontend(slow, servers=4, client_shares_cores=False)["capacity_rps"] == pytest.approx(
+        (1 - 0.05) / 0.5 * 1e3, rel=0.05
+    )
+    assert alone["hub_station_ms_per_request"] is None
     fe = {**fe, "station_ms_per_request": 1.2}
     # requests whose decode takes 0.5 ms of the 1.2 ms: the station adds the other 0.7 ms, and
     # the delay outside it is what the light level shows beyond the station's work
