@@ -70,7 +70,12 @@ def build_profile(
         # on the event loop or in a thread (on a 16-core host the thread design saturated at
         # 1.03 cores); --frontends N runs N of them. The load generator's own loop competes
         # for those cores only when the front end has fewer than two.
-        frontend = fit_frontend(used, servers=frontend_servers(servesim), client_shares_cores=client_shares(servesim))
+        frontend = fit_frontend(
+            used,
+            servers=frontend_servers(servesim),
+            client_shares_cores=client_shares(servesim),
+            cores=len(servesim["frontend_cores"]),
+        )
         speed = fit_speed(slices, fit_levels, client_shares_cores=client_shares(servesim))
         if speed is not None:
             frontend["speed"] = speed
@@ -145,10 +150,18 @@ def cpu_ticks() -> tuple[int, int] | None:
 MIN_FULL_BATCHES = 30  # batches of the largest size in the warm-up that time it instead of the microbenchmark
 
 
-def full_batches(warm: pd.DataFrame, b: int) -> int:
-    """How many batches of ``b`` the successful requests of ``warm`` ran in."""
+def full_batches(warm: pd.DataFrame, b: int) -> pd.Series:
+    """The times (hand-off and compute, ms) of the batches of ``b`` that the successful
+    requests of ``warm`` ran in."""
     ok = warm[warm["status"] == 200]
-    return int((batches_from_requests(ok)["batch_size"] == b).sum()) if len(ok) else 0
+    return batches_from_requests(ok).query("batch_size == @b")["service_ms"] if len(ok) else pd.Series([])
+
+
+def client_rps(front: dict) -> float:
+    """What this load generator's one process can send, req/s (infinite where it shares the
+    front end's cores: its CPU is then in the front end's)."""
+    client_ms = front.get("client_cpu_ms_per_request") or 0.0
+    return 1e3 / client_ms if client_ms > 0 and not front.get("client_shares_cores") else float("inf")
 
 
 def capacity(bench: pd.DataFrame, warm: pd.DataFrame, front: dict, *, instances: int) -> dict:
@@ -169,13 +182,12 @@ def capacity(bench: pd.DataFrame, warm: pd.DataFrame, front: dict, *, instances:
     # there are enough of them: on an H100 the microbenchmark timed a batch of 8 a third
     # faster than the server ran it, and the levels were set against 5,269 req/s for a server
     # that saturated above 3,161
-    full = batches_from_requests(ok).query("batch_size == @b")["service_ms"] if len(ok) else pd.Series([])
+    full = full_batches(ok, b)
     inside = float(full.mean()) if len(full) >= MIN_FULL_BATCHES else None
     inst = instances * b / (inside if inside is not None else t_max + handoff) * 1e3
     # this load generator is one process: where its own core would saturate first, the
     # levels are set against it, and said so
-    client_ms = front.get("client_cpu_ms_per_request") or 0.0
-    client = 1e3 / client_ms if client_ms > 0 and not front.get("client_shares_cores") else float("inf")
+    client = client_rps(front)
     bounds = {"instances": inst, "front end": front["capacity_rps"], "load generator": client}
     bottleneck = min(bounds, key=bounds.get)
     return {

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from calibrate.profile import (
     MIN_FULL_BATCHES,
     build_profile,
     capacity,
+    client_rps,
     client_shares,
     compute_inside,
     cpu_ticks,
@@ -277,9 +277,14 @@ def _capacity(probe: _Probe, servesim: dict, bench: pd.DataFrame, *, instances: 
     # background (a line through two rates), and the hand-off
     first = [(round(f * guess, 2), probe.seed + 100 + k) for k, f in enumerate((0.25, 0.6))]
     warm, warm_slices, *_ = probe.run(first, slice_s=WARMUP_S / 2, warmup_s=0.5)
-    front = fit_frontend(warm_slices, servers=servers, client_shares_cores=client_shares(servesim))
+    front = fit_frontend(
+        warm_slices,
+        servers=servers,
+        client_shares_cores=client_shares(servesim),
+        cores=len(servesim["frontend_cores"]) if servesim.get("frontend_cores") else None,
+    )
     warm = warm[~warm["warmup"]]
-    if full_batches(warm, b) < MIN_FULL_BATCHES:
+    if len(full_batches(warm, b)) < MIN_FULL_BATCHES:
         # the instances' largest batches, timed as the server runs them: offered 90% of what
         # the front end and this load generator can take, a slower instance saturates and
         # every batch is full (503s past its queue are expected). On an H200 host the gentle
@@ -287,11 +292,10 @@ def _capacity(probe: _Probe, servesim: dict, bench: pd.DataFrame, *, instances: 
         # warm-up at a few hundred req/s, which ran no batch of 8, and the microbenchmark's
         # 1.30 ms for one set the levels against 5,028 req/s for a server that saturated
         # at about 2,800
-        client = 1e3 / front["client_cpu_ms_per_request"] if front["client_cpu_ms_per_request"] > 0 else math.inf
-        rate = round(0.9 * min(front["capacity_rps"], client if not front["client_shares_cores"] else math.inf), 2)
+        rate = round(0.9 * min(front["capacity_rps"], client_rps(front)), 2)
         sat, *_ = probe.run([(rate, probe.seed + 102)], slice_s=WARMUP_S / 2, warmup_s=0.5)
         warm = pd.concat([warm, sat[~sat["warmup"]]], ignore_index=True)
-        log(f"saturation probe at {rate:g} req/s: {full_batches(sat[~sat['warmup']], b)} batches of {b}")
+        log(f"saturation probe at {rate:g} req/s: {len(full_batches(sat[~sat['warmup']], b))} batches of {b}")
     cap_info = capacity(bench, warm, front, instances=instances)
     log(
         f"capacity: {cap_info['rps']:.1f} req/s, set by the {cap_info['bottleneck']} (instances "
@@ -335,7 +339,8 @@ def refit_run(out: Path, *, draws: int, rng: np.random.Generator) -> dict:
     fe = profile.get("frontend")
     if fe is not None and not fe.get("on_store"):  # the front end (its hub apart) and its event loop, again
         used = slices[slices["kept"] & slices["level"].isin(fit_levels)]
-        front = fit_frontend(used, servers=fe["servers"], client_shares_cores=shares)
+        cores = len(profile["server"].get("frontend_cores") or []) or None
+        front = fit_frontend(used, servers=fe["servers"], client_shares_cores=shares, cores=cores)
         if "speed" in fe:
             front["speed"] = fe["speed"]
         profile["frontend"] = fit_profile(requests, fit_levels=fit_levels, rng=rng, frontend=front)["frontend"]

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 
-def fit_frontend(slices: pd.DataFrame, *, servers: int, client_shares_cores: bool) -> dict:
+def fit_frontend(slices: pd.DataFrame, *, servers: int, client_shares_cores: bool, cores: int | None = None) -> dict:
     """The front end's CPU: per request, and in the background, from the slices.
 
     Each slice gives CPU seconds per second against requests per second; a least-squares
@@ -21,8 +21,10 @@ def fit_frontend(slices: pd.DataFrame, *, servers: int, client_shares_cores: boo
     shared round-robin would stretch it. With ``hub_cpu_s`` (``servesim serve --frontends
     N``: the one process between the N front ends and the batcher, its CPU counted in the
     server's), the hub's line is fitted alone and taken out of the servers': it is a
-    station of one server, stretched by its own background. With a single rate the line
-    cannot be drawn and the mean cost per request stands in for the slope.
+    station of one server, stretched by its own background. With ``cores`` (the cores the
+    front end runs on), the capacity is also bounded by them: N servers and a hub on fewer
+    cores share them. With a single rate the line cannot be drawn and the mean cost per
+    request stands in for the slope.
     """
     ok = slices[slices["frontend_cpu_s"].notna() & (slices["requests"] > 0)]
     if ok.empty:
@@ -35,11 +37,11 @@ def fit_frontend(slices: pd.DataFrame, *, servers: int, client_shares_cores: boo
     if "hub_cpu_s" in ok and ok["hub_cpu_s"].notna().all():  # --frontends: the batcher's process, in the total
         parts["hub"] = ok["hub_cpu_s"] / secs
     fits = {}
-    for name, cores in parts.items():
+    for name, busy in parts.items():
         if np.ptp(rate) > 0.2 * rate.mean():
-            slope, intercept = np.polyfit(rate, cores.to_numpy(), 1)
+            slope, intercept = np.polyfit(rate, busy.to_numpy(), 1)
         else:
-            slope, intercept = float(cores.mean() / rate.mean()), 0.0
+            slope, intercept = float(busy.mean() / rate.mean()), 0.0
         fits[name] = (max(float(slope), 0.0) * 1e3, max(float(intercept), 0.0))
     # on a front end of one core, this client and a redis-server pinned there take its CPU too
     shared = [p for p in ("client", "sidecar") if p in fits] if client_shares_cores else []
@@ -53,6 +55,10 @@ def fit_frontend(slices: pd.DataFrame, *, servers: int, client_shares_cores: boo
     capacity = servers * left / marginal * 1e3 if marginal > 0 else float("inf")
     if hub_ms > 0:
         capacity = min(capacity, hub_left / hub_ms * 1e3)
+    total_ms = fits["server"][0] + sum(fits[p][0] for p in shared)  # the hub's included
+    if cores is not None and total_ms > 0:
+        total_bg = fits["server"][1] + sum(fits[p][1] for p in shared)
+        capacity = min(capacity, max(cores - total_bg, 0.05 * cores) / total_ms * 1e3)
     return {
         "servers": servers,
         "cpu_ms_per_request": fits["server"][0],

@@ -140,6 +140,11 @@ def test_front_end_station_is_recovered_from_slices_and_requests():
     assert fit_frontend(slow, servers=4, client_shares_cores=False)["capacity_rps"] == pytest.approx(
         (1 - 0.05) / 0.5 * 1e3, rel=0.05
     )
+    # the four servers and the hub on two cores share them: 2 cores less the 0.10 busy
+    # anyway, over the 0.9 ms of the server's CPU per request, hub included
+    assert fit_frontend(hub, servers=4, client_shares_cores=False, cores=2)["capacity_rps"] == pytest.approx(
+        (2 - 0.10) / server_ms * 1e3, rel=0.05
+    )
     assert alone["hub_station_ms_per_request"] is None
     fe = {**fe, "station_ms_per_request": 1.2}
     # requests whose decode takes 0.5 ms of the 1.2 ms: the station adds the other 0.7 ms, and

@@ -65,8 +65,7 @@ class Preprocessing:
     def through_hub(self, t: np.ndarray) -> np.ndarray:
         """When requests reaching the hub at ``t`` (sorted; ties in request order) leave it,
         one at a time; its state carried to the next call."""
-        n = len(t)
-        svc = np.array(np.broadcast_to(draw(self.hub, n), (n,)), dtype=float)
+        svc = self.hub.draw(len(t))
         at = t if self.path is None else self.path.work(t)
         leave = self.hub_station.run(at, svc) + svc
         return leave if self.path is None else self.path.time(leave)
