@@ -23,11 +23,24 @@ import numpy as np
 
 from simulator.ledger import DROPS, BatchLog
 from simulator.results import summary
+from simulator.results.binning import (
+    BATCH_ITEMS,
+    BATCHES,
+    COMPLETED,
+    DEGRADED,
+    FAILED,
+    IN_FLIGHT,
+    OFFERED,
+    QUEUE,
+    REJECTED,
+    TIMED_OUT,
+    timeline_sums,
+)
 from simulator.results.experiments import Classes, Versions
 from simulator.results.metrics import _cost, fleet_summary, logging_figures, peak_throughput_rps, worker_price
 from simulator.results.records import STAGES, Records
 from simulator.results.sketch import LatencySketch
-from simulator.results.stats import PERCENTILES, ExactSample, overlap
+from simulator.results.stats import PERCENTILES, ExactSample, grouped_percentiles, overlap
 from simulator.results.timeline import COLUMNS, LLM_COLUMNS, _workers
 from simulator.results.tokens import Tokens
 from simulator.scenario.config import Scenario
@@ -56,10 +69,27 @@ class _Bins:
             self.edges = np.arange(0.0, (n + 0.5) * self.w, self.w)
 
     def index(self, t: np.ndarray) -> np.ndarray:
-        """The interval of each time (as ``np.histogram`` over the run's edges bins it)."""
-        if len(t):
-            self._grow(float(t.max()))
-        return np.searchsorted(self.edges, t, side="right") - 1
+        """The interval of each time (as ``np.histogram`` over the run's edges bins it):
+        ``np.searchsorted(edges, t, side="right") - 1``, to the bit.
+
+        Computed as ``⌊t / w⌋`` and then corrected by one step either way against the
+        edges themselves, so a time on or beside an edge falls where searchsorted puts it
+        (the guess is within one of it for any time below 2^40 widths). Four passes
+        over the times whatever their order, where searchsorted over times out of order
+        (responses, the ends of queue waits) took 4-5 times as long."""
+        t = np.asarray(t, dtype=float)
+        if not len(t):
+            return np.zeros(0, dtype=np.intp)
+        self._grow(float(t.max()))
+        edges = self.edges
+        k = (t * (1.0 / self.w)).astype(np.intp)
+        np.clip(k, 0, len(edges) - 2, out=k)
+        k += edges[k + 1] <= t
+        k -= edges[k] > t
+        nan = np.isnan(t)
+        if nan.any():  # searchsorted puts NaN after every edge
+            k[nan] = len(edges) - 1
+        return k
 
     def add(self, name: str, t: np.ndarray, weights: np.ndarray | None = None) -> None:
         self.add_indexed(name, self.index(t), weights)
@@ -106,6 +136,14 @@ class _Bins:
             self._accumulate(name + ":count", 0, sign * np.bincount(k).astype(float))
         self.levels.add(name)
 
+    def add_sums(self, name: str, rows: np.ndarray) -> None:
+        """Add to a level the four rows :func:`binning.timeline_sums` made for it (the
+        starts' partial widths and count, then the ends'), as :meth:`add_level` adds them."""
+        for partial, count, sign in ((rows[0], rows[1], 1.0), (rows[2], rows[3], -1.0)):
+            self._accumulate(name + ":partial", 0, sign * partial)
+            self._accumulate(name + ":count", 0, sign * count)
+        self.levels.add(name)
+
     def column(self, name: str, n: int) -> np.ndarray:
         if name in self.levels:
             counts = np.cumsum(self.column(name + ":count", n))
@@ -122,24 +160,22 @@ def binned_percentiles(k: np.ndarray, x: np.ndarray, percentiles: tuple[float, .
     values sorted on their own, then numpy's interpolation for every group at once: a few
     milliseconds for a run's 300 intervals, where a call of ``np.percentile`` per
     interval took tens."""
-    key = k.astype(np.uint16) if len(k) and k.max() < 2**16 else k
+    counts, xs = group_sort(k, x)
+    return grouped_percentiles(counts, xs, percentiles)
+
+
+def group_sort(k: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``x`` grouped by ``k`` (groups in order), each group sorted, and the size of each
+    group ``0 … max(k)``."""
+    if not len(k):
+        return np.zeros(0, dtype=np.int64), np.zeros(0)
+    key = k.astype(np.uint16) if k.max() < 2**16 else k
     order = np.argsort(key, kind="stable")
     k, x = k[order], x[order]
     starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
     bounds = [*starts.tolist(), len(k)]
     x = np.concatenate([np.sort(x[lo:hi]) for lo, hi in itertools.pairwise(bounds)])
-    n = np.diff(bounds)[:, None]
-    q = np.true_divide(np.asarray(percentiles, dtype=float), 100)[None, :]
-    virtual = (n - 1) * q  # numpy's "linear" method, step for step (_quantile, _lerp)
-    prev = np.floor(virtual).astype(np.intp)
-    top = virtual >= n - 1
-    prev[top] = (n - 1).repeat(q.shape[1], axis=1)[top]
-    nxt = np.where(top, prev, prev + 1)
-    gamma = virtual - np.floor(virtual)
-    a, b = x[starts[:, None] + prev], x[starts[:, None] + nxt]
-    diff = b - a
-    out = np.where(gamma >= 0.5, b - diff * (1 - gamma), a + diff * gamma)
-    return k[starts], out
+    return np.bincount(k), x
 
 
 class Reduction:
@@ -180,7 +216,8 @@ class Reduction:
         self.last_response = 0.0
         self.interval_ms = None if interval_s is None else interval_s * 1000.0
         self.bins = None if interval_s is None else _Bins(self.interval_ms)
-        self._open: list[tuple[np.ndarray, np.ndarray]] = []  # (interval, e2e) of responses not closed
+        # responses not closed: (count per interval, their e2e grouped by interval, each group sorted)
+        self._open: list[tuple[np.ndarray, np.ndarray]] = []
         self._closed: dict[int, tuple[float, float]] = {}  # interval -> (p50, p99)
         r = s.router
         self.versions = Versions(s, sample) if r.canary is not None or r.shadow is not None else None
@@ -246,11 +283,13 @@ class Reduction:
         if done_all.any():
             self.last_response = max(self.last_response, float(np.nanmax(r.t_response[done_all])))
         if self.bins is not None:
-            self._timeline(r, done_all, e2e_all, watermark_ms)
+            self._timeline(r, done_all, e2e_all, watermark_ms, batches)
             if shadow is not None:
                 self.bins.add("shadow", shadow["t_preprocessed"][np.isfinite(shadow["t_preprocessed"])])
 
     def _batches(self, b: BatchLog) -> None:
+        """Busy time per instance and batch sizes in the window (the timeline counts the
+        batches by interval: :meth:`_timeline`)."""
         inside_ms = overlap(b.start, b.end, self.t0, self.t1)
         if b.prefill_share is not None and self.tokens is not None:  # an LLM's steps: the prompts' share
             self.tokens.add_steps(inside_ms, b.prefill_share)
@@ -264,12 +303,8 @@ class Reduction:
         self.busy += add
         inside = (b.start >= self.t0) & (b.start < self.t1)
         self.sizes += np.bincount(b.size[inside], minlength=len(self.sizes))[: len(self.sizes)]
-        if self.bins is not None:
-            k = self.bins.index(b.start)  # binned once, counted twice
-            self.bins.add_indexed("batches", k)
-            self.bins.add_indexed("batch_items", k, b.size.astype(float))
-            if b.kv_usage is not None:  # an LLM step's KV use, over its time (in its start's interval)
-                self.bins.add_indexed("kv_area", k, b.kv_usage * (b.end - b.start))
+        if self.bins is not None and b.kv_usage is not None:  # an LLM step's KV use over its time, by its start
+            self.bins.add("kv_area", b.start, b.kv_usage * (b.end - b.start))
 
     def _caches(self, r: Records, mask: np.ndarray) -> None:
         """Lookups in the window: every arrival looks up the result cache, every
@@ -296,19 +331,30 @@ class Reduction:
             emitted_tl = np.where(done, r.t_response, r.t_dropped)
             self.bins.add_level("log_backlog", emitted_tl[shipped], r.t_logged[shipped])
 
-    def _timeline(self, r: Records, done: np.ndarray, e2e: np.ndarray, watermark_ms: float) -> None:
+    def _timeline(self, r: Records, done: np.ndarray, e2e: np.ndarray, watermark_ms: float, batches: BatchLog) -> None:
         b, s = self.bins, self.s
-        ka = b.index(r.arrival)  # each time is binned once, then counted by mask
-        b.add_indexed("offered", ka)
-        for name in ("rejected", "timed_out", "failed"):
-            b.add_indexed(name, ka[r.outcome == DROPS[name]])
-        b.add_indexed("degraded", ka[done & r.degraded])
-        t_done, ka_done = r.t_response[done], ka[done]
-        kr = b.index(t_done)
-        b.add_indexed("completed", kr)
-        left_queue = np.where(done, r.t_dispatch, r.t_dropped)
-        b.add_level("queue_depth", r.t_preprocessed, left_queue)
-        b.add_level("in_flight", r.arrival[done], t_done, ka_done, kr)
+        times = (r.arrival, r.t_response, r.t_preprocessed, r.t_dispatch, r.t_dropped, batches.start)
+        upto = max((float(np.fmax.reduce(t)) for t in times if len(t)), default=np.nan)
+        if upto == upto:  # every finite time gets an interval (NaN: no time at all)
+            b._grow(upto)
+        codes = (DROPS["rejected"], DROPS["timed_out"], DROPS["failed"])
+        sums, ka, kr, e2e_grouped = timeline_sums(
+            b.edges, b.w, r.arrival, r.t_response, done, r.outcome, r.degraded,
+            r.t_preprocessed, r.t_dispatch, r.t_dropped, codes, batches.start, batches.size,
+        )  # fmt: skip
+        for name, row in (
+            ("offered", OFFERED),
+            ("rejected", REJECTED),
+            ("timed_out", TIMED_OUT),
+            ("failed", FAILED),
+            ("degraded", DEGRADED),
+            ("completed", COMPLETED),
+            ("batches", BATCHES),
+            ("batch_items", BATCH_ITEMS),
+        ):
+            b._accumulate(name, 0, sums[row])
+        b.add_sums("queue_depth", sums[QUEUE : QUEUE + 4])
+        b.add_sums("in_flight", sums[IN_FLIGHT : IN_FLIGHT + 4])
         if s.caches.result is not None:
             b.add_indexed("result_hits", ka[r.result_hit])
         if s.caches.feature is not None:
@@ -319,18 +365,28 @@ class Reduction:
         if r.output_tokens is not None:
             b.add_level("running", r.t_dispatch[done], r.t_inferred[done])
             b.add_indexed("output_tokens", kr, r.output_tokens[done].astype(float))
-        self._open.append((kr, e2e[done]))
+        self._open.append((sums[COMPLETED].astype(np.int64), e2e_grouped))
         self._close(watermark_ms)
 
     def _close(self, watermark_ms: float) -> None:
-        """Percentiles of the intervals that end at or before the watermark."""
-        k = np.concatenate([p[0] for p in self._open])
-        x = np.concatenate([p[1] for p in self._open])
-        closed = self.bins.edges[k + 1] <= watermark_ms
-        if closed.any():
-            kc, values = binned_percentiles(k[closed], x[closed], (50.0, 99.0))
+        """Percentiles of the intervals that end at or before the watermark. The
+        responses not closed yet are kept grouped by interval, each group sorted (as
+        counts per interval and the values), so a run held whole closes without a sort."""
+        if not self._open:
+            return
+        if len(self._open) > 1:  # a later piece's responses join the open intervals: regroup
+            k = np.concatenate([np.repeat(np.arange(len(c)), c) for c, _ in self._open])
+            self._open = [group_sort(k, np.concatenate([x for _, x in self._open]))]
+        counts, xs = self._open[0]
+        edges = self.bins.edges
+        n_closed = min(len(counts), int(np.searchsorted(edges[1:], watermark_ms, side="right")))
+        if n_closed:
+            m = int(counts[:n_closed].sum())
+            kc, values = grouped_percentiles(counts[:n_closed], xs[:m], (50.0, 99.0))
             self._closed.update(zip(kc.tolist(), map(tuple, values.tolist()), strict=True))
-        self._open = [(k[~closed], x[~closed])]
+            rest = np.zeros_like(counts)
+            rest[n_closed:] = counts[n_closed:]
+            self._open = [(rest, xs[m:])]
 
     def summary(self, wall_s: float, fleet: FleetLog | None = None) -> summary.Summary:
         """The run's summary (:class:`simulator.results.summary.Summary`); ``fleet``: a
