@@ -62,7 +62,7 @@ from simulator.serving.workers import ServiceModel
 from simulator.stages.arrivals import Arrivals
 from simulator.stages.caches import CacheDraws, CacheState, cache_done
 from simulator.stages.features import Fetched, Store, fetch, fetch_drawn, trips
-from simulator.stages.network import Network
+from simulator.stages.network import Network, later
 from simulator.stages.postprocess import Postprocessing
 from simulator.stages.prediction_log import record_ms
 from simulator.stages.preprocess import Preprocessing
@@ -229,7 +229,16 @@ class Ledger:
     def settle(self, rid: np.ndarray, served: Served) -> np.ndarray:
         """Record the serving columns of requests ``rid``; returns their rows."""
         row = rid - self.lo
-        c = self.cols.with_serving()
+        c = self.cols
+        if c.outcome is None and _in_order(row, len(c)) and _owned(served):
+            # every request at once, nothing settled before (a run in one chunk): the
+            # columns are the scheduler's own arrays, not copies into NaN columns
+            c.t_dispatch, c.t_inferred, c.batch_size = served.t_dispatch, served.t_done, served.batch_size
+            c.instance, c.outcome, c.t_dropped = served.instance, served.outcome, served.t_dropped
+            c.t_logged = np.full(len(c), np.nan)
+            c.settled[:] = True
+            return row
+        c.with_serving()
         c.t_dispatch[row] = served.t_dispatch
         c.t_inferred[row] = served.t_done
         c.batch_size[row] = served.batch_size
@@ -519,8 +528,9 @@ class _Run:
 
         t_api = self.network.inbound(t0, klass)
         t_router = self.router_stage.leave(t_api)
-        post = np.broadcast_to(self.post.draw(n), (n,)).copy()
-        back = np.broadcast_to(self.network.back_ms(n, klass), (n,)).astype(float)
+        # read only: one value for every request stays one value (no column of its own)
+        post = np.broadcast_to(np.asarray(self.post.draw(n), dtype=float), (n,))
+        back = np.broadcast_to(np.asarray(self.network.back_ms(n, klass), dtype=float), (n,))
         front = s.workers.count if self.tokens is None else s.batching.front(s.workers.count)
         worker = None if self.router is None else self.router.pick(n, front)
         if self.classes is not None:  # a class with a pool of its own draws its worker there
@@ -547,7 +557,7 @@ class _Run:
                 serving=not (final and self.ledger.cols is None),  # a run in one chunk: once it settles
                 t_api=t_api,
                 t_router=t_router,
-                t_cache=t_router.copy(),
+                t_cache=t_router if self.result_cache is None else t_router.copy(),  # written only by that cache
                 svc=np.asarray(self.pre.draw(n), dtype=float),
                 post=post,
                 back=back,
@@ -622,7 +632,7 @@ class _Run:
         c = self.ledger.cols
         rows = ids - self.ledger.lo
         failed = fetched.failed
-        c.t_features[rows] = np.where(failed, np.nan, fetched.end)
+        c.t_features[rows] = np.where(failed, np.nan, fetched.end) if failed.any() else fetched.end
         c.degraded[rows] = fetched.degraded
         c.live[rows] = ~failed
         f = rows[failed]
@@ -714,20 +724,30 @@ class _CacheStage:
         return ids, cache_done(t, hit, mine.hit_ms[rows], mine.miss_ms[rows], slice(None)), hit
 
 
+_SERVED_DTYPES = (np.float64, np.float64, np.int64, np.int64, np.int8, np.float64)
+
+
+def _owned(served: Served) -> bool:
+    """Whether ``served``'s columns own their memory and have the ledger's types."""
+    return all(v.base is None and v.dtype == d for v, d in zip(served, _SERVED_DTYPES, strict=True))
+
+
+def _in_order(rows: np.ndarray, n: int) -> bool:
+    """Whether ``rows`` are ``0 … n - 1`` in order."""
+    return len(rows) == n and (n == 0 or (rows[0] == 0 and rows[-1] == n - 1 and bool(np.all(rows[1:] > rows[:-1]))))
+
+
 def _rows_of(column: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """``column[rows]``, without a copy when ``rows`` are all of it in order (a whole run's
     requests, or a chunk's with nothing ahead of them)."""
-    n = len(rows)
-    if n == len(column) and (n == 0 or (rows[0] == 0 and rows[-1] == n - 1 and np.all(rows[1:] > rows[:-1]))):
-        return column
-    return column[rows]
+    return column if _in_order(rows, len(column)) else column[rows]
 
 
 def _records(c: Columns, loop: bool) -> Records:
     """The ledger's columns as records: the columns of the same name, and the times after
     the model (answered by the loop, with one, else when inference ended)."""
-    t_post = (c.t_answered if loop else c.t_inferred) + c.post
-    after = {"t_postprocessed": t_post, "t_response": t_post + c.back}
+    t_post = later(c.t_answered if loop else c.t_inferred, c.post)
+    after = {"t_postprocessed": t_post, "t_response": later(t_post, c.back)}
     return Records(*(after[f.name] if f.name in after else getattr(c, f.name) for f in fields(Records)))
 
 

@@ -42,7 +42,8 @@ class Served(NamedTuple):
     """Per-request columns of the serving stage, one entry per request.
 
     A request that never ran keeps NaN times, batch size 0 and instance -1; its outcome
-    (:class:`Outcome`) says why, and ``t_dropped`` when.
+    (:class:`Outcome`) says why, and ``t_dropped`` when. A scheduler does not write the
+    arrays once it has returned them: the ledger may keep them as its columns.
     """
 
     t_dispatch: np.ndarray  # its batch started (ms)
@@ -119,6 +120,8 @@ def concat_logs(logs) -> BatchLog:
     """One batch log from several (a column some lack is left out)."""
     if not logs:
         return BatchLog.empty()
+    if len(logs) == 1:
+        return logs[0]
     names = [f.name for f in fields(BatchLog) if f.name != "gaps"]
     cols = [[getattr(p, name) for p in logs] for name in names]
     out = BatchLog(*(None if any(v is None for v in c) else np.concatenate(c) for c in cols))

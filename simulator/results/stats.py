@@ -70,7 +70,9 @@ class ExactSample:
     def add(self, values: np.ndarray, counts: np.ndarray | None = None) -> None:
         if self._sealed:
             raise RuntimeError("a sealed sample takes no more values")
-        x = np.asarray(values, dtype=float).ravel()
+        x = np.asarray(values, dtype=float)
+        if x.ndim != 1:  # one value broadcast to many stays a view
+            x = x.ravel()
         if counts is not None:  # each value that many times
             x = np.repeat(x, np.asarray(counts, dtype=np.int64).ravel())
         if len(x):

@@ -51,7 +51,9 @@ class ArrivalSource:
 
     def _block(self) -> None:
         rng, bound = self._rng, self._bound
-        cand = self._last + np.cumsum(rng.exponential(1000.0 / bound, BLOCK))
+        cand = rng.exponential(1000.0 / bound, BLOCK)
+        np.cumsum(cand, out=cand)  # in place: one array a block, where three were made
+        cand += self._last
         self._last = float(cand[-1])
         if self._rate is not None:
             cand = cand[rng.random(BLOCK) * bound < self._rate(cand / 1000.0)]

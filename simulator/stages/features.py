@@ -19,6 +19,7 @@ import simpy
 
 from simulator.scenario.config import Features
 from simulator.scenario.distributions import Sampler
+from simulator.stages.network import later
 from simulator.stages.speed import SpeedPath
 
 _CHUNK_CELLS = 1 << 22  # round trips sampled per numpy chunk
@@ -124,12 +125,14 @@ def fetch(cfg: Features, start: np.ndarray, sampler: Sampler | None, need: np.nd
     (timed out, default features) or failed (timed out with ``on_timeout: fail``; end time
     = when they gave up). With ``need`` (a mask) only those fetch; the others end at
     ``start``. A store of finite capacity is a :class:`Store`."""
+    if cfg.lookups_per_request == 0:  # no fetch: the stage ends where it began
+        return _give_up(cfg, start, start)
     return _give_up(cfg, start, start + fetch_uncontended(cfg, start, sampler, need))
 
 
 def fetch_drawn(cfg: Features, start: np.ndarray, lat: np.ndarray) -> Fetched:
     """:func:`fetch` from an uncontended store, with round trips drawn before (:func:`trips`)."""
-    end = start + (_makespan(lat, cfg.parallelism, start, cfg) if cfg.lookups_per_request else 0.0)
+    end = later(start, _makespan(lat, cfg.parallelism, start, cfg) if cfg.lookups_per_request else 0.0)
     return _give_up(cfg, start, end)
 
 

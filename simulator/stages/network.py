@@ -26,6 +26,18 @@ def draw(sampler: Sampler | None, n: int) -> np.ndarray | float:
     return 0.0 if sampler is None else sampler.draw(n)
 
 
+def later(t: np.ndarray, *delays) -> np.ndarray:
+    """``t`` plus each delay (a scalar or one per request), leaving out those that are 0
+    for every request (the scalar 0, or 0 broadcast): ``t + 0`` is ``t`` to the bit, so a
+    stage the scenario leaves out returns its input and makes no column of its own."""
+    for d in delays:
+        if isinstance(d, np.ndarray) and d.ndim == 1 and d.strides == (0,) and len(d):
+            d = d[0]  # one value broadcast to every request
+        if np.ndim(d) or d != 0:
+            t = t + d
+    return t
+
+
 def per_class(traffic: Traffic, field: str, klass: np.ndarray | None):
     """A payload size per request: its traffic class's, else the traffic section's."""
     default = getattr(traffic, field)
@@ -53,7 +65,7 @@ class Network:
     def inbound(self, t0: np.ndarray, klass: np.ndarray | None = None) -> np.ndarray:
         """When each request, sent at ``t0``, reaches the API."""
         payload = per_class(self.traffic, "payload_kb", klass)
-        return t0 + draw(self.inbound_delay, len(t0)) + transfer_ms(payload, self.bandwidth)
+        return later(t0, draw(self.inbound_delay, len(t0)), transfer_ms(payload, self.bandwidth))
 
     def back_ms(self, n: int, klass: np.ndarray | None = None):
         """Each response's way back to the client, ms (a scalar when nothing varies)."""
@@ -61,4 +73,4 @@ class Network:
         return draw(self.back_delay, n) + transfer_ms(response, self.bandwidth)
 
 
-__all__ = ["Network", "delay", "draw", "per_class", "transfer_ms"]
+__all__ = ["Network", "delay", "draw", "later", "per_class", "transfer_ms"]

@@ -21,7 +21,7 @@ import numpy as np
 
 from simulator.rng import Streams, child
 from simulator.scenario.config import Scenario
-from simulator.stages.network import delay, draw
+from simulator.stages.network import delay, draw, later
 from simulator.stages.speed import SpeedPath
 from simulator.stages.stations import FcfsStation, Lindley
 
@@ -57,7 +57,7 @@ class Preprocessing:
         if self.queues is not None:
             return self._dealt(t, svc)
         if self.station is None:
-            return t + svc if self.path is None else self.path.time(self.path.work(t) + svc)
+            return later(t, svc) if self.path is None else self.path.time(self.path.work(t) + svc)
         if self.path is None:
             return self.station.run(t, svc)[0] + svc
         return self.path.time(self.station.run(self.path.work(t), svc)[0] + svc)

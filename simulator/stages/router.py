@@ -13,7 +13,7 @@ import numpy as np
 
 from simulator.rng import Streams
 from simulator.scenario.config import Scenario
-from simulator.stages.network import delay, draw
+from simulator.stages.network import delay, draw, later
 
 
 class RouterStage:
@@ -24,7 +24,7 @@ class RouterStage:
 
     def leave(self, t_api: np.ndarray) -> np.ndarray:
         """When each request, at the API at ``t_api``, leaves the router."""
-        return t_api + draw(self.overhead, len(t_api))
+        return later(t_api, draw(self.overhead, len(t_api)))
 
 
 __all__ = ["RouterStage"]
