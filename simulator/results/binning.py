@@ -72,11 +72,13 @@ def _timeline_py(
     request's response interval, in request order, into ``kr``, and the completed
     requests' latencies into ``e2e`` grouped by response interval (intervals in order;
     numba's sort is several times slower than numpy's, so the caller sorts each group)."""
+    keep_ka, keep_kr = len(ka) > 0, len(kr) > 0
     j = 0
     for i in range(len(arrival)):
         a = arrival[i]
         k = _bin(edges, inv_w, a)
-        ka[i] = k
+        if keep_ka:
+            ka[i] = k
         sums[OFFERED, k] += 1.0
         o = outcome[i]
         if o == codes[0]:
@@ -90,7 +92,8 @@ def _timeline_py(
                 sums[DEGRADED, k] += 1.0
             t = t_response[i]
             r = _bin(edges, inv_w, t)
-            kr[j] = r
+            if keep_kr:
+                kr[j] = r
             j += 1
             sums[COMPLETED, r] += 1.0
             sums[IN_FLIGHT, k] += edges[k + 1] - a
@@ -119,8 +122,9 @@ def _timeline_py(
     j = 0
     for i in range(len(arrival)):
         if done[i]:
-            r = kr[j]
-            e2e[at[r]] = t_response[i] - arrival[i]
+            t = t_response[i]
+            r = kr[j] if keep_kr else _bin(edges, inv_w, t)
+            e2e[at[r]] = t - arrival[i]
             at[r] += 1
             j += 1
 
@@ -146,6 +150,8 @@ def timeline_sums(
     codes: tuple[int, int, int],
     b_start: np.ndarray,
     b_size: np.ndarray,
+    *,
+    intervals: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A piece's per-interval sums (:data:`ROWS` × ``len(edges)``), the interval of
     each arrival, the response interval of each completed request (in request order),
@@ -153,11 +159,12 @@ def timeline_sums(
     group sizes are the ``COMPLETED`` row), each group sorted. ``edges`` must cover
     every finite time given (``_Bins._grow``); ``codes``: the outcome codes of
     rejected, timed out and failed; ``b_start``, ``b_size``: the piece's batches, counted
-    by start."""
+    by start. ``intervals=False`` leaves the arrivals' and responses' intervals out
+    (empty): two run-long arrays a summary needs only for some sections."""
     sums = np.zeros((ROWS, len(edges)))
-    ka = np.empty(len(arrival), dtype=np.intp)
     n_done = int(np.count_nonzero(done))
-    kr = np.empty(n_done, dtype=np.intp)
+    ka = np.empty(len(arrival) if intervals else 0, dtype=np.intp)
+    kr = np.empty(n_done if intervals else 0, dtype=np.intp)
     e2e = np.empty(n_done)
     _timeline(
         edges,

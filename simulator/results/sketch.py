@@ -43,9 +43,10 @@ class LatencySketch:
         self._zeros = 0  # values mapped to zero, not handed to the library yet
         self._pending: dict[float, tuple[int, np.ndarray]] = {}  # sign -> (first key, counts per key)
 
-    def add(self, values: np.ndarray, counts: np.ndarray | None = None) -> None:
+    def add(self, values: np.ndarray, counts: np.ndarray | None = None, *, give: bool = False) -> None:
         """Add every value of ``values`` (finite; NaNs are a caller's bug and are refused),
-        each ``counts`` times where given (whole numbers)."""
+        each ``counts`` times where given (whole numbers). ``give`` is
+        :class:`~simulator.results.stats.ExactSample`'s (a sketch keeps no values)."""
         x = np.asarray(values, dtype=float).ravel()
         if not len(x):
             return

@@ -74,6 +74,8 @@ class FcfsScheduler:
 
     def __init__(self, instances: list[list[int]], service: ServiceModel):
         self.ids = [np.asarray(ids, dtype=np.int64) for ids in instances]
+        # a queue over instances 0 … m - 1: the station's server is the instance
+        self.identity = [bool(np.array_equal(ids, np.arange(len(ids)))) for ids in self.ids]
         self.service = service
         self.stations = [FcfsStation(len(ids)) for ids in instances]
         self.paths = [service.queue_path(q) for q in range(len(instances))]
@@ -98,7 +100,7 @@ class FcfsScheduler:
                 work, k = self.stations[q].run(path.work(tq), svc)
                 start, done = path.time(work), path.time(work + svc)
             ones = np.ones(len(idx), dtype=np.int64)
-            inst = self.ids[q][k]
+            inst = k if self.identity[q] else self.ids[q][k]
             ids.append(rid if whole else rid[idx])
             parts.append(Served(start, done, ones, inst, np.zeros(len(idx), np.int8), np.full(len(idx), np.nan)))
             logs.append(BatchLog(start, done, ones, inst))

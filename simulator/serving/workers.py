@@ -128,7 +128,12 @@ class ServiceModel:
         take = min(len(self._buf) - self._pos, count)
         head = np.asarray(self._buf[self._pos : self._pos + take], dtype=float)
         self._pos += take
-        x = np.concatenate([head, self._factor(count - take)]) if count > take else head
+        if count > take:
+            drawn = np.asarray(self._factor(count - take), dtype=float)
+            # nothing buffered: the draws themselves (a fresh array), not a copy of them
+            x = np.concatenate([head, drawn]) if take or drawn.base is not None else drawn
+        else:
+            x = head
         return self._means[batch_size] * x if self._per_size else x
 
     def finish(self, start: float, batch_size: int) -> float:
