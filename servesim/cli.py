@@ -17,7 +17,7 @@ import typer
 
 from calibrate.cli import app as calibrate_app
 from reference_server.serve import serve
-from servesim.console import budget, check_output, err, fail, out
+from servesim.console import budget, check_output, err, fail, keep_freed_memory, out
 from servesim.explain import explain
 from servesim.plan import plan
 from servesim.practice import practice
@@ -137,6 +137,7 @@ def run(
         raise fail(
             "--engine is gone (there is one engine): --chunk-s whole holds the run, --chunk-s SECONDS streams it"
         )
+    keep_freed_memory()
     chunks = _chunks(chunk_s)
     extra = []
     if seed is not None:
