@@ -94,3 +94,62 @@ def test_binned_percentiles_are_numpys_per_interval():
         assert list(groups) == sorted(set(k.tolist()))
         for g, row in zip(groups, got, strict=True):
             assert (row == np.percentile(x[k == g], [50.0, 99.0])).all()
+
+
+@pytest.mark.parametrize("width_ms", [1.0, 7.3, 250.0, 1000.0, 60_000.0])
+def test_interval_index_is_searchsorted_to_the_bit(width_ms):
+    """The timeline's interval of a time, ⌊t/w⌋ corrected against the edges, is
+    ``searchsorted(edges, t, "right") - 1`` for any time: on an edge, a float beside it on
+    either side, at 0, before 0, and NaN."""
+    from simulator.results.reduce import _Bins
+
+    rng = np.random.default_rng(11)
+    bins = _Bins(width_ms)
+    bins._grow(3_000 * width_ms)
+    edges = bins.edges[:-2]
+    t = np.concatenate(
+        [
+            rng.uniform(0, 3_000 * width_ms, 5_000),
+            edges,
+            np.nextafter(edges, np.inf),
+            np.nextafter(edges[1:], -np.inf),
+            [0.0, -1e-9, -width_ms * 2, np.nan],
+        ]
+    )
+    got = bins.index(t)
+    want = np.searchsorted(bins.edges, t, side="right") - 1
+    assert (got == want).all()
+
+
+def test_the_compiled_timeline_pass_is_its_python_source():
+    """The timeline pass compiled and run as plain Python give the same sums, intervals
+    and grouped latencies (drops, degraded requests and unfinished ones included)."""
+    from simulator.results import binning
+
+    rng = np.random.default_rng(4)
+    n = 3_000
+    arrival = np.sort(rng.uniform(0, 20_000, n))
+    outcome = rng.choice(np.array([0, 0, 0, 1, 2, 3], dtype=np.int8), n)
+    done = outcome == 0
+    t_queued = arrival + rng.exponential(2.0, n)
+    t_dispatch = np.where(done, t_queued + rng.exponential(30.0, n), np.nan)
+    t_response = np.where(done, t_dispatch + rng.exponential(10.0, n), np.nan)
+    t_dropped = np.where(done, np.nan, t_queued + rng.exponential(5.0, n))
+    degraded = rng.random(n) < 0.1
+    b_start = np.sort(rng.uniform(0, 20_000, 500))
+    b_size = rng.integers(1, 9, 500)
+    edges = np.arange(0.0, 22_000.5, 1000.0)
+    args = (arrival, t_response, done, outcome, degraded, t_queued, t_dispatch, t_dropped, (1, 2, 3), b_start, b_size)
+    compiled = binning.timeline_sums(edges, 1000.0, *args)
+    source = binning._timeline
+    try:
+        binning._timeline = binning._timeline_py
+        plain = binning.timeline_sums(edges, 1000.0, *args)
+    finally:
+        binning._timeline = source
+    for a, b in zip(compiled, plain, strict=True):
+        assert np.array_equal(a, b)
+    sums, ka, kr, e2e = compiled
+    assert sums[binning.OFFERED].sum() == n and sums[binning.COMPLETED].sum() == done.sum()
+    assert (ka == np.searchsorted(edges, arrival, side="right") - 1).all()
+    assert np.array_equal(np.sort(e2e), np.sort((t_response - arrival)[done]))

@@ -82,7 +82,8 @@ class _Bins:
             return np.zeros(0, dtype=np.intp)
         self._grow(float(t.max()))
         edges = self.edges
-        k = (t * (1.0 / self.w)).astype(np.intp)
+        with np.errstate(invalid="ignore"):  # NaN: any interval, set below
+            k = (t * (1.0 / self.w)).astype(np.intp)
         np.clip(k, 0, len(edges) - 2, out=k)
         k += edges[k + 1] <= t
         k -= edges[k] > t
