@@ -150,6 +150,8 @@ def test_the_compiled_timeline_pass_is_its_python_source():
     for a, b in zip(compiled, plain, strict=True):
         assert np.array_equal(a, b)
     sums, ka, kr, e2e = compiled
-    assert sums[binning.OFFERED].sum() == n and sums[binning.COMPLETED].sum() == done.sum()
+    assert sums[binning.OFFERED].sum() == n
+    assert sums[binning.COMPLETED].sum() == done.sum()
     assert (ka == np.searchsorted(edges, arrival, side="right") - 1).all()
+    assert (kr == np.searchsorted(edges, t_response[done], side="right") - 1).all()
     assert np.array_equal(np.sort(e2e), np.sort((t_response - arrival)[done]))
