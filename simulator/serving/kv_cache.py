@@ -132,18 +132,43 @@ class KVCache:
                 table.append(b)
             self.lookups += tokens
             self.hits += len(hit) * self.block_size
-        for _ in range(max(need, 0)):
+        if need > 0:
+            self._take(table, need)
+        return len(hit) * self.block_size if first else 0
+
+    def grow(self, seq: Hashable, tokens: int) -> None:
+        """:meth:`allocate` for a sequence that holds blocks already, when the caller knows
+        the free blocks suffice (a decode stretch counts them first): the same blocks in
+        the same order, without the checks."""
+        table = self.tables[seq]
+        need = -(-tokens // self.block_size) - len(table)
+        if need > 0:
+            self._take(table, need)
+
+    def _take(self, table: list[int], n: int) -> None:
+        """The next ``n`` free blocks onto ``table``, one at a time: a never-used one, else
+        the least recently freed (its cached content evicted)."""
+        key, ref, cached, queue = self.key, self.ref, self.cached, self.free_queue
+        for _ in range(n):
             if self.fresh < self.num_blocks:  # a block never used
                 b = self.fresh
                 self.fresh += 1
             else:
-                b, _ = self.free_queue.popitem(last=False)  # the least recently freed
-            if self.key[b] is not None:  # its cached content is evicted
-                del self.cached[self.key[b]]
-                self.key[b] = None
-            self.ref[b] = 1
+                b, _ = queue.popitem(last=False)  # the least recently freed
+            if key[b] is not None:  # its cached content is evicted
+                del cached[key[b]]
+                key[b] = None
+            ref[b] = 1
             table.append(b)
-        return len(hit) * self.block_size if first else 0
+
+    def name_block(self, seq: Hashable, index: int, key: Hashable) -> None:
+        """:meth:`cache_full_blocks` for one block: ``seq``'s block ``index`` holds ``key``."""
+        if not self.prefix_caching:
+            return
+        b = self.tables[seq][index]
+        if self.key[b] is None and key not in self.cached:
+            self.key[b] = key
+            self.cached[key] = b
 
     def cache_full_blocks(self, seq: Hashable, keys: Sequence[Hashable], start: int = 0) -> None:
         """Name the content of ``seq``'s blocks ``start``, ``start + 1``, ... (full ones, as

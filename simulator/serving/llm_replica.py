@@ -38,6 +38,7 @@ so a run in chunks takes the same steps as a run in one.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections import deque
@@ -86,17 +87,13 @@ class LinearStepTime:
     decode_ms_per_seq: float = 0.0
     kv_ms_per_token: float = 0.0
 
-    def decode_series(self, width: int, context: int, d: int, k: int) -> np.ndarray:
+    def decode_series(self, width: int, context: int, d: int, k: int) -> list[float]:
         """:meth:`ms` of ``k`` decode steps of ``width`` whose context starts at ``context`` and
-        grows by ``d`` a step (the same operations, so the same bits)."""
-        ctx = context + d * np.arange(k, dtype=np.int64)
-        return (
-            self.c0_ms
-            + self.prefill_ms_per_token * 0
-            + self.attention_ms_per_token2 * 0.0
-            + self.decode_ms_per_seq * width
-            + self.kv_ms_per_token * ctx
-        )
+        grows by ``d`` a step (the same operations in the same order, so the same bits)."""
+        fixed = self.c0_ms + self.prefill_ms_per_token * 0 + self.attention_ms_per_token2 * 0.0
+        fixed = fixed + self.decode_ms_per_seq * width
+        kv = self.kv_ms_per_token
+        return [fixed + kv * (context + d * i) for i in range(k)]
 
     def ms(self, work: Work) -> float:
         return (
@@ -123,13 +120,18 @@ class RooflineStepTime:
     byte_rate: float  # bytes/ms reached
     overhead_ms: float
 
-    def decode_series(self, width: int, context: int, d: int, k: int) -> np.ndarray:
+    def decode_series(self, width: int, context: int, d: int, k: int) -> list[float]:
         """:meth:`ms` of ``k`` decode steps (see :meth:`LinearStepTime.decode_series`)."""
-        ctx = context + d * np.arange(k, dtype=np.int64)
         tokens = 0 + width
-        flops = self.flops_per_token * tokens + self.attention_flops_per_pair * (0.0 + ctx)
-        moved = self.weight_bytes + self.kv_bytes_per_token * (ctx + tokens)
-        return self.overhead_ms + np.maximum(flops / self.flop_rate, moved / self.byte_rate)
+        computed = self.flops_per_token * tokens
+        pair, kv, weights = self.attention_flops_per_pair, self.kv_bytes_per_token, self.weight_bytes
+        out = []
+        for i in range(k):
+            ctx = context + d * i
+            flops = computed + pair * (0.0 + ctx)
+            moved = weights + kv * (ctx + tokens)
+            out.append(self.overhead_ms + max(flops / self.flop_rate, moved / self.byte_rate))
+        return out
 
     def ms(self, work: Work) -> float:
         tokens = work.prefill_tokens + work.decodes
@@ -181,10 +183,9 @@ class StepTime:
         a, b, c = self.decode_small if batch < self.threshold else self.decode_large
         return a + b * context_tokens + c * batch
 
-    def decode_series(self, width: int, context: int, d: int, k: int) -> np.ndarray:
+    def decode_series(self, width: int, context: int, d: int, k: int) -> list[float]:
         """:meth:`ms` of ``k`` decode steps (see :meth:`LinearStepTime.decode_series`)."""
-        ctx = context + d * np.arange(k, dtype=np.int64)
-        return 0.0 + (self.decode_ms(ctx, width) - 0.0)
+        return [0.0 + (self.decode_ms(context + d * i, width) - 0.0) for i in range(k)]
 
     def ms(self, work: Work) -> float:
         t = 0.0
@@ -237,6 +238,7 @@ class _Seq:
         "last",
         "made",
         "named",
+        "nkeys",
         "output",
         "preempted",
         "prompt",
@@ -248,6 +250,7 @@ class _Seq:
 
     def __init__(self, rid: int, arrival: float, prompt: int, output: int, keys: Sequence[Hashable]):
         self.rid, self.arrival, self.prompt, self.output, self.keys = rid, arrival, prompt, output, keys
+        self.nkeys = len(keys)  # read every step: kept, not asked of the keys
         self.computed = 0  # tokens whose KV is computed (or served from the cache)
         self.made = 0  # output tokens produced
         self.first = math.nan  # when the first output token was produced
@@ -504,7 +507,7 @@ class Replica:
             while waiting and budget > 0 and len(running) < lim.max_num_seqs:
                 s = waiting[0]
                 total = s.prompt + s.made
-                hit = s.ready or (kv.cached_prefix(s.keys, total) if s.keys else 0)
+                hit = s.ready or (kv.cached_prefix(s.keys, total) if s.nkeys else 0)
                 n = total - hit
                 if cap and n > cap:
                     n = cap
@@ -534,7 +537,7 @@ class Replica:
                 continue
             if tokens + length > lim.max_num_batched_tokens or len(running) + len(batch) >= lim.max_num_seqs:
                 break
-            hit = kv.cached_prefix(s.keys, length) if s.keys else 0
+            hit = kv.cached_prefix(s.keys, length) if s.nkeys else 0
             if kv.blocks_for(length) - hit // lim.block_size > kv.free_blocks - self.keep_free:
                 break
             got = self._admit(s, length)
@@ -625,24 +628,22 @@ class Replica:
         if self.policy != "continuous":  # prefill first and static decode in arrival order
             running = sorted(running, key=lambda s: (s.arrival, s.rid))
         width = self.batch_width if self.policy == "static" else d
+        # a stretch is about ten steps of twenty sequences: plain floats, one by one, in the
+        # order numpy's arrays computed them (the same bits), without numpy's cost a call
         ms = decode_series(self.step, width, context, d, k)
         if self.noise is not None:
-            ms = ms * self.noise.peek(k)
-        # the clock as the single steps add it up, and the steps that start before the
-        # next arrival and the horizon
+            ms = [m * f for m, f in zip(ms, self.noise.peek(k).tolist(), strict=True)]
+        # the clock as the single steps add it up, over the steps that start before the
+        # next arrival and the horizon (their starts never decrease)
         limit = min(horizon, self.pending[0].arrival if self.pending else math.inf)
-        if self.speed is None:
-            ends = np.add.accumulate(np.concatenate(([self.t], ms)))[1:]
-        else:  # the host's speed: each step's work done by its own time change, in turn
-            done, t = [], self.t
-            for work in ms:
-                if t >= limit:
-                    break
-                t = float(self.speed.finish(t, work))
-                done.append(t)
-            ends = np.array(done)
-        starts = np.concatenate(([self.t], ends[:-1]))
-        taken = int(np.searchsorted(starts, limit, side="left"))
+        ends, t = [], self.t
+        begin = t  # the first step's start
+        for work in ms:
+            if t >= limit:
+                break
+            t = t + work if self.speed is None else float(self.speed.finish(t, work))
+            ends.append(t)
+        taken = len(ends)
         if taken < 2:
             return False
         # the blocks: sequence i needs one at step j (1-based) when c_i + j opens a block
@@ -661,49 +662,50 @@ class Replica:
         # each step's blocks, then each step's newly full blocks named (as the single steps
         # do: naming after an eviction differs from naming before it)
         names = []
-        if any(s.keys for s in running):
+        if any(s.nkeys for s in running):
             names = [
-                (j, pos) for pos, s in enumerate(running) if s.keys for j in range(bs - s.computed % bs, taken + 1, bs)
+                (j, pos) for pos, s in enumerate(running) if s.nkeys for j in range(bs - s.computed % bs, taken + 1, bs)
             ]
         todo = sorted([(j, 0, pos) for j, pos in events if j <= taken] + [(j, 1, pos) for j, pos in names])
         for j, naming, pos in todo:
             s = running[pos]
             if naming:
-                full = min((s.computed + j) // bs, len(s.keys))
+                full = min((s.computed + j) // bs, s.nkeys)
                 if full > s.named:
-                    kv.cache_full_blocks(s.rid, s.keys[s.named : full], s.named)
-                    s.named = full
+                    _name(kv, s, full)
             else:
-                kv.allocate(s.rid, s.computed + j)
-        self.t = float(ends[taken - 1])
+                kv.grow(s.rid, s.computed + j)  # its free blocks counted above
+        del ends[taken:]
+        end, first_end = ends[-1], ends[0]
+        self.t = end
         self.steps += taken
         self.tokens_out += taken * d
         self.tokens_computed += taken * d
-        diffs = np.diff(ends[:taken])
-        gap = float(np.max(diffs))  # every sequence's gaps after the first step's
+        diffs = [b - a for a, b in itertools.pairwise(ends)]
+        gap = max(diffs)  # every sequence's gaps after the first step's
         first: dict[float, int] = {}  # the first step's gaps: each sequence's after its last token
         for s in running:
-            g = float(ends[0]) - s.last
+            g = first_end - s.last
             first[g] = first.get(g, 0) + 1
             s.computed += taken
             s.made += taken
             s.stall = max(s.stall, g, gap)
-            s.last = float(ends[taken - 1])
-        self._gaps.extend((float(ends[0]), g, n) for g, n in first.items())
-        self._gaps.extend(zip(ends[1:taken].tolist(), diffs.tolist(), [d] * (taken - 1), strict=True))
+            s.last = end
+        self._gaps.extend((first_end, g, n) for g, n in first.items())
+        self._gaps.extend(zip(ends[1:], diffs, [d] * (taken - 1), strict=True))
         if self.policy != "continuous":
             self.running = running
-        opened = np.zeros(taken + 1, dtype=np.int64)  # blocks taken at each step
+        opened = [0] * (taken + 1)  # blocks taken at each step
         for j, _ in events:
             if j > taken:
                 break
             opened[j] += 1
-        usage = 1.0 - (free - np.cumsum(opened[1:])) / kv.num_blocks  # KVCache.usage's expression
-        waiting = len(self.waiting)
-        self._log.extend(
-            (t0, t1, 0, width, d, d, waiting, u, 0.0)
-            for t0, t1, u in zip(starts[:taken].tolist(), ends[:taken].tolist(), usage[:taken].tolist(), strict=True)
-        )
+        waiting, blocks, held = len(self.waiting), kv.num_blocks, 0
+        for j, t1 in enumerate(ends, start=1):
+            held += opened[j]
+            usage = 1.0 - (free - held) / blocks  # KVCache.usage's expression
+            self._log.append((begin, t1, 0, width, d, d, waiting, usage, 0.0))
+            begin = t1
         return True
 
     # --- mechanics ------------------------------------------------------------
@@ -772,11 +774,10 @@ class Replica:
             if s.start != s.start:  # NaN: its first step
                 s.start = start
             s.computed += n
-            if s.keys and s.computed // bs > s.named:  # a block filled: named, as far as it has keys
-                full = min(s.computed // bs, len(s.keys))
+            if s.nkeys and s.computed // bs > s.named:  # a block filled: named, as far as it has keys
+                full = min(s.computed // bs, s.nkeys)
                 if full > s.named:
-                    self.kv.cache_full_blocks(s.rid, s.keys[s.named : full], s.named)
-                    s.named = full
+                    _name(self.kv, s, full)
             if s.computed == s.prompt + s.made:  # every known token computed: one more token
                 s.made += 1
                 made_here += 1
@@ -826,7 +827,17 @@ class Served:
     gaps: list[tuple[float, float, int]] | None = None  # (when, gap, tokens): every token's gap after its last
 
 
-def decode_series(step: StepModel, width: int, context: int, d: int, k: int) -> np.ndarray:
+def _name(kv: KVCache, s: _Seq, full: int) -> None:
+    """Name ``s``'s blocks from the first not named yet up to ``full`` (most often the one
+    block a step filled)."""
+    if full == s.named + 1:
+        kv.name_block(s.rid, s.named, s.keys[s.named])
+    else:
+        kv.cache_full_blocks(s.rid, s.keys[s.named : full], s.named)
+    s.named = full
+
+
+def decode_series(step: StepModel, width: int, context: int, d: int, k: int) -> list[float]:
     """The times of ``k`` decode-only steps of ``width`` sequences (``d`` of them real,
     the rest a static batch's finished slots) whose context starts at ``context`` and
     grows by ``d`` a step: the step model's own series where it has one, else its
@@ -834,7 +845,7 @@ def decode_series(step: StepModel, width: int, context: int, d: int, k: int) -> 
     series = getattr(step, "decode_series", None)
     if series is not None:
         return series(width, context, d, k)
-    return np.array([step.ms(Work(decodes=width, decode_context=context + d * i)) for i in range(k)])
+    return [step.ms(Work(decodes=width, decode_context=context + d * i)) for i in range(k)]
 
 
 def refuse(prompt: np.ndarray, output: np.ndarray, limits: Limits, policy: Policy) -> None:
