@@ -8,7 +8,10 @@ requests through one replica with the closed-form skip of decode-only stretches 
 without it (``Replica(skip=False)``, one step at a time: the ratio is what the skip buys).
 Prints the median and range over the rounds, and the simulated time over the wall time.
 
-    python benchmarks/bench_llm.py [--rounds 3]
+``--before DIR`` runs a second checkout (an older commit, in a git worktree) in the same
+rounds, interleaved: its command, and its replica in process (in a process of its own).
+
+    python benchmarks/bench_llm.py [--rounds 3] [--before /tmp/old]
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ def in_process(skip: bool) -> tuple[float, int, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--before", type=Path, help="another checkout to run in the same rounds")
     a = ap.parse_args()
     cases = {
         "python -c pass (peer)": [],
@@ -81,6 +85,15 @@ def main() -> None:
         for skip, name in ((True, "in process, skip"), (False, "in process, no skip")):
             wall, n, steps = in_process(skip)
             cases[name].append(wall)
+        if a.before is not None:
+            root = a.before.resolve()
+            t = time.perf_counter()
+            subprocess.run(COMMAND, cwd=root, check=True, capture_output=True)
+            cases.setdefault("before: servesim run", []).append(time.perf_counter() - t)
+            code = f"import sys; sys.path.insert(0, {str(root)!r}); from benchmarks.bench_llm import in_process; "
+            code += "print(in_process(True)[0])"
+            got = subprocess.run([sys.executable, "-c", code], cwd=root, check=True, capture_output=True, text=True)
+            cases.setdefault("before: in process, skip", []).append(float(got.stdout.split()[-1]))
     print(f"{cpu_model()}, Python {platform.python_version()}, {a.rounds} rounds")
     print(f"{n:,} requests, {steps:,} steps, {DURATION:g} simulated s at {RATE:g} req/s on one replica")
     print(f"command: {' '.join(COMMAND[1:])}")
