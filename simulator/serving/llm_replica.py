@@ -622,7 +622,11 @@ class Replica:
                 return False
             left = min(left, s.output - s.made)
             context += s.computed + 1
-        k = int(left) - 1  # steps in which nobody finishes (the one after is taken singly)
+        # the steps in which nobody finishes, and under continuous batching the one after,
+        # in which the first finish: with nobody waiting it is a decode step like the others,
+        # and its finished sequences leave at its end (the other policies take it singly)
+        ends_batch = self.policy == "continuous"
+        k = int(left) if ends_batch else int(left) - 1
         if k < 2:
             return False
         if self.policy != "continuous":  # prefill first and static decode in arrival order
@@ -695,6 +699,12 @@ class Replica:
         self._gaps.extend(zip(ends[1:], diffs, [d] * (taken - 1), strict=True))
         if self.policy != "continuous":
             self.running = running
+        finished = ends_batch and taken == k
+        if finished:  # as the single step ends: each finished sequence's blocks go, in batch order
+            for s in [s for s in running if s.made >= s.output]:
+                kv.free(s.rid)
+                running.remove(s)
+                self._settle(s)
         opened = [0] * (taken + 1)  # blocks taken at each step
         for j, _ in events:
             if j > taken:
@@ -704,6 +714,8 @@ class Replica:
         for j, t1 in enumerate(ends, start=1):
             held += opened[j]
             usage = 1.0 - (free - held) / blocks  # KVCache.usage's expression
+            if finished and j == taken:
+                usage = kv.usage  # after the finished sequences' blocks went
             self._log.append((begin, t1, 0, width, d, d, waiting, usage, 0.0))
             begin = t1
         return True
