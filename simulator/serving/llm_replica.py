@@ -601,7 +601,8 @@ class Replica:
     def _decode_stretch(self, horizon: float) -> bool:
         """Take, in one go, the decode-only steps that come next, when nothing can change
         between them: nobody waits to be admitted (static batching admits nobody while its
-        batch runs), every running sequence decodes, none finishes, every block they need
+        batch runs), every running sequence decodes, none finishes (under continuous
+        batching the last step may be the one in which the first do), every block they need
         is free, and each step starts before the next arrival and the horizon. Between such
         steps the context grows by the batch each step, so their times follow in closed
         form (:func:`decode_series`); the blocks are taken in the order the single steps
