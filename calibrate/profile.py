@@ -29,6 +29,13 @@ def client_shares(servesim: dict) -> bool:
     return len(servesim["frontend_cores"]) < 2
 
 
+def frontend_cores(servesim: dict) -> int | None:
+    """The cores the front end runs on (None where the server's config does not say: a
+    profile written before it did)."""
+    cores = servesim.get("frontend_cores")
+    return len(cores) if cores else None
+
+
 def frontend_servers(servesim: dict) -> int:
     """The front end's servers: one per front-end process (``servesim serve --frontends``)."""
     return int(servesim.get("frontends", 1))
@@ -74,7 +81,7 @@ def build_profile(
             used,
             servers=frontend_servers(servesim),
             client_shares_cores=client_shares(servesim),
-            cores=len(servesim["frontend_cores"]),
+            cores=frontend_cores(servesim),
         )
         speed = fit_speed(slices, fit_levels, client_shares_cores=client_shares(servesim))
         if speed is not None:

@@ -46,6 +46,7 @@ from calibrate.profile import (
     client_shares,
     compute_inside,
     cpu_ticks,
+    frontend_cores,
     frontend_servers,
     full_batches,
 )
@@ -281,7 +282,7 @@ def _capacity(probe: _Probe, servesim: dict, bench: pd.DataFrame, *, instances: 
         warm_slices,
         servers=servers,
         client_shares_cores=client_shares(servesim),
-        cores=len(servesim["frontend_cores"]) if servesim.get("frontend_cores") else None,
+        cores=frontend_cores(servesim),
     )
     warm = warm[~warm["warmup"]]
     if len(full_batches(warm, b)) < MIN_FULL_BATCHES:
@@ -339,8 +340,9 @@ def refit_run(out: Path, *, draws: int, rng: np.random.Generator) -> dict:
     fe = profile.get("frontend")
     if fe is not None and not fe.get("on_store"):  # the front end (its hub apart) and its event loop, again
         used = slices[slices["kept"] & slices["level"].isin(fit_levels)]
-        cores = len(profile["server"].get("frontend_cores") or []) or None
-        front = fit_frontend(used, servers=fe["servers"], client_shares_cores=shares, cores=cores)
+        front = fit_frontend(
+            used, servers=fe["servers"], client_shares_cores=shares, cores=frontend_cores(profile["server"])
+        )
         if "speed" in fe:
             front["speed"] = fe["speed"]
         profile["frontend"] = fit_profile(requests, fit_levels=fit_levels, rng=rng, frontend=front)["frontend"]

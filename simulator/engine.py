@@ -724,7 +724,7 @@ class _CacheStage:
         return ids, cache_done(t, hit, mine.hit_ms[rows], mine.miss_ms[rows], slice(None)), hit
 
 
-_SERVED_DTYPES = (np.float64, np.float64, np.int64, np.int64, np.int8, np.float64)
+_SERVED_DTYPES = tuple(column.dtype for column in Served.empty(0))
 
 
 def _owned(served: Served) -> bool:

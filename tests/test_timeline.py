@@ -139,12 +139,18 @@ def test_the_compiled_timeline_pass_is_its_python_source():
     b_start = np.sort(rng.uniform(0, 20_000, 500))
     b_size = rng.integers(1, 9, 500)
     edges = np.arange(0.0, 22_000.5, 1000.0)
-    args = (arrival, t_response, done, outcome, degraded, t_queued, t_dispatch, t_dropped, (1, 2, 3), b_start, b_size)
-    compiled = binning.timeline_sums(edges, 1000.0, *args)
+    from types import SimpleNamespace
+
+    r = SimpleNamespace(
+        arrival=arrival, t_response=t_response, outcome=outcome, degraded=degraded,
+        t_preprocessed=t_queued, t_dispatch=t_dispatch, t_dropped=t_dropped,
+    )  # fmt: skip
+    batches = SimpleNamespace(start=b_start, size=b_size)
+    compiled = binning.timeline_sums(edges, 1000.0, r, done, batches)
     source = binning._timeline
     try:
         binning._timeline = binning._timeline_py
-        plain = binning.timeline_sums(edges, 1000.0, *args)
+        plain = binning.timeline_sums(edges, 1000.0, r, done, batches)
     finally:
         binning._timeline = source
     for a, b in zip(compiled, plain, strict=True):

@@ -16,7 +16,14 @@ same to the bit with or without numba.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+from simulator.ledger import DROPS, BatchLog
+
+if TYPE_CHECKING:
+    from simulator.results.records import Records
 
 try:
     from numba import njit
@@ -137,54 +144,23 @@ else:  # pragma: no cover
 
 
 def timeline_sums(
-    edges: np.ndarray,
-    w: float,
-    arrival: np.ndarray,
-    t_response: np.ndarray,
-    done: np.ndarray,
-    outcome: np.ndarray,
-    degraded: np.ndarray,
-    t_queued: np.ndarray,
-    t_dispatch: np.ndarray,
-    t_dropped: np.ndarray,
-    codes: tuple[int, int, int],
-    b_start: np.ndarray,
-    b_size: np.ndarray,
-    *,
-    intervals: bool = True,
+    edges: np.ndarray, w: float, r: Records, done: np.ndarray, batches: BatchLog, *, intervals: bool = True
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """A piece's per-interval sums (:data:`ROWS` × ``len(edges)``), the interval of
-    each arrival, the response interval of each completed request (in request order),
-    and their end-to-end latencies grouped by that interval (intervals in order; the
-    group sizes are the ``COMPLETED`` row), each group sorted. ``edges`` must cover
-    every finite time given (``_Bins._grow``); ``codes``: the outcome codes of
-    rejected, timed out and failed; ``b_start``, ``b_size``: the piece's batches, counted
-    by start. ``intervals=False`` leaves the arrivals' and responses' intervals out
-    (empty): two run-long arrays a summary needs only for some sections."""
+    each arrival, the response interval of each completed request (``done``, in request
+    order), and their end-to-end latencies grouped by that interval (intervals in order;
+    the group sizes are the ``COMPLETED`` row), each group sorted; its ``batches`` are
+    counted by start. ``edges`` must cover every finite time given (``_Bins._grow``).
+    ``intervals=False`` leaves the arrivals' and responses' intervals out (empty): two
+    run-long arrays a summary needs only for some sections."""
     sums = np.zeros((ROWS, len(edges)))
     n_done = int(np.count_nonzero(done))
-    ka = np.empty(len(arrival) if intervals else 0, dtype=np.intp)
+    ka = np.empty(len(r.arrival) if intervals else 0, dtype=np.intp)
     kr = np.empty(n_done if intervals else 0, dtype=np.intp)
     e2e = np.empty(n_done)
-    _timeline(
-        edges,
-        1.0 / w,
-        arrival,
-        t_response,
-        done,
-        outcome,
-        degraded,
-        t_queued,
-        t_dispatch,
-        t_dropped,
-        np.asarray(codes, dtype=outcome.dtype),
-        b_start,
-        b_size,
-        sums,
-        ka,
-        kr,
-        e2e,
-    )
+    codes = np.array([DROPS["rejected"], DROPS["timed_out"], DROPS["failed"]], dtype=r.outcome.dtype)
+    columns = (r.arrival, r.t_response, done, r.outcome, r.degraded, r.t_preprocessed, r.t_dispatch, r.t_dropped)
+    _timeline(edges, 1.0 / w, *columns, codes, batches.start, batches.size, sums, ka, kr, e2e)
     lo = 0
     for hi in np.cumsum(sums[COMPLETED]).astype(np.int64).tolist():
         if hi - lo > 1:

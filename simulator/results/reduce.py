@@ -347,12 +347,8 @@ class Reduction:
         upto = max((float(np.fmax.reduce(t)) for t in times if len(t)), default=np.nan)
         if upto == upto:  # every finite time gets an interval (NaN: no time at all)
             b._grow(upto)
-        codes = (DROPS["rejected"], DROPS["timed_out"], DROPS["failed"])
-        sums, ka, kr, e2e_grouped = timeline_sums(
-            b.edges, b.w, r.arrival, r.t_response, done, r.outcome, r.degraded,
-            r.t_preprocessed, r.t_dispatch, r.t_dropped, codes, batches.start, batches.size,
-            intervals=bool(s.caches.result or s.caches.feature or s.router.canary or r.output_tokens is not None),
-        )  # fmt: skip
+        needed = s.caches.result or s.caches.feature or s.router.canary or r.output_tokens is not None
+        sums, ka, kr, e2e_grouped = timeline_sums(b.edges, b.w, r, done, batches, intervals=bool(needed))
         for name, row in (
             ("offered", OFFERED),
             ("rejected", REJECTED),

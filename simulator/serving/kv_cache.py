@@ -180,10 +180,8 @@ class KVCache:
         table = self.tables[seq]
         if start + len(keys) > len(table):
             raise ValueError(f"{len(keys)} keys from block {start} for a sequence of {len(table)} blocks")
-        for b, key in zip(table[start:], keys, strict=False):
-            if self.key[b] is None and key not in self.cached:
-                self.key[b] = key
-                self.cached[key] = b
+        for i, key in enumerate(keys, start):
+            self.name_block(seq, i, key)
 
     def free(self, seq: Hashable) -> None:
         """Sequence ``seq`` finished or was preempted: its blocks go, last first, to the
