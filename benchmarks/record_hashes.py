@@ -65,6 +65,29 @@ CASES: dict[str, tuple[str, list[str]]] = {
             "platform.speed={kind: log_ar1, step_ms: 50, components: [{sigma: 0.2, correlation_time_s: 1}]}",
         ],
     ),
+    # LLM replicas short of KV blocks: preemption by recompute under each policy, with the
+    # prefix cache's shared groups, and sessions whose turns share their blocks
+    **{
+        f"llm_preempt_{policy}": (
+            "llm_chat.yaml",
+            [
+                "duration_s=20",
+                "warmup_s=0",
+                "workers.count=1",
+                "traffic.rate_rps=6",
+                "traffic.tokens.prefix={share: 0.5, groups: 3, tokens: 600}",
+                "traffic.tokens.prompt.max=3000",
+                "traffic.tokens.output.max=1000",
+                "batching.num_blocks=700",
+                f"batching.policy={policy}",
+            ],
+        )
+        for policy in ("continuous", "prefill_first", "static")
+    },
+    "llm_sessions_preempt": (
+        "llm_multiturn.yaml",
+        ["duration_s=10", "warmup_s=0", "workers.count=1", "traffic.rate_rps=10", "batching.num_blocks=900"],
+    ),
     "event_loop": (
         "calibrated_cpu_resnet.yaml",
         [

@@ -233,6 +233,7 @@ class _Seq:
         "arrival",
         "cached",
         "computed",
+        "eager",
         "first",
         "keys",
         "last",
@@ -248,9 +249,11 @@ class _Seq:
         "start",
     )
 
-    def __init__(self, rid: int, arrival: float, prompt: int, output: int, keys: Sequence[Hashable]):
+    def __init__(self, rid: int, arrival: float, prompt: int, output: int, keys: Sequence[Hashable], eager: int = -1):
         self.rid, self.arrival, self.prompt, self.output, self.keys = rid, arrival, prompt, output, keys
         self.nkeys = len(keys)  # read every step: kept, not asked of the keys
+        # its first blocks to name as they fill (the rest when it is preempted: see Replica.push)
+        self.eager = self.nkeys if eager < 0 else eager
         self.computed = 0  # tokens whose KV is computed (or served from the cache)
         self.made = 0  # output tokens produced
         self.first = math.nan  # when the first output token was produced
@@ -396,11 +399,18 @@ class Replica:
         from its second token on (a preemption here recomputes it all)."""
         bs = self.limits.block_size
         keys: Sequence[Hashable] = ()
+        eager = -1
         if self.limits.prefix_caching and first_token is None:
             shared = min(shared_tokens, prompt) // bs if group is not None else 0
             owner = -1 if session < 0 else session_owner(session)
             keys = Keys(rid, group, shared, (prompt + output) // bs, owner)
-        s = _Seq(rid, arrival, int(prompt), int(output), keys)
+            # Blocks keyed by the request alone (not a group's, not a session's) can only be
+            # hit by the request itself, after a preemption: they are named when it is
+            # preempted, not as they fill (the same names: held blocks are never evicted and
+            # nobody else looks them up), and never when it finishes unpreempted
+            if session < 0:
+                eager = shared
+        s = _Seq(rid, arrival, int(prompt), int(output), keys, eager)
         if first_token is not None:
             s.made, s.ready, s.first = 1, s.prompt, first_token
             s.last = first_token
@@ -667,15 +677,18 @@ class Replica:
         # each step's blocks, then each step's newly full blocks named (as the single steps
         # do: naming after an eviction differs from naming before it)
         names = []
-        if any(s.nkeys for s in running):
+        if any(s.eager > s.named for s in running):
             names = [
-                (j, pos) for pos, s in enumerate(running) if s.nkeys for j in range(bs - s.computed % bs, taken + 1, bs)
+                (j, pos)
+                for pos, s in enumerate(running)
+                if s.eager > s.named
+                for j in range(bs - s.computed % bs, taken + 1, bs)
             ]
         todo = sorted([(j, 0, pos) for j, pos in events if j <= taken] + [(j, 1, pos) for j, pos in names])
         for j, naming, pos in todo:
             s = running[pos]
             if naming:
-                full = min((s.computed + j) // bs, s.nkeys)
+                full = min((s.computed + j) // bs, s.eager)
                 if full > s.named:
                     _name(kv, s, full)
             else:
@@ -737,6 +750,10 @@ class Replica:
         return got
 
     def _preempt(self, s: _Seq) -> None:
+        full = min(s.computed // self.limits.block_size, s.nkeys)
+        if full > s.named:  # the blocks named lazily (push): named now, before they are freed
+            _name(self.kv, s, full)
+        s.eager = s.nkeys  # named as they fill from now on
         self.kv.free(s.rid)
         s.computed = 0
         s.ready = 0
@@ -787,8 +804,8 @@ class Replica:
             if s.start != s.start:  # NaN: its first step
                 s.start = start
             s.computed += n
-            if s.nkeys and s.computed // bs > s.named:  # a block filled: named, as far as it has keys
-                full = min(s.computed // bs, s.nkeys)
+            if s.eager and s.computed // bs > s.named:  # a block filled: named, as far as it has keys
+                full = min(s.computed // bs, s.eager)
                 if full > s.named:
                     _name(self.kv, s, full)
             if s.computed == s.prompt + s.made:  # every known token computed: one more token
