@@ -146,20 +146,25 @@ class KVCache:
             self._take(table, need)
 
     def _take(self, table: list[int], n: int) -> None:
-        """The next ``n`` free blocks onto ``table``, one at a time: a never-used one, else
-        the least recently freed (its cached content evicted)."""
-        key, ref, cached, queue = self.key, self.ref, self.cached, self.free_queue
-        for _ in range(n):
-            if self.fresh < self.num_blocks:  # a block never used
-                b = self.fresh
-                self.fresh += 1
-            else:
-                b, _ = queue.popitem(last=False)  # the least recently freed
-            if key[b] is not None:  # its cached content is evicted
-                del cached[key[b]]
-                key[b] = None
-            ref[b] = 1
-            table.append(b)
+        """The next ``n`` free blocks onto ``table``: the never-used ones first (they hold
+        no content), then the least recently freed, one at a time (their cached content
+        evicted)."""
+        fresh = self.fresh
+        m = min(n, self.num_blocks - fresh)
+        if m > 0:  # blocks never used
+            table.extend(range(fresh, fresh + m))
+            self.ref[fresh : fresh + m] = [1] * m
+            self.fresh = fresh + m
+            n -= m
+        if n > 0:
+            key, ref, cached, pop = self.key, self.ref, self.cached, self.free_queue.popitem
+            for _ in range(n):
+                b = pop(last=False)[0]  # the least recently freed
+                if key[b] is not None:  # its cached content is evicted
+                    del cached[key[b]]
+                    key[b] = None
+                ref[b] = 1
+                table.append(b)
 
     def name_block(self, seq: Hashable, index: int, key: Hashable) -> None:
         """:meth:`cache_full_blocks` for one block: ``seq``'s block ``index`` holds ``key``."""
@@ -186,10 +191,12 @@ class KVCache:
     def free(self, seq: Hashable) -> None:
         """Sequence ``seq`` finished or was preempted: its blocks go, last first, to the
         back of the free queue once nobody holds them (their content still cached)."""
+        ref, queue = self.ref, self.free_queue
         for b in reversed(self.tables.pop(seq)):
-            self.ref[b] -= 1
-            if self.ref[b] == 0:
-                self.free_queue[b] = None
+            left = ref[b] - 1
+            ref[b] = left
+            if not left:
+                queue[b] = None
 
     def _forget(self, b: int) -> None:
         if self.key[b] is not None:

@@ -517,7 +517,7 @@ class Replica:
             while waiting and budget > 0 and len(running) < lim.max_num_seqs:
                 s = waiting[0]
                 total = s.prompt + s.made
-                hit = s.ready or (kv.cached_prefix(s.keys, total) if s.nkeys else 0)
+                hit = s.ready or (kv.cached_prefix(s.keys, total) if s.eager else 0)
                 n = total - hit
                 if cap and n > cap:
                     n = cap
@@ -547,7 +547,7 @@ class Replica:
                 continue
             if tokens + length > lim.max_num_batched_tokens or len(running) + len(batch) >= lim.max_num_seqs:
                 break
-            hit = kv.cached_prefix(s.keys, length) if s.nkeys else 0
+            hit = kv.cached_prefix(s.keys, length) if s.eager else 0
             if kv.blocks_for(length) - hit // lim.block_size > kv.free_blocks - self.keep_free:
                 break
             got = self._admit(s, length)
@@ -739,7 +739,8 @@ class Replica:
         """Blocks for ``s``, the head of the waiting queue, to hold ``tokens`` (sharing its
         cached prefix); on success it leaves the queue. Returns the tokens the cache
         served, or None when the blocks are not free (nothing changes)."""
-        got = self.kv.allocate(s.rid, tokens, s.keys)
+        # (keys none of which can be cached yet are not looked up: see push)
+        got = self.kv.allocate(s.rid, tokens, s.keys if s.eager else ())
         if got is None:
             return None
         self.waiting.popleft()
