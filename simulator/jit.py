@@ -1,22 +1,76 @@
-"""numba's start, paid once per process and named as such.
+"""numba, loaded when a compiled loop first runs, and its start paid once per process.
 
-The first call of any compiled loop in a process loads numba's CPU target (its
-registries, and the scipy BLAS that numba checks for): about 0.35 s on the machines of
-``benchmarks/README.md``, the same whichever loop comes first, and nothing after. The
-loops themselves load from numba's cache beside their modules. :func:`load` pays that
-start up front, so that a run's wall time is the simulation's and the start is reported
-beside it (``servesim run``: "numba started in …").
+The simulator's inner loops (a FCFS station's heap, the compiled batch scheduler, the front
+end's event loop, the timeline's pass over the records) are written in Python and compiled
+by numba. Importing numba takes about 0.2 s and its first call loads its CPU target (its
+registries, and the scipy BLAS that numba checks for), about 0.35 s more on the machines of
+``benchmarks/README.md``; the loops themselves load from numba's cache beside their modules.
+
+- :func:`njit` marks a loop for compiling without importing numba: the module that holds it
+  imports in a few ms, and numba comes in when the loop first runs (:class:`Compiled`). A
+  run that compiles nothing (an LLM scenario's replicas are Python) never pays for numba.
+- :func:`load` pays numba's start up front, so that a run's wall time is the simulation's
+  and the start is reported beside it (``servesim run``: "numba started in …").
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import time
 
+AVAILABLE = importlib.util.find_spec("numba") is not None  # numba is a core dependency; a bare numpy runs without
 _started = False
 
 
 def _noop(x: int) -> int:
     return x + 1
+
+
+def started() -> bool:
+    """Whether numba has started in this process (:func:`load`, or a compiled loop ran)."""
+    return _started
+
+
+class Compiled:
+    """``py_func`` as ``numba.njit(**options)`` compiles it, made on the first call.
+
+    On that call numba is imported and every :class:`Compiled` among the module globals of
+    ``py_func`` is replaced there by its numba dispatcher, so that compiled loops calling
+    each other (by their module names) see numba's functions when numba types them."""
+
+    def __init__(self, py_func, options: dict):
+        functools.update_wrapper(self, py_func)
+        self.py_func, self.options = py_func, options
+        self._dispatcher = None
+
+    def dispatcher(self):
+        """numba's dispatcher for the function (numba imported on the first call)."""
+        if self._dispatcher is None:
+            from numba import njit as numba_njit
+
+            self._dispatcher = numba_njit(**self.options)(self.py_func)
+            g = self.py_func.__globals__
+            for name, value in list(g.items()):
+                if isinstance(value, Compiled):
+                    g[name] = value.dispatcher()
+        return self._dispatcher
+
+    def __call__(self, *args):
+        global _started
+        out = (self._dispatcher or self.dispatcher())(*args)
+        _started = True
+        return out
+
+
+def njit(**options):
+    """A decorator: the function compiled by numba with ``options`` when first called
+    (:class:`Compiled`); without numba installed, the function itself."""
+
+    def wrap(py_func):
+        return Compiled(py_func, options) if AVAILABLE else py_func
+
+    return wrap
 
 
 def load() -> float:
@@ -26,11 +80,7 @@ def load() -> float:
     if _started:
         return 0.0
     t = time.perf_counter()
-    try:
-        from numba import njit
-    except ImportError:  # pragma: no cover - numba is a core dependency
-        _started = True
-        return 0.0
-    njit(cache=True)(_noop)(1)
+    if AVAILABLE:
+        njit(cache=True)(_noop)(1)
     _started = True
     return time.perf_counter() - t

@@ -121,14 +121,16 @@ def test_interval_index_is_searchsorted_to_the_bit(width_ms):
     assert (got == want).all()
 
 
-def test_the_compiled_timeline_pass_is_its_python_source():
-    """The timeline pass compiled and run as plain Python give the same sums, intervals
-    and grouped latencies (drops, degraded requests and unfinished ones included)."""
+def test_the_timeline_passes_compiled_python_and_numpy_agree(monkeypatch):
+    """The timeline pass compiled, run as plain Python, and in numpy (the pass a run takes
+    before numba has started) give the same sums, intervals and grouped latencies, to the
+    bit (drops, degraded requests, unfinished ones and times on the edges included)."""
+    from simulator import jit
     from simulator.results import binning
 
     rng = np.random.default_rng(4)
     n = 3_000
-    arrival = np.sort(rng.uniform(0, 20_000, n))
+    arrival = np.sort(np.concatenate([rng.uniform(0, 20_000, n - 20), np.arange(20) * 1000.0]))
     outcome = rng.choice(np.array([0, 0, 0, 1, 2, 3], dtype=np.int8), n)
     done = outcome == 0
     t_queued = arrival + rng.exponential(2.0, n)
@@ -146,15 +148,20 @@ def test_the_compiled_timeline_pass_is_its_python_source():
         t_preprocessed=t_queued, t_dispatch=t_dispatch, t_dropped=t_dropped,
     )  # fmt: skip
     batches = SimpleNamespace(start=b_start, size=b_size)
-    compiled = binning.timeline_sums(edges, 1000.0, r, done, batches)
-    source = binning._timeline
-    try:
-        binning._timeline = binning._timeline_py
-        plain = binning.timeline_sums(edges, 1000.0, r, done, batches)
-    finally:
-        binning._timeline = source
-    for a, b in zip(compiled, plain, strict=True):
-        assert np.array_equal(a, b)
+    ways = {}
+    for name, started, one_pass in (
+        ("compiled", True, binning._timeline),
+        ("python", True, binning._timeline_py),
+        ("numpy", False, binning._timeline_np),
+    ):
+        monkeypatch.setattr(jit, "started", lambda started=started: started)
+        monkeypatch.setattr(binning, "_timeline", one_pass)
+        ways[name] = binning.timeline_sums(edges, 1000.0, r, done, batches)
+    compiled = ways["compiled"]
+    for name in ("python", "numpy"):
+        for a, b in zip(compiled, ways[name], strict=True):
+            assert a.dtype == b.dtype, name
+            assert np.array_equal(a, b), name
     sums, ka, kr, e2e = compiled
     assert sums[binning.OFFERED].sum() == n
     assert sums[binning.COMPLETED].sum() == done.sum()

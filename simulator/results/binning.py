@@ -20,15 +20,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from simulator import jit
 from simulator.ledger import DROPS, BatchLog
 
 if TYPE_CHECKING:
     from simulator.results.records import Records
 
-try:
-    from numba import njit
-except ImportError:  # pragma: no cover - numba is a core dependency
-    njit = None
 
 # rows of the sums: counts by arrival, completions by response, and the two levels, each a
 # start and an end row (the partial widths, then the counts), as _Bins.add_level keeps them
@@ -136,11 +133,72 @@ def _timeline_py(
             j += 1
 
 
-if njit is not None:
-    _bin = njit(cache=True, inline="always")(_bin)
-    _timeline = njit(cache=True, nogil=True)(_timeline_py)
-else:  # pragma: no cover
-    _timeline = _timeline_py
+_bin = jit.njit(cache=True, inline="always")(_bin)
+_timeline = jit.njit(cache=True, nogil=True)(_timeline_py)
+
+
+def _index(edges: np.ndarray, inv_w: float, t: np.ndarray) -> np.ndarray:
+    """:func:`_bin` of each of the finite times ``t``, in numpy."""
+    k = (t * inv_w).astype(np.intp)
+    np.clip(k, 0, len(edges) - 2, out=k)
+    k += edges[k + 1] <= t
+    k -= edges[k] > t
+    return k
+
+
+def _timeline_np(
+    edges: np.ndarray,
+    inv_w: float,
+    arrival: np.ndarray,
+    t_response: np.ndarray,
+    done: np.ndarray,
+    outcome: np.ndarray,
+    degraded: np.ndarray,
+    t_queued: np.ndarray,
+    t_dispatch: np.ndarray,
+    t_dropped: np.ndarray,
+    codes: np.ndarray,
+    b_start: np.ndarray,
+    b_size: np.ndarray,
+    sums: np.ndarray,
+    ka: np.ndarray,
+    kr: np.ndarray,
+    e2e: np.ndarray,
+) -> None:
+    """:func:`_timeline_py` in numpy passes: each row's additions are ``np.bincount``'s,
+    which adds in request order as the loop does, so the sums are the same to the bit."""
+    n = len(edges)
+
+    def add(row: int, k: np.ndarray, weights: np.ndarray | None = None) -> None:
+        sums[row] += np.bincount(k, weights=weights, minlength=n)
+
+    k = _index(edges, inv_w, arrival)
+    if len(ka):
+        ka[:] = k
+    add(OFFERED, k)
+    for row, code in zip((REJECTED, TIMED_OUT, FAILED), codes, strict=True):
+        add(row, k[outcome == code])
+    done = done.astype(bool, copy=False)
+    kd, a, t = k[done], arrival[done], t_response[done]
+    r = _index(edges, inv_w, t)
+    if len(kr):
+        kr[:] = r
+    add(DEGRADED, k[done & degraded.astype(bool, copy=False)])
+    add(COMPLETED, r)
+    add(IN_FLIGHT, kd, edges[kd + 1] - a)
+    add(IN_FLIGHT + 1, kd)
+    add(IN_FLIGHT + 2, r, edges[r + 1] - t)
+    add(IN_FLIGHT + 3, r)
+    left = np.where(done, t_dispatch, t_dropped)
+    queued = np.isfinite(t_queued) & np.isfinite(left)
+    for row, times in ((QUEUE, t_queued[queued]), (QUEUE + 2, left[queued])):
+        kq = _index(edges, inv_w, times)
+        add(row, kq, edges[kq + 1] - times)
+        add(row + 1, kq)
+    kb = _index(edges, inv_w, b_start)
+    add(BATCHES, kb)
+    add(BATCH_ITEMS, kb, b_size.astype(float))
+    e2e[:] = (t - a)[np.argsort(r, kind="stable")]  # grouped by response interval, request order within
 
 
 def timeline_sums(
@@ -160,7 +218,10 @@ def timeline_sums(
     e2e = np.empty(n_done)
     codes = np.array([DROPS["rejected"], DROPS["timed_out"], DROPS["failed"]], dtype=r.outcome.dtype)
     columns = (r.arrival, r.t_response, done, r.outcome, r.degraded, r.t_preprocessed, r.t_dispatch, r.t_dropped)
-    _timeline(edges, 1.0 / w, *columns, codes, batches.start, batches.size, sums, ka, kr, e2e)
+    # numba's pass once numba has started in this process (a compiled engine's run starts it),
+    # else numpy's: an LLM run compiles nothing and need not pay numba's start for this
+    one_pass = _timeline if jit.started() else _timeline_np
+    one_pass(edges, 1.0 / w, *columns, codes, batches.start, batches.size, sums, ka, kr, e2e)
     lo = 0
     for hi in np.cumsum(sums[COMPLETED]).astype(np.int64).tolist():
         if hi - lo > 1:

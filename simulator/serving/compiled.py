@@ -30,14 +30,10 @@ import math
 
 import numpy as np
 
+from simulator import jit
 from simulator.ledger import BatchLog, Outcome, Served
 from simulator.scenario.config import Batching
 from simulator.serving.served import PoolRun
-
-try:
-    from numba import njit
-except ImportError:  # pragma: no cover - numba is a core dependency
-    njit = None
 
 DONE, EXTEND, NEED_FACTORS, FULL = 0, 1, 2, 3  # why _run returned
 _REJECTED, _TIMED_OUT = int(Outcome.REJECTED), int(Outcome.TIMED_OUT)
@@ -55,13 +51,13 @@ def _finish_on_path_py(start, work, pt, pw, pf):
     return pt[j] + (target - pw[j]) * pf[j]
 
 
-finish_on_path = njit(cache=True, nogil=True)(_finish_on_path_py) if njit is not None else _finish_on_path_py
+finish_on_path = jit.njit(cache=True, nogil=True)(_finish_on_path_py)
 
 
 def covers(cfg: Batching) -> bool:
     """Whether the compiled scheduler runs a queue with this batching (numba is there, and
     no end-to-end deadlines)."""
-    return njit is not None and cfg.deadline_ms is None
+    return jit.AVAILABLE and cfg.deadline_ms is None
 
 
 def _expire_py(q, buf, outcome, drop, qh, qt, timeout, t):
@@ -77,7 +73,7 @@ def _expire_py(q, buf, outcome, drop, qh, qt, timeout, t):
     return qh
 
 
-_expire = njit(cache=True, nogil=True)(_expire_py) if njit is not None else None
+_expire = jit.njit(cache=True, nogil=True)(_expire_py) if jit.AVAILABLE else None
 
 
 def _kernel(
@@ -194,7 +190,7 @@ def _kernel(
     return status, clock
 
 
-_run = njit(cache=True, nogil=True)(_kernel) if njit is not None else None
+_run = jit.njit(cache=True, nogil=True)(_kernel) if jit.AVAILABLE else None
 
 
 def _grown(a: np.ndarray, need: int, fill=0) -> np.ndarray:

@@ -35,15 +35,11 @@ import math
 
 import numpy as np
 
+from simulator import jit
 from simulator.ledger import BatchLog, Outcome, Served
 from simulator.scenario.config import Batching
 from simulator.scenario.path import EventLoop
 from simulator.serving.compiled import finish_on_path
-
-try:
-    from numba import njit
-except ImportError:  # pragma: no cover - numba is a core dependency
-    njit = None
 
 _REJECTED = int(Outcome.REJECTED)
 _NONE, _ADMIT, _RETURN, _RESPOND, _TIMER = 0, 1, 2, 3, 4
@@ -95,7 +91,7 @@ def _dispatch_py(
     return qh, fpos, nb
 
 
-_dispatch = njit(cache=True, nogil=True)(_dispatch_py) if njit is not None else _dispatch_py
+_dispatch = jit.njit(cache=True, nogil=True)(_dispatch_py)
 
 
 def _kernel_py(
@@ -198,7 +194,7 @@ def _kernel_py(
     clock[0] = loop_free
 
 
-_kernel = njit(cache=True, nogil=True)(_kernel_py) if njit is not None else _kernel_py
+_kernel = jit.njit(cache=True, nogil=True)(_kernel_py)
 
 _NO_PATH = (np.zeros(0), np.zeros(0), np.zeros(0))
 

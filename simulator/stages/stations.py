@@ -13,6 +13,8 @@ import heapq
 
 import numpy as np
 
+from simulator import jit
+
 
 class Lindley:
     """A single FCFS server fed in successive runs of sorted arrivals, with its state carried.
@@ -131,12 +133,8 @@ def _fcfs_loop(arrivals, service, heap_t, heap_k, starts, ids):  # pragma: no co
         heap_k[pos] = k
 
 
-try:  # numba compiles the loop once per machine (cached beside this module)
-    from numba import njit
-
-    _fcfs_compiled = njit(cache=True, nogil=True)(_fcfs_loop)
-except ImportError:  # pragma: no cover - numba is a core dependency; this keeps a bare numpy working
-    _fcfs_compiled = None
+# numba compiles the loop once per machine (cached beside this module); a bare numpy runs heapq
+_fcfs_compiled = jit.njit(cache=True, nogil=True)(_fcfs_loop) if jit.AVAILABLE else None
 
 
 def fcfs_multiserver(arrivals: np.ndarray, service: np.ndarray, servers: int) -> tuple[np.ndarray, np.ndarray]:
