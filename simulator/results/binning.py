@@ -146,27 +146,12 @@ def _index(edges: np.ndarray, inv_w: float, t: np.ndarray) -> np.ndarray:
     return k
 
 
-def _timeline_np(
-    edges: np.ndarray,
-    inv_w: float,
-    arrival: np.ndarray,
-    t_response: np.ndarray,
-    done: np.ndarray,
-    outcome: np.ndarray,
-    degraded: np.ndarray,
-    t_queued: np.ndarray,
-    t_dispatch: np.ndarray,
-    t_dropped: np.ndarray,
-    codes: np.ndarray,
-    b_start: np.ndarray,
-    b_size: np.ndarray,
-    sums: np.ndarray,
-    ka: np.ndarray,
-    kr: np.ndarray,
-    e2e: np.ndarray,
-) -> None:
-    """:func:`_timeline_py` in numpy passes: each row's additions are ``np.bincount``'s,
-    which adds in request order as the loop does, so the sums are the same to the bit."""
+def _timeline_np(edges: np.ndarray, inv_w: float, *arrays: np.ndarray) -> None:
+    """:func:`_timeline_py` (the same arguments) in numpy passes: each row's additions
+    are ``np.bincount``'s, which adds in request order as the loop does, so the sums are
+    the same to the bit."""
+    arrival, t_response, done, outcome, degraded, t_queued, t_dispatch, t_dropped = arrays[:8]
+    codes, b_start, b_size, sums, ka, kr, e2e = arrays[8:]
     n = len(edges)
 
     def add(row: int, k: np.ndarray, weights: np.ndarray | None = None) -> None:
