@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from calibrate.cli import app as calibrate_app
+from reference_server.llm.serve import serve_llm
 from reference_server.serve import serve
 from servesim.console import budget, check_output, err, fail, keep_freed_memory, out
 from servesim.explain import explain
@@ -256,6 +257,7 @@ app.command(name="plan")(plan)
 app.command(name="sweep")(sweep)
 app.add_typer(cluster_app, name="cluster")
 app.command(name="serve")(serve)
+app.command(name="serve-llm")(serve_llm)
 
 
 @app.command()

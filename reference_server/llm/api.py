@@ -1,0 +1,365 @@
+"""An OpenAI-compatible HTTP front end for the engine, with vLLM's metrics.
+
+- ``POST /v1/completions`` and ``POST /v1/chat/completions``: ``stream: true`` answers as
+  server-sent events, one chunk per token, then a chunk with ``usage``, then
+  ``data: [DONE]``; otherwise one JSON body. ``max_tokens`` is honoured exactly (the
+  engine ignores EOS, as vLLM's ``ignore_eos``); decoding is greedy whatever
+  ``temperature`` says. A prompt is text (one token a byte) or a list of token ids.
+- ``GET /v1/models``, ``GET /health``.
+- ``GET /metrics``: vLLM's names, labels (``model_name``) and histogram buckets, so a
+  dashboard or :mod:`calibrate.watch` built for vLLM reads this server as it reads vLLM.
+
+A bad request gets a 4xx with an OpenAI-style body, ``{"error": {"message", "type",
+"param", "code"}}``, naming the field; the engine never sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from reference_server.llm.engine import EngineConfig
+from reference_server.llm.model import VOCAB, decode, encode
+from reference_server.llm.worker import EngineClient, EngineDied
+
+# vLLM's histogram buckets (vllm/v1/metrics/loggers.py)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)  # fmt: skip
+REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
+                   240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+
+
+def buckets_1_2_5(largest: int) -> list[float]:
+    """1, 2, 5, 10, 20, 50, ... up to ``largest`` (vLLM's token-count buckets)."""
+    out, scale = [], 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > largest:
+                return out
+            out.append(float(m * scale))
+        scale *= 10
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None):
+        super().__init__(message)
+        self.message, self.param, self.status, self.code = message, param, status, code
+
+
+def error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    kind = {400: "invalid_request_error", 404: "not_found_error", 503: "service_unavailable"}.get(status, "error")
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code or status}}
+    return JSONResponse(body, status_code=status)
+
+
+@dataclass
+class Asked:
+    """A validated request."""
+
+    prompt: list[int]
+    max_tokens: int
+    stream: bool
+    chat: bool
+    usage_in_stream: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+def _int(body: dict, name: str, default: int) -> int:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise BadRequest(f"{name} must be an integer, not {json.dumps(v)}", name)
+    return v
+
+
+def parse(body, *, chat: bool, served: str, cfg: EngineConfig) -> Asked:
+    """The request in ``body`` (parsed JSON), or :class:`BadRequest` naming the field."""
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    model = body.get("model", served)
+    if model != served:
+        raise BadRequest(f"the model {model!r} does not exist (this server serves {served!r})", "model", 404,
+                         "model_not_found")  # fmt: skip
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages must be a non-empty list of {role, content}", "messages")
+        text = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise BadRequest(f"messages[{i}] must be an object with a string role and a string content", "messages")
+            text.append(f"<{m['role']}>{m['content']}\n")
+        prompt = encode("".join(text) + "<assistant>")
+    else:
+        p = body.get("prompt")
+        if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str | list):
+            p = p[0]
+        if isinstance(p, str):
+            prompt = encode(p)
+        elif isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            if any(not 0 <= t < VOCAB for t in p):
+                raise BadRequest(f"prompt token ids must be in 0..{VOCAB - 1}", "prompt")
+            prompt = list(p)
+        else:
+            raise BadRequest("prompt must be a string or a list of token ids (one prompt)", "prompt")
+    if not prompt:
+        raise BadRequest("the prompt is empty", "prompt")
+    name = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
+    max_tokens = _int(body, name, 16)
+    if max_tokens < 1:
+        raise BadRequest(f"{name} must be at least 1, not {max_tokens}", name)
+    if len(prompt) + max_tokens > cfg.max_model_len:
+        raise BadRequest(
+            f"this model's maximum context length is {cfg.max_model_len} tokens; the prompt has {len(prompt)} "
+            f"and {name} asks for {max_tokens}",
+            name,
+        )
+    if _int(body, "n", 1) != 1:
+        raise BadRequest("n must be 1 (one choice a request)", "n")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("stream must be true or false", "stream")
+    for name in ("temperature", "top_p"):
+        v = body.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+            raise BadRequest(f"{name} must be a number", name)
+    opts = body.get("stream_options") or {}
+    if not isinstance(opts, dict):
+        raise BadRequest("stream_options must be an object", "stream_options")
+    return Asked(prompt, max_tokens, stream, chat, bool(opts.get("include_usage", True)))
+
+
+class Metrics:
+    """vLLM's metrics: histograms and counters observed here as requests finish, gauges and
+    engine totals read from the engine's latest step."""
+
+    def __init__(self, served: str, cfg: EngineConfig, client: EngineClient):
+        self.registry = r = CollectorRegistry()
+        self.labels = {"model_name": served, "engine": "0"}
+        names = list(self.labels)
+
+        def hist(name, doc, buckets):
+            return Histogram(name, doc, names, buckets=buckets, registry=r).labels(**self.labels)
+
+        self.ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                         TTFT_BUCKETS)  # fmt: skip
+        self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        self.tpot = hist("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds "
+                         "per request.", ITL_BUCKETS)  # fmt: skip
+        self.e2e = hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                        REQUEST_BUCKETS)  # fmt: skip
+        self.queue = hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+                          REQUEST_BUCKETS)  # fmt: skip
+        self.inference = hist("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for "
+                              "request.", REQUEST_BUCKETS)  # fmt: skip
+        self.prefill = hist("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for "
+                            "request.", REQUEST_BUCKETS)  # fmt: skip
+        self.decode = hist("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
+                           REQUEST_BUCKETS)  # fmt: skip
+        tokens = buckets_1_2_5(cfg.max_model_len)
+        self.prompt_tokens = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
+        self.generation_tokens = hist("vllm:request_generation_tokens", "Number of generation tokens processed.",
+                                      tokens)  # fmt: skip
+        self.prompt_total = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", names, registry=r)
+        self.generation_total = Counter("vllm:generation_tokens", "Number of generation tokens processed.", names,
+                                        registry=r)  # fmt: skip
+        self.success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                               [*names, "finished_reason"], registry=r)  # fmt: skip
+        r.register(_EngineCollector(self.labels, cfg, client))
+
+    def finished(self, arrival_ns: int, first_ns: int, last_ns: int, info: dict) -> None:
+        s = 1e-9
+        self.ttft.observe((first_ns - arrival_ns) * s)
+        self.e2e.observe((last_ns - arrival_ns) * s)
+        self.queue.observe((info["scheduled_ns"] - info["arrival_ns"]) * s)
+        self.inference.observe((info["last_ns"] - info["scheduled_ns"]) * s)
+        self.prefill.observe((info["first_ns"] - info["scheduled_ns"]) * s)
+        self.decode.observe((info["last_ns"] - info["first_ns"]) * s)
+        n_out = info["generation_tokens"]
+        if n_out > 1:
+            self.tpot.observe((last_ns - first_ns) * s / (n_out - 1))
+        self.prompt_tokens.observe(info["prompt_tokens"])
+        self.generation_tokens.observe(n_out)
+        self.prompt_total.labels(**self.labels).inc(info["prompt_tokens"])
+        self.generation_total.labels(**self.labels).inc(n_out)
+        self.success.labels(**self.labels, finished_reason="length").inc()
+
+
+class _EngineCollector:
+    """The engine's gauges and running totals, as of its latest step."""
+
+    def __init__(self, labels: dict, cfg: EngineConfig, client: EngineClient):
+        self.labels, self.cfg, self.client = labels, cfg, client
+
+    def collect(self):
+        g, names, values = self.client.gauges, list(self.labels), list(self.labels.values())
+        for name, doc, key in (
+            ("vllm:num_requests_running", "Number of requests in model execution batches.", "running"),
+            ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "waiting"),
+            ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "kv_usage"),
+        ):
+            m = GaugeMetricFamily(name, doc, labels=names)
+            m.add_metric(values, float(g[key]))
+            yield m
+        for name, doc, key in (
+            ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", "preemptions"),
+            ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", "prefix_hits"),
+            ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+             "prefix_queries"),
+        ):  # fmt: skip
+            m = CounterMetricFamily(name, doc, labels=names)
+            m.add_metric(values, float(g[key]))
+            yield m
+        c = self.cfg
+        info = {
+            "block_size": str(c.block_size),
+            "num_gpu_blocks": str(c.num_blocks),
+            "enable_prefix_caching": str(c.enable_prefix_caching),
+            "max_num_batched_tokens": str(c.max_num_batched_tokens),
+            "max_num_seqs": str(c.max_num_seqs),
+            "kv_bytes_per_token": str(c.model.kv_bytes_per_token()),
+        }
+        m = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", labels=list(info))
+        m.add_metric(list(info.values()), 1.0)
+        yield m
+
+
+def create_llm_app(cfg: EngineConfig, *, served: str = "servesim-tiny", threads: int = 1) -> FastAPI:
+    """The app serving the engine (started in its own process when the app starts)."""
+    state: dict = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        client = EngineClient(cfg, threads)
+        await asyncio.get_running_loop().run_in_executor(None, client.wait_ready)
+        client.attach(asyncio.get_running_loop())
+        state["client"] = client
+        state["metrics"] = Metrics(served, cfg, client)
+        try:
+            yield
+        finally:
+            asyncio.get_running_loop().remove_reader(client.conn.fileno())
+            client.close()
+
+    app = FastAPI(title="servesim tiny LLM engine", lifespan=lifespan)
+
+    @app.get("/health")
+    async def health():
+        return Response(status_code=200 if state["client"].alive else 503)
+
+    @app.get("/v1/models")
+    async def models():
+        return {
+            "object": "list",
+            "data": [{"id": served, "object": "model", "created": 0, "owned_by": "servesim", "max_model_len":
+                      cfg.max_model_len}],
+        }  # fmt: skip
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(generate_latest(state["metrics"].registry), media_type="text/plain; version=0.0.4")
+
+    async def handle(request: Request, chat: bool):
+        arrival = time.perf_counter_ns()
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            return error(400, f"the body is not valid JSON: {err}")
+        try:
+            asked = parse(body, chat=chat, served=served, cfg=cfg)
+        except BadRequest as err:
+            return error(err.status, err.message, err.param, err.code)
+        client: EngineClient = state["client"]
+        if not client.alive:
+            return error(503, "the engine process is not running")
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        tokens = client.generate(rid, asked.prompt, asked.max_tokens, arrival)
+        if asked.stream:
+            return StreamingResponse(_sse(rid, asked, tokens, arrival, state["metrics"], served, chat),
+                                     media_type="text/event-stream")  # fmt: skip
+        out, first, last, info = [], 0, 0, {}
+        try:
+            async for t in tokens:
+                now = time.perf_counter_ns()
+                if first:
+                    state["metrics"].itl.observe((now - last) * 1e-9)
+                out.append(t.token)
+                first = first or now
+                last = now
+                info = t.info or info
+        except (EngineDied, ValueError) as err:
+            return error(503 if isinstance(err, EngineDied) else 400, str(err))
+        state["metrics"].finished(arrival, first, last, info)
+        text = "".join(decode(t) for t in out)
+        usage = {"prompt_tokens": len(asked.prompt), "completion_tokens": len(out),
+                 "total_tokens": len(asked.prompt) + len(out)}  # fmt: skip
+        choice = {"index": 0, "finish_reason": "length", "logprobs": None}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        obj = "chat.completion" if chat else "text_completion"
+        return {"id": rid, "object": obj, "created": int(time.time()), "model": served, "choices": [choice],
+                "usage": usage}  # fmt: skip
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await handle(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await handle(request, chat=True)
+
+    return app
+
+
+async def _sse(rid: str, asked: Asked, tokens, arrival: int, metrics: Metrics, served: str, chat: bool):
+    created = int(time.time())
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    first = last = 0
+    n = 0
+    info: dict = {}
+
+    def chunk(choices, usage=None) -> bytes:
+        body = {"id": rid, "object": obj, "created": created, "model": served, "choices": choices}
+        if usage is not None:
+            body["usage"] = usage
+        return f"data: {json.dumps(body)}\n\n".encode()
+
+    try:
+        async for t in tokens:
+            now = time.perf_counter_ns()
+            if first:
+                metrics.itl.observe((now - last) * 1e-9)
+            first = first or now
+            last = now
+            n += 1
+            reason = "length" if t.finished else None
+            if chat:
+                delta = {"content": decode(t.token)}
+                if n == 1:
+                    delta["role"] = "assistant"
+                yield chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}])
+            else:
+                yield chunk([{"index": 0, "text": decode(t.token), "logprobs": None, "finish_reason": reason}])
+            info = t.info or info
+    except (EngineDied, ValueError) as err:
+        yield f"data: {json.dumps({'error': {'message': str(err), 'type': 'server_error', 'code': 500}})}\n\n".encode()
+        return
+    metrics.finished(arrival, first, last, info)
+    if asked.usage_in_stream:
+        usage = {"prompt_tokens": len(asked.prompt), "completion_tokens": n, "total_tokens": len(asked.prompt) + n}
+        yield chunk([], usage)
+    yield b"data: [DONE]\n\n"
