@@ -38,12 +38,12 @@ def wait_http(url: str, timeout_s: float = 90.0, proc: subprocess.Popen | None =
 
 
 @contextlib.contextmanager
-def reference_server(*args: str, env: dict[str, str] | None = None, host: str = "127.0.0.1"):
-    """``servesim serve`` in a subprocess (``env``: variables added to this process's;
-    ``host``: the address it binds); yields (base url, process)."""
+def _serving(args: list[str], health: str, host: str = "127.0.0.1", env: dict[str, str] | None = None):
+    """``servesim <args> --port P`` in a subprocess until ``health`` answers 200; yields
+    (base url, process) and stops it after."""
     port = free_port()
     proc = subprocess.Popen(
-        [*servesim_cmd(), "serve", "--port", str(port), "--host", host, *args],
+        [*servesim_cmd(), *args, "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -51,7 +51,7 @@ def reference_server(*args: str, env: dict[str, str] | None = None, host: str = 
     )
     url = f"http://{host}:{port}"
     try:
-        wait_http(url + "/v2/health/ready", proc=proc)
+        wait_http(url + health, proc=proc)
         yield url, proc
     finally:
         if proc.poll() is None:
@@ -60,6 +60,22 @@ def reference_server(*args: str, env: dict[str, str] | None = None, host: str = 
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+@contextlib.contextmanager
+def reference_server(*args: str, env: dict[str, str] | None = None, host: str = "127.0.0.1"):
+    """``servesim serve`` in a subprocess (``env``: variables added to this process's;
+    ``host``: the address it binds); yields (base url, process)."""
+    with _serving(["serve", "--host", host, *args], "/v2/health/ready", host, env) as got:
+        yield got
+
+
+@contextlib.contextmanager
+def llm_server(*args: str):
+    """``servesim serve-llm`` (the tiny LLM engine) in a subprocess on a free loopback port;
+    yields (base url, process)."""
+    with _serving(["serve-llm", *args], "/health") as got:
+        yield got
 
 
 def children(pid: int) -> list[int]:
@@ -103,4 +119,4 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-__all__ = ["children", "descendants", "redis_server", "reference_server", "running", "wait_gone"]
+__all__ = ["children", "descendants", "llm_server", "redis_server", "reference_server", "running", "wait_gone"]

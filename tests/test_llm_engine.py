@@ -1,0 +1,274 @@
+"""The tiny real LLM engine (issue 30): its paged attention against dense attention, its
+scheduler's preemption and prefix reuse against plain runs, and its HTTP API (streaming,
+metrics, bad requests, shutdown) on a real server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+
+from reference_server.llm.blocks import BlockManager
+from reference_server.llm.engine import Engine, EngineConfig
+from reference_server.llm.model import DecoderConfig, PagedKV, Scheduled, TinyDecoder, encode
+from tests.servers import descendants, llm_server, wait_gone
+
+F64 = DecoderConfig(dtype="float64", max_model_len=512)  # float64: argmax ties cannot flip between the two paths
+
+
+def _prompts(n: int, shared: str = "") -> dict[str, list[int]]:
+    return {f"r{i}": encode(shared + f"question {i}: " + "why? " * (i % 4 + 1)) for i in range(n)}
+
+
+def test_paged_attention_equals_dense_attention():
+    """Logits of a step over paged blocks (scattered, out of order) equal a dense causal
+    pass over the same tokens, for a chunk after context and for single decodes."""
+    model = TinyDecoder(F64)
+    kv = PagedKV(F64, num_blocks=16, block_size=4)
+    tokens = encode("The quick brown fox jumps over")  # 30 tokens
+    table = [9, 2, 14, 5, 0, 11, 7, 3]  # blocks in no order
+    # first a chunk of 20 tokens, then the other 10 as a second chunk, then logits compared
+    for start, end in ((0, 20), (20, 30)):
+        slots = torch.tensor(kv.slots(table, 0, end))
+        seq = Scheduled(0, end - start, start, slots, True)
+        logits = model.step(torch.tensor(tokens[start:end]), torch.arange(start, end), [seq], kv)
+        dense = model.dense_logits(tokens[:end])
+        assert torch.allclose(logits[0], dense, rtol=0, atol=1e-10)
+    # a decode of one more token against the 30 in the cache
+    slots = torch.tensor(kv.slots(table, 0, 31))
+    logits = model.step(torch.tensor([65]), torch.tensor([30]), [Scheduled(0, 1, 30, slots, True)], kv)
+    assert torch.allclose(logits[0], model.dense_logits([*tokens, 65]), rtol=0, atol=1e-10)
+
+
+def test_batched_chunked_engine_gives_the_dense_tokens():
+    """Continuous batching with chunked prefill (a small token budget, a long-prefill cap)
+    produces, for every request, exactly the greedy tokens of a dense model."""
+    cfg = EngineConfig(F64, num_blocks=64, block_size=8, max_num_batched_tokens=24, max_num_seqs=4,
+                       long_prefill_token_threshold=10)  # fmt: skip
+    engine = Engine(cfg)
+    prompts = _prompts(6)
+    for rid, p in prompts.items():
+        engine.add(rid, p, 12)
+    outs = engine.run_all()
+    assert any(s.chunks and s.decodes for s in engine.steps)  # prefill chunks and decodes mixed in a step
+    for rid, p in prompts.items():
+        assert outs[rid] == engine.model.generate_dense(p, 12), rid
+    engine.blocks.check()
+    assert engine.blocks.free == cfg.num_blocks
+
+
+def test_preemption_and_prefix_reuse_give_the_same_tokens():
+    """Short of KV blocks, sequences are preempted and recomputed, and a shared system prompt
+    is served from the prefix cache: the tokens are those of a run with room and no cache."""
+    shared = "You are a careful assistant who answers briefly. "
+    prompts = _prompts(8, shared)
+    tight = Engine(EngineConfig(F64, num_blocks=18, block_size=8, max_num_batched_tokens=32, max_num_seqs=8))
+    roomy = Engine(EngineConfig(F64, num_blocks=256, block_size=8, max_num_batched_tokens=32, max_num_seqs=8,
+                                enable_prefix_caching=False))  # fmt: skip
+    for e in (tight, roomy):
+        for rid, p in prompts.items():
+            e.add(rid, p, 40)
+    got, want = tight.run_all(), roomy.run_all()
+    assert tight.preemptions > 0
+    assert tight.blocks.hits > 0
+    assert roomy.preemptions == 0
+    assert roomy.blocks.hits == 0
+    assert got == want
+    assert all(len(v) == 40 for v in got.values())
+    tight.blocks.check()
+
+
+def test_block_manager_evicts_least_recently_freed_and_keeps_hits():
+    bm = BlockManager(4, 2)
+    h = [11, 12]
+    assert bm.admit("a", h, 5, 5) == 0  # 3 blocks, nothing cached yet
+    bm.commit("a", h, 0)
+    bm.release("a")
+    assert bm.admit("b", h, 5, 5) == 4  # its first two blocks from the cache
+    assert bm.tables["b"][:2] == [0, 1]
+    bm.release("b")
+    # c takes 4 blocks with other content: the never-used block first, then the least
+    # recently freed (b's last, then its second, then its first): every cached block evicted
+    assert bm.admit("c", [21, 22, 23], 8, 8) == 0
+    assert bm.cached == {}
+    bm.check()
+
+
+def test_engine_refuses_what_it_can_never_serve():
+    engine = Engine(EngineConfig(F64, num_blocks=8, block_size=8, max_num_seqs=4))
+    with pytest.raises(ValueError, match="exceed"):
+        engine.add("long", [1] * 60, 10)
+    with pytest.raises(ValueError, match="at least 1"):
+        engine.add("none", [1, 2], 0)
+    with pytest.raises(ValueError, match="empty"):
+        engine.add("empty", [], 3)
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        EngineConfig(F64, num_blocks=4, max_num_seqs=8)
+
+
+# --- the HTTP server -----------------------------------------------------------
+def _post(url: str, body, timeout: float = 60.0):
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def _events(text: str) -> list:
+    out = []
+    for line in text.splitlines():
+        if line.startswith("data: "):
+            payload = line[6:]
+            out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+def _metric(text: str, name: str, default: float | None = None) -> float:
+    m = re.search(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", text, re.M)
+    if m is None and default is not None:
+        return default
+    assert m, name
+    return float(m.group(1))
+
+
+@pytest.fixture(scope="module")
+def server():
+    with llm_server("--num-blocks", "256", "--max-num-batched-tokens", "256") as (url, proc):
+        yield url, proc
+
+
+def test_streaming_delivers_exactly_max_tokens(server):
+    url, _ = server
+    for n in (1, 7, 33):
+        status, text = _post(url + "/v1/completions", {"prompt": "Tell me a story", "max_tokens": n, "stream": True})
+        assert status == 200
+        events = _events(text)
+        assert events[-1] == "[DONE]"
+        tokens = [e for e in events[:-1] if e["choices"]]
+        assert len(tokens) == n
+        assert all(len(e["choices"][0]["text"]) == 1 for e in tokens)
+        assert tokens[-1]["choices"][0]["finish_reason"] == "length"
+        assert events[-2]["usage"] == {"prompt_tokens": 15, "completion_tokens": n, "total_tokens": 15 + n}
+    status, text = _post(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                        "max_tokens": 5, "stream": True})  # fmt: skip
+    deltas = [e for e in _events(text)[:-1] if e["choices"]]
+    assert len(deltas) == 5
+    assert deltas[0]["choices"][0]["delta"]["role"] == "assistant"
+    # the same request without streaming: the same text
+    status, text = _post(url + "/v1/completions", {"prompt": "Tell me a story", "max_tokens": 7})
+    body = json.loads(text)
+    assert body["usage"]["completion_tokens"] == 7
+    streamed = "".join(e["choices"][0]["text"] for e in _events(_post(url + "/v1/completions", {
+        "prompt": "Tell me a story", "max_tokens": 7, "stream": True})[1])[:-1] if e["choices"])  # fmt: skip
+    assert body["choices"][0]["text"] == streamed
+
+
+def test_metrics_count_the_requests_exactly(server):
+    url, _ = server
+    with urllib.request.urlopen(url + "/metrics") as r:
+        before = r.read().decode()
+    sent = [("abc" * (i + 1), 3 + i) for i in range(5)]
+    for prompt, n in sent:
+        assert _post(url + "/v1/completions", {"prompt": prompt, "max_tokens": n, "stream": n % 2 == 0})[0] == 200
+    with urllib.request.urlopen(url + "/metrics") as r:
+        after = r.read().decode()
+
+    def delta(name):
+        return _metric(after, name) - _metric(before, name)
+
+    assert delta('vllm:request_success_total{engine="0",finished_reason="length",model_name="servesim-tiny"}') == 5
+    assert delta("vllm:prompt_tokens_total") == sum(len(p) for p, _ in sent)
+    assert delta("vllm:generation_tokens_total") == sum(n for _, n in sent)
+    for h in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
+              "request_prefill_time_seconds", "request_decode_time_seconds", "request_prompt_tokens"):  # fmt: skip
+        assert delta(f"vllm:{h}_count") == 5, h
+    assert delta("vllm:inter_token_latency_seconds_count") == sum(n - 1 for _, n in sent)
+    assert delta("vllm:request_generation_tokens_sum") == sum(n for _, n in sent)
+    gauges = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc")
+    totals = ("num_preemptions_total", "prefix_cache_hits_total", "prefix_cache_queries_total")
+    for name in gauges + totals:
+        _metric(after, f"vllm:{name}")
+    assert 'num_gpu_blocks="256"' in after
+    assert 'block_size="16"' in after
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param"),
+    [
+        ("/v1/completions", b"{not json", 400, None),
+        ("/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": "x", "max_tokens": "ten"}, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": "x" * 3000, "max_tokens": 5}, 400, "max_tokens"),
+        ("/v1/completions", {"prompt": 12}, 400, "prompt"),
+        ("/v1/completions", {"prompt": [1, 300]}, 400, "prompt"),
+        ("/v1/completions", {"prompt": ""}, 400, "prompt"),
+        ("/v1/completions", {"prompt": "x", "n": 2}, 400, "n"),
+        ("/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, "model"),
+        ("/v1/completions", [1, 2], 400, None),
+        ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+        ("/v1/chat/completions", {"messages": [{"role": "user"}]}, 400, "messages"),
+        ("/v1/completions", {"prompt": "x", "stream": "yes"}, 400, "stream"),
+    ],
+)
+def test_bad_requests_get_an_openai_error(server, path, body, status, param):
+    url, proc = server
+    got, text = _post(url + path, body)
+    assert got == status
+    err = json.loads(text)["error"]
+    assert err["message"]
+    assert err["param"] == param
+    assert proc.poll() is None
+    assert _post(url + "/v1/completions", {"prompt": "still here", "max_tokens": 2})[0] == 200
+
+
+def test_a_client_that_leaves_mid_stream_frees_its_sequence(server):
+    """A client closing its connection mid-stream aborts its request: the engine stops
+    running it (no success counted) and serves the next request."""
+    import http.client
+    import time
+
+    url, _ = server
+    host, port = url.removeprefix("http://").split(":")
+    with urllib.request.urlopen(url + "/metrics") as r:
+        before = _metric(r.read().decode(), "vllm:request_success_total", 0.0)
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.request("POST", "/v1/completions", json.dumps({"prompt": "go on", "max_tokens": 1500, "stream": True}))
+    resp = conn.getresponse()
+    assert resp.status == 200
+    resp.read(600)  # a few tokens' chunks
+    conn.close()
+    deadline = time.monotonic() + 20
+    running = 1.0
+    while time.monotonic() < deadline and running:
+        time.sleep(0.2)
+        _post(url + "/v1/completions", {"prompt": "tick", "max_tokens": 1})  # a step refreshes the gauges
+        with urllib.request.urlopen(url + "/metrics") as r:
+            text = r.read().decode()
+        running = _metric(text, "vllm:num_requests_running")
+    assert running == 0
+    assert _metric(text, "vllm:request_success_total") - before < 1500  # the ticks only, not the long one
+
+
+def test_models_lists_the_served_model(server):
+    url, _ = server
+    with urllib.request.urlopen(url + "/v1/models") as r:
+        body = json.loads(r.read())
+    assert body["data"][0]["id"] == "servesim-tiny"
+
+
+def test_no_orphan_process_after_sigterm():
+    with llm_server("--num-blocks", "64") as (url, proc):
+        assert _post(url + "/v1/completions", {"prompt": "hello", "max_tokens": 3})[0] == 200
+        below = descendants(proc.pid)
+        assert below  # the engine's process
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        assert wait_gone(below) == []
