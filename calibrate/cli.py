@@ -406,6 +406,33 @@ def validate(
     typer.echo(table[cols].to_string(index=False, float_format=lambda x: f"{x:.2f}"))
 
 
+@app.command()
+def llm(
+    out: Annotated[Path, typer.Option(help="Folder for profile.json, validation.md/.png/.csv, scenario.yaml.")] = Path(
+        "calibrate/profiles/cpu-tiny-llm"
+    ),
+    level_s: Annotated[float, typer.Option(help="Seconds of open-loop load per held-out level.")] = 60.0,
+    knee_s: Annotated[float, typer.Option(help="Seconds of overload that measure the knee.")] = 40.0,
+    replications: Annotated[int, typer.Option(help="Simulated replications of each level's design.")] = 20,
+    seed: Annotated[int, typer.Option(help="Seed of the profile's order and the load's draws.")] = 0,
+) -> None:
+    """Calibrate the LLM model against the tiny real engine (servesim serve-llm): profile
+    and fit its step time, measure its knee, validate TTFT and TPOT on held-out levels."""
+    if level_s <= 0 or knee_s <= 20 or replications < 2:
+        typer.echo("error: --level-s must be above 0, --knee-s above 20 and --replications at least 2", err=True)
+        raise typer.Exit(code=2)
+    try:
+        from calibrate.llm_run import calibrate_llm
+    except ImportError as err:
+        raise _need("calibrate llm")(err) from None
+    signal.signal(signal.SIGTERM, _terminated)
+    got = calibrate_llm(out, level_s=level_s, knee_s=knee_s, replications=replications, seed=seed)
+    table = got["table"]
+    typer.echo(f"wrote {out}/profile.json, validation.md, scenario.yaml")
+    typer.echo(f"knee: measured {got['knee']['completed_rps']:.2f} req/s, simulated error {got['knee']['error']:+.1%}")
+    typer.echo(f"{int(table['ok'].sum())} of {len(table)} percentiles within their bound or interval")
+
+
 @app.command(name="import-triton-stats")
 def import_triton_stats(
     stats: Annotated[Path, typer.Argument(help="JSON from GET /v2/models/{model}/stats (Triton or servesim serve).")],

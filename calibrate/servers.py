@@ -27,19 +27,20 @@ def get_json(url: str) -> dict:
 
 
 @contextlib.contextmanager
-def server(args: list[str], *, timeout_s: float = 120.0):
-    """``servesim serve`` on a free loopback port; yields its URL; stops it afterwards."""
+def server(args: list[str], *, timeout_s: float = 120.0, command: str = "serve", health: str = "/v2/health/ready"):
+    """``servesim serve`` (or ``command``: ``serve-llm``) on a free loopback port; yields its
+    URL once ``health`` answers; stops it afterwards."""
     port = _free_port()
     exe = Path(sys.executable).with_name("servesim")
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "servesim"]
-    proc = subprocess.Popen([*cmd, "serve", "--port", str(port), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen([*cmd, command, "--port", str(port), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout_s
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"the reference server exited: {proc.stderr.read().decode()[-2000:]}")
-            with contextlib.suppress(OSError), urllib.request.urlopen(url + "/v2/health/ready", timeout=1) as r:
+            with contextlib.suppress(OSError), urllib.request.urlopen(url + health, timeout=1) as r:
                 if r.status == 200:
                     break
             if time.monotonic() > deadline:

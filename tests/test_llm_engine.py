@@ -48,8 +48,9 @@ def test_paged_attention_equals_dense_attention():
 def test_batched_chunked_engine_gives_the_dense_tokens():
     """Continuous batching with chunked prefill (a small token budget, a long-prefill cap)
     produces, for every request, exactly the greedy tokens of a dense model."""
-    cfg = EngineConfig(F64, num_blocks=64, block_size=8, max_num_batched_tokens=24, max_num_seqs=4,
-                       long_prefill_token_threshold=10)  # fmt: skip
+    cfg = EngineConfig(
+        F64, num_blocks=64, block_size=8, max_num_batched_tokens=24, max_num_seqs=4, long_prefill_token_threshold=10
+    )
     engine = Engine(cfg)
     prompts = _prompts(6)
     for rid, p in prompts.items():
@@ -68,8 +69,11 @@ def test_preemption_and_prefix_reuse_give_the_same_tokens():
     shared = "You are a careful assistant who answers briefly. "
     prompts = _prompts(8, shared)
     tight = Engine(EngineConfig(F64, num_blocks=18, block_size=8, max_num_batched_tokens=32, max_num_seqs=8))
-    roomy = Engine(EngineConfig(F64, num_blocks=256, block_size=8, max_num_batched_tokens=32, max_num_seqs=8,
-                                enable_prefix_caching=False))  # fmt: skip
+    roomy = Engine(
+        EngineConfig(
+            F64, num_blocks=256, block_size=8, max_num_batched_tokens=32, max_num_seqs=8, enable_prefix_caching=False
+        )
+    )
     for e in (tight, roomy):
         for rid, p in prompts.items():
             e.add(rid, p, 40)
@@ -157,8 +161,9 @@ def test_streaming_delivers_exactly_max_tokens(server):
         assert all(len(e["choices"][0]["text"]) == 1 for e in tokens)
         assert tokens[-1]["choices"][0]["finish_reason"] == "length"
         assert events[-2]["usage"] == {"prompt_tokens": 15, "completion_tokens": n, "total_tokens": 15 + n}
-    status, text = _post(url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
-                                                        "max_tokens": 5, "stream": True})  # fmt: skip
+    status, text = _post(
+        url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True}
+    )
     deltas = [e for e in _events(text)[:-1] if e["choices"]]
     assert len(deltas) == 5
     assert deltas[0]["choices"][0]["delta"]["role"] == "assistant"
@@ -166,8 +171,13 @@ def test_streaming_delivers_exactly_max_tokens(server):
     status, text = _post(url + "/v1/completions", {"prompt": "Tell me a story", "max_tokens": 7})
     body = json.loads(text)
     assert body["usage"]["completion_tokens"] == 7
-    streamed = "".join(e["choices"][0]["text"] for e in _events(_post(url + "/v1/completions", {
-        "prompt": "Tell me a story", "max_tokens": 7, "stream": True})[1])[:-1] if e["choices"])  # fmt: skip
+    streamed = "".join(
+        e["choices"][0]["text"]
+        for e in _events(
+            _post(url + "/v1/completions", {"prompt": "Tell me a story", "max_tokens": 7, "stream": True})[1]
+        )[:-1]
+        if e["choices"]
+    )
     assert body["choices"][0]["text"] == streamed
 
 
@@ -187,8 +197,14 @@ def test_metrics_count_the_requests_exactly(server):
     assert delta('vllm:request_success_total{engine="0",finished_reason="length",model_name="servesim-tiny"}') == 5
     assert delta("vllm:prompt_tokens_total") == sum(len(p) for p, _ in sent)
     assert delta("vllm:generation_tokens_total") == sum(n for _, n in sent)
-    for h in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
-              "request_prefill_time_seconds", "request_decode_time_seconds", "request_prompt_tokens"):  # fmt: skip
+    for h in (
+        "time_to_first_token_seconds",
+        "e2e_request_latency_seconds",
+        "request_queue_time_seconds",
+        "request_prefill_time_seconds",
+        "request_decode_time_seconds",
+        "request_prompt_tokens",
+    ):
         assert delta(f"vllm:{h}_count") == 5, h
     assert delta("vllm:inter_token_latency_seconds_count") == sum(n - 1 for _, n in sent)
     assert delta("vllm:request_generation_tokens_sum") == sum(n for _, n in sent)
@@ -255,6 +271,22 @@ def test_a_client_that_leaves_mid_stream_frees_its_sequence(server):
         running = _metric(text, "vllm:num_requests_running")
     assert running == 0
     assert _metric(text, "vllm:request_success_total") - before < 1500  # the ticks only, not the long one
+
+
+def test_step_records_come_back_whole(server):
+    """The engine's step records, fetched after a long request (a message larger than the
+    pipe's buffer), come back whole, and the engine serves on."""
+    url, _ = server
+    with urllib.request.urlopen(url + "/servesim/steps") as r:
+        json.loads(r.read())  # what came before
+    assert _post(url + "/v1/completions", {"prompt": "count", "max_tokens": 1500})[0] == 200
+    with urllib.request.urlopen(url + "/servesim/steps", timeout=30) as r:
+        steps = json.loads(r.read())
+    assert len(steps["begin_ns"]) == 1500  # a prefill with the first token, then 1,499 decodes
+    assert steps["prefill_tokens"][0] == 5
+    assert sum(steps["decodes"]) == 1499
+    assert all(d >= b for b, d in zip(steps["begin_ns"], steps["done_ns"], strict=True))
+    assert _post(url + "/v1/completions", {"prompt": "still here", "max_tokens": 2})[0] == 200
 
 
 def test_models_lists_the_served_model(server):

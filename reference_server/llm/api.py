@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 import uuid
@@ -27,17 +28,79 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from reference_server.llm.engine import EngineConfig
+from reference_server.llm.engine import EngineConfig, StepRecord
 from reference_server.llm.model import VOCAB, decode, encode
 from reference_server.llm.worker import EngineClient, EngineDied
 
 # vLLM's histogram buckets (vllm/v1/metrics/loggers.py)
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-               40.0, 80.0)  # fmt: skip
-REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-                   240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 
 def buckets_1_2_5(largest: int) -> list[float]:
@@ -90,8 +153,9 @@ def parse(body, *, chat: bool, served: str, cfg: EngineConfig) -> Asked:
         raise BadRequest("the body must be a JSON object")
     model = body.get("model", served)
     if model != served:
-        raise BadRequest(f"the model {model!r} does not exist (this server serves {served!r})", "model", 404,
-                         "model_not_found")  # fmt: skip
+        raise BadRequest(
+            f"the model {model!r} does not exist (this server serves {served!r})", "model", 404, "model_not_found"
+        )
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -153,30 +217,46 @@ class Metrics:
         def hist(name, doc, buckets):
             return Histogram(name, doc, names, buckets=buckets, registry=r).labels(**self.labels)
 
-        self.ttft = hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                         TTFT_BUCKETS)  # fmt: skip
+        self.ttft = hist(
+            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS
+        )
         self.itl = hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
-        self.tpot = hist("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds "
-                         "per request.", ITL_BUCKETS)  # fmt: skip
-        self.e2e = hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
-                        REQUEST_BUCKETS)  # fmt: skip
-        self.queue = hist("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
-                          REQUEST_BUCKETS)  # fmt: skip
-        self.inference = hist("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for "
-                              "request.", REQUEST_BUCKETS)  # fmt: skip
-        self.prefill = hist("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for "
-                            "request.", REQUEST_BUCKETS)  # fmt: skip
-        self.decode = hist("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
-                           REQUEST_BUCKETS)  # fmt: skip
+        self.tpot = hist(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            ITL_BUCKETS,
+        )
+        self.e2e = hist(
+            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_BUCKETS
+        )
+        self.queue = hist(
+            "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", REQUEST_BUCKETS
+        )
+        self.inference = hist(
+            "vllm:request_inference_time_seconds",
+            "Histogram of time spent in RUNNING phase for request.",
+            REQUEST_BUCKETS,
+        )
+        self.prefill = hist(
+            "vllm:request_prefill_time_seconds",
+            "Histogram of time spent in PREFILL phase for request.",
+            REQUEST_BUCKETS,
+        )
+        self.decode = hist(
+            "vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", REQUEST_BUCKETS
+        )
         tokens = buckets_1_2_5(cfg.max_model_len)
         self.prompt_tokens = hist("vllm:request_prompt_tokens", "Number of prefill tokens processed.", tokens)
-        self.generation_tokens = hist("vllm:request_generation_tokens", "Number of generation tokens processed.",
-                                      tokens)  # fmt: skip
+        self.generation_tokens = hist(
+            "vllm:request_generation_tokens", "Number of generation tokens processed.", tokens
+        )
         self.prompt_total = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", names, registry=r)
-        self.generation_total = Counter("vllm:generation_tokens", "Number of generation tokens processed.", names,
-                                        registry=r)  # fmt: skip
-        self.success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                               [*names, "finished_reason"], registry=r)  # fmt: skip
+        self.generation_total = Counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.", names, registry=r
+        )
+        self.success = Counter(
+            "vllm:request_success", "Count of successfully processed requests.", [*names, "finished_reason"], registry=r
+        )
         r.register(_EngineCollector(self.labels, cfg, client))
 
     def finished(self, arrival_ns: int, first_ns: int, last_ns: int, info: dict) -> None:
@@ -216,9 +296,12 @@ class _EngineCollector:
         for name, doc, key in (
             ("vllm:num_preemptions", "Cumulative number of preemption from the engine.", "preemptions"),
             ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", "prefix_hits"),
-            ("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
-             "prefix_queries"),
-        ):  # fmt: skip
+            (
+                "vllm:prefix_cache_queries",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                "prefix_queries",
+            ),
+        ):
             m = CounterMetricFamily(name, doc, labels=names)
             m.add_metric(values, float(g[key]))
             yield m
@@ -250,7 +333,6 @@ def create_llm_app(cfg: EngineConfig, *, served: str = "servesim-tiny", threads:
         try:
             yield
         finally:
-            asyncio.get_running_loop().remove_reader(client.conn.fileno())
             client.close()
 
     app = FastAPI(title="servesim tiny LLM engine", lifespan=lifespan)
@@ -263,9 +345,24 @@ def create_llm_app(cfg: EngineConfig, *, served: str = "servesim-tiny", threads:
     async def models():
         return {
             "object": "list",
-            "data": [{"id": served, "object": "model", "created": 0, "owned_by": "servesim", "max_model_len":
-                      cfg.max_model_len}],
-        }  # fmt: skip
+            "data": [
+                {
+                    "id": served,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "servesim",
+                    "max_model_len": cfg.max_model_len,
+                }
+            ],
+        }
+
+    @app.get("/servesim/steps")
+    async def steps():
+        """The engine's step records since the last call (servesim's own: calibration fits
+        its step time on them), as columns."""
+        rows = await state["client"].step_records()
+        names = [f.name for f in dataclasses.fields(StepRecord)]
+        return {name: [row[k] for row in rows] for k, name in enumerate(names)}
 
     @app.get("/metrics")
     async def metrics():
@@ -287,8 +384,9 @@ def create_llm_app(cfg: EngineConfig, *, served: str = "servesim-tiny", threads:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         tokens = client.generate(rid, asked.prompt, asked.max_tokens, arrival)
         if asked.stream:
-            return StreamingResponse(_sse(rid, asked, tokens, arrival, state["metrics"], served, chat),
-                                     media_type="text/event-stream")  # fmt: skip
+            return StreamingResponse(
+                _sse(rid, asked, tokens, arrival, state["metrics"], served, chat), media_type="text/event-stream"
+            )
         out, first, last, info = [], 0, 0, {}
         try:
             async for t in tokens:
@@ -303,16 +401,25 @@ def create_llm_app(cfg: EngineConfig, *, served: str = "servesim-tiny", threads:
             return error(503 if isinstance(err, EngineDied) else 400, str(err))
         state["metrics"].finished(arrival, first, last, info)
         text = "".join(decode(t) for t in out)
-        usage = {"prompt_tokens": len(asked.prompt), "completion_tokens": len(out),
-                 "total_tokens": len(asked.prompt) + len(out)}  # fmt: skip
+        usage = {
+            "prompt_tokens": len(asked.prompt),
+            "completion_tokens": len(out),
+            "total_tokens": len(asked.prompt) + len(out),
+        }
         choice = {"index": 0, "finish_reason": "length", "logprobs": None}
         if chat:
             choice["message"] = {"role": "assistant", "content": text}
         else:
             choice["text"] = text
         obj = "chat.completion" if chat else "text_completion"
-        return {"id": rid, "object": obj, "created": int(time.time()), "model": served, "choices": [choice],
-                "usage": usage}  # fmt: skip
+        return {
+            "id": rid,
+            "object": obj,
+            "created": int(time.time()),
+            "model": served,
+            "choices": [choice],
+            "usage": usage,
+        }
 
     @app.post("/v1/completions")
     async def completions(request: Request):

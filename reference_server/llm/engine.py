@@ -90,11 +90,16 @@ class Request:
         return len(self.tokens) - len(self.prompt)
 
 
-@dataclass(frozen=True)
+@dataclass
 class StepRecord:
-    """One step's work and time: prompt (or recomputed) tokens in chunks, their attention
-    work Σ p·(ctx + p/2), decoding sequences and their context, and the forward's time."""
+    """One step's work and times: prompt (or recomputed) tokens in chunks, their attention
+    work Σ p·(ctx + p/2), decoding sequences and their context; when the engine's loop
+    began the step (``begin_ns``: before it read its pipe and scheduled), the forward pass
+    (``start_ns`` to ``end_ns``), and when the loop was done with it (``done_ns``: its
+    tokens sent; 0 outside the engine's process). A step's whole cost to the requests in
+    it is ``done_ns - begin_ns``: what the simulator's step time stands for."""
 
+    begin_ns: int
     start_ns: int
     end_ns: int
     prefill_tokens: int
@@ -104,6 +109,7 @@ class StepRecord:
     decode_context: int
     running: int
     waiting: int
+    done_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -221,13 +227,15 @@ class Engine:
         self.preemptions += 1
         self.waiting.appendleft(r)
 
-    def step(self) -> list[Token]:
-        """One step: schedule, run the model, sample. Returns the tokens it produced."""
+    def step(self, begin_ns: int | None = None) -> list[Token]:
+        """One step: schedule, run the model, sample. Returns the tokens it produced.
+        ``begin_ns``: when the caller's loop began the step (default: now)."""
+        begin_ns = begin_ns or time.perf_counter_ns()
+        preempted = self.preemptions
         scheduled = self._schedule()
-        if not scheduled:
-            if self.waiting and not self.running:  # cannot happen for requests check() let in
-                r = self.waiting.popleft()
-                self.requests.pop(r.rid, None)
+        if not scheduled:  # everything running was preempted: the next step admits them again
+            if self.waiting and not self.running and self.preemptions == preempted:
+                raise RuntimeError(f"request {self.waiting[0].rid} fits no empty engine (check() lets none in)")
             return []
         cfg, kv = self.cfg, self.kv
         ids, pos, seqs = [], [], []
@@ -256,9 +264,9 @@ class Engine:
         picks = torch.argmax(logits, dim=-1).tolist()
         self._sync()
         t1 = time.perf_counter_ns()
-        self.steps.append(
-            StepRecord(t0, t1, prefill, chunks, attention, decodes, context, len(self.running), len(self.waiting))
-        )
+        waiting = len(self.waiting)
+        record = StepRecord(begin_ns, t0, t1, prefill, chunks, attention, decodes, context, len(self.running), waiting)
+        self.steps.append(record)
         out: list[Token] = []
         bs = cfg.block_size
         k = 0

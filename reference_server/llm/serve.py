@@ -49,10 +49,19 @@ def serve_llm(
         typer.echo(f"error: --device must be cpu or cuda, not {device!r}", err=True)
         raise typer.Exit(code=2)
     try:
-        model = DecoderConfig(width=width, layers=layers, heads=heads, ffn=4 * width, max_model_len=max_model_len,
-                              seed=seed, dtype=dtype)  # fmt: skip
-        cfg = EngineConfig(model, num_blocks, block_size, max_num_batched_tokens, max_num_seqs,
-                           long_prefill_token_threshold, prefix_caching, device)  # fmt: skip
+        model = DecoderConfig(
+            width=width, layers=layers, heads=heads, ffn=4 * width, max_model_len=max_model_len, seed=seed, dtype=dtype
+        )
+        cfg = EngineConfig(
+            model,
+            num_blocks,
+            block_size,
+            max_num_batched_tokens,
+            max_num_seqs,
+            long_prefill_token_threshold,
+            prefix_caching,
+            device,
+        )
     except ValueError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None

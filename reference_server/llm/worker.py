@@ -17,12 +17,14 @@ import dataclasses
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 
 from reference_server.instances import die_with_parent
 from reference_server.llm.engine import EngineConfig
 
 START_TIMEOUT_S = 120.0
+MAX_STEP_RECORDS = 200_000  # kept for a calibration to fetch (GET /servesim/steps)
 
 
 def engine_main(conn, cfg: EngineConfig, threads: int) -> None:
@@ -40,11 +42,14 @@ def engine_main(conn, cfg: EngineConfig, threads: int) -> None:
     engine.steps.clear()
     engine.blocks.hits = engine.blocks.queries = 0
     conn.send(("ready", os.getpid(), str(engine.model.device)))
-    sent_steps = 0
     while True:
+        begin = time.perf_counter_ns()
         try:
             timeout = 0.0 if engine.busy else 0.5
             while conn.poll(timeout):
+                if timeout:  # woken from idle: the step begins with this message
+                    begin = time.perf_counter_ns()
+                timeout = 0.0
                 msg = conn.recv()
                 if msg is None:
                     return
@@ -57,18 +62,22 @@ def engine_main(conn, cfg: EngineConfig, threads: int) -> None:
                         conn.send(("refused", rid, str(err)))
                 elif kind == "abort":
                     engine.abort(msg[1])
-                elif kind == "steps":  # the step records since the last ask (calibration)
-                    conn.send(("steps", [dataclasses.astuple(s) for s in engine.steps[sent_steps:]]))
-                    sent_steps = len(engine.steps)
-                timeout = 0.0
+                elif kind == "steps":  # the step records not fetched yet (calibration)
+                    conn.send(("steps", [dataclasses.astuple(s) for s in engine.steps]))
+                    engine.steps.clear()
         except (EOFError, OSError):  # the front end is gone
             return
         if engine.busy:
-            tokens = engine.step()
+            recorded = len(engine.steps)
+            tokens = engine.step(begin)
             try:
                 conn.send(("tokens", tokens, engine.gauges()))
             except (BrokenPipeError, OSError):
                 return
+            if len(engine.steps) > recorded:  # a step ran (not one whose sequences were all preempted)
+                engine.steps[-1].done_ns = time.perf_counter_ns()
+            if len(engine.steps) > MAX_STEP_RECORDS:  # nobody fetches them: keep the latest
+                del engine.steps[: MAX_STEP_RECORDS // 2]
 
 
 class EngineDied(RuntimeError):
@@ -102,21 +111,33 @@ class EngineClient:
         self.device = msg[2]
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        loop.add_reader(self.conn.fileno(), self._readable)
+        """Hand the engine's messages to ``loop`` from now on. A thread reads the pipe,
+        blocking, and passes each message on as it arrives: an event loop's reader would
+        make the pipe non-blocking (uvloop does), and a message longer than the pipe's
+        buffer (a calibration's step records) would then be read in part and lost."""
+        self._loop = loop
+        self._reader = threading.Thread(target=self._read, name="llm-engine-reader", daemon=True)
+        self._reader.start()
 
     @property
     def alive(self) -> bool:
         return self.proc.is_alive()
 
-    def _readable(self) -> None:
-        try:
-            while self.conn.poll():
+    def _read(self) -> None:
+        loop = self._loop
+        while True:
+            try:
                 msg = self.conn.recv()
-                self._handle(msg, time.perf_counter_ns())
-        except (EOFError, OSError):
-            asyncio.get_running_loop().remove_reader(self.conn.fileno())
-            for q in self.streams.values():
-                q.put_nowait(EngineDied("the engine process exited"))
+            except (EOFError, OSError):  # the engine is gone (or the client closed)
+                with contextlib.suppress(RuntimeError):  # the loop may be closed already
+                    loop.call_soon_threadsafe(self._died)
+                return
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._handle, msg, time.perf_counter_ns())
+
+    def _died(self) -> None:
+        for q in self.streams.values():
+            q.put_nowait(EngineDied("the engine process exited"))
 
     def _handle(self, msg, now_ns: int) -> None:
         kind = msg[0]
@@ -170,4 +191,7 @@ class EngineClient:
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join(5.0)
+        reader = getattr(self, "_reader", None)
+        if reader is not None:  # the engine's end closed: its recv returns
+            reader.join(5.0)
         self.conn.close()

@@ -92,6 +92,10 @@ MODELS: dict[str, ModelSpec] = {
     "mistral-7b": ModelSpec(params_b=7.24, layers=32, hidden=4096, kv_heads=8, head_dim=128),
     "qwen2.5-7b": ModelSpec(params_b=7.62, layers=28, hidden=3584, kv_heads=4, head_dim=128),
     "opt-13b": ModelSpec(params_b=12.9, layers=40, hidden=5120, kv_heads=40, head_dim=128),
+    # the reference server's tiny engine at its defaults (servesim serve-llm: float32)
+    "servesim-tiny": ModelSpec(
+        params_b=0.00069, layers=2, hidden=128, kv_heads=4, head_dim=32, weight_bytes=4.0, kv_bytes=4.0
+    ),
 }
 
 GPUS: dict[str, GPUSpec] = {

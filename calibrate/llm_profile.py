@@ -1,0 +1,112 @@
+"""The tiny LLM engine's step time: profiled through the running server, and fitted.
+
+A step's time depends on its work as the simulator's linear step model says
+(:class:`simulator.scenario.llm.LinearStep`):
+
+    t = c0 + c_prefill·P + c_attn·Σ p_i(ctx_i + p_i/2) + c_decode·D + c_kv·Σ ctx_j
+
+with ``P`` prompt (or recomputed) tokens in chunks of ``p_i`` after ``ctx_i`` cached ones,
+and ``D`` decoding sequences over ``Σ ctx_j`` tokens of context.
+
+:func:`profile` drives the server with a grid of workloads (``d`` requests at once, each
+with an ``L``-token prompt of random tokens and 32 output tokens: prefill chunks of every
+size up to the token budget, then decode batches of ``d`` sequences whose context grows
+from ``L``) and reads the engine's own record of every step (``GET /servesim/steps``).
+A step's time is its whole cycle in the engine's loop, from reading its pipe to sending
+its tokens (the forward pass, the scheduler, the sampling, the hand-off), which is what
+the requests in it wait for. :func:`fit` fits the five coefficients by non-negative least
+squares on relative error, and the step's multiplicative noise from successive decode
+steps of one batch (their shapes differ by ``D`` tokens of context, so the difference of
+their log residuals is noise, not misfit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+
+FEATURES = ("prefill_tokens", "attention", "decodes", "decode_context")
+COEFFICIENTS = ("c0_ms", "prefill_ms_per_token", "attention_ms_per_token2", "decode_ms_per_seq", "kv_ms_per_token")
+OUTPUT_TOKENS = 32
+
+
+def grid(max_num_seqs: int, capacity_tokens: int, max_model_len: int) -> list[tuple[int, int]]:
+    """(requests at once, prompt tokens) pairs whose sequences fit the KV cache together."""
+    out = []
+    for d in (1, 2, 4, 8, 16, 32, 64, 128):
+        for length in (16, 128, 512, 1024):
+            fits = d * (length + OUTPUT_TOKENS + 16) <= capacity_tokens
+            if d <= max_num_seqs and length + OUTPUT_TOKENS <= max_model_len and fits:
+                out.append((d, length))
+    return out
+
+
+async def _complete(session, url: str, prompt: list[int], max_tokens: int) -> None:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "stream": False}
+    async with session.post(url + "/v1/completions", json=body) as r:
+        text = await r.text()
+        if r.status != 200:
+            raise RuntimeError(f"the server answered {r.status}: {text[:300]}")
+
+
+async def _profile(url: str, shapes: list[tuple[int, int]], repeats: int, rng: np.random.Generator) -> pd.DataFrame:
+    import aiohttp
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        async with session.get(url + "/servesim/steps") as r:  # the records so far: not the profile's
+            await r.json()
+        order = [shapes[k] for _ in range(repeats) for k in rng.permutation(len(shapes))]
+        for d, length in order:
+            prompts = [rng.integers(1, 256, length).tolist() for _ in range(d)]  # random: no prefix hits
+            await asyncio.gather(*(_complete(session, url, p, OUTPUT_TOKENS) for p in prompts))
+        async with session.get(url + "/servesim/steps") as r:
+            steps = pd.DataFrame(await r.json())
+    return steps[steps["done_ns"] > 0].reset_index(drop=True)
+
+
+def profile(
+    url: str, *, max_num_seqs: int, capacity_tokens: int, max_model_len: int, repeats: int = 2, seed: int = 0
+) -> pd.DataFrame:
+    """The engine's step records over the grid's workloads, each run ``repeats`` times in a
+    random order, one workload at a time."""
+    shapes = grid(max_num_seqs, capacity_tokens, max_model_len)
+    return asyncio.run(_profile(url, shapes, repeats, np.random.default_rng(seed)))
+
+
+def step_ms(steps: pd.DataFrame) -> np.ndarray:
+    """Each step's whole cycle in the engine's loop, ms."""
+    return (steps["done_ns"].to_numpy() - steps["begin_ns"].to_numpy()) / 1e6
+
+
+def design(df: pd.DataFrame) -> np.ndarray:
+    return np.column_stack([np.ones(len(df)), *(df[f].to_numpy(dtype=float) for f in FEATURES)])
+
+
+def predict_ms(coef: dict, df: pd.DataFrame) -> np.ndarray:
+    return design(df) @ np.array([coef[c] for c in COEFFICIENTS])
+
+
+def fit(steps: pd.DataFrame, ms: np.ndarray | None = None) -> dict:
+    """The five coefficients (ms) by non-negative least squares on relative error; the
+    step's noise as a log-normal cv; how far the line is from the steps."""
+    y = step_ms(steps) if ms is None else np.asarray(ms, dtype=float)
+    x = design(steps)
+    coef, _ = nnls(x / y[:, None], np.ones(len(y)))
+    pred = x @ coef
+    log_res = np.log(y / pred)
+    # successive decode-only steps of one batch (same D): their log residuals' differences
+    dec = (steps["chunks"].to_numpy() == 0) & (steps["decodes"].to_numpy() > 0)
+    same = dec[1:] & dec[:-1] & (np.diff(steps["decodes"].to_numpy()) == 0)
+    diffs = np.diff(log_res)[same]
+    sigma = float(np.std(diffs, ddof=1) / np.sqrt(2.0)) if len(diffs) > 2 else float(np.std(log_res, ddof=1))
+    rel = np.abs(y - pred) / y
+    return {
+        **{name: float(c) for name, c in zip(COEFFICIENTS, coef, strict=True)},
+        "noise_cv": float(np.sqrt(np.expm1(sigma**2))),
+        "steps": len(y),
+        "median_abs_rel_error": float(np.median(rel)),
+        "p90_abs_rel_error": float(np.quantile(rel, 0.9)),
+    }
