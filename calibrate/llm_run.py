@@ -49,10 +49,10 @@ def scenario_dict(fit: dict, engine: dict, *, rate_rps: float, duration_s: float
         "name": "calibrated_tiny_llm",
         "description": "servesim serve-llm on this machine, calibrated by servesim calibrate llm",
         "seed": 1,
-        "duration_s": duration_s,
-        "warmup_s": warmup_s,
+        "duration_s": float(duration_s),
+        "warmup_s": float(warmup_s),
         "sla": {"percentile": 99, "target_ms": 60000, "ttft_ms": 300, "tpot_ms": 50},
-        "traffic": {"rate_rps": round(rate_rps, 4), "tokens": WORKLOAD},
+        "traffic": {"rate_rps": round(float(rate_rps), 4), "tokens": WORKLOAD},
         "router": {"balancing": "round_robin"},
         "batching": {
             "kind": "continuous",
@@ -66,6 +66,12 @@ def scenario_dict(fit: dict, engine: dict, *, rate_rps: float, duration_s: float
         "workers": {"count": 1, "instance_type": "cpu"},
         "cost": {"price_per_hour_usd": 0.1},
     }
+
+
+def at_rate(doc: dict, rate_rps: float, duration_s: float, warmup_s: float) -> dict:
+    """The scenario ``doc`` at another rate and length."""
+    traffic = {**doc["traffic"], "rate_rps": float(rate_rps)}
+    return {**doc, "traffic": traffic, "duration_s": float(duration_s), "warmup_s": float(warmup_s)}
 
 
 def _load(doc: dict):
@@ -83,9 +89,7 @@ def simulated(doc: dict, rate_rps: float, duration_s: float, warmup_s: float, se
     """The simulator's percentiles (ms) of the design at ``rate_rps``, one row per seed."""
     from simulator import simulate
 
-    s = _load(
-        {**doc, "traffic": {**doc["traffic"], "rate_rps": rate_rps}, "duration_s": duration_s, "warmup_s": warmup_s}
-    )
+    s = _load(at_rate(doc, rate_rps, duration_s, warmup_s))
     rows = []
     for seed in seeds:
         r = simulate(s, seed=seed).records
@@ -106,7 +110,7 @@ def simulated_knee(doc: dict, rate_rps: float, duration_s: float, skip_s: float,
     counted from ``skip_s`` to ``duration_s``), the median over seeds."""
     from simulator import simulate
 
-    s = _load({**doc, "traffic": {**doc["traffic"], "rate_rps": rate_rps}, "duration_s": duration_s * 3, "warmup_s": 0})
+    s = _load(at_rate(doc, rate_rps, duration_s * 3, 0.0))  # long enough for the backlog to drain
     got = []
     for seed in seeds:
         r = simulate(s, seed=seed).records
