@@ -289,6 +289,28 @@ def test_step_records_come_back_whole(server):
     assert _post(url + "/v1/completions", {"prompt": "still here", "max_tokens": 2})[0] == 200
 
 
+def test_the_open_loop_generator_times_every_token(server):
+    """calibrate.llm_load against the real server: every request gets exactly its output
+    tokens, TTFT from its scheduled time, one gap per token after the first."""
+    import numpy as np
+
+    from calibrate import llm_load
+
+    url, _ = server
+    rng = np.random.default_rng(3)
+    plan = llm_load.Plan(llm_load.arrivals(20.0, 12, rng), rng.integers(5, 60, 12), rng.integers(1, 9, 12))
+    df = llm_load.run(url, plan, seed=1)
+    assert df["error"].isna().all()
+    assert (df["tokens"] == plan.output).all()
+    assert (df["ttft_s"] > 0).all()
+    assert (df["e2e_s"] >= df["ttft_s"]).all()
+    assert [len(v) for v in df["itl_s"]] == [n - 1 for n in plan.output]
+    assert (df["sent"] < 0.05).all()  # sent on schedule
+    got = llm_load.percentiles(df)
+    assert got["requests"] == 12
+    assert got["ttft_p50_ms"] > 0
+
+
 def test_models_lists_the_served_model(server):
     url, _ = server
     with urllib.request.urlopen(url + "/v1/models") as r:

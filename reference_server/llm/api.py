@@ -259,13 +259,16 @@ class _EngineCollector:
         yield m
 
 
-def create_llm_app(cfg: EngineConfig, *, served: str = "servesim-tiny", threads: int = 1) -> FastAPI:
-    """The app serving the engine (started in its own process when the app starts)."""
+def create_llm_app(
+    cfg: EngineConfig, *, served: str = "servesim-tiny", threads: int = 1, core: int | None = None
+) -> FastAPI:
+    """The app serving the engine (started in its own process when the app starts, pinned
+    to ``core`` when given)."""
     state: dict = {}
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
-        client = EngineClient(cfg, threads)
+        client = EngineClient(cfg, threads, core)
         await asyncio.get_running_loop().run_in_executor(None, client.wait_ready)
         client.attach(asyncio.get_running_loop())
         state["client"] = client

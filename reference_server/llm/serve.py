@@ -26,6 +26,10 @@ def serve_llm(
     prefix_caching: Annotated[bool, typer.Option(help="Keep full blocks' content for later prompts.")] = True,
     device: Annotated[str, typer.Option(help="cpu, or cuda when a GPU is there.")] = "cpu",
     threads: Annotated[int, typer.Option(help="torch intra-op threads of the engine on the CPU.")] = 1,
+    engine_core: Annotated[
+        str,
+        typer.Option(help="The engine's core: auto (the last, when one is left for the front end), none, or a number."),
+    ] = "auto",
     served_model_name: Annotated[str, typer.Option(help="The model's name in the API.")] = "servesim-tiny",
     max_connections: Annotated[int, typer.Option(help="Open connections at most.")] = 512,
     header_timeout_s: Annotated[float, typer.Option(help="Seconds a client has to send its request.")] = 10.0,
@@ -65,11 +69,18 @@ def serve_llm(
     except ValueError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None
-    app = create_llm_app(cfg, served=served_model_name, threads=threads)
+    from reference_server.instances import instance_cores
+
+    try:
+        (core,) = instance_cores(engine_core, 1)
+    except ValueError as err:
+        typer.echo(f"error: {str(err).replace('--instance-cores', '--engine-core')}", err=True)
+        raise typer.Exit(code=2) from None
+    app = create_llm_app(cfg, served=served_model_name, threads=threads, core=core)
     typer.echo(
         f"servesim serve-llm: http://{host}:{port} {served_model_name}: {layers} layers x {width}, "
         f"{num_blocks} blocks of {block_size} tokens, max_num_batched_tokens {max_num_batched_tokens}, "
-        f"max_num_seqs {max_num_seqs}, on {device}"
+        f"max_num_seqs {max_num_seqs}, on {device}" + (f" (engine on core {core})" if core is not None else "")
     )
     http = guarded_http(max_connections, header_timeout_s)  # slow or idle clients cut off
     config = uvicorn.Config(

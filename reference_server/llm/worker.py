@@ -27,10 +27,12 @@ START_TIMEOUT_S = 120.0
 MAX_STEP_RECORDS = 200_000  # kept for a calibration to fetch (GET /servesim/steps)
 
 
-def engine_main(conn, cfg: EngineConfig, threads: int) -> None:
+def engine_main(conn, cfg: EngineConfig, threads: int, core: int | None = None) -> None:
     """The engine process: build, warm up, say ready, then step while there is work."""
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the front end, which stops us
+    if core is not None:  # a core of its own: the front end and the clients run on the others
+        os.sched_setaffinity(0, {core})
     import torch
 
     from reference_server.llm.engine import Engine
@@ -87,11 +89,11 @@ class EngineDied(RuntimeError):
 class EngineClient:
     """The front end's handle on the engine process."""
 
-    def __init__(self, cfg: EngineConfig, threads: int = 1):
+    def __init__(self, cfg: EngineConfig, threads: int = 1, core: int | None = None):
         self.cfg = cfg
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=engine_main, args=(child, cfg, threads), daemon=True, name="llm-engine")
+        self.proc = ctx.Process(target=engine_main, args=(child, cfg, threads, core), daemon=True, name="llm-engine")
         self.proc.start()
         child.close()
         self.streams: dict[str, asyncio.Queue] = {}
