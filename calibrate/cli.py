@@ -411,22 +411,26 @@ def llm(
     out: Annotated[Path, typer.Option(help="Folder for profile.json, validation.md/.png/.csv, scenario.yaml.")] = Path(
         "calibrate/profiles/cpu-tiny-llm"
     ),
-    level_s: Annotated[float, typer.Option(help="Seconds of open-loop load per held-out level.")] = 60.0,
+    slice_s: Annotated[float, typer.Option(help="Seconds of one slice of a held-out level's open-loop load.")] = 20.0,
+    rounds: Annotated[int, typer.Option(help="Rounds of slices, one slice a level each, in a random order.")] = 3,
     knee_s: Annotated[float, typer.Option(help="Seconds of overload that measure the knee.")] = 40.0,
     replications: Annotated[int, typer.Option(help="Simulated replications of each level's design.")] = 20,
     seed: Annotated[int, typer.Option(help="Seed of the profile's order and the load's draws.")] = 0,
 ) -> None:
     """Calibrate the LLM model against the tiny real engine (servesim serve-llm): profile
     and fit its step time, measure its knee, validate TTFT and TPOT on held-out levels."""
-    if level_s <= 0 or knee_s <= 20 or replications < 2:
-        typer.echo("error: --level-s must be above 0, --knee-s above 20 and --replications at least 2", err=True)
+    if slice_s <= 5 or rounds < 1 or knee_s <= 20 or replications < 2:
+        typer.echo(
+            "error: --slice-s must be above 5, --rounds at least 1, --knee-s above 20 and --replications at least 2",
+            err=True,
+        )
         raise typer.Exit(code=2)
     try:
         from calibrate.llm_run import calibrate_llm
     except ImportError as err:
         raise _need("calibrate llm")(err) from None
     signal.signal(signal.SIGTERM, _terminated)
-    got = calibrate_llm(out, level_s=level_s, knee_s=knee_s, replications=replications, seed=seed)
+    got = calibrate_llm(out, slice_s=slice_s, rounds=rounds, knee_s=knee_s, replications=replications, seed=seed)
     table = got["table"]
     typer.echo(f"wrote {out}/profile.json, validation.md, scenario.yaml")
     typer.echo(f"knee: measured {got['knee']['completed_rps']:.2f} req/s, simulated error {got['knee']['error']:+.1%}")

@@ -45,11 +45,15 @@ def grid(max_num_seqs: int, capacity_tokens: int, max_model_len: int) -> list[tu
 
 
 async def _complete(session, url: str, prompt: list[int], max_tokens: int) -> None:
-    body = {"prompt": prompt, "max_tokens": max_tokens, "stream": False}
+    """One request, streamed and read to its end as a load's are: the front end's work on
+    each token runs beside the engine as it does under load (measured: decode steps of 2 to
+    32 sequences take 20-35% longer beside streamed requests than beside whole answers)."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True}
     async with session.post(url + "/v1/completions", json=body) as r:
-        text = await r.text()
         if r.status != 200:
-            raise RuntimeError(f"the server answered {r.status}: {text[:300]}")
+            raise RuntimeError(f"the server answered {r.status}: {(await r.text())[:300]}")
+        async for _line in r.content:
+            pass
 
 
 async def _profile(url: str, shapes: list[tuple[int, int]], repeats: int, rng: np.random.Generator) -> pd.DataFrame:
@@ -115,3 +119,27 @@ def fit(steps: pd.DataFrame, ms: np.ndarray | None = None) -> dict:
         "median_abs_rel_error": float(np.median(rel)),
         "p90_abs_rel_error": float(np.quantile(rel, 0.9)),
     }
+
+
+def fit_speed(steps: pd.DataFrame, coef: dict) -> dict:
+    """The host's speed as the steps show it: their log residuals against the fit, in time
+    order, as a two-component log-AR(1) (``platform.speed``) plus white noise (the
+    scenario's ``noise_cv``), fitted on their autocovariance as
+    :mod:`calibrate.speed` fits the image server's batches. On these VMs the steps of one
+    minute run 15-20% faster or slower than the next's, whatever the load: a slow
+    component the simulator must draw, not a fixed factor."""
+    from calibrate.speed import SIGMA_MIN, autocovariance, fit_components
+
+    y = step_ms(steps)
+    b = pd.DataFrame(
+        {"t_s": steps["begin_ns"].to_numpy() / 1e9, "log_ratio": np.log(y / predict_ms(coef, steps)), "weight": 1.0}
+    )
+    cov, var = autocovariance(b.sort_values("t_s"))
+    comp = fit_components(cov, var)
+    parts = [
+        {"sigma": round(comp[c]["sigma"], 5), "correlation_time_s": round(comp[c]["correlation_time_s"], 4)}
+        for c in ("slow", "fast")
+        if comp[c]["sigma"] >= SIGMA_MIN
+    ]
+    speed = {"kind": "log_ar1", "step_ms": 10.0, "components": parts} if parts else None
+    return {"speed": speed, "noise_cv": float(np.sqrt(np.expm1(comp["noise_var"]))), "log_var": float(var)}

@@ -1,17 +1,26 @@
 """``servesim calibrate llm``: calibrate the simulator's LLM model against the tiny real engine.
 
 1. Start ``servesim serve-llm`` (its own processes, on this machine).
-2. Profile its step time through the server over a grid of workloads and fit the linear
-   step model and its noise (:mod:`calibrate.llm_profile`).
-3. Write the calibrated scenario: the engine's limits and KV blocks, the fitted step time,
-   the workload's token lengths.
-4. Find the knee, the most requests a second the engine sustains, by measurement: offer
-   more than it can take, open loop, and count completions a second once it is full; the
-   simulator's knee is the same count in the same design.
-5. Validate on held-out levels at 30, 50, 70 and 85% of the measured knee: the open-loop
-   generator's TTFT, TPOT and ITL percentiles against the simulator's, each prediction with
-   the 90% interval of its spread over replications of the same design.
-6. Write ``profile.json``, ``validation.md``, ``validation.png`` and ``scenario.yaml``.
+2. Profile its step time through the server over a grid of workloads
+   (:mod:`calibrate.llm_profile`).
+3. Find the knee, the most requests a second the engine sustains, by measurement: offer
+   half again what the profile's fit says it can take, open loop, and count completions a
+   second once it is full.
+4. Run held-out levels at 30, 50, 70 and 85% of the measured knee in rounds of short
+   slices, each round's levels in a random order (a randomized block design: the host's
+   speed drifts by 15-20% over minutes on these VMs, and a level run whole would take one
+   minute's luck); each slice starts idle and its first seconds are left out. The open-loop
+   generator's TTFT and TPOT percentiles, from the scheduled times, pooled over a level's
+   slices.
+5. Predict each phase (the knee, each level) with the step time fitted on the engine's step
+   records of every *other* phase (the profile's and the other loads'): the engine's steps
+   under load run slower than alone (the front end's work on the other core), so the fit
+   must see loads, but never the one it predicts), the host's speed process fitted on the
+   same steps' residuals, and a request's own overhead (HTTP, the hand-offs, the stream)
+   measured on lone requests. Each prediction is the median of replications of the same
+   design (as many slices, as long, pooled), with their 90% interval.
+6. Write ``profile.json`` (the fit on every step: the scenario's), ``validation.md`` and
+   ``.csv``, ``steps.csv.gz`` and ``scenario.yaml``.
 """
 
 from __future__ import annotations
@@ -41,6 +50,14 @@ def server_args(engine: dict) -> list[str]:
     return [arg for k, v in engine.items() for arg in (f"--{k.replace('_', '-')}", str(v))]
 
 
+def fitted(steps: pd.DataFrame) -> dict:
+    """The step time fitted on ``steps``, with the host's speed process and the white noise
+    left after it (:func:`calibrate.llm_profile.fit_speed`)."""
+    fit = llm_profile.fit(steps)
+    got = llm_profile.fit_speed(steps, fit)
+    return {**fit, "noise_cv": got["noise_cv"], "speed": got["speed"], "log_var": got["log_var"]}
+
+
 def scenario_dict(fit: dict, engine: dict, *, rate_rps: float, duration_s: float, warmup_s: float) -> dict:
     """The calibrated scenario: the tiny engine on this machine (one replica), its fitted
     step time and noise, the workload's lengths."""
@@ -53,6 +70,7 @@ def scenario_dict(fit: dict, engine: dict, *, rate_rps: float, duration_s: float
         "warmup_s": float(warmup_s),
         "sla": {"percentile": 99, "target_ms": 60000, "ttft_ms": 300, "tpot_ms": 50},
         "traffic": {"rate_rps": round(float(rate_rps), 4), "tokens": WORKLOAD},
+        "network": {"client_to_api": {"kind": "deterministic", "value_ms": round(fit.get("overhead_ms", 0.0), 4)}},
         "router": {"balancing": "round_robin"},
         "batching": {
             "kind": "continuous",
@@ -65,6 +83,7 @@ def scenario_dict(fit: dict, engine: dict, *, rate_rps: float, duration_s: float
         },
         "workers": {"count": 1, "instance_type": "cpu"},
         "cost": {"price_per_hour_usd": 0.1},
+        **({"platform": {"speed": fit["speed"]}} if fit.get("speed") else {}),
     }
 
 
@@ -85,20 +104,26 @@ def _load(doc: dict):
         path.unlink()
 
 
-def simulated(doc: dict, rate_rps: float, duration_s: float, warmup_s: float, seeds: range) -> pd.DataFrame:
-    """The simulator's percentiles (ms) of the design at ``rate_rps``, one row per seed."""
+def simulated(
+    doc: dict, rate_rps: float, slice_s: float, warmup_s: float, seeds: range, rounds: int = 1
+) -> pd.DataFrame:
+    """The simulator's percentiles (ms) of the measured design at ``rate_rps``: ``rounds``
+    slices of ``slice_s``, each started empty with its first ``warmup_s`` left out, pooled;
+    one row per replication."""
     from simulator import simulate
 
-    s = _load(at_rate(doc, rate_rps, duration_s, warmup_s))
+    s = _load(at_rate(doc, rate_rps, slice_s, warmup_s))
     rows = []
     for seed in seeds:
-        r = simulate(s, seed=seed).records
-        keep = (r.arrival >= warmup_s * 1000.0) & (r.arrival < duration_s * 1000.0) & np.isfinite(r.t_response)
-        ttft = (r.t_first_token - r.arrival)[keep]
-        n_out = r.output_tokens[keep]
-        tpot = ((r.t_response - r.t_first_token)[keep] / np.maximum(n_out - 1, 1))[n_out > 1]
-        row = {"seed": seed, "requests": int(keep.sum())}
-        for name, v in (("ttft", ttft), ("tpot", tpot)):
+        ttft, tpot = [], []
+        for k in range(rounds):
+            r = simulate(s, seed=seed * 1000 + k).records
+            keep = (r.arrival >= warmup_s * 1000.0) & (r.arrival < slice_s * 1000.0) & np.isfinite(r.t_response)
+            ttft.append((r.t_first_token - r.arrival)[keep])
+            n_out = r.output_tokens[keep]
+            tpot.append(((r.t_response - r.t_first_token)[keep] / np.maximum(n_out - 1, 1))[n_out > 1])
+        row = {"seed": seed}
+        for name, v in (("ttft", np.concatenate(ttft)), ("tpot", np.concatenate(tpot))):
             for q in QUANTILES:
                 row[f"{name}_p{q}_ms"] = float(np.percentile(v, q)) if len(v) else np.nan
         rows.append(row)
@@ -120,6 +145,21 @@ def simulated_knee(doc: dict, rate_rps: float, duration_s: float, skip_s: float,
     return float(np.median(got))
 
 
+def measured_overhead(url: str, seed: int, n: int = 40) -> float:
+    """What a request's first token costs beyond the engine's step (ms): HTTP and the
+    front end, the hand-offs to the engine and back, the stream to the client. Requests
+    one at a time (a 64-token prompt, 2 tokens): the median TTFT less the median cycle of
+    the steps that prefilled them."""
+    rng = np.random.default_rng(seed)
+    plan = llm_load.Plan(np.arange(1, n + 1) * 0.1, np.full(n, 64), np.full(n, 2))
+    step_records(url)  # what came before
+    df = llm_load.run(url, plan, seed=seed)
+    steps = step_records(url)
+    prefill = llm_profile.step_ms(steps[steps["chunks"] > 0])
+    del rng
+    return max(float(np.median(df["ttft_s"].dropna()) * 1000.0 - np.median(prefill)), 0.0)
+
+
 def measured_knee(url: str, doc: dict, rate_rps: float, duration_s: float, skip_s: float, seed: int) -> dict:
     """Offer ``rate_rps`` (more than the engine takes) for ``duration_s``; completions a
     second from ``skip_s`` to ``duration_s``."""
@@ -136,11 +176,18 @@ def measured_knee(url: str, doc: dict, rate_rps: float, duration_s: float, skip_
     }
 
 
+def step_records(url: str) -> pd.DataFrame:
+    """The engine's step records since the last fetch (its whole cycles only)."""
+    steps = pd.DataFrame(get_json(url + "/servesim/steps"))
+    return steps[steps["done_ns"] > 0].reset_index(drop=True)
+
+
 def calibrate_llm(
     out: Path,
     *,
-    level_s: float = 60.0,
-    warmup_s: float = 5.0,
+    slice_s: float = 20.0,
+    rounds: int = 3,
+    warmup_s: float = 3.0,
     knee_s: float = 40.0,
     replications: int = 20,
     seed: int = 0,
@@ -149,63 +196,88 @@ def calibrate_llm(
     """The whole calibration (see the module's docstring); returns the profile written."""
     out.mkdir(parents=True, exist_ok=True)
     engine = dict(ENGINE)
+    rng = np.random.default_rng(seed)
+    phases: dict[str, list[pd.DataFrame]] = {}  # the engine's step records of each phase
+    answers: dict[float, list[pd.DataFrame]] = {share: [] for share in LEVELS}
     with server(server_args(engine), command="serve-llm", health="/health") as url:
         models = get_json(url + "/v1/models")["data"][0]
         t = time.monotonic()
-        steps = llm_profile.profile(
-            url,
-            max_num_seqs=engine["max_num_seqs"],
-            capacity_tokens=engine["num_blocks"] * engine["block_size"],
-            max_model_len=models["max_model_len"],
-            seed=seed,
-        )
-        fit = llm_profile.fit(steps)
-        log(
-            f"step time: {len(steps)} steps profiled in {time.monotonic() - t:.0f} s; c0 {fit['c0_ms']:.3f} ms, "
-            f"{fit['decode_ms_per_seq']:.4f} ms a decode, noise cv {fit['noise_cv']:.3f}, median error "
-            f"{fit['median_abs_rel_error']:.1%}"
-        )
-        doc = scenario_dict(fit, engine, rate_rps=1.0, duration_s=level_s, warmup_s=warmup_s)
-        # the knee: offer half again what the fitted model can take
-        guess = simulated_knee(doc, 50.0, knee_s, 10.0, range(1, 4))
-        offered = 1.5 * guess
-        knee = measured_knee(url, doc, offered, knee_s, 10.0, seed)
-        knee["simulated_rps"] = simulated_knee(doc, offered, knee_s, 10.0, range(1, 1 + replications // 2))
-        knee["error"] = knee["simulated_rps"] / knee["completed_rps"] - 1.0
-        log(
-            f"knee: measured {knee['completed_rps']:.2f} req/s, simulated {knee['simulated_rps']:.2f} "
-            f"({knee['error']:+.1%}), offered {offered:.2f}"
-        )
-        rows = []
-        s = _load(doc)
-        for k, share in enumerate(LEVELS):
-            rate = share * knee["completed_rps"]
-            plan = llm_load.plan_from_scenario(s, rate, level_s, np.random.default_rng(seed + 100 + k))
-            measured = llm_load.percentiles(llm_load.run(url, plan, seed=seed + k), skip_s=warmup_s)
-            sim = simulated(doc, rate, level_s, warmup_s, range(1, 1 + replications))
-            for name in ("ttft", "tpot"):
-                for q in QUANTILES:
-                    col = f"{name}_p{q}_ms"
-                    lo, mid, hi = np.nanpercentile(sim[col], [5, 50, 95])
-                    rows.append(
-                        {
-                            "level": share,
-                            "rate_rps": rate,
-                            "metric": name,
-                            "q": q,
-                            "measured_ms": measured[col],
-                            "predicted_ms": mid,
-                            "lo_ms": lo,
-                            "hi_ms": hi,
-                            "requests": measured["requests"],
-                            "errors": measured["errors"],
-                        }
-                    )
-            log(
-                f"level {share:.0%} ({rate:.2f} req/s): TTFT p50 {measured['ttft_p50_ms']:.1f} ms measured, "
-                f"{sim['ttft_p50_ms'].median():.1f} predicted; TPOT p50 {measured['tpot_p50_ms']:.2f}, "
-                f"{sim['tpot_p50_ms'].median():.2f}"
+        phases["profile"] = [
+            llm_profile.profile(
+                url,
+                max_num_seqs=engine["max_num_seqs"],
+                capacity_tokens=engine["num_blocks"] * engine["block_size"],
+                max_model_len=models["max_model_len"],
+                seed=seed,
             )
+        ]
+        first = llm_profile.fit(phases["profile"][0])
+        overhead = measured_overhead(url, seed)
+        log(
+            f"step time: {len(phases['profile'][0])} steps profiled in {time.monotonic() - t:.0f} s; "
+            f"c0 {first['c0_ms']:.3f} ms, {first['decode_ms_per_seq']:.4f} ms a decode; a request's own "
+            f"overhead {overhead:.2f} ms"
+        )
+        doc = scenario_dict(first, engine, rate_rps=1.0, duration_s=slice_s, warmup_s=warmup_s)
+        # the knee: offer half again what the profile's fit can take, count completions
+        offered = 1.5 * simulated_knee(doc, 50.0, knee_s, 10.0, range(1, 4))
+        knee = measured_knee(url, doc, offered, knee_s, 10.0, seed)
+        phases["knee"] = [step_records(url)]
+        log(f"knee: measured {knee['completed_rps']:.2f} req/s, offered {offered:.2f}")
+        # the held-out levels in rounds of short slices, each round in a random order, so that
+        # a slow minute of the host falls on every level alike
+        s = _load(doc)
+        for r in range(rounds):
+            for share in rng.permutation(LEVELS):
+                share = float(share)
+                plan = llm_load.plan_from_scenario(s, share * knee["completed_rps"], slice_s, rng)
+                answers[share].append(llm_load.run(url, plan, seed=int(rng.integers(1 << 31))))
+                phases.setdefault(f"level {share:g}", []).append(step_records(url))
+            log(f"round {r + 1} of {rounds} measured")
+    steps_of = {k: pd.concat(v, ignore_index=True) for k, v in phases.items()}
+
+    # each held-out phase predicted by the step time fitted on every other phase's steps
+    def held_out_fit(phase: str) -> dict:
+        got = fitted(pd.concat([v for k, v in steps_of.items() if k != phase], ignore_index=True))
+        return {**got, "overhead_ms": overhead}
+
+    knee_doc = scenario_dict(held_out_fit("knee"), engine, rate_rps=1.0, duration_s=slice_s, warmup_s=warmup_s)
+    knee["simulated_rps"] = simulated_knee(knee_doc, offered, knee_s, 10.0, range(1, 1 + replications // 2))
+    knee["error"] = knee["simulated_rps"] / knee["completed_rps"] - 1.0
+    log(f"knee: simulated {knee['simulated_rps']:.2f} req/s ({knee['error']:+.1%})")
+    rows = []
+    for share in LEVELS:
+        rate = share * knee["completed_rps"]
+        m = llm_load.percentiles(pd.concat(answers[share], ignore_index=True), skip_s=warmup_s)
+        level_doc = scenario_dict(
+            held_out_fit(f"level {share:g}"), engine, rate_rps=1.0, duration_s=slice_s, warmup_s=warmup_s
+        )
+        sim = simulated(level_doc, rate, slice_s, warmup_s, range(1, 1 + replications), rounds)
+        for name in ("ttft", "tpot"):
+            for q in QUANTILES:
+                col = f"{name}_p{q}_ms"
+                lo, mid, hi = np.nanpercentile(sim[col], [5, 50, 95])
+                rows.append(
+                    {
+                        "level": share,
+                        "rate_rps": rate,
+                        "metric": name,
+                        "q": q,
+                        "measured_ms": m[col],
+                        "predicted_ms": mid,
+                        "lo_ms": lo,
+                        "hi_ms": hi,
+                        "requests": m["requests"],
+                        "errors": m["errors"],
+                    }
+                )
+        log(
+            f"level {share:.0%} ({rate:.2f} req/s): TTFT p50 {m['ttft_p50_ms']:.1f} ms measured, "
+            f"{sim['ttft_p50_ms'].median():.1f} predicted; TPOT p50 {m['tpot_p50_ms']:.2f}, "
+            f"{sim['tpot_p50_ms'].median():.2f}"
+        )
+    fit = {**fitted(pd.concat(list(steps_of.values()), ignore_index=True)), "overhead_ms": overhead}
+    steps = pd.concat([v.assign(phase=k) for k, v in steps_of.items()], ignore_index=True)
     table = pd.DataFrame(rows)
     table["error"] = table["predicted_ms"] / table["measured_ms"] - 1.0
     table["inside"] = (table["measured_ms"] >= table["lo_ms"]) & (table["measured_ms"] <= table["hi_ms"])
@@ -218,7 +290,8 @@ def calibrate_llm(
         "step_time": fit,
         "knee": knee,
         "levels": list(LEVELS),
-        "level_s": level_s,
+        "slice_s": slice_s,
+        "rounds": rounds,
         "warmup_s": warmup_s,
         "replications": replications,
     }
