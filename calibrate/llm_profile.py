@@ -85,25 +85,57 @@ def step_ms(steps: pd.DataFrame) -> np.ndarray:
     return (steps["done_ns"].to_numpy() - steps["begin_ns"].to_numpy()) / 1e6
 
 
-def design(df: pd.DataFrame) -> np.ndarray:
-    return np.column_stack([np.ones(len(df)), *(df[f].to_numpy(dtype=float) for f in FEATURES)])
+THRESHOLDS = (None, 2, 4, 8, 16, 32)  # decode batch sizes where the per-sequence rate may change
+
+
+def design(df: pd.DataFrame, threshold: int | None = None) -> np.ndarray:
+    """The step model's columns: 1, P, Σp(ctx+p/2), D (up to ``threshold``), Σctx, and with a
+    threshold the decodes beyond it."""
+    d = df["decodes"].to_numpy(dtype=float)
+    below = d if threshold is None else np.minimum(d, threshold)
+    cols = [
+        np.ones(len(df)),
+        df["prefill_tokens"].to_numpy(float),
+        df["attention"].to_numpy(float),
+        below,
+        df["decode_context"].to_numpy(float),
+    ]
+    if threshold is not None:
+        cols.append(np.maximum(d - threshold, 0.0))
+    return np.column_stack(cols)
 
 
 def predict_ms(coef: dict, df: pd.DataFrame) -> np.ndarray:
-    return design(df) @ np.array([coef[c] for c in COEFFICIENTS])
+    th = coef.get("decode_threshold")
+    c = [coef[k] for k in COEFFICIENTS] + ([coef["decode_ms_per_seq_above"]] if th is not None else [])
+    return design(df, th) @ np.array(c)
 
 
-def fit(steps: pd.DataFrame, ms: np.ndarray | None = None) -> dict:
-    """The five coefficients (ms) by non-negative least squares on relative error (weighted
-    by a first fit's times); the step's noise as a log-normal cv; how far the line is from
-    the steps."""
-    y = step_ms(steps) if ms is None else np.asarray(ms, dtype=float)
-    x = design(steps)
+def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     coef, _ = nnls(x / y[:, None], np.ones(len(y)))
     # again, weighted by the fitted times instead of the measured ones: weights from noisy
     # times favour the steps that happened to be fast, a bias of about 2·cv² low
     pred = x @ coef
     coef, _ = nnls(x / pred[:, None], y / pred)
+    return coef
+
+
+def fit(steps: pd.DataFrame, ms: np.ndarray | None = None, thresholds=THRESHOLDS) -> dict:
+    """The coefficients (ms) by non-negative least squares on relative error (weighted by a
+    first fit's times), with the decode threshold among ``thresholds`` that fits best (a
+    CPU's batch of decodes costs less per sequence as it grows: one rate would be too high
+    for small batches and too low for large ones); the step's noise as a log-normal cv; how
+    far the line is from the steps."""
+    y = step_ms(steps) if ms is None else np.asarray(ms, dtype=float)
+    best = None
+    for th in thresholds:
+        x = design(steps, th)
+        coef = _nnls(x, y)
+        rel = (y - x @ coef) / (x @ coef)
+        score = float(np.sum(rel**2))
+        if best is None or score < best[0] - 1e-9 * abs(best[0]):
+            best = (score, th, coef, x)
+    _, th, coef, x = best
     pred = x @ coef
     log_res = np.log(y / pred)
     # successive decode-only steps of one batch (same D): their log residuals' differences
@@ -112,8 +144,11 @@ def fit(steps: pd.DataFrame, ms: np.ndarray | None = None) -> dict:
     diffs = np.diff(log_res)[same]
     sigma = float(np.std(diffs, ddof=1) / np.sqrt(2.0)) if len(diffs) > 2 else float(np.std(log_res, ddof=1))
     rel = np.abs(y - pred) / y
+    out = {name: float(c) for name, c in zip(COEFFICIENTS, coef, strict=False)}
+    out["decode_threshold"] = th
+    out["decode_ms_per_seq_above"] = float(coef[5]) if th is not None else 0.0
     return {
-        **{name: float(c) for name, c in zip(COEFFICIENTS, coef, strict=True)},
+        **out,
         "noise_cv": float(np.sqrt(np.expm1(sigma**2))),
         "steps": len(y),
         "median_abs_rel_error": float(np.median(rel)),

@@ -62,6 +62,9 @@ def scenario_dict(fit: dict, engine: dict, *, rate_rps: float, duration_s: float
     """The calibrated scenario: the tiny engine on this machine (one replica), its fitted
     step time and noise, the workload's lengths."""
     coef = {k: round(fit[k], 9) for k in llm_profile.COEFFICIENTS}
+    if fit.get("decode_threshold") is not None:
+        coef["decode_threshold"] = int(fit["decode_threshold"])
+        coef["decode_ms_per_seq_above"] = round(fit["decode_ms_per_seq_above"], 9)
     return {
         "name": "calibrated_tiny_llm",
         "description": "servesim serve-llm on this machine, calibrated by servesim calibrate llm",
@@ -150,13 +153,11 @@ def measured_overhead(url: str, seed: int, n: int = 40) -> float:
     front end, the hand-offs to the engine and back, the stream to the client. Requests
     one at a time (a 64-token prompt, 2 tokens): the median TTFT less the median cycle of
     the steps that prefilled them."""
-    rng = np.random.default_rng(seed)
     plan = llm_load.Plan(np.arange(1, n + 1) * 0.1, np.full(n, 64), np.full(n, 2))
     step_records(url)  # what came before
     df = llm_load.run(url, plan, seed=seed)
     steps = step_records(url)
     prefill = llm_profile.step_ms(steps[steps["chunks"] > 0])
-    del rng
     return max(float(np.median(df["ttft_s"].dropna()) * 1000.0 - np.median(prefill)), 0.0)
 
 
@@ -315,7 +316,13 @@ def markdown(profile: dict, table: pd.DataFrame) -> str:
         "# The tiny LLM engine, calibrated",
         "",
         f"Step time (ms) = {fit['c0_ms']:.4f} + {fit['prefill_ms_per_token']:.5f}·P + "
-        f"{fit['attention_ms_per_token2']:.3g}·Σp(ctx+p/2) + {fit['decode_ms_per_seq']:.4f}·D + "
+        f"{fit['attention_ms_per_token2']:.3g}·Σp(ctx+p/2) + {fit['decode_ms_per_seq']:.4f}·D"
+        + (
+            f" (up to {fit['decode_threshold']}, {fit['decode_ms_per_seq_above']:.4f} each beyond)"
+            if fit.get("decode_threshold")
+            else ""
+        )
+        + " + "
         f"{fit['kv_ms_per_token']:.3g}·Σctx, noise cv {fit['noise_cv']:.3f}; fitted on {fit['steps']} steps "
         f"(median error {fit['median_abs_rel_error']:.1%}, p90 {fit['p90_abs_rel_error']:.1%}).",
         "",

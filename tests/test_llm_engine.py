@@ -335,7 +335,7 @@ def _synthetic_steps(rng, true: dict, cv: float):
     import numpy as np
     import pandas as pd
 
-    from calibrate.llm_profile import COEFFICIENTS, design
+    from calibrate.llm_profile import predict_ms
 
     rows = []
     for d in (1, 2, 4, 8, 16, 32, 64):
@@ -363,19 +363,20 @@ def _synthetic_steps(rng, true: dict, cv: float):
                 )
     df = pd.DataFrame(rows)
     sigma = np.sqrt(np.log1p(cv**2))
-    ms = design(df) @ np.array([true[c] for c in COEFFICIENTS]) * rng.lognormal(-(sigma**2) / 2, sigma, len(df))
-    return df, ms
+    return df, predict_ms(true, df) * rng.lognormal(-(sigma**2) / 2, sigma, len(df))
 
 
-def test_the_step_time_fit_recovers_known_coefficients():
-    """NNLS on synthetic step times with 8% log-normal noise, 20 replications: no
-    coefficient's mean error is further from 0 than three standard errors (a t-test at
-    99.7%), the well-determined ones (fixed cost, per decode, per context token) are
-    within 2% in every replication's spread (sd), and the noise's cv is recovered
-    likewise."""
+@pytest.mark.parametrize("threshold", [None, 8])
+def test_the_step_time_fit_recovers_known_coefficients(threshold):
+    """NNLS on synthetic step times with 8% log-normal noise, 20 replications, a truth with
+    one decode rate (fitted with one) and one whose rate falls beyond 8 decodes (fitted
+    with the threshold chosen among several: it must choose 8): no coefficient's mean error
+    is further from 0 than three standard errors (a t-test at 99.7%), the well-determined
+    ones (fixed cost, per decode, per context token) spread under 2% (sd), and the noise's
+    cv is recovered likewise."""
     import numpy as np
 
-    from calibrate.llm_profile import COEFFICIENTS, fit
+    from calibrate.llm_profile import COEFFICIENTS, THRESHOLDS, fit
 
     true = {
         "c0_ms": 1.0,
@@ -383,13 +384,17 @@ def test_the_step_time_fit_recovers_known_coefficients():
         "attention_ms_per_token2": 8e-5,
         "decode_ms_per_seq": 0.25,
         "kv_ms_per_token": 8e-4,
+        "decode_threshold": threshold,
+        "decode_ms_per_seq_above": 0.15,
     }
+    names = (*COEFFICIENTS, "decode_ms_per_seq_above") if threshold else COEFFICIENTS
     n = 20
-    errors = {c: [] for c in (*COEFFICIENTS, "noise_cv")}
+    errors = {c: [] for c in (*names, "noise_cv")}
     for seed in range(n):
         df, ms = _synthetic_steps(np.random.default_rng(seed), true, cv=0.08)
-        got = fit(df, ms)
-        for c in COEFFICIENTS:
+        got = fit(df, ms, thresholds=THRESHOLDS if threshold else (None,))
+        assert got["decode_threshold"] == threshold
+        for c in names:
             errors[c].append(got[c] / true[c] - 1.0)
         errors["noise_cv"].append(got["noise_cv"] / 0.08 - 1.0)
     for c, e in errors.items():
@@ -398,3 +403,50 @@ def test_the_step_time_fit_recovers_known_coefficients():
     for c in ("c0_ms", "decode_ms_per_seq", "kv_ms_per_token"):
         assert np.std(errors[c], ddof=1) < 0.02, c
     assert np.std(errors["noise_cv"], ddof=1) < 0.06
+
+
+@pytest.mark.slow
+def test_calibrate_llm_end_to_end(tmp_path):
+    """`servesim calibrate llm`, shortened: it profiles, measures the knee and two rounds of
+    the held-out levels, and writes a profile, a report and a scenario the simulator runs."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    out = tmp_path / "cal"
+    cmd = [
+        sys.executable,
+        "-m",
+        "servesim",
+        "calibrate",
+        "llm",
+        "--out",
+        str(out),
+        "--slice-s",
+        "8",
+        "--rounds",
+        "2",
+        "--knee-s",
+        "25",
+        "--replications",
+        "3",
+    ]
+    got = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert got.returncode == 0, got.stderr[-2000:]
+    profile = json.loads((out / "profile.json").read_text())
+    assert profile["knee"]["completed_rps"] > 0
+    assert profile["step_time"]["c0_ms"] > 0
+    assert "percentiles within their bound or interval" in got.stdout
+    table = (out / "validation.md").read_text()
+    assert table.count("| 30% |") == 6
+    doc = yaml.safe_load((out / "scenario.yaml").read_text())
+    assert doc["batching"]["step_time"]["kind"] == "linear"
+    ran = subprocess.run(
+        [sys.executable, "-m", "servesim", "run", str(out / "scenario.yaml"), "--duration-s", "20"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert "TTFT" in ran.stdout

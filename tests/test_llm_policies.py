@@ -328,7 +328,7 @@ def test_the_gaps_between_tokens_add_up_to_every_stream(policy):
 
 
 @pytest.mark.parametrize("policy", ["continuous", "prefill_first", "static"])
-@pytest.mark.parametrize("model", ["linear", "roofline", "distserve", "linear_slowed"])
+@pytest.mark.parametrize("model", ["linear", "linear_threshold", "roofline", "distserve", "linear_slowed"])
 def test_decode_stretches_in_one_go_take_exactly_the_single_steps(policy, model):
     """The closed-form skip of decode-only stretches: with step noise, shared prefixes, a
     cache small enough to preempt, each policy and step model, and the host's speed
@@ -344,6 +344,7 @@ def test_decode_stretches_in_one_go_take_exactly_the_single_steps(policy, model)
 
     steps = {
         "linear": LinearStepTime(4.0, 0.01, 1e-6, 0.05, 1e-4),
+        "linear_threshold": LinearStepTime(4.0, 0.01, 1e-6, 0.05, 1e-4, 6, 0.02),  # decodes past 6 cheaper
         "roofline": H100_8B,
         "distserve": StepTime((22.05, 0.1405, 8.08e-6), (23.48, 5.93e-4, 0.0607), (20.21, 4.91e-4, 0.12), 95),
     }

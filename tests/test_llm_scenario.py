@@ -353,3 +353,19 @@ def test_every_tokens_gap_is_summarized_whole_or_streamed():
     assert streamed["itl_ms"]["mean"] == pytest.approx(whole["itl_ms"]["mean"], rel=1e-9)
     assert whole["itl_ms"]["p50"] < whole["max_itl_ms"]["p50"]
     assert whole["itl_ms"]["mean"] == pytest.approx(whole["tpot_ms"]["mean"], rel=0.25)
+
+
+def test_a_linear_step_with_a_decode_threshold():
+    """``decode_threshold``: decodes beyond it cost ``decode_ms_per_seq_above`` each; the
+    scenario's section reaches the replica's step model."""
+    from simulator.serving.llm_replica import LinearStepTime, Work
+
+    step = LinearStepTime(1.0, decode_ms_per_seq=0.4, decode_threshold=4, decode_ms_per_seq_above=0.1)
+    assert step.ms(Work(decodes=3)) == pytest.approx(1.0 + 1.2)
+    assert step.ms(Work(decodes=10)) == pytest.approx(1.0 + 1.6 + 0.6)
+    assert step.decode_series(10, 0, 10, 2) == [step.ms(Work(decodes=10))] * 2
+    s = load_scenario(
+        ROOT / "scenarios/llm_chat.yaml",
+        ["batching.step_time={c0_ms: 2.0, decode_ms_per_seq: 0.3, decode_threshold: 8, decode_ms_per_seq_above: 0.1}"],
+    )
+    assert s.batching.step_time.decode_threshold == 8

@@ -293,7 +293,9 @@ class Tokens(Frozen):
 
 
 class LinearStep(Frozen):
-    """A fitted step time: ``c0 + c_prefill·P + c_attn·Σ p(ctx + p/2) + c_decode·D + c_kv·Σ ctx`` ms."""
+    """A fitted step time: ``c0 + c_prefill·P + c_attn·Σ p(ctx + p/2) + c_decode·D + c_kv·Σ ctx`` ms;
+    with ``decode_threshold`` the decoding sequences beyond it cost ``decode_ms_per_seq_above``
+    each (a batch's per-sequence cost falls as it grows on a CPU)."""
 
     kind: Literal["linear"] = "linear"
     c0_ms: float = Field(gt=0, description="Fixed cost of a step, ms (a step always takes some: scheduling, launch).")
@@ -301,6 +303,13 @@ class LinearStep(Frozen):
     attention_ms_per_token2: float = Field(0.0, ge=0, description="Per unit of prefill attention work, ms.")
     decode_ms_per_seq: float = Field(0.0, ge=0, description="Per decoding sequence, ms.")
     kv_ms_per_token: float = Field(0.0, ge=0, description="Per token of decode context read, ms.")
+    decode_threshold: int | None = Field(
+        None,
+        ge=1,
+        description="Decoding sequences beyond this many cost decode_ms_per_seq_above each instead (DistServe's "
+        "two rows, small and large batches; none: one rate).",
+    )
+    decode_ms_per_seq_above: float = Field(0.0, ge=0, description="Per decoding sequence beyond decode_threshold, ms.")
 
 
 class Roofline(Frozen):

@@ -86,12 +86,20 @@ class LinearStepTime:
     attention_ms_per_token2: float = 0.0
     decode_ms_per_seq: float = 0.0
     kv_ms_per_token: float = 0.0
+    decode_threshold: int | None = None  # decodes beyond it cost decode_ms_per_seq_above each
+    decode_ms_per_seq_above: float = 0.0
+
+    def _decodes_ms(self, decodes: int) -> float:
+        th = self.decode_threshold
+        if th is None or decodes <= th:
+            return self.decode_ms_per_seq * decodes
+        return self.decode_ms_per_seq * th + self.decode_ms_per_seq_above * (decodes - th)
 
     def decode_series(self, width: int, context: int, d: int, k: int) -> list[float]:
         """:meth:`ms` of ``k`` decode steps of ``width`` whose context starts at ``context`` and
         grows by ``d`` a step (the same operations in the same order, so the same bits)."""
         fixed = self.c0_ms + self.prefill_ms_per_token * 0 + self.attention_ms_per_token2 * 0.0
-        fixed = fixed + self.decode_ms_per_seq * width
+        fixed = fixed + self._decodes_ms(width)
         kv = self.kv_ms_per_token
         return [fixed + kv * (context + d * i) for i in range(k)]
 
@@ -100,7 +108,7 @@ class LinearStepTime:
             self.c0_ms
             + self.prefill_ms_per_token * work.prefill_tokens
             + self.attention_ms_per_token2 * work.attention
-            + self.decode_ms_per_seq * work.decodes
+            + self._decodes_ms(work.decodes)
             + self.kv_ms_per_token * work.decode_context
         )
 
@@ -148,7 +156,13 @@ def step_model(batching, instance_type: str) -> StepModel:
     st = batching.step_time
     if isinstance(st, LinearStep):
         return LinearStepTime(
-            st.c0_ms, st.prefill_ms_per_token, st.attention_ms_per_token2, st.decode_ms_per_seq, st.kv_ms_per_token
+            st.c0_ms,
+            st.prefill_ms_per_token,
+            st.attention_ms_per_token2,
+            st.decode_ms_per_seq,
+            st.kv_ms_per_token,
+            st.decode_threshold,
+            st.decode_ms_per_seq_above,
         )
     m, gpu = batching.spec, gpu_spec(instance_type)
     return RooflineStepTime(
