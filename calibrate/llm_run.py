@@ -97,14 +97,9 @@ def at_rate(doc: dict, rate_rps: float, duration_s: float, warmup_s: float) -> d
 
 
 def _load(doc: dict):
-    from simulator.scenario.loader import load_scenario
+    from simulator.scenario.config import Scenario
 
-    path = Path("/dev/shm" if Path("/dev/shm").is_dir() else "/tmp") / f"servesim-llm-{time.monotonic_ns()}.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    try:
-        return load_scenario(path)
-    finally:
-        path.unlink()
+    return Scenario.model_validate(doc)
 
 
 def simulated(
@@ -114,6 +109,7 @@ def simulated(
     slices of ``slice_s``, each started empty with its first ``warmup_s`` left out, pooled;
     one row per replication."""
     from simulator import simulate
+    from simulator.results.tokens import tpot_ms, ttft_ms
 
     s = _load(at_rate(doc, rate_rps, slice_s, warmup_s))
     rows = []
@@ -122,9 +118,9 @@ def simulated(
         for k in range(rounds):
             r = simulate(s, seed=seed * 1000 + k).records
             keep = (r.arrival >= warmup_s * 1000.0) & (r.arrival < slice_s * 1000.0) & np.isfinite(r.t_response)
-            ttft.append((r.t_first_token - r.arrival)[keep])
-            n_out = r.output_tokens[keep]
-            tpot.append(((r.t_response - r.t_first_token)[keep] / np.maximum(n_out - 1, 1))[n_out > 1])
+            ttft.append(ttft_ms(r)[keep])  # as the client sees them (the simulator's own definitions)
+            per_token = tpot_ms(r)[keep]
+            tpot.append(per_token[np.isfinite(per_token)])
         row = {"seed": seed}
         for name, v in (("ttft", np.concatenate(ttft)), ("tpot", np.concatenate(tpot))):
             for q in QUANTILES:
