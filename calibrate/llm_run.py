@@ -19,8 +19,8 @@
    same steps' residuals, and a request's own overhead (HTTP, the hand-offs, the stream)
    measured on lone requests. Each prediction is the median of replications of the same
    design (as many slices, as long, pooled), with their 90% interval.
-6. Write ``profile.json`` (the fit on every step: the scenario's), ``validation.md`` and
-   ``.csv``, ``steps.csv.gz`` and ``scenario.yaml``.
+6. Write ``profile.json`` (the fit on every step: the scenario's), ``validation.md``,
+   ``.png`` and ``.csv``, ``steps.csv.gz`` and ``scenario.yaml``.
 """
 
 from __future__ import annotations
@@ -303,6 +303,7 @@ def calibrate_llm(
     table.to_csv(out / "validation.csv", index=False)
     steps.to_csv(out / "steps.csv.gz", index=False)
     (out / "validation.md").write_text(markdown(profile, table))
+    chart(table, out / "validation.png")
     return {**profile, "table": table}
 
 
@@ -334,3 +335,35 @@ def markdown(profile: dict, table: pd.DataFrame) -> str:
             f"{r.predicted_ms:.2f} ({r.lo_ms:.2f}–{r.hi_ms:.2f}) | {r.error:+.1%} | {'yes' if r.ok else 'no'} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def chart(table: pd.DataFrame, path: Path) -> None:
+    """``validation.png``: TTFT and TPOT at each level, measured (points) against predicted
+    (lines, with the replications' 90% interval as a band), one colour a percentile."""
+    import altair as alt
+
+    t = table.assign(
+        percentile=lambda d: "p" + d["q"].astype(str),
+        panel=lambda d: d["metric"].str.upper(),
+    )
+    base = alt.Chart(t).encode(
+        x=alt.X("rate_rps:Q", title="offered load (req/s)"),
+        color=alt.Color("percentile:N", title="percentile"),
+    )
+    band = base.mark_area(opacity=0.18).encode(
+        y=alt.Y("lo_ms:Q", title="ms", scale=alt.Scale(type="log")), y2="hi_ms:Q"
+    )
+    line = base.mark_line().encode(y="predicted_ms:Q")
+    points = base.mark_point(filled=True, size=50).encode(
+        y="measured_ms:Q", tooltip=["panel", "percentile", "rate_rps", "measured_ms", "predicted_ms"]
+    )
+    layered = (band + line + points).properties(width=300, height=260)
+    column = alt.Column("panel:N", title=None, sort=["TTFT", "TPOT"])
+    figure = layered.facet(column=column).resolve_scale(y="independent")
+    figure = figure.properties(title="the tiny engine: measured (points) vs predicted (lines, 90% band)")
+    try:
+        import vl_convert  # noqa: F401 - altair renders PNGs with it
+    except ImportError:  # a GPU host with only the wheels carried to it: the report stands without it
+        print(f"{path}: not drawn (vl-convert-python is missing)")  # noqa: T201
+        return
+    figure.save(str(path), format="png")
