@@ -437,6 +437,48 @@ def llm(
     typer.echo(f"{int(table['ok'].sum())} of {len(table)} percentiles within their bound or interval")
 
 
+@app.command()
+def judge(
+    profile: Annotated[Path, typer.Option(help="A calibrate llm folder (its profile.json).")] = Path(
+        "calibrate/profiles/cpu-tiny-llm"
+    ),
+    out: Annotated[Path, typer.Option(help="Folder for judge.md/.csv and GuideLLM's reports.")] = Path(
+        "calibrate/profiles/cpu-tiny-llm/judge"
+    ),
+    shares: Annotated[str, typer.Option(help="Rates as shares of the profile's knee, comma-separated.")] = "0.3,0.6",
+    duration_s: Annotated[float, typer.Option(help="Seconds of GuideLLM's load at each rate.")] = 60.0,
+    replications: Annotated[int, typer.Option(help="Simulated replications of each run.")] = 20,
+    seed: Annotated[int, typer.Option(help="GuideLLM's seed (its prompts, lengths and arrivals).")] = 0,
+) -> None:
+    """Drive the tiny engine with GuideLLM (a load generator nobody here wrote) at two
+    rates and compare its TTFT, ITL and TPOT percentiles with the calibrated scenario's."""
+    try:
+        got = [float(x) for x in shares.split(",") if x.strip()]
+    except ValueError:
+        got = []
+    if not got or any(not 0 < x < 1 for x in got):
+        typer.echo(f"error: --shares must be shares of the knee in (0, 1), comma-separated; got {shares!r}", err=True)
+        raise typer.Exit(code=2)
+    if duration_s < 10 or replications < 2:
+        typer.echo("error: --duration-s must be at least 10 and --replications at least 2", err=True)
+        raise typer.Exit(code=2)
+    if not (profile / "profile.json").is_file():
+        typer.echo(f"error: --profile {profile}: no profile.json there (servesim calibrate llm writes one)", err=True)
+        raise typer.Exit(code=2)
+    try:
+        from calibrate.judge import JudgeMissing, guidellm_command
+        from calibrate.judge import judge as run_judge
+
+        guidellm_command()
+    except (ImportError, JudgeMissing) as err:
+        typer.echo(f"error: {err}; install it with pip install -e '.[judge]'", err=True)
+        raise typer.Exit(code=2) from None
+    signal.signal(signal.SIGTERM, _terminated)
+    table = run_judge(profile, out, shares=tuple(got), duration_s=duration_s, replications=replications, seed=seed)
+    typer.echo(f"wrote {out}/judge.md, judge.csv")
+    typer.echo(f"{int(table['ok'].sum())} of {len(table)} percentiles within their bound or interval")
+
+
 @app.command(name="import-triton-stats")
 def import_triton_stats(
     stats: Annotated[Path, typer.Argument(help="JSON from GET /v2/models/{model}/stats (Triton or servesim serve).")],
@@ -490,10 +532,21 @@ def watch(
         Path | None,
         typer.Option(help="A `calibrate run` folder: its noise, speed process and front end in the twin's model."),
     ] = None,
+    openai: Annotated[
+        bool, typer.Option("--openai", help="Watch a vLLM-compatible LLM server (its vllm: metrics).")
+    ] = False,
+    scenario: Annotated[
+        Path | None,
+        typer.Option(help="With --openai: the LLM scenario whose step time the twin scales (calibrate llm's)."),
+    ] = None,
+    tpot_sla: Annotated[
+        str | None, typer.Option(help="With --openai: an objective on TPOT too, e.g. p99<=50ms.")
+    ] = None,
 ) -> None:
     """A live twin of a running server: fits the batch time and overheads from its counters
     every interval, simulates the current rate, and says how much traffic can grow before
-    the SLA breaks (the headroom)."""
+    the SLA breaks (the headroom). With --openai, a vLLM-compatible server: the SLA is on
+    TTFT, and the twin fits the step time's speed from the inter-token latency."""
     import math
     import time
     import urllib.error
@@ -501,6 +554,12 @@ def watch(
     from calibrate.watch import Twin, WatchError, connect, scrape
 
     q, target = _sla(sla)
+    if openai:
+        _watch_openai(url, interval_s, (q, target), tpot_sla, json_path, duration_s, window, scenario)
+        return
+    if scenario is not None or tpot_sla is not None:
+        typer.echo("error: --scenario and --tpot-sla go with --openai", err=True)
+        raise typer.Exit(code=2)
     prof = None
     if profile is not None:
         try:
@@ -549,6 +608,99 @@ def watch(
                     f"{fmt(row['measured_p50_ms'], '.1f'):>9} {fmt(row[f'measured_{key}_ms'], '.1f'):>9} "
                     f"{fmt(row.get('predicted_p50_ms'), '.1f'):>9} {fmt(row.get(f'predicted_{key}_ms'), '.1f'):>9} "
                     f"{fmt(row.get('breaking_rate_rps'), '.1f'):>10} {fmt(row.get('headroom_pct'), '+.0f'):>8}%"
+                    + (f"  {row['note']}" if "note" in row else "")
+                )
+                if out is not None:
+                    clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+                    out.write(json.dumps(clean) + "\n")
+                    out.flush()
+            time.sleep(max(0.0, interval_s - (time.monotonic() - t0)))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if out is not None:
+            out.close()
+
+
+def _watch_openai(
+    url: str,
+    interval_s: float,
+    ttft_sla: tuple[float, float],
+    tpot_sla: str | None,
+    json_path: Path | None,
+    duration_s: float,
+    window: int,
+    scenario: Path | None,
+) -> None:
+    """``calibrate watch --openai`` (see :mod:`calibrate.watch_llm`)."""
+    import math
+    import time
+    import urllib.error
+
+    import yaml
+
+    from calibrate.watch import WatchError
+    from calibrate.watch_llm import LLMTwin, connect, scrape
+    from simulator.scenario.loader import ScenarioError, load_scenario
+
+    tpot = _sla(tpot_sla) if tpot_sla is not None else None
+    path = scenario or Path("calibrate/profiles/cpu-tiny-llm/scenario.yaml")
+    if not path.is_file():
+        typer.echo(f"error: --scenario {path}: no such file (an LLM scenario: calibrate llm writes one)", err=True)
+        raise typer.Exit(code=2)
+    try:
+        load_scenario(path)
+        base = yaml.safe_load(path.read_text())
+    except ScenarioError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    if json_path is not None and not json_path.parent.is_dir():
+        typer.echo(f"error: --json {json_path}: folder {json_path.parent} does not exist", err=True)
+        raise typer.Exit(code=2)
+    try:
+        info = connect(url)
+        twin = LLMTwin(base, info, ttft_sla=ttft_sla, tpot_sla=tpot, window=window)
+    except WatchError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    qt = ttft_sla[0]
+    qp = tpot[0] if tpot else 99.0
+    out = json_path.open("a") if json_path is not None else None
+    typer.echo(
+        f"watching {url} every {interval_s:g} s; SLA TTFT p{qt:g} <= {ttft_sla[1]:g} ms"
+        + (f", TPOT p{qp:g} <= {tpot[1]:g} ms" if tpot else "")
+        + f"; KV {info['num_gpu_blocks']} blocks of {info['block_size']}; model {path}"
+    )
+    typer.echo(
+        f"{'time':>8} {'req/s':>7} {'run':>4} {'wait':>4} {'kv':>5} {'TTFT p50':>9} {'p' + format(qt, 'g'):>7} "
+        f"{'pred':>7} {'TPOT p50':>9} {'pred':>6} {'speed':>6} {'breaks at':>10} {'headroom':>9} {'replicas':>8}"
+    )
+
+    def fmt(v, spec: str) -> str:
+        return "—" if v is None or not math.isfinite(v) else format(v, spec)
+
+    start = time.monotonic()
+    try:
+        while not duration_s or time.monotonic() - start < duration_s:
+            t0 = time.monotonic()
+            try:
+                row = twin.update(scrape(url))
+            except (WatchError, urllib.error.URLError, OSError, ValueError, KeyError) as err:
+                row = None
+                msg = f"scrape failed ({type(err).__name__}: {getattr(err, 'reason', err)}); keeping the last fit"
+                typer.echo(f"{time.strftime('%H:%M:%S')} {msg}")
+                if out is not None:
+                    out.write(json.dumps({"time": round(time.time(), 3), "error": msg}) + "\n")
+                    out.flush()
+            if row is not None:
+                typer.echo(
+                    f"{time.strftime('%H:%M:%S'):>8} {fmt(row['rate_rps'], '.2f'):>7} {fmt(row['running'], '.0f'):>4} "
+                    f"{fmt(row['waiting'], '.0f'):>4} {fmt(row['kv_usage'], '.0%'):>5} "
+                    f"{fmt(row['measured_ttft_p50_ms'], '.1f'):>9} {fmt(row[f'measured_ttft_p{qt:g}_ms'], '.1f'):>7} "
+                    f"{fmt(row.get(f'predicted_ttft_p{qt:g}_ms'), '.1f'):>7} "
+                    f"{fmt(row['measured_tpot_p50_ms'], '.2f'):>9} {fmt(row.get('predicted_tpot_p50_ms'), '.2f'):>6} "
+                    f"{fmt(row.get('speed_factor'), '.2f'):>6} {fmt(row.get('breaking_rate_rps'), '.2f'):>10} "
+                    f"{fmt(row.get('headroom_pct'), '+.0f'):>8}% {row.get('replicas_needed') or '—':>8}"
                     + (f"  {row['note']}" if "note" in row else "")
                 )
                 if out is not None:

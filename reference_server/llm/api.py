@@ -87,6 +87,25 @@ def _int(body: dict, name: str, default: int) -> int:
     return v
 
 
+def _content(content, i: int) -> str:
+    """A message's text: a string, or OpenAI's array of content parts (text parts only:
+    the engine reads no images or audio), joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content:
+        parts = []
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise BadRequest(
+                    f"messages[{i}].content[{j}] must be a text part, {{'type': 'text', 'text': a string}} "
+                    "(this engine reads text only)",
+                    "messages",
+                )
+            parts.append(part["text"])
+        return "".join(parts)
+    raise BadRequest(f"messages[{i}].content must be a string or a non-empty list of text parts", "messages")
+
+
 def parse(body, *, chat: bool, served: str, cfg: EngineConfig) -> Asked:
     """The request in ``body`` (parsed JSON), or :class:`BadRequest` naming the field."""
     if not isinstance(body, dict):
@@ -102,9 +121,9 @@ def parse(body, *, chat: bool, served: str, cfg: EngineConfig) -> Asked:
             raise BadRequest("messages must be a non-empty list of {role, content}", "messages")
         text = []
         for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise BadRequest(f"messages[{i}] must be an object with a string role and a string content", "messages")
-            text.append(f"<{m['role']}>{m['content']}\n")
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                raise BadRequest(f"messages[{i}] must be an object with a string role and a content", "messages")
+            text.append(f"<{m['role']}>{_content(m.get('content'), i)}\n")
         prompt = encode("".join(text) + "<assistant>")
     else:
         p = body.get("prompt")

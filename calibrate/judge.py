@@ -1,0 +1,288 @@
+"""``servesim calibrate judge``: the calibrated LLM scenario against a load generator
+nobody here wrote.
+
+GuideLLM (vLLM's project, ``pip install guidellm``) drives ``servesim serve-llm`` open
+loop (Poisson arrivals) at two rates, with its own synthetic prompts and output lengths,
+its own HTTP client (httpx) and its own clock; its JSON report gives each request's
+lengths and timings and its percentiles. The calibrated scenario (``calibrate llm``'s
+``profile.json``) then predicts the same run: the rate, the duration, each request's
+prompt and output length as GuideLLM sent them (an empirical sample), from an idle start,
+the requests GuideLLM completed within its duration, replicated for a 90% interval. The
+generator's figures are compared in its own definitions:
+
+- TTFT: its request start to its first token;
+- ITL: (last token - first token) / (output tokens - 1), vLLM's TPOT (the simulator's);
+- TPOT: (last token - request start) / output tokens, the first token included.
+
+Why GuideLLM: it installs from the package index without CUDA (torch is already the CPU
+wheel here), speaks OpenAI's API as vLLM's own benchmarks do, streams and times each
+token, and runs a Poisson profile open loop. Its other needs are a tokenizer, which it
+loads with ``transformers`` (no hub here: the engine's byte tokenizer is written as a
+local one, so its token counts are the engine's) and a core: its default of ten worker
+processes took both of this VM's cores from the server (TPOT 31.6 ms at 5 req/s against
+2.3 with one), so it runs one worker on core 0, where the front end and our own
+generator run too. AIPerf (NVIDIA's) would pin pandas 2.3 and pillow 12.3 and brings
+Kubernetes and Dash; vLLM's ``bench serve`` needs vLLM (CUDA); inference-perf is not on
+the index.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from calibrate import llm_profile, llm_run
+from calibrate.servers import server
+
+QUANTILES = (50, 90, 99)
+METRICS = {  # ours: GuideLLM's per-request field
+    "ttft": "time_to_first_token_ms",
+    "itl": "inter_token_latency_ms",
+    "tpot": "time_per_output_token_ms",
+}
+# GuideLLM's synthetic lengths: normal (mean, stdev), clipped; the same means and spread as
+# calibrate llm's workload
+PROMPT = {"mean": 256, "stdev": 150, "min": 8, "max": 1024}
+OUTPUT = {"mean": 64, "stdev": 38, "min": 2, "max": 256}
+
+
+class JudgeMissing(RuntimeError):
+    """GuideLLM (or transformers) is not installed."""
+
+
+def byte_tokenizer(path: Path) -> Path:
+    """A Hugging Face tokenizer whose tokens are UTF-8 bytes, as the engine's: token ``b``
+    is byte ``b`` (GPT-2's byte-level alphabet, no merges), written to ``path``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    char, extra = {}, 0
+    for b in range(256):  # GPT-2's byte-to-character map: printable bytes as themselves
+        if b in printable:
+            char[b] = chr(b)
+        else:
+            char[b] = chr(256 + extra)
+            extra += 1
+    tok = Tokenizer(models.BPE(vocab={char[b]: b for b in range(256)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(str(path))
+    return path
+
+
+def guidellm_command() -> list[str]:
+    exe = shutil.which("guidellm") or str(Path(sys.executable).with_name("guidellm"))
+    if not Path(exe).exists():
+        raise JudgeMissing("GuideLLM is not installed: pip install 'servesim[judge]' (or pip install guidellm)")
+    return [exe]
+
+
+def run_guidellm(url: str, rate_rps: float, duration_s: float, out: Path, tokenizer: Path, seed: int) -> dict:
+    """One GuideLLM Poisson run at ``rate_rps`` for ``duration_s``; its JSON report."""
+
+    def kv(**items) -> str:
+        return ",".join(f"{k}={v}" for k, v in items.items())
+
+    data = kv(
+        kind="synthetic_text",
+        prompt_tokens=PROMPT["mean"],
+        prompt_tokens_stdev=PROMPT["stdev"],
+        prompt_tokens_min=PROMPT["min"],
+        prompt_tokens_max=PROMPT["max"],
+        output_tokens=OUTPUT["mean"],
+        output_tokens_stdev=OUTPUT["stdev"],
+        output_tokens_min=OUTPUT["min"],
+        output_tokens_max=OUTPUT["max"],
+    )
+    cmd = [
+        *guidellm_command(),
+        "run",
+        "--backend",
+        kv(kind="openai_http", target=url, request_format="/v1/completions"),
+        "--profile",
+        kv(kind="poisson", rate=f"{rate_rps:.4f}"),
+        "--constraint",
+        kv(kind="max_duration", seconds=f"{duration_s:g}"),
+        "--data",
+        data,
+        "--tokenizer",
+        kv(kind="huggingface_auto", model=str(tokenizer)),
+        "--seed",
+        kv(kind="static", value=seed),
+        "--output",
+        kv(kind="json", path=str(out)),
+        "--disable-progress",
+    ]
+    env = {**os.environ, "GUIDELLM__MAX_WORKER_PROCESSES": "1", "HF_HUB_OFFLINE": "1"}
+
+    def core0():  # where the front end and our own generator run; the engine has core 1
+        if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 1:
+            os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+
+    done = subprocess.run(
+        cmd, env=env, capture_output=True, text=True, timeout=duration_s + 300, preexec_fn=core0, check=False
+    )
+    if done.returncode != 0 or not out.exists():
+        raise RuntimeError(f"guidellm failed (exit {done.returncode}): {done.stderr[-2000:] or done.stdout[-2000:]}")
+    return json.loads(out.read_text())
+
+
+def requests(report: dict) -> pd.DataFrame:
+    """The run's completed requests: lengths and GuideLLM's own per-request times (ms)."""
+    bench = report["benchmarks"][0]
+    ok = bench["requests"]["successful"]
+    rows = [
+        {
+            "prompt_tokens": r["prompt_tokens"],
+            "output_tokens": r["output_tokens"],
+            **{ours: r[theirs] for ours, theirs in METRICS.items()},
+        }
+        for r in ok
+    ]
+    df = pd.DataFrame(rows)
+    df.attrs["errored"] = len(bench["requests"]["errored"] or [])
+    df.attrs["incomplete"] = len(bench["requests"]["incomplete"] or [])
+    df.attrs["percentiles"] = {
+        ours: bench["metrics"][theirs]["successful"]["percentiles"] for ours, theirs in METRICS.items()
+    }
+    return df
+
+
+def predicted(doc: dict, measured: pd.DataFrame, rate_rps: float, duration_s: float, seeds: range) -> pd.DataFrame:
+    """The calibrated scenario's percentiles of GuideLLM's three metrics, for the same run:
+    Poisson at ``rate_rps`` from an idle start, the lengths GuideLLM sent, the requests done
+    within ``duration_s``; one row per replication."""
+    from simulator import simulate
+    from simulator.results.tokens import tpot_ms, ttft_ms
+
+    tokens = {
+        "prompt": {"values": [int(v) for v in measured["prompt_tokens"]]},
+        "output": {"values": [int(v) for v in measured["output_tokens"]]},
+    }
+    run = llm_run.at_rate(doc, rate_rps, duration_s, 0.0)  # Poisson arrivals, the scenario's default
+    s = llm_run._load({**run, "traffic": {**run["traffic"], "tokens": tokens}})
+    rows = []
+    for seed in seeds:
+        r = simulate(s, seed=seed).records
+        keep = np.isfinite(r.t_response) & (r.t_response <= duration_s * 1000.0)
+        ttft, itl = ttft_ms(r)[keep], tpot_ms(r)[keep]
+        out = r.output_tokens[keep].astype(float)
+        e2e = (r.t_response - r.arrival)[keep]
+        values = {"ttft": ttft, "itl": itl[np.isfinite(itl)], "tpot": e2e / out}
+        rows.append(
+            {"seed": seed, **{f"{m}_p{q}_ms": float(np.percentile(v, q)) for m, v in values.items() for q in QUANTILES}}
+        )
+    return pd.DataFrame(rows)
+
+
+def judge(
+    profile_dir: Path,
+    out: Path,
+    *,
+    shares: tuple[float, ...] = (0.3, 0.6),
+    duration_s: float = 60.0,
+    replications: int = 20,
+    seed: int = 0,
+    log=print,
+) -> pd.DataFrame:
+    """GuideLLM at ``shares`` of the profile's knee against the scenario's prediction;
+    writes ``judge.md``, ``judge.csv`` and GuideLLM's reports to ``out``."""
+    guidellm_command()
+    profile = json.loads((profile_dir / "profile.json").read_text())
+    fit = {**profile["step_time"]}
+    doc = llm_run.scenario_dict(fit, profile["engine"], rate_rps=1.0, duration_s=duration_s, warmup_s=0.0)
+    knee = profile["knee"]["completed_rps"]
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    args = llm_run.server_args(profile["engine"])
+    with (
+        tempfile.TemporaryDirectory(prefix="servesim-judge-") as tmp,
+        server(args, command="serve-llm", health="/health") as url,
+    ):
+        scratch = Path(tmp)
+        tokenizer = byte_tokenizer(scratch / "tokenizer")
+        for i, share in enumerate(shares):
+            rate = share * knee
+            llm_run.step_records(url)  # what came before
+            report = run_guidellm(url, rate, duration_s, scratch / f"guidellm-{share:g}.json", tokenizer, seed + i)
+            got = requests(report)
+            # how the host ran against the profile: the engine's steps under this load, in log ratio
+            # to the profile's fit (reported, not used: the prediction is the profile's alone)
+            steps = llm_run.step_records(url)
+            host = float(np.median(np.log(llm_profile.step_ms(steps) / llm_profile.predict_ms(fit, steps))))
+            sim = predicted(doc, got, rate, duration_s, range(1, 1 + replications))
+            got.to_csv(out / f"guidellm-{share:g}.csv.gz", index=False)
+            for m in METRICS:
+                for q in QUANTILES:
+                    lo, mid, hi = np.percentile(sim[f"{m}_p{q}_ms"], [5, 50, 95])
+                    rows.append(
+                        {
+                            "share": share,
+                            "rate_rps": rate,
+                            "metric": m,
+                            "q": q,
+                            "guidellm_ms": float(np.percentile(got[m].dropna(), q)),
+                            "guidellm_summary_ms": got.attrs["percentiles"][m][f"p{q}"],
+                            "predicted_ms": mid,
+                            "lo_ms": lo,
+                            "hi_ms": hi,
+                            "requests": len(got),
+                            "errored": got.attrs["errored"],
+                            "steps_vs_profile": np.expm1(host),
+                        }
+                    )
+            log(
+                f"{share:.0%} of the knee ({rate:.2f} req/s): GuideLLM completed {len(got)} requests; TTFT p50 "
+                f"{got.attrs['percentiles']['ttft']['p50']:.1f} ms, predicted {sim['ttft_p50_ms'].median():.1f}; "
+                f"ITL p50 {got.attrs['percentiles']['itl']['p50']:.2f}, predicted {sim['itl_p50_ms'].median():.2f}; "
+                f"the engine's steps {np.expm1(host):+.1%} against the profile's fit"
+            )
+    table = pd.DataFrame(rows)
+    table["error"] = table["predicted_ms"] / table["guidellm_ms"] - 1.0
+    table["inside"] = (table["guidellm_ms"] >= table["lo_ms"]) & (table["guidellm_ms"] <= table["hi_ms"])
+    table["bound"] = np.where(table["q"] == 99, 0.20, 0.10)
+    table["ok"] = (table["error"].abs() <= table["bound"]) | table["inside"]
+    table.to_csv(out / "judge.csv", index=False)
+    (out / "judge.md").write_text(markdown(table, profile_dir, duration_s, replications))
+    return table
+
+
+def markdown(table: pd.DataFrame, profile_dir: Path, duration_s: float, replications: int) -> str:
+    lines = [
+        "# GuideLLM against the calibrated scenario",
+        "",
+        f"GuideLLM (Poisson, {duration_s:g} s a rate, one worker process on core 0) drove `servesim serve-llm`; "
+        f"the scenario of `{profile_dir}` predicted the same runs (the lengths GuideLLM sent, an idle start), "
+        f"median and 90% interval of {replications} replications. GuideLLM's per-request times, in its "
+        "definitions: TTFT from its request start; ITL = (last - first token) / (tokens - 1), vLLM's TPOT; "
+        "TPOT = (last token - start) / tokens; their percentiles over requests. GuideLLM's own summary "
+        "(shown, not judged) weights ITL by tokens less one and TPOT by tokens, and takes "
+        "each percentile as the first value whose cumulative share reaches it (no interpolation).",
+        "",
+        "| share of knee | req/s | metric | GuideLLM ms | its summary | predicted ms (90% interval) | error | ok |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in table.itertuples():
+        lines.append(
+            f"| {r.share:.0%} | {r.rate_rps:.2f} | {r.metric.upper()} p{r.q} | {r.guidellm_ms:.2f} | "
+            f"{r.guidellm_summary_ms:.2f} | "
+            f"{r.predicted_ms:.2f} ({r.lo_ms:.2f}–{r.hi_ms:.2f}) | {r.error:+.1%} | {'yes' if r.ok else 'no'} |"
+        )
+    ok = int(table["ok"].sum())
+    lines += ["", f"{ok} of {len(table)} percentiles within bound (10% at p50/p90, 20% at p99) or interval."]
+    host = table.groupby("share")["steps_vs_profile"].first()
+    lines += [
+        "",
+        "The engine's steps during each run against the profile's fit (median ratio; the host's speed then, "
+        "not used by the prediction): " + ", ".join(f"{k:.0%} of the knee {v:+.1%}" for k, v in host.items()) + ".",
+    ]
+    return "\n".join(lines) + "\n"
