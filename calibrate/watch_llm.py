@@ -1,0 +1,375 @@
+"""``servesim calibrate watch --openai``: a live twin of a running vLLM (or any server that
+exports vLLM's metrics: ``servesim serve-llm`` does).
+
+Every interval the twin reads ``/metrics`` and works on the differences since the
+interval before, pooled over a rolling window of intervals:
+
+* **the rate**: ``vllm:request_success_total`` per second;
+* **the lengths**: the ``vllm:request_prompt_tokens`` and ``vllm:request_generation_tokens``
+  histograms, as an empirical sample of their buckets (each bucket's requests at a length
+  inside it, scaled so that the mean is the histogram's exact ``_sum / _count``);
+* **the KV block budget**: ``vllm:cache_config_info``'s ``num_gpu_blocks`` and
+  ``block_size`` (and, where exported as servesim's engine does, ``max_num_seqs`` and
+  ``max_num_batched_tokens``);
+* **running and waiting requests** and **KV usage**, the gauges, reported;
+* **the step time**, a rolling fit: the scenario's step-time model (``--scenario``: a
+  ``calibrate llm`` scenario, or any LLM scenario for a real vLLM: a fitted profile or a
+  roofline) times one speed factor, fitted so that the simulated mean inter-token latency
+  at the window's rate and lengths equals the measured one (``vllm:inter_token_latency_seconds``'s
+  exact ``_sum / _count``: the mean step time a decoded token waited), by bisection in
+  the factor.
+
+It then simulates the current rate (TTFT and TPOT percentiles, against the measured
+ones from the TTFT and ``request_time_per_output_token`` histograms) and bisects the rate
+at which the SLA's TTFT percentile (and TPOT, with ``--tpot-sla``) breaks: the headroom,
+and the replicas the current rate needs. It prints a row per interval and appends the same
+as JSON lines with ``--json``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from calibrate.watch import WatchError, histogram_quantile
+
+SPEED_SPANS = 20  # with a speed process, simulate at least this many of its slowest correlation times
+LENGTH_SAMPLE = 400  # values drawn to stand for a window's length histogram
+
+
+def _get(url: str, timeout_s: float = 5.0) -> bytes:
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        return r.read()
+
+
+@dataclass
+class Scrape:
+    t: float
+    values: dict[str, float]  # counters, gauges, _sum and _count, summed over label sets
+    buckets: dict[str, dict[float, float]]  # histogram name -> {le: cumulative count}
+    cache_info: dict[str, str] = field(default_factory=dict)
+
+
+def parse(text: str) -> Scrape:
+    """A vLLM ``/metrics`` page: every sample summed over its label sets (one engine or
+    several), histograms as cumulative buckets, ``vllm:cache_config_info``'s labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values: dict[str, float] = {}
+    buckets: dict[str, dict[float, float]] = {}
+    info: dict[str, str] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == "vllm:cache_config_info":
+                info = dict(s.labels)
+            elif s.name.endswith("_bucket") and "le" in s.labels:
+                b = buckets.setdefault(s.name.removesuffix("_bucket"), {})
+                le = float(s.labels["le"])
+                b[le] = b.get(le, 0.0) + s.value
+            else:
+                values[s.name] = values.get(s.name, 0.0) + s.value
+    return Scrape(time.monotonic(), values, buckets, info)
+
+
+def scrape(url: str) -> Scrape:
+    return parse(_get(url.rstrip("/") + "/metrics").decode())
+
+
+def connect(url: str) -> dict:
+    """Check that ``url`` serves vLLM's metrics; its ``cache_config_info`` labels."""
+    try:
+        got = scrape(url)
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        raise WatchError(f"cannot reach {url}/metrics: {getattr(err, 'reason', err)}") from None
+    if "vllm:request_success_total" not in got.values and not any(k.startswith("vllm:") for k in got.values):
+        raise WatchError(f"{url}/metrics has no vllm: metrics (not a vLLM-compatible server)")
+    if not got.cache_info.get("num_gpu_blocks") or not got.cache_info.get("block_size"):
+        raise WatchError(f"{url}/metrics: vllm:cache_config_info gives no num_gpu_blocks and block_size")
+    return got.cache_info
+
+
+def length_sample(buckets: dict[float, float], total: float, count: float, n: int = LENGTH_SAMPLE) -> list[int] | None:
+    """``n`` lengths standing for a token-length histogram (cumulative ``buckets``, exact
+    ``total`` and ``count``): each bucket's share of the draws at the middle of its range,
+    then scaled so that their mean is ``total / count``."""
+    if count <= 0:
+        return None
+    bounds = sorted(buckets)
+    lo, mids, counts = 0.0, [], []
+    prev = 0.0
+    for b in bounds:
+        c = buckets[b] - prev
+        prev = buckets[b]
+        if c > 0:
+            top = b if math.isfinite(b) else max(2 * lo, lo + 1)
+            mids.append((lo + top) / 2 if lo > 0 else top / 2 + 0.5)
+            counts.append(c)
+        lo = b if math.isfinite(b) else lo
+    if not counts:
+        return None
+    share = np.asarray(counts) / sum(counts)
+    reps = np.maximum(np.rint(share * n).astype(int), 0)
+    x = np.repeat(np.asarray(mids), reps)
+    if len(x) == 0:
+        x = np.asarray(mids)
+    x = x * (total / count) / x.mean()
+    return [max(int(np.rint(v)), 1) for v in x]
+
+
+def _scaled_step_time(step: dict, factor: float) -> dict:
+    """The scenario's step time ``step`` run ``factor`` times slower."""
+    from simulator.scenario.llm import step_kind
+
+    kind = step_kind(step)
+    if kind == "linear":
+        out = dict(step)
+        for k in (
+            "c0_ms",
+            "prefill_ms_per_token",
+            "attention_ms_per_token2",
+            "decode_ms_per_seq",
+            "kv_ms_per_token",
+            "decode_ms_per_seq_above",
+        ):
+            if k in out:
+                out[k] = out[k] * factor
+        return out
+    if kind == "roofline":
+        from simulator.scenario.llm import Roofline
+
+        defaults = Roofline()
+        out = {**step, "kind": "roofline", "overhead_ms": step.get("overhead_ms", defaults.overhead_ms) * factor}
+        for k in ("mfu", "mbu"):  # a share of the datasheet's peak: at most all of it
+            out[k] = min(step.get(k, getattr(defaults, k)) / factor, 1.0)
+        return out
+    raise WatchError(f"the scenario's batching.step_time kind {kind!r} cannot be scaled (linear or roofline)")
+
+
+@dataclass
+class LLMTwin:
+    """The rolling fit and the predictions; :meth:`update` takes one scrape at a time."""
+
+    base: dict  # an LLM scenario (parsed YAML): the step-time model, the platform, the network
+    cache_info: dict
+    ttft_sla: tuple[float, float] = (99.0, 300.0)  # (percentile, ms)
+    tpot_sla: tuple[float, float] | None = None
+    window: int = 6
+    sim_s: float = 60.0
+    seeds: tuple[int, ...] = (1, 2, 3)
+    last: Scrape | None = None
+    deltas: list[dict] = field(default_factory=list)
+    factor: float = 1.0
+
+    def __post_init__(self):
+        b = self.base.get("batching") or {}
+        if b.get("kind") != "continuous":
+            raise WatchError("--scenario must be an LLM scenario (batching.kind: continuous)")
+        if not isinstance(b.get("step_time", {}), dict):
+            raise WatchError("--scenario: batching.step_time must be a mapping (linear or roofline)")
+        self.base = {**self.base, "batching": {**b, "step_time": b.get("step_time", {"kind": "roofline"})}}
+        _scaled_step_time(self.base["batching"]["step_time"], 1.0)
+
+    def update(self, scrape: Scrape) -> dict | None:
+        """The twin's row for the interval that ends with ``scrape`` (None for the first)."""
+        prev, self.last = self.last, scrape
+        if prev is None:
+            return None
+        dt = scrape.t - prev.t
+
+        def d(name: str) -> float:
+            return scrape.values.get(name, 0.0) - prev.values.get(name, 0.0)
+
+        def hist(name: str) -> dict[float, float]:
+            now, before = scrape.buckets.get(name, {}), prev.buckets.get(name, {})
+            return {le: c - before.get(le, 0.0) for le, c in now.items()}
+
+        delta = {"dt": dt, "requests": d("vllm:request_success_total")}
+        for name in ("prompt", "generation"):
+            key = f"vllm:request_{name}_tokens"
+            delta[name] = (hist(key), d(f"{key}_sum"), d(f"{key}_count"))
+        delta["itl"] = (d("vllm:inter_token_latency_seconds_sum"), d("vllm:inter_token_latency_seconds_count"))
+        delta["ttft"] = hist("vllm:time_to_first_token_seconds")
+        delta["tpot"] = hist("vllm:request_time_per_output_token_seconds") or hist("vllm:time_per_output_token_seconds")
+        self.deltas = [*self.deltas, delta][-self.window :]
+        v = scrape.values
+        span = sum(x["dt"] for x in self.deltas)
+        rate = sum(x["requests"] for x in self.deltas) / span if span > 0 else 0.0
+        qt, qp = self.ttft_sla[0], (self.tpot_sla or (99.0, 0.0))[0]
+        ttft_b, tpot_b = self._pooled("ttft"), self._pooled("tpot")
+        row = {
+            "time": round(time.time(), 3),
+            "rate_rps": rate,
+            "interval_rate_rps": delta["requests"] / dt if dt > 0 else 0.0,
+            "running": v.get("vllm:num_requests_running"),
+            "waiting": v.get("vllm:num_requests_waiting"),
+            "kv_usage": v.get("vllm:kv_cache_usage_perc"),
+            "measured_ttft_p50_ms": histogram_quantile(ttft_b, 0.5),
+            f"measured_ttft_p{qt:g}_ms": histogram_quantile(ttft_b, qt / 100),
+            "measured_tpot_p50_ms": histogram_quantile(tpot_b, 0.5),
+            f"measured_tpot_p{qp:g}_ms": histogram_quantile(tpot_b, qp / 100),
+        }
+        itl_sum = sum(x["itl"][0] for x in self.deltas)
+        itl_n = sum(x["itl"][1] for x in self.deltas)
+        lengths = self._lengths()
+        if rate <= 0 or itl_n <= 0 or lengths is None:
+            return {**row, "note": "no finished requests yet: waiting for traffic"}
+        row["measured_itl_mean_ms"] = itl_sum / itl_n * 1e3
+        row["prompt_mean"] = float(np.mean(lengths[0]))
+        row["output_mean"] = float(np.mean(lengths[1]))
+        self.factor = self.fit_factor(rate, lengths, row["measured_itl_mean_ms"])
+        row["speed_factor"] = self.factor
+        pred = self.predict(rate, lengths, self.factor)
+        row.update({f"predicted_{k}": val for k, val in pred.items() if k != "itl_mean_ms"})
+        breaking = self.breaking_rate(rate, lengths, self.factor)
+        row["breaking_rate_rps"] = breaking
+        row["headroom_pct"] = (breaking / rate - 1) * 100 if breaking > 0 else float("nan")
+        row["replicas_needed"] = math.ceil(rate / breaking) if breaking > 0 else None
+        return row
+
+    def _pooled(self, name: str) -> dict[float, float]:
+        out: dict[float, float] = {}
+        for x in self.deltas:
+            for le, c in x[name].items():
+                out[le] = out.get(le, 0.0) + c
+        return out
+
+    def _lengths(self) -> tuple[list[int], list[int]] | None:
+        got = []
+        for name in ("prompt", "generation"):
+            buckets: dict[float, float] = {}
+            total = count = 0.0
+            for x in self.deltas:
+                h, s, n = x[name]
+                total, count = total + s, count + n
+                for le, c in h.items():
+                    buckets[le] = buckets.get(le, 0.0) + c
+            got.append(length_sample(buckets, total, count))
+        return None if any(g is None for g in got) else (got[0], got[1])
+
+    def scenario(self, rate: float, lengths: tuple[list[int], list[int]], factor: float):
+        from simulator.scenario.config import Scenario
+
+        doc = {k: v for k, v in self.base.items()}
+        info = self.cache_info
+        b = dict(doc["batching"])
+        b["num_blocks"] = int(info["num_gpu_blocks"])
+        b["block_size"] = int(info["block_size"])
+        for k in ("max_num_seqs", "max_num_batched_tokens"):
+            if info.get(k):
+                b[k] = int(info[k])
+        b["step_time"] = _scaled_step_time(b["step_time"], factor)
+        doc["batching"] = b
+        traffic = {
+            k: v for k, v in (doc.get("traffic") or {}).items() if k not in ("classes", "shape", "arrivals_file")
+        }
+        traffic["rate_rps"] = float(rate)
+        traffic["tokens"] = {"prompt": {"values": lengths[0]}, "output": {"values": lengths[1]}}
+        doc["traffic"] = traffic
+        slowest = max(
+            (c["correlation_time_s"] for c in ((doc.get("platform") or {}).get("speed") or {}).get("components", [])),
+            default=0.0,
+        )
+        doc["duration_s"] = max(self.sim_s, SPEED_SPANS * slowest)
+        doc["warmup_s"] = min(5.0, doc["duration_s"] / 10)
+        doc.pop("autoscaler", None)
+        return Scenario.model_validate(doc)
+
+    def predict(self, rate: float, lengths, factor: float) -> dict:
+        """TTFT and TPOT percentiles (ms) and the token-weighted mean ITL, simulated with
+        the step time ``factor`` times the scenario's, pooled over the seeds."""
+        from simulator import simulate
+        from simulator.results.metrics import window
+        from simulator.results.tokens import tpot_ms, ttft_ms
+
+        s = self.scenario(rate, lengths, factor)
+        ttft, tpot, gaps, tokens, offered, done = [], [], 0.0, 0.0, 0, 0
+        for seed in self.seeds:
+            r = simulate(s, seed=seed).records
+            w = window(r, s)
+            keep = w & np.isfinite(r.t_response)
+            offered, done = offered + int(w.sum()), done + int(keep.sum())
+            ttft.append(ttft_ms(r)[keep])
+            per = tpot_ms(r)[keep]
+            tpot.append(per[np.isfinite(per)])
+            out = r.output_tokens[keep].astype(float)
+            many = out > 1
+            gaps += float(np.sum((r.t_inferred - r.t_first_token)[keep][many]))
+            tokens += float(np.sum(out[many] - 1))
+        ttft_all, tpot_all = np.concatenate(ttft), np.concatenate(tpot)
+        got = {"itl_mean_ms": gaps / tokens if tokens else float("nan")}
+        if done < 0.99 * offered or len(ttft_all) == 0:  # not keeping up: past any SLA
+            for q in sorted({50.0, self.ttft_sla[0], (self.tpot_sla or (99.0, 0))[0]}):
+                got[f"ttft_p{q:g}_ms"] = got[f"tpot_p{q:g}_ms"] = float("inf")
+            return got
+        for q in sorted({50.0, self.ttft_sla[0], (self.tpot_sla or (99.0, 0))[0]}):
+            got[f"ttft_p{q:g}_ms"] = float(np.percentile(ttft_all, q))
+            got[f"tpot_p{q:g}_ms"] = float(np.percentile(tpot_all, q)) if len(tpot_all) else float("nan")
+        return got
+
+    def fit_factor(self, rate: float, lengths, measured_itl_ms: float, rel_tol: float = 0.02) -> float:
+        """The speed factor at which the simulated mean ITL meets the measured one: the
+        simulated ITL grows with the factor, faster than in proportion near saturation
+        (slower steps also make batches larger), so a plain ratio overshoots; bisection in
+        log factor within a bracket found from the last interval's factor."""
+
+        def gap(f: float) -> float:
+            sim = self.predict(rate, lengths, f)["itl_mean_ms"]
+            return math.inf if not math.isfinite(sim) else math.log(sim / measured_itl_ms)
+
+        lo = hi = float(np.clip(self.factor, 0.05, 20.0))
+        g = gap(lo)
+        if abs(g) < rel_tol:
+            return lo
+        if g > 0:  # too slow: step down until the simulated ITL is below the measured
+            while g > 0 and lo > 0.05:
+                hi, lo = lo, max(lo / 2, 0.05)
+                g = gap(lo)
+            if g > 0:
+                return lo
+        else:
+            while g < 0 and hi < 20.0:
+                lo, hi = hi, min(hi * 2, 20.0)
+                g = gap(hi)
+            if g < 0:
+                return hi
+        while math.log(hi / lo) > rel_tol:
+            mid = math.sqrt(lo * hi)
+            if gap(mid) > 0:
+                hi = mid
+            else:
+                lo = mid
+        return math.sqrt(lo * hi)
+
+    def breaks(self, pred: dict) -> bool:
+        q, ms = self.ttft_sla
+        if pred[f"ttft_p{q:g}_ms"] > ms:
+            return True
+        if self.tpot_sla is not None:
+            q, ms = self.tpot_sla
+            return pred[f"tpot_p{q:g}_ms"] > ms
+        return False
+
+    def breaking_rate(self, rate: float, lengths, factor: float, rel_tol: float = 0.01) -> float:
+        """The rate at which the SLA breaks (bisection, the same seeds at every rate)."""
+        lo, hi = 0.0, max(rate, 0.1)
+        if self.breaks(self.predict(rate, lengths, factor)):
+            hi = rate
+        else:
+            lo = rate
+            while not self.breaks(self.predict(hi * 2, lengths, factor)):
+                hi *= 2
+                if hi > 1e6:
+                    return float("inf")
+            lo, hi = hi, hi * 2
+        while hi - lo > rel_tol * hi:
+            mid = (lo + hi) / 2
+            if self.breaks(self.predict(mid, lengths, factor)):
+                hi = mid
+            else:
+                lo = mid
+        return lo
