@@ -542,6 +542,10 @@ def watch(
     tpot_sla: Annotated[
         str | None, typer.Option(help="With --openai: an objective on TPOT too, e.g. p99<=50ms.")
     ] = None,
+    sla_window_s: Annotated[
+        float | None,
+        typer.Option(help="With --openai: the SLA's percentile over windows this long (default: the interval).", min=1),
+    ] = None,
 ) -> None:
     """A live twin of a running server: fits the batch time and overheads from its counters
     every interval, simulates the current rate, and says how much traffic can grow before
@@ -549,16 +553,16 @@ def watch(
     TTFT, and the twin fits the step time's speed from the inter-token latency."""
     import math
     import time
-    import urllib.error
 
     from calibrate.watch import Twin, WatchError, connect, scrape
 
     q, target = _sla(sla)
     if openai:
-        _watch_openai(url, interval_s, (q, target), tpot_sla, json_path, duration_s, window, scenario)
+        sla_w = sla_window_s or interval_s
+        _watch_openai(url, interval_s, (q, target), tpot_sla, json_path, duration_s, window, scenario, sla_w)
         return
-    if scenario is not None or tpot_sla is not None:
-        typer.echo("error: --scenario and --tpot-sla go with --openai", err=True)
+    if scenario is not None or tpot_sla is not None or sla_window_s is not None:
+        typer.echo("error: --scenario, --tpot-sla and --sla-window-s go with --openai", err=True)
         raise typer.Exit(code=2)
     prof = None
     if profile is not None:
@@ -589,12 +593,33 @@ def watch(
     def fmt(v, spec: str) -> str:
         return "—" if v is None or not math.isfinite(v) else format(v, spec)
 
+    def line(row: dict) -> str:
+        return (
+            f"{time.strftime('%H:%M:%S'):>8} {fmt(row['rate_rps'], '.1f'):>8} "
+            f"{fmt(row['measured_p50_ms'], '.1f'):>9} {fmt(row[f'measured_{key}_ms'], '.1f'):>9} "
+            f"{fmt(row.get('predicted_p50_ms'), '.1f'):>9} {fmt(row.get(f'predicted_{key}_ms'), '.1f'):>9} "
+            f"{fmt(row.get('breaking_rate_rps'), '.1f'):>10} {fmt(row.get('headroom_pct'), '+.0f'):>8}%"
+        )
+
+    _watch_loop(lambda: twin.update(scrape(url, name)), line, out, interval_s, duration_s)
+
+
+def _watch_loop(update, line, out, interval_s: float, duration_s: float) -> None:
+    """Every ``interval_s`` (until ``duration_s``, 0: until Ctrl-C): ``update()`` gives the
+    twin's row (None for the first scrape); print ``line(row)`` and append the row to
+    ``out`` as a JSON line. A scrape that fails is reported and the twin keeps its fit."""
+    import math
+    import time
+    import urllib.error
+
+    from calibrate.watch import WatchError
+
     start = time.monotonic()
     try:
         while not duration_s or time.monotonic() - start < duration_s:
             t0 = time.monotonic()
             try:
-                row = twin.update(scrape(url, name))
+                row = update()
             except (WatchError, urllib.error.URLError, OSError, ValueError, KeyError) as err:
                 row = None
                 msg = f"scrape failed ({type(err).__name__}: {getattr(err, 'reason', err)}); keeping the last fit"
@@ -603,13 +628,7 @@ def watch(
                     out.write(json.dumps({"time": round(time.time(), 3), "error": msg}) + "\n")
                     out.flush()
             if row is not None:
-                typer.echo(
-                    f"{time.strftime('%H:%M:%S'):>8} {fmt(row['rate_rps'], '.1f'):>8} "
-                    f"{fmt(row['measured_p50_ms'], '.1f'):>9} {fmt(row[f'measured_{key}_ms'], '.1f'):>9} "
-                    f"{fmt(row.get('predicted_p50_ms'), '.1f'):>9} {fmt(row.get(f'predicted_{key}_ms'), '.1f'):>9} "
-                    f"{fmt(row.get('breaking_rate_rps'), '.1f'):>10} {fmt(row.get('headroom_pct'), '+.0f'):>8}%"
-                    + (f"  {row['note']}" if "note" in row else "")
-                )
+                typer.echo(line(row) + (f"  {row['note']}" if "note" in row else ""))
                 if out is not None:
                     clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
                     out.write(json.dumps(clean) + "\n")
@@ -631,11 +650,11 @@ def _watch_openai(
     duration_s: float,
     window: int,
     scenario: Path | None,
+    sla_window_s: float,
 ) -> None:
     """``calibrate watch --openai`` (see :mod:`calibrate.watch_llm`)."""
     import math
     import time
-    import urllib.error
 
     import yaml
 
@@ -659,7 +678,7 @@ def _watch_openai(
         raise typer.Exit(code=2)
     try:
         info = connect(url)
-        twin = LLMTwin(base, info, ttft_sla=ttft_sla, tpot_sla=tpot, window=window)
+        twin = LLMTwin(base, info, ttft_sla=ttft_sla, tpot_sla=tpot, window=window, sla_window_s=sla_window_s)
     except WatchError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None
@@ -669,7 +688,8 @@ def _watch_openai(
     typer.echo(
         f"watching {url} every {interval_s:g} s; SLA TTFT p{qt:g} <= {ttft_sla[1]:g} ms"
         + (f", TPOT p{qp:g} <= {tpot[1]:g} ms" if tpot else "")
-        + f"; KV {info['num_gpu_blocks']} blocks of {info['block_size']}; model {path}"
+        + f" (over {sla_window_s:g} s windows); KV {info['num_gpu_blocks']} blocks of {info['block_size']}; "
+        + f"model {path}"
     )
     typer.echo(
         f"{'time':>8} {'req/s':>7} {'run':>4} {'wait':>4} {'kv':>5} {'TTFT p50':>9} {'p' + format(qt, 'g'):>7} "
@@ -679,37 +699,15 @@ def _watch_openai(
     def fmt(v, spec: str) -> str:
         return "—" if v is None or not math.isfinite(v) else format(v, spec)
 
-    start = time.monotonic()
-    try:
-        while not duration_s or time.monotonic() - start < duration_s:
-            t0 = time.monotonic()
-            try:
-                row = twin.update(scrape(url))
-            except (WatchError, urllib.error.URLError, OSError, ValueError, KeyError) as err:
-                row = None
-                msg = f"scrape failed ({type(err).__name__}: {getattr(err, 'reason', err)}); keeping the last fit"
-                typer.echo(f"{time.strftime('%H:%M:%S')} {msg}")
-                if out is not None:
-                    out.write(json.dumps({"time": round(time.time(), 3), "error": msg}) + "\n")
-                    out.flush()
-            if row is not None:
-                typer.echo(
-                    f"{time.strftime('%H:%M:%S'):>8} {fmt(row['rate_rps'], '.2f'):>7} {fmt(row['running'], '.0f'):>4} "
-                    f"{fmt(row['waiting'], '.0f'):>4} {fmt(row['kv_usage'], '.0%'):>5} "
-                    f"{fmt(row['measured_ttft_p50_ms'], '.1f'):>9} {fmt(row[f'measured_ttft_p{qt:g}_ms'], '.1f'):>7} "
-                    f"{fmt(row.get(f'predicted_ttft_p{qt:g}_ms'), '.1f'):>7} "
-                    f"{fmt(row['measured_tpot_p50_ms'], '.2f'):>9} {fmt(row.get('predicted_tpot_p50_ms'), '.2f'):>6} "
-                    f"{fmt(row.get('speed_factor'), '.2f'):>6} {fmt(row.get('breaking_rate_rps'), '.2f'):>10} "
-                    f"{fmt(row.get('headroom_pct'), '+.0f'):>8}% {row.get('replicas_needed') or '—':>8}"
-                    + (f"  {row['note']}" if "note" in row else "")
-                )
-                if out is not None:
-                    clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
-                    out.write(json.dumps(clean) + "\n")
-                    out.flush()
-            time.sleep(max(0.0, interval_s - (time.monotonic() - t0)))
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if out is not None:
-            out.close()
+    def line(row: dict) -> str:
+        return (
+            f"{time.strftime('%H:%M:%S'):>8} {fmt(row['rate_rps'], '.2f'):>7} {fmt(row['running'], '.0f'):>4} "
+            f"{fmt(row['waiting'], '.0f'):>4} {fmt(row['kv_usage'], '.0%'):>5} "
+            f"{fmt(row['measured_ttft_p50_ms'], '.1f'):>9} {fmt(row[f'measured_ttft_p{qt:g}_ms'], '.1f'):>7} "
+            f"{fmt(row.get(f'predicted_ttft_p{qt:g}_ms'), '.1f'):>7} "
+            f"{fmt(row['measured_tpot_p50_ms'], '.2f'):>9} {fmt(row.get('predicted_tpot_p50_ms'), '.2f'):>6} "
+            f"{fmt(row.get('speed_factor'), '.2f'):>6} {fmt(row.get('breaking_rate_rps'), '.2f'):>10} "
+            f"{fmt(row.get('headroom_pct'), '+.0f'):>8}% {row.get('replicas_needed') or '—':>8}"
+        )
+
+    _watch_loop(lambda: twin.update(scrape(url)), line, out, interval_s, duration_s)

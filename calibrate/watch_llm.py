@@ -21,7 +21,10 @@ interval before, pooled over a rolling window of intervals:
 
 It then simulates the current rate (TTFT and TPOT percentiles, against the measured
 ones from the TTFT and ``request_time_per_output_token`` histograms) and bisects the rate
-at which the SLA's TTFT percentile (and TPOT, with ``--tpot-sla``) breaks: the headroom,
+at which the SLA's TTFT percentile (and TPOT, with ``--tpot-sla``) breaks, the percentile
+taken as a window of ``--sla-window-s`` measures it (the median window's: near the knee a
+percentile over a long span holds more of the host's slow spells than one window does,
+and a twin judged on windows must predict windows): the headroom,
 and the replicas the current rate needs. It prints a row per interval and appends the same
 as JSON lines with ``--json``.
 """
@@ -161,6 +164,9 @@ class LLMTwin:
     window: int = 6
     sim_s: float = 60.0
     seeds: tuple[int, ...] = (1, 2, 3)
+    # the SLA's percentile over windows of this many seconds (the median window's), as a
+    # dashboard or a load test measures it; None: over the whole simulated span
+    sla_window_s: float | None = None
     last: Scrape | None = None
     deltas: list[dict] = field(default_factory=list)
     factor: float = 1.0
@@ -288,6 +294,7 @@ class LLMTwin:
 
         s = self.scenario(rate, lengths, factor)
         ttft, tpot, gaps, tokens, offered, done = [], [], 0.0, 0.0, 0, 0
+        windows: dict[str, list[list[float]]] = {"ttft": [], "tpot": []}  # per SLA window: its values
         for seed in self.seeds:
             r = simulate(s, seed=seed).records
             w = window(r, s)
@@ -296,6 +303,14 @@ class LLMTwin:
             ttft.append(ttft_ms(r)[keep])
             per = tpot_ms(r)[keep]
             tpot.append(per[np.isfinite(per)])
+            if self.sla_window_s:
+                # the arrivals' windows of sla_window_s from the end of the warm-up
+                k = np.floor((r.arrival[keep] - s.warmup_s * 1000.0) / (self.sla_window_s * 1000.0)).astype(int)
+                for name, v in (("ttft", ttft[-1]), ("tpot", per)):
+                    for j in np.unique(k):
+                        got_j = v[(k == j) & np.isfinite(v)]
+                        if len(got_j) >= 10:
+                            windows[name].append(got_j)
             out = r.output_tokens[keep].astype(float)
             many = out > 1
             gaps += float(np.sum((r.t_inferred - r.t_first_token)[keep][many]))
@@ -309,6 +324,10 @@ class LLMTwin:
         for q in sorted({50.0, self.ttft_sla[0], (self.tpot_sla or (99.0, 0))[0]}):
             got[f"ttft_p{q:g}_ms"] = float(np.percentile(ttft_all, q))
             got[f"tpot_p{q:g}_ms"] = float(np.percentile(tpot_all, q)) if len(tpot_all) else float("nan")
+            if self.sla_window_s and q != 50.0:  # the SLA's percentile as its window measures it: the median window's
+                for name in ("ttft", "tpot"):
+                    if windows[name]:
+                        got[f"{name}_p{q:g}_ms"] = float(np.median([np.percentile(v, q) for v in windows[name]]))
         return got
 
     def fit_factor(self, rate: float, lengths, measured_itl_ms: float, rel_tol: float = 0.02) -> float:
