@@ -551,7 +551,6 @@ def watch(
     every interval, simulates the current rate, and says how much traffic can grow before
     the SLA breaks (the headroom). With --openai, a vLLM-compatible server: the SLA is on
     TTFT, and the twin fits the step time's speed from the inter-token latency."""
-    import math
     import time
 
     from calibrate.watch import Twin, WatchError, connect, scrape
@@ -573,9 +572,7 @@ def watch(
         except (OSError, ValueError) as err:
             typer.echo(f"error: --profile {profile}: {err}", err=True)
             raise typer.Exit(code=2) from None
-    if json_path is not None and not json_path.parent.is_dir():
-        typer.echo(f"error: --json {json_path}: folder {json_path.parent} does not exist", err=True)
-        raise typer.Exit(code=2)
+    _check_json(json_path)
     try:
         name, config = connect(url, model)
     except WatchError as err:
@@ -590,18 +587,28 @@ def watch(
         f"{'breaks at':>10} {'headroom':>9}"
     )
 
-    def fmt(v, spec: str) -> str:
-        return "—" if v is None or not math.isfinite(v) else format(v, spec)
-
     def line(row: dict) -> str:
         return (
-            f"{time.strftime('%H:%M:%S'):>8} {fmt(row['rate_rps'], '.1f'):>8} "
-            f"{fmt(row['measured_p50_ms'], '.1f'):>9} {fmt(row[f'measured_{key}_ms'], '.1f'):>9} "
-            f"{fmt(row.get('predicted_p50_ms'), '.1f'):>9} {fmt(row.get(f'predicted_{key}_ms'), '.1f'):>9} "
-            f"{fmt(row.get('breaking_rate_rps'), '.1f'):>10} {fmt(row.get('headroom_pct'), '+.0f'):>8}%"
+            f"{time.strftime('%H:%M:%S'):>8} {_fmt(row['rate_rps'], '.1f'):>8} "
+            f"{_fmt(row['measured_p50_ms'], '.1f'):>9} {_fmt(row[f'measured_{key}_ms'], '.1f'):>9} "
+            f"{_fmt(row.get('predicted_p50_ms'), '.1f'):>9} {_fmt(row.get(f'predicted_{key}_ms'), '.1f'):>9} "
+            f"{_fmt(row.get('breaking_rate_rps'), '.1f'):>10} {_fmt(row.get('headroom_pct'), '+.0f'):>8}%"
         )
 
     _watch_loop(lambda: twin.update(scrape(url, name)), line, out, interval_s, duration_s)
+
+
+def _fmt(v, spec: str) -> str:
+    """A number of the twin's table, a dash where there is none."""
+    import math
+
+    return "—" if v is None or not math.isfinite(v) else format(v, spec)
+
+
+def _check_json(json_path: Path | None) -> None:
+    if json_path is not None and not json_path.parent.is_dir():
+        typer.echo(f"error: --json {json_path}: folder {json_path.parent} does not exist", err=True)
+        raise typer.Exit(code=2)
 
 
 def _watch_loop(update, line, out, interval_s: float, duration_s: float) -> None:
@@ -653,7 +660,6 @@ def _watch_openai(
     sla_window_s: float,
 ) -> None:
     """``calibrate watch --openai`` (see :mod:`calibrate.watch_llm`)."""
-    import math
     import time
 
     import yaml
@@ -673,9 +679,7 @@ def _watch_openai(
     except ScenarioError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None
-    if json_path is not None and not json_path.parent.is_dir():
-        typer.echo(f"error: --json {json_path}: folder {json_path.parent} does not exist", err=True)
-        raise typer.Exit(code=2)
+    _check_json(json_path)
     try:
         info = connect(url)
         twin = LLMTwin(base, info, ttft_sla=ttft_sla, tpot_sla=tpot, window=window, sla_window_s=sla_window_s)
@@ -696,18 +700,15 @@ def _watch_openai(
         f"{'pred':>7} {'TPOT p50':>9} {'pred':>6} {'speed':>6} {'breaks at':>10} {'headroom':>9} {'replicas':>8}"
     )
 
-    def fmt(v, spec: str) -> str:
-        return "—" if v is None or not math.isfinite(v) else format(v, spec)
-
     def line(row: dict) -> str:
         return (
-            f"{time.strftime('%H:%M:%S'):>8} {fmt(row['rate_rps'], '.2f'):>7} {fmt(row['running'], '.0f'):>4} "
-            f"{fmt(row['waiting'], '.0f'):>4} {fmt(row['kv_usage'], '.0%'):>5} "
-            f"{fmt(row['measured_ttft_p50_ms'], '.1f'):>9} {fmt(row[f'measured_ttft_p{qt:g}_ms'], '.1f'):>7} "
-            f"{fmt(row.get(f'predicted_ttft_p{qt:g}_ms'), '.1f'):>7} "
-            f"{fmt(row['measured_tpot_p50_ms'], '.2f'):>9} {fmt(row.get('predicted_tpot_p50_ms'), '.2f'):>6} "
-            f"{fmt(row.get('speed_factor'), '.2f'):>6} {fmt(row.get('breaking_rate_rps'), '.2f'):>10} "
-            f"{fmt(row.get('headroom_pct'), '+.0f'):>8}% {row.get('replicas_needed') or '—':>8}"
+            f"{time.strftime('%H:%M:%S'):>8} {_fmt(row['rate_rps'], '.2f'):>7} {_fmt(row['running'], '.0f'):>4} "
+            f"{_fmt(row['waiting'], '.0f'):>4} {_fmt(row['kv_usage'], '.0%'):>5} "
+            f"{_fmt(row['measured_ttft_p50_ms'], '.1f'):>9} {_fmt(row[f'measured_ttft_p{qt:g}_ms'], '.1f'):>7} "
+            f"{_fmt(row.get(f'predicted_ttft_p{qt:g}_ms'), '.1f'):>7} "
+            f"{_fmt(row['measured_tpot_p50_ms'], '.2f'):>9} {_fmt(row.get('predicted_tpot_p50_ms'), '.2f'):>6} "
+            f"{_fmt(row.get('speed_factor'), '.2f'):>6} {_fmt(row.get('breaking_rate_rps'), '.2f'):>10} "
+            f"{_fmt(row.get('headroom_pct'), '+.0f'):>8}% {row.get('replicas_needed') or '—':>8}"
         )
 
     _watch_loop(lambda: twin.update(scrape(url)), line, out, interval_s, duration_s)

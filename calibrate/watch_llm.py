@@ -34,20 +34,14 @@ from __future__ import annotations
 import math
 import time
 import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from calibrate.watch import WatchError, histogram_quantile
+from calibrate.watch import WatchError, _get, histogram_quantile
 
 SPEED_SPANS = 20  # with a speed process, simulate at least this many of its slowest correlation times
 LENGTH_SAMPLE = 400  # values drawn to stand for a window's length histogram
-
-
-def _get(url: str, timeout_s: float = 5.0) -> bytes:
-    with urllib.request.urlopen(url, timeout=timeout_s) as r:
-        return r.read()
 
 
 @dataclass
@@ -231,7 +225,7 @@ class LLMTwin:
         row["speed_factor"] = self.factor
         pred = self.predict(rate, lengths, self.factor)
         row.update({f"predicted_{k}": val for k, val in pred.items() if k != "itl_mean_ms"})
-        breaking = self.breaking_rate(rate, lengths, self.factor)
+        breaking = self.breaking_rate(rate, lengths, self.factor, at_rate=pred)
         row["breaking_rate_rps"] = breaking
         row["headroom_pct"] = (breaking / rate - 1) * 100 if breaking > 0 else float("nan")
         row["replicas_needed"] = math.ceil(rate / breaking) if breaking > 0 else None
@@ -260,7 +254,7 @@ class LLMTwin:
     def scenario(self, rate: float, lengths: tuple[list[int], list[int]], factor: float):
         from simulator.scenario.config import Scenario
 
-        doc = {k: v for k, v in self.base.items()}
+        doc = dict(self.base)
         info = self.cache_info
         b = dict(doc["batching"])
         b["num_blocks"] = int(info["num_gpu_blocks"])
@@ -318,10 +312,10 @@ class LLMTwin:
         ttft_all, tpot_all = np.concatenate(ttft), np.concatenate(tpot)
         got = {"itl_mean_ms": gaps / tokens if tokens else float("nan")}
         if done < 0.99 * offered or len(ttft_all) == 0:  # not keeping up: past any SLA
-            for q in sorted({50.0, self.ttft_sla[0], (self.tpot_sla or (99.0, 0))[0]}):
+            for q in self.quantiles:
                 got[f"ttft_p{q:g}_ms"] = got[f"tpot_p{q:g}_ms"] = float("inf")
             return got
-        for q in sorted({50.0, self.ttft_sla[0], (self.tpot_sla or (99.0, 0))[0]}):
+        for q in self.quantiles:
             got[f"ttft_p{q:g}_ms"] = float(np.percentile(ttft_all, q))
             got[f"tpot_p{q:g}_ms"] = float(np.percentile(tpot_all, q)) if len(tpot_all) else float("nan")
             if self.sla_window_s and q != 50.0:  # the SLA's percentile as its window measures it: the median window's
@@ -364,6 +358,11 @@ class LLMTwin:
                 lo = mid
         return math.sqrt(lo * hi)
 
+    @property
+    def quantiles(self) -> list[float]:
+        """The percentiles a prediction holds: the median and the SLAs'."""
+        return sorted({50.0, self.ttft_sla[0], (self.tpot_sla or (99.0, 0))[0]})
+
     def breaks(self, pred: dict) -> bool:
         q, ms = self.ttft_sla
         if pred[f"ttft_p{q:g}_ms"] > ms:
@@ -373,13 +372,15 @@ class LLMTwin:
             return pred[f"tpot_p{q:g}_ms"] > ms
         return False
 
-    def breaking_rate(self, rate: float, lengths, factor: float, rel_tol: float = 0.01) -> float:
-        """The rate at which the SLA breaks (bisection, the same seeds at every rate)."""
+    def breaking_rate(
+        self, rate: float, lengths, factor: float, rel_tol: float = 0.01, *, at_rate: dict | None = None
+    ) -> float:
+        """The rate at which the SLA breaks (bisection, the same seeds at every rate);
+        ``at_rate``: the prediction at ``rate`` when already made."""
         lo, hi = 0.0, max(rate, 0.1)
-        if self.breaks(self.predict(rate, lengths, factor)):
+        if self.breaks(at_rate if at_rate is not None else self.predict(rate, lengths, factor)):
             hi = rate
         else:
-            lo = rate
             while not self.breaks(self.predict(hi * 2, lengths, factor)):
                 hi *= 2
                 if hi > 1e6:
