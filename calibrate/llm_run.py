@@ -1,6 +1,7 @@
 """``servesim calibrate llm``: calibrate the simulator's LLM model against the tiny real engine.
 
-1. Start ``servesim serve-llm`` (its own processes, on this machine).
+1. Start ``servesim serve-llm`` (its own processes, on this machine: the engine on a core
+   of its own, the front end and this process, the load generator, on the others).
 2. Profile its step time through the server over a grid of workloads
    (:mod:`calibrate.llm_profile`).
 3. Find the knee, the most requests a second the engine sustains, by measurement: offer
@@ -34,7 +35,7 @@ import pandas as pd
 import yaml
 
 from calibrate import llm_load, llm_profile
-from calibrate.servers import get_json, server
+from calibrate.servers import beside_llm_front_end, get_json, server
 
 LEVELS = (0.3, 0.5, 0.7, 0.85)
 QUANTILES = (50, 90, 99)
@@ -196,7 +197,10 @@ def calibrate_llm(
     rng = np.random.default_rng(seed)
     phases: dict[str, list[pd.DataFrame]] = {}  # the engine's step records of each phase
     answers: dict[float, list[pd.DataFrame]] = {share: [] for share in LEVELS}
-    with server(server_args(engine), command="serve-llm", health="/health") as url:
+    with (
+        server(server_args(engine), command="serve-llm", health="/health") as url,
+        beside_llm_front_end(url),  # the engine keeps its core to itself
+    ):
         models = get_json(url + "/v1/models")["data"][0]
         t = time.monotonic()
         phases["profile"] = [

@@ -56,6 +56,24 @@ def server(args: list[str], *, timeout_s: float = 120.0, command: str = "serve",
 
 
 @contextlib.contextmanager
+def beside_llm_front_end(url: str):
+    """This process (a load generator) on ``servesim serve-llm``'s front-end cores while the
+    block runs, off the engine's core, as the front end keeps itself (where the server
+    pinned no engine, or this OS has no affinity, nothing changes)."""
+    info = get_json(url + "/v1/models")["data"][0].get("servesim", {})
+    cores = set(info.get("frontend_cores") or ())
+    if not cores or not hasattr(os, "sched_setaffinity"):
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+@contextlib.contextmanager
 def redis_server(cores: set[int] | None = None):
     """A throwaway redis-server on a free loopback port (on ``cores`` only, if given); yields its URL."""
     exe = shutil.which("redis-server")

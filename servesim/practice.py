@@ -16,7 +16,7 @@ import typer
 from rich.table import Table as RichTable
 
 from servesim.console import fail, out
-from simulator.planning.situations import SITUATIONS, STEPS
+from simulator.planning.situations import SITUATIONS
 from simulator.results.anatomy import STAGE_WORDS
 
 
@@ -60,14 +60,24 @@ def practice(
     if situation not in SITUATIONS:
         raise fail(f"--situation: unknown situation {situation!r}; choose one of {', '.join(SITUATIONS)}")
     q = ask(situation, seed)
-    out.rule(f"{SITUATIONS[situation].title} · seed {q.seed}")
+    sit = SITUATIONS[situation]
+    out.rule(f"{sit.title} · seed {q.seed}")
     out.print(q.text, highlight=False)
     out.print("\nEstimate each step (numbers like 200k, 1.2M or $530 are fine; an empty line skips it).\n", style="dim")
     marks = []
-    for step in STEPS:
+    for step in sit.asked:
         mark = check(q, step.key, _number(_read(f"{step.prompt} ({step.unit})")))
         marks.append(mark)
         out.print(("  [green]✓[/] " if mark.ok else "  [red]✗[/] ") + mark.note, highlight=False)
+    if not sit.asks_stage:
+        fleet = workers or (_answer(marks, sit.fleet_step) if sit.fleet_step else None)
+        fleet = round(fleet or (q.answers[sit.fleet_step] if sit.fleet_step else q.scenario.workers.count))
+        with out.status("simulating …"):
+            r = reveal(q, fleet)
+        _print_llm(r)
+        score = sum(m.ok for m in marks)
+        out.print(f"\n[bold]score: {score} of {len(marks)}[/] · try again with --seed {q.seed} or a fresh question")
+        return
     stages = list(STAGE_WORDS)
     out.print("\nWhere does the tail (p99) spend most of its time? " + ", ".join(stages), highlight=False)
     said = stage_key(_read("stage"))
@@ -95,6 +105,26 @@ def practice(
         out.print(f"  • {line}", highlight=False)
     score = sum(m.ok for m in marks) + stage_ok
     out.print(f"\n[bold]score: {score} of {len(marks) + 1}[/] · try again with --seed {q.seed} or a fresh question")
+
+
+def _print_llm(r) -> None:
+    """An LLM question's reveal: each run of its contrast, a column; the verdict; why."""
+    out.rule("the simulator")
+    runs = r.table.drop(columns=["met"]).set_index("run")
+    table = RichTable(show_header=True, box=None)
+    table.add_column("")
+    for name in runs.index:
+        table.add_column(str(name), justify="right")
+    for metric in runs.columns:
+        cells = [f"{v:,.1f}" if abs(v) >= 10 else f"{v:.3g}" for v in runs[metric]]
+        table.add_row(metric, *cells)
+    out.print(table)
+    if r.minimum_workers is not None:
+        out.print(f"fewest replicas meeting the SLA: {r.minimum_workers}", highlight=False)
+    out.print(r.headline, highlight=False)
+    out.print("\n[bold]Why the napkin and the simulation differ[/]")
+    for line in r.why:
+        out.print(f"  • {line}", highlight=False)
 
 
 def _answer(marks, key: str) -> float | None:

@@ -177,6 +177,28 @@ def test_practice_page_checks_each_step_then_reveals_the_simulation():
     assert at.dataframe[1].value["seed"].tolist() == [7]
 
 
+def test_practice_page_asks_an_llm_question_and_shows_its_runs_side_by_side():
+    at = run_page("practice")
+    at.selectbox(key="practice-situation").set_value("llm_kv_memory").run()
+    at.number_input(key="practice-seed").set_value(3).run()
+    from simulator.planning.practice import ask
+
+    q = ask("llm_kv_memory", 3)
+    assert at.info[0].value == q.text
+    assert not [s for s in at.selectbox if s.label.startswith("where the p99 tail")]  # no stage question here
+    next(n for n in at.number_input if n.key.endswith(":seqs_fp16")).set_value(q.answers["seqs_fp16"])
+    next(b for b in at.button if b.label == "check my steps").click().run()
+    assert not at.exception
+    steps = at.dataframe[0].value
+    assert (steps[""] == "✓").sum() == 1
+    at.button(key="reveal:llm_kv_memory:3:()").click().run()
+    assert not at.exception
+    runs = at.dataframe[1].value
+    assert list(runs.columns) == ["FP16 weights", "INT4 weights"]
+    assert any(m.value.startswith("**Why the napkin and the simulation differ**") for m in at.markdown)
+    assert at.dataframe[2].value["score"].tolist() == ["1 of 7"]
+
+
 def test_stage_bands_add_up_to_the_percentile():
     s = load_scenario(ROOT / "scenarios/inference_platform.yaml", ["workers.count=13", "traffic.rate_rps=20000"])
     run = simulate(s)

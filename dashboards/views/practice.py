@@ -10,7 +10,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboards.data import value_at
-from simulator.planning.practice import SITUATIONS, STAGE_WORDS, STEPS, Question, ask, check, reveal
+from simulator.planning.practice import SITUATIONS, STAGE_WORDS, Question, ask, check, reveal
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -46,6 +46,27 @@ def _own_numbers(situation: str, q: Question) -> tuple:
     return tuple(sorted(values.items())) if use else ()
 
 
+def _llm_reveal(situation: str, seed: int, own: tuple, marks, r) -> None:
+    """An LLM question's answer: its runs side by side, the verdict, why they and the
+    napkin differ, and the attempts so far."""
+    if r.minimum_workers is not None:
+        st.metric("fewest replicas meeting the SLA", r.minimum_workers)
+    st.dataframe(r.table.drop(columns=["met"]).set_index("run").T, width="stretch")
+    (st.success if r.met else st.error)(r.headline)
+    st.markdown("**Why the napkin and the simulation differ**\n\n" + "\n".join(f"- {w}" for w in r.why))
+    _history(situation, seed, own, f"{sum(m.ok for m in marks)} of {len(marks)}", r)
+
+
+def _history(situation: str, seed: int, own: tuple, score: str, r) -> None:
+    history = st.session_state.setdefault("practice-history", [])
+    entry = {"situation": SITUATIONS[situation].title, "seed": seed, "own numbers": bool(own)}
+    entry |= {"score": score, "workers": r.workers, "simulated minimum": r.minimum_workers}
+    if not history or history[-1] != entry:
+        history.append(entry)
+    st.subheader("your attempts")
+    st.dataframe(pd.DataFrame(history), hide_index=True, width="stretch")
+
+
 def render(choice=None, s=None) -> None:
     st.header("Practice: estimate first, then check")
     st.caption(
@@ -71,17 +92,20 @@ def render(choice=None, s=None) -> None:
         q = ask(situation, int(seed), dict(own))
     st.info(q.text)
     attempt = f"{situation}:{int(seed)}:{own}"
+    sit = SITUATIONS[situation]
     with st.form(f"steps:{attempt}"):
         st.markdown("**Your napkin**")
         cols = st.columns(4)
         yours = {}
-        for i, step in enumerate(STEPS):
+        for i, step in enumerate(sit.asked):
             yours[step.key] = cols[i % 4].number_input(
                 f"{step.prompt} ({step.unit})", min_value=0.0, value=None, format="%g", key=f"{attempt}:{step.key}"
             )
-        stage = st.selectbox(
-            "where the p99 tail spends most of its time", list(STAGE_WORDS), format_func=STAGE_WORDS.get, index=None
-        )
+        stage = None
+        if sit.asks_stage:
+            stage = st.selectbox(
+                "where the p99 tail spends most of its time", list(STAGE_WORDS), format_func=STAGE_WORDS.get, index=None
+            )
         checked = st.form_submit_button("check my steps")
     if checked:
         st.session_state[f"marks:{attempt}"] = ([check(q, k, v) for k, v in yours.items()], stage)
@@ -101,11 +125,22 @@ def render(choice=None, s=None) -> None:
         hide_index=True,
         width="stretch",
     )
-    workers = next(m.yours for m in marks if m.key == "workers_headroom") or q.answers["workers_headroom"]
-    if not st.button(f"reveal the simulation at {int(workers)} workers", type="primary", key=f"reveal:{attempt}"):
+    if sit.fleet_step is None:
+        workers = q.scenario.workers.count
+    else:
+        workers = next(m.yours for m in marks if m.key == sit.fleet_step) or q.answers[sit.fleet_step]
+    unit = "replica" if sit.kind == "llm" else "worker"
+    if not st.button(
+        f"reveal the simulation at {int(workers)} {unit}{'s' if workers != 1 else ''}",
+        type="primary",
+        key=f"reveal:{attempt}",
+    ):
         return
     with st.spinner("simulating …"):
         r = _reveal(situation, int(seed), own, int(workers))
+    if not sit.asks_stage:
+        _llm_reveal(situation, int(seed), own, marks, r)
+        return
     stage_ok = stage == r.stage
     score = sum(m.ok for m in marks) + stage_ok
     pct = f"p{q.scenario.sla.percentile:g}"
@@ -121,10 +156,4 @@ def render(choice=None, s=None) -> None:
         f"{STAGE_WORDS.get(stage, 'nowhere')}: {'right' if stage_ok else 'it lives in ' + STAGE_WORDS[r.stage]}."
     )
     st.markdown("**Why the napkin and the simulation differ**\n\n" + "\n".join(f"- {w}" for w in r.why))
-    history = st.session_state.setdefault("practice-history", [])
-    entry = {"situation": SITUATIONS[situation].title, "seed": int(seed), "own numbers": bool(own)}
-    entry |= {"score": f"{score} of {len(marks) + 1}", "workers": r.workers, "simulated minimum": r.minimum_workers}
-    if not history or history[-1] != entry:
-        history.append(entry)
-    st.subheader("your attempts")
-    st.dataframe(pd.DataFrame(history), hide_index=True, width="stretch")
+    _history(situation, int(seed), own, f"{score} of {len(marks) + 1}", r)

@@ -12,6 +12,10 @@ stage the tail lives in; :func:`check` grades each against the napkin
 the simulator: the fewest workers that meet the SLA, the candidate's fleet's tail, where
 the latency lives, and why the napkin and the simulation differ, in words.
 
+The LLM situations (a chat assistant's fleet, KV memory, continuous against static
+batching, chunked prefill, prefix caching for RAG) ask their own steps and answer with
+their own contrasts: :mod:`simulator.planning.llm_practice`.
+
 No user interface here: the dashboard's Practice page and ``servesim practice`` draw it.
 """
 
@@ -45,6 +49,11 @@ class Question:
     givens: dict[str, str]
     answers: dict[str, float] = field(default_factory=dict)
     formulas: dict[str, str] = field(default_factory=dict)
+    sets: tuple[str, ...] = ()  # the overrides that made the scenario from its file
+
+    @property
+    def steps(self):
+        return SITUATIONS[self.situation].asked
 
 
 def _fmt(x: float) -> str:
@@ -64,6 +73,8 @@ def ask(situation: str = "platform", seed: int | None = None, overrides: dict[st
     values.update(overrides or {})
     sets = [f"{p}={int(v) if float(v).is_integer() and 'rate' not in p else v}" for p, v in values.items()]
     base = load_scenario(SCENARIOS / sit.file, sets)
+    if sit.kind == "llm":
+        return _ask_llm(situation, seed, base, tuple(sets))
     # the configured fleet is the napkin's own answer: the simulation then checks it
     _, padded = workers_needed(base)
     s = with_workers(base, padded)
@@ -102,6 +113,31 @@ def ask(situation: str = "platform", seed: int | None = None, overrides: dict[st
     )
 
 
+def _ask_llm(situation: str, seed: int, base: Scenario, sets: tuple[str, ...]) -> Question:
+    """An LLM question (:mod:`simulator.planning.llm_practice`): where it asks for a
+    fleet, the scenario runs the napkin's replicas with headroom, as a request-path
+    question's does."""
+    from simulator.planning.llm_practice import NAPKINS
+    from simulator.planning.napkin import llm_napkin
+
+    sit = SITUATIONS[situation]
+    s = base
+    if sit.fleet_step is not None:
+        s = with_workers(base, llm_napkin(base, worker_price(base))[1].padded)
+    lines, givens = NAPKINS[situation](s, worker_price(s))
+    by = {ln.quantity: ln for ln in lines}
+    return Question(
+        situation=situation,
+        seed=seed,
+        scenario=s,
+        text=sit.story.format(**givens),
+        givens=givens,
+        answers={st.key: by[st.quantity].value for st in sit.asked},
+        formulas={st.key: by[st.quantity].formula for st in sit.asked},
+        sets=sets,
+    )
+
+
 def _median_ms(dist) -> float:
     return float(np.median(dist.sample(20_001, rng=np.random.default_rng(0))))
 
@@ -122,6 +158,9 @@ def stage_key(text: str) -> str | None:
     return None
 
 
+COUNTS = ("workers", "replicas", "sequences", "steps")  # graded within one as well
+
+
 @dataclass(frozen=True)
 class Mark:
     """A step graded: the candidate's value, the napkin's, and whether it is within tolerance."""
@@ -137,12 +176,12 @@ class Mark:
 def check(q: Question, key: str, yours: float | None) -> Mark:
     """Grade one napkin step against the napkin, within the step's tolerance (workers also
     within ±1)."""
-    step = next(s for s in STEPS if s.key == key)
+    step = next(s for s in q.steps if s.key == key)
     truth = q.answers[key]
     if yours is None or not math.isfinite(yours):
         return Mark(key, step.prompt, yours, truth, False, f"the napkin says {_fmt(truth)} {step.unit}")
     err = (yours - truth) / truth if truth else (0.0 if yours == 0 else math.inf)
-    ok = abs(err) <= step.tolerance or (step.unit == "workers" and abs(yours - truth) <= 1)
+    ok = abs(err) <= step.tolerance or (step.unit in COUNTS and abs(yours - truth) <= 1)
     how = "right" if ok else f"off by {err:+.0%}"
     return Mark(key, step.prompt, yours, truth, ok, f"{how}: {q.formulas[key]} = {_fmt(truth)} {step.unit}")
 
@@ -168,11 +207,16 @@ def _run(s: Scenario) -> tuple[dict, object]:
     return result.summary, stage_bands(rec, window(rec, result.simulated))
 
 
-def reveal(q: Question, workers: int | None = None) -> Reveal:
+def reveal(q: Question, workers: int | None = None):
     """Simulate the question's system at ``workers`` (default: the napkin's, with headroom):
     its tail and where the latency lives; the fewest workers that meet the SLA; and why
     the napkin and the simulation differ, read from a run at that minimum (or, when no
-    fleet in range meets the SLA, at ``workers``)."""
+    fleet in range meets the SLA, at ``workers``). An LLM question's answer is an
+    :class:`~simulator.planning.llm_practice.LLMReveal`."""
+    if SITUATIONS[q.situation].kind == "llm":
+        from simulator.planning.llm_practice import reveal as reveal_llm
+
+        return reveal_llm(q, workers)
     s = q.scenario
     bare, padded = workers_needed(s)
     n = max(1, int(workers or padded))

@@ -88,6 +88,7 @@ class GPUSpec(Frozen):
 MODELS: dict[str, ModelSpec] = {
     # published configs (config.json of each model)
     "llama-3-8b": ModelSpec(params_b=8.03, layers=32, hidden=4096, kv_heads=8, head_dim=128),
+    "llama-2-7b": ModelSpec(params_b=6.74, layers=32, hidden=4096, kv_heads=32, head_dim=128),  # no GQA
     "llama-3-70b": ModelSpec(params_b=70.6, layers=80, hidden=8192, kv_heads=8, head_dim=128),
     "mistral-7b": ModelSpec(params_b=7.24, layers=32, hidden=4096, kv_heads=8, head_dim=128),
     "qwen2.5-7b": ModelSpec(params_b=7.62, layers=28, hidden=3584, kv_heads=4, head_dim=128),
@@ -383,6 +384,9 @@ class ContinuousBatching(Frozen):
     long_prefill_token_threshold: int = Field(
         0, ge=0, description="Most tokens of one prompt per step (continuous; 0: no cap but the step's budget)."
     )
+    weight_bytes: float | None = Field(
+        None, gt=0, description="Bytes per weight of a quantized model (1: FP8/INT8; 0.5: INT4; none: the preset's)."
+    )
     block_size: int = Field(16, ge=1, description="Tokens per KV block.")
     num_blocks: int | None = Field(
         None, ge=1, description="KV blocks per replica (none: from the GPU's memory, as vLLM sizes them)."
@@ -440,7 +444,8 @@ class ContinuousBatching(Frozen):
 
     @property
     def spec(self) -> ModelSpec:
-        return MODELS[self.model]
+        m = MODELS[self.model]
+        return m if self.weight_bytes is None else m.model_copy(update={"weight_bytes": self.weight_bytes})
 
     def blocks(self, instance_type: str) -> int:
         """KV blocks per replica: ``num_blocks``, or what the GPU's memory leaves after the
