@@ -10,38 +10,35 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboards.sidebar import sidebar
-from dashboards.views import calibration, compare, load_curve, plan, practice, results, timeline
+from dashboards.views import calibration, compare, llm, load_curve, plan, practice, results, timeline
 
 
 def main() -> None:
     st.set_page_config(page_title="servesim", layout="wide")
     choice, s = sidebar()
 
-    def needs_scenario(render, llm: str | None = None):
+    def needs_scenario(render, llm_render=None):
         def page():
             if s is None:
                 st.warning("Fix the scenario in the sidebar to see this page.")
                 return
-            if llm is not None and s.traffic.tokens is not None:  # an LLM scenario: not drawn here yet
-                st.info(llm)
+            if llm_render is not None and s.traffic.tokens is not None:  # an LLM scenario: its own page
+                llm_render(choice, s)
                 return
             render(choice, s)
 
         return page
 
-    # what the command line gives for an LLM scenario where a page does not draw one yet
-    later = "This page does not draw LLM scenarios yet; on the command line: `servesim {}`."
+    def llm_curve(choice, s):
+        st.header("Load curve")
+        llm.load_curve(choice, s)
 
     views = [
         (needs_scenario(results.render), "Results", "results"),
         (needs_scenario(compare.render), "Compare", "compare"),
-        (
-            needs_scenario(load_curve.render, later.format("plan SCENARIO --max-rate --set workers.count=1")),
-            "Load curve",
-            "load-curve",
-        ),
+        (needs_scenario(load_curve.render, llm_curve), "Load curve", "load-curve"),
         (needs_scenario(timeline.render), "Timeline", "timeline"),
-        (needs_scenario(plan.render, later.format("plan SCENARIO --vary workers.count=2..8")), "Plan", "plan"),
+        (needs_scenario(plan.render, llm.plan), "Plan", "plan"),
         (calibration.render, "Calibration", "calibration"),
         (practice.render, "Practice", "practice"),
     ]

@@ -27,3 +27,13 @@ def result(choice: Choice, extra: tuple[str, ...] = ()) -> Result:
     """The run of ``choice`` (plus ``extra`` overrides), with a progress indicator."""
     with st.spinner("simulating …"):
         return run(choice.source, choice.text, choice.overrides, extra)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def llm_load_curve(source: str, text: str, overrides: tuple[str, ...], rates: tuple[float, ...]):
+    return data.llm_load_curve(Choice(source, text, overrides).load(), list(rates))
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def llm_plan(source: str, text: str, overrides: tuple[str, ...], gpus: tuple, budgets: tuple, lo, hi, reps):
+    return data.llm_plan(Choice(source, text, overrides).load(), list(gpus), list(budgets), lo, hi, int(reps))

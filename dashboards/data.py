@@ -12,6 +12,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import yaml
 
@@ -99,10 +100,22 @@ class Result:
     sampled: int | None  # workers simulated when fleet-sampled, else None
 
     def kpis(self) -> dict:
-        """The headline numbers: latency vs SLA, verdict, workers, utilization, cost."""
+        """The headline numbers: latency vs SLA, verdict, workers, utilization, cost; an LLM
+        run's TTFT and TPOT at the SLA's percentile, goodput, output tokens and their cost."""
         s = self.summary
         e2e = s["latency_ms"]["e2e"]
-        return {
+        llm = s.get("llm")
+        tokens = {}
+        if llm:
+            sla = llm["sla"]
+            tokens = {
+                "ttft_ms": sla["ttft"]["attained_ms"] if sla["ttft"] else llm["ttft_ms"]["p99"],
+                "tpot_ms": sla["tpot"]["attained_ms"] if sla["tpot"] else llm["tpot_ms"]["p99"],
+                "goodput_rps": sla["goodput_rps"],
+                "output_tokens_per_s": llm["tokens"]["output_per_s"],
+                "cost_per_million_tokens_usd": llm["cost"]["per_million_tokens_usd"],
+            }
+        return tokens | {
             "p50_ms": e2e["p50"],
             "p95_ms": e2e["p95"],
             "p99_ms": e2e["p99"],
@@ -153,6 +166,70 @@ def load_curve(s: Scenario, factors: list[float]) -> pd.DataFrame:
 def worker_curve(s: Scenario, counts: list[int]) -> pd.DataFrame:
     """p50/p99 and cost against the worker count: one run per count."""
     return pd.DataFrame({"workers": n, **_point(with_workers(s, n))} for n in counts)
+
+
+def llm_capacity(s: Scenario) -> float:
+    """The napkin's requests a second for an LLM scenario's fleet: replicas × the
+    per-replica throughput at the widest batch within TPOT."""
+    from simulator.planning.napkin import llm_napkin
+    from simulator.results.metrics import worker_price
+
+    return s.workers.count * llm_napkin(s, worker_price(s))[1].per_replica_rps
+
+
+def llm_load_curve(s: Scenario, rates: list[float]) -> pd.DataFrame:
+    """TTFT and TPOT at the SLA's percentile, goodput and cost against the offered rate:
+    one run per rate."""
+    rows = []
+    for rate in rates:
+        traffic = s.traffic.model_copy(update={"rate_rps": float(rate)})
+        rows.append({"offered_rps": float(rate), **_point(s.model_copy(update={"traffic": traffic}))})
+    return pd.DataFrame(rows)
+
+
+def knee(curve: pd.DataFrame, targets: dict[str, float]) -> float | None:
+    """The highest offered rate at which every target (column → ms) holds, where the curve
+    crosses the first one it breaks (log-linear between the points around it); None when
+    the lowest rate breaks one already, the highest rate when none breaks."""
+    c = curve.sort_values("offered_rps").reset_index(drop=True)
+    ok = np.ones(len(c), dtype=bool)
+    for col, target in targets.items():
+        ok &= c[col].to_numpy() <= target
+    if not ok[0]:
+        return None
+    if ok.all():
+        return float(c["offered_rps"].iloc[-1])
+    i = int(np.argmin(ok))  # the first rate that breaks a target
+    lo, hi = c.iloc[i - 1], c.iloc[i]
+    cross = []
+    for col, target in targets.items():
+        if hi[col] > target:  # where this one crosses, log-linear in its value
+            a, b = np.log(max(lo[col], 1e-9)), np.log(max(hi[col], 1e-9))
+            f = (np.log(target) - a) / (b - a) if b > a else 0.0
+            cross.append(lo["offered_rps"] + min(max(f, 0.0), 1.0) * (hi["offered_rps"] - lo["offered_rps"]))
+    return float(min(cross))
+
+
+def llm_plan(s: Scenario, gpus: list[str], budgets: list[int], lo: int, hi: int, reps: int) -> pd.DataFrame:
+    """The fewest replicas meeting the SLA (TTFT and TPOT included) for each GPU type and
+    ``max_num_batched_tokens``, with their cost: one bisection each."""
+    from simulator.planning.plan import Planner, label
+
+    planner = Planner(replications=reps, max_replications=max(reps, 6))
+    rows = []
+    for gpu in gpus:
+        for budget in budgets:
+            sets = {"workers.instance_type": gpu, "batching.max_num_batched_tokens": int(budget)}
+            x = s.model_copy(
+                update={
+                    "workers": s.workers.model_copy(update={"instance_type": gpu}),
+                    "batching": s.batching.model_copy(update={"max_num_batched_tokens": int(budget)}),
+                }
+            )
+            found, _, _ = planner.min_workers(x, lo, hi, label(sets))
+            row = {"gpu": gpu, "max_num_batched_tokens": int(budget)}
+            rows.append(row | (found.row() if found else {"met": False}))
+    return pd.DataFrame(rows)
 
 
 def calibration_reports() -> dict[str, dict]:

@@ -211,3 +211,68 @@ def classes_table(summary: dict) -> pd.DataFrame | None:
             }
         )
     return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class TokenTarget:
+    """An LLM run's TTFT or TPOT against its target, at the SLA's percentile."""
+
+    name: str  # TTFT or TPOT
+    percentile: str
+    target_ms: float
+    attained_ms: float
+    attainment: float  # share of requests within the target
+    met: bool
+
+    @property
+    def margin_ms(self) -> float:
+        return self.target_ms - self.attained_ms
+
+    @property
+    def headline(self) -> str:
+        word = "met" if self.met else "missed"
+        return (
+            f"{self.name} {self.percentile} ≤ {target(self.target_ms)}: {word} (attained {ms(self.attained_ms)}, "
+            f"margin {'+' if self.margin_ms >= 0 else '−'}{ms(abs(self.margin_ms))}; "
+            f"{self.attainment:.2%} within target)"
+        )
+
+
+def token_targets(summary: dict) -> list[TokenTarget]:
+    """The TTFT and TPOT verdicts of an LLM run (those with a target), in that order."""
+    llm = summary.get("llm")
+    if not llm:
+        return []
+    pct = f"p{llm['sla']['percentile']:g}"
+    out = []
+    for name in ("ttft", "tpot"):
+        v = llm["sla"][name]
+        if v is not None:
+            out.append(
+                TokenTarget(
+                    name.upper(),
+                    pct,
+                    float(v["target_ms"]),
+                    float(v["attained_ms"]),
+                    float(v["attainment"]),
+                    bool(v["met"]),
+                )
+            )
+    return out
+
+
+def token_figures(summary: dict) -> dict[str, str]:
+    """An LLM run's throughput, cost and cache figures as people read them."""
+    llm = summary["llm"]
+    t, c, g = llm["tokens"], llm["cost"], llm["sla"]
+    hit = t["prefix_hit_rate"]
+    return {
+        "output tokens/s": count(t["output_per_s"]),
+        "prompt tokens/s": count(t["prompt_per_s"]),
+        "goodput": f"{g['goodput_rps']:,.1f} req/s ({g['good_share']:.1%})",
+        "$ per M tokens": usd(c["per_million_tokens_usd"]),
+        "$ per M output tokens": usd(c["per_million_output_tokens_usd"]),
+        "$ per M input tokens": usd(c["per_million_input_tokens_usd"]),
+        "preemptions a request": f"{t['preemptions_per_request']:.3f}",
+        "prefix cache hit rate": "–" if hit != hit else f"{hit:.1%}",
+    }

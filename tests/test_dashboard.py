@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("streamlit", reason="the dashboard extra (streamlit) is not installed")
+import pandas as pd
 from streamlit.testing.v1 import AppTest
 
 from simulator.engine import simulate
@@ -54,6 +55,16 @@ def run_page(page: str, scenario: str = "scenarios/inference_platform.yaml") -> 
     at.run()
     if scenario != at.selectbox(key="file").value:
         at.selectbox(key="file").set_value(scenario).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def open_app(page: str, scenario: str) -> AppTest:
+    """The whole app opened by a shared link (``?page=…&scenario=…``)."""
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.query_params["scenario"] = scenario
+    at.query_params["page"] = page
+    at.run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 
@@ -352,9 +363,30 @@ def test_the_dashboard_in_a_real_browser(tmp_path):
             assert sentences
             assert not [x for x in sentences if x in question]
             assert "requests/s" in question
+
+            # an LLM engine: TTFT and TPOT against their targets, tokens and their cost, the KV
+            # cache over time; its load curve with the knee; continuous beside static batching
+            page.goto(f"{url}/?page=results&scenario=scenarios/llm_chat.yaml")
+            _settle(page)
+            verdicts = page.get_by_test_id("stAlertContentSuccess").all_inner_texts()
+            assert any(v.startswith("TTFT p99 ≤ 300 ms: met") and "margin" in v for v in verdicts), verdicts
+            assert any(v.startswith("TPOT p99 ≤ 50 ms: met") for v in verdicts), verdicts
+            kpis = _metrics(page)
+            assert {"TTFT p99", "TPOT p99", "output tokens/s", "$ per M tokens", "prefix cache hit rate"} <= set(kpis)
+            assert not [t for t in [*kpis, *kpis.values()] if "…" in t]
+            page.screenshot(path=str(shots / "llm-results.png"), full_page=True)
+            page.goto(f"{url}/?page=load-curve&scenario=scenarios/llm_chat.yaml")
+            _settle(page)
+            assert "Knee:" in page.get_by_test_id("stMain").inner_text()
+            page.screenshot(path=str(shots / "llm-load-curve.png"), full_page=True)
+            page.goto(f"{url}/?page=compare&scenario=scenarios/llm_chat.yaml")
+            _settle(page)
+            assert "B: batching.policy=static" in page.get_by_test_id("stMain").inner_text()
+            page.screenshot(path=str(shots / "llm-compare.png"), full_page=True)
+            assert not page.get_by_test_id("stException").count()
             browser.close()
         assert not [m for m in console if m.startswith("404 ")], console
-        for name in ("results", "results-classes", *PAGES[1:]):
+        for name in ("results", "results-classes", *PAGES[1:], "llm-results", "llm-load-curve", "llm-compare"):
             assert (shots / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -530,11 +562,58 @@ def test_multi_turn_and_split_fleets_open_on_results(scenario):
     assert charts(at) >= 1
 
 
-@pytest.mark.parametrize("page", ["load-curve", "plan"])
-def test_the_pages_that_do_not_draw_an_llm_scenario_yet_say_what_to_run(page):
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.query_params["scenario"] = "scenarios/llm_chat.yaml"
-    at.query_params["page"] = page
-    at.run()
+def test_an_llm_scenario_shows_its_tokens_kv_cache_and_queue():
+    at = run_page("results", "scenarios/llm_kv_memory.yaml")
+    lines = [x.value for x in [*at.success, *at.error]]
+    assert any(x.startswith("**TTFT p99 ≤ 2 s: ") for x in lines)
+    assert any(x.startswith("**TPOT p99 ≤ 50 ms: ") and "margin" in x for x in lines)
+    labels = {m.label for m in at.metric}
+    assert {"TTFT p99", "TPOT p99", "goodput", "output tokens/s", "$ per M tokens"} <= labels
+    assert {"preemptions a request", "prefix cache hit rate"} <= labels
+    specs = [str(c.spec) for c in at.get("vega_lite_chart")]
+    for title in ("KV cache in use", "running and waiting", "output tokens"):
+        assert any(title in x for x in specs), title
+    assert charts(at) >= 5  # KV, running and waiting, tokens, then the request's waterfall and CDF
+
+
+def test_compare_puts_static_batching_beside_continuous_on_the_same_traffic():
+    at = run_page("compare", "scenarios/llm_chat.yaml")  # its header documents the static variant
+    assert at.text_area[0].value == "batching.policy=static"
+    table = at.dataframe[-1].value
+    assert list(table["KPI"][:2]) == ["ttft", "tpot"]
+    assert {m.label for m in at.metric} >= {"TTFT p99", "TPOT p99"}
+    from dashboards.views.compare import suggestion
+
+    bare = load_scenario(ROOT / "scenarios/llm_kv_memory.yaml")  # with no variant of its own: static
+    assert suggestion(bare) == "batching.policy=static"
+
+
+def test_the_llm_load_curve_marks_the_knee_between_its_points():
+    at = open_app("load-curve", "scenarios/llm_kv_memory.yaml")
+    assert charts(at) == 1
+    assert any(x.value.startswith(("**Knee:**", "Even the lowest rate")) for x in [*at.success, *at.error])
+
+
+def test_the_knee_is_where_the_first_target_breaks():
+    from dashboards.data import knee
+
+    curve = pd.DataFrame(
+        {"offered_rps": [1.0, 2.0, 3.0, 4.0], "ttft_ms": [100, 150, 400, 900], "tpot_ms": [10, 20, 30, 90]}
+    )
+    k = knee(curve, {"ttft_ms": 300, "tpot_ms": 50})
+    assert 2.0 < k < 3.0  # TTFT crosses 300 between 2 and 3 req/s (log-linear: 2.71)
+    assert k == pytest.approx(2 + np.log(2) / np.log(400 / 150))
+    assert knee(curve, {"tpot_ms": 5}) is None  # broken at the lowest rate
+    assert knee(curve, {"tpot_ms": 500}) == 4.0  # never broken
+
+
+def test_the_llm_plan_page_bisects_replicas_for_each_gpu_and_token_budget():
+    at = open_app("plan", "scenarios/llm_kv_memory.yaml")
+    at.text_input(key="llm-plan-gpus").set_value("h100")
+    at.text_input(key="llm-plan-budgets").set_value("2048,8192")
+    at.slider(key="llm-plan-range").set_value((1, 3))
+    at.button(key="llm-plan-run").click().run()
     assert not at.exception, [e.value for e in at.exception]
-    assert any("servesim plan" in i.value for i in at.info)
+    table = at.dataframe[0].value
+    assert list(table["max_num_batched_tokens"]) == [2048, 8192]
+    assert [x.value for x in [*at.success, *at.error]]  # the cheapest, or why nothing meets the SLA

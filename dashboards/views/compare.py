@@ -26,11 +26,23 @@ ROWS = [
     ("cost_per_hour_usd", glance.usd, True),
     ("cost_per_million_usd", glance.usd, True),
 ]
+# an LLM run's: first token, each next one, what it serves and its cost
+LLM_ROWS = [
+    ("ttft_ms", glance.ms, True),
+    ("tpot_ms", glance.ms, True),
+    ("goodput_rps", lambda x: f"{x:,.1f}", False),
+    ("output_tokens_per_s", glance.count, False),
+    ("workers", lambda x: f"{x:,.0f}", None),
+    ("cost_per_hour_usd", glance.usd, True),
+    ("cost_per_million_tokens_usd", glance.usd, True),
+]
 
 
 def suggestion(s: Scenario) -> str:
     """A first variant worth trying when the scenario documents none (the seed articles'
-    usual lever)."""
+    usual lever; for an LLM engine, static batching against its continuous batching)."""
+    if s.traffic.tokens is not None and s.batching.policy != "static":
+        return "batching.policy=static"
     f = s.features
     if f.lookups_per_request and f.batch_size < f.lookups_per_request:
         return f"features.batch_size={f.lookups_per_request}"  # batch the feature lookups
@@ -39,11 +51,11 @@ def suggestion(s: Scenario) -> str:
     return f"workers.autoscaler.min_replicas={s.workers.autoscaler.max_replicas}"
 
 
-def deltas(a: dict, b: dict) -> pd.DataFrame:
+def deltas(a: dict, b: dict, rows_of=ROWS) -> pd.DataFrame:
     """One row per KPI, as people read them: A, B, the change and the change in percent
     (blank when there is none)."""
     rows = []
-    for key, fmt, _ in ROWS:
+    for key, fmt, _ in rows_of:
         d = b[key] - a[key]
         rows.append(
             {
@@ -57,10 +69,10 @@ def deltas(a: dict, b: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def colours(a: dict, b: dict) -> list[str]:
+def colours(a: dict, b: dict, rows_of=ROWS) -> list[str]:
     """Green where B is better, red where worse, nothing where equal or neither."""
     out = []
-    for key, _, lower in ROWS:
+    for key, _, lower in rows_of:
         d = b[key] - a[key]
         better = None if lower is None or d == 0 else (d < 0) == lower
         out.append("" if better is None else "color: green" if better else "color: red")
@@ -91,15 +103,28 @@ def render(choice: Choice, s: Scenario) -> None:
         st.error(str(e))
         return
     a, b = cache.result(choice), cache.result(choice, extra)
-    st.subheader("A: as in the sidebar")
-    kpi_row(a, s)
-    classes(a)
-    st.subheader("B: " + ", ".join(extra) if extra else "B: (no change)")
-    kpi_row(b, s_b, reference=a)
-    classes(b)
+    llm_run = s.traffic.tokens is not None
+    if llm_run:  # side by side: an engine's two ways of batching, on the same traffic
+        from dashboards.views import llm
+
+        left, right = st.columns(2)
+        with left:
+            st.subheader("A: as in the sidebar")
+            llm.kpis(a)
+        with right:
+            st.subheader("B: " + ", ".join(extra) if extra else "B: (no change)")
+            llm.kpis(b, reference=a)
+    else:
+        st.subheader("A: as in the sidebar")
+        kpi_row(a, s)
+        classes(a)
+        st.subheader("B: " + ", ".join(extra) if extra else "B: (no change)")
+        kpi_row(b, s_b, reference=a)
+        classes(b)
     ka, kb = a.kpis(), b.kpis()
-    paint = colours(ka, kb)
-    table = deltas(ka, kb)
+    rows_of = LLM_ROWS if llm_run and "ttft_ms" in kb else ROWS
+    paint = colours(ka, kb, rows_of)
+    table = deltas(ka, kb, rows_of)
     st.dataframe(table.style.apply(lambda _col: paint, subset=["change", "change %"]), hide_index=True, width="stretch")
     both = pd.concat([a.cdf.assign(variant="A"), b.cdf.assign(variant="B")])
     st.altair_chart(charts.cdf(both, s.sla.target_ms, color="variant"), width="stretch")

@@ -107,9 +107,15 @@ def render(choice: Choice, s: Scenario | None) -> None:
         st.caption(s.description)
     r = cache.result(choice)
     sampling_note(r, s)
-    kpi_row(r, s)
-    classes(r)
-    latency_home(r)
+    if s.traffic.tokens is not None:  # an LLM engine: first token, each next one, tokens
+        from dashboards.views import llm
+
+        llm.results(choice, s, r)
+        st.subheader("the whole request (end to end)")
+    else:
+        kpi_row(r, s)
+        classes(r)
+        latency_home(r)
     st.altair_chart(charts.waterfall(r.stages), width="stretch")
     left, right = st.columns(2)
     left.altair_chart(charts.cdf(r.cdf, s.sla.target_ms), width="stretch")
