@@ -5,10 +5,12 @@ metrics, bad requests, shutdown) on a real server on 127.0.0.1."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +18,7 @@ import torch
 from reference_server.llm.blocks import BlockManager
 from reference_server.llm.engine import Engine, EngineConfig
 from reference_server.llm.model import DecoderConfig, PagedKV, Scheduled, TinyDecoder, encode
-from tests.servers import descendants, llm_server, wait_gone
+from tests.servers import children, descendants, llm_server, running, wait_gone
 
 F64 = DecoderConfig(dtype="float64", max_model_len=512)  # float64: argmax ties cannot flip between the two paths
 
@@ -504,3 +506,19 @@ def test_calibrate_llm_end_to_end(tmp_path):
     # drift between minutes moves them by up to half (calibrate/README): reported, not held
     low = table[(table["q"] == 50) & (table["share"] == 0.3)]
     assert (low["error"].abs() < 0.25).all(), low[["metric", "guidellm_ms", "predicted_ms"]]
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="pinning needs a core for the engine and one for the rest")
+def test_the_engine_has_its_core_and_the_front_end_keeps_off_it(server):
+    """The engine pinned to a core of its own (``--engine-core auto``: the last), the front
+    end on the others, as the image server's instances and front end are; ``/v1/models``
+    says which, so a load generator can keep off the engine's core too."""
+    url, proc = server
+    with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:
+        info = json.loads(r.read())["data"][0]["servesim"]
+    engine = info["engine_core"]
+    assert engine == (os.cpu_count() or 1) - 1
+    assert info["frontend_cores"] == [c for c in sorted(os.sched_getaffinity(0)) if c != engine]
+    assert sorted(os.sched_getaffinity(proc.pid)) == info["frontend_cores"]
+    spawned = [p for p in children(proc.pid) if running(p) and b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert [os.sched_getaffinity(p) for p in spawned] == [{engine}]  # the engine (not the resource tracker)
