@@ -208,6 +208,11 @@ def test_practice_page_asks_an_llm_question_and_shows_its_runs_side_by_side():
     assert list(runs.columns) == ["FP16 weights", "INT4 weights"]
     assert any(m.value.startswith("**Why the napkin and the simulation differ**") for m in at.markdown)
     assert at.dataframe[2].value["score"].tolist() == ["1 of 7"]
+    # your own numbers, refused by the scenario: said, with the field, not thrown
+    at.number_input(key="own:llm_kv_memory:batching.gpu_memory_utilization").set_value(0.0)
+    at.toggle(key="own-use:llm_kv_memory").set_value(True).run()
+    assert not at.exception
+    assert any("gpu_memory_utilization" in e.value for e in at.error)
 
 
 def test_stage_bands_add_up_to_the_percentile():
@@ -617,3 +622,9 @@ def test_the_llm_plan_page_bisects_replicas_for_each_gpu_and_token_budget():
     table = at.dataframe[0].value
     assert list(table["max_num_batched_tokens"]) == [2048, 8192]
     assert [x.value for x in [*at.success, *at.error]]  # the cheapest, or why nothing meets the SLA
+    # a GPU without a preset, or one the model does not fit, is refused before anything runs
+    for gpu, words in (("h100,b300", "has no GPU preset"), ("t4", "no room for the KV cache")):
+        at.text_input(key="llm-plan-gpus").set_value(gpu).run()
+        assert not at.exception
+        assert any(words in e.value for e in at.error), gpu
+        assert "run the plan" not in [b.label for b in at.button]

@@ -14,8 +14,9 @@ import streamlit as st
 from dashboards import cache, charts, data, glance
 from dashboards.data import Choice, Result
 from simulator.scenario.config import Scenario
+from simulator.scenario.loader import ScenarioError
 
-GPUS = "h100,a100-80g"
+GPUS = "h100,a100"
 BUDGETS = "2048,8192"
 
 
@@ -162,6 +163,16 @@ def plan(choice: Choice, s: Scenario) -> None:
     except ValueError:
         st.error(f"max_num_batched_tokens: whole numbers separated by commas, not {raw!r}")
         return
+    bad = [b for b in budgets if b < 1]
+    if bad or not gpus or not budgets:
+        st.error("Name at least one GPU type and one max_num_batched_tokens of 1 or more.")
+        return
+    for gpu in gpus:  # refused before anything runs, with the scenario loader's own message
+        try:
+            choice.load((f"workers.instance_type={gpu}", f"batching.max_num_batched_tokens={budgets[0]}"))
+        except ScenarioError as e:
+            st.error(str(e))
+            return
     if not st.button("run the plan", type="primary", key="llm-plan-run"):
         st.caption(
             f"Each GPU type and token budget gets the fewest replicas in {lo}–{hi} meeting TTFT "

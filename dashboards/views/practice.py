@@ -11,6 +11,7 @@ import streamlit as st
 
 from dashboards.data import value_at
 from simulator.planning.practice import SITUATIONS, STAGE_WORDS, Question, ask, check, reveal
+from simulator.scenario.loader import ScenarioError
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
@@ -89,7 +90,11 @@ def render(choice=None, s=None) -> None:
     q = ask(situation, int(seed))
     own = _own_numbers(situation, q)
     if own:
-        q = ask(situation, int(seed), dict(own))
+        try:
+            q = ask(situation, int(seed), dict(own))
+        except (ScenarioError, ValueError) as e:  # numbers the scenario refuses: said, not thrown
+            st.error(f"These numbers do not make a valid question: {e}")
+            return
     st.info(q.text)
     attempt = f"{situation}:{int(seed)}:{own}"
     sit = SITUATIONS[situation]
