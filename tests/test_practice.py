@@ -192,7 +192,28 @@ def test_prefix_caching_serves_the_documents_and_shortens_the_first_token():
     assert on["TTFT p50 (ms)"] < off["TTFT p50 (ms)"]
 
 
+def test_servesim_practice_llm_kv_memory_grades_the_steps_then_runs_fp16_beside_int4():
+    q = ask("llm_kv_memory", 9)
+    steps = SITUATIONS["llm_kv_memory"].asked
+    answers = [f"{q.answers[s.key]:.6g}" for s in steps[:-1]] + ["1"]  # the last one wrong
+    proc = _practice(["--situation", "llm_kv_memory", "--seed", "9"], answers)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert q.text.split(".")[0] in text
+    assert text.count("✓") == len(steps) - 1
+    assert "✗ off by" in text
+    assert "FP16 weights" in text
+    assert "INT4 weights" in text
+    assert "most sequences in a step" in text
+    assert "Why the napkin and the simulation differ" in text
+    assert f"score: {len(steps) - 1} of {len(steps)}" in text
+    assert "Where does the tail" not in text  # an LLM question asks no stage
+
+
+@pytest.mark.slow
 def test_servesim_practice_llm_chat_grades_the_steps_then_simulates():
+    """The issue's command (about a minute: the fewest replicas are bisected on the chat
+    question's two-minute runs)."""
     q = ask("llm_chat", 42)
     steps = SITUATIONS["llm_chat"].asked
     answers = [f"{q.answers[s.key]:.6g}" for s in steps[:-1]] + [""]  # skip the last step

@@ -145,8 +145,7 @@ def _running(s: Scenario) -> float:
 
 
 def chunked(s: Scenario, price: float) -> tuple[list[Line], dict[str, str]]:
-    _, e_o = mean_tokens(s)
-    e_s, _ = mean_tokens(s)
+    e_s, e_o = mean_tokens(s)
     doc = int(s.traffic.tokens.prompt.p99)
     n = max(1, round(_running(s)))
     t_n = _decode_ms(s, n, e_s + e_o / 2)
