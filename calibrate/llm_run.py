@@ -21,7 +21,8 @@
    measured on lone requests. Each prediction is the median of replications of the same
    design (as many slices, as long, pooled), with their 90% interval.
 6. Write ``profile.json`` (the fit on every step: the scenario's), ``validation.md``,
-   ``.png`` and ``.csv``, ``steps.csv.gz`` and ``scenario.yaml``.
+   ``.png`` and ``.csv``, ``steps.csv.gz``, ``requests.csv.gz`` (every held-out request:
+   its level, round, scheduled time, lengths and measured times) and ``scenario.yaml``.
 """
 
 from __future__ import annotations
@@ -232,7 +233,7 @@ def calibrate_llm(
             for share in rng.permutation(LEVELS):
                 share = float(share)
                 plan = llm_load.plan_from_scenario(s, share * knee["completed_rps"], slice_s, rng)
-                answers[share].append(llm_load.run(url, plan, seed=int(rng.integers(1 << 31))))
+                answers[share].append(llm_load.run(url, plan, seed=int(rng.integers(1 << 31))).assign(round=r))
                 phases.setdefault(f"level {share:g}", []).append(step_records(url))
             log(f"round {r + 1} of {rounds} measured")
     steps_of = {k: pd.concat(v, ignore_index=True) for k, v in phases.items()}
@@ -306,6 +307,9 @@ def calibrate_llm(
     )
     table.to_csv(out / "validation.csv", index=False)
     steps.to_csv(out / "steps.csv.gz", index=False)
+    # every held-out request as the client measured it, its slice's plan included (a replay's trace)
+    measured = pd.concat([pd.concat(v).assign(level=share) for share, v in answers.items()], ignore_index=True)
+    measured.drop(columns=["itl_s"], errors="ignore").to_csv(out / "requests.csv.gz", index=False)
     (out / "validation.md").write_text(markdown(profile, table))
     chart(table, out / "validation.png")
     return {**profile, "table": table}

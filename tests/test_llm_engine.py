@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -352,7 +353,6 @@ def _synthetic_steps(rng, true: dict, cv: float):
     """Step records shaped like a profile's: prefill chunks, then decode batches of d
     sequences whose context grows by d a step; times from ``true`` with log-normal noise."""
     import numpy as np
-    import pandas as pd
 
     from calibrate.llm_profile import predict_ms
 
@@ -459,6 +459,9 @@ def test_calibrate_llm_end_to_end(tmp_path):
     assert "percentiles within their bound or interval" in got.stdout
     table = (out / "validation.md").read_text()
     assert table.count("| 30% |") == 6
+    asked = pd.read_csv(out / "requests.csv.gz")  # every held-out request, a replay's trace
+    assert sorted(asked["level"].unique()) == [0.3, 0.5, 0.7, 0.85]
+    assert {"round", "scheduled_s", "prompt_tokens", "output_tokens", "ttft_s", "tpot_s"} <= set(asked)
     doc = yaml.safe_load((out / "scenario.yaml").read_text())
     assert doc["batching"]["step_time"]["kind"] == "linear"
     ran = subprocess.run(
@@ -493,7 +496,6 @@ def test_calibrate_llm_end_to_end(tmp_path):
     assert judged.returncode == 0, judged.stderr[-2000:]
     print(judged.stdout)  # noqa: T201 - the judge's figures, for the record
     import numpy as np
-    import pandas as pd
 
     table = pd.read_csv(out / "judge" / "judge.csv")
     assert len(table) == 18

@@ -28,12 +28,9 @@ PROFILE = Path("calibrate/profiles/cpu-tiny-llm")
 SKIP_S = 3.0
 
 
-def replayed(doc: dict, trace: Path, duration_s: float, scale: float, seeds: range) -> dict:
-    """The simulator's TPOT p50/p90 (medians over ``seeds``) and mean decodes a step, on
-    the trace, with the step time's coefficients times ``scale``."""
-    from simulator import simulate
-    from simulator.results.tokens import tpot_ms
-
+def trace_doc(doc: dict, trace: Path, duration_s: float, scale: float = 1.0) -> dict:
+    """``doc`` replaying ``trace`` (arrival_s, prompt_tokens, output_tokens) for
+    ``duration_s``, its step time's coefficients times ``scale``."""
     st = dict(doc["batching"]["step_time"])
     for k in ("c0_ms", "prefill_ms_per_token", "attention_ms_per_token2", "decode_ms_per_seq", "kv_ms_per_token"):
         st[k] = st[k] * scale
@@ -42,17 +39,32 @@ def replayed(doc: dict, trace: Path, duration_s: float, scale: float, seeds: ran
     traffic = {"arrivals_file": str(trace), "tokens": {"from_trace": True}}
     d = {**doc, "traffic": traffic, "duration_s": duration_s, "warmup_s": SKIP_S}
     d["batching"] = {**doc["batching"], "step_time": st}
-    s = _load(d)
+    return d
+
+
+def replay_once(doc: dict, seed: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """One replay: the TTFT and TPOT (ms) of the requests scheduled from ``SKIP_S`` on, as
+    the client sees them, and the mean sequences a step."""
+    from simulator import simulate
+    from simulator.results.tokens import tpot_ms, ttft_ms
+
+    run = simulate(_load(doc), seed=seed)
+    r = run.records
+    keep = (r.arrival >= SKIP_S * 1000.0) & np.isfinite(r.t_response)
+    tpot = tpot_ms(r)[keep]
+    return ttft_ms(r)[keep], tpot[np.isfinite(tpot)], float(np.mean(run.batches.size))
+
+
+def replayed(doc: dict, trace: Path, duration_s: float, scale: float, seeds: range) -> dict:
+    """The simulator's TPOT p50/p90 (medians over ``seeds``) and mean sequences a step, on
+    the trace, with the step time's coefficients times ``scale``."""
+    d = trace_doc(doc, trace, duration_s, scale)
     p50, p90, seqs = [], [], []
     for seed in seeds:
-        run = simulate(s, seed=seed)
-        r = run.records
-        keep = (r.arrival >= SKIP_S * 1000.0) & np.isfinite(r.t_response)
-        v = tpot_ms(r)[keep]
-        v = v[np.isfinite(v)]
+        _, v, n = replay_once(d, seed)
         p50.append(np.percentile(v, 50))
         p90.append(np.percentile(v, 90))
-        seqs.append(float(np.mean(run.batches.size)))
+        seqs.append(n)
     return {"p50": float(np.median(p50)), "p90": float(np.median(p90)), "seqs": float(np.mean(seqs))}
 
 
