@@ -11,7 +11,8 @@ import subprocess
 import pytest
 
 from simulator.planning.napkin import napkin
-from simulator.planning.practice import SITUATIONS, STEPS, ask, check, reveal, stage_key
+from simulator.planning.practice import SITUATIONS, ask, check, reveal, stage_key
+from simulator.planning.situations import STEPS
 from simulator.results.metrics import worker_price
 from tests.helpers import ROOT
 from tests.servers import servesim_cmd

@@ -85,7 +85,7 @@ def over_time(r: Result, s: Scenario) -> None:
     )
 
 
-def results(choice: Choice, s: Scenario, r: Result) -> None:
+def results(s: Scenario, r: Result) -> None:
     kpis(r)
     over_time(r, s)
 

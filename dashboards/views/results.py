@@ -110,7 +110,7 @@ def render(choice: Choice, s: Scenario | None) -> None:
     if s.traffic.tokens is not None:  # an LLM engine: first token, each next one, tokens
         from dashboards.views import llm
 
-        llm.results(choice, s, r)
+        llm.results(s, r)
         st.subheader("the whole request (end to end)")
     else:
         kpi_row(r, s)

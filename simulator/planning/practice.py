@@ -29,7 +29,7 @@ import numpy as np
 from simulator.planning.napkin import napkin, napkin_batch, workers_needed
 from simulator.planning.plan import Planner, with_workers
 from simulator.planning.runner import run
-from simulator.planning.situations import SCENARIOS, SITUATIONS, STEPS
+from simulator.planning.situations import SCENARIOS, SITUATIONS
 from simulator.results.anatomy import STAGE_WORDS, stage_bands, tail_stage
 from simulator.results.metrics import window, worker_price
 from simulator.scenario.config import Scenario
@@ -102,15 +102,7 @@ def ask(situation: str = "platform", seed: int | None = None, overrides: dict[st
         "users": _fmt(s.traffic.rate_rps * 10),
         "think_s": "10",
     }
-    return Question(
-        situation=situation,
-        seed=seed,
-        scenario=s,
-        text=sit.story.format(**givens),
-        givens=givens,
-        answers={st.key: lines[st.quantity].value for st in STEPS},
-        formulas={st.key: lines[st.quantity].formula for st in STEPS},
-    )
+    return _question(situation, seed, s, lines.values(), givens, tuple(sets))
 
 
 def _ask_llm(situation: str, seed: int, base: Scenario, sets: tuple[str, ...]) -> Question:
@@ -125,6 +117,13 @@ def _ask_llm(situation: str, seed: int, base: Scenario, sets: tuple[str, ...]) -
     if sit.fleet_step is not None:
         s = with_workers(base, llm_napkin(base, worker_price(base))[1].padded)
     lines, givens = NAPKINS[situation](s, worker_price(s))
+    return _question(situation, seed, s, lines, givens, sets)
+
+
+def _question(situation: str, seed: int, s: Scenario, lines, givens: dict[str, str], sets: tuple[str, ...]):
+    """The question told with ``givens``, each of its steps answered by the napkin line
+    the step names."""
+    sit = SITUATIONS[situation]
     by = {ln.quantity: ln for ln in lines}
     return Question(
         situation=situation,
