@@ -5,7 +5,7 @@ A *situation* is one of the seed articles' systems (the 200k RPS platform, a rec
 feature fetch, vision preprocessing, a CV classifier losing its tail, a ranker under
 load), told in this module's own words. :func:`ask` draws its numbers from ranges around
 the seed's, from a seed of its own, so an attempt can be shared and a second attempt is
-not memory. The candidate estimates the napkin's steps (:data:`STEPS`: peak rate,
+not memory. The candidate estimates the napkin's steps (:data:`~simulator.planning.situations.STEPS`: peak rate,
 bandwidth, batches per second, per-worker throughput, workers, headroom, cost) and the
 stage the tail lives in; :func:`check` grades each against the napkin
 (:func:`simulator.planning.napkin.napkin`) within a tolerance. :func:`reveal` then runs
