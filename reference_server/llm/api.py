@@ -280,7 +280,12 @@ class _EngineCollector:
 
 
 def create_llm_app(
-    cfg: EngineConfig, *, served: str = "servesim-tiny", threads: int = 1, core: int | None = None
+    cfg: EngineConfig,
+    *,
+    served: str = "servesim-tiny",
+    threads: int = 1,
+    core: int | None = None,
+    idle: str = "sleep",
 ) -> FastAPI:
     """The app serving the engine (started in its own process when the app starts, pinned
     to ``core`` when given; the front end then keeps to the other cores, as the image
@@ -292,7 +297,7 @@ def create_llm_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
-        client = EngineClient(cfg, threads, core)
+        client = EngineClient(cfg, threads, core, idle)
         if frontend_cores:  # after the spawn: the engine process sets its own core
             os.sched_setaffinity(0, frontend_cores)
         await asyncio.get_running_loop().run_in_executor(None, client.wait_ready)
@@ -321,7 +326,12 @@ def create_llm_app(
                     "created": 0,
                     "owned_by": "servesim",
                     "max_model_len": cfg.max_model_len,
-                    "servesim": {"engine_core": core, "frontend_cores": frontend_cores},
+                    "servesim": {
+                        "engine_core": core,
+                        "frontend_cores": frontend_cores,
+                        "engine_pid": state["client"].proc.pid,
+                        "idle": idle,
+                    },
                 }
             ],
         }

@@ -95,9 +95,11 @@ class StepRecord:
     """One step's work and times: prompt (or recomputed) tokens in chunks, their attention
     work Σ p·(ctx + p/2), decoding sequences and their context; when the engine's loop
     began the step (``begin_ns``: before it read its pipe and scheduled), the forward pass
-    (``start_ns`` to ``end_ns``), and when the loop was done with it (``done_ns``: its
-    tokens sent; 0 outside the engine's process). A step's whole cost to the requests in
-    it is ``done_ns - begin_ns``: what the simulator's step time stands for."""
+    (``start_ns`` to ``end_ns``, and the CPU time the engine's thread spent in it,
+    ``cpu_ns``: short of the wall time when the thread lost its core), and when the loop was
+    done with it (``done_ns``: its tokens sent; 0 outside the engine's process). A step's
+    whole cost to the requests in it is ``done_ns - begin_ns``: what the simulator's step
+    time stands for."""
 
     begin_ns: int
     start_ns: int
@@ -110,6 +112,7 @@ class StepRecord:
     running: int
     waiting: int
     done_ns: int = 0
+    cpu_ns: int = 0
 
 
 @dataclass(frozen=True)
@@ -257,6 +260,7 @@ class Engine:
                 attention += n * (c + n / 2.0)
         device = self.model.device
         t0 = time.perf_counter_ns()
+        c0 = time.thread_time_ns()
         for r, _ in scheduled:
             if not r.scheduled_ns:
                 r.scheduled_ns = t0
@@ -264,8 +268,10 @@ class Engine:
         picks = torch.argmax(logits, dim=-1).tolist()
         self._sync()
         t1 = time.perf_counter_ns()
+        cpu = time.thread_time_ns() - c0
         waiting = len(self.waiting)
         record = StepRecord(begin_ns, t0, t1, prefill, chunks, attention, decodes, context, len(self.running), waiting)
+        record.cpu_ns = cpu
         self.steps.append(record)
         out: list[Token] = []
         bs = cfg.block_size

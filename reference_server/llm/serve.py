@@ -30,6 +30,10 @@ def serve_llm(
         str,
         typer.Option(help="The engine's core: auto (the last, when one is left for the front end), none, or a number."),
     ] = "auto",
+    idle: Annotated[
+        str,
+        typer.Option(help="The engine idle: sleep (on its pipe), or spin (poll it, keeping its core busy)."),
+    ] = "sleep",
     served_model_name: Annotated[str, typer.Option(help="The model's name in the API.")] = "servesim-tiny",
     max_connections: Annotated[int, typer.Option(help="Open connections at most.")] = 512,
     header_timeout_s: Annotated[float, typer.Option(help="Seconds a client has to send its request.")] = 10.0,
@@ -43,6 +47,9 @@ def serve_llm(
     from reference_server.llm.engine import EngineConfig
     from reference_server.llm.model import DecoderConfig
 
+    if idle not in ("sleep", "spin"):
+        typer.echo(f"error: --idle must be sleep or spin, not {idle!r}", err=True)
+        raise typer.Exit(code=2)
     if device == "cuda":
         import torch
 
@@ -76,7 +83,7 @@ def serve_llm(
     except ValueError as err:
         typer.echo(f"error: {str(err).replace('--instance-cores', '--engine-core')}", err=True)
         raise typer.Exit(code=2) from None
-    app = create_llm_app(cfg, served=served_model_name, threads=threads, core=core)
+    app = create_llm_app(cfg, served=served_model_name, threads=threads, core=core, idle=idle)
     typer.echo(
         f"servesim serve-llm: http://{host}:{port} {served_model_name}: {layers} layers x {width}, "
         f"{num_blocks} blocks of {block_size} tokens, max_num_batched_tokens {max_num_batched_tokens}, "

@@ -27,8 +27,10 @@ START_TIMEOUT_S = 120.0
 MAX_STEP_RECORDS = 200_000  # kept for a calibration to fetch (GET /servesim/steps)
 
 
-def engine_main(conn, cfg: EngineConfig, threads: int, core: int | None = None) -> None:
-    """The engine process: build, warm up, say ready, then step while there is work."""
+def engine_main(conn, cfg: EngineConfig, threads: int, core: int | None = None, idle: str = "sleep") -> None:
+    """The engine process: build, warm up, say ready, then step while there is work. Idle,
+    it sleeps on its pipe (``idle="sleep"``) or polls it without sleeping (``"spin"``: the
+    core stays busy, as an engine that busy-polls its input keeps it)."""
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the front end, which stops us
     if core is not None:  # a core of its own: the front end and the clients run on the others
@@ -47,7 +49,7 @@ def engine_main(conn, cfg: EngineConfig, threads: int, core: int | None = None) 
     while True:
         begin = time.perf_counter_ns()
         try:
-            timeout = 0.0 if engine.busy else 0.5
+            timeout = 0.0 if engine.busy or idle == "spin" else 0.5
             while conn.poll(timeout):
                 if timeout:  # woken from idle: the step begins with this message
                     begin = time.perf_counter_ns()
@@ -89,11 +91,12 @@ class EngineDied(RuntimeError):
 class EngineClient:
     """The front end's handle on the engine process."""
 
-    def __init__(self, cfg: EngineConfig, threads: int = 1, core: int | None = None):
+    def __init__(self, cfg: EngineConfig, threads: int = 1, core: int | None = None, idle: str = "sleep"):
         self.cfg = cfg
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=engine_main, args=(child, cfg, threads, core), daemon=True, name="llm-engine")
+        args = (child, cfg, threads, core, idle)
+        self.proc = ctx.Process(target=engine_main, args=args, daemon=True, name="llm-engine")
         self.proc.start()
         child.close()
         self.streams: dict[str, asyncio.Queue] = {}
