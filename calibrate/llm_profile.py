@@ -18,6 +18,17 @@ the requests in it wait for. :func:`fit` fits the five coefficients by non-negat
 squares on relative error, and the step's multiplicative noise from successive decode
 steps of one batch (their shapes differ by ``D`` tokens of context, so the difference of
 their log residuals is noise, not misfit).
+
+The host's speed is in every step, and it shapes the steps: when the host runs slow,
+requests pile up and batches grow; when it runs fast, the queue drains and the engine
+steps small batches. So a step's shape and its speed are correlated, and a fit that
+treats the speed as noise learns a false step time (in the simulator itself, with the
+calibrated speed process: decode-only steps of 1-4 sequences 8-14% slower at 30% of the
+knee than at 80%, 1% without it). :func:`fit` therefore takes the speed out first: a
+factor for each quarter-second of the clock (a fixed effect), estimated with the
+coefficients by turns, so the coefficients come from steps of different shapes at the
+same moment, and the factors average to one over the quarter-seconds, as the
+simulator's speed process does over time.
 """
 
 from __future__ import annotations
@@ -86,6 +97,8 @@ def step_ms(steps: pd.DataFrame) -> np.ndarray:
 
 
 THRESHOLDS = (None, 2, 4, 8, 16, 32)  # decode batch sizes where the per-sequence rate may change
+SPEED_BIN_S = 0.25  # the clock's slices a speed factor each: shorter than the host's fast component (0.4 s)
+SPEED_ROUNDS = 8  # turns of factors and coefficients (the coefficients settle to 0.1% in 4-5)
 
 
 def design(df: pd.DataFrame, threshold: int | None = None) -> np.ndarray:
@@ -120,18 +133,51 @@ def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return coef
 
 
-def fit(steps: pd.DataFrame, ms: np.ndarray | None = None, thresholds=THRESHOLDS) -> dict:
+def speed_bins(steps: pd.DataFrame, bin_s: float | None = SPEED_BIN_S) -> np.ndarray | None:
+    """Each step's slice of the clock (``bin_s`` long, numbered from 0 over the slices with
+    steps), or None without a clock (``begin_ns``) or ``bin_s``."""
+    if bin_s is None or "begin_ns" not in steps:
+        return None
+    t = steps["begin_ns"].to_numpy(dtype=np.int64)
+    return np.unique((t - t.min()) // int(bin_s * 1e9), return_inverse=True)[1]
+
+
+def _nnls_at_speed(x: np.ndarray, y: np.ndarray, bins: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """The coefficients and each step's speed factor (ones without ``bins``): by turns, the
+    factor of each slice (the geometric mean of its steps' ratios to the line, scaled so the
+    slices' factors average to one) and the line fitted to the times divided by them."""
+    coef = _nnls(x, y)
+    factor = np.ones(len(y))
+    if bins is None:
+        return coef, factor
+    n = np.bincount(bins)
+    for _ in range(SPEED_ROUNDS):
+        s = np.bincount(bins, weights=np.log(y / (x @ coef))) / n
+        s -= np.log(np.mean(np.exp(s)))
+        factor = np.exp(s[bins])
+        coef = _nnls(x, y / factor)
+    return coef, factor
+
+
+def fit(
+    steps: pd.DataFrame,
+    ms: np.ndarray | None = None,
+    thresholds=THRESHOLDS,
+    speed_bin_s: float | None = SPEED_BIN_S,
+) -> dict:
     """The coefficients (ms) by non-negative least squares on relative error (weighted by a
-    first fit's times), with the decode threshold among ``thresholds`` that fits best (a
-    CPU's batch of decodes costs less per sequence as it grows: one rate would be too high
-    for small batches and too low for large ones); the step's noise as a log-normal cv; how
-    far the line is from the steps."""
+    first fit's times), with the host's speed of each ``speed_bin_s`` of the clock taken out
+    (None: not; see the module's note), and the decode threshold among ``thresholds`` that
+    fits best (a CPU's batch of decodes costs less per sequence as it grows: one rate would
+    be too high for small batches and too low for large ones); the step's noise as a
+    log-normal cv; how far the line is from the steps."""
     y = step_ms(steps) if ms is None else np.asarray(ms, dtype=float)
+    bins = speed_bins(steps, speed_bin_s)
     best = None
     for th in thresholds:
         x = design(steps, th)
-        coef = _nnls(x, y)
-        rel = (y - x @ coef) / (x @ coef)
+        coef, factor = _nnls_at_speed(x, y, bins)
+        rel = (y / factor - x @ coef) / (x @ coef)
         score = float(np.sum(rel**2))
         if best is None or score < best[0] - 1e-9 * abs(best[0]):
             best = (score, th, coef, x)
