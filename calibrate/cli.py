@@ -413,7 +413,9 @@ def llm(
     ),
     slice_s: Annotated[float, typer.Option(help="Seconds of one slice of a held-out level's open-loop load.")] = 20.0,
     rounds: Annotated[int, typer.Option(help="Rounds of slices, one slice a level each, in a random order.")] = 3,
-    knee_s: Annotated[float, typer.Option(help="Seconds of overload that measure the knee.")] = 40.0,
+    knee_s: Annotated[
+        float, typer.Option(help="Seconds of one overload slice (one first, then one a round) that measure the knee.")
+    ] = 25.0,
     replications: Annotated[int, typer.Option(help="Simulated replications of each level's design.")] = 20,
     seed: Annotated[int, typer.Option(help="Seed of the profile's order and the load's draws.")] = 0,
 ) -> None:

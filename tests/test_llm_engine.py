@@ -495,6 +495,7 @@ def test_calibrate_llm_end_to_end(tmp_path):
     import subprocess
     import sys
 
+    import numpy as np
     import yaml
 
     out = tmp_path / "cal"
@@ -518,7 +519,11 @@ def test_calibrate_llm_end_to_end(tmp_path):
     got = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert got.returncode == 0, got.stderr[-2000:]
     profile = json.loads((out / "profile.json").read_text())
-    assert profile["knee"]["completed_rps"] > 0
+    knee = profile["knee"]
+    assert knee["completed_rps"] > 0
+    assert len(knee["slices_rps"]) == 3  # measured first, then once in each of the 2 rounds
+    assert knee["completed_rps"] == pytest.approx(np.mean(knee["slices_rps"]), rel=1e-3)
+    assert knee["first_rps"] == pytest.approx(knee["slices_rps"][0], rel=1e-3)
     assert profile["step_time"]["c0_ms"] > 0
     assert "percentiles within their bound or interval" in got.stdout
     table = (out / "validation.md").read_text()

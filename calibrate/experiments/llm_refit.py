@@ -1,0 +1,72 @@
+"""A calibration predicted again from its own step records (calibrate/README, "The host's
+speed shapes the batches"): the knee and each held-out level, as ``servesim calibrate llm``
+predicts them (the step time fitted on every other phase, the host's speed process, the
+same slice design, 20 replications), once with the fit that takes the host's speed out (a
+factor a quarter-second) and once with the speed-blind fit before it, each judged against
+the calibration's measurements by the calibration's rule (p50/p90 within 10%, p99 within
+20%, or inside the 90% interval). Give calibration folders (``steps.csv.gz``,
+``validation.csv``, ``profile.json``); the committed profile by default.
+
+    python calibrate/experiments/llm_refit.py [FOLDER ...]   # about 1 minute a folder
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from calibrate import llm_profile, llm_run
+
+FIT = llm_profile.fit
+MODES = {"speed taken out": FIT, "speed-blind": functools.partial(FIT, speed_bin_s=None)}
+
+
+def predicted(folder: Path, fit, seeds: range = range(1, 21)) -> pd.DataFrame:
+    steps = pd.read_csv(folder / "steps.csv.gz")
+    measured = pd.read_csv(folder / "validation.csv")
+    profile = json.loads((folder / "profile.json").read_text())
+    knee, overhead = profile["knee"], profile["step_time"].get("overhead_ms", 0.0)
+    slice_s, rounds, warmup_s = profile["slice_s"], profile["rounds"], profile["warmup_s"]
+    llm_profile.fit = fit  # what llm_run.fitted calls
+    try:
+
+        def doc(phase: str) -> dict:
+            got = {**llm_run.fitted(steps[steps["phase"] != phase]), "overhead_ms": overhead}
+            return llm_run.scenario_dict(got, llm_run.ENGINE, rate_rps=1.0, duration_s=slice_s, warmup_s=warmup_s)
+
+        knee_s = knee.get("slice_s", 40.0)  # one 40-s overload before the knee was measured in every round
+        knee_rps = llm_run.simulated_knee(doc("knee"), knee["offered_rps"], knee_s, llm_run.KNEE_SKIP_S, range(1, 11))
+        rows = []
+        for share in profile["levels"]:
+            rate = share * knee.get("first_rps", knee["completed_rps"])  # the levels' rates, as measured
+            sim = llm_run.simulated(doc(f"level {share:g}"), rate, slice_s, warmup_s, seeds, rounds)
+            for m in measured[measured["level"] == share].itertuples():
+                lo, mid, hi = np.nanpercentile(sim[f"{m.metric}_p{m.q}_ms"], [5, 50, 95])
+                error = mid / m.measured_ms - 1.0
+                ok = abs(error) <= (0.2 if m.q == 99 else 0.1) or lo <= m.measured_ms <= hi
+                rows.append({"level": share, "metric": m.metric, "q": m.q, "error": error, "ok": ok})
+    finally:
+        llm_profile.fit = FIT
+    return pd.DataFrame(rows).assign(knee_error=knee_rps / knee["completed_rps"] - 1.0)
+
+
+def main(folders: list[Path]) -> None:
+    for folder in folders:
+        for mode, fit in MODES.items():
+            t = predicted(folder, fit)
+            low = t[(t["level"] == 0.3) & (t["q"] < 99)]
+            print(  # noqa: T201
+                f"{folder}: {mode}: {int(t['ok'].sum())} of {len(t)} within bound or interval, "
+                f"knee {t['knee_error'].iloc[0]:+.1%}; at 30% p50/p90 "
+                + ", ".join(f"{r.metric.upper()} p{r.q} {r.error:+.0%}" for r in low.itertuples()),
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main([Path(a) for a in sys.argv[1:]] or [Path("calibrate/profiles/cpu-tiny-llm")])
