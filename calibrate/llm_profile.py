@@ -23,12 +23,12 @@ The host's speed is in every step, and it shapes the steps: when the host runs s
 requests pile up and batches grow; when it runs fast, the queue drains and the engine
 steps small batches. So a step's shape and its speed are correlated, and a fit that
 treats the speed as noise learns a false step time (in the simulator itself, with the
-calibrated speed process: decode-only steps of 1-4 sequences 8-14% slower at 30% of the
-knee than at 80%, 1% without it). :func:`fit` therefore takes the speed out first: a
-factor for each quarter-second of the clock (a fixed effect), estimated with the
-coefficients by turns, so the coefficients come from steps of different shapes at the
-same moment, and the factors average to one over the quarter-seconds, as the
-simulator's speed process does over time.
+calibrated speed process: decode-only steps of 1-4 sequences 9-15% slower at 30% of the
+knee than at 80%, 1-3% without it; calibrate/experiments/llm_selection.py). :func:`fit`
+therefore takes the speed out first: a factor for each quarter-second of the clock (a
+fixed effect), estimated with the coefficients by turns, so the coefficients come from
+steps of different shapes at the same moment, and the factors average to one over the
+quarter-seconds, as the simulator's speed process does over time.
 """
 
 from __future__ import annotations
