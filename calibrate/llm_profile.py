@@ -142,7 +142,7 @@ def speed_bins(steps: pd.DataFrame, bin_s: float | None = SPEED_BIN_S) -> np.nda
     return np.unique((t - t.min()) // int(bin_s * 1e9), return_inverse=True)[1]
 
 
-def _nnls_at_speed(x: np.ndarray, y: np.ndarray, bins: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def nnls_at_speed(x: np.ndarray, y: np.ndarray, bins: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """The coefficients and each step's speed factor (ones without ``bins``): by turns, the
     factor of each slice (the geometric mean of its steps' ratios to the line, scaled so the
     slices' factors average to one) and the line fitted to the times divided by them."""
@@ -176,7 +176,7 @@ def fit(
     best = None
     for th in thresholds:
         x = design(steps, th)
-        coef, factor = _nnls_at_speed(x, y, bins)
+        coef, factor = nnls_at_speed(x, y, bins)
         rel = (y / factor - x @ coef) / (x @ coef)
         score = float(np.sum(rel**2))
         if best is None or score < best[0] - 1e-9 * abs(best[0]):

@@ -57,12 +57,24 @@ def server_args(engine: dict) -> list[str]:
     return [arg for k, v in engine.items() for arg in (f"--{k.replace('_', '-')}", str(v))]
 
 
-def fitted(steps: pd.DataFrame) -> dict:
-    """The step time fitted on ``steps``, with the host's speed process and the white noise
-    left after it (:func:`calibrate.llm_profile.fit_speed`)."""
-    fit = llm_profile.fit(steps)
+def fitted(steps: pd.DataFrame, speed_bin_s: float | None = llm_profile.SPEED_BIN_S) -> dict:
+    """The step time fitted on ``steps`` (the host's speed of each ``speed_bin_s`` taken out;
+    None: speed-blind), with the host's speed process and the white noise left after it
+    (:func:`calibrate.llm_profile.fit_speed`)."""
+    fit = llm_profile.fit(steps, speed_bin_s=speed_bin_s)
     got = llm_profile.fit_speed(steps, fit)
     return {**fit, "noise_cv": got["noise_cv"], "speed": got["speed"], "log_var": got["log_var"]}
+
+
+def verdicts(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (measured_ms, predicted_ms, lo_ms, hi_ms, q) with each percentile's error and
+    verdict: within 10% at p50 and p90 and 20% at p99, or inside the 90% interval."""
+    table = table.copy()
+    table["error"] = table["predicted_ms"] / table["measured_ms"] - 1.0
+    table["inside"] = (table["measured_ms"] >= table["lo_ms"]) & (table["measured_ms"] <= table["hi_ms"])
+    table["bound"] = np.where(table["q"] == 99, 0.20, 0.10)
+    table["ok"] = (table["error"].abs() <= table["bound"]) | table["inside"]
+    return table
 
 
 def scenario_dict(fit: dict, engine: dict, *, rate_rps: float, duration_s: float, warmup_s: float) -> dict:
@@ -231,7 +243,7 @@ def calibrate_llm(
         knees = [measured_knee(url, doc, offered, knee_s, KNEE_SKIP_S, seed)]
         phases["knee"] = [step_records(url)]
         first_knee = knees[0]["completed_rps"]
-        log(f"knee: measured {first_knee:.2f} req/s, offered {offered:.2f}")
+        log(f"knee, first slice: measured {first_knee:.2f} req/s, offered {offered:.2f}")
         # the held-out levels and the knee again in rounds of short slices, each round in a
         # random order, so that a slow minute of the host falls on every one alike
         s = _load(doc)
@@ -299,11 +311,7 @@ def calibrate_llm(
         )
     fit = {**fitted(pd.concat(list(steps_of.values()), ignore_index=True)), "overhead_ms": overhead}
     steps = pd.concat([v.assign(phase=k) for k, v in steps_of.items()], ignore_index=True)
-    table = pd.DataFrame(rows)
-    table["error"] = table["predicted_ms"] / table["measured_ms"] - 1.0
-    table["inside"] = (table["measured_ms"] >= table["lo_ms"]) & (table["measured_ms"] <= table["hi_ms"])
-    table["bound"] = np.where(table["q"] == 99, 0.20, 0.10)
-    table["ok"] = (table["error"].abs() <= table["bound"]) | table["inside"]
+    table = verdicts(pd.DataFrame(rows))
     profile = {
         "engine": engine,
         "model": models,
@@ -351,15 +359,10 @@ def markdown(profile: dict, table: pd.DataFrame) -> str:
         f"with the host's speed taken out a quarter-second at a time "
         f"(median error {fit['median_abs_rel_error']:.1%}, p90 {fit['p90_abs_rel_error']:.1%}).",
         "",
-        f"Knee: measured {knee['completed_rps']:.2f} req/s"
-        + (
-            f" (the mean of {len(knee['slices_rps'])} overload slices of {knee['slice_s']:g} s spread over the run: "
-            + ", ".join(f"{k:.2f}" for k in knee["slices_rps"])
-            + "; the levels are shares of the first)"
-            if "slices_rps" in knee
-            else ""
-        )
-        + f", simulated {knee['simulated_rps']:.2f} req/s ({knee['error']:+.1%}; target within 5%).",
+        f"Knee: measured {knee['completed_rps']:.2f} req/s (the mean of {len(knee['slices_rps'])} overload "
+        f"slices of {knee['slice_s']:g} s spread over the run: {', '.join(f'{k:.2f}' for k in knee['slices_rps'])}; "
+        f"the levels are shares of the first), simulated {knee['simulated_rps']:.2f} req/s "
+        f"({knee['error']:+.1%}; target within 5%).",
         "",
         "| level | req/s | metric | measured ms | predicted ms (90% interval) | error | ok |",
         "|---|---|---|---|---|---|---|",

@@ -25,7 +25,7 @@ def residuals(steps: pd.DataFrame) -> pd.DataFrame:
     y = lp.step_ms(s)
     fit = lp.fit(s)
     x = lp.design(s, fit["decode_threshold"])
-    _, factor = lp._nnls_at_speed(x, y, lp.speed_bins(s))
+    _, factor = lp.nnls_at_speed(x, y, lp.speed_bins(s))
     gap_ms = (s["begin_ns"] - s["done_ns"].shift()).fillna(np.inf).to_numpy() / 1e6
     kind = np.where(s["chunks"] == 0, "decode", np.where(s["decodes"] == 0, "prefill", "mixed"))
     return pd.DataFrame(

@@ -268,10 +268,11 @@ class Engine:
         picks = torch.argmax(logits, dim=-1).tolist()
         self._sync()
         t1 = time.perf_counter_ns()
-        cpu = time.thread_time_ns() - c0
+        cpu_ns = time.thread_time_ns() - c0
         waiting = len(self.waiting)
-        record = StepRecord(begin_ns, t0, t1, prefill, chunks, attention, decodes, context, len(self.running), waiting)
-        record.cpu_ns = cpu
+        record = StepRecord(
+            begin_ns, t0, t1, prefill, chunks, attention, decodes, context, len(self.running), waiting, cpu_ns=cpu_ns
+        )
         self.steps.append(record)
         out: list[Token] = []
         bs = cfg.block_size
