@@ -354,7 +354,11 @@ def target(
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the whole result here.")] = None,
 ) -> None:
     """How often a correct model, and one without the speed process, passes the three-run
-    calibration target, the truth being the profile's own model (calibrate/README)."""
+    calibration target, the truth being the profile's own model (calibrate/README); of an
+    LLM profile (`calibrate llm`'s), its 18 cells at 30-70% of the knee."""
+    if (folder / "profile.json").is_file() and _is_llm_profile(folder / "profile.json"):
+        _llm_target(folder, runs=runs, seed=seed, json_out=json_out)
+        return
     try:
         from calibrate.target import ISSUE_BOUNDS as ISSUE
         from calibrate.target import target_report
@@ -380,6 +384,45 @@ def target(
     typer.echo(f"{'bound':<20}{'issue':>8}{'correct passes 90%':>20}{'widened':>10}")
     for k, v in report["widened_bounds"].items():
         typer.echo(f"{k:<20}{ISSUE[k]:>8g}{report['passable_bounds'][k]:>20.1f}{v:>10.1f}")
+
+
+def _is_llm_profile(path: Path) -> bool:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and "knee" in doc and "c0_ms" in (doc.get("step_time") or {})
+
+
+def _llm_target(folder: Path, *, runs: int, seed: int, json_out: Path | None) -> None:
+    from calibrate.llm_target import target_report
+
+    try:
+        report = target_report(json.loads((folder / "profile.json").read_text()), runs=runs, seed=seed)
+    except (OSError, ValueError, KeyError) as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    if json_out is not None:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+    rule = report["passable_rule"]
+    typer.echo(
+        f"{report['runs']} virtual runs of the LLM calibration, {report['triples']:,} triples; a pool of "
+        f"{report['pool_size']} slices a level and model; minute drift sigma {report['minute_sigma']:g}"
+    )
+    head = f"{'truth':<14}{'predictor':<14}{'18 of 18':>9}{'>=17':>7}{'24 of 24':>9}{'3 runs 18/18':>13}"
+    head += f"{'met in 90%':>11}{'every run >=' + str(rule['every_run_at_least']):>17}"
+    head += f"{'3 runs >=' + str(rule['three_runs_total_at_least']):>12}"
+    typer.echo(head)
+    for p in report["pairs"]:
+        typer.echo(
+            f"{p['truth']:<14}{p['predictor']:<14}{p['all_judged']:>9.1%}{p['at_least_one_less']:>7.1%}"
+            f"{p['all_24']:>9.1%}{p['three_runs_all_judged']:>13.1%}{p['judged_met_in_90pct']:>11d}"
+            f"{p['passes_least_rule']:>17.1%}{p['passes_total_rule']:>12.1%}"
+        )
+    typer.echo(
+        f"a correct model meets, in 90% of triples of runs: at least {rule['every_run_at_least']} of 18 in every run, "
+        f"and {rule['three_runs_total_at_least']} of {rule['of']} over the three"
+    )
 
 
 @app.command()

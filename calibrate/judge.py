@@ -41,6 +41,7 @@ import pandas as pd
 
 from calibrate import llm_profile, llm_run
 from calibrate.servers import server
+from calibrate.stats import replication_interval
 
 QUANTILES = (50, 90, 99)
 METRICS = {  # ours: GuideLLM's per-request field
@@ -223,7 +224,7 @@ def judge(
             got.to_csv(out / f"guidellm-{share:g}.csv.gz", index=False)
             for m in METRICS:
                 for q in QUANTILES:
-                    lo, mid, hi = np.percentile(sim[f"{m}_p{q}_ms"], [5, 50, 95])
+                    lo, mid, hi = replication_interval(sim[f"{m}_p{q}_ms"])
                     rows.append(
                         {
                             "share": share,

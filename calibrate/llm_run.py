@@ -23,7 +23,8 @@
    must see loads, but never the one it predicts), the host's speed process fitted on the
    same steps' residuals, and a request's own overhead (HTTP, the hand-offs, the stream)
    measured on lone requests. Each prediction is the median of replications of the same
-   design (as many slices, as long, pooled), with their 90% interval.
+   design (as many slices, as long, pooled), with their 90% prediction interval
+   (:func:`calibrate.stats.replication_interval`: of 20 replications, their range).
 6. Write ``profile.json`` (the fit on every step: the scenario's), ``validation.md``,
    ``.png`` and ``.csv``, ``steps.csv.gz``, ``requests.csv.gz`` (every held-out request:
    its level, round, scheduled time, lengths and measured times) and ``scenario.yaml``.
@@ -41,6 +42,7 @@ import yaml
 
 from calibrate import llm_load, llm_profile
 from calibrate.servers import beside_llm_front_end, get_json, server
+from calibrate.stats import replication_interval
 
 LEVELS = (0.3, 0.5, 0.7, 0.85)
 KNEE_SKIP_S = 10.0  # an overload slice's completions are counted from here on: by then the engine is full
@@ -121,30 +123,40 @@ def _load(doc: dict):
     return Scenario.model_validate(doc)
 
 
+def slice_latencies(s, seed: int, slice_s: float, warmup_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """One simulated slice of the validated scenario ``s`` (``slice_s`` long, started empty):
+    the TTFT and TPOT (ms) of the requests that arrived after its first ``warmup_s``, as the
+    client sees them (the simulator's own definitions)."""
+    from simulator import simulate
+    from simulator.results.tokens import tpot_ms, ttft_ms
+
+    r = simulate(s, seed=seed).records
+    keep = (r.arrival >= warmup_s * 1000.0) & (r.arrival < slice_s * 1000.0) & np.isfinite(r.t_response)
+    per_token = tpot_ms(r)[keep]
+    return ttft_ms(r)[keep], per_token[np.isfinite(per_token)]
+
+
+def pooled_percentiles(slices: list[tuple[np.ndarray, np.ndarray]]) -> dict:
+    """TTFT and TPOT percentiles (ms) of slices pooled, as a level's are measured."""
+    row = {}
+    for k, name in enumerate(("ttft", "tpot")):
+        v = np.concatenate([sl[k] for sl in slices])
+        for q in QUANTILES:
+            row[f"{name}_p{q}_ms"] = float(np.percentile(v, q)) if len(v) else np.nan
+    return row
+
+
 def simulated(
     doc: dict, rate_rps: float, slice_s: float, warmup_s: float, seeds: range, rounds: int = 1
 ) -> pd.DataFrame:
     """The simulator's percentiles (ms) of the measured design at ``rate_rps``: ``rounds``
     slices of ``slice_s``, each started empty with its first ``warmup_s`` left out, pooled;
     one row per replication."""
-    from simulator import simulate
-    from simulator.results.tokens import tpot_ms, ttft_ms
-
     s = _load(at_rate(doc, rate_rps, slice_s, warmup_s))
     rows = []
     for seed in seeds:
-        ttft, tpot = [], []
-        for k in range(rounds):
-            r = simulate(s, seed=seed * 1000 + k).records
-            keep = (r.arrival >= warmup_s * 1000.0) & (r.arrival < slice_s * 1000.0) & np.isfinite(r.t_response)
-            ttft.append(ttft_ms(r)[keep])  # as the client sees them (the simulator's own definitions)
-            per_token = tpot_ms(r)[keep]
-            tpot.append(per_token[np.isfinite(per_token)])
-        row = {"seed": seed}
-        for name, v in (("ttft", np.concatenate(ttft)), ("tpot", np.concatenate(tpot))):
-            for q in QUANTILES:
-                row[f"{name}_p{q}_ms"] = float(np.percentile(v, q)) if len(v) else np.nan
-        rows.append(row)
+        slices = [slice_latencies(s, seed * 1000 + k, slice_s, warmup_s) for k in range(rounds)]
+        rows.append({"seed": seed, **pooled_percentiles(slices)})
     return pd.DataFrame(rows)
 
 
@@ -289,7 +301,7 @@ def calibrate_llm(
         for name in ("ttft", "tpot"):
             for q in QUANTILES:
                 col = f"{name}_p{q}_ms"
-                lo, mid, hi = np.nanpercentile(sim[col], [5, 50, 95])
+                lo, mid, hi = replication_interval(sim[col])
                 rows.append(
                     {
                         "level": share,

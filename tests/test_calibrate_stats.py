@@ -15,6 +15,7 @@ from calibrate.fit import fit_affine, fit_frontend, fit_profile, fit_table
 from calibrate.stats import (
     order_statistic_coverage,
     quantile_ci,
+    replication_interval,
     robust_lognormal_cv,
     slice_bootstrap_ci,
     stalls,
@@ -32,6 +33,36 @@ def test_order_statistic_interval_has_its_exact_coverage(n, q):
     hits = sum(lo <= truth <= hi for lo, hi in (quantile_ci(rng.exponential(size=n), q) for _ in range(reps)))
     se = math.sqrt(exact * (1 - exact) / reps)
     assert abs(hits / reps - exact) < 4 * se + 1e-9, (hits / reps, exact)
+
+
+@pytest.mark.parametrize("n", [20, 50, 200])
+def test_the_replication_interval_holds_a_new_draw_as_often_as_it_says(n):
+    # a new replication falls in [x_(j), x_(n+1-j)] with chance (n+1-2j)/(n+1), whatever the law;
+    # the 5th to 95th percentile of 20 holds it only (n+1-2*1.95)/(n+1), about 81% of the time
+    rng = np.random.default_rng(n)
+    j = max(math.floor((n + 1) * 0.05 + 1e-9), 1)
+    exact = (n + 1 - 2 * j) / (n + 1)
+    assert exact >= 0.9
+    reps = 4000
+    draws = rng.lognormal(0.0, 0.5, (reps, n + 1))
+    hits = 0
+    short = 0
+    for row in draws:
+        lo, mid, hi = replication_interval(row[:n])
+        assert lo <= mid <= hi
+        hits += lo <= row[n] <= hi
+        p5, p95 = np.percentile(row[:n], [5, 95])
+        short += p5 <= row[n] <= p95
+    se = math.sqrt(exact * (1 - exact) / reps)
+    assert abs(hits / reps - exact) < 4 * se, (hits / reps, exact)
+    if n == 20:
+        assert short / reps < 0.85  # the interval the LLM calibration had: an 81% one
+
+
+def test_the_replication_interval_drops_nans_and_takes_the_range_of_few():
+    lo, mid, hi = replication_interval([3.0, np.nan, 1.0, 2.0])
+    assert (lo, mid, hi) == (1.0, 2.0, 3.0)
+    assert all(math.isnan(v) for v in replication_interval([np.nan]))
 
 
 def test_order_statistic_interval_is_refused_when_too_few_samples():

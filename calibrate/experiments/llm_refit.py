@@ -16,10 +16,10 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from calibrate import llm_profile, llm_run
+from calibrate.stats import replication_interval
 
 MODES = {"speed taken out": llm_profile.SPEED_BIN_S, "speed-blind": None}  # the fit's speed_bin_s
 
@@ -42,7 +42,7 @@ def predicted(folder: Path, speed_bin_s: float | None, seeds: range = range(1, 2
         rate = share * knee.get("first_rps", knee["completed_rps"])  # the levels' rates, as measured
         sim = llm_run.simulated(doc(f"level {share:g}"), rate, slice_s, warmup_s, seeds, rounds)
         for m in measured[measured["level"] == share].itertuples():
-            lo, mid, hi = np.nanpercentile(sim[f"{m.metric}_p{m.q}_ms"], [5, 50, 95])
+            lo, mid, hi = replication_interval(sim[f"{m.metric}_p{m.q}_ms"])
             rows.append(
                 {"level": share, "metric": m.metric, "q": m.q, "measured_ms": m.measured_ms}
                 | {"predicted_ms": mid, "lo_ms": lo, "hi_ms": hi}
