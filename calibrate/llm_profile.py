@@ -101,9 +101,30 @@ SPEED_BIN_S = 0.25  # the clock's slices a speed factor each: shorter than the h
 SPEED_ROUNDS = 8  # turns of factors and coefficients (the coefficients settle to 0.1% in 4-5)
 
 
-def design(df: pd.DataFrame, threshold: int | None = None) -> np.ndarray:
-    """The step model's columns: 1, P, Σp(ctx+p/2), D (up to ``threshold``), Σctx, and with a
-    threshold the decodes beyond it."""
+WAKE_STEPS = 3  # the steps after an idle engine that cost more (the 4th and later: within 0.05 ms)
+WAKE_GAP_MS = 1.0  # a gap this long before a step means the engine idled (between busy steps: ~0.05 ms)
+
+
+def wake_position(df: pd.DataFrame) -> np.ndarray:
+    """Each step's place after the engine last idled (0: the first step after a gap of more
+    than :data:`WAKE_GAP_MS`), in the steps' time order (``begin_ns``, ``done_ns``); a step
+    whose predecessor is missing (a phase left out) counts from the gap that leaves."""
+    begin = df["begin_ns"].to_numpy(dtype=np.int64)
+    done = df["done_ns"].to_numpy(dtype=np.int64)
+    order = np.argsort(begin, kind="stable")
+    b, d = begin[order], done[order]
+    gap = b[1:] - d[:-1] > WAKE_GAP_MS * 1e6
+    starts = np.concatenate([[True], gap])
+    run_start = np.maximum.accumulate(np.where(starts, np.arange(len(order)), 0))
+    pos = np.empty(len(order), dtype=np.int64)
+    pos[order] = np.arange(len(order)) - run_start
+    return pos
+
+
+def design(df: pd.DataFrame, threshold: int | None = None, wake_steps: int = 0) -> np.ndarray:
+    """The step model's columns: 1, P, Σp(ctx+p/2), D (up to ``threshold``), Σctx, with a
+    threshold the decodes beyond it, and with ``wake_steps`` one column for each of the first
+    steps after the engine idled (1 for the k-th such step: its extra cost)."""
     d = df["decodes"].to_numpy(dtype=float)
     below = d if threshold is None else np.minimum(d, threshold)
     cols = [
@@ -115,13 +136,17 @@ def design(df: pd.DataFrame, threshold: int | None = None) -> np.ndarray:
     ]
     if threshold is not None:
         cols.append(np.maximum(d - threshold, 0.0))
+    if wake_steps:
+        pos = wake_position(df)
+        cols += [(pos == k).astype(float) for k in range(wake_steps)]
     return np.column_stack(cols)
 
 
 def predict_ms(coef: dict, df: pd.DataFrame) -> np.ndarray:
     th = coef.get("decode_threshold")
-    c = [coef[k] for k in COEFFICIENTS] + ([coef["decode_ms_per_seq_above"]] if th is not None else [])
-    return design(df, th) @ np.array(c)
+    wake = list(coef.get("wake_ms") or [])
+    c = [coef[k] for k in COEFFICIENTS] + ([coef["decode_ms_per_seq_above"]] if th is not None else []) + wake
+    return design(df, th, len(wake)) @ np.array(c)
 
 
 def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -164,18 +189,22 @@ def fit(
     ms: np.ndarray | None = None,
     thresholds=THRESHOLDS,
     speed_bin_s: float | None = SPEED_BIN_S,
+    wake_steps: int = WAKE_STEPS,
 ) -> dict:
     """The coefficients (ms) by non-negative least squares on relative error (weighted by a
     first fit's times), with the host's speed of each ``speed_bin_s`` of the clock taken out
     (None: not; see the module's note), and the decode threshold among ``thresholds`` that
     fits best (a CPU's batch of decodes costs less per sequence as it grows: one rate would
-    be too high for small batches and too low for large ones); the step's noise as a
-    log-normal cv; how far the line is from the steps."""
+    be too high for small batches and too low for large ones); the extra cost of each of
+    the first ``wake_steps`` steps after the engine idled (``wake_ms``; 0 or steps without
+    a clock: none); the step's noise as a log-normal cv; how far the line is from the steps."""
     y = step_ms(steps) if ms is None else np.asarray(ms, dtype=float)
     bins = speed_bins(steps, speed_bin_s)
+    if "begin_ns" not in steps or "done_ns" not in steps:  # no clock: no idle to tell
+        wake_steps = 0
     best = None
     for th in thresholds:
-        x = design(steps, th)
+        x = design(steps, th, wake_steps)
         coef, factor = nnls_at_speed(x, y, bins)
         rel = (y / factor - x @ coef) / (x @ coef)
         score = float(np.sum(rel**2))
@@ -193,6 +222,7 @@ def fit(
     out = {name: float(c) for name, c in zip(COEFFICIENTS, coef, strict=False)}
     out["decode_threshold"] = th
     out["decode_ms_per_seq_above"] = float(coef[5]) if th is not None else 0.0
+    out["wake_ms"] = [float(c) for c in coef[len(coef) - wake_steps :]] if wake_steps else []
     return {
         **out,
         "noise_cv": float(np.sqrt(np.expm1(sigma**2))),

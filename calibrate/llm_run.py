@@ -59,13 +59,33 @@ def server_args(engine: dict) -> list[str]:
     return [arg for k, v in engine.items() for arg in (f"--{k.replace('_', '-')}", str(v))]
 
 
-def fitted(steps: pd.DataFrame, speed_bin_s: float | None = llm_profile.SPEED_BIN_S) -> dict:
+def fitted(
+    steps: pd.DataFrame,
+    speed_bin_s: float | None = llm_profile.SPEED_BIN_S,
+    wake_steps: int = llm_profile.WAKE_STEPS,
+) -> dict:
     """The step time fitted on ``steps`` (the host's speed of each ``speed_bin_s`` taken out;
-    None: speed-blind), with the host's speed process and the white noise left after it
+    None: speed-blind; the extra cost of the first ``wake_steps`` steps after an idle), with
+    the host's speed process and the white noise left after it
     (:func:`calibrate.llm_profile.fit_speed`)."""
-    fit = llm_profile.fit(steps, speed_bin_s=speed_bin_s)
+    fit = llm_profile.fit(steps, speed_bin_s=speed_bin_s, wake_steps=wake_steps)
     got = llm_profile.fit_speed(steps, fit)
     return {**fit, "noise_cv": got["noise_cv"], "speed": got["speed"], "log_var": got["log_var"]}
+
+
+def cells(share: float, rate: float, measured: dict, sim: pd.DataFrame, **extra) -> list[dict]:
+    """A level's rows of the validation table: each TTFT and TPOT percentile measured, and
+    the median of the simulated replications ``sim`` with their 90% prediction interval."""
+    rows = []
+    for name in ("ttft", "tpot"):
+        for q in QUANTILES:
+            col = f"{name}_p{q}_ms"
+            lo, mid, hi = replication_interval(sim[col])
+            rows.append(
+                {"level": share, "rate_rps": rate, "metric": name, "q": q, "measured_ms": measured[col]}
+                | {"predicted_ms": mid, "lo_ms": lo, "hi_ms": hi, **extra}
+            )
+    return rows
 
 
 def verdicts(table: pd.DataFrame) -> pd.DataFrame:
@@ -86,6 +106,8 @@ def scenario_dict(fit: dict, engine: dict, *, rate_rps: float, duration_s: float
     if fit.get("decode_threshold") is not None:
         coef["decode_threshold"] = int(fit["decode_threshold"])
         coef["decode_ms_per_seq_above"] = round(fit["decode_ms_per_seq_above"], 9)
+    if any(fit.get("wake_ms") or []):
+        coef["wake_ms"] = [round(w, 6) for w in fit["wake_ms"]]
     return {
         "name": "calibrated_tiny_llm",
         "description": "servesim serve-llm on this machine, calibrated by servesim calibrate llm",
@@ -298,24 +320,7 @@ def calibrate_llm(
             held_out_fit(f"level {share:g}"), engine, rate_rps=1.0, duration_s=slice_s, warmup_s=warmup_s
         )
         sim = simulated(level_doc, rate, slice_s, warmup_s, range(1, 1 + replications), rounds)
-        for name in ("ttft", "tpot"):
-            for q in QUANTILES:
-                col = f"{name}_p{q}_ms"
-                lo, mid, hi = replication_interval(sim[col])
-                rows.append(
-                    {
-                        "level": share,
-                        "rate_rps": rate,
-                        "metric": name,
-                        "q": q,
-                        "measured_ms": m[col],
-                        "predicted_ms": mid,
-                        "lo_ms": lo,
-                        "hi_ms": hi,
-                        "requests": m["requests"],
-                        "errors": m["errors"],
-                    }
-                )
+        rows += cells(share, rate, m, sim, requests=m["requests"], errors=m["errors"])
         log(
             f"level {share:.0%} ({rate:.2f} req/s): TTFT p50 {m['ttft_p50_ms']:.1f} ms measured, "
             f"{sim['ttft_p50_ms'].median():.1f} predicted; TPOT p50 {m['tpot_p50_ms']:.2f}, "

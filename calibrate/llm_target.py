@@ -40,7 +40,6 @@ import numpy as np
 import pandas as pd
 
 from calibrate import llm_run
-from calibrate.stats import replication_interval
 
 JUDGED = (0.3, 0.5, 0.7)  # the levels whose 18 cells the target asks for
 MINUTE_SIGMA = 0.085  # log: the drift between 25-s runs beyond the fitted components (calibrate/README, ABAB)
@@ -116,22 +115,7 @@ def virtual_run(
         sims = pd.DataFrame(
             [llm_run.pooled_percentiles([theirs[i] for i in d]) for d in pick.reshape(replications, rounds)]
         )
-        for name in ("ttft", "tpot"):
-            for q in llm_run.QUANTILES:
-                col = f"{name}_p{q}_ms"
-                lo, mid, hi = replication_interval(sims[col])
-                rows.append(
-                    {
-                        "level": share,
-                        "rate_rps": rate,
-                        "metric": name,
-                        "q": q,
-                        "measured_ms": measured[col],
-                        "predicted_ms": mid,
-                        "lo_ms": lo,
-                        "hi_ms": hi,
-                    }
-                )
+        rows += llm_run.cells(share, rate, measured, sims)
     return llm_run.verdicts(pd.DataFrame(rows))
 
 

@@ -83,3 +83,37 @@ def test_distserve_runs_are_predicted_from_the_profile_alone():
     for r in low:  # below the knee, TTFT p50 from the profile alone within 20% of the run's
         measured, predicted = r["ttft_p50"]
         assert abs(predicted - measured) / measured < 0.2, r
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_the_first_steps_after_an_idle_replica_cost_their_wake(skip):
+    """A fitted step time with ``wake_ms`` (2, 1, 0.5): a lone request (16-token prompt, 6
+    tokens) arriving to an idle replica prefills in c0 + 16·c_prefill + 2 ms, decodes in
+    c0 + c_decode + 1, + 0.5, then plain; a second request after the first is done pays the
+    wake again; one arriving while the replica is busy does not add one. With decode-only
+    stretches taken in one go the steps are the same."""
+    from simulator.serving.llm_replica import LinearStepTime, serve
+
+    step = LinearStepTime(c0_ms=1.0, prefill_ms_per_token=0.25, decode_ms_per_seq=0.5, wake_ms=(2.0, 1.0, 0.5))
+    lim = Limits(num_blocks=64, block_size=16, max_num_batched_tokens=64, max_num_seqs=8)
+    got = serve(np.array([0.0, 100.0]), np.array([16, 16]), np.array([6, 6]), step, lim, skip=skip)
+    prefill, decode = 1.0 + 16 * 0.25, 1.0 + 0.5
+    ends = np.cumsum([prefill + 2.0, decode + 1.0, decode + 0.5, decode, decode, decode])
+    assert got.first_token.tolist() == pytest.approx([ends[0], 100.0 + ends[0]])
+    assert got.done.tolist() == pytest.approx([ends[-1], 100.0 + ends[-1]])
+    # the second arrives during the first's prefill: the same steps as without a wake, each
+    # request done 3.5 ms later (the three wake steps), none for the second's own prefill
+    busy = serve(np.array([0.0, 1.0]), np.array([16, 16]), np.array([6, 6]), step, lim, skip=skip)
+    plain = LinearStepTime(c0_ms=1.0, prefill_ms_per_token=0.25, decode_ms_per_seq=0.5)
+    base = serve(np.array([0.0, 1.0]), np.array([16, 16]), np.array([6, 6]), plain, lim, skip=skip)
+    assert busy.steps == base.steps
+    assert (busy.done - base.done).tolist() == pytest.approx([3.5, 3.5])
+
+
+def test_a_negative_wake_cost_is_refused_naming_the_field():
+    from pydantic import ValidationError
+
+    from simulator.scenario.llm import LinearStep
+
+    with pytest.raises(ValidationError, match="wake_ms"):
+        LinearStep(c0_ms=1.0, wake_ms=(1.0, -0.5))

@@ -296,7 +296,8 @@ class Tokens(Frozen):
 class LinearStep(Frozen):
     """A fitted step time: ``c0 + c_prefill·P + c_attn·Σ p(ctx + p/2) + c_decode·D + c_kv·Σ ctx`` ms;
     with ``decode_threshold`` the decoding sequences beyond it cost ``decode_ms_per_seq_above``
-    each (a batch's per-sequence cost falls as it grows on a CPU)."""
+    each (a batch's per-sequence cost falls as it grows on a CPU); the k-th step after the
+    replica idled costs ``wake_ms[k]`` more."""
 
     kind: Literal["linear"] = "linear"
     c0_ms: float = Field(gt=0, description="Fixed cost of a step, ms (a step always takes some: scheduling, launch).")
@@ -311,6 +312,12 @@ class LinearStep(Frozen):
         "two rows, small and large batches; none: one rate).",
     )
     decode_ms_per_seq_above: float = Field(0.0, ge=0, description="Per decoding sequence beyond decode_threshold, ms.")
+    wake_ms: tuple[Annotated[float, Field(ge=0)], ...] = Field(
+        (),
+        max_length=8,
+        description="Added to the first, second, ... step after the replica idled, ms (a host's caches and "
+        "clocks waking up: on the CPU engine about 1.1, 0.5, 0.2 ms; none: no wake cost).",
+    )
 
 
 class Roofline(Frozen):

@@ -28,7 +28,8 @@ known tokens are then all computed samples one more output token. Three policies
 
 A step's time is a fitted function of its work (:class:`LinearStepTime`, or
 :class:`StepTime`, DistServe's form), times the replica's noise. With nothing running and
-nothing waiting the replica idles until the next arrival. The output length is not the
+nothing waiting the replica idles until the next arrival; the first steps after it idled
+cost a fitted ``wake_ms`` more each (a fitted step time's). The output length is not the
 scheduler's to know: a sequence stops when it has produced it.
 
 :class:`Replica` steps incrementally: requests are pushed as they become known and
@@ -88,6 +89,7 @@ class LinearStepTime:
     kv_ms_per_token: float = 0.0
     decode_threshold: int | None = None  # decodes beyond it cost decode_ms_per_seq_above each
     decode_ms_per_seq_above: float = 0.0
+    wake_ms: tuple[float, ...] = ()  # added to the first, second, ... step after the replica idled
 
     def _decodes_ms(self, decodes: int) -> float:
         th = self.decode_threshold
@@ -163,6 +165,7 @@ def step_model(batching, instance_type: str) -> StepModel:
             st.kv_ms_per_token,
             st.decode_threshold,
             st.decode_ms_per_seq_above,
+            tuple(st.wake_ms),
         )
     m, gpu = batching.spec, gpu_spec(instance_type)
     return RooflineStepTime(
@@ -384,6 +387,8 @@ class Replica:
         self.running: list[_Seq] = []
         self.batch_width = 0  # static: the batch's width while it lasts
         self.t = 0.0
+        self.wake = tuple(getattr(step, "wake_ms", ()))  # extra ms of the first steps after an idle
+        self.woke = 0  # steps since the replica last idled (it starts idle; len(wake) or more: awake)
         self.steps = 0
         self.tokens_out = 0  # output tokens produced
         self.tokens_computed = 0  # tokens whose KV a step computed (recomputes included, cache hits not)
@@ -446,6 +451,7 @@ class Replica:
                 if not pending:
                     return
                 self.t = pending[0].arrival
+                self.woke = 0
                 continue
             if self.t >= horizon:
                 return
@@ -641,6 +647,8 @@ class Replica:
             return False
         if self.noise is not None and not hasattr(self.noise, "peek"):
             return False
+        if self.woke < len(self.wake):  # the steps just after an idle cost more: singly
+            return False
         left, context = math.inf, 0
         for s in running:
             if s.made < 1 or s.computed != s.prompt + s.made - 1:
@@ -807,6 +815,9 @@ class Replica:
         share = 0.0
         if prefill and ms > 0:
             share = min(max(ms - self.step.ms(Work(decodes=decodes, decode_context=context)), 0.0), ms) / ms
+        if self.woke < len(self.wake):
+            ms += self.wake[self.woke]
+            self.woke += 1
         if self.noise is not None:
             ms *= self.noise()
         start = self.t
