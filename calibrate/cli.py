@@ -423,6 +423,12 @@ def _llm_target(folder: Path, *, runs: int, seed: int, json_out: Path | None) ->
         f"a correct model meets, in 90% of triples of runs: at least {rule['every_run_at_least']} of 18 in every run, "
         f"and {rule['three_runs_total_at_least']} of {rule['of']} over the three"
     )
+    typer.echo(f"{'truth':<14}{'predictor':<14}{'knee within 5%':>15}{'in 3 runs':>10}{'3-run |error| in 90%':>22}")
+    for p in report["pairs"]:
+        typer.echo(
+            f"{p['truth']:<14}{p['predictor']:<14}{p['knee_within_5pct']:>15.1%}"
+            f"{p['three_runs_knee_within_5pct']:>10.1%}{p['knee_bound_three_runs_90pct']:>22.1%}"
+        )
 
 
 @app.command()

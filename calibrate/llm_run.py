@@ -182,19 +182,22 @@ def simulated(
     return pd.DataFrame(rows)
 
 
+def knee_slice(s, seed: int, duration_s: float, skip_s: float) -> float:
+    """Completions a second of one simulated overload slice of the validated scenario ``s``
+    (run three times ``duration_s``, so the backlog drains): of the requests that arrived
+    in its first ``duration_s``, those done between ``skip_s`` and ``duration_s``."""
+    from simulator import simulate
+
+    r = simulate(s, seed=seed).records
+    done = r.t_response[r.arrival < duration_s * 1000.0]
+    return np.count_nonzero((done >= skip_s * 1000.0) & (done < duration_s * 1000.0)) / (duration_s - skip_s)
+
+
 def simulated_knee(doc: dict, rate_rps: float, duration_s: float, skip_s: float, seeds: range) -> float:
     """Completions a second the simulator gives in the knee's design (offered ``rate_rps``,
     counted from ``skip_s`` to ``duration_s``), the median over seeds."""
-    from simulator import simulate
-
     s = _load(at_rate(doc, rate_rps, duration_s * 3, 0.0))  # long enough for the backlog to drain
-    got = []
-    for seed in seeds:
-        r = simulate(s, seed=seed).records
-        arrived = r.arrival < duration_s * 1000.0
-        done = r.t_response[arrived]
-        got.append(np.count_nonzero((done >= skip_s * 1000.0) & (done < duration_s * 1000.0)) / (duration_s - skip_s))
-    return float(np.median(got))
+    return float(np.median([knee_slice(s, seed, duration_s, skip_s) for seed in seeds]))
 
 
 def measured_overhead(url: str, seed: int, n: int = 40) -> float:

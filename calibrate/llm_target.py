@@ -25,10 +25,14 @@ Three models, as truth or predictor:
   measured (0.11 in log between 25-s runs, more than the fitted components give) and
   that the calibration's fit, on seconds of residuals, does not hold.
 
+The knee is judged as the calibration judges it: the mean of ``rounds + 1`` overload
+slices of the truth (each simulated alone, started idle, counted from 10 s on) against the
+median of half as many replications of the predictor's, within 5%.
+
 The report gives, for each (truth, predictor) pair, the share of virtual runs meeting
 all 18 cells at 30-70%, at least 17 and all 24, the share of triples of consecutive runs
-all meeting 18 of 18, each cell's pass rate, and the number of the 18 cells a predictor
-meets in 90% of runs.
+all meeting 18 of 18, each cell's pass rate, the number of the 18 cells a predictor
+meets in 90% of runs, and the knee within 5% in a run and in three.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ from calibrate import llm_run
 
 JUDGED = (0.3, 0.5, 0.7)  # the levels whose 18 cells the target asks for
 MINUTE_SIGMA = 0.085  # log: the drift between 25-s runs beyond the fitted components (calibrate/README, ABAB)
+KNEE_BOUND = 0.05  # the capacity target: the knee within 5%
+KNEE_POOL = 60  # overload slices simulated for each model
 MINUTE_S = 600.0  # the drift component's correlation time: constant over a slice, fresh a slice
 PAIRS = (("fitted", "fitted"), ("fitted", "no speed"), ("minute drift", "fitted"), ("minute drift", "minute drift"))
 
@@ -74,56 +80,90 @@ def _pool(doc: dict, rate: float, seeds: list[int], slice_s: float, warmup_s: fl
     return [llm_run.slice_latencies(s, seed, slice_s, warmup_s) for seed in seeds]
 
 
+def _knee_pool(doc: dict, offered: float, seeds: list[int], knee_s: float) -> list:
+    s = llm_run._load(llm_run.at_rate(doc, offered, knee_s * 3, 0.0))
+    return [llm_run.knee_slice(s, seed, knee_s, llm_run.KNEE_SKIP_S) for seed in seeds]
+
+
 def pools(
-    docs: dict[str, dict], rates: dict[float, float], *, size: int, slice_s: float, warmup_s: float, seed: int = 0
-) -> dict[tuple[str, float], list]:
-    """``size`` simulated slices of each model at each level (seeded by model, level and
-    draw: the same pools whatever the number of processes)."""
+    docs: dict[str, dict],
+    rates: dict[float, float],
+    *,
+    size: int,
+    slice_s: float,
+    warmup_s: float,
+    knee: tuple[float, float, int] | None = None,
+    seed: int = 0,
+) -> dict[tuple[str, float | str], list]:
+    """``size`` simulated slices of each model at each level, and with ``knee`` (offered
+    req/s, slice seconds, how many) that many overload slices of each model (keyed
+    ``(model, "knee")``: completions a second); seeded by model, level and draw, so the same
+    pools whatever the number of processes."""
     tasks = {}
     for m, (name, doc) in enumerate(docs.items()):
         for j, (share, rate) in enumerate(rates.items()):
             base = seed * 10_000_000 + m * 1_000_000 + j * 100_000
             for lo in range(0, size, 25):
                 seeds = [base + k for k in range(lo, min(lo + 25, size))]
-                tasks[(name, share, lo)] = (doc, rate, seeds, slice_s, warmup_s)
-    out: dict[tuple[str, float], list] = {}
+                tasks[(name, share, lo)] = (_pool, doc, rate, seeds, slice_s, warmup_s)
+        if knee is not None:
+            offered, knee_s, n = knee
+            base = seed * 10_000_000 + m * 1_000_000 + 900_000
+            for lo in range(0, n, 5):
+                seeds = [base + k for k in range(lo, min(lo + 5, n))]
+                tasks[(name, "knee", lo)] = (_knee_pool, doc, offered, seeds, knee_s)
+    out: dict[tuple[str, float | str], list] = {}
     with ProcessPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as ex:
-        futures = {key: ex.submit(_pool, *args) for key, args in tasks.items()}
+        futures = {key: ex.submit(*args) for key, args in tasks.items()}
         for (name, share, _), fut in futures.items():  # submission order: the pool's order
             out.setdefault((name, share), []).extend(fut.result())
     return out
 
 
+def _draw(mine: list, theirs: list, same: bool, measured: int, predicted: int, rng: np.random.Generator):
+    """Indices of ``measured`` draws of the truth's pool and ``predicted`` of the predictor's,
+    distinct when they are one pool."""
+    if len(theirs) < predicted + measured * same:
+        raise ValueError(f"a pool of {len(theirs)} is too small for {predicted + measured * same} draws")
+    pick = rng.choice(len(theirs), predicted + measured * same, replace=False)
+    if same:
+        return pick[:measured], pick[measured:]
+    return rng.choice(len(mine), measured, replace=False), pick
+
+
 def virtual_run(
     pool: dict, truth: str, predictor: str, rates: dict, *, rounds: int, replications: int, rng: np.random.Generator
-) -> pd.DataFrame:
+) -> tuple[pd.DataFrame, float]:
     """One virtual calibration: each level measured from ``rounds`` of the truth's slices and
     predicted from ``replications`` designs of the predictor's, judged as the calibration
-    judges (:func:`calibrate.llm_run.verdicts`)."""
+    judges (:func:`calibrate.llm_run.verdicts`); and the knee's error (the median of half as
+    many of the predictor's overload slices against the mean of ``rounds + 1`` of the
+    truth's; NaN without knee pools)."""
     rows = []
+    same = truth == predictor
     for share, rate in rates.items():
         mine, theirs = pool[(truth, share)], pool[(predictor, share)]
-        need = rounds * (replications + (truth == predictor))
-        if len(theirs) < need:
-            raise ValueError(f"a pool of {len(theirs)} slices is too small for {replications} designs of {rounds}")
-        pick = rng.choice(len(theirs), need, replace=False)
-        if truth == predictor:
-            measured_idx, pick = pick[:rounds], pick[rounds:]
-        else:
-            measured_idx = rng.choice(len(mine), rounds, replace=False)
-        measured = llm_run.pooled_percentiles([mine[i] for i in measured_idx])
+        got, pick = _draw(mine, theirs, same, rounds, rounds * replications, rng)
+        measured = llm_run.pooled_percentiles([mine[i] for i in got])
         sims = pd.DataFrame(
             [llm_run.pooled_percentiles([theirs[i] for i in d]) for d in pick.reshape(replications, rounds)]
         )
         rows += llm_run.cells(share, rate, measured, sims)
-    return llm_run.verdicts(pd.DataFrame(rows))
+    knee_error = float("nan")
+    if (truth, "knee") in pool:
+        mine, theirs = pool[(truth, "knee")], pool[(predictor, "knee")]
+        got, pick = _draw(mine, theirs, same, rounds + 1, replications // 2, rng)
+        knee_error = float(np.median([theirs[i] for i in pick]) / np.mean([mine[i] for i in got]) - 1.0)
+    return llm_run.verdicts(pd.DataFrame(rows)), knee_error
 
 
-def summary(runs: list[pd.DataFrame], picks: np.ndarray) -> dict:
+def summary(runs: list[pd.DataFrame], picks: np.ndarray, knee_errors: np.ndarray) -> dict:
     """Pass rates over virtual runs: of the 18 cells at 30-70% all met, at least 17, all 24;
     three runs (``picks``, rows of three run indices) all meeting 18 of 18; the count met in
     90% of runs, and over three runs the least of the three and their total met in 90% of
-    triples; each cell's pass rate, share inside the interval and median error."""
+    triples; each cell's pass rate, share inside the interval and median error; the knee
+    within 5% in a run and in all three, and the |error| three runs stay within 90% of the
+    time."""
     judged = np.array([int(r[r["level"].isin(JUDGED)]["ok"].sum()) for r in runs])
     every = np.array([int(r["ok"].sum()) for r in runs])
     cells = len(runs[0][runs[0]["level"].isin(JUDGED)])
@@ -133,7 +173,12 @@ def summary(runs: list[pd.DataFrame], picks: np.ndarray) -> dict:
         .agg(pass_rate=("ok", "mean"), inside=("inside", "mean"), median_error=("error", "median"))
     )
     least, total = judged[picks].min(axis=1), judged[picks].sum(axis=1)
+    knee = np.abs(knee_errors)
+    worst_knee = knee[picks].max(axis=1)
     return {
+        "knee_within_5pct": float(np.mean(knee <= KNEE_BOUND)),
+        "three_runs_knee_within_5pct": float(np.mean(worst_knee <= KNEE_BOUND)),
+        "knee_bound_three_runs_90pct": float(np.quantile(worst_knee, 0.9)),
         "runs": len(runs),
         "cells_judged": cells,
         "all_judged": float((judged == cells).mean()),
@@ -157,20 +202,27 @@ def target_report(
     pool_size: int = 200,
     minute_sigma: float = MINUTE_SIGMA,
     triples: int = 2000,
+    knee_pool: int = KNEE_POOL,
     seed: int = 0,
 ) -> dict:
     """The pass rates of each (truth, predictor) pair of :data:`PAIRS` over ``runs``
-    virtual runs of ``profile``'s calibration design; the three-run rules a correct model
-    (the first pair) passes 90% of the time, and how often each pair passes them."""
+    virtual runs of ``profile``'s calibration design (the knee's too, from ``knee_pool``
+    overload slices a model; 0: not); the three-run rules a correct model (the first pair)
+    passes 90% of the time, and how often each pair passes them."""
     rounds, replications = int(profile["rounds"]), int(profile["replications"])
     slice_s, warmup_s = float(profile["slice_s"]), float(profile["warmup_s"])
     if pool_size < rounds * (replications + 1):
         raise ValueError(f"pool_size must be at least {rounds * (replications + 1)} (rounds x (replications + 1))")
     if runs < 3:
         raise ValueError("runs must be at least 3: the target judges three runs")
+    if knee_pool and knee_pool < rounds + 1 + replications // 2:
+        need = rounds + 1 + replications // 2
+        raise ValueError(f"knee_pool must be 0 or at least {need} (rounds + 1 + replications // 2)")
     docs = models(profile, minute_sigma)
     rates = level_rates(profile)
-    pool = pools(docs, rates, size=pool_size, slice_s=slice_s, warmup_s=warmup_s, seed=seed)
+    k = profile["knee"]
+    knee = (float(k["offered_rps"]), float(k.get("slice_s", 25.0)), knee_pool) if knee_pool else None
+    pool = pools(docs, rates, size=pool_size, slice_s=slice_s, warmup_s=warmup_s, knee=knee, seed=seed)
     rng = np.random.default_rng(seed)
     picks = np.array([rng.choice(runs, 3, replace=False) for _ in range(triples)])
     pairs = []
@@ -179,7 +231,8 @@ def target_report(
             virtual_run(pool, truth, predictor, rates, rounds=rounds, replications=replications, rng=rng)
             for _ in range(runs)
         ]
-        pairs.append({"truth": truth, "predictor": predictor, **summary(got, picks)})
+        tables, knee_errors = [g[0] for g in got], np.array([g[1] for g in got])
+        pairs.append({"truth": truth, "predictor": predictor, **summary(tables, picks, knee_errors)})
     least, total = pairs[0]["three_runs_least_in_90pct"], pairs[0]["three_runs_total_in_90pct"]
     for p in pairs:
         p["passes_least_rule"] = float((p.pop("least") >= least).mean())

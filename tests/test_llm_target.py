@@ -16,13 +16,15 @@ PROFILE = Path(__file__).resolve().parents[1] / "calibrate" / "profiles" / "cpu-
 
 
 def small(profile: dict) -> dict:
-    """The committed profile on a design of one 6-s slice a level and 9 replications."""
-    return {**profile, "rounds": 1, "replications": 9, "slice_s": 6.0, "warmup_s": 1.0}
+    """The committed profile on a design of one 6-s slice a level, 9 replications, 12-s
+    overload slices."""
+    knee = {**profile["knee"], "slice_s": 12.0}
+    return {**profile, "rounds": 1, "replications": 9, "slice_s": 6.0, "warmup_s": 1.0, "knee": knee}
 
 
 def test_a_correct_model_meets_its_cells_as_often_as_its_interval_says_and_no_speed_less():
     profile = small(json.loads(PROFILE.read_text()))
-    report = llm_target.target_report(profile, runs=40, pool_size=40, triples=200, seed=3)
+    report = llm_target.target_report(profile, runs=40, pool_size=40, triples=200, knee_pool=8, seed=3)
     by = {(p["truth"], p["predictor"]): p for p in report["pairs"]}
     correct, blind = by[("fitted", "fitted")], by[("fitted", "no speed")]
     # 9 replications: the range holds a new draw 8 times in 10; the 10% and 20% bounds add a little
@@ -33,6 +35,9 @@ def test_a_correct_model_meets_its_cells_as_often_as_its_interval_says_and_no_sp
     rule = report["passable_rule"]
     assert 0 < rule["every_run_at_least"] <= correct["judged_met_in_90pct"] <= 18
     assert correct["passes_total_rule"] >= 0.9
+    for p in report["pairs"]:
+        assert 0.0 <= p["knee_within_5pct"] <= 1.0
+        assert np.isfinite(p["knee_bound_three_runs_90pct"])
 
 
 def test_the_pool_does_not_depend_on_the_processes():
@@ -63,3 +68,5 @@ def test_too_small_a_pool_is_refused():
     profile = json.loads(PROFILE.read_text())
     with pytest.raises(ValueError, match="pool_size"):
         llm_target.target_report(profile, runs=3, pool_size=10)
+    with pytest.raises(ValueError, match="knee_pool"):
+        llm_target.target_report(profile, runs=3, knee_pool=5)
