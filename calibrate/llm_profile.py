@@ -34,6 +34,7 @@ quarter-seconds, as the simulator's speed process does over time.
 from __future__ import annotations
 
 import asyncio
+import math
 
 import numpy as np
 import pandas as pd
@@ -254,3 +255,70 @@ def fit_speed(steps: pd.DataFrame, coef: dict) -> dict:
     ]
     speed = {"kind": "log_ar1", "step_ms": 10.0, "components": parts} if parts else None
     return {"speed": speed, "noise_cv": float(np.sqrt(np.expm1(comp["noise_var"]))), "log_var": float(var)}
+
+
+SLICE_GAP_S = 30.0  # within a phase, a gap this long separates two of its slices (minutes apart)
+MINUTE_S = 600.0  # the drift's correlation time: constant over a slice, fresh for the next
+
+
+def slice_labels(steps: pd.DataFrame) -> np.ndarray:
+    """Each step's slice: ``phase#slice`` as the calibration recorded it (``slice``), else,
+    within its phase (``phase``; one phase without it), a new slice wherever the phase's
+    steps, in time order, leave a gap of :data:`SLICE_GAP_S` (a level's slices are minutes
+    apart, the other phases' between them; two slices of a level that follow each other
+    across a round's end then count as one)."""
+    phase = steps["phase"].to_numpy() if "phase" in steps else np.zeros(len(steps), dtype=object)
+    begin = steps["begin_ns"].to_numpy(dtype=np.int64)
+    out = np.empty(len(steps), dtype=object)
+    recorded = steps["slice"].to_numpy(dtype=float) if "slice" in steps else np.full(len(steps), np.nan)
+    known = np.isfinite(recorded)
+    out[known] = [f"{p}#{int(k)}" for p, k in zip(phase[known], recorded[known], strict=True)]
+    for p in pd.unique(phase[~known]):
+        idx = np.flatnonzero((phase == p) & ~known)
+        idx = idx[np.argsort(begin[idx], kind="stable")]
+        k = np.concatenate([[0], np.cumsum(np.diff(begin[idx]) > SLICE_GAP_S * 1e9)])
+        out[idx] = [f"{p}#{j}" for j in k]
+    return out
+
+
+def _window_var(sigma: float, tau: float, t: float) -> float:
+    """The variance of an AR(1)'s (σ, τ) time average over a window ``t`` long."""
+    x = t / tau
+    return sigma**2 * 2.0 * (x - 1.0 + math.exp(-x)) / (x * x)
+
+
+def minute_drift(steps: pd.DataFrame, coef: dict, speed: dict | None, skip=("profile",)) -> dict:
+    """The host's drift between slices that the fitted components do not hold: each slice's
+    mean speed (its quarter-seconds' mean log residual against ``coef``, averaged over its
+    quarter-seconds), about its phase's mean (the load's own effect cancels), pooled over the
+    phases with two slices or more (not those in ``skip``: the profile is one long series of
+    workloads); less what the components of ``speed`` give a window as long as the slice.
+    Returns the drift's sigma (0 when the components hold it all), the slices' spread, the
+    components' share and the degrees of freedom."""
+    s = steps[~steps["phase"].isin(skip)] if "phase" in steps else steps
+    if len(s) == 0:
+        return {"sigma": 0.0, "observed_var": 0.0, "components_var": 0.0, "dof": 0}
+    s = s.reset_index(drop=True)
+    log_res = np.log(step_ms(s) / predict_ms(coef, s))
+    bins = np.asarray((s["begin_ns"].to_numpy(dtype=np.int64) // int(SPEED_BIN_S * 1e9)), dtype=np.int64)
+    t = pd.DataFrame({"slice": slice_labels(s), "bin": bins, "r": log_res})
+    t["phase"] = t["slice"].str.rsplit("#", n=1).str[0]
+    per_bin = t.groupby(["phase", "slice", "bin"], sort=False)["r"].mean().reset_index()
+    per_slice = per_bin.groupby(["phase", "slice"], sort=False).agg(m=("r", "mean"), n=("bin", "size"))
+    per_slice = per_slice.reset_index()
+    per_slice["dev"] = per_slice["m"] - per_slice.groupby("phase")["m"].transform("mean")
+    counts = per_slice.groupby("phase")["m"].transform("size")
+    keep = counts >= 2
+    dof = int((per_slice[keep].groupby("phase").size() - 1).sum())
+    if dof < 1:
+        return {"sigma": 0.0, "observed_var": 0.0, "components_var": 0.0, "dof": 0}
+    observed = float((per_slice.loc[keep, "dev"] ** 2).sum() / dof)
+    comps = (speed or {}).get("components", [])
+    windows = per_slice.loc[keep, "n"].to_numpy() * SPEED_BIN_S
+    model = float(np.mean([sum(_window_var(c["sigma"], c["correlation_time_s"], w) for c in comps) for w in windows]))
+    return {
+        "sigma": float(math.sqrt(max(observed - model, 0.0))),
+        "observed_var": observed,
+        "components_var": model,
+        "dof": dof,
+    }

@@ -63,14 +63,26 @@ def fitted(
     steps: pd.DataFrame,
     speed_bin_s: float | None = llm_profile.SPEED_BIN_S,
     wake_steps: int = llm_profile.WAKE_STEPS,
+    minute: bool = True,
 ) -> dict:
     """The step time fitted on ``steps`` (the host's speed of each ``speed_bin_s`` taken out;
     None: speed-blind; the extra cost of the first ``wake_steps`` steps after an idle), with
     the host's speed process and the white noise left after it
-    (:func:`calibrate.llm_profile.fit_speed`)."""
+    (:func:`calibrate.llm_profile.fit_speed`), and with ``minute`` one more component of the
+    process: the drift between the slices that the fitted components do not hold
+    (:func:`calibrate.llm_profile.minute_drift`; none when they hold it all)."""
     fit = llm_profile.fit(steps, speed_bin_s=speed_bin_s, wake_steps=wake_steps)
     got = llm_profile.fit_speed(steps, fit)
-    return {**fit, "noise_cv": got["noise_cv"], "speed": got["speed"], "log_var": got["log_var"]}
+    speed = got["speed"]
+    out = {**fit, "noise_cv": got["noise_cv"], "log_var": got["log_var"]}
+    if minute and "phase" in steps:
+        drift = llm_profile.minute_drift(steps, fit, speed)
+        out["minute_drift"] = {k: round(v, 6) if isinstance(v, float) else v for k, v in drift.items()}
+        if drift["sigma"] >= 1e-3:
+            comp = {"sigma": round(drift["sigma"], 5), "correlation_time_s": llm_profile.MINUTE_S}
+            speed = {"kind": "log_ar1", "step_ms": 10.0, "components": []} if speed is None else dict(speed)
+            speed["components"] = [*speed["components"], comp]
+    return {**out, "speed": speed}
 
 
 def cells(share: float, rate: float, measured: dict, sim: pd.DataFrame, **extra) -> list[dict]:
@@ -278,7 +290,7 @@ def calibrate_llm(
         # the knee: offer half again what the profile's fit can take, count completions
         offered = 1.5 * simulated_knee(doc, 50.0, knee_s, KNEE_SKIP_S, range(1, 4))
         knees = [measured_knee(url, doc, offered, knee_s, KNEE_SKIP_S, seed)]
-        phases["knee"] = [step_records(url)]
+        phases["knee"] = [step_records(url).assign(slice=1)]
         first_knee = knees[0]["completed_rps"]
         log(f"knee, first slice: measured {first_knee:.2f} req/s, offered {offered:.2f}")
         # the held-out levels and the knee again in rounds of short slices, each round in a
@@ -288,12 +300,13 @@ def calibrate_llm(
             for item in rng.permutation(len(LEVELS) + 1):
                 if item == len(LEVELS):
                     knees.append(measured_knee(url, doc, offered, knee_s, KNEE_SKIP_S, int(rng.integers(1 << 31))))
-                    phases["knee"].append(step_records(url))
+                    phases["knee"].append(step_records(url).assign(slice=len(phases["knee"]) + 1))
                     continue
                 share = float(LEVELS[item])
                 plan = llm_load.plan_from_scenario(s, share * first_knee, slice_s, rng)
                 answers[share].append(llm_load.run(url, plan, seed=int(rng.integers(1 << 31))).assign(round=r))
-                phases.setdefault(f"level {share:g}", []).append(step_records(url))
+                level = phases.setdefault(f"level {share:g}", [])
+                level.append(step_records(url).assign(slice=len(level)))
             log(f"round {r + 1} of {rounds} measured")
     knee = {
         "offered_rps": offered,

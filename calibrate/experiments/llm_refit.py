@@ -3,12 +3,13 @@ speed shapes the batches"): the knee and each held-out level, as ``servesim cali
 predicts them (the step time fitted on every other phase, the host's speed process, the
 same slice design, 20 replications), with the fit as the calibration makes it (the host's
 speed taken out, a factor a quarter-second; the first three steps after an idle engine
-costing more), without the wake cost, and with neither (the fit before both), each judged against
-the calibration's measurements by the calibration's rule (p50/p90 within 10%, p99 within
-20%, or inside the 90% interval). Give calibration folders (``steps.csv.gz``,
+costing more; the drift between slices in the speed process), without the drift, without
+the wake cost too, and without the speed taken out too (the fit before all three), each
+judged against the calibration's measurements by the calibration's rule (p50/p90 within
+10%, p99 within 20%, or inside the 90% interval). Give calibration folders (``steps.csv.gz``,
 ``validation.csv``, ``profile.json``); the committed profile by default.
 
-    python calibrate/experiments/llm_refit.py [FOLDER ...]   # about 1 minute a folder
+    python calibrate/experiments/llm_refit.py [--mode=NAME ...] [FOLDER ...]   # about 1 minute a mode and folder
 """
 
 from __future__ import annotations
@@ -22,15 +23,20 @@ import pandas as pd
 from calibrate import llm_profile, llm_run
 from calibrate.stats import replication_interval
 
-MODES = {  # the fit's speed_bin_s and wake_steps
-    "as calibrated": (llm_profile.SPEED_BIN_S, llm_profile.WAKE_STEPS),
-    "no wake cost": (llm_profile.SPEED_BIN_S, 0),
-    "speed-blind, no wake cost": (None, 0),
+MODES = {  # the fit's speed_bin_s, wake_steps and minute drift
+    "as calibrated": (llm_profile.SPEED_BIN_S, llm_profile.WAKE_STEPS, True),
+    "no minute drift": (llm_profile.SPEED_BIN_S, llm_profile.WAKE_STEPS, False),
+    "no wake cost, no minute drift": (llm_profile.SPEED_BIN_S, 0, False),
+    "speed-blind, no wake cost, no minute drift": (None, 0, False),
 }
 
 
 def predicted(
-    folder: Path, speed_bin_s: float | None, wake_steps: int = llm_profile.WAKE_STEPS, seeds: range = range(1, 21)
+    folder: Path,
+    speed_bin_s: float | None,
+    wake_steps: int = llm_profile.WAKE_STEPS,
+    minute: bool = True,
+    seeds: range = range(1, 21),
 ) -> pd.DataFrame:
     steps = pd.read_csv(folder / "steps.csv.gz")
     measured = pd.read_csv(folder / "validation.csv")
@@ -39,7 +45,8 @@ def predicted(
     slice_s, rounds, warmup_s = profile["slice_s"], profile["rounds"], profile["warmup_s"]
 
     def doc(phase: str) -> dict:
-        got = {**llm_run.fitted(steps[steps["phase"] != phase], speed_bin_s, wake_steps), "overhead_ms": overhead}
+        fit = llm_run.fitted(steps[steps["phase"] != phase], speed_bin_s, wake_steps, minute)
+        got = {**fit, "overhead_ms": overhead}
         return llm_run.scenario_dict(got, llm_run.ENGINE, rate_rps=1.0, duration_s=slice_s, warmup_s=warmup_s)
 
     knee_s = knee.get("slice_s", 40.0)  # one 40-s overload before the knee was measured in every round
@@ -57,10 +64,10 @@ def predicted(
     return llm_run.verdicts(pd.DataFrame(rows)).assign(knee_error=knee_rps / knee["completed_rps"] - 1.0)
 
 
-def main(folders: list[Path]) -> None:
+def main(folders: list[Path], modes: list[str]) -> None:
     for folder in folders:
-        for mode, (speed_bin_s, wake_steps) in MODES.items():
-            t = predicted(folder, speed_bin_s, wake_steps)
+        for mode in modes:
+            t = predicted(folder, *MODES[mode])
             low = t[(t["level"] == 0.3) & (t["q"] < 99)]
             print(  # noqa: T201
                 f"{folder}: {mode}: {int(t['ok'].sum())} of {len(t)} within bound or interval "
@@ -72,4 +79,9 @@ def main(folders: list[Path]) -> None:
 
 
 if __name__ == "__main__":
-    main([Path(a) for a in sys.argv[1:]] or [Path("calibrate/profiles/cpu-tiny-llm")])
+    args = sys.argv[1:]
+    modes = [a.removeprefix("--mode=") for a in args if a.startswith("--mode=")]
+    if any(m not in MODES for m in modes):
+        sys.exit(f"--mode must be one of: {', '.join(MODES)}")
+    folders = [Path(a) for a in args if not a.startswith("--mode=")]
+    main(folders or [Path("calibrate/profiles/cpu-tiny-llm")], modes or list(MODES))
