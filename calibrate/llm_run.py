@@ -390,7 +390,19 @@ def markdown(profile: dict, table: pd.DataFrame) -> str:
         + " + "
         f"{fit['kv_ms_per_token']:.3g}·Σctx, noise cv {fit['noise_cv']:.3f}; fitted on {fit['steps']} steps "
         f"with the host's speed taken out a quarter-second at a time "
-        f"(median error {fit['median_abs_rel_error']:.1%}, p90 {fit['p90_abs_rel_error']:.1%}).",
+        f"(median error {fit['median_abs_rel_error']:.1%}, p90 {fit['p90_abs_rel_error']:.1%})"
+        + (
+            f"; the first steps after the engine idled cost {', '.join(f'{w:.2f}' for w in fit['wake_ms'])} ms more"
+            if any(fit.get("wake_ms") or [])
+            else ""
+        )
+        + (
+            f"; the host drifts between slices by {fit['minute_drift']['sigma']:.3f} in log beyond the fitted "
+            "components (a component of the speed process)"
+            if (fit.get("minute_drift") or {}).get("sigma", 0) >= 1e-3
+            else ""
+        )
+        + ".",
         "",
         f"Knee: measured {knee['completed_rps']:.2f} req/s (the mean of {len(knee['slices_rps'])} overload "
         f"slices of {knee['slice_s']:g} s spread over the run: {', '.join(f'{k:.2f}' for k in knee['slices_rps'])}; "
