@@ -317,7 +317,8 @@ def calibrate_llm(
         "requests": sum(k["requests"] for k in knees),
         "errors": sum(k["errors"] for k in knees),
     }
-    steps_of = {k: pd.concat(v, ignore_index=True) for k, v in phases.items()}
+    # each phase's steps named by it: the drift between slices is measured within phases
+    steps_of = {k: pd.concat(v, ignore_index=True).assign(phase=k) for k, v in phases.items()}
 
     # each held-out phase predicted by the step time fitted on every other phase's steps
     def held_out_fit(phase: str) -> dict:
@@ -343,7 +344,7 @@ def calibrate_llm(
             f"{sim['tpot_p50_ms'].median():.2f}"
         )
     fit = {**fitted(pd.concat(list(steps_of.values()), ignore_index=True)), "overhead_ms": overhead}
-    steps = pd.concat([v.assign(phase=k) for k, v in steps_of.items()], ignore_index=True)
+    steps = pd.concat(list(steps_of.values()), ignore_index=True)
     table = verdicts(pd.DataFrame(rows))
     profile = {
         "engine": engine,

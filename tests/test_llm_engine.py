@@ -522,6 +522,26 @@ def test_the_drift_between_slices_is_what_the_fitted_components_leave():
     assert np.mean(held) < 0.03, np.mean(held)
 
 
+def test_the_calibrations_fit_carries_the_drift_between_its_slices():
+    """llm_run.fitted on a calibration's steps (the committed profile's, by phase): the
+    drift measured on its phases, and when there is any, a component of ten minutes in the
+    speed process after the fitted ones."""
+    from pathlib import Path
+
+    from calibrate import llm_run
+    from calibrate.llm_profile import MINUTE_S
+
+    folder = Path(__file__).resolve().parents[1] / "calibrate" / "profiles" / "cpu-tiny-llm"
+    steps = pd.read_csv(folder / "steps.csv.gz")
+    got = llm_run.fitted(steps)
+    drift = got["minute_drift"]
+    assert drift["dof"] >= 8  # 4 levels of 3 slices and 4 knee slices, a few merged by the clock
+    assert drift["sigma"] > 0.0  # run 15: 0.059
+    assert got["speed"]["components"][-1] == {"sigma": round(drift["sigma"], 5), "correlation_time_s": MINUTE_S}
+    assert "minute_drift" not in llm_run.fitted(steps, minute=False)
+    assert "minute_drift" not in llm_run.fitted(steps.drop(columns="phase"))
+
+
 @pytest.mark.parametrize("threshold", [None, 8])
 def test_the_step_time_fit_recovers_known_coefficients(threshold):
     """NNLS on synthetic step times with 8% log-normal noise, 20 replications, a truth with
@@ -592,6 +612,8 @@ def test_calibrate_llm_end_to_end(tmp_path):
     got = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert got.returncode == 0, got.stderr[-2000:]
     profile = json.loads((out / "profile.json").read_text())
+    assert profile["step_time"]["minute_drift"]["dof"] >= 1  # measured on the phases' slices
+    assert len(profile["step_time"]["wake_ms"]) == 3
     knee = profile["knee"]
     assert knee["completed_rps"] > 0
     assert len(knee["slices_rps"]) == 3  # measured first, then once in each of the 2 rounds
