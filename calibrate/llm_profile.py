@@ -295,9 +295,10 @@ def minute_drift(steps: pd.DataFrame, coef: dict, speed: dict | None, skip=("pro
     workloads); less what the components of ``speed`` give a window as long as the slice.
     Returns the drift's sigma (0 when the components hold it all), the slices' spread, the
     components' share and the degrees of freedom."""
+    none = {"sigma": 0.0, "observed_var": 0.0, "components_var": 0.0, "dof": 0}
     s = steps[~steps["phase"].isin(skip)] if "phase" in steps else steps
     if len(s) == 0:
-        return {"sigma": 0.0, "observed_var": 0.0, "components_var": 0.0, "dof": 0}
+        return none
     s = s.reset_index(drop=True)
     log_res = np.log(step_ms(s) / predict_ms(coef, s))
     bins = np.asarray((s["begin_ns"].to_numpy(dtype=np.int64) // int(SPEED_BIN_S * 1e9)), dtype=np.int64)
@@ -311,7 +312,7 @@ def minute_drift(steps: pd.DataFrame, coef: dict, speed: dict | None, skip=("pro
     keep = counts >= 2
     dof = int((per_slice[keep].groupby("phase").size() - 1).sum())
     if dof < 1:
-        return {"sigma": 0.0, "observed_var": 0.0, "components_var": 0.0, "dof": 0}
+        return none
     observed = float((per_slice.loc[keep, "dev"] ** 2).sum() / dof)
     comps = (speed or {}).get("components", [])
     windows = per_slice.loc[keep, "n"].to_numpy() * SPEED_BIN_S
