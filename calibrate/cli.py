@@ -240,13 +240,25 @@ def fit(
 @app.command()
 def refit(
     folder: Annotated[
-        Path, typer.Argument(help="A `calibrate run` folder: profile.json, measurements.csv.gz, slices.csv.")
+        Path,
+        typer.Argument(
+            help="A `calibrate run` folder (profile.json, measurements.csv.gz, slices.csv) or a `calibrate llm` "
+            "one (measured.json, steps.csv.gz)."
+        ),
     ],
-    draws: Annotated[int, typer.Option(help="Simulated designs per held-out level for the intervals.", min=20)] = 200,
+    draws: Annotated[
+        int | None,
+        typer.Option(help="Simulated designs a held-out level (default 200; an LLM folder: 20).", min=20),
+    ] = None,
     seed: int = 0,
 ) -> None:
-    """Fit the platform-speed process again from a run's own measurements (its fitted
-    levels only) and rewrite profile.json, scenario.yaml and the validation report."""
+    """Fit again from a run's own measurements and rewrite profile.json, scenario.yaml and
+    the validation report. A `calibrate run` folder: the platform-speed process from its
+    fitted levels. A `calibrate llm` folder (one measured with --measure-only on a lent GPU,
+    say): the step time, the knee and every held-out level's prediction."""
+    if (folder / "measured.json").is_file():
+        _llm_refit(folder, replications=draws or 20)
+        return
     try:
         import numpy as np
 
@@ -254,7 +266,7 @@ def refit(
     except ImportError as err:
         raise _need("calibrate refit")(err) from None
     try:
-        report = refit_run(folder, draws=draws, rng=np.random.default_rng(seed))
+        report = refit_run(folder, draws=draws or 200, rng=np.random.default_rng(seed))
     except (OSError, ValueError, KeyError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None
@@ -262,6 +274,29 @@ def refit(
     judged = [r for r in report["validation"] if r["percentile"] in ("p50", "p99")]
     met = sum(r["verdict"] in MET for r in judged)
     typer.echo(f"held-out p50/p99: {met} of {len(judged)} meet the target  ->  {folder}")
+
+
+def _llm_refit(folder: Path, *, replications: int) -> None:
+    try:
+        from calibrate.llm_run import predict_llm
+    except ImportError as err:
+        raise _need("calibrate refit")(err) from None
+    if not (folder / "steps.csv.gz").is_file():
+        typer.echo(f"error: {folder}: measured.json without steps.csv.gz (calibrate llm writes both)", err=True)
+        raise typer.Exit(code=2)
+    try:
+        got = predict_llm(folder, replications=replications)
+    except (ValueError, KeyError) as err:
+        typer.echo(f"error: {folder}/measured.json: {err}", err=True)
+        raise typer.Exit(code=2) from None
+    _llm_summary(folder, got)
+
+
+def _llm_summary(folder: Path, got: dict) -> None:
+    table = got["table"]
+    typer.echo(f"wrote {folder}/profile.json, validation.md, scenario.yaml")
+    typer.echo(f"knee: measured {got['knee']['completed_rps']:.2f} req/s, simulated error {got['knee']['error']:+.1%}")
+    typer.echo(f"{int(table['ok'].sum())} of {len(table)} percentiles within their bound or interval")
 
 
 @app.command()
@@ -457,9 +492,13 @@ def validate(
 
 @app.command()
 def llm(
-    out: Annotated[Path, typer.Option(help="Folder for profile.json, validation.md/.png/.csv, scenario.yaml.")] = Path(
-        "calibrate/profiles/cpu-tiny-llm"
-    ),
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder for profile.json, validation.md/.png/.csv, scenario.yaml (default: calibrate/profiles/"
+            "cpu-tiny-llm, or gpu-NAME-llm on --device cuda, NAME the GPU's: h100)."
+        ),
+    ] = None,
     slice_s: Annotated[float, typer.Option(help="Seconds of one slice of a held-out level's open-loop load.")] = 20.0,
     rounds: Annotated[int, typer.Option(help="Rounds of slices, one slice a level each, in a random order.")] = 3,
     knee_s: Annotated[
@@ -467,6 +506,15 @@ def llm(
     ] = 25.0,
     replications: Annotated[int, typer.Option(help="Simulated replications of each level's design.")] = 20,
     seed: Annotated[int, typer.Option(help="Seed of the profile's order and the load's draws.")] = 0,
+    device: Annotated[str, typer.Option(help="The engine's device: cpu, or cuda when a GPU is there.")] = "cpu",
+    measure_only: Annotated[
+        bool,
+        typer.Option(
+            "--measure-only",
+            help="Measure and write measured.json, steps.csv.gz and requests.csv.gz only; predict later, on any "
+            "machine, with `servesim calibrate refit OUT` (a lent GPU's minutes go to measuring).",
+        ),
+    ] = False,
 ) -> None:
     """Calibrate the LLM model against the tiny real engine (servesim serve-llm): profile
     and fit its step time, measure its knee, validate TTFT and TPOT on held-out levels."""
@@ -476,16 +524,28 @@ def llm(
             err=True,
         )
         raise typer.Exit(code=2)
+    if device not in ("cpu", "cuda"):
+        typer.echo(f"error: --device must be cpu or cuda, not {device!r}", err=True)
+        raise typer.Exit(code=2)
     try:
-        from calibrate.llm_run import calibrate_llm
+        from calibrate.llm_run import calibrate_llm, default_folder, measure_llm
     except ImportError as err:
         raise _need("calibrate llm")(err) from None
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            typer.echo("error: --device cuda: no CUDA device is visible (torch.cuda.is_available() is false)", err=True)
+            raise typer.Exit(code=2)
+    out = out or default_folder(device)
     signal.signal(signal.SIGTERM, _terminated)
-    got = calibrate_llm(out, slice_s=slice_s, rounds=rounds, knee_s=knee_s, replications=replications, seed=seed)
-    table = got["table"]
-    typer.echo(f"wrote {out}/profile.json, validation.md, scenario.yaml")
-    typer.echo(f"knee: measured {got['knee']['completed_rps']:.2f} req/s, simulated error {got['knee']['error']:+.1%}")
-    typer.echo(f"{int(table['ok'].sum())} of {len(table)} percentiles within their bound or interval")
+    design = {"slice_s": slice_s, "rounds": rounds, "knee_s": knee_s, "seed": seed, "device": device}
+    if measure_only:
+        got = measure_llm(out, **design)
+        typer.echo(f"wrote {out}/measured.json, steps.csv.gz, requests.csv.gz: `servesim calibrate refit {out}`")
+        typer.echo(f"knee: measured {got['knee']['completed_rps']:.2f} req/s")
+        return
+    _llm_summary(out, calibrate_llm(out, replications=replications, **design))
 
 
 @app.command()

@@ -5,29 +5,36 @@
 2. Profile its step time through the server over a grid of workloads
    (:mod:`calibrate.llm_profile`).
 3. Find the knee, the most requests a second the engine sustains, by measurement: offer
-   half again what the profile's fit says it can take, open loop, and count completions a
-   second once it is full. Once first, to place the levels, and again in every round
-   below, as one more slice among the levels: the knee is the mean of those slices, so it
-   takes the host's speed over the whole run, as the fit it is predicted with does, and not
-   one minute's (measured once, it came out 16% above its prediction when that minute ran
-   fast).
-4. Run held-out levels at 30, 50, 70 and 85% of the first knee in rounds of short slices,
-   each round's slices in a random order (a randomized block design: the host's speed
-   drifts by 15-20% over minutes on these VMs, and a level run whole would take one
-   minute's luck); each slice starts idle and its first seconds are left out. The open-loop
-   generator's TTFT and TPOT percentiles, from the scheduled times, pooled over a level's
-   slices.
+   half again what the profile's fit says it can take (doubling the offer until the fit
+   saturates: a GPU's engine takes more than a CPU's), open loop, and count completions a
+   second once it is full. Once first, and again in every round below, as one more slice
+   among the levels: the knee is the mean of those slices, so it takes the host's speed
+   over the whole run, as the fit it is predicted with does, and not one minute's
+   (measured once, it came out 16% above its prediction when that minute ran fast).
+4. Run held-out levels at 30, 50, 70 and 85% of the knee in rounds of short slices, each
+   round's slices in a random order (a randomized block design: the host's speed drifts by
+   15-20% over minutes on these VMs, and a level run whole would take one minute's luck),
+   each round's levels at shares of the knee measured before it (the first slice alone
+   came out 4-22% above its run's mean in 8 of 9 runs: a level placed by it ran at up to
+   104% of the knee); each slice starts idle and its first seconds are left out. The
+   open-loop generator's TTFT and TPOT percentiles, from the scheduled times, pooled over a
+   level's slices.
 5. Predict each phase (the knee, each level) with the step time fitted on the engine's step
    records of every *other* phase (the profile's and the other loads'): the engine's steps
    under load run slower than alone (the front end's work on the other core), so the fit
    must see loads, but never the one it predicts), the host's speed process fitted on the
    same steps' residuals, and a request's own overhead (HTTP, the hand-offs, the stream)
    measured on lone requests. Each prediction is the median of replications of the same
-   design (as many slices, as long, pooled), with their 90% prediction interval
-   (:func:`calibrate.stats.replication_interval`: of 20 replications, their range).
+   design (as many slices, as long, at the rates they ran at, pooled), with their 90%
+   prediction interval (:func:`calibrate.stats.replication_interval`: of 20 replications,
+   their range).
 6. Write ``profile.json`` (the fit on every step: the scenario's), ``validation.md``,
    ``.png`` and ``.csv``, ``steps.csv.gz``, ``requests.csv.gz`` (every held-out request:
-   its level, round, scheduled time, lengths and measured times) and ``scenario.yaml``.
+   its level, round, scheduled time, lengths and measured times), ``measured.json`` (what
+   1-4 measured) and ``scenario.yaml``.
+
+Steps 1-4 are :func:`measure_llm` and 5-6 :func:`predict_llm`: on a lent GPU the first
+runs there (``--device cuda --measure-only``) and the second here (``calibrate refit``).
 """
 
 from __future__ import annotations
@@ -111,9 +118,12 @@ def verdicts(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def scenario_dict(fit: dict, engine: dict, *, rate_rps: float, duration_s: float, warmup_s: float) -> dict:
-    """The calibrated scenario: the tiny engine on this machine (one replica), its fitted
-    step time and noise, the workload's lengths."""
+def scenario_dict(
+    fit: dict, engine: dict, *, rate_rps: float, duration_s: float, warmup_s: float, instance: str = "cpu"
+) -> dict:
+    """The calibrated scenario: the tiny engine on the machine that ran it (one replica of
+    ``instance``: ``cpu``, priced here, or a GPU the catalog prices), its fitted step time
+    and noise, the workload's lengths."""
     coef = {k: round(fit[k], 9) for k in llm_profile.COEFFICIENTS}
     if fit.get("decode_threshold") is not None:
         coef["decode_threshold"] = int(fit["decode_threshold"])
@@ -139,8 +149,8 @@ def scenario_dict(fit: dict, engine: dict, *, rate_rps: float, duration_s: float
             "step_time": {"kind": "linear", **coef},
             "noise_cv": round(fit["noise_cv"], 4),
         },
-        "workers": {"count": 1, "instance_type": "cpu"},
-        "cost": {"price_per_hour_usd": 0.1},
+        "workers": {"count": 1, "instance_type": instance},
+        "cost": {"price_per_hour_usd": 0.1} if instance == "cpu" else {},
         **({"platform": {"speed": fit["speed"]}} if fit.get("speed") else {}),
     }
 
@@ -181,15 +191,16 @@ def pooled_percentiles(slices: list[tuple[np.ndarray, np.ndarray]]) -> dict:
 
 
 def simulated(
-    doc: dict, rate_rps: float, slice_s: float, warmup_s: float, seeds: range, rounds: int = 1
+    doc: dict, rate_rps: float | list[float], slice_s: float, warmup_s: float, seeds: range, rounds: int = 1
 ) -> pd.DataFrame:
-    """The simulator's percentiles (ms) of the measured design at ``rate_rps``: ``rounds``
-    slices of ``slice_s``, each started empty with its first ``warmup_s`` left out, pooled;
-    one row per replication."""
-    s = _load(at_rate(doc, rate_rps, slice_s, warmup_s))
+    """The simulator's percentiles (ms) of the measured design: a slice of ``slice_s`` a
+    round, each started empty with its first ``warmup_s`` left out, pooled; one row per
+    replication. ``rate_rps``: each round's rate (a list), or one rate for ``rounds``."""
+    rates = [float(rate_rps)] * rounds if np.isscalar(rate_rps) else list(rate_rps)
+    loaded = {rate: _load(at_rate(doc, rate, slice_s, warmup_s)) for rate in set(rates)}
     rows = []
     for seed in seeds:
-        slices = [slice_latencies(s, seed * 1000 + k, slice_s, warmup_s) for k in range(rounds)]
+        slices = [slice_latencies(loaded[rate], seed * 1000 + k, slice_s, warmup_s) for k, rate in enumerate(rates)]
         rows.append({"seed": seed, **pooled_percentiles(slices)})
     return pd.DataFrame(rows)
 
@@ -210,6 +221,19 @@ def simulated_knee(doc: dict, rate_rps: float, duration_s: float, skip_s: float,
     counted from ``skip_s`` to ``duration_s``), the median over seeds."""
     s = _load(at_rate(doc, rate_rps, duration_s * 3, 0.0))  # long enough for the backlog to drain
     return float(np.median([knee_slice(s, seed, duration_s, skip_s) for seed in seeds]))
+
+
+def saturated_rate(doc: dict, knee_s: float, start_rps: float = 50.0) -> float:
+    """What the scenario ``doc`` completes a second when overloaded (the knee's design): offered
+    ``start_rps``, doubled until it completes less than 80% of what it is offered (a fast
+    engine, a GPU's, takes far more than a CPU's 20-30 req/s)."""
+    rate = start_rps
+    for _ in range(12):
+        done = simulated_knee(doc, rate, knee_s, KNEE_SKIP_S, range(1, 4))
+        if done < 0.8 * rate:
+            return done
+        rate *= 2.0
+    raise ValueError(f"the step-time fit takes over {rate / 2:.0f} req/s: is the profile's fit degenerate?")
 
 
 def measured_overhead(url: str, seed: int, n: int = 40) -> float:
@@ -256,19 +280,45 @@ def calibrate_llm(
     knee_s: float = 25.0,
     replications: int = 20,
     seed: int = 0,
+    device: str = "cpu",
     log=print,
 ) -> dict:
-    """The whole calibration (see the module's docstring); returns the profile written."""
+    """The whole calibration (see the module's docstring): :func:`measure_llm`, then
+    :func:`predict_llm`; returns the profile written."""
+    design = {"slice_s": slice_s, "rounds": rounds, "warmup_s": warmup_s, "knee_s": knee_s, "seed": seed}
+    measure_llm(out, **design, device=device, log=log)
+    return predict_llm(out, replications=replications, log=log)
+
+
+def measure_llm(
+    out: Path,
+    *,
+    slice_s: float = 20.0,
+    rounds: int = 3,
+    warmup_s: float = 3.0,
+    knee_s: float = 25.0,
+    seed: int = 0,
+    device: str = "cpu",
+    log=print,
+) -> dict:
+    """Steps 1-4 (the engine on ``device``): what the engine and the load generator measured,
+    written to ``out`` as ``measured.json`` (the design, the knee's slices, each level's
+    percentiles, the hardware), ``steps.csv.gz`` and ``requests.csv.gz``, from which
+    :func:`predict_llm` predicts on any machine (a lent GPU's time is spent measuring only).
+    They are written after every round: a run stopped early keeps the rounds it finished."""
+    from calibrate.profile import hardware
+
     out.mkdir(parents=True, exist_ok=True)
     engine = dict(ENGINE)
     rng = np.random.default_rng(seed)
     phases: dict[str, list[pd.DataFrame]] = {}  # the engine's step records of each phase
     answers: dict[float, list[pd.DataFrame]] = {share: [] for share in LEVELS}
     with (
-        server(server_args(engine), command="serve-llm", health="/health") as url,
+        server([*server_args(engine), "--device", device], command="serve-llm", health="/health") as url,
         beside_llm_front_end(url),  # the engine keeps its core to itself
     ):
         models = get_json(url + "/v1/models")["data"][0]
+        host = hardware()
         t = time.monotonic()
         phases["profile"] = [
             llm_profile.profile(
@@ -288,98 +338,193 @@ def calibrate_llm(
         )
         doc = scenario_dict(first, engine, rate_rps=1.0, duration_s=slice_s, warmup_s=warmup_s)
         # the knee: offer half again what the profile's fit can take, count completions
-        offered = 1.5 * simulated_knee(doc, 50.0, knee_s, KNEE_SKIP_S, range(1, 4))
+        offered = 1.5 * saturated_rate(doc, knee_s)
         knees = [measured_knee(url, doc, offered, knee_s, KNEE_SKIP_S, seed)]
         phases["knee"] = [step_records(url).assign(slice=1)]
         first_knee = knees[0]["completed_rps"]
         log(f"knee, first slice: measured {first_knee:.2f} req/s, offered {offered:.2f}")
         # the held-out levels and the knee again in rounds of short slices, each round in a
-        # random order, so that a slow minute of the host falls on every one alike
+        # random order, so that a slow minute of the host falls on every one alike; each
+        # round's levels are shares of the knee measured before it (one slice is the host's
+        # minute: the first came out 4-22% above the run's mean in 8 of 9 runs)
         s = _load(doc)
+        rates: dict[float, list[float]] = {share: [] for share in LEVELS}
         for r in range(rounds):
+            knee_so_far = float(np.mean([k["completed_rps"] for k in knees]))
             for item in rng.permutation(len(LEVELS) + 1):
                 if item == len(LEVELS):
                     knees.append(measured_knee(url, doc, offered, knee_s, KNEE_SKIP_S, int(rng.integers(1 << 31))))
                     phases["knee"].append(step_records(url).assign(slice=len(phases["knee"]) + 1))
                     continue
                 share = float(LEVELS[item])
-                plan = llm_load.plan_from_scenario(s, share * first_knee, slice_s, rng)
+                rates[share].append(share * knee_so_far)
+                plan = llm_load.plan_from_scenario(s, share * knee_so_far, slice_s, rng)
                 answers[share].append(llm_load.run(url, plan, seed=int(rng.integers(1 << 31))).assign(round=r))
                 level = phases.setdefault(f"level {share:g}", [])
                 level.append(step_records(url).assign(slice=len(level)))
+            # written after every round: a run cut short (a lent GPU's minutes) keeps its whole rounds
+            design = {
+                "engine": {**engine, "device": device},
+                "model": models,
+                "hardware": host,
+                "workload": WORKLOAD,
+                "slice_s": slice_s,
+                "rounds": r + 1,
+                "rounds_planned": rounds,
+                "warmup_s": warmup_s,
+                "knee_s": knee_s,
+                "overhead_ms": overhead,
+            }
+            measured = _save_measured(out, design, knees, phases, answers, rates)
             log(f"round {r + 1} of {rounds} measured")
+    return measured
+
+
+def _save_measured(out: Path, design: dict, knees: list[dict], phases: dict, answers: dict, rates: dict) -> dict:
+    """What :func:`measure_llm` measured so far (whole rounds), written to ``out``."""
     knee = {
-        "offered_rps": offered,
+        "offered_rps": knees[0]["offered_rps"],
         "completed_rps": float(np.mean([k["completed_rps"] for k in knees])),
         "slices_rps": [round(k["completed_rps"], 3) for k in knees],
-        "slice_s": knee_s,
-        "first_rps": first_knee,
+        "slice_s": design.pop("knee_s"),
+        "first_rps": knees[0]["completed_rps"],
         "requests": sum(k["requests"] for k in knees),
         "errors": sum(k["errors"] for k in knees),
     }
     # each phase's steps named by it: the drift between slices is measured within phases
-    steps_of = {k: pd.concat(v, ignore_index=True).assign(phase=k) for k, v in phases.items()}
+    steps = pd.concat([pd.concat(v, ignore_index=True).assign(phase=k) for k, v in phases.items()], ignore_index=True)
+    steps.to_csv(out / "steps.csv.gz", index=False)
+    # every held-out request as the client measured it, its slice's plan included (a replay's trace)
+    requests = pd.concat([pd.concat(v).assign(level=share) for share, v in answers.items()], ignore_index=True)
+    requests.drop(columns=["itl_s"], errors="ignore").to_csv(out / "requests.csv.gz", index=False)
+    warmup_s = design["warmup_s"]
+    measured = {
+        **design,
+        "knee": knee,
+        "levels": list(LEVELS),
+        "rates_rps": {f"{share:g}": [round(x, 4) for x in v] for share, v in rates.items()},
+        "percentiles": {
+            f"{share:g}": llm_load.percentiles(pd.concat(answers[share], ignore_index=True), skip_s=warmup_s)
+            for share in LEVELS
+        },
+    }
+    (out / "measured.json").write_text(json.dumps(measured, indent=1) + "\n")
+    return measured
 
-    # each held-out phase predicted by the step time fitted on every other phase's steps
-    def held_out_fit(phase: str) -> dict:
-        got = fitted(pd.concat([v for k, v in steps_of.items() if k != phase], ignore_index=True))
-        return {**got, "overhead_ms": overhead}
 
-    knee_doc = scenario_dict(held_out_fit("knee"), engine, rate_rps=1.0, duration_s=slice_s, warmup_s=warmup_s)
-    knee["simulated_rps"] = simulated_knee(knee_doc, offered, knee_s, KNEE_SKIP_S, range(1, 1 + replications // 2))
+def predict_llm(out: Path, *, replications: int = 20, log=print) -> dict:
+    """Steps 5-6 from what :func:`measure_llm` wrote to ``out``: each held-out phase
+    predicted by the step time fitted on every other phase's steps, judged, and the
+    profile, the report and the scenario written. Returns the profile, its table too."""
+    measured = json.loads((out / "measured.json").read_text())
+    steps = pd.read_csv(out / "steps.csv.gz")
+    engine = {k: v for k, v in measured["engine"].items() if k in ENGINE}
+    knee, overhead = dict(measured["knee"]), measured["overhead_ms"]
+    slice_s, rounds, warmup_s = measured["slice_s"], measured["rounds"], measured["warmup_s"]
+    kind = instance_type(measured)
+
+    def held_out_doc(phase: str) -> dict:
+        got = {**fitted(steps[steps["phase"] != phase]), "overhead_ms": overhead}
+        return scenario_dict(got, engine, rate_rps=1.0, duration_s=slice_s, warmup_s=warmup_s, instance=kind)
+
+    knee_doc = held_out_doc("knee")
+    knee["simulated_rps"] = simulated_knee(
+        knee_doc, knee["offered_rps"], knee["slice_s"], KNEE_SKIP_S, range(1, 1 + replications // 2)
+    )
     knee["error"] = knee["simulated_rps"] / knee["completed_rps"] - 1.0
-    log(f"knee: simulated {knee['simulated_rps']:.2f} req/s ({knee['error']:+.1%})")
+    sim_knee = f"simulated {knee['simulated_rps']:.2f} ({knee['error']:+.1%})"
+    log(f"knee: measured {knee['completed_rps']:.2f} req/s, {sim_knee}")
     rows = []
-    for share in LEVELS:
-        rate = share * first_knee
-        m = llm_load.percentiles(pd.concat(answers[share], ignore_index=True), skip_s=warmup_s)
-        level_doc = scenario_dict(
-            held_out_fit(f"level {share:g}"), engine, rate_rps=1.0, duration_s=slice_s, warmup_s=warmup_s
-        )
-        sim = simulated(level_doc, rate, slice_s, warmup_s, range(1, 1 + replications), rounds)
+    for share in measured["levels"]:
+        rates = level_rates(measured, share)
+        m = measured["percentiles"][f"{share:g}"]
+        sim = simulated(held_out_doc(f"level {share:g}"), rates, slice_s, warmup_s, range(1, 1 + replications))
+        rate = float(np.mean(rates))
         rows += cells(share, rate, m, sim, requests=m["requests"], errors=m["errors"])
         log(
             f"level {share:.0%} ({rate:.2f} req/s): TTFT p50 {m['ttft_p50_ms']:.1f} ms measured, "
             f"{sim['ttft_p50_ms'].median():.1f} predicted; TPOT p50 {m['tpot_p50_ms']:.2f}, "
             f"{sim['tpot_p50_ms'].median():.2f}"
         )
-    fit = {**fitted(pd.concat(list(steps_of.values()), ignore_index=True)), "overhead_ms": overhead}
-    steps = pd.concat(list(steps_of.values()), ignore_index=True)
+    fit = {**fitted(steps), "overhead_ms": overhead}
     table = verdicts(pd.DataFrame(rows))
     profile = {
-        "engine": engine,
-        "model": models,
-        "workload": WORKLOAD,
+        "engine": measured["engine"],
+        "model": measured["model"],
+        "hardware": measured.get("hardware"),
+        "workload": measured["workload"],
         "step_time": fit,
         "knee": knee,
-        "levels": list(LEVELS),
+        "levels": measured["levels"],
+        "rates_rps": {f"{share:g}": level_rates(measured, share) for share in measured["levels"]},
+        "levels_placed_by": "the knee so far" if measured.get("rates_rps") else "the first knee slice",
         "slice_s": slice_s,
         "rounds": rounds,
         "warmup_s": warmup_s,
         "replications": replications,
     }
     (out / "profile.json").write_text(json.dumps(profile, indent=1) + "\n")
+    rate = 0.5 * knee["completed_rps"]
     (out / "scenario.yaml").write_text(
-        "# written by servesim calibrate llm: the tiny engine on the machine that ran it\n"
+        f"# written by servesim calibrate llm: the tiny engine on {engine_on(measured)}\n"
         + yaml.safe_dump(
-            scenario_dict(fit, engine, rate_rps=0.5 * knee["completed_rps"], duration_s=300, warmup_s=warmup_s),
+            scenario_dict(fit, engine, rate_rps=rate, duration_s=300, warmup_s=warmup_s, instance=kind),
             sort_keys=False,
         )
     )
     table.to_csv(out / "validation.csv", index=False)
-    steps.to_csv(out / "steps.csv.gz", index=False)
-    # every held-out request as the client measured it, its slice's plan included (a replay's trace)
-    measured = pd.concat([pd.concat(v).assign(level=share) for share, v in answers.items()], ignore_index=True)
-    measured.drop(columns=["itl_s"], errors="ignore").to_csv(out / "requests.csv.gz", index=False)
     (out / "validation.md").write_text(markdown(profile, table))
     chart(table, out / "validation.png")
     return {**profile, "table": table}
+
+
+def level_rates(measured: dict, share: float) -> list[float]:
+    """The rates a level ran at, a round each (a run measured before the levels followed the
+    knee measured so far: every round at ``share`` of the first knee slice)."""
+    got = (measured.get("rates_rps") or {}).get(f"{share:g}")
+    knee = measured["knee"]
+    return list(got) if got else [share * knee.get("first_rps", knee["completed_rps"])] * measured["rounds"]
+
+
+def engine_on(measured: dict) -> str:
+    """What the engine ran on, in words: the GPU's name, or the CPU's model."""
+    hw = measured.get("hardware") or {}
+    if str(measured["engine"].get("device", "cpu")).startswith("cuda"):
+        return (hw.get("gpu") or {}).get("name") or "a GPU"
+    return hw.get("cpu") or "this machine's CPU"
+
+
+def default_folder(device: str) -> Path:
+    """Where ``calibrate llm`` writes by default: ``calibrate/profiles/cpu-tiny-llm``, or on a
+    GPU ``gpu-NAME-llm``, NAME the catalog's for it (``h100``) or its name's last word."""
+    if device == "cpu":
+        return Path("calibrate/profiles/cpu-tiny-llm")
+    from calibrate.profile import hardware
+
+    name = (hardware()["gpu"]["name"] or "gpu").lower()
+    from simulator.scenario.catalog import load_catalog
+
+    short = next((k for k in load_catalog().instances if k in name), name.split()[-1])
+    return Path(f"calibrate/profiles/gpu-{short}-llm")
+
+
+def instance_type(measured: dict) -> str:
+    """The scenario's ``workers.instance_type``: the catalog's GPU when the engine ran on one
+    it lists (an NVIDIA H100 is ``h100``), else ``cpu`` (priced in the scenario)."""
+    if not str(measured["engine"].get("device", "cpu")).startswith("cuda"):
+        return "cpu"
+    from simulator.scenario.catalog import load_catalog
+
+    name = engine_on(measured).lower()
+    return next((k for k in load_catalog().instances if k in name), "cpu")
 
 
 def markdown(profile: dict, table: pd.DataFrame) -> str:
     fit, knee = profile["step_time"], profile["knee"]
     lines = [
         "# The tiny LLM engine, calibrated",
+        "",
+        f"On {engine_on(profile)} (the engine on {profile['engine'].get('device', 'cpu')}).",
         "",
         f"Step time (ms) = {fit['c0_ms']:.4f} + {fit['prefill_ms_per_token']:.5f}·P + "
         f"{fit['attention_ms_per_token2']:.3g}·Σp(ctx+p/2) + {fit['decode_ms_per_seq']:.4f}·D"
@@ -407,7 +552,7 @@ def markdown(profile: dict, table: pd.DataFrame) -> str:
         "",
         f"Knee: measured {knee['completed_rps']:.2f} req/s (the mean of {len(knee['slices_rps'])} overload "
         f"slices of {knee['slice_s']:g} s spread over the run: {', '.join(f'{k:.2f}' for k in knee['slices_rps'])}; "
-        f"the levels are shares of the first), simulated {knee['simulated_rps']:.2f} req/s "
+        f"{placed(profile)}), simulated {knee['simulated_rps']:.2f} req/s "
         f"({knee['error']:+.1%}; target within 5%).",
         "",
         "| level | req/s | metric | measured ms | predicted ms (90% interval) | error | ok |",
@@ -419,6 +564,13 @@ def markdown(profile: dict, table: pd.DataFrame) -> str:
             f"{r.predicted_ms:.2f} ({r.lo_ms:.2f}–{r.hi_ms:.2f}) | {r.error:+.1%} | {'yes' if r.ok else 'no'} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def placed(profile: dict) -> str:
+    """How the run placed its levels, in words."""
+    if profile.get("levels_placed_by") == "the knee so far":
+        return "each round's levels are shares of the knee measured before it; a level's req/s is their mean"
+    return "the levels are shares of the first"
 
 
 def chart(table: pd.DataFrame, path: Path) -> None:

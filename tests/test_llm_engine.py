@@ -4,6 +4,7 @@ metrics, bad requests, shutdown) on a real server on 127.0.0.1."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -22,38 +23,46 @@ from reference_server.llm.model import DecoderConfig, PagedKV, Scheduled, TinyDe
 from tests.servers import children, descendants, llm_server, running, wait_gone
 
 F64 = DecoderConfig(dtype="float64", max_model_len=512)  # float64: argmax ties cannot flip between the two paths
+# the model's tests run on CUDA too where a GPU is there (a lent GPU machine: calibrate/README)
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
 
 
 def _prompts(n: int, shared: str = "") -> dict[str, list[int]]:
     return {f"r{i}": encode(shared + f"question {i}: " + "why? " * (i % 4 + 1)) for i in range(n)}
 
 
-def test_paged_attention_equals_dense_attention():
+@pytest.mark.parametrize("device", DEVICES)
+def test_paged_attention_equals_dense_attention(device):
     """Logits of a step over paged blocks (scattered, out of order) equal a dense causal
     pass over the same tokens, for a chunk after context and for single decodes."""
-    model = TinyDecoder(F64)
-    kv = PagedKV(F64, num_blocks=16, block_size=4)
+    model = TinyDecoder(F64, device)
+    kv = PagedKV(F64, num_blocks=16, block_size=4, device=device)
     tokens = encode("The quick brown fox jumps over")  # 30 tokens
     table = [9, 2, 14, 5, 0, 11, 7, 3]  # blocks in no order
+
+    def tensor(values) -> torch.Tensor:
+        return torch.as_tensor(values, device=device)
+
     # first a chunk of 20 tokens, then the other 10 as a second chunk, then logits compared
     for start, end in ((0, 20), (20, 30)):
-        slots = torch.tensor(kv.slots(table, 0, end))
-        seq = Scheduled(0, end - start, start, slots, True)
-        logits = model.step(torch.tensor(tokens[start:end]), torch.arange(start, end), [seq], kv)
+        seq = Scheduled(0, end - start, start, tensor(kv.slots(table, 0, end)), True)
+        logits = model.step(tensor(tokens[start:end]), torch.arange(start, end, device=device), [seq], kv)
         dense = model.dense_logits(tokens[:end])
         assert torch.allclose(logits[0], dense, rtol=0, atol=1e-10)
     # a decode of one more token against the 30 in the cache
-    slots = torch.tensor(kv.slots(table, 0, 31))
-    logits = model.step(torch.tensor([65]), torch.tensor([30]), [Scheduled(0, 1, 30, slots, True)], kv)
+    seq = Scheduled(0, 1, 30, tensor(kv.slots(table, 0, 31)), True)
+    logits = model.step(tensor([65]), tensor([30]), [seq], kv)
     assert torch.allclose(logits[0], model.dense_logits([*tokens, 65]), rtol=0, atol=1e-10)
 
 
-def test_batched_chunked_engine_gives_the_dense_tokens():
+@pytest.mark.parametrize("device", DEVICES)
+def test_batched_chunked_engine_gives_the_dense_tokens(device):
     """Continuous batching with chunked prefill (a small token budget, a long-prefill cap)
     produces, for every request, exactly the greedy tokens of a dense model."""
     cfg = EngineConfig(
         F64, num_blocks=64, block_size=8, max_num_batched_tokens=24, max_num_seqs=4, long_prefill_token_threshold=10
     )
+    cfg = dataclasses.replace(cfg, device=device)
     engine = Engine(cfg)
     prompts = _prompts(6)
     for rid, p in prompts.items():
@@ -66,15 +75,24 @@ def test_batched_chunked_engine_gives_the_dense_tokens():
     assert engine.blocks.free == cfg.num_blocks
 
 
-def test_preemption_and_prefix_reuse_give_the_same_tokens():
+@pytest.mark.parametrize("device", DEVICES)
+def test_preemption_and_prefix_reuse_give_the_same_tokens(device):
     """Short of KV blocks, sequences are preempted and recomputed, and a shared system prompt
     is served from the prefix cache: the tokens are those of a run with room and no cache."""
     shared = "You are a careful assistant who answers briefly. "
     prompts = _prompts(8, shared)
-    tight = Engine(EngineConfig(F64, num_blocks=18, block_size=8, max_num_batched_tokens=32, max_num_seqs=8))
+    tight = Engine(
+        EngineConfig(F64, num_blocks=18, block_size=8, max_num_batched_tokens=32, max_num_seqs=8, device=device)
+    )
     roomy = Engine(
         EngineConfig(
-            F64, num_blocks=256, block_size=8, max_num_batched_tokens=32, max_num_seqs=8, enable_prefix_caching=False
+            F64,
+            num_blocks=256,
+            block_size=8,
+            max_num_batched_tokens=32,
+            max_num_seqs=8,
+            enable_prefix_caching=False,
+            device=device,
         )
     )
     for e in (tight, roomy):
@@ -672,6 +690,99 @@ def test_calibrate_llm_end_to_end(tmp_path):
     # drift between minutes moves them by up to half (calibrate/README): reported, not held
     low = table[(table["q"] == 50) & (table["share"] == 0.3)]
     assert (low["error"].abs() < 0.25).all(), low[["metric", "guidellm_ms", "predicted_ms"]]
+
+
+def test_a_measured_calibration_is_predicted_on_another_machine(tmp_path):
+    """`calibrate llm --measure-only` on a lent GPU, `calibrate refit` here: the committed H100
+    run's measurements (measured.json, steps.csv.gz) predicted again (2 replications, the
+    design's rates), the report naming the GPU and the scenario pricing it as the catalog's."""
+    import shutil
+
+    import yaml
+
+    from calibrate.llm_run import predict_llm
+
+    src = Path("calibrate/profiles/gpu-h100-llm")
+    for name in ("measured.json", "steps.csv.gz"):
+        shutil.copy(src / name, tmp_path / name)
+    got = predict_llm(tmp_path, replications=2, log=lambda _: None)
+    measured = json.loads((src / "measured.json").read_text())
+    assert got["engine"]["device"] == "cuda"
+    assert len(got["table"]) == 24
+    assert got["knee"]["completed_rps"] == pytest.approx(measured["knee"]["completed_rps"])
+    rates = got["table"].groupby("level")["rate_rps"].first()
+    for share in measured["levels"]:  # as it ran: each level at its rounds' rates
+        assert rates[share] == pytest.approx(sum(got["rates_rps"][f"{share:g}"]) / measured["rounds"])
+    assert "On NVIDIA H100" in (tmp_path / "validation.md").read_text()
+    doc = yaml.safe_load((tmp_path / "scenario.yaml").read_text())
+    assert doc["workers"]["instance_type"] == "h100"
+    assert "price_per_hour_usd" not in doc["cost"]  # the catalog prices it
+
+
+def test_simulated_takes_each_rounds_rate():
+    """A level whose rounds ran at different rates is simulated at those rates: one slice
+    of each, pooled (as the calibration measures it), not all at their mean."""
+    from calibrate.llm_run import simulated
+
+    doc = yaml_doc()
+    low, high = simulated(doc, 4.0, 12.0, 2.0, range(1, 4), 2), simulated(doc, 16.0, 12.0, 2.0, range(1, 4), 2)
+    mixed = simulated(doc, [4.0, 16.0], 12.0, 2.0, range(1, 4))
+    for q in ("ttft_p50_ms", "tpot_p90_ms"):
+        assert low[q].median() < mixed[q].median() < high[q].median()
+    same = simulated(doc, [4.0, 4.0], 12.0, 2.0, range(1, 4))
+    assert same.equals(low)
+
+
+def yaml_doc() -> dict:
+    """The committed CPU profile's scenario, its speed process left out (quicker and steadier)."""
+    import yaml
+
+    doc = yaml.safe_load(Path("calibrate/profiles/cpu-tiny-llm/scenario.yaml").read_text())
+    doc.pop("platform", None)
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["llm", "--device", "tpu"], "--device must be cpu or cuda, not 'tpu'"),
+        pytest.param(
+            ["llm", "--device", "cuda", "--measure-only"],
+            "--device cuda: no CUDA device is visible",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is there"),
+        ),
+    ],
+)
+def test_calibrate_llm_refuses_a_bad_device_before_starting(args, message, tmp_path):
+    import subprocess
+    import sys
+
+    got = subprocess.run(
+        [sys.executable, "-m", "servesim", "calibrate", *args, "--out", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert got.returncode == 2
+    assert message in got.stderr
+    assert "Traceback" not in got.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_refit_of_a_measured_folder_without_its_steps_says_so(tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "measured.json").write_text("{}")
+    got = subprocess.run(
+        [sys.executable, "-m", "servesim", "calibrate", "refit", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert got.returncode == 2
+    assert "measured.json without steps.csv.gz" in got.stderr
+    assert "Traceback" not in got.stderr
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="pinning needs a core for the engine and one for the rest")

@@ -42,7 +42,7 @@ def predicted(
     measured = pd.read_csv(folder / "validation.csv")
     profile = json.loads((folder / "profile.json").read_text())
     knee, overhead = profile["knee"], profile["step_time"].get("overhead_ms", 0.0)
-    slice_s, rounds, warmup_s = profile["slice_s"], profile["rounds"], profile["warmup_s"]
+    slice_s, warmup_s = profile["slice_s"], profile["warmup_s"]
 
     def doc(phase: str) -> dict:
         fit = llm_run.fitted(steps[steps["phase"] != phase], speed_bin_s, wake_steps, minute)
@@ -53,8 +53,8 @@ def predicted(
     knee_rps = llm_run.simulated_knee(doc("knee"), knee["offered_rps"], knee_s, llm_run.KNEE_SKIP_S, range(1, 11))
     rows = []
     for share in profile["levels"]:
-        rate = share * knee.get("first_rps", knee["completed_rps"])  # the levels' rates, as measured
-        sim = llm_run.simulated(doc(f"level {share:g}"), rate, slice_s, warmup_s, seeds, rounds)
+        rates = llm_run.level_rates(profile, share)  # the rates each round's slice ran at
+        sim = llm_run.simulated(doc(f"level {share:g}"), rates, slice_s, warmup_s, seeds)
         for m in measured[measured["level"] == share].itertuples():
             lo, mid, hi = replication_interval(sim[f"{m.metric}_p{m.q}_ms"])
             rows.append(

@@ -330,6 +330,7 @@ def create_llm_app(
                         "engine_core": core,
                         "frontend_cores": frontend_cores,
                         "engine_pid": state["client"].proc.pid,
+                        "device": state["client"].device,
                         "idle": idle,
                     },
                 }
