@@ -720,17 +720,22 @@ def test_a_measured_calibration_is_predicted_on_another_machine(tmp_path):
 
 
 def test_simulated_takes_each_rounds_rate():
-    """A level whose rounds ran at different rates is simulated at those rates: one slice
-    of each, pooled (as the calibration measures it), not all at their mean."""
-    from calibrate.llm_run import simulated
+    """A level whose rounds ran at different rates is simulated at those rates: round k's
+    slice at round k's rate, pooled (as the calibration measures it), not all at one."""
+    from calibrate.llm_run import _load, at_rate, pooled_percentiles, simulated, slice_latencies
 
     doc = yaml_doc()
-    low, high = simulated(doc, 4.0, 12.0, 2.0, range(1, 4), 2), simulated(doc, 16.0, 12.0, 2.0, range(1, 4), 2)
-    mixed = simulated(doc, [4.0, 16.0], 12.0, 2.0, range(1, 4))
-    for q in ("ttft_p50_ms", "tpot_p90_ms"):
-        assert low[q].median() < mixed[q].median() < high[q].median()
-    same = simulated(doc, [4.0, 4.0], 12.0, 2.0, range(1, 4))
-    assert same.equals(low)
+    mixed = simulated(doc, [4.0, 16.0], 12.0, 2.0, range(1, 3))
+    for row in mixed.itertuples():
+        slices = [
+            slice_latencies(_load(at_rate(doc, rate, 12.0, 2.0)), row.seed * 1000 + k, 12.0, 2.0)
+            for k, rate in enumerate([4.0, 16.0])
+        ]
+        assert pooled_percentiles(slices) == pytest.approx(
+            {k: v for k, v in row._asdict().items() if k.endswith("_ms")}
+        )
+    assert simulated(doc, [4.0, 4.0], 12.0, 2.0, range(1, 3)).equals(simulated(doc, 4.0, 12.0, 2.0, range(1, 3), 2))
+    assert not mixed.equals(simulated(doc, 10.0, 12.0, 2.0, range(1, 3), 2))  # not the mean rate's
 
 
 def yaml_doc() -> dict:
