@@ -286,6 +286,9 @@ def _llm_refit(folder: Path, *, replications: int) -> None:
         raise typer.Exit(code=2)
     try:
         got = predict_llm(folder, replications=replications)
+    except (OSError, EOFError) as err:  # a steps.csv.gz cut short or not gzip
+        typer.echo(f"error: {folder}/steps.csv.gz: {err}", err=True)
+        raise typer.Exit(code=2) from None
     except (ValueError, KeyError) as err:
         typer.echo(f"error: {folder}/measured.json: {err}", err=True)
         raise typer.Exit(code=2) from None

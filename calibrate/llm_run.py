@@ -501,11 +501,18 @@ def default_folder(device: str) -> Path:
         return Path("calibrate/profiles/cpu-tiny-llm")
     from calibrate.profile import hardware
 
-    name = (hardware()["gpu"]["name"] or "gpu").lower()
+    name = hardware()["gpu"]["name"] or "gpu"
+    return Path(f"calibrate/profiles/gpu-{catalog_gpu(name) or name.lower().split()[-1]}-llm")
+
+
+def catalog_gpu(name: str) -> str | None:
+    """The catalog's instance type a GPU's name is (``NVIDIA H100 80GB HBM3``: ``h100``; an
+    L40S is not an ``l4``), or None."""
+    import re
+
     from simulator.scenario.catalog import load_catalog
 
-    short = next((k for k in load_catalog().instances if k in name), name.split()[-1])
-    return Path(f"calibrate/profiles/gpu-{short}-llm")
+    return next((k for k in load_catalog().instances if re.search(rf"\b{re.escape(k)}\b", name.lower())), None)
 
 
 def instance_type(measured: dict) -> str:
@@ -513,10 +520,7 @@ def instance_type(measured: dict) -> str:
     it lists (an NVIDIA H100 is ``h100``), else ``cpu`` (priced in the scenario)."""
     if not str(measured["engine"].get("device", "cpu")).startswith("cuda"):
         return "cpu"
-    from simulator.scenario.catalog import load_catalog
-
-    name = engine_on(measured).lower()
-    return next((k for k in load_catalog().instances if k in name), "cpu")
+    return catalog_gpu(engine_on(measured)) or "cpu"
 
 
 def markdown(profile: dict, table: pd.DataFrame) -> str:

@@ -719,6 +719,20 @@ def test_a_measured_calibration_is_predicted_on_another_machine(tmp_path):
     assert "price_per_hour_usd" not in doc["cost"]  # the catalog prices it
 
 
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA L40S", None), ("NVIDIA L4", "l4")],
+)
+def test_a_gpus_name_is_the_catalogs_instance_type(name, kind):
+    """The scenario a GPU calibration writes is priced as the catalog's GPU of that name; a
+    GPU the catalog does not list (an L40S is not an L4) is priced in the file."""
+    from calibrate.llm_run import catalog_gpu, instance_type
+
+    assert catalog_gpu(name) == kind
+    measured = {"engine": {"device": "cuda"}, "hardware": {"gpu": {"name": name}}}
+    assert instance_type(measured) == (kind or "cpu")
+
+
 def test_simulated_takes_each_rounds_rate():
     """A level whose rounds ran at different rates is simulated at those rates: round k's
     slice at round k's rate, pooled (as the calibration measures it), not all at one."""
