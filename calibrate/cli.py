@@ -580,6 +580,20 @@ def judge(
         typer.echo(f"error: --profile {profile}: no profile.json there (servesim calibrate llm writes one)", err=True)
         raise typer.Exit(code=2)
     try:
+        measured_on = json.loads((profile / "profile.json").read_text()).get("device", "cpu")
+    except ValueError as err:
+        typer.echo(f"error: --profile {profile}/profile.json: not JSON ({err})", err=True)
+        raise typer.Exit(code=2) from None
+    if measured_on == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            typer.echo(
+                f"error: --profile {profile}: measured on CUDA: judge it where a GPU is (torch sees none)",
+                err=True,
+            )
+            raise typer.Exit(code=2)
+    try:
         from calibrate.judge import JudgeMissing, guidellm_command
         from calibrate.judge import judge as run_judge
 

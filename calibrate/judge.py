@@ -204,7 +204,7 @@ def judge(
     knee = profile["knee"]["completed_rps"]
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    args = llm_run.server_args(profile["engine"])
+    args = [*llm_run.server_args(profile["engine"]), "--device", profile.get("device", "cpu")]  # where it was measured
     with (
         tempfile.TemporaryDirectory(prefix="servesim-judge-") as tmp,
         server(args, command="serve-llm", health="/health") as url,

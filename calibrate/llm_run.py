@@ -364,7 +364,8 @@ def measure_llm(
                 level.append(step_records(url).assign(slice=len(level)))
             # written after every round: a run cut short (a lent GPU's minutes) keeps its whole rounds
             design = {
-                "engine": {**engine, "device": device},
+                "engine": engine,
+                "device": device,
                 "model": models,
                 "hardware": host,
                 "workload": WORKLOAD,
@@ -449,7 +450,8 @@ def predict_llm(out: Path, *, replications: int = 20, log=print) -> dict:
     fit = {**fitted(steps), "overhead_ms": overhead}
     table = verdicts(pd.DataFrame(rows))
     profile = {
-        "engine": measured["engine"],
+        "engine": engine,  # the scenario's batching fields (the judge's and the target's too)
+        "device": device_of(measured),
         "model": measured["model"],
         "hardware": measured.get("hardware"),
         "workload": measured["workload"],
@@ -486,10 +488,16 @@ def level_rates(measured: dict, share: float) -> list[float]:
     return list(got) if got else [share * knee.get("first_rps", knee["completed_rps"])] * measured["rounds"]
 
 
+def device_of(measured: dict) -> str:
+    """The engine's device in a measured.json or profile.json (``cpu`` before there was a
+    choice; the first GPU run kept it among the engine's fields)."""
+    return str(measured.get("device") or measured["engine"].get("device", "cpu"))
+
+
 def engine_on(measured: dict) -> str:
     """What the engine ran on, in words: the GPU's name, or the CPU's model."""
     hw = measured.get("hardware") or {}
-    if str(measured["engine"].get("device", "cpu")).startswith("cuda"):
+    if device_of(measured).startswith("cuda"):
         return (hw.get("gpu") or {}).get("name") or "a GPU"
     return hw.get("cpu") or "this machine's CPU"
 
@@ -518,7 +526,7 @@ def catalog_gpu(name: str) -> str | None:
 def instance_type(measured: dict) -> str:
     """The scenario's ``workers.instance_type``: the catalog's GPU when the engine ran on one
     it lists (an NVIDIA H100 is ``h100``), else ``cpu`` (priced in the scenario)."""
-    if not str(measured["engine"].get("device", "cpu")).startswith("cuda"):
+    if not device_of(measured).startswith("cuda"):
         return "cpu"
     return catalog_gpu(engine_on(measured)) or "cpu"
 
@@ -528,7 +536,7 @@ def markdown(profile: dict, table: pd.DataFrame) -> str:
     lines = [
         "# The tiny LLM engine, calibrated",
         "",
-        f"On {engine_on(profile)} (the engine on {profile['engine'].get('device', 'cpu')}).",
+        f"On {engine_on(profile)} (the engine on {device_of(profile)}).",
         "",
         f"Step time (ms) = {fit['c0_ms']:.4f} + {fit['prefill_ms_per_token']:.5f}·P + "
         f"{fit['attention_ms_per_token2']:.3g}·Σp(ctx+p/2) + {fit['decode_ms_per_seq']:.4f}·D"

@@ -707,7 +707,8 @@ def test_a_measured_calibration_is_predicted_on_another_machine(tmp_path):
         shutil.copy(src / name, tmp_path / name)
     got = predict_llm(tmp_path, replications=2, log=lambda _: None)
     measured = json.loads((src / "measured.json").read_text())
-    assert got["engine"]["device"] == "cuda"
+    assert got["device"] == "cuda"
+    assert set(got["engine"]) == {"num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"}
     assert len(got["table"]) == 24
     assert got["knee"]["completed_rps"] == pytest.approx(measured["knee"]["completed_rps"])
     rates = got["table"].groupby("level")["rate_rps"].first()
@@ -729,7 +730,7 @@ def test_a_gpus_name_is_the_catalogs_instance_type(name, kind):
     from calibrate.llm_run import catalog_gpu, instance_type
 
     assert catalog_gpu(name) == kind
-    measured = {"engine": {"device": "cuda"}, "hardware": {"gpu": {"name": name}}}
+    measured = {"engine": {}, "device": "cuda", "hardware": {"gpu": {"name": name}}}
     assert instance_type(measured) == (kind or "cpu")
 
 
@@ -786,6 +787,20 @@ def test_calibrate_llm_refuses_a_bad_device_before_starting(args, message, tmp_p
     assert message in got.stderr
     assert "Traceback" not in got.stderr
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is there")
+def test_the_judge_refuses_a_gpu_profile_without_a_gpu(tmp_path):
+    """The H100 profile is judged where it was measured: here, one line and exit 2."""
+    import subprocess
+    import sys
+
+    cmd = ["calibrate", "judge", "--profile", "calibrate/profiles/gpu-h100-llm", "--out", str(tmp_path / "j")]
+    got = subprocess.run([sys.executable, "-m", "servesim", *cmd], capture_output=True, text=True, timeout=120)
+    assert got.returncode == 2
+    assert "measured on CUDA: judge it where a GPU is" in got.stderr
+    assert "Traceback" not in got.stderr
+    assert not (tmp_path / "j").exists()
 
 
 def test_refit_of_a_measured_folder_without_its_steps_says_so(tmp_path):
