@@ -271,22 +271,11 @@ def step_records(url: str) -> pd.DataFrame:
     return steps[steps["done_ns"] > 0].reset_index(drop=True)
 
 
-def calibrate_llm(
-    out: Path,
-    *,
-    slice_s: float = 20.0,
-    rounds: int = 3,
-    warmup_s: float = 3.0,
-    knee_s: float = 25.0,
-    replications: int = 20,
-    seed: int = 0,
-    device: str = "cpu",
-    log=print,
-) -> dict:
-    """The whole calibration (see the module's docstring): :func:`measure_llm`, then
+def calibrate_llm(out: Path, *, replications: int = 20, log=print, **design) -> dict:
+    """The whole calibration (see the module's docstring): :func:`measure_llm` with
+    ``design`` (its keywords: slice_s, rounds, warmup_s, knee_s, seed, device), then
     :func:`predict_llm`; returns the profile written."""
-    design = {"slice_s": slice_s, "rounds": rounds, "warmup_s": warmup_s, "knee_s": knee_s, "seed": seed}
-    measure_llm(out, **design, device=device, log=log)
+    measure_llm(out, **design, log=log)
     return predict_llm(out, replications=replications, log=log)
 
 
@@ -373,21 +362,22 @@ def measure_llm(
                 "rounds": r + 1,
                 "rounds_planned": rounds,
                 "warmup_s": warmup_s,
-                "knee_s": knee_s,
                 "overhead_ms": overhead,
             }
-            measured = _save_measured(out, design, knees, phases, answers, rates)
+            measured = _save_measured(out, design, knee_s, knees, phases, answers, rates)
             log(f"round {r + 1} of {rounds} measured")
     return measured
 
 
-def _save_measured(out: Path, design: dict, knees: list[dict], phases: dict, answers: dict, rates: dict) -> dict:
+def _save_measured(
+    out: Path, design: dict, knee_s: float, knees: list[dict], phases: dict, answers: dict, rates: dict
+) -> dict:
     """What :func:`measure_llm` measured so far (whole rounds), written to ``out``."""
     knee = {
         "offered_rps": knees[0]["offered_rps"],
         "completed_rps": float(np.mean([k["completed_rps"] for k in knees])),
         "slices_rps": [round(k["completed_rps"], 3) for k in knees],
-        "slice_s": design.pop("knee_s"),
+        "slice_s": knee_s,
         "first_rps": knees[0]["completed_rps"],
         "requests": sum(k["requests"] for k in knees),
         "errors": sum(k["errors"] for k in knees),

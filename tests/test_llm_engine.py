@@ -357,6 +357,7 @@ def test_models_lists_the_served_model(server):
     with urllib.request.urlopen(url + "/v1/models") as r:
         body = json.loads(r.read())
     assert body["data"][0]["id"] == "servesim-tiny"
+    assert body["data"][0]["servesim"]["device"] == "cpu"  # where the engine runs (a calibration records it)
 
 
 def test_no_orphan_process_after_sigterm():
