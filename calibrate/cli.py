@@ -508,6 +508,13 @@ def llm(
         float, typer.Option(help="Seconds of one overload slice (one first, then one a round) that measure the knee.")
     ] = 25.0,
     replications: Annotated[int, typer.Option(help="Simulated replications of each level's design.")] = 20,
+    age_s: Annotated[
+        float,
+        typer.Option(
+            help="Seconds of overload that age the engine after its profile, before the knee and the levels "
+            "(then drained; 0: none): a fresh engine process runs 7-12% faster than one minutes into its load."
+        ),
+    ] = 90.0,
     seed: Annotated[int, typer.Option(help="Seed of the profile's order and the load's draws.")] = 0,
     device: Annotated[str, typer.Option(help="The engine's device: cpu, or cuda when a GPU is there.")] = "cpu",
     measure_only: Annotated[
@@ -521,9 +528,10 @@ def llm(
 ) -> None:
     """Calibrate the LLM model against the tiny real engine (servesim serve-llm): profile
     and fit its step time, measure its knee, validate TTFT and TPOT on held-out levels."""
-    if slice_s <= 5 or rounds < 1 or knee_s <= 20 or replications < 2:
+    if slice_s <= 5 or rounds < 1 or knee_s <= 20 or replications < 2 or not 0 <= age_s <= 3600:
         typer.echo(
-            "error: --slice-s must be above 5, --rounds at least 1, --knee-s above 20 and --replications at least 2",
+            "error: --slice-s must be above 5, --rounds at least 1, --knee-s above 20, --replications at least 2 "
+            "and --age-s from 0 to 3600",
             err=True,
         )
         raise typer.Exit(code=2)
@@ -542,7 +550,7 @@ def llm(
             raise typer.Exit(code=2)
     out = out or default_folder(device)
     signal.signal(signal.SIGTERM, _terminated)
-    design = {"slice_s": slice_s, "rounds": rounds, "knee_s": knee_s, "seed": seed, "device": device}
+    design = {"slice_s": slice_s, "rounds": rounds, "knee_s": knee_s, "age_s": age_s, "seed": seed, "device": device}
     if measure_only:
         got = measure_llm(out, **design)
         typer.echo(f"wrote {out}/measured.json, steps.csv.gz, requests.csv.gz: `servesim calibrate refit {out}`")
@@ -563,6 +571,13 @@ def judge(
     duration_s: Annotated[float, typer.Option(help="Seconds of GuideLLM's load at each rate.")] = 60.0,
     replications: Annotated[int, typer.Option(help="Simulated replications of each run.")] = 20,
     seed: Annotated[int, typer.Option(help="GuideLLM's seed (its prompts, lengths and arrivals).")] = 0,
+    age_s: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds of overload that age the engine before GuideLLM drives it (default: as long as the "
+            "profile's calibration aged it; 0: none)."
+        ),
+    ] = None,
 ) -> None:
     """Drive the tiny engine with GuideLLM (a load generator nobody here wrote) at two
     rates and compare its TTFT, ITL and TPOT percentiles with the calibrated scenario's."""
@@ -573,8 +588,10 @@ def judge(
     if not got or any(not 0 < x < 1 for x in got):
         typer.echo(f"error: --shares must be shares of the knee in (0, 1), comma-separated; got {shares!r}", err=True)
         raise typer.Exit(code=2)
-    if duration_s < 10 or replications < 2:
-        typer.echo("error: --duration-s must be at least 10 and --replications at least 2", err=True)
+    if duration_s < 10 or replications < 2 or (age_s is not None and not 0 <= age_s <= 3600):
+        typer.echo(
+            "error: --duration-s must be at least 10, --replications at least 2 and --age-s from 0 to 3600", err=True
+        )
         raise typer.Exit(code=2)
     if not (profile / "profile.json").is_file():
         typer.echo(f"error: --profile {profile}: no profile.json there (servesim calibrate llm writes one)", err=True)
@@ -602,7 +619,9 @@ def judge(
         typer.echo(f"error: {err}; install it with pip install -e '.[judge]'", err=True)
         raise typer.Exit(code=2) from None
     signal.signal(signal.SIGTERM, _terminated)
-    table = run_judge(profile, out, shares=tuple(got), duration_s=duration_s, replications=replications, seed=seed)
+    table = run_judge(
+        profile, out, shares=tuple(got), duration_s=duration_s, replications=replications, seed=seed, age_s=age_s
+    )
     typer.echo(f"wrote {out}/judge.md, judge.csv")
     typer.echo(f"{int(table['ok'].sum())} of {len(table)} percentiles within their bound or interval")
 

@@ -193,10 +193,13 @@ def judge(
     duration_s: float = 60.0,
     replications: int = 20,
     seed: int = 0,
+    age_s: float | None = None,
     log=print,
 ) -> pd.DataFrame:
     """GuideLLM at ``shares`` of the profile's knee against the scenario's prediction;
-    writes ``judge.md``, ``judge.csv`` and GuideLLM's reports to ``out``."""
+    writes ``judge.md``, ``judge.csv`` and GuideLLM's reports to ``out``. The engine is
+    first aged as the profile's calibration aged it (``age_s`` seconds of overload; None:
+    the profile's, :func:`calibrate.llm_run.age_engine`), so that both see the same engine."""
     guidellm_command()
     profile = json.loads((profile_dir / "profile.json").read_text())
     fit = {**profile["step_time"]}
@@ -211,6 +214,12 @@ def judge(
     ):
         scratch = Path(tmp)
         tokenizer = byte_tokenizer(scratch / "tokenizer")
+        aged = profile.get("age") or {}
+        age_s = float(aged.get("seconds", 0.0)) if age_s is None else float(age_s)
+        if age_s > 0:
+            offered = float(aged.get("offered_rps") or 1.5 * profile["knee"]["completed_rps"])
+            got = llm_run.age_engine(url, doc, offered, age_s, seed + 1000)
+            log(f"aged the engine: {age_s:g} s at {offered:.2f} req/s offered, drained after {got['took_s']:.0f} s")
         for i, share in enumerate(shares):
             rate = share * knee
             llm_run.step_records(url)  # what came before

@@ -4,7 +4,11 @@
    of its own, the front end and this process, the load generator, on the others).
 2. Profile its step time through the server over a grid of workloads
    (:mod:`calibrate.llm_profile`).
-3. Find the knee, the most requests a second the engine sustains, by measurement: offer
+3. Age the engine: overload it for 90 s (``--age-s``) and let it drain, its steps not
+   fitted. An engine process minutes into overload runs the same forward 7-12% slower
+   than a fresh one (calibrate/experiments/llm_aging.py); measured fresh, a run's first
+   minutes ran fast (its first knee slice 15% above the others, in log, over seven runs).
+   Then find the knee, the most requests a second the engine sustains, by measurement: offer
    half again what the profile's fit says it can take (doubling the offer until the fit
    saturates: a GPU's engine takes more than a CPU's), open loop, and count completions a
    second once it is full. Once first, and again in every round below, as one more slice
@@ -52,6 +56,7 @@ from calibrate.servers import beside_llm_front_end, get_json, server
 from calibrate.stats import replication_interval
 
 LEVELS = (0.3, 0.5, 0.7, 0.85)
+AGE_S = 90.0  # overload that ages the engine before the knee and the levels are measured (then drained)
 KNEE_SKIP_S = 10.0  # an overload slice's completions are counted from here on: by then the engine is full
 QUANTILES = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl")
@@ -265,6 +270,34 @@ def measured_knee(url: str, doc: dict, rate_rps: float, duration_s: float, skip_
     }
 
 
+AGE_WINDOW_S = 20.0  # the aging's completions are counted in windows this long
+
+
+def age_engine(url: str, doc: dict, offered_rps: float, age_s: float, seed: int) -> dict:
+    """Overload the engine for ``age_s`` (offered ``offered_rps``, then its backlog drained)
+    and forget its steps: an engine process runs its forward 7-12% slower after minutes of
+    overload than fresh (calibrate/experiments/llm_aging.py, the same forward in turns on
+    one core), so a calibration that starts on a fresh engine measures its first minutes
+    fast (the first knee slice above its run's mean in 11 of 12 runs). Returns the design
+    and the completions a second of each :data:`AGE_WINDOW_S` of it (the record)."""
+    if age_s <= 0:
+        return {"seconds": 0.0}
+    plan = llm_load.plan_from_scenario(_load(doc), offered_rps, age_s, np.random.default_rng(seed))
+    df = llm_load.run(url, plan, seed=seed)
+    step_records(url)  # the aging's steps: not a phase of the fit
+    done = (df["scheduled_s"] + df["e2e_s"]).dropna().to_numpy()
+    edges = np.arange(0.0, done.max(initial=0.0) + AGE_WINDOW_S, AGE_WINDOW_S)
+    counts = np.histogram(done, edges)[0] if len(edges) > 1 else np.zeros(0)
+    return {
+        "seconds": float(age_s),
+        "offered_rps": float(offered_rps),
+        "took_s": float(done.max(initial=0.0)),
+        "window_s": AGE_WINDOW_S,
+        "completed_rps": [round(float(c) / AGE_WINDOW_S, 3) for c in counts],
+        "errors": int(df["error"].notna().sum()),
+    }
+
+
 def step_records(url: str) -> pd.DataFrame:
     """The engine's step records since the last fetch (its whole cycles only)."""
     steps = pd.DataFrame(get_json(url + "/servesim/steps"))
@@ -273,7 +306,7 @@ def step_records(url: str) -> pd.DataFrame:
 
 def calibrate_llm(out: Path, *, replications: int = 20, log=print, **design) -> dict:
     """The whole calibration (see the module's docstring): :func:`measure_llm` with
-    ``design`` (its keywords: slice_s, rounds, warmup_s, knee_s, seed, device), then
+    ``design`` (its keywords: slice_s, rounds, warmup_s, knee_s, age_s, seed, device), then
     :func:`predict_llm`; returns the profile written."""
     measure_llm(out, **design, log=log)
     return predict_llm(out, replications=replications, log=log)
@@ -286,11 +319,13 @@ def measure_llm(
     rounds: int = 3,
     warmup_s: float = 3.0,
     knee_s: float = 25.0,
+    age_s: float = AGE_S,
     seed: int = 0,
     device: str = "cpu",
     log=print,
 ) -> dict:
-    """Steps 1-4 (the engine on ``device``): what the engine and the load generator measured,
+    """Steps 1-4 (the engine on ``device``, aged by ``age_s`` of overload after its profile:
+    :func:`age_engine`): what the engine and the load generator measured,
     written to ``out`` as ``measured.json`` (the design, the knee's slices, each level's
     percentiles, the hardware), ``steps.csv.gz`` and ``requests.csv.gz``, from which
     :func:`predict_llm` predicts on any machine (a lent GPU's time is spent measuring only).
@@ -328,6 +363,11 @@ def measure_llm(
         doc = scenario_dict(first, engine, rate_rps=1.0, duration_s=slice_s, warmup_s=warmup_s)
         # the knee: offer half again what the profile's fit can take, count completions
         offered = 1.5 * saturated_rate(doc, knee_s)
+        t = time.monotonic()
+        aged = age_engine(url, doc, offered, age_s, seed + 1)
+        if age_s > 0:
+            rates_seen = ", ".join(f"{x:.1f}" for x in aged["completed_rps"])
+            log(f"aged: {time.monotonic() - t:.0f} s overloaded ({offered:.2f} req/s offered), completing {rates_seen}")
         knees = [measured_knee(url, doc, offered, knee_s, KNEE_SKIP_S, seed)]
         phases["knee"] = [step_records(url).assign(slice=1)]
         first_knee = knees[0]["completed_rps"]
@@ -363,6 +403,7 @@ def measure_llm(
                 "rounds_planned": rounds,
                 "warmup_s": warmup_s,
                 "overhead_ms": overhead,
+                "age": aged,
             }
             measured = _save_measured(out, design, knee_s, knees, phases, answers, rates)
             log(f"round {r + 1} of {rounds} measured")
@@ -453,6 +494,7 @@ def predict_llm(out: Path, *, replications: int = 20, log=print) -> dict:
         "slice_s": slice_s,
         "rounds": rounds,
         "warmup_s": warmup_s,
+        "age": measured.get("age", {"seconds": 0.0}),
         "replications": replications,
     }
     (out / "profile.json").write_text(json.dumps(profile, indent=1) + "\n")
@@ -555,7 +597,13 @@ def markdown(profile: dict, table: pd.DataFrame) -> str:
         f"Knee: measured {knee['completed_rps']:.2f} req/s (the mean of {len(knee['slices_rps'])} overload "
         f"slices of {knee['slice_s']:g} s spread over the run: {', '.join(f'{k:.2f}' for k in knee['slices_rps'])}; "
         f"{placed(profile)}), simulated {knee['simulated_rps']:.2f} req/s "
-        f"({knee['error']:+.1%}; target within 5%).",
+        f"({knee['error']:+.1%}; target within 5%)."
+        + (
+            f" Before measuring, the engine was aged by {profile['age']['seconds']:g} s of overload "
+            f"({profile['age']['offered_rps']:.2f} req/s offered; drained after {profile['age']['took_s']:.0f} s)."
+            if (profile.get("age") or {}).get("seconds")
+            else ""
+        ),
         "",
         "| level | req/s | metric | measured ms | predicted ms (90% interval) | error | ok |",
         "|---|---|---|---|---|---|---|",
