@@ -262,15 +262,16 @@ def judge(
     table["bound"] = np.where(table["q"] == 99, 0.20, 0.10)
     table["ok"] = (table["error"].abs() <= table["bound"]) | table["inside"]
     table.to_csv(out / "judge.csv", index=False)
-    (out / "judge.md").write_text(markdown(table, profile_dir, duration_s, replications))
+    (out / "judge.md").write_text(markdown(table, profile_dir, duration_s, replications, age_s))
     return table
 
 
-def markdown(table: pd.DataFrame, profile_dir: Path, duration_s: float, replications: int) -> str:
+def markdown(table: pd.DataFrame, profile_dir: Path, duration_s: float, replications: int, aged_s: float = 0.0) -> str:
+    aged = f", aged first by {aged_s:g} s of overload as the profile's calibration aged it" if aged_s > 0 else ""
     lines = [
         "# GuideLLM against the calibrated scenario",
         "",
-        f"GuideLLM (Poisson, {duration_s:g} s a rate, one worker process on core 0) drove `servesim serve-llm`; "
+        f"GuideLLM (Poisson, {duration_s:g} s a rate, one worker process on core 0) drove `servesim serve-llm`{aged}; "
         f"the scenario of `{profile_dir}` predicted the same runs (the lengths GuideLLM sent, an idle start), "
         f"median and 90% interval of {replications} replications. GuideLLM's per-request times, in its "
         "definitions: TTFT from its request start; ITL = (last - first token) / (tokens - 1), vLLM's TPOT; "

@@ -279,7 +279,9 @@ def age_engine(url: str, doc: dict, offered_rps: float, age_s: float, seed: int)
     overload than fresh (calibrate/experiments/llm_aging.py, the same forward in turns on
     one core), so a calibration that starts on a fresh engine measures its first minutes
     fast (the first knee slice above its run's mean in 11 of 12 runs). Returns the design
-    and the completions a second of each :data:`AGE_WINDOW_S` of it (the record)."""
+    and the completions a second of each :data:`AGE_WINDOW_S` of it (the record); its
+    ``errors`` are mostly the server's 503s once more than its 512 connections are open
+    (a backlog of 90 s of overload: the engine stays full all the same)."""
     if age_s <= 0:
         return {"seconds": 0.0}
     plan = llm_load.plan_from_scenario(_load(doc), offered_rps, age_s, np.random.default_rng(seed))

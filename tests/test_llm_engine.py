@@ -625,6 +625,8 @@ def test_calibrate_llm_end_to_end(tmp_path):
         "2",
         "--knee-s",
         "25",
+        "--age-s",
+        "10",
         "--replications",
         "3",
     ]
@@ -638,6 +640,12 @@ def test_calibrate_llm_end_to_end(tmp_path):
     assert len(knee["slices_rps"]) == 3  # measured first, then once in each of the 2 rounds
     assert knee["completed_rps"] == pytest.approx(np.mean(knee["slices_rps"]), rel=1e-3)
     assert knee["first_rps"] == pytest.approx(knee["slices_rps"][0], rel=1e-3)
+    aged = profile["age"]  # overloaded before the knee, drained, its steps not fitted
+    assert aged["seconds"] == 10
+    assert aged["took_s"] >= 10
+    assert aged["completed_rps"]
+    assert all(x > 0 for x in aged["completed_rps"])
+    assert "aged by 10 s of overload" in (out / "validation.md").read_text()
     assert profile["step_time"]["c0_ms"] > 0
     assert "percentiles within their bound or interval" in got.stdout
     table = (out / "validation.md").read_text()
@@ -767,6 +775,8 @@ def yaml_doc() -> dict:
     ("args", "message"),
     [
         (["llm", "--device", "tpu"], "--device must be cpu or cuda, not 'tpu'"),
+        (["llm", "--age-s", "-1"], "--age-s from 0 to 3600"),
+        (["judge", "--age-s", "5000"], "--age-s from 0 to 3600"),
         pytest.param(
             ["llm", "--device", "cuda", "--measure-only"],
             "--device cuda: no CUDA device is visible",
@@ -774,7 +784,7 @@ def yaml_doc() -> dict:
         ),
     ],
 )
-def test_calibrate_llm_refuses_a_bad_device_before_starting(args, message, tmp_path):
+def test_calibrate_llm_refuses_bad_options_before_starting(args, message, tmp_path):
     import subprocess
     import sys
 

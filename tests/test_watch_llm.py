@@ -228,7 +228,10 @@ def test_the_twin_announces_where_the_ttft_sla_breaks(tmp_path):
     cal = tmp_path / "cal"
     cmd = [sys.executable, "-m", "servesim", "calibrate", "llm", "--out", str(cal), "--slice-s", "8"]
     got = subprocess.run(
-        [*cmd, "--rounds", "1", "--knee-s", "25", "--replications", "3"], capture_output=True, text=True, timeout=900
+        [*cmd, "--rounds", "1", "--knee-s", "25", "--age-s", "20", "--replications", "3"],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert got.returncode == 0, got.stderr[-2000:]
     profile = json.loads((cal / "profile.json").read_text())
