@@ -512,7 +512,7 @@ def llm(
         float,
         typer.Option(
             help="Seconds of overload that age the engine after its profile, before the knee and the levels "
-            "(then drained; 0: none): a fresh engine process runs 7-12% faster than one minutes into its load."
+            "(then drained; 0: none): an engine process minutes into its load runs 7-12% slower than a fresh one."
         ),
     ] = 90.0,
     seed: Annotated[int, typer.Option(help="Seed of the profile's order and the load's draws.")] = 0,

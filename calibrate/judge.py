@@ -214,12 +214,11 @@ def judge(
     ):
         scratch = Path(tmp)
         tokenizer = byte_tokenizer(scratch / "tokenizer")
-        aged = profile.get("age") or {}
-        age_s = float(aged.get("seconds", 0.0)) if age_s is None else float(age_s)
-        if age_s > 0:
-            offered = float(aged.get("offered_rps") or 1.5 * profile["knee"]["completed_rps"])
-            got = llm_run.age_engine(url, doc, offered, age_s, seed + 1000)
-            log(f"aged the engine: {age_s:g} s at {offered:.2f} req/s offered, drained after {got['took_s']:.0f} s")
+        age_s = float((profile.get("age") or {}).get("seconds", 0.0)) if age_s is None else float(age_s)
+        if age_s > 0:  # at the offer the calibration aged it and measured its knee with
+            offered = float(profile["knee"]["offered_rps"])
+            aging = llm_run.age_engine(url, doc, offered, age_s, seed + 1000)
+            log(f"aged the engine: {age_s:g} s at {offered:.2f} req/s offered, drained after {aging['took_s']:.0f} s")
         for i, share in enumerate(shares):
             rate = share * knee
             llm_run.step_records(url)  # what came before
