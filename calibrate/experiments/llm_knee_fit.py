@@ -1,0 +1,72 @@
+"""The knee's steps against the fit of the other phases (calibrate/README, "The tiny engine on
+an H100"): does another form or weighting of the step-time fit predict the knee's steps?
+Per calibration folder: the sum of the knee's step times over the sum the held-out fit
+predicts, for the fit's form at each decode threshold it chooses among, and with its steps
+weighted so that each phase, or each band of decoding-batch sizes, weighs alike; then each
+phase's slices against the fit of every phase (mean log ratio), whose spread is the host's
+minutes.
+
+    python calibrate/experiments/llm_knee_fit.py FOLDER [FOLDER ...]   # a minute a folder
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import nnls
+
+from calibrate import llm_profile as lp
+
+
+def _nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """:func:`llm_profile._nnls` (relative error, then weighted by the first fit's times)
+    with each step's squared error weighted by ``w``."""
+    sw = np.sqrt(w)[:, None]
+    coef, _ = nnls(x / y[:, None] * sw, sw[:, 0])
+    pred = x @ coef
+    coef, _ = nnls(x / pred[:, None] * sw, y / pred * sw[:, 0])
+    return coef
+
+
+def fit(steps: pd.DataFrame, threshold: int | None, w: np.ndarray) -> np.ndarray:
+    """:func:`llm_profile.nnls_at_speed` at one threshold, with the wake columns, weighted."""
+    y, bins = lp.step_ms(steps), lp.speed_bins(steps)
+    x = lp.design(steps, threshold, lp.WAKE_STEPS)
+    coef, n = _nnls(x, y, w), np.bincount(bins)
+    for _ in range(lp.SPEED_ROUNDS):
+        s = np.bincount(bins, weights=np.log(y / (x @ coef))) / n
+        s -= np.log(np.mean(np.exp(s)))
+        coef = _nnls(x, y / np.exp(s[bins]), w)
+    return coef
+
+
+def main(folders: list[Path]) -> None:
+    for folder in folders:
+        steps = pd.read_csv(folder / "steps.csv.gz")
+        rest = steps[steps["phase"] != "knee"].reset_index(drop=True)
+        knee = steps[steps["phase"] == "knee"]
+        bands = pd.cut(rest["decodes"], [-1, 0, 2, 4, 8, 16, 32, 10**6]).astype(str)
+        weights = {
+            "as fitted": np.ones(len(rest)),
+            "phases alike": 1.0 / rest["phase"].map(rest["phase"].value_counts()).to_numpy(),
+            "batch sizes alike": 1.0 / bands.map(bands.value_counts()).to_numpy(),
+        }
+        print(f"{folder}: the knee's steps over the held-out fit's prediction (sums)")  # noqa: T201
+        for name, w in weights.items():
+            ratios = []
+            for th in lp.THRESHOLDS:
+                coef = fit(rest, th, w)
+                ratios.append(f"{th}: {lp.step_ms(knee).sum() / (lp.design(knee, th, lp.WAKE_STEPS) @ coef).sum():.3f}")
+            print(f"  {name:18s} by threshold " + ", ".join(ratios))  # noqa: T201
+        coef = lp.fit(steps)
+        r = np.log(lp.step_ms(steps) / lp.predict_ms(coef, steps))
+        by = pd.Series(r).groupby([steps["phase"], steps["slice"].fillna(0)]).mean()
+        for phase, g in by.groupby(level=0):
+            print(f"  {phase:11s} slices against the fit of every phase: " + ", ".join(f"{v:+.2f}" for v in g))  # noqa: T201
+
+
+if __name__ == "__main__":
+    main([Path(a) for a in sys.argv[1:]])
