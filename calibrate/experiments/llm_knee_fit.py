@@ -2,9 +2,10 @@
 an H100"): does another form or weighting of the step-time fit predict the knee's steps?
 Per calibration folder: the sum of the knee's step times over the sum the held-out fit
 predicts, for the fit's form at each decode threshold it chooses among, and with its steps
-weighted so that each phase, or each band of decoding-batch sizes, weighs alike; then each
-phase's slices against the fit of every phase (mean log ratio), whose spread is the host's
-minutes.
+weighted so that each phase, or each band of decoding-batch sizes, weighs alike; each
+phase's steps against the fit of the other phases (as the calibration predicts it); then
+each phase's slices against the fit of every phase (mean log ratio), whose spread is the
+host's minutes.
 
     python calibrate/experiments/llm_knee_fit.py FOLDER [FOLDER ...]   # a minute a folder
 """
@@ -61,6 +62,12 @@ def main(folders: list[Path]) -> None:
                 coef = fit(rest, th, w)
                 ratios.append(f"{th}: {lp.step_ms(knee).sum() / (lp.design(knee, th, lp.WAKE_STEPS) @ coef).sum():.3f}")
             print(f"  {name:18s} by threshold " + ", ".join(ratios))  # noqa: T201
+        held_out = []
+        for phase in sorted(steps["phase"].unique()):
+            g = steps[steps["phase"] == phase]
+            c = lp.fit(steps[steps["phase"] != phase])
+            held_out.append(f"{phase} {lp.step_ms(g).sum() / lp.predict_ms(c, g).sum():.3f}")
+        print("  each phase's steps over the fit of the other phases (sums): " + ", ".join(held_out))  # noqa: T201
         coef = lp.fit(steps)
         r = np.log(lp.step_ms(steps) / lp.predict_ms(coef, steps))
         by = pd.Series(r).groupby([steps["phase"], steps["slice"].fillna(0)]).mean()

@@ -86,7 +86,7 @@ def main(folders: list[Path], seed: int) -> None:
         same, _ = replayed(s, offered, seed)
         fresh = np.array([replayed(s, offered, k)[0] for k in range(1, 40) if k != seed])
         print(  # noqa: T201
-            f"{folder}: first knee slice (offered {offered} req/s): the engine ran {engine:.2f} sequences a step; "
+            f"{folder}: first knee slice (offered {offered:.2f} req/s): the engine ran {engine:.2f} sequences a step; "
             f"its requests through the replica {same:.2f}; fresh draws {fresh.mean():.2f} (sd {fresh.std(ddof=1):.2f}, "
             f"{len(fresh)} draws)"
         )
