@@ -46,9 +46,10 @@ def _workload(rng: np.random.Generator, n: int, rate_per_ms: float, groups: int)
 def _engine(cfg: EngineConfig, reqs: list[dict]):
     """The engine over ``reqs`` on a virtual clock (ms): each step takes :data:`STEP`'s time
     of its work. Returns its steps (start, end, prompt tokens, decodes, sequences in the
-    step, running) and each request's (first token, last token, preemptions, cached)."""
+    step, running), each request's (preemptions, cached tokens, output tokens, first and
+    last token's time), and the engine."""
     e = Engine(cfg)
-    t, i, steps, done = 0.0, 0, [], {}
+    t, i, steps, done, first = 0.0, 0, [], {}, {}
     while i < len(reqs) or e.busy:
         while i < len(reqs) and reqs[i]["at"] <= t:
             e.add(str(i), reqs[i]["tokens"], reqs[i]["output"])
@@ -66,8 +67,11 @@ def _engine(cfg: EngineConfig, reqs: list[dict]):
         steps.append((t, end, r.prefill_tokens, r.decodes, r.chunks + r.decodes, r.running))
         t = end
         for tok in tokens:
+            first.setdefault(tok.rid, t)
             if tok.finished:
-                done[int(tok.rid)] = (tok.info["preemptions"], tok.info["cached_tokens"], tok.info["generation_tokens"])
+                info = tok.info
+                made = info["generation_tokens"]
+                done[int(tok.rid)] = (info["preemptions"], info["cached_tokens"], made, first[tok.rid], t)
     return np.array(steps), done, e
 
 
@@ -80,7 +84,10 @@ def _replica(cfg: EngineConfig, reqs: list[dict]):
     rep.advance()
     s, f = rep.step_log(), rep.finished()
     steps = np.column_stack([s.start, s.end, s.prefill_tokens, s.decodes, s.seqs, s.running])
-    done = {int(k): (int(p), int(c)) for k, p, c in zip(f.rid, f.preemptions, f.cached_tokens, strict=True)}
+    done = {
+        int(k): (int(p), int(c), float(a), float(b))
+        for k, p, c, a, b in zip(f.rid, f.preemptions, f.cached_tokens, f.first_token, f.done, strict=True)
+    }
     return steps, done
 
 
@@ -104,6 +111,9 @@ def test_the_simulators_replica_takes_the_engines_steps(rate_per_ms, groups, blo
     assert got.shape == want.shape
     np.testing.assert_array_equal(got[:, 2:], want[:, 2:])  # tokens, decodes, sequences, running
     np.testing.assert_allclose(got[:, :2], want[:, :2], rtol=1e-12)  # the same clock
-    assert {k: v[:2] for k, v in finished.items()} == settled  # preemptions and cache hits, each request
+    assert sorted(finished) == sorted(settled) == list(range(len(reqs)))
+    assert {k: v[:2] for k, v in finished.items()} == {k: v[:2] for k, v in settled.items()}  # preemptions, hits
     assert all(v[2] == reqs[k]["output"] for k, v in finished.items())
+    times = np.array([finished[k][3:] for k in sorted(finished)])
+    np.testing.assert_allclose(times, np.array([settled[k][2:] for k in sorted(settled)]), rtol=1e-12)
     engine.blocks.check()
