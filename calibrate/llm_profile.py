@@ -150,12 +150,15 @@ def predict_ms(coef: dict, df: pd.DataFrame) -> np.ndarray:
     return design(df, th, len(wake)) @ np.array(c)
 
 
-def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    coef, _ = nnls(x / y[:, None], np.ones(len(y)))
+def _nnls(x: np.ndarray, y: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """Non-negative least squares on relative error; ``weights``: each step's weight in the
+    sum of squares (default: alike)."""
+    sw = np.ones(len(y)) if weights is None else np.sqrt(weights)
+    coef, _ = nnls(x / y[:, None] * sw[:, None], sw)
     # again, weighted by the fitted times instead of the measured ones: weights from noisy
     # times favour the steps that happened to be fast, a bias of about 2·cv² low
     pred = x @ coef
-    coef, _ = nnls(x / pred[:, None], y / pred)
+    coef, _ = nnls(x / pred[:, None] * sw[:, None], y / pred * sw)
     return coef
 
 
@@ -168,11 +171,14 @@ def speed_bins(steps: pd.DataFrame, bin_s: float | None = SPEED_BIN_S) -> np.nda
     return np.unique((t - t.min()) // int(bin_s * 1e9), return_inverse=True)[1]
 
 
-def nnls_at_speed(x: np.ndarray, y: np.ndarray, bins: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def nnls_at_speed(
+    x: np.ndarray, y: np.ndarray, bins: np.ndarray | None, weights: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The coefficients and each step's speed factor (ones without ``bins``): by turns, the
     factor of each slice (the geometric mean of its steps' ratios to the line, scaled so the
-    slices' factors average to one) and the line fitted to the times divided by them."""
-    coef = _nnls(x, y)
+    slices' factors average to one) and the line fitted to the times divided by them
+    (``weights``: each step's in the fit, default alike)."""
+    coef = _nnls(x, y, weights)
     factor = np.ones(len(y))
     if bins is None:
         return coef, factor
@@ -181,7 +187,7 @@ def nnls_at_speed(x: np.ndarray, y: np.ndarray, bins: np.ndarray | None) -> tupl
         s = np.bincount(bins, weights=np.log(y / (x @ coef))) / n
         s -= np.log(np.mean(np.exp(s)))
         factor = np.exp(s[bins])
-        coef = _nnls(x, y / factor)
+        coef = _nnls(x, y / factor, weights)
     return coef, factor
 
 

@@ -17,31 +17,15 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import nnls
 
 from calibrate import llm_profile as lp
 
 
-def _nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """:func:`llm_profile._nnls` (relative error, then weighted by the first fit's times)
-    with each step's squared error weighted by ``w``."""
-    sw = np.sqrt(w)[:, None]
-    coef, _ = nnls(x / y[:, None] * sw, sw[:, 0])
-    pred = x @ coef
-    coef, _ = nnls(x / pred[:, None] * sw, y / pred * sw[:, 0])
-    return coef
-
-
 def fit(steps: pd.DataFrame, threshold: int | None, w: np.ndarray) -> np.ndarray:
-    """:func:`llm_profile.nnls_at_speed` at one threshold, with the wake columns, weighted."""
-    y, bins = lp.step_ms(steps), lp.speed_bins(steps)
+    """The calibration's fit (:func:`llm_profile.nnls_at_speed`, the wake columns) at one
+    threshold, each step weighted by ``w``."""
     x = lp.design(steps, threshold, lp.WAKE_STEPS)
-    coef, n = _nnls(x, y, w), np.bincount(bins)
-    for _ in range(lp.SPEED_ROUNDS):
-        s = np.bincount(bins, weights=np.log(y / (x @ coef))) / n
-        s -= np.log(np.mean(np.exp(s)))
-        coef = _nnls(x, y / np.exp(s[bins]), w)
-    return coef
+    return lp.nnls_at_speed(x, lp.step_ms(steps), lp.speed_bins(steps), w)[0]
 
 
 def main(folders: list[Path]) -> None:

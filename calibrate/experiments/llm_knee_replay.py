@@ -27,7 +27,8 @@ import yaml
 
 from calibrate import llm_load, llm_profile
 from calibrate.llm_run import KNEE_SKIP_S, _load
-from simulator.serving.llm_replica import Limits, Replica, step_model
+from simulator.serving.continuous import LLMService
+from simulator.serving.llm_replica import Replica
 from simulator.stages.speed import SpeedProcess
 
 KNEE_S = 25.0
@@ -56,13 +57,12 @@ def replayed(scenario, offered_rps: float, seed: int, speed: bool = False) -> tu
     the scenario's speed process): its mean sequences a step, and its steps' times summed
     over their nominal times, both from ``KNEE_SKIP_S`` to ``KNEE_S``."""
     plan = llm_load.plan_from_scenario(scenario, offered_rps, KNEE_S, np.random.default_rng(seed))
-    b, kind = scenario.batching, scenario.workers.instance_type
-    limits = Limits(b.blocks(kind), b.block_size, b.max_num_batched_tokens, b.max_num_seqs, prefix_caching=True)
-    nominal = _Nominal(step_model(b, kind))
+    service = LLMService.of(scenario.batching, scenario.workers.instance_type, np.random.default_rng(seed))
+    nominal = _Nominal(service.step)
     path = None
     if speed:
         path = SpeedProcess(scenario.platform.speed, KNEE_S * 3000.0, np.random.default_rng(seed)).worker(0)
-    rep = Replica(b.policy, nominal, limits, noise=nominal.noise, speed=path)
+    rep = Replica(service.policy, nominal, service.limits, noise=nominal.noise, speed=path)
     rep.wake = ()  # no idle in an overload slice after its first steps
     for i in range(len(plan)):
         rep.push(i, plan.at_s[i] * 1000.0, int(plan.prompt[i]), int(plan.output[i]))
