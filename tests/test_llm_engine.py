@@ -324,9 +324,15 @@ def test_step_records_come_back_whole(server):
     assert steps["prefill_tokens"][0] == 5
     assert sum(steps["decodes"]) == 1499
     assert all(d >= b for b, d in zip(steps["begin_ns"], steps["done_ns"], strict=True))
-    # each forward pass's CPU time on the engine's thread: there, and no more than its wall time
+    # each forward pass's CPU time on the engine's thread: there, and over the run no more than
+    # its wall time (the process's CPU time would count torch's other threads too). Step by
+    # step the two clocks need not agree: a sandboxed or virtual machine may keep thread CPU
+    # time to a tick, so one step can show more than its wall time, another none
     walls = [e - s for s, e in zip(steps["start_ns"], steps["end_ns"], strict=True)]
-    assert all(0 < c <= w + 200_000 for c, w in zip(steps["cpu_ns"], walls, strict=True))
+    cpu = steps["cpu_ns"]
+    assert len(cpu) == len(walls)
+    assert all(c >= 0 for c in cpu)
+    assert 0 < sum(cpu) <= 1.05 * sum(walls) + 20e6, (sum(cpu), sum(walls))
     assert _post(url + "/v1/completions", {"prompt": "still here", "max_tokens": 2})[0] == 200
 
 
