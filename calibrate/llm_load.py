@@ -58,6 +58,27 @@ def plan_from_scenario(scenario, rate_rps: float, duration_s: float, rng: np.ran
     return Plan(t, np.asarray(prompt, dtype=np.int64), np.maximum(np.asarray(output, dtype=np.int64), 1))
 
 
+PARTS = ("in_ms", "handler_ms", "to_engine_ms", "queue_ms", "prefill_ms", "back_ms", "out_ms")
+
+
+def first_token_parts(timing: dict, scheduled: float, first: float) -> dict[str, float]:
+    """A request's TTFT in its parts (ms), from the server's ``servesim_timing`` (servesim
+    serve-llm's, CLOCK_MONOTONIC ns) and the client's scheduled and first-token times
+    (``time.perf_counter`` s, the same clock on Linux): ``in_ms`` the client's lateness and
+    HTTP to the front end's handler; ``handler_ms`` the handler until it hands the request
+    to the engine's process (the body, its checks, the response's start); ``to_engine_ms``
+    until the engine takes it in (the pipe, and the engine's step in flight); ``queue_ms``
+    there until its first forward pass began; ``prefill_ms`` the passes up to its first
+    token; ``back_ms`` the token's way to the front end; ``out_ms`` the stream to the
+    client. They sum to the TTFT. Empty where the server's clock is not this host's."""
+    t = [scheduled * 1e9, *(timing.get(k, 0) for k in ("arrival_ns", "sent_ns", "received_ns", "scheduled_ns",
+         "first_ns", "frontend_first_ns")), first * 1e9]  # fmt: skip
+    gaps = np.diff(np.asarray(t, dtype=float)) / 1e6
+    if not all(t[1:-1]) or gaps.min() < -1.0 or gaps.max() > 3.6e6:  # not this host's clock
+        return {}
+    return dict(zip(PARTS, gaps.tolist(), strict=True))
+
+
 async def _one(session, url: str, model: str, prompt: list[int], max_tokens: int, scheduled: float, row: dict):
     body = {
         "model": model,
@@ -68,7 +89,7 @@ async def _one(session, url: str, model: str, prompt: list[int], max_tokens: int
         "temperature": 0.0,
     }
     row["sent"] = time.perf_counter() - scheduled
-    stamps = []
+    stamps, timing = [], None
     try:
         async with session.post(url + "/v1/completions", json=body) as r:
             if r.status != 200:
@@ -83,10 +104,14 @@ async def _one(session, url: str, model: str, prompt: list[int], max_tokens: int
                     stamps.append(now)
                 elif "error" in chunk:
                     row["error"] = chunk["error"].get("message", "error")
+                elif "servesim_timing" in chunk:
+                    timing = chunk["servesim_timing"]
     except Exception as err:  # the connection failed: counted, not raised
         row["error"] = f"{type(err).__name__}: {err}"
         return
     row["tokens"] = len(stamps)
+    if stamps and timing:
+        row.update(first_token_parts(timing, scheduled, stamps[0]))
     if stamps:
         row["ttft_s"] = stamps[0] - scheduled
         row["e2e_s"] = stamps[-1] - scheduled

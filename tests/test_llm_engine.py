@@ -5,6 +5,7 @@ metrics, bad requests, shutdown) on a real server on 127.0.0.1."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import re
@@ -182,6 +183,9 @@ def test_streaming_delivers_exactly_max_tokens(server):
         assert all(len(e["choices"][0]["text"]) == 1 for e in tokens)
         assert tokens[-1]["choices"][0]["finish_reason"] == "length"
         assert events[-2]["usage"] == {"prompt_tokens": 15, "completion_tokens": n, "total_tokens": 15 + n}
+        t = events[-2]["servesim_timing"]  # servesim's own, beside usage: where the first token spent its time
+        order = ("arrival_ns", "sent_ns", "received_ns", "scheduled_ns", "first_ns", "frontend_first_ns")
+        assert all(0 < t[a] <= t[b] for a, b in itertools.pairwise(order))
     status, text = _post(
         url + "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": True}
     )
@@ -353,9 +357,30 @@ def test_the_open_loop_generator_times_every_token(server):
     assert (df["e2e_s"] >= df["ttft_s"]).all()
     assert [len(v) for v in df["itl_s"]] == [n - 1 for n in plan.output]
     assert (df["sent"] < 0.05).all()  # sent on schedule
+    # the server's timing of each first token, on this host's clock: its parts are in order
+    # and sum to the TTFT the client measured
+    parts = df[list(llm_load.PARTS)].to_numpy()
+    assert (parts >= 0).all()
+    assert (df["prefill_ms"] > 0).all()
+    assert np.allclose(parts.sum(axis=1), df["ttft_s"] * 1000.0, atol=1e-3)
     got = llm_load.percentiles(df)
     assert got["requests"] == 12
     assert got["ttft_p50_ms"] > 0
+
+
+def test_first_token_parts_need_this_hosts_clock():
+    """The parts come from the server's clock and the client's: on one host they sum to the
+    TTFT; a server elsewhere (another clock) or one that sends no times gives none."""
+    from calibrate.llm_load import PARTS, first_token_parts
+
+    s = 1000.0  # the client's scheduled time, s
+    t = {"arrival_ns": 1000.001e9, "sent_ns": 1000.0012e9, "received_ns": 1000.0015e9, "scheduled_ns": 1000.003e9,
+         "first_ns": 1000.013e9, "frontend_first_ns": 1000.0138e9}  # fmt: skip
+    got = first_token_parts(t, s, 1000.0152)
+    assert list(got) == list(PARTS)
+    assert [round(v, 6) for v in got.values()] == [1.0, 0.2, 0.3, 1.5, 10.0, 0.8, 1.4]
+    assert first_token_parts({k: v + 5e12 for k, v in t.items()}, s, 1000.0152) == {}  # another host's clock
+    assert first_token_parts({}, s, 1000.0152) == {}
 
 
 def test_models_lists_the_served_model(server):

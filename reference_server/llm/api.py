@@ -363,10 +363,12 @@ def create_llm_app(
         if not client.alive:
             return error(503, "the engine process is not running")
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        tokens = client.generate(rid, asked.prompt, asked.max_tokens, arrival)
+        stamps: dict[str, int] = {}
+        tokens = client.generate(rid, asked.prompt, asked.max_tokens, arrival, stamps)
         if asked.stream:
             return StreamingResponse(
-                _sse(rid, asked, tokens, arrival, state["metrics"], served, chat), media_type="text/event-stream"
+                _sse(rid, asked, tokens, (arrival, stamps), state["metrics"], served, chat),
+                media_type="text/event-stream",
             )
         out, first, last, info = [], 0, 0, {}
         try:
@@ -413,17 +415,37 @@ def create_llm_app(
     return app
 
 
-async def _sse(rid: str, asked: Asked, tokens, arrival: int, metrics: Metrics, served: str, chat: bool):
+def _timing(arrival: int, sent: int, first: int, info: dict) -> dict[str, int]:
+    """Where a streamed request's first token spent its time, for a client on the same host
+    (servesim's own, beside ``usage``; CLOCK_MONOTONIC ns, which ``time.perf_counter_ns``
+    reads on Linux): the front end's handler got the request, handed it to the engine's
+    process, the engine took it in (at the top of its loop: after the step in flight), its
+    first forward pass began, that pass ended with its first token, the front end had the
+    token."""
+    return {
+        "arrival_ns": arrival,
+        "sent_ns": sent,
+        "received_ns": info.get("received_ns", 0),
+        "scheduled_ns": info.get("scheduled_ns", 0),
+        "first_ns": info.get("first_ns", 0),
+        "frontend_first_ns": first,
+    }
+
+
+async def _sse(rid: str, asked: Asked, tokens, came: tuple, metrics: Metrics, served: str, chat: bool):
+    arrival, stamps = came  # when the handler got the request; when it was handed to the engine
     created = int(time.time())
     obj = "chat.completion.chunk" if chat else "text_completion"
     first = last = 0
     n = 0
     info: dict = {}
 
-    def chunk(choices, usage=None) -> bytes:
+    def chunk(choices, usage=None, timing=None) -> bytes:
         body = {"id": rid, "object": obj, "created": created, "model": served, "choices": choices}
         if usage is not None:
             body["usage"] = usage
+        if timing is not None:
+            body["servesim_timing"] = timing
         return f"data: {json.dumps(body)}\n\n".encode()
 
     try:
@@ -449,5 +471,5 @@ async def _sse(rid: str, asked: Asked, tokens, arrival: int, metrics: Metrics, s
     metrics.finished(arrival, first, last, info)
     if asked.usage_in_stream:
         usage = {"prompt_tokens": len(asked.prompt), "completion_tokens": n, "total_tokens": len(asked.prompt) + n}
-        yield chunk([], usage)
+        yield chunk([], usage, _timing(arrival, stamps.get("sent_ns", 0), first, info))
     yield b"data: [DONE]\n\n"

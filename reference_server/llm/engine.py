@@ -76,6 +76,7 @@ class Request:
     computed: int = 0  # tokens whose KV is in the cache
     hashes: list[int] = field(default_factory=list)  # chained hashes of its full blocks known so far
     committed: int = 0  # of its blocks, those handed to the prefix cache
+    received_ns: int = 0  # when the engine took it in
     scheduled_ns: int = 0  # first scheduled
     first_ns: int = 0
     last_ns: int = 0
@@ -161,7 +162,8 @@ class Engine:
             raise ValueError(why)
         if rid in self.requests:
             raise ValueError(f"request {rid!r} is already in the engine")
-        r = Request(rid, list(prompt), max_tokens, arrival_ns or time.perf_counter_ns())
+        now = time.perf_counter_ns()
+        r = Request(rid, list(prompt), max_tokens, arrival_ns or now, received_ns=now)
         r.hashes = block_hashes(r.tokens, self.cfg.block_size)
         self.requests[rid] = r
         self.waiting.append(r)
@@ -304,6 +306,7 @@ class Engine:
     def _info(self, r: Request) -> dict:
         return {
             "arrival_ns": r.arrival_ns,
+            "received_ns": r.received_ns,
             "scheduled_ns": r.scheduled_ns,
             "first_ns": r.first_ns,
             "last_ns": r.last_ns,

@@ -161,13 +161,16 @@ class EngineClient:
         elif kind == "steps" and self._steps is not None and not self._steps.done():
             self._steps.set_result(msg[1])
 
-    async def generate(self, rid: str, prompt: list[int], max_tokens: int, arrival_ns: int):
-        """The request's tokens as the engine makes them (an async iterator of Token)."""
+    async def generate(self, rid: str, prompt: list[int], max_tokens: int, arrival_ns: int, stamps=None):
+        """The request's tokens as the engine makes them (an async iterator of Token); when it
+        was handed to the engine's process goes in ``stamps["sent_ns"]`` if given."""
         q: asyncio.Queue = asyncio.Queue()
         self.streams[rid] = q
         over = False  # the engine is done with it (finished or refused): nothing to abort
         try:
             self.conn.send(("add", rid, prompt, max_tokens, arrival_ns))
+            if stamps is not None:
+                stamps["sent_ns"] = time.perf_counter_ns()
             while True:
                 item = await q.get()
                 if isinstance(item, Exception):
