@@ -15,7 +15,8 @@ wake cost, the measured overhead added on the way in; no noise, no speed process
 splits its TTFT the same way. Printed per folder and level: both splits' p50, p90 and
 mean, the rest's difference request by request, by whether the engine had idled just
 before the request's first step, and its correlation with how late the load generator
-started the request (the ``sent`` column).
+started the request (the ``sent`` column); where the server timed each first token (runs
+since ``servesim_timing``), the way in and out and the hand-over's wait as it measured them.
 
     python calibrate/experiments/llm_ttft_apart.py FOLDER [FOLDER ...] [--level 0.3]   # seconds
 """
@@ -94,6 +95,7 @@ def apart(folder: Path, level: float) -> pd.DataFrame:
     df["ttft_ms"] = df["ttft_s"] * 1000.0
     df["rest_ms"] = df["ttft_ms"] - df["mid_ms"]
     df["sim_rest_ms"] = df["sim_ttft_ms"] - df["sim_mid_ms"]
+    df.attrs["overhead_ms"] = overhead
     return df
 
 
@@ -125,6 +127,13 @@ def main(folders: list[Path], level: float) -> None:
             f"{df['sent'].quantile(0.9) * 1e3:.2f}; its lateness and the rest's difference correlate at "
             f"{np.corrcoef(d, df['sent'])[0, 1]:.2f}"
         )
+        if "in_ms" in df and df["in_ms"].notna().any():  # runs since the server times each first token
+            outside = df[["in_ms", "handler_ms", "back_ms", "out_ms"]].sum(axis=1, min_count=4).dropna()
+            lines.append(
+                f"  the server's timing: the way in and out (in, handler, back, out) mean {outside.mean():.2f}, "
+                f"p90 {outside.quantile(0.9):.2f}, against the overhead {df.attrs['overhead_ms']:.2f}; the pipe and "
+                f"the step in flight (to_engine) mean {df['to_engine_ms'].mean():.2f}"
+            )
         print("\n".join(lines))  # noqa: T201
 
 
