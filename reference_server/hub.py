@@ -439,18 +439,14 @@ class Hub:
     async def _drain(self, sock: socket.socket, serve_kwargs: dict) -> None:
         """Keep dealing connections for ``drain_s`` (load balancers see readiness 503 and stop
         sending), then drop new attempts and deal those the kernel has already made."""
-        from reference_server.serve import accept_queue, refuse_new_connections, unaccepted_warning
+        from reference_server.serve import quiesce, refuse_new_connections
 
         deadline = time.monotonic() + serve_kwargs["drain_s"]
         while time.monotonic() < deadline and self.stopping == 1:
             await asyncio.sleep(0.02)
         refuse_new_connections(sock)
-        deadline = time.monotonic() + serve_kwargs["grace_s"]  # as long as the grace period, at most
-        await asyncio.sleep(0.02)
-        while (left := accept_queue(sock)) and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        if left:
-            unaccepted_warning(left, serve_kwargs["grace_s"])
+        # waited on a thread: this loop goes on dealing the connections the kernel has made
+        await asyncio.to_thread(quiesce, lambda: [sock], serve_kwargs["grace_s"])
         await asyncio.sleep(0.05)  # the last connections' requests reach their workers
 
     async def _all_gone(self) -> None:

@@ -341,20 +341,11 @@ def accept_queue(sock) -> int:
     return struct.unpack_from("I", info, 24)[0] if len(info) >= 28 else 0
 
 
-def unaccepted_warning(left: int, within_s: float) -> None:
-    """Log that ``left`` connections were still in the kernel's accept queue ``within_s``
-    after the listener stopped taking new ones (closing it resets them)."""
-    import logging
-
-    logging.getLogger("servesim.serve").warning(
-        f"{left} connections still unaccepted {within_s:g} s (--grace-s) after the drain: closing resets them"
-    )
-
-
 def quiesce(listeners, within_s: float) -> int:
     """Wait until no listener in ``listeners()`` has a connection the kernel made and nobody
     accepted, at most ``within_s`` (a thread's wait: the loop goes on accepting); return how
-    many are left, logged."""
+    many are left, logged (closing the listener resets them)."""
+    import logging
     import time
 
     deadline = time.monotonic() + within_s
@@ -362,7 +353,9 @@ def quiesce(listeners, within_s: float) -> int:
     while (left := sum(accept_queue(s) for s in listeners())) and time.monotonic() < deadline:
         time.sleep(0.01)
     if left:
-        unaccepted_warning(left, within_s)
+        logging.getLogger("servesim.serve").warning(
+            f"{left} connections still unaccepted {within_s:g} s (--grace-s) after the drain: closing resets them"
+        )
     return left
 
 

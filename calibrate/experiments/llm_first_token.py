@@ -29,30 +29,14 @@ import numpy as np
 import yaml
 
 from calibrate import llm_load
+from calibrate.experiments.llm_ttft_apart import replayed
 from calibrate.llm_run import ENGINE, _load, age_engine, measured_overhead, server_args, step_records
 from calibrate.servers import beside_llm_front_end, server
-from simulator.serving.continuous import LLMService
-from simulator.serving.llm_replica import Replica
 
 PROFILE = Path("calibrate/profiles/cpu-tiny-llm")
 SHARES = (0.05, 0.3, 0.5, 0.7)
 SLICE_S, SKIP_S, AGE_S = 20.0, 3.0, 60.0
 OUTSIDE = ("in_ms", "handler_ms", "back_ms", "out_ms")
-
-
-def simulated(scenario, ok, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The requests of a slice (in scheduled order) through one replica of ``scenario`` (no
-    noise, no speed process), each arriving at ``at`` (ms): how long each waits for the
-    step it joins to begin, and its first token's time (ms)."""
-    svc = LLMService.of(scenario.batching, scenario.workers.instance_type, np.random.default_rng(0))
-    rep = Replica(svc.policy, svc.step, svc.limits)
-    at = np.maximum.accumulate(at)  # pushed in order
-    for i, (t, p, o) in enumerate(zip(at, ok["prompt_tokens"], ok["output_tokens"], strict=True)):
-        rep.push(i, float(t), int(p), int(o))
-    rep.advance()
-    f = rep.finished()
-    o = np.argsort(f.rid)
-    return f.start[o] - at, f.first_token[o]
 
 
 def main() -> None:
@@ -76,8 +60,10 @@ def main() -> None:
                 step_records(url)
                 ok = df[df["error"].isna()].dropna(subset=list(llm_load.PARTS)).sort_values("scheduled_s")
                 sched = ok["scheduled_s"].to_numpy() * 1000.0
-                wait, _ = simulated(s, ok, sched + (ok["in_ms"] + ok["handler_ms"]).to_numpy())
-                _, first = simulated(s, ok, sched + overhead)  # the calibration's way: the overhead on the way in
+                lengths = ok["prompt_tokens"], ok["output_tokens"]
+                handed = np.maximum.accumulate(sched + (ok["in_ms"] + ok["handler_ms"]).to_numpy())  # in order
+                wait = replayed(s, handed, *lengths)[0] - handed
+                _, first = replayed(s, sched + overhead, *lengths)  # the calibration's way: the overhead on the way in
                 keep = sched >= SKIP_S * 1000.0
                 wait, ttft = wait[keep], (first - sched)[keep]
                 ok = ok[keep]

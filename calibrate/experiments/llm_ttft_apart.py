@@ -66,18 +66,26 @@ def measured_split(steps: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
     return rq
 
 
-def simulated_split(scenario, overhead_ms: float, rq: pd.DataFrame) -> pd.DataFrame:
-    """The same requests through one replica of ``scenario`` (no noise, no speed process),
-    started empty: each one's TTFT and prefill steps (ms), as :func:`measured_split`'s."""
+def replayed(scenario, at_ms: np.ndarray, prompt, output) -> tuple[np.ndarray, np.ndarray]:
+    """Requests arriving at ``at_ms`` (in order) through one replica of ``scenario`` (no
+    noise, no speed process), started empty: when each one's first step began and when its
+    first token came (ms), in the order given."""
     svc = LLMService.of(scenario.batching, scenario.workers.instance_type, np.random.default_rng(0))
     rep = Replica(svc.policy, svc.step, svc.limits)
-    at = rq["scheduled_s"].to_numpy() * 1000.0
-    for i in range(len(rq)):
-        rep.push(i, at[i] + overhead_ms, int(rq.at[i, "prompt_tokens"]), int(rq.at[i, "output_tokens"]))
+    for i, (t, p, o) in enumerate(zip(at_ms, prompt, output, strict=True)):
+        rep.push(i, float(t), int(p), int(o))
     rep.advance()
     f = rep.finished()
     o = np.argsort(f.rid)
-    return pd.DataFrame({"sim_ttft_ms": f.first_token[o] - at, "sim_mid_ms": f.first_token[o] - f.start[o]})
+    return f.start[o], f.first_token[o]
+
+
+def simulated_split(scenario, overhead_ms: float, rq: pd.DataFrame) -> pd.DataFrame:
+    """The same requests through the replica, each arriving ``overhead_ms`` after its
+    scheduled time: each one's TTFT and prefill steps (ms), as :func:`measured_split`'s."""
+    at = rq["scheduled_s"].to_numpy() * 1000.0
+    start, first = replayed(scenario, at + overhead_ms, rq["prompt_tokens"], rq["output_tokens"])
+    return pd.DataFrame({"sim_ttft_ms": first - at, "sim_mid_ms": first - start})
 
 
 def apart(folder: Path, level: float) -> pd.DataFrame:

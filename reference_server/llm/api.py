@@ -367,7 +367,7 @@ def create_llm_app(
         tokens = client.generate(rid, asked.prompt, asked.max_tokens, arrival, stamps)
         if asked.stream:
             return StreamingResponse(
-                _sse(rid, asked, tokens, (arrival, stamps), state["metrics"], served, chat),
+                _sse(rid, asked, tokens, arrival, stamps, state["metrics"], served, chat),
                 media_type="text/event-stream",
             )
         out, first, last, info = [], 0, 0, {}
@@ -432,8 +432,9 @@ def _timing(arrival: int, sent: int, first: int, info: dict) -> dict[str, int]:
     }
 
 
-async def _sse(rid: str, asked: Asked, tokens, came: tuple, metrics: Metrics, served: str, chat: bool):
-    arrival, stamps = came  # when the handler got the request; when it was handed to the engine
+async def _sse(
+    rid: str, asked: Asked, tokens, arrival: int, stamps: dict, metrics: Metrics, served: str, chat: bool
+):  # arrival: when the handler got the request; stamps["sent_ns"]: when it went to the engine
     created = int(time.time())
     obj = "chat.completion.chunk" if chat else "text_completion"
     first = last = 0
