@@ -390,13 +390,20 @@ def target(
     designs: Annotated[int, typer.Option(help="Simulated designs per cell for the predictors.", min=20)] = 200,
     seed: int = 0,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the whole result here.")] = None,
+    rounds: Annotated[
+        int | None,
+        typer.Option(help="LLM profiles: judge this many rounds of slices (default: the profile's).", min=1),
+    ] = None,
 ) -> None:
     """How often a correct model, and one without the speed process, passes the three-run
     calibration target, the truth being the profile's own model (calibrate/README); of an
     LLM profile (`calibrate llm`'s), its 18 cells at 30-70% of the knee."""
     if (folder / "profile.json").is_file() and _is_llm_profile(folder / "profile.json"):
-        _llm_target(folder, runs=runs, seed=seed, json_out=json_out)
+        _llm_target(folder, runs=runs, seed=seed, json_out=json_out, rounds=rounds)
         return
+    if rounds is not None:
+        typer.echo("error: --rounds applies to an LLM profile (calibrate llm's), not the image server's", err=True)
+        raise typer.Exit(code=2)
     try:
         from calibrate.target import ISSUE_BOUNDS as ISSUE
         from calibrate.target import target_report
@@ -432,11 +439,12 @@ def _is_llm_profile(path: Path) -> bool:
     return isinstance(doc, dict) and "knee" in doc and "c0_ms" in (doc.get("step_time") or {})
 
 
-def _llm_target(folder: Path, *, runs: int, seed: int, json_out: Path | None) -> None:
+def _llm_target(folder: Path, *, runs: int, seed: int, json_out: Path | None, rounds: int | None = None) -> None:
     from calibrate.llm_target import target_report
 
     try:
-        report = target_report(json.loads((folder / "profile.json").read_text()), runs=runs, seed=seed)
+        prof = json.loads((folder / "profile.json").read_text())
+        report = target_report(prof, runs=runs, seed=seed, rounds=rounds)
     except (OSError, ValueError, KeyError) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None
@@ -444,7 +452,8 @@ def _llm_target(folder: Path, *, runs: int, seed: int, json_out: Path | None) ->
         json_out.write_text(json.dumps(report, indent=2) + "\n")
     rule = report["passable_rule"]
     typer.echo(
-        f"{report['runs']} virtual runs of the LLM calibration, {report['triples']:,} triples; a pool of "
+        f"{report['runs']} virtual runs of the LLM calibration ({report['rounds']} rounds of slices), "
+        f"{report['triples']:,} triples; a pool of "
         f"{report['pool_size']} slices a level and model; minute drift sigma {report['minute_sigma']:g}"
     )
     head = f"{'truth':<14}{'predictor':<14}{'18 of 18':>9}{'>=17':>7}{'24 of 24':>9}{'3 runs 18/18':>13}"

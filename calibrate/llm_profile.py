@@ -329,3 +329,26 @@ def minute_drift(steps: pd.DataFrame, coef: dict, speed: dict | None, skip=("pro
         "components_var": model,
         "dof": dof,
     }
+
+
+def slice_speeds(steps: pd.DataFrame, coef: dict, phase: str) -> dict:
+    """The host's speed in each slice of ``phase`` (``slice``; one slice without it), in log,
+    against ``coef`` (a fit of the other phases): the slice's steps' log residuals averaged
+    within each quarter-second of the clock, then over its quarter-seconds (the host's
+    speed over the slice's time: the batches' make-up selects which steps a moment holds,
+    not which moments count), less the same over every other phase's steps. > 0: the slice
+    ran on a slower host than the steps the fit saw."""
+    r = np.log(step_ms(steps) / predict_ms(coef, steps))
+    bins = steps["begin_ns"].to_numpy(dtype=np.int64) // int(SPEED_BIN_S * 1e9)
+    t = pd.DataFrame({"r": r, "bin": bins})
+    mine = (steps["phase"] == phase).to_numpy()
+    if not mine.any():
+        raise ValueError(f"no steps of phase {phase!r}")
+
+    def over_time(mask: np.ndarray) -> float:
+        return float(t[mask].groupby("bin")["r"].mean().mean())
+
+    ref = over_time(~mine) if (~mine).any() else 0.0
+    labels = steps["slice"].to_numpy(dtype=float) if "slice" in steps else np.zeros(len(steps))
+    labels = np.where(np.isfinite(labels), labels, 0.0)
+    return {int(k): over_time(mine & (labels == k)) - ref for k in np.unique(labels[mine])}

@@ -196,18 +196,41 @@ def pooled_percentiles(slices: list[tuple[np.ndarray, np.ndarray]]) -> dict:
 
 
 def simulated(
-    doc: dict, rate_rps: float | list[float], slice_s: float, warmup_s: float, seeds: range, rounds: int = 1
+    doc: dict | list[dict],
+    rate_rps: float | list[float],
+    slice_s: float,
+    warmup_s: float,
+    seeds: range,
+    rounds: int = 1,
 ) -> pd.DataFrame:
     """The simulator's percentiles (ms) of the measured design: a slice of ``slice_s`` a
     round, each started empty with its first ``warmup_s`` left out, pooled; one row per
-    replication. ``rate_rps``: each round's rate (a list), or one rate for ``rounds``."""
+    replication. ``rate_rps``: each round's rate (a list), or one rate for ``rounds``;
+    ``doc``: the scenario, or each round's (a list as long as the rounds)."""
     rates = [float(rate_rps)] * rounds if np.isscalar(rate_rps) else list(rate_rps)
-    loaded = {rate: _load(at_rate(doc, rate, slice_s, warmup_s)) for rate in set(rates)}
+    docs = list(doc) if isinstance(doc, list) else [doc] * len(rates)
+    if len(docs) != len(rates):
+        raise ValueError(f"{len(docs)} scenarios for {len(rates)} rounds")
+    loaded = [_load(at_rate(d, rate, slice_s, warmup_s)) for d, rate in zip(docs, rates, strict=True)]
     rows = []
     for seed in seeds:
-        slices = [slice_latencies(loaded[rate], seed * 1000 + k, slice_s, warmup_s) for k, rate in enumerate(rates)]
+        slices = [slice_latencies(sc, seed * 1000 + k, slice_s, warmup_s) for k, sc in enumerate(loaded)]
         rows.append({"seed": seed, **pooled_percentiles(slices)})
     return pd.DataFrame(rows)
+
+
+def at_speed(fit: dict, log_speed: float) -> dict:
+    """The step time ``fit`` on a host ``exp(log_speed)`` times as slow: every coefficient
+    (the fixed cost, the per-token and per-sequence rates, the wake costs) scaled; the
+    request's own overhead and the speed process's variation about its mean left as
+    they are."""
+    k = float(np.exp(log_speed))
+    out = {**fit, **{c: fit[c] * k for c in llm_profile.COEFFICIENTS}}
+    if fit.get("decode_threshold") is not None:
+        out["decode_ms_per_seq_above"] = fit["decode_ms_per_seq_above"] * k
+    if fit.get("wake_ms"):
+        out["wake_ms"] = [w * k for w in fit["wake_ms"]]
+    return out
 
 
 def knee_slice(s, seed: int, duration_s: float, skip_s: float) -> float:
@@ -465,24 +488,41 @@ def predict_llm(out: Path, *, replications: int = 20, log=print) -> dict:
     slice_s, rounds, warmup_s = measured["slice_s"], measured["rounds"], measured["warmup_s"]
     kind = instance_type(measured)
 
-    def held_out_doc(phase: str) -> dict:
+    def held_out(phase: str) -> tuple[dict, list[dict]]:
+        """The scenario of the fit of every other phase, and the same on each of the phase's
+        slices' own host speed (:func:`calibrate.llm_profile.slice_speeds`), in slice order."""
         got = {**fitted(steps[steps["phase"] != phase]), "overhead_ms": overhead}
-        return scenario_dict(got, engine, rate_rps=1.0, duration_s=slice_s, warmup_s=warmup_s, instance=kind)
+        speeds = llm_profile.slice_speeds(steps, got, phase)
+        host[phase] = [round(v, 4) for v in speeds.values()]
 
-    knee_doc = held_out_doc("knee")
-    knee["simulated_rps"] = simulated_knee(
-        knee_doc, knee["offered_rps"], knee["slice_s"], KNEE_SKIP_S, range(1, 1 + replications // 2)
-    )
+        def doc(fit: dict) -> dict:
+            return scenario_dict(fit, engine, rate_rps=1.0, duration_s=slice_s, warmup_s=warmup_s, instance=kind)
+
+        return doc(got), [doc(at_speed(got, v)) for v in speeds.values()]
+
+    host: dict[str, list[float]] = {}
+    knee_doc, knee_docs = held_out("knee")
+    seeds = range(1, 1 + replications // 2)
+    knee["simulated_rps"] = simulated_knee(knee_doc, knee["offered_rps"], knee["slice_s"], KNEE_SKIP_S, seeds)
     knee["error"] = knee["simulated_rps"] / knee["completed_rps"] - 1.0
+    if len(knee_docs) == len(knee["slices_rps"]):
+        knee["at_speed_rps"] = float(
+            np.mean([simulated_knee(d, knee["offered_rps"], knee["slice_s"], KNEE_SKIP_S, seeds) for d in knee_docs])
+        )
     sim_knee = f"simulated {knee['simulated_rps']:.2f} ({knee['error']:+.1%})"
     log(f"knee: measured {knee['completed_rps']:.2f} req/s, {sim_knee}")
     rows = []
     for share in measured["levels"]:
         rates = level_rates(measured, share)
         m = measured["percentiles"][f"{share:g}"]
-        sim = simulated(held_out_doc(f"level {share:g}"), rates, slice_s, warmup_s, range(1, 1 + replications))
-        rate = float(np.mean(rates))
-        rows += cells(share, rate, m, sim, requests=m["requests"], errors=m["errors"])
+        doc, docs = held_out(f"level {share:g}")
+        sim = simulated(doc, rates, slice_s, warmup_s, range(1, 1 + replications))
+        got = cells(share, rate := float(np.mean(rates)), m, sim, requests=m["requests"], errors=m["errors"])
+        if len(docs) == len(rates):  # each slice again on its own host speed: what the model says given the host
+            own = simulated(docs, rates, slice_s, warmup_s, range(1, 1 + replications))
+            for row in got:
+                row["at_speed_ms"] = float(own[f"{row['metric']}_p{row['q']}_ms"].median())
+        rows += got
         log(
             f"level {share:.0%} ({rate:.2f} req/s): TTFT p50 {m['ttft_p50_ms']:.1f} ms measured, "
             f"{sim['ttft_p50_ms'].median():.1f} predicted; TPOT p50 {m['tpot_p50_ms']:.2f}, "
@@ -506,6 +546,7 @@ def predict_llm(out: Path, *, replications: int = 20, log=print) -> dict:
         "warmup_s": warmup_s,
         "age": measured.get("age", {"seconds": 0.0}),
         "replications": replications,
+        "host_by_slice": host,
     }
     (out / "profile.json").write_text(json.dumps(profile, indent=1) + "\n")
     rate = 0.5 * knee["completed_rps"]
@@ -615,13 +656,35 @@ def markdown(profile: dict, table: pd.DataFrame) -> str:
             else ""
         ),
         "",
-        "| level | req/s | metric | measured ms | predicted ms (90% interval) | error | ok |",
-        "|---|---|---|---|---|---|---|",
     ]
+    host = profile.get("host_by_slice") or {}
+    own = "at_speed_ms" in table
+    if host:
+        lines += [
+            "The host's speed in each slice, in log against the fit of the other phases (> 0: slower; "
+            "the mean over the slice's quarter-seconds): "
+            + "; ".join(f"{phase} {', '.join(f'{v:+.2f}' for v in vs)}" for phase, vs in host.items())
+            + (
+                f". On its slices' own speeds the knee is simulated at {knee['at_speed_rps']:.2f} req/s "
+                f"({knee['at_speed_rps'] / knee['completed_rps'] - 1:+.1%})"
+                if knee.get("at_speed_rps")
+                else ""
+            )
+            + (
+                "; the last column predicts each level again on its own slices' speeds: what the model says "
+                "once the host's minutes are known (not judged; the verdict is the held-out prediction's)."
+                if own
+                else "."
+            ),
+            "",
+        ]
+    head = "| level | req/s | metric | measured ms | predicted ms (90% interval) | error | ok |"
+    lines += [head + (" on its host's speed |" if own else ""), "|---" * (8 if own else 7) + "|"]
     for r in table.itertuples():
         lines.append(
             f"| {r.level:.0%} | {r.rate_rps:.2f} | {r.metric.upper()} p{r.q} | {r.measured_ms:.2f} | "
             f"{r.predicted_ms:.2f} ({r.lo_ms:.2f}–{r.hi_ms:.2f}) | {r.error:+.1%} | {'yes' if r.ok else 'no'} |"
+            + (f" {r.at_speed_ms:.2f} ({r.at_speed_ms / r.measured_ms - 1:+.1%}) |" if own else "")
         )
     return "\n".join(lines) + "\n"
 

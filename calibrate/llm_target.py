@@ -195,22 +195,37 @@ def summary(runs: list[pd.DataFrame], picks: np.ndarray, knee_errors: np.ndarray
     }
 
 
+def pool_for(rounds: int, replications: int) -> int:
+    """The default pool a level and model: 200 slices, or as many as a virtual run draws
+    when the truth is the predictor (its measured slices and its replications', distinct)."""
+    return max(200, rounds * (replications + 1))
+
+
 def target_report(
     profile: dict,
     *,
     runs: int = 200,
-    pool_size: int = 200,
+    pool_size: int | None = None,
     minute_sigma: float = MINUTE_SIGMA,
     triples: int = 2000,
     knee_pool: int = KNEE_POOL,
     seed: int = 0,
+    rounds: int | None = None,
 ) -> dict:
     """The pass rates of each (truth, predictor) pair of :data:`PAIRS` over ``runs``
     virtual runs of ``profile``'s calibration design (the knee's too, from ``knee_pool``
-    overload slices a model; 0: not); the three-run rules a correct model (the first pair)
-    passes 90% of the time, and how often each pair passes them."""
-    rounds, replications = int(profile["rounds"]), int(profile["replications"])
+    overload slices a model; 0: not), or of the same design with ``rounds`` rounds of
+    slices (a level measured in that many slices, the knee in one more); the three-run
+    rules a correct model (the first pair) passes 90% of the time, and how often each pair
+    passes them. ``pool_size``: slices simulated a level and model (default: 200, or as
+    many as the design draws when that is more)."""
+    replications = int(profile["replications"])
+    rounds = int(profile["rounds"]) if rounds is None else int(rounds)
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, not {rounds}")
     slice_s, warmup_s = float(profile["slice_s"]), float(profile["warmup_s"])
+    if pool_size is None:
+        pool_size = pool_for(rounds, replications)
     if pool_size < rounds * (replications + 1):
         raise ValueError(f"pool_size must be at least {rounds * (replications + 1)} (rounds x (replications + 1))")
     if runs < 3:
@@ -240,6 +255,7 @@ def target_report(
     rule = {"every_run_at_least": least, "three_runs_total_at_least": total, "of": 3 * pairs[0]["cells_judged"]}
     return {
         "runs": runs,
+        "rounds": rounds,
         "triples": triples,
         "pool_size": pool_size,
         "minute_sigma": minute_sigma,

@@ -592,6 +592,67 @@ def test_the_calibrations_fit_carries_the_drift_between_its_slices():
     assert "minute_drift" not in llm_run.fitted(steps.drop(columns="phase"))
 
 
+def test_each_slices_host_speed_is_taken_over_its_time_not_its_steps():
+    """A level's three slices on hosts about 0.10 and 0.20 slower and 0.05 faster (log) than
+    the other phases', each quarter-second's speed wandering about its slice's (sigma
+    0.15), a slow quarter-second holding fewer and bigger steps: ``slice_speeds`` against
+    the true coefficients gives each slice's mean speed over its quarter-seconds, less the
+    other phases', within 0.01 (the steps' plain mean, which a fast moment's many steps
+    outweigh, comes out faster)."""
+    import numpy as np
+
+    from calibrate.llm_profile import predict_ms, slice_speeds
+
+    coef = {"c0_ms": 1.0, "prefill_ms_per_token": 0.0, "attention_ms_per_token2": 0.0}
+    coef |= {"decode_ms_per_seq": 0.5, "kv_ms_per_token": 0.0}
+    rng = np.random.default_rng(7)
+    rows, speeds, t0 = [], {}, 0
+    for phase, offsets in (("level 0.3", (0.10, 0.20, -0.05)), ("knee", (0.0, 0.0)), ("level 0.7", (0.0, 0.0))):
+        for k, off in enumerate(offsets):
+            speeds[(phase, k)] = off + rng.normal(0.0, 0.15, 80)  # 20 s of quarter-seconds
+            for b, speed in enumerate(speeds[(phase, k)]):
+                d = 1 + rng.poisson(3.0 * np.exp(4.0 * speed))  # slow moments pile sequences up
+                n = max(1, int(250 / ((1.0 + 0.5 * d) * np.exp(speed))))  # as many steps as fit in 250 ms
+                begin = t0 + b * 250_000_000 + np.arange(n) * (250_000_000 // n)
+                frame = pd.DataFrame({"phase": phase, "slice": k, "begin_ns": begin, "decodes": d})
+                frame = frame.assign(prefill_tokens=0, chunks=0, attention=0.0, decode_context=0)
+                ms = predict_ms(coef, frame) * np.exp(speed + rng.normal(0.0, 0.05, n))
+                rows.append(frame.assign(done_ns=begin + (ms * 1e6).astype(np.int64)))
+            t0 += 120_000_000_000
+    steps = pd.concat(rows, ignore_index=True)
+    got = slice_speeds(steps, coef, "level 0.3")
+    others = np.mean(np.concatenate([v for (phase, _), v in speeds.items() if phase != "level 0.3"]))
+    assert list(got) == [0, 1, 2]
+    for k in got:
+        assert got[k] == pytest.approx(speeds[("level 0.3", k)].mean() - others, abs=0.01), k
+    # the steps' plain mean leans fast: a fast moment holds more steps (seeds 0-7: by 0.006-0.05)
+    r = np.log((steps["done_ns"] - steps["begin_ns"]) / 1e6 / predict_ms(coef, steps))
+    mine = steps["phase"] == "level 0.3"
+    plain = r[mine].mean() - r[~mine].mean()
+    assert plain < np.mean([speeds[("level 0.3", k)].mean() for k in got]) - others
+    with pytest.raises(ValueError, match="no steps"):
+        slice_speeds(steps, coef, "level 0.5")
+
+
+def test_a_step_time_on_a_slower_host_scales_every_cost_but_the_overhead():
+    import numpy as np
+
+    from calibrate.llm_profile import predict_ms
+    from calibrate.llm_run import at_speed
+
+    fit = {"c0_ms": 1.0, "prefill_ms_per_token": 0.02, "attention_ms_per_token2": 8e-5, "decode_ms_per_seq": 0.3}
+    fit |= {"kv_ms_per_token": 8e-4, "decode_threshold": 4, "decode_ms_per_seq_above": 0.2}
+    fit |= {"wake_ms": [1.5, 0.5], "overhead_ms": 3.5, "noise_cv": 0.08}
+    df = pd.DataFrame({"prefill_tokens": [0, 64, 0], "chunks": [0, 1, 0], "attention": [0.0, 2048.0, 0.0]})
+    df = df.assign(decodes=[1, 3, 9], decode_context=[100, 300, 900], begin_ns=[0, 10**7, 2 * 10**7])
+    df["done_ns"] = df["begin_ns"] + 5 * 10**6  # 5 ms apart: each step the first after an idle
+    slow = at_speed(fit, 0.1)
+    assert predict_ms(slow, df) == pytest.approx(np.exp(0.1) * predict_ms(fit, df))
+    assert slow["wake_ms"] == pytest.approx([1.5 * np.exp(0.1), 0.5 * np.exp(0.1)])
+    assert slow["decode_ms_per_seq_above"] == pytest.approx(0.2 * np.exp(0.1))
+    assert (slow["overhead_ms"], slow["noise_cv"], slow["decode_threshold"]) == (3.5, 0.08, 4)
+
+
 @pytest.mark.parametrize("threshold", [None, 8])
 def test_the_step_time_fit_recovers_known_coefficients(threshold):
     """NNLS on synthetic step times with 8% log-normal noise, 20 replications, a truth with
@@ -754,7 +815,15 @@ def test_a_measured_calibration_is_predicted_on_another_machine(tmp_path):
     rates = got["table"].groupby("level")["rate_rps"].first()
     for share in measured["levels"]:  # as it ran: each level at its rounds' rates
         assert rates[share] == pytest.approx(sum(got["rates_rps"][f"{share:g}"]) / measured["rounds"])
-    assert "On NVIDIA H100" in (tmp_path / "validation.md").read_text()
+    report = (tmp_path / "validation.md").read_text()
+    assert "On NVIDIA H100" in report
+    # each held-out phase's slices: the host's speed over them, and the prediction again on it
+    assert {k: len(v) for k, v in got["host_by_slice"].items()} == {"knee": 4} | {
+        f"level {share:g}": measured["rounds"] for share in measured["levels"]
+    }
+    assert got["table"]["at_speed_ms"].notna().all()
+    assert got["knee"]["at_speed_rps"] > 0
+    assert "on its host's speed" in report
     doc = yaml.safe_load((tmp_path / "scenario.yaml").read_text())
     assert doc["workers"]["instance_type"] == "h100"
     assert "price_per_hour_usd" not in doc["cost"]  # the catalog prices it
@@ -791,6 +860,10 @@ def test_simulated_takes_each_rounds_rate():
         )
     assert simulated(doc, [4.0, 4.0], 12.0, 2.0, range(1, 3)).equals(simulated(doc, 4.0, 12.0, 2.0, range(1, 3), 2))
     assert not mixed.equals(simulated(doc, 10.0, 12.0, 2.0, range(1, 3), 2))  # not the mean rate's
+    # each round's own scenario: the same one twice is the one scenario; as many as the rounds
+    assert simulated([doc, doc], [4.0, 16.0], 12.0, 2.0, range(1, 3)).equals(mixed)
+    with pytest.raises(ValueError, match="3 scenarios for 2 rounds"):
+        simulated([doc, doc, doc], [4.0, 16.0], 12.0, 2.0, range(1, 3))
 
 
 def yaml_doc() -> dict:

@@ -70,3 +70,27 @@ def test_too_small_a_pool_is_refused():
         llm_target.target_report(profile, runs=3, pool_size=10)
     with pytest.raises(ValueError, match="knee_pool"):
         llm_target.target_report(profile, runs=3, knee_pool=5)
+
+
+def test_another_number_of_rounds_is_judged_with_a_pool_as_large_as_it_draws():
+    profile = small(json.loads(PROFILE.read_text()))
+    # 2 rounds of 9 replications and the measured slices: 20 distinct draws a level
+    report = llm_target.target_report(profile, runs=6, pool_size=20, triples=10, knee_pool=0, seed=1, rounds=2)
+    assert report["rounds"] == 2
+    assert report["pairs"][0]["cells_judged"] == 18
+    with pytest.raises(ValueError, match="pool_size"):
+        llm_target.target_report(profile, runs=6, pool_size=19, rounds=2)
+    with pytest.raises(ValueError, match="rounds"):
+        llm_target.target_report(profile, runs=6, rounds=0)
+    assert llm_target.pool_for(3, 20) == 200
+    assert llm_target.pool_for(12, 20) == 252
+
+
+def test_rounds_are_refused_for_an_image_profile_with_exit_2(tmp_path):
+    from servesim.cli import app
+
+    (tmp_path / "profile.json").write_text(json.dumps({"design": {"rounds": 3}}))
+    got = CliRunner().invoke(app, ["calibrate", "target", str(tmp_path), "--rounds", "4"])
+    assert got.exit_code == 2
+    assert "LLM profile" in got.output
+    assert "Traceback" not in got.output

@@ -9,9 +9,13 @@ holding ``/dev/cpu_dma_latency`` at 0 (the idle loop then only polls). One serve
 80% of the knee the runs measured (20 req/s), each with halting allowed and forbidden, in a
 random order in each of three rounds, 20 s a slice. Per slice: decode-only steps of 1 to 4
 sequences, their median forward pass (ms), and the mean log of their forward pass against
-the experiment's median for their size (``speed``: > 0 slower).
+the experiment's median for their size (``speed``: > 0 slower); and every step against one
+fit of all the experiment's steps (:func:`calibrate.llm_profile.fit`), the mean log ratio
+of each quarter-second averaged over the slice's quarter-seconds (``host``: the host's
+speed over the slice's time, which the batches' make-up does not select as it selects the
+steps of one size).
 
-    python calibrate/experiments/llm_halt.py   # about 5 minutes, as root, from the repository root
+    python calibrate/experiments/llm_halt.py [ROUNDS]   # 3 rounds: about 5 minutes, as root
 """
 
 from __future__ import annotations
@@ -19,13 +23,14 @@ from __future__ import annotations
 import contextlib
 import os
 import struct
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import yaml
 
-from calibrate import llm_load
+from calibrate import llm_load, llm_profile
 from calibrate.llm_run import ENGINE, _load, server_args, step_records
 from calibrate.servers import beside_llm_front_end, server
 
@@ -48,7 +53,7 @@ def no_halt(on: bool):
         os.close(fd)
 
 
-def main() -> None:
+def main(rounds: int = 3) -> None:
     s = _load(yaml.safe_load((PROFILE / "scenario.yaml").read_text()))
     rng = np.random.default_rng(19)
     conditions = [(share, poll) for share in (0.3, 0.8) for poll in (False, True)]
@@ -56,27 +61,33 @@ def main() -> None:
     rows = []
     with server(server_args(ENGINE), command="serve-llm", health="/health") as url, beside_llm_front_end(url):
         step_records(url)
-        for rnd in range(3):
+        for rnd in range(rounds):
             for k in rng.permutation(len(conditions)):
                 share, poll = conditions[k]
                 plan = llm_load.plan_from_scenario(s, share * KNEE_RPS, 20.0, rng)
                 with no_halt(poll):
                     df = llm_load.run(url, plan, seed=int(rng.integers(1 << 31)))
                 st = step_records(url)
-                st = st[(st["chunks"] == 0) & st["decodes"].between(1, 4)].assign(round=rnd, share=share, poll=poll)
-                parts.append(st)
+                parts.append(st.assign(round=rnd, share=share, poll=poll))
                 ok = df[df["error"].isna() & (df["scheduled_s"] >= 3)]
                 rows.append({"round": rnd, "share": share, "poll": poll, "tpot_p50": ok["tpot_s"].median() * 1e3})
                 print(rows[-1], flush=True)  # noqa: T201
-    d = pd.concat(parts)
+    every = pd.concat(parts, ignore_index=True)
+    coef = llm_profile.fit(every)
+    every["r"] = np.log(llm_profile.step_ms(every) / llm_profile.predict_ms(coef, every))
+    every["bin"] = every["begin_ns"] // int(llm_profile.SPEED_BIN_S * 1e9)
+    host = every.groupby(["round", "share", "poll", "bin"])["r"].mean().groupby(["round", "share", "poll"]).mean()
+    d = every[(every["chunks"] == 0) & every["decodes"].between(1, 4)].copy()
     d["fwd"] = (d["end_ns"] - d["start_ns"]) / 1e6
     d["speed"] = np.log(d["fwd"] / d["decodes"].map(d.groupby("decodes")["fwd"].median()))
     t = d.pivot_table(index=["share", "poll"], columns="decodes", values="fwd", aggfunc="median").round(3)
     t["speed"] = d.groupby(["share", "poll"])["speed"].mean().round(3)
     t["tpot_p50"] = pd.DataFrame(rows).groupby(["share", "poll"])["tpot_p50"].mean().round(3)
+    t["host"] = host.groupby(["share", "poll"]).mean().round(3)
     print(t.to_string())  # noqa: T201
+    print(host.unstack("poll").round(3))  # noqa: T201
     print(d.pivot_table(index=["round", "share"], columns="poll", values="speed", aggfunc="mean").round(3))  # noqa: T201
 
 
 if __name__ == "__main__":
-    main()
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)
