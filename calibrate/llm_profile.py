@@ -287,7 +287,7 @@ def slice_labels(steps: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def _window_var(sigma: float, tau: float, t: float) -> float:
+def window_var(sigma: float, tau: float, t: float) -> float:
     """The variance of an AR(1)'s (σ, τ) time average over a window ``t`` long."""
     x = t / tau
     return sigma**2 * 2.0 * (x - 1.0 + math.exp(-x)) / (x * x)
@@ -322,7 +322,7 @@ def minute_drift(steps: pd.DataFrame, coef: dict, speed: dict | None, skip=("pro
     observed = float((per_slice.loc[keep, "dev"] ** 2).sum() / dof)
     comps = (speed or {}).get("components", [])
     windows = per_slice.loc[keep, "n"].to_numpy() * SPEED_BIN_S
-    model = float(np.mean([sum(_window_var(c["sigma"], c["correlation_time_s"], w) for c in comps) for w in windows]))
+    model = float(np.mean([sum(window_var(c["sigma"], c["correlation_time_s"], w) for c in comps) for w in windows]))
     return {
         "sigma": float(math.sqrt(max(observed - model, 0.0))),
         "observed_var": observed,

@@ -219,17 +219,26 @@ def simulated(
     return pd.DataFrame(rows)
 
 
-def at_speed(fit: dict, log_speed: float) -> dict:
+def at_speed(fit: dict, log_speed: float, window_s: float | None = None) -> dict:
     """The step time ``fit`` on a host ``exp(log_speed)`` times as slow: every coefficient
-    (the fixed cost, the per-token and per-sequence rates, the wake costs) scaled; the
-    request's own overhead and the speed process's variation about its mean left as
-    they are."""
+    (the fixed cost, the per-token and per-sequence rates, the wake costs) scaled, the
+    request's own overhead left as it is. With ``window_s``, ``log_speed`` is the host's
+    mean over a window that long, so the speed process keeps only its variation within
+    such a window: each component's variance less that of its window mean (a ten-minute
+    drift: a trace; a component much faster than the window: nearly all)."""
     k = float(np.exp(log_speed))
     out = {**fit, **{c: fit[c] * k for c in llm_profile.COEFFICIENTS}}
     if fit.get("decode_threshold") is not None:
         out["decode_ms_per_seq_above"] = fit["decode_ms_per_seq_above"] * k
     if fit.get("wake_ms"):
         out["wake_ms"] = [w * k for w in fit["wake_ms"]]
+    if window_s is not None and fit.get("speed"):
+        parts = []
+        for c in fit["speed"]["components"]:
+            left = c["sigma"] ** 2 - llm_profile.window_var(c["sigma"], c["correlation_time_s"], window_s)
+            if left > 1e-8:
+                parts.append({**c, "sigma": float(np.sqrt(left))})
+        out["speed"] = {**fit["speed"], "components": parts} if parts else None
     return out
 
 
@@ -498,7 +507,8 @@ def predict_llm(out: Path, *, replications: int = 20, log=print) -> dict:
         def doc(fit: dict) -> dict:
             return scenario_dict(fit, engine, rate_rps=1.0, duration_s=slice_s, warmup_s=warmup_s, instance=kind)
 
-        return doc(got), [doc(at_speed(got, v)) for v in speeds.values()]
+        window = knee["slice_s"] if phase == "knee" else slice_s
+        return doc(got), [doc(at_speed(got, v, window)) for v in speeds.values()]
 
     host: dict[str, list[float]] = {}
     knee_doc, knee_docs = held_out("knee")

@@ -652,6 +652,23 @@ def test_a_step_time_on_a_slower_host_scales_every_cost_but_the_overhead():
     assert slow["decode_ms_per_seq_above"] == pytest.approx(0.2 * np.exp(0.1))
     assert (slow["overhead_ms"], slow["noise_cv"], slow["decode_threshold"]) == (3.5, 0.08, 4)
 
+    # the speed over a 20-s window known: a fast component kept, one as slow as the window
+    # keeps its variance about the window's mean, the drift of minutes a trace of it
+    fit["speed"] = {"kind": "log_ar1", "step_ms": 10.0, "components": []}
+    fit["speed"]["components"] = [
+        {"sigma": 0.15, "correlation_time_s": 0.1},
+        {"sigma": 0.10, "correlation_time_s": 20.0},
+        {"sigma": 0.05, "correlation_time_s": 600.0},
+    ]
+    fast, slow_part, drift = at_speed(fit, 0.1, window_s=20.0)["speed"]["components"]
+    assert fast["sigma"] == pytest.approx(0.15, rel=0.01)
+    assert drift["sigma"] < 0.11 * 0.05  # sqrt(x/3) of it, x = 20 s / 600 s
+    x = 1.0  # window over correlation time: the window mean holds 2(x - 1 + e^-x)/x^2 of the variance
+    assert slow_part["sigma"] ** 2 == pytest.approx(0.01 * (1.0 - 2.0 * (x - 1.0 + np.exp(-x)) / x**2))
+    assert at_speed(fit, 0.1)["speed"] == fit["speed"]  # no window: the process as fitted
+    constant = {**fit, "speed": {**fit["speed"], "components": [{"sigma": 0.05, "correlation_time_s": 1e9}]}}
+    assert at_speed(constant, 0.0, window_s=20.0)["speed"] is None
+
 
 @pytest.mark.parametrize("threshold", [None, 8])
 def test_the_step_time_fit_recovers_known_coefficients(threshold):
