@@ -6,7 +6,9 @@ each phase again on its own slices' host speed (``at_speed_ms``, the knee's
 later): each phase's host speed (the mean of its slices', log against the other phases);
 the knee's error both ways; the cells within their bound (10% at p50 and p90, 20% at p99;
 no interval, which only the held-out prediction has) at 30-70% and in all, both ways; and
-the errors of TTFT and TPOT p50 at 30% of the knee, both ways.
+the errors of TTFT and TPOT p50 at 30% of the knee, both ways. Then each cell over the
+folders: its mean error both ways, in how many it came out low, and in how many within
+its bound.
 
     python calibrate/experiments/llm_host_minutes.py FOLDER [FOLDER ...]   # seconds
 """
@@ -50,11 +52,25 @@ def summary(folder: Path) -> dict:
     }
 
 
+def by_cell(folders: list[Path]) -> pd.DataFrame:
+    """Each cell over the folders: the mean error held out and on the host's speed, how
+    many came out low, how many within the cell's bound."""
+    t = pd.concat([pd.read_csv(f / "validation.csv").assign(run=f.name) for f in folders], ignore_index=True)
+    t["own"] = t["at_speed_ms"] / t["measured_ms"] - 1.0
+    bound = np.where(t["q"] == 99, 0.20, 0.10)
+    t = t.assign(held_low=t["error"] < 0, own_low=t["own"] < 0)
+    t = t.assign(held_in=t["error"].abs() <= bound, own_in=t["own"].abs() <= bound)
+    cols = {"held": ("error", "mean"), "own": ("own", "mean"), "held low": ("held_low", "sum")}
+    cols |= {"own low": ("own_low", "sum"), "held in": ("held_in", "sum"), "own in": ("own_in", "sum")}
+    return t.groupby(["level", "metric", "q"]).agg(**cols)
+
+
 def main(folders: list[Path]) -> None:
     t = pd.DataFrame([summary(f) for f in folders]).set_index("run")
     pd.set_option("display.width", 250)
     print(t.round(3).to_string())  # noqa: T201
-    print(t.select_dtypes("number").mean().round(3).to_string())  # noqa: T201
+    print("mean: " + ", ".join(f"{k} {v:+.3f}" for k, v in t.select_dtypes("number").mean().items()))  # noqa: T201
+    print(by_cell(folders).round(3).to_string())  # noqa: T201
 
 
 if __name__ == "__main__":
