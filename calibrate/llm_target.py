@@ -208,13 +208,14 @@ def target_report(
     pool_size: int | None = None,
     minute_sigma: float = MINUTE_SIGMA,
     triples: int = 2000,
-    knee_pool: int = KNEE_POOL,
+    knee_pool: int | None = None,
     seed: int = 0,
     rounds: int | None = None,
 ) -> dict:
     """The pass rates of each (truth, predictor) pair of :data:`PAIRS` over ``runs``
     virtual runs of ``profile``'s calibration design (the knee's too, from ``knee_pool``
-    overload slices a model; 0: not), or of the same design with ``rounds`` rounds of
+    overload slices a model, by default :data:`KNEE_POOL` or as many as the design draws;
+    0: not), or of the same design with ``rounds`` rounds of
     slices (a level measured in that many slices, the knee in one more); the three-run
     rules a correct model (the first pair) passes 90% of the time, and how often each pair
     passes them. ``pool_size``: slices simulated a level and model (default: 200, or as
@@ -230,6 +231,8 @@ def target_report(
         raise ValueError(f"pool_size must be at least {rounds * (replications + 1)} (rounds x (replications + 1))")
     if runs < 3:
         raise ValueError("runs must be at least 3: the target judges three runs")
+    if knee_pool is None:
+        knee_pool = max(KNEE_POOL, rounds + 1 + replications // 2)
     if knee_pool and knee_pool < rounds + 1 + replications // 2:
         need = rounds + 1 + replications // 2
         raise ValueError(f"knee_pool must be 0 or at least {need} (rounds + 1 + replications // 2)")
