@@ -63,7 +63,8 @@ def main() -> None:
                 lengths = ok["prompt_tokens"], ok["output_tokens"]
                 handed = np.maximum.accumulate(sched + (ok["in_ms"] + ok["handler_ms"]).to_numpy())  # in order
                 wait = replayed(s, handed, *lengths)[0] - handed
-                _, first = replayed(s, sched + overhead, *lengths)  # the calibration's way: the overhead on the way in
+                # the calibration's way: the overhead on the way in
+                _, first, _ = replayed(s, sched + overhead, *lengths)
                 keep = sched >= SKIP_S * 1000.0
                 wait, ttft = wait[keep], (first - sched)[keep]
                 ok = ok[keep]

@@ -28,8 +28,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate import llm_run
-from simulator.serving.continuous import LLMService
-from simulator.serving.llm_replica import Replica
+from calibrate.experiments.llm_ttft_apart import replayed
 
 
 def held_out(folder: Path, level: float) -> tuple[dict, dict, list[float]]:
@@ -55,27 +54,17 @@ def same_requests(folder: Path, level: float) -> dict:
         doc = llm_run.scenario_dict(
             llm_run.at_speed(fit, speeds[int(rnd)]), engine, rate_rps=1.0, duration_s=20.0, warmup_s=0.0
         )
-        s = llm_run._load(doc)
-        svc = LLMService.of(s.batching, s.workers.instance_type, np.random.default_rng(0))
-        rep = Replica(svc.policy, svc.step, svc.limits)
         at = g["scheduled_s"].to_numpy() * 1000.0
-        for i, (t, p, o) in enumerate(
-            zip(at + measured["overhead_ms"], g["prompt_tokens"], g["output_tokens"], strict=True)
-        ):
-            rep.push(i, float(t), int(p), int(o))
-        rep.advance()
-        done = rep.finished()
-        order = np.argsort(done.rid)
+        arrive = at + measured["overhead_ms"]
+        _, first, last = replayed(llm_run._load(doc), arrive, g["prompt_tokens"], g["output_tokens"])
         n = g["output_tokens"].to_numpy()
         parts.append(
             pd.DataFrame(
                 {
                     "ttft": g["ttft_s"].to_numpy() * 1e3,
-                    "sim_ttft": done.first_token[order] - at,
+                    "sim_ttft": first - at,
                     "tpot": g["tpot_s"].to_numpy() * 1e3,
-                    "sim_tpot": np.where(
-                        n > 1, (done.done[order] - done.first_token[order]) / np.maximum(n - 1, 1), np.nan
-                    ),
+                    "sim_tpot": np.where(n > 1, (last - first) / np.maximum(n - 1, 1), np.nan),
                     "kept": g["scheduled_s"].to_numpy() >= measured["warmup_s"],
                 }
             )

@@ -66,10 +66,10 @@ def measured_split(steps: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
     return rq
 
 
-def replayed(scenario, at_ms: np.ndarray, prompt, output) -> tuple[np.ndarray, np.ndarray]:
+def replayed(scenario, at_ms: np.ndarray, prompt, output) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Requests arriving at ``at_ms`` (in order) through one replica of ``scenario`` (no
-    noise, no speed process), started empty: when each one's first step began and when its
-    first token came (ms), in the order given."""
+    noise, no speed process), started empty: when each one's first step began, when its
+    first token came and when its last did (ms), in the order given."""
     svc = LLMService.of(scenario.batching, scenario.workers.instance_type, np.random.default_rng(0))
     rep = Replica(svc.policy, svc.step, svc.limits)
     for i, (t, p, o) in enumerate(zip(at_ms, prompt, output, strict=True)):
@@ -77,14 +77,14 @@ def replayed(scenario, at_ms: np.ndarray, prompt, output) -> tuple[np.ndarray, n
     rep.advance()
     f = rep.finished()
     o = np.argsort(f.rid)
-    return f.start[o], f.first_token[o]
+    return f.start[o], f.first_token[o], f.done[o]
 
 
 def simulated_split(scenario, overhead_ms: float, rq: pd.DataFrame) -> pd.DataFrame:
     """The same requests through the replica, each arriving ``overhead_ms`` after its
     scheduled time: each one's TTFT and prefill steps (ms), as :func:`measured_split`'s."""
     at = rq["scheduled_s"].to_numpy() * 1000.0
-    start, first = replayed(scenario, at + overhead_ms, rq["prompt_tokens"], rq["output_tokens"])
+    start, first, _ = replayed(scenario, at + overhead_ms, rq["prompt_tokens"], rq["output_tokens"])
     return pd.DataFrame({"sim_ttft_ms": first - at, "sim_mid_ms": first - start})
 
 
