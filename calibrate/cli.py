@@ -526,6 +526,13 @@ def llm(
     ] = 90.0,
     seed: Annotated[int, typer.Option(help="Seed of the profile's order and the load's draws.")] = 0,
     device: Annotated[str, typer.Option(help="The engine's device: cpu, or cuda when a GPU is there.")] = "cpu",
+    idle: Annotated[
+        str,
+        typer.Option(
+            help="The engine's idle while measured: spin (it polls its pipe, its core busy at every load) or sleep "
+            "(its core halts between bursts, and some hosts then run it 10-30% slower at light load)."
+        ),
+    ] = "spin",
     measure_only: Annotated[
         bool,
         typer.Option(
@@ -547,6 +554,9 @@ def llm(
     if device not in ("cpu", "cuda"):
         typer.echo(f"error: --device must be cpu or cuda, not {device!r}", err=True)
         raise typer.Exit(code=2)
+    if idle not in ("spin", "sleep"):
+        typer.echo(f"error: --idle must be spin or sleep, not {idle!r}", err=True)
+        raise typer.Exit(code=2)
     try:
         from calibrate.llm_run import calibrate_llm, default_folder, measure_llm
     except ImportError as err:
@@ -560,6 +570,7 @@ def llm(
     out = out or default_folder(device)
     signal.signal(signal.SIGTERM, _terminated)
     design = {"slice_s": slice_s, "rounds": rounds, "knee_s": knee_s, "age_s": age_s, "seed": seed, "device": device}
+    design["idle"] = idle
     if measure_only:
         got = measure_llm(out, **design)
         typer.echo(f"wrote {out}/measured.json, steps.csv.gz, requests.csv.gz: `servesim calibrate refit {out}`")

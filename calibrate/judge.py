@@ -207,7 +207,9 @@ def judge(
     knee = profile["knee"]["completed_rps"]
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    args = [*llm_run.server_args(profile["engine"]), "--device", profile.get("device", "cpu")]  # where it was measured
+    # where it was measured, idling as it did
+    args = [*llm_run.server_args(profile["engine"]), "--device", profile.get("device", "cpu")]
+    args += ["--idle", profile.get("idle", "sleep")]
     with (
         tempfile.TemporaryDirectory(prefix="servesim-judge-") as tmp,
         server(args, command="serve-llm", health="/health") as url,

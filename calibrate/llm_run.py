@@ -57,6 +57,11 @@ from calibrate.stats import replication_interval
 
 LEVELS = (0.3, 0.5, 0.7, 0.85)
 AGE_S = 90.0  # overload that ages the engine before the knee and the levels are measured (then drained)
+# the engine's idle while calibrated: polling its pipe, its core stays busy at every load. Asleep,
+# its core halts between bursts, and some hosts then run it 10-30% slower at light load than
+# under sustained load (calibrate/README, "Light load runs slow on some hosts"): a host's power
+# management the model does not hold, which polling takes out (and costs nothing elsewhere)
+IDLE = "spin"
 KNEE_SKIP_S = 10.0  # an overload slice's completions are counted from here on: by then the engine is full
 QUANTILES = (50, 90, 99)
 METRICS = ("ttft", "tpot", "itl")
@@ -346,7 +351,7 @@ def step_records(url: str) -> pd.DataFrame:
 
 def calibrate_llm(out: Path, *, replications: int = 20, log=print, **design) -> dict:
     """The whole calibration (see the module's docstring): :func:`measure_llm` with
-    ``design`` (its keywords: slice_s, rounds, warmup_s, knee_s, age_s, seed, device), then
+    ``design`` (its keywords: slice_s, rounds, warmup_s, knee_s, age_s, seed, device, idle), then
     :func:`predict_llm`; returns the profile written."""
     measure_llm(out, **design, log=log)
     return predict_llm(out, replications=replications, log=log)
@@ -362,12 +367,13 @@ def measure_llm(
     age_s: float = AGE_S,
     seed: int = 0,
     device: str = "cpu",
+    idle: str = IDLE,
     log=print,
 ) -> dict:
-    """Steps 1-4 (the engine on ``device``, aged by ``age_s`` of overload after its profile:
-    :func:`age_engine`): what the engine and the load generator measured,
-    written to ``out`` as ``measured.json`` (the design, the knee's slices, each level's
-    percentiles, the hardware), ``steps.csv.gz`` and ``requests.csv.gz``, from which
+    """Steps 1-4 (the engine on ``device``, idling as ``idle`` says (``serve-llm --idle``),
+    aged by ``age_s`` of overload after its profile: :func:`age_engine`): what the engine
+    and the load generator measured, written to ``out`` as ``measured.json`` (the design,
+    the knee's slices, each level's percentiles, the hardware), ``steps.csv.gz`` and ``requests.csv.gz``, from which
     :func:`predict_llm` predicts on any machine (a lent GPU's time is spent measuring only).
     They are written after every round: a run stopped early keeps the rounds it finished."""
     from calibrate.profile import hardware
@@ -378,7 +384,9 @@ def measure_llm(
     phases: dict[str, list[pd.DataFrame]] = {}  # the engine's step records of each phase
     answers: dict[float, list[pd.DataFrame]] = {share: [] for share in LEVELS}
     with (
-        server([*server_args(engine), "--device", device], command="serve-llm", health="/health") as url,
+        server(
+            [*server_args(engine), "--device", device, "--idle", idle], command="serve-llm", health="/health"
+        ) as url,
         beside_llm_front_end(url),  # the engine keeps its core to itself
     ):
         models = get_json(url + "/v1/models")["data"][0]
@@ -436,6 +444,7 @@ def measure_llm(
             design = {
                 "engine": engine,
                 "device": device,
+                "idle": idle,
                 "model": models,
                 "hardware": host,
                 "workload": WORKLOAD,
@@ -543,6 +552,7 @@ def predict_llm(out: Path, *, replications: int = 20, log=print) -> dict:
     profile = {
         "engine": engine,  # the scenario's batching fields (the judge's and the target's too)
         "device": device_of(measured),
+        "idle": measured.get("idle", "sleep"),  # the calibrations before 2026-11-27 evening: asleep
         "model": measured["model"],
         "hardware": measured.get("hardware"),
         "workload": measured["workload"],
@@ -629,7 +639,8 @@ def markdown(profile: dict, table: pd.DataFrame) -> str:
     lines = [
         "# The tiny LLM engine, calibrated",
         "",
-        f"On {engine_on(profile)} (the engine on {device_of(profile)}).",
+        f"On {engine_on(profile)} (the engine on {device_of(profile)}, "
+        + ("polling its pipe when idle: `--idle spin`)." if profile.get("idle") == "spin" else "asleep when idle)."),
         "",
         f"Step time (ms) = {fit['c0_ms']:.4f} + {fit['prefill_ms_per_token']:.5f}·P + "
         f"{fit['attention_ms_per_token2']:.3g}·Σp(ctx+p/2) + {fit['decode_ms_per_seq']:.4f}·D"

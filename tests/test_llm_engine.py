@@ -742,6 +742,8 @@ def test_calibrate_llm_end_to_end(tmp_path):
     got = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert got.returncode == 0, got.stderr[-2000:]
     profile = json.loads((out / "profile.json").read_text())
+    assert profile["idle"] == "spin"  # the engine polled its pipe, its core busy at every load
+    assert "polling its pipe" in (out / "validation.md").read_text()
     assert profile["step_time"]["minute_drift"]["dof"] >= 1  # measured on the phases' slices
     assert len(profile["step_time"]["wake_ms"]) == 3
     knee = profile["knee"]
@@ -826,6 +828,7 @@ def test_a_measured_calibration_is_predicted_on_another_machine(tmp_path):
     got = predict_llm(tmp_path, replications=2, log=lambda _: None)
     measured = json.loads((src / "measured.json").read_text())
     assert got["device"] == "cuda"
+    assert got["idle"] == "sleep"  # measured before the calibration's engine polled
     assert set(got["engine"]) == {"num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"}
     assert len(got["table"]) == 24
     assert got["knee"]["completed_rps"] == pytest.approx(measured["knee"]["completed_rps"])
@@ -896,6 +899,7 @@ def yaml_doc() -> dict:
     ("args", "message"),
     [
         (["llm", "--device", "tpu"], "--device must be cpu or cuda, not 'tpu'"),
+        (["llm", "--idle", "nap"], "--idle must be spin or sleep, not 'nap'"),
         (["llm", "--age-s", "-1"], "--age-s from 0 to 3600"),
         (["judge", "--age-s", "5000"], "--age-s from 0 to 3600"),
         pytest.param(
