@@ -468,6 +468,26 @@ def _steps_shaped_by_speed(rng, true: dict, bins: int = 400, per_bin: int = 20):
     return df, predict_ms(true, df) * factor[b] * rng.lognormal(-(noise**2) / 2, noise, n)
 
 
+@pytest.mark.parametrize(("max_num_seqs", "blocks"), [(64, 512), (16, 512), (256, 4096), (64, 32)])
+def test_the_profile_grid_reaches_a_full_kv_cache_for_every_prompt_length(max_num_seqs, blocks):
+    """An overloaded engine runs with its KV cache full: the profile's workloads reach it (or
+    the most sequences at once) for every prompt length, and every workload fits."""
+    from calibrate.llm_profile import OUTPUT_TOKENS, grid
+
+    capacity = blocks * 16
+    shapes = grid(max_num_seqs, capacity, 2048)
+    assert len(set(shapes)) == len(shapes)
+    for d, length in shapes:
+        assert d <= max_num_seqs
+        assert d * -(-(length + OUTPUT_TOKENS) // 16) <= blocks  # their blocks, whole, fit together
+    for length in {length for _, length in shapes}:
+        top = max(d for d, n in shapes if n == length)
+        # one more sequence would not fit (16 tokens each spare for the blocks' rounding)
+        assert top == max_num_seqs or (top + 1) * (length + OUTPUT_TOKENS + 16) > capacity, (length, top)
+        if (max_num_seqs, blocks) == (64, 512) and length > 16:  # the calibration's engine: 85% full or more
+            assert top * (length + OUTPUT_TOKENS) >= 0.85 * capacity, (length, top)
+
+
 def test_the_step_time_fit_takes_the_hosts_speed_out():
     """When the host's speed shapes the batches (slow moments pile sequences up), a fit that
     takes the speed as noise puts it in the per-sequence rate; the fit with a speed factor a
