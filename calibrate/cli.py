@@ -530,7 +530,7 @@ def llm(
         str,
         typer.Option(
             help="The engine's idle while measured: spin (it polls its pipe, its core busy at every load) or sleep "
-            "(its core halts between bursts, and some hosts then run its steps 20-35% faster under sustained load)."
+            "(its core halts between bursts, and some hosts then run its steps 18-33% faster under sustained load)."
         ),
     ] = "spin",
     measure_only: Annotated[

@@ -58,7 +58,7 @@ from calibrate.stats import replication_interval
 LEVELS = (0.3, 0.5, 0.7, 0.85)
 AGE_S = 90.0  # overload that ages the engine before the knee and the levels are measured (then drained)
 # the engine's idle while calibrated: polling its pipe, its core stays busy at every load. Asleep,
-# its core halts between bursts, and some hosts then run its steps 20-35% faster under
+# its core halts between bursts, and some hosts then run its steps 18-33% faster under
 # sustained load than at light load (calibrate/README, "Light load runs slow on some hosts"): a host's power
 # management the model does not hold, which polling takes out (and costs nothing elsewhere)
 IDLE = "spin"
