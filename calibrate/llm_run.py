@@ -1,9 +1,10 @@
 """``servesim calibrate llm``: calibrate the simulator's LLM model against the tiny real engine.
 
 1. Start ``servesim serve-llm`` (its own processes, on this machine: the engine on a core
-   of its own, the front end and this process, the load generator, on the others).
-2. Profile its step time through the server over a grid of workloads
-   (:mod:`calibrate.llm_profile`).
+   of its own, polling its pipe when idle (``--idle``, :data:`IDLE`), the front end and
+   this process, the load generator, on the others).
+2. Profile its step time through the server over a grid of workloads, up to a full KV
+   cache (:mod:`calibrate.llm_profile`).
 3. Age the engine: overload it for 90 s (``--age-s``) and let it drain, its steps not
    fitted. An engine process minutes into overload runs the same forward 7-12% slower
    than a fresh one (calibrate/experiments/llm_aging.py); measured fresh, a run's first
