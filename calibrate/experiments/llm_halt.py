@@ -53,6 +53,16 @@ def no_halt(on: bool):
         os.close(fd)
 
 
+def host_over_time(steps: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """Each slice's host speed (a slice: one value of ``keys``): every step against one fit
+    of all ``steps`` (:func:`calibrate.llm_profile.fit`), the mean log ratio of each
+    quarter-second, averaged over the slice's quarter-seconds (> 0: slower)."""
+    coef = llm_profile.fit(steps)
+    r = np.log(llm_profile.step_ms(steps) / llm_profile.predict_ms(coef, steps))
+    t = steps[keys].assign(r=r, bin=steps["begin_ns"] // int(llm_profile.SPEED_BIN_S * 1e9))
+    return t.groupby([*keys, "bin"])["r"].mean().groupby(keys).mean()
+
+
 def main(rounds: int = 3) -> None:
     s = _load(yaml.safe_load((PROFILE / "scenario.yaml").read_text()))
     rng = np.random.default_rng(19)
@@ -73,10 +83,7 @@ def main(rounds: int = 3) -> None:
                 rows.append({"round": rnd, "share": share, "poll": poll, "tpot_p50": ok["tpot_s"].median() * 1e3})
                 print(rows[-1], flush=True)  # noqa: T201
     every = pd.concat(parts, ignore_index=True)
-    coef = llm_profile.fit(every)
-    every["r"] = np.log(llm_profile.step_ms(every) / llm_profile.predict_ms(coef, every))
-    every["bin"] = every["begin_ns"] // int(llm_profile.SPEED_BIN_S * 1e9)
-    host = every.groupby(["round", "share", "poll", "bin"])["r"].mean().groupby(["round", "share", "poll"]).mean()
+    host = host_over_time(every, ["round", "share", "poll"])
     d = every[(every["chunks"] == 0) & every["decodes"].between(1, 4)].copy()
     d["fwd"] = (d["end_ns"] - d["start_ns"]) / 1e6
     d["speed"] = np.log(d["fwd"] / d["decodes"].map(d.groupby("decodes")["fwd"].median()))

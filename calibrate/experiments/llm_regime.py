@@ -9,9 +9,9 @@ core halts between bursts; polling (``--idle spin``), the core is busy whatever 
 so a host that clocks a busy vCPU up sees a busy one at 30% too. Per round, each idle
 mode a fresh server (in a random order), on it 30% and 80% of 20 req/s (the knee of runs
 before 22; in a random order), 20 s a slice. Per slice: the host's speed over its time
-(every step against one fit of all the experiment's steps,
-:func:`calibrate.llm_profile.fit`; the mean log ratio of each quarter-second, averaged
-over the slice's quarter-seconds: > 0 slower) and the median forward pass (ms) of
+(:func:`calibrate.experiments.llm_halt.host_over_time`: every step against one fit of
+all the experiment's steps, each quarter-second's mean log ratio averaged over the
+slice's; > 0 slower) and the median forward pass (ms) of
 decode-only steps of 1, 2 and 4 sequences.
 
     python calibrate/experiments/llm_regime.py [ROUNDS [SEED]]   # 3 rounds: about 5 minutes
@@ -26,7 +26,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from calibrate import llm_load, llm_profile
+from calibrate import llm_load
+from calibrate.experiments.llm_halt import host_over_time
 from calibrate.llm_run import ENGINE, _load, server_args, step_records
 from calibrate.servers import beside_llm_front_end, server
 
@@ -53,11 +54,7 @@ def main(rounds: int = 3, seed: int = 23) -> None:
                     print(f"round {rnd} {idle} {share:.0%}: {len(st)} steps", flush=True)  # noqa: T201
     every = pd.concat(parts, ignore_index=True)
     every = every[every.groupby(["round", "idle", "share"])["begin_ns"].transform(lambda b: b - b.min()) >= 3e9]
-    coef = llm_profile.fit(every)
-    every["r"] = np.log(llm_profile.step_ms(every) / llm_profile.predict_ms(coef, every))
-    every["bin"] = every["begin_ns"] // int(llm_profile.SPEED_BIN_S * 1e9)
-    keys = ["round", "idle", "share"]
-    host = every.groupby([*keys, "bin"])["r"].mean().groupby(keys).mean()
+    host = host_over_time(every, ["round", "idle", "share"])
     d = every[(every["chunks"] == 0) & every["decodes"].isin([1, 2, 4])].copy()
     d["fwd"] = (d["end_ns"] - d["start_ns"]) / 1e6
     t = d.pivot_table(index=["idle", "share"], columns="decodes", values="fwd", aggfunc="median").round(3)
