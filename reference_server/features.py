@@ -48,8 +48,8 @@ class FeatureStore:
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 
-        if min(cfg.keys, cfg.batch_size, cfg.parallelism, cfg.max_connections) < 1:
-            raise ValueError("feature keys, batch_size, parallelism and max_connections must be >= 1")
+        if min(cfg.keys, cfg.batch_size, cfg.parallelism, cfg.max_connections, cfg.entities) < 1:
+            raise ValueError("feature keys, batch_size, parallelism, entities and max_connections must be >= 1")
         self.cfg = cfg
         # a bounded pool: under overload, round trips queue for a connection instead of
         # opening hundreds of sockets that Redis and this event loop then serve in turn

@@ -155,27 +155,33 @@ class FrontEnd:
         """Start the instances, the batcher and the store; stop them when the app stops."""
         cfg, model, store = self.cfg, self.model, self.store
         loop = asyncio.get_running_loop()
-        if self.relay is not None:  # the hub's batcher, over the relay
-            await self.relay.connect()
-            self.batcher = self.relay
-        else:
-            instances = await loop.run_in_executor(None, start_instances, cfg, model, self.cores)
-            if self.pinned:  # the front end (event loop, decode thread) keeps off the instances' cores
-                os.sched_setaffinity(0, self.frontend_cores)
-            self.batcher = batcher_for(cfg, instances, self.metrics.observe_batch)
-        self.batcher.start()
-        if self.threaded:
-            rng = np.random.default_rng(cfg.model.seed)
-            for _ in range(cfg.warmup_batches):  # warm-up outside the statistics
-                await loop.run_in_executor(None, lambda: model.forward(model.collate(model.example(2, rng))))
-        if store is not None:
-            await store.populate(cfg.model.vocab, cfg.model.seed)
         # a JSON body of megabytes takes the parser a quarter of a second, holding the GIL: such
-        # bodies are parsed in a process of their own, started (and warmed) now
+        # bodies are parsed in a process of their own, started (and warmed: a spawned Python,
+        # ~1.8 s) now, beside the instances' start rather than after it
         self.parse_pool = ProcessPoolExecutor(
             max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent
         )
-        await loop.run_in_executor(self.parse_pool, decode_request, _WARM, None, None)
+        parse_warm = loop.run_in_executor(self.parse_pool, decode_request, _WARM, None, None)
+        try:
+            if self.relay is not None:  # the hub's batcher, over the relay
+                await self.relay.connect()
+                self.batcher = self.relay
+            else:
+                instances = await loop.run_in_executor(None, start_instances, cfg, model, self.cores)
+                if self.pinned:  # the front end (event loop, decode thread) keeps off the instances' cores
+                    os.sched_setaffinity(0, self.frontend_cores)
+                self.batcher = batcher_for(cfg, instances, self.metrics.observe_batch)
+            self.batcher.start()
+            if self.threaded:
+                rng = np.random.default_rng(cfg.model.seed)
+                for _ in range(cfg.warmup_batches):  # warm-up outside the statistics
+                    await loop.run_in_executor(None, lambda: model.forward(model.collate(model.example(2, rng))))
+            if store is not None:
+                await store.populate(cfg.model.vocab, cfg.model.seed)
+            await parse_warm
+        except BaseException:  # an instance that fails to start: the parse process goes too
+            self.parse_pool.shutdown(wait=False, cancel_futures=True)
+            raise
         if self.metrics.gpu.notice:
             print(f"servesim serve: {self.metrics.gpu.notice}", flush=True)  # noqa: T201 - the server's console
         # Everything alive now (torch's, FastAPI's and our modules: ~240k objects) lives as long as

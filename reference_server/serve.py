@@ -67,6 +67,9 @@ def serve(
     feature_keys: Annotated[int, typer.Option(help="Feature store: ids per item (the ranker's sparse inputs).")] = 26,
     feature_batch_size: Annotated[int, typer.Option(help="Feature store: keys per round trip (1 = GET per key).")] = 1,
     feature_parallelism: Annotated[int, typer.Option(help="Feature store: round trips in flight per request.")] = 1,
+    feature_entities: Annotated[
+        int, typer.Option(help="Feature store: entities written at start-up (each with --feature-keys ids).")
+    ] = 10_000,
     redis_connections: Annotated[
         int, typer.Option(help="Feature store: pooled Redis connections; round trips beyond these wait for one.")
     ] = 32,
@@ -172,6 +175,7 @@ def serve(
             keys=feature_keys,
             batch_size=feature_batch_size,
             parallelism=feature_parallelism,
+            entities=feature_entities,
             max_connections=redis_connections,
         ),
         instance_mode=instance_mode,  # type: ignore[arg-type] - checked by create_app

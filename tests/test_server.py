@@ -7,6 +7,7 @@ import json
 import shutil
 import signal
 import socket
+import subprocess
 import threading
 import urllib.error
 import urllib.request
@@ -19,7 +20,7 @@ th = pytest.importorskip("tritonclient.http", reason="conformance is checked wit
 
 from calibrate.loadgen import image_payloads  # noqa: E402
 from reference_server.models import jpeg  # noqa: E402
-from tests.servers import redis_server, reference_server  # noqa: E402
+from tests.servers import free_port, redis_server, reference_server, servesim_cmd  # noqa: E402
 
 TINY = ("--resolution", "32", "--width", "8")
 
@@ -293,6 +294,20 @@ def test_ranker_fetches_features_from_redis(batch, trips):
 
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed (CI installs it)")
+def test_a_feature_store_of_no_entities_exits_2_with_one_line():
+    cmd = [*servesim_cmd(), "serve", "--port", str(free_port()), "--model", "ranker"]
+    done = subprocess.run(
+        [*cmd, "--redis-url", "redis://127.0.0.1:1/0", "--feature-entities", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert (
+        done.stderr.strip() == "error: feature keys, batch_size, parallelism, entities and max_connections must be >= 1"
+    )
+
+
 def test_requests_still_fetching_features_count_against_the_queue_bound():
     # a burst far past the queue bound: the requests still fetching their ids from Redis
     # count too, so the surplus is refused at the door instead of piling up in the fetch
@@ -305,6 +320,8 @@ def test_requests_still_fetching_features_count_against_the_queue_bound():
             redis_url,
             "--feature-keys",
             "300",  # ~50 ms of GETs each
+            "--feature-entities",
+            "100",  # 30k keys written at start-up, not 3M (20 s)
             "--max-queue-size",
             "4",
             "--redis-connections",
