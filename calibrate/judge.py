@@ -208,8 +208,7 @@ def judge(
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     # where it was measured, idling as it did
-    args = [*llm_run.server_args(profile["engine"]), "--device", profile.get("device", "cpu")]
-    args += ["--idle", profile.get("idle", "sleep")]
+    args = llm_run.profile_server_args(profile)
     with (
         tempfile.TemporaryDirectory(prefix="servesim-judge-") as tmp,
         server(args, command="serve-llm", health="/health") as url,

@@ -77,6 +77,16 @@ def server_args(engine: dict) -> list[str]:
     return [arg for k, v in engine.items() for arg in (f"--{k.replace('_', '-')}", str(v))]
 
 
+def profile_server_args(profile: dict) -> list[str]:
+    """``serve-llm``'s arguments for the engine a calibration measured: its engine, on its
+    device, idling as it did (a profile from before the idle was recorded: asleep)."""
+    return [
+        *server_args(profile["engine"]),
+        *("--device", profile.get("device", "cpu")),
+        *("--idle", profile.get("idle", "sleep")),
+    ]
+
+
 def fitted(
     steps: pd.DataFrame,
     speed_bin_s: float | None = llm_profile.SPEED_BIN_S,

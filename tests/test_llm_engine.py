@@ -959,6 +959,20 @@ def test_the_judge_refuses_a_gpu_profile_without_a_gpu(tmp_path):
     assert not (tmp_path / "j").exists()
 
 
+def test_an_engine_is_started_as_its_profile_measured_it():
+    """The judge and the twin's test start the engine a profile measured: its engine's
+    options, its device, its idle (the committed CPU profile polled; the H100's, measured
+    before the idle was recorded, slept)."""
+    from calibrate.llm_run import profile_server_args
+
+    cpu = json.loads(Path("calibrate/profiles/cpu-tiny-llm/profile.json").read_text())
+    args = profile_server_args(cpu)
+    assert args[-4:] == ["--device", "cpu", "--idle", "spin"]
+    assert args[1] == str(cpu["engine"][args[0].removeprefix("--").replace("-", "_")])
+    gpu = json.loads(Path("calibrate/profiles/gpu-h100-llm/profile.json").read_text())
+    assert profile_server_args(gpu)[-4:] == ["--device", "cuda", "--idle", "sleep"]
+
+
 def test_refit_of_a_measured_folder_without_its_steps_says_so(tmp_path):
     import subprocess
     import sys

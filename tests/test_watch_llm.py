@@ -221,7 +221,7 @@ def test_the_twin_announces_where_the_ttft_sla_breaks(tmp_path):
     import time
 
     from calibrate import llm_load
-    from calibrate.llm_run import _load, server_args
+    from calibrate.llm_run import _load, profile_server_args
     from calibrate.watch_llm import scrape
     from tests.servers import llm_server
 
@@ -243,7 +243,7 @@ def test_the_twin_announces_where_the_ttft_sla_breaks(tmp_path):
     report = []
     for ramp in range(3):
         rng = np.random.default_rng(100 + ramp)
-        with llm_server(*server_args(profile["engine"])) as (url, _):
+        with llm_server(*profile_server_args(profile)) as (url, _):  # the engine as calibrated: polling
             half = llm_load.plan_from_scenario(scenario, 0.5 * knee, 24.0, rng)
             scrapes = [scrape(url)]
             load = threading.Thread(target=llm_load.run, args=(url, half), kwargs={"seed": ramp})
