@@ -166,13 +166,17 @@ def tall_nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if n <= 4 * k:
         return nnls(a, b)[0]
     norm = np.sqrt(np.einsum("ij,ij->j", a, a))
-    scale = np.where(norm > 0, norm, 1.0)
-    a_s = a / scale
+    x = np.zeros(k)
+    used = norm > 0  # a column of zeros (no step past a threshold): its coefficient stays 0, as scipy's does
+    if not used.any():
+        return x
+    a_s = a[:, used] / norm[used]
     lam, v = np.linalg.eigh(a_s.T @ a_s)
     keep = lam > lam.max() * 1e-12
     m = np.sqrt(lam[keep])[:, None] * v[:, keep].T
     d = (v[:, keep].T @ (a_s.T @ b)) / np.sqrt(lam[keep])
-    return nnls(m, d)[0] / scale
+    x[used] = nnls(m, d)[0] / norm[used]
+    return x
 
 
 def _nnls(x: np.ndarray, y: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:

@@ -690,6 +690,25 @@ def test_a_step_time_on_a_slower_host_scales_every_cost_but_the_overhead():
     assert at_speed(constant, 0.0, window_s=20.0)["speed"] is None
 
 
+def test_the_tall_nnls_is_scipys_nnls():
+    """The step fit's NNLS on k rows (the scaled Gram matrix) against scipy's on all n rows:
+    columns of scales a million apart, a column of zeros, a bound that binds."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    from calibrate.llm_profile import tall_nnls
+
+    rng = np.random.default_rng(4)
+    n = 5_000
+    a = np.column_stack([np.ones(n), rng.integers(0, 2000, n), rng.random(n) * 1e6, np.zeros(n), rng.random(n)])
+    for truth in ([1.0, 0.02, 6e-5, 0.0, 0.3], [1.0, 0.02, 6e-5, 0.0, -0.3]):  # the second: x4 held at 0
+        b = a @ np.array(truth) * np.exp(rng.normal(0.0, 0.1, n))
+        want = nnls(a, b)[0]
+        got = tall_nnls(a, b)
+        assert got == pytest.approx(want, rel=1e-8, abs=1e-12)
+        assert got[3] == 0.0
+
+
 @pytest.mark.parametrize("threshold", [None, 8])
 def test_the_step_time_fit_recovers_known_coefficients(threshold):
     """NNLS on synthetic step times with 8% log-normal noise, 20 replications, a truth with
