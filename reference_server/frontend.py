@@ -65,6 +65,14 @@ def error(status: int, msg: str, headers: dict | None = None) -> JSONResponse:
     return JSONResponse({"error": msg}, status_code=status, headers=headers)
 
 
+def _parse_process_init(cores: list[int] | None) -> None:
+    """The parse process: it dies with the front end and, where the front end keeps off the
+    instances' cores, keeps off them too (it is spawned before the front end pins itself)."""
+    die_with_parent()
+    if cores:
+        os.sched_setaffinity(0, cores)
+
+
 def start_instances(cfg: ServerConfig, front: ServedModel, cores: list[int | None]) -> list:
     """Start the model instances (processes: spawned together, then awaited)."""
     if cfg.instance_mode == "thread":
@@ -159,7 +167,10 @@ class FrontEnd:
         # bodies are parsed in a process of their own, started (and warmed: a spawned Python,
         # ~1.8 s) now, beside the instances' start rather than after it
         self.parse_pool = ProcessPoolExecutor(
-            max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent
+            max_workers=1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_parse_process_init,
+            initargs=(self.frontend_cores if self.relay is None and self.pinned else None,),
         )
         parse_warm = loop.run_in_executor(self.parse_pool, decode_request, _WARM, None, None)
         try:

@@ -293,7 +293,6 @@ def test_ranker_fetches_features_from_redis(batch, trips):
             c.infer("ranker", [dense, entity])
 
 
-@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed (CI installs it)")
 def test_a_feature_store_of_no_entities_exits_2_with_one_line():
     cmd = [*servesim_cmd(), "serve", "--port", str(free_port()), "--model", "ranker"]
     done = subprocess.run(
@@ -308,6 +307,7 @@ def test_a_feature_store_of_no_entities_exits_2_with_one_line():
     )
 
 
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed (CI installs it)")
 def test_requests_still_fetching_features_count_against_the_queue_bound():
     # a burst far past the queue bound: the requests still fetching their ids from Redis
     # count too, so the surplus is refused at the door instead of piling up in the fetch

@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -101,6 +102,24 @@ def test_instance_cores():
         instance_cores("9", 1, cores=4)
     with pytest.raises(ValueError, match="'auto', 'none' or core numbers"):
         instance_cores("fast", 1, cores=4)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs two cores")
+def test_the_front_end_and_its_parse_process_keep_off_the_instances_core():
+    """Pinned (the default on two cores or more): the instance on its core, the front end
+    and its parse process (started beside the instance, before the front end pins itself)
+    on the others."""
+    with reference_server(*TINY) as (url, proc):
+        info = config(url)
+        [instance] = info["instances"]
+        assert instance["core"] is not None
+        assert os.sched_getaffinity(instance["pid"]) == {instance["core"]}
+        others = set(os.sched_getaffinity(0)) - {instance["core"]}
+        assert os.sched_getaffinity(proc.pid) == others
+        spawned = [p for p in children(proc.pid) if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        parse = [p for p in spawned if p != instance["pid"]]
+        assert len(parse) == 1
+        assert os.sched_getaffinity(parse[0]) == others
 
 
 def test_instances_stop_with_the_server_on_sigterm():
