@@ -867,7 +867,7 @@ def test_a_measured_calibration_is_predicted_on_another_machine(tmp_path):
     got = predict_llm(tmp_path, replications=2, log=lambda _: None)
     measured = json.loads((src / "measured.json").read_text())
     assert got["device"] == "cuda"
-    assert got["idle"] == "sleep"  # measured before the calibration's engine polled
+    assert got["idle"] == "spin"  # measured with the engine polling its pipe when idle
     assert set(got["engine"]) == {"num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"}
     assert len(got["table"]) == 24
     assert got["knee"]["completed_rps"] == pytest.approx(measured["knee"]["completed_rps"])
@@ -989,7 +989,9 @@ def test_an_engine_is_started_as_its_profile_measured_it():
     assert args[-4:] == ["--device", "cpu", "--idle", "spin"]
     assert args[1] == str(cpu["engine"][args[0].removeprefix("--").replace("-", "_")])
     gpu = json.loads(Path("calibrate/profiles/gpu-h100-llm/profile.json").read_text())
-    assert profile_server_args(gpu)[-4:] == ["--device", "cuda", "--idle", "sleep"]
+    assert profile_server_args(gpu)[-4:] == ["--device", "cuda", "--idle", "spin"]
+    asleep = dict(gpu, idle="sleep")  # a profile measured before the engine polled (at b2cdc95)
+    assert profile_server_args(asleep)[-4:] == ["--device", "cuda", "--idle", "sleep"]
 
 
 def test_refit_of_a_measured_folder_without_its_steps_says_so(tmp_path):
