@@ -978,6 +978,21 @@ def test_the_judge_refuses_a_gpu_profile_without_a_gpu(tmp_path):
     assert not (tmp_path / "j").exists()
 
 
+def test_calibrate_llm_defaults_are_the_measurements_defaults():
+    """The CLI writes its defaults as literals (its import stays light: no pandas, no torch);
+    they must be `measure_llm`'s, or `servesim calibrate llm` and the library measure apart."""
+    import inspect
+
+    from calibrate.cli import llm
+    from calibrate.llm_run import measure_llm
+
+    cli = inspect.signature(llm).parameters
+    lib = inspect.signature(measure_llm).parameters
+    shared = sorted(set(cli) & set(lib) - {"out", "log"})
+    assert {"age_s", "idle", "slice_s", "rounds", "knee_s", "seed", "device"} <= set(shared)
+    assert {k: cli[k].default for k in shared} == {k: lib[k].default for k in shared}
+
+
 def test_an_engine_is_started_as_its_profile_measured_it():
     """The judge and the twin's test start the engine a profile measured: its engine's
     options, its device, its idle (the committed CPU profile polled; the H100's, measured
