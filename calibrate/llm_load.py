@@ -79,7 +79,16 @@ def first_token_parts(timing: dict, scheduled: float, first: float) -> dict[str,
     return dict(zip(PARTS, gaps.tolist(), strict=True))
 
 
-async def _one(session, url: str, model: str, prompt: list[int], max_tokens: int, scheduled: float, row: dict):
+async def _one(
+    session,
+    url: str,
+    model: str,
+    prompt: list[int],
+    max_tokens: int,
+    scheduled: float,
+    row: dict,
+    first_token_timeout_s: float | None = None,
+):
     body = {
         "model": model,
         "prompt": prompt,
@@ -90,22 +99,36 @@ async def _one(session, url: str, model: str, prompt: list[int], max_tokens: int
     }
     row["sent"] = time.perf_counter() - scheduled
     stamps, timing = [], None
+    loop = asyncio.get_running_loop()
+    deadline = None  # on the loop's clock
+    if first_token_timeout_s is not None:
+        deadline = loop.time() + (scheduled + first_token_timeout_s - time.perf_counter())
     try:
-        async with session.post(url + "/v1/completions", json=body) as r:
-            if r.status != 200:
-                row["error"] = f"HTTP {r.status}: {(await r.text())[:200]}"
-                return
-            async for line in r.content:
-                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
-                    continue
-                now = time.perf_counter()
-                chunk = json.loads(line[6:])
-                if chunk.get("choices"):
-                    stamps.append(now)
-                elif "error" in chunk:
-                    row["error"] = chunk["error"].get("message", "error")
-                elif "servesim_timing" in chunk:
-                    timing = chunk["servesim_timing"]
+        async with asyncio.timeout_at(deadline) as first_token:
+            async with session.post(url + "/v1/completions", json=body) as r:
+                if r.status != 200:
+                    row["error"] = f"HTTP {r.status}: {(await r.text())[:200]}"
+                    return
+                async for line in r.content:
+                    if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                        continue
+                    now = time.perf_counter()
+                    chunk = json.loads(line[6:])
+                    if chunk.get("choices"):
+                        if not stamps:
+                            first_token.reschedule(None)  # the deadline is the first token's only
+                        stamps.append(now)
+                    elif "error" in chunk:
+                        row["error"] = chunk["error"].get("message", "error")
+                    elif "servesim_timing" in chunk:
+                        timing = chunk["servesim_timing"]
+    except TimeoutError:
+        if first_token_timeout_s is None or stamps:  # not the first token's deadline: a failure
+            row["error"] = "TimeoutError"
+            return
+        row.update(error=f"no first token in {first_token_timeout_s:g} s", timed_out=True)
+        row["ttft_s"] = first_token_timeout_s
+        return
     except Exception as err:  # the connection failed: counted, not raised
         row["error"] = f"{type(err).__name__}: {err}"
         return
@@ -120,11 +143,13 @@ async def _one(session, url: str, model: str, prompt: list[int], max_tokens: int
         row["tpot_s"] = float(itl.mean()) if len(itl) else np.nan
 
 
-async def _run(url: str, plan: Plan, model: str, rng: np.random.Generator, lead_s: float) -> pd.DataFrame:
+async def _run(
+    url: str, plan: Plan, model: str, rng: np.random.Generator, lead_s: float, first_token_timeout_s: float | None
+) -> pd.DataFrame:
     import aiohttp
 
     rows = [
-        {"prompt_tokens": int(p), "output_tokens": int(o), "error": None}
+        {"prompt_tokens": int(p), "output_tokens": int(o), "error": None, "timed_out": False}
         for p, o in zip(plan.prompt, plan.output, strict=True)
     ]
     prompts = [rng.integers(1, 256, int(p)).tolist() for p in plan.prompt]
@@ -138,17 +163,36 @@ async def _run(url: str, plan: Plan, model: str, rng: np.random.Generator, lead_
                 await asyncio.sleep(delay)
             rows[i]["scheduled_s"] = float(at)
             tasks.append(
-                asyncio.create_task(_one(session, url, model, prompts[i], int(plan.output[i]), start + at, rows[i]))
+                asyncio.create_task(
+                    _one(
+                        session, url, model, prompts[i], int(plan.output[i]), start + at, rows[i], first_token_timeout_s
+                    )
+                )
             )
         await asyncio.gather(*tasks)
     return pd.DataFrame(rows)
 
 
-def run(url: str, plan: Plan, *, model: str = "servesim-tiny", seed: int = 0, lead_s: float = 0.2) -> pd.DataFrame:
+def run(
+    url: str,
+    plan: Plan,
+    *,
+    model: str = "servesim-tiny",
+    seed: int = 0,
+    lead_s: float = 0.2,
+    first_token_timeout_s: float | None = None,
+) -> pd.DataFrame:
     """Send ``plan`` to ``url`` open loop; one row per request: its lengths, when it was
     scheduled, how late it was sent, its tokens, TTFT, TPOT (vLLM's: the mean gap after
-    the first token), E2E (from the scheduled time) and every inter-token gap."""
-    return asyncio.run(_run(url, plan, model, np.random.default_rng(seed), lead_s))
+    the first token), E2E (from the scheduled time) and every inter-token gap.
+
+    ``first_token_timeout_s``: a request without its first token this long after its
+    scheduled time is cancelled (the server aborts it when the connection closes), its
+    ``error`` says so, ``timed_out`` is True and ``ttft_s`` holds the timeout, a lower bound
+    of its TTFT. An overload far past the knee then drains in seconds instead of minutes."""
+    if first_token_timeout_s is not None and not first_token_timeout_s > 0:
+        raise ValueError(f"first_token_timeout_s must be above 0, not {first_token_timeout_s!r}")
+    return asyncio.run(_run(url, plan, model, np.random.default_rng(seed), lead_s, first_token_timeout_s))
 
 
 def percentiles(df: pd.DataFrame, *, skip_s: float = 0.0) -> dict[str, float]:

@@ -368,6 +368,48 @@ def test_the_open_loop_generator_times_every_token(server):
     assert got["ttft_p50_ms"] > 0
 
 
+def test_a_request_past_its_first_token_deadline_is_cancelled_and_the_engine_drops_it(server):
+    """`first_token_timeout_s`: a burst of long prompts that queue past the deadline are
+    cancelled, marked timed out with the deadline as their TTFT's lower bound; the server
+    aborts them (nothing left running or waiting) and serves the next request in full.
+    Requests whose first token came in time stream to the end."""
+    import time
+
+    import numpy as np
+
+    from calibrate import llm_load
+
+    url, _ = server
+    # a burst of 100 requests of 400 + 40 tokens: the fixture's KV cache (4,096 tokens) holds
+    # about 9 at a time, each wave a prefill and 40 decodes, so the last wait seconds for
+    # their first token and the first get it in a fraction of one (0.07-0.25 s measured)
+    n = 100
+    plan = llm_load.Plan(np.zeros(n), np.full(n, 400), np.full(n, 40))
+    df = llm_load.run(url, plan, seed=2, first_token_timeout_s=1.0)
+    late = df[df["timed_out"]]
+    assert len(late) > 0, df["ttft_s"].describe()
+    assert (late["error"] == "no first token in 1 s").all()
+    assert (late["ttft_s"] == 1.0).all()
+    on_time = df[~df["timed_out"]]
+    assert len(on_time) > 0, df["ttft_s"].describe()
+    assert on_time["error"].isna().all()
+    assert (on_time["tokens"] == 40).all()  # once the first token came, the deadline is gone
+    assert (on_time["ttft_s"] <= 1.0 + 0.02).all()
+    for _ in range(100):  # the engine aborts what the client gave up
+        with urllib.request.urlopen(url + "/metrics") as r:
+            text = r.read().decode()
+        if _metric(text, "vllm:num_requests_running") + _metric(text, "vllm:num_requests_waiting") == 0:
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the timed-out requests still run")
+    status, body = _post(url + "/v1/completions", {"prompt": "after", "max_tokens": 5})
+    assert status == 200
+    assert json.loads(body)["usage"]["completion_tokens"] == 5
+    with pytest.raises(ValueError, match="first_token_timeout_s"):
+        llm_load.run(url, plan, first_token_timeout_s=0.0)
+
+
 def test_first_token_parts_need_this_hosts_clock():
     """The parts come from the server's clock and the client's: on one host they sum to the
     TTFT; a server elsewhere (another clock) or one that sends no times gives none."""
