@@ -41,6 +41,7 @@ import numpy as np
 from calibrate.watch import WatchError, _get, histogram_quantile
 
 SPEED_SPANS = 20  # with a speed process, simulate at least this many of its slowest correlation times
+FALLING_BEHIND_MS = 10_000.0  # a simulation whose window's requests finish this long after its end fell behind
 LENGTH_SAMPLE = 400  # values drawn to stand for a window's length histogram
 
 
@@ -287,13 +288,15 @@ class LLMTwin:
         from simulator.results.tokens import tpot_ms, ttft_ms
 
         s = self.scenario(rate, lengths, factor)
-        ttft, tpot, gaps, tokens, offered, done = [], [], 0.0, 0.0, 0, 0
+        ttft, tpot, gaps, tokens, offered, done, late = [], [], 0.0, 0.0, 0, 0, 0
         windows: dict[str, list[list[float]]] = {"ttft": [], "tpot": []}  # per SLA window: its values
         for seed in self.seeds:
             r = simulate(s, seed=seed).records
             w = window(r, s)
             keep = w & np.isfinite(r.t_response)
             offered, done = offered + int(w.sum()), done + int(keep.sum())
+            # past the span's end by more than FALLING_BEHIND_MS: the queue was still growing
+            late += int((keep & (r.t_response > s.duration_s * 1000.0 + FALLING_BEHIND_MS)).sum())
             ttft.append(ttft_ms(r)[keep])
             per = tpot_ms(r)[keep]
             tpot.append(per[np.isfinite(per)])
@@ -311,7 +314,7 @@ class LLMTwin:
             tokens += float(np.sum(out[many] - 1))
         ttft_all, tpot_all = np.concatenate(ttft), np.concatenate(tpot)
         got = {"itl_mean_ms": gaps / tokens if tokens else float("nan")}
-        if done < 0.99 * offered or len(ttft_all) == 0:  # not keeping up: past any SLA
+        if done < 0.99 * offered or late > 0.01 * offered or len(ttft_all) == 0:  # not keeping up: past any SLA
             for q in self.quantiles:
                 got[f"ttft_p{q:g}_ms"] = got[f"tpot_p{q:g}_ms"] = float("inf")
             return got
@@ -328,11 +331,19 @@ class LLMTwin:
         """The speed factor at which the simulated mean ITL meets the measured one: the
         simulated ITL grows with the factor, faster than in proportion near saturation
         (slower steps also make batches larger), so a plain ratio overshoots; bisection in
-        log factor within a bracket found from the last interval's factor."""
+        log factor within a bracket found from the last interval's factor.
+
+        The measured engine served ``rate``: a factor at which the simulation does not keep
+        up with it is too slow, whatever ITL its finished requests show. The bracket stops
+        growing there (an overloaded simulation at many times the factor grows its queue
+        for the whole span: minutes each, an hour for the doublings up to 20)."""
 
         def gap(f: float) -> float:
-            sim = self.predict(rate, lengths, f)["itl_mean_ms"]
-            return math.inf if not math.isfinite(sim) else math.log(sim / measured_itl_ms)
+            got = self.predict(rate, lengths, f)
+            sim = got["itl_mean_ms"]
+            if not math.isfinite(got[f"ttft_p{self.quantiles[0]:g}_ms"]) or not math.isfinite(sim):
+                return math.inf  # not keeping up (or nothing finished): slower than the engine measured
+            return math.log(sim / measured_itl_ms)
 
         lo = hi = float(np.clip(self.factor, 0.05, 20.0))
         g = gap(lo)

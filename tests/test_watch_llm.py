@@ -139,6 +139,32 @@ def test_the_twin_finds_the_engines_speed(truth):
     assert last["headroom_pct"] == pytest.approx((last["breaking_rate_rps"] / last["rate_rps"] - 1) * 100)
 
 
+def test_the_twin_never_fits_a_speed_at_which_the_engine_could_not_have_kept_up():
+    """A measured ITL no factor reproduces while the simulation keeps up (here 50 times the
+    step time): the bracket stops at the first factor whose simulation falls behind the
+    measured rate (the engine served it), instead of doubling to 20 through simulations
+    of an ever deeper overload; the factor returned keeps up or is the bracket's edge."""
+    import time
+
+    base = _base()
+    info = {"num_gpu_blocks": str(base["batching"]["num_blocks"]), "block_size": str(base["batching"]["block_size"])}
+    twin = LLMTwin(base, info, ttft_sla=(99.0, 200.0), window=6, sim_s=30.0, seeds=(1, 2))
+    lengths = (np.full(50, 256.0), np.full(50, 64.0))
+    rate = 9.0
+    itl_at_1 = twin.predict(rate, lengths, 1.0)["itl_mean_ms"]
+    calls = []
+    predict = twin.predict
+    twin.predict = lambda *a, **k: calls.append(a[2]) or predict(*a, **k)
+    start = time.perf_counter()
+    factor = twin.fit_factor(rate, lengths, 50.0 * itl_at_1)
+    took = time.perf_counter() - start
+    overloaded = [f for f in calls if not math.isfinite(predict(rate, lengths, f)["ttft_p50_ms"])]
+    assert overloaded, calls  # the search met the overload ...
+    assert max(calls) <= 2.0 * min(overloaded) + 1e-9, calls  # ... and went no further than its first bracket
+    assert factor <= min(overloaded)
+    assert took < 120.0
+
+
 def test_the_twin_refuses_what_it_cannot_scale():
     base = _base()
     with pytest.raises(WatchError, match="LLM scenario"):
