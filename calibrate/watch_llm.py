@@ -41,7 +41,7 @@ import numpy as np
 from calibrate.watch import WatchError, _get, histogram_quantile
 
 SPEED_SPANS = 20  # with a speed process, simulate at least this many of its slowest correlation times
-FALLING_BEHIND_MS = 10_000.0  # a simulation whose window's requests finish this long after its end fell behind
+FALLING_BEHIND_MS = 10_000.0  # a simulation whose window's first tokens come this long after its end fell behind
 LENGTH_SAMPLE = 400  # values drawn to stand for a window's length histogram
 
 
@@ -295,8 +295,9 @@ class LLMTwin:
             w = window(r, s)
             keep = w & np.isfinite(r.t_response)
             offered, done = offered + int(w.sum()), done + int(keep.sum())
-            # past the span's end by more than FALLING_BEHIND_MS: the queue was still growing
-            late += int((keep & (r.t_response > s.duration_s * 1000.0 + FALLING_BEHIND_MS)).sum())
+            # a first token more than FALLING_BEHIND_MS past the span's end: the queue was still
+            # growing (the first token, not the last: a long answer may end well after the span)
+            late += int((keep & (r.t_first_token > s.duration_s * 1000.0 + FALLING_BEHIND_MS)).sum())
             ttft.append(ttft_ms(r)[keep])
             per = tpot_ms(r)[keep]
             tpot.append(per[np.isfinite(per)])
