@@ -122,12 +122,11 @@ async def _one(
                         row["error"] = chunk["error"].get("message", "error")
                     elif "servesim_timing" in chunk:
                         timing = chunk["servesim_timing"]
-    except TimeoutError:
-        if first_token_timeout_s is None or stamps:  # not the first token's deadline: a failure
-            row["error"] = "TimeoutError"
+    except TimeoutError as err:
+        if not first_token.expired():  # not the first token's deadline: a failure as any other
+            row["error"] = f"{type(err).__name__}: {err}"
             return
-        row.update(error=f"no first token in {first_token_timeout_s:g} s", timed_out=True)
-        row["ttft_s"] = first_token_timeout_s
+        row.update(error=f"no first token in {first_token_timeout_s:g} s", timed_out=True, ttft_s=first_token_timeout_s)
         return
     except Exception as err:  # the connection failed: counted, not raised
         row["error"] = f"{type(err).__name__}: {err}"

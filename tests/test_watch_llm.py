@@ -144,25 +144,20 @@ def test_the_twin_never_fits_a_speed_at_which_the_engine_could_not_have_kept_up(
     step time): the bracket stops at the first factor whose simulation falls behind the
     measured rate (the engine served it), instead of doubling to 20 through simulations
     of an ever deeper overload; the factor returned keeps up or is the bracket's edge."""
-    import time
-
     base = _base()
     info = {"num_gpu_blocks": str(base["batching"]["num_blocks"]), "block_size": str(base["batching"]["block_size"])}
     twin = LLMTwin(base, info, ttft_sla=(99.0, 200.0), window=6, sim_s=30.0, seeds=(1, 2))
     lengths = (np.full(50, 256.0), np.full(50, 64.0))
     rate = 9.0
     itl_at_1 = twin.predict(rate, lengths, 1.0)["itl_mean_ms"]
-    calls = []
+    seen = {}  # factor: its prediction, as the search made it
     predict = twin.predict
-    twin.predict = lambda *a, **k: calls.append(a[2]) or predict(*a, **k)
-    start = time.perf_counter()
+    twin.predict = lambda r, n, f: seen.setdefault(f, predict(r, n, f))
     factor = twin.fit_factor(rate, lengths, 50.0 * itl_at_1)
-    took = time.perf_counter() - start
-    overloaded = [f for f in calls if not math.isfinite(predict(rate, lengths, f)["ttft_p50_ms"])]
-    assert overloaded, calls  # the search met the overload ...
-    assert max(calls) <= 2.0 * min(overloaded) + 1e-9, calls  # ... and went no further than its first bracket
+    overloaded = [f for f, got in seen.items() if not math.isfinite(got["ttft_p50_ms"])]
+    assert overloaded, seen.keys()  # the search met the overload ...
+    assert max(seen) <= 2.0 * min(overloaded) + 1e-9, seen.keys()  # ... and went no further than its first bracket
     assert factor <= min(overloaded)
-    assert took < 120.0
 
 
 def test_the_twin_refuses_what_it_cannot_scale():
@@ -221,9 +216,8 @@ def _ramp_crossing(df, steps: list[tuple[float, float]], step_s: float, sla_ms: 
     from scipy.optimize import isotonic_regression
 
     rows = []
+    answered = df["error"].isna() | df["timed_out"]  # cancelled at its first-token deadline: TTFT the deadline
     for k, (_, rate) in enumerate(steps):
-        # a request cancelled at its first-token deadline counts with the deadline as its TTFT
-        answered = df["error"].isna() | df["timed_out"]
         ok = df[answered & (df["scheduled_s"] >= k * step_s + 1.0) & (df["scheduled_s"] < (k + 1) * step_s)]
         rows.append((rate, float(np.percentile(ok["ttft_s"], q) * 1e3) if len(ok) else 1e7))
     rates = np.array([r for r, _ in rows])
