@@ -17,7 +17,10 @@ interval before, pooled over a rolling window of intervals:
   roofline) times one speed factor, fitted so that the simulated mean inter-token latency
   at the window's rate and lengths equals the measured one (``vllm:inter_token_latency_seconds``'s
   exact ``_sum / _count``: the mean step time a decoded token waited), by bisection in
-  the factor.
+  the factor. The factor holds the window's mean of the host's speed process (the
+  scenario's ``platform.speed``), so the twin simulates each component with only the
+  variance left about that mean (:func:`conditioned_speed`: a component slower than the
+  window is nearly all in the factor, and is not simulated again on top of it).
 
 It then simulates the current rate (TTFT and TPOT percentiles, against the measured
 ones from the TTFT and ``request_time_per_output_token`` histograms) and bisects the rate
@@ -72,6 +75,76 @@ def parse(text: str) -> Scrape:
             else:
                 values[s.name] = values.get(s.name, 0.0) + s.value
     return Scrape(time.monotonic(), values, buckets, info)
+
+
+# vLLM's buckets (reference_server/llm/api.py; the token counts 1-2-5 up to the longest)
+# fmt: off
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                math.inf)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, math.inf)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, math.inf)
+# fmt: on
+
+
+def _cum(values: np.ndarray, bounds) -> dict[float, float]:
+    return {float(b): float(np.count_nonzero(values <= b)) for b in bounds}
+
+
+def scrapes_of(records, interval_s: float, count: int, info: dict) -> list[Scrape]:
+    """What vLLM's /metrics would have shown of simulated ``records`` every ``interval_s``
+    from time 0, ``count`` intervals: the finished requests' histograms and totals (as the
+    engine observes them when a request finishes), and the running (first token out, not
+    finished) and waiting (arrived, no first token) gauges. For checking the twin against
+    a simulated engine whose step time is known."""
+    out = []
+    done_ms = records.t_inferred
+    for k in range(count + 1):
+        t = k * interval_s * 1000.0
+        fin = np.isfinite(done_ms) & (done_ms <= t)
+        n_out = records.output_tokens[fin].astype(float)
+        ttft = (records.t_first_token - records.arrival)[fin] / 1e3
+        many = n_out > 1
+        gaps = (records.t_inferred - records.t_first_token)[fin]
+        tpot = gaps[many] / (n_out[many] - 1) / 1e3
+        prompt = records.prompt_tokens[fin].astype(float)
+        started = records.t_first_token <= t
+        values = {
+            "vllm:request_success_total": float(fin.sum()),
+            "vllm:request_prompt_tokens_sum": float(prompt.sum()),
+            "vllm:request_prompt_tokens_count": float(fin.sum()),
+            "vllm:request_generation_tokens_sum": float(n_out.sum()),
+            "vllm:request_generation_tokens_count": float(fin.sum()),
+            "vllm:inter_token_latency_seconds_sum": float(gaps[many].sum() / 1e3),
+            "vllm:inter_token_latency_seconds_count": float((n_out[many] - 1).sum()),
+            "vllm:num_requests_running": float(np.count_nonzero(started & ~fin)),
+            "vllm:num_requests_waiting": float(np.count_nonzero((records.arrival <= t) & ~started)),
+        }
+        buckets = {
+            "vllm:time_to_first_token_seconds": _cum(ttft, TTFT_BUCKETS),
+            "vllm:request_time_per_output_token_seconds": _cum(tpot, TPOT_BUCKETS),
+            "vllm:request_prompt_tokens": _cum(prompt, TOKEN_BUCKETS),
+            "vllm:request_generation_tokens": _cum(n_out, TOKEN_BUCKETS),
+        }
+        out.append(Scrape(t / 1000.0, values, buckets, info))
+    return out
+
+
+def monotone_crossing(rows: list[tuple[float, float]], sla_ms: float) -> float:
+    """Where a ramp's measured percentile crosses ``sla_ms``: ``rows`` of (rate, percentile
+    in ms) in rising rate, on their monotone (isotonic, least squares in log) fit,
+    interpolated in log between the steps around the crossing (a short step's p99 is
+    noisy, and the first raw crossing would take the first spike for it). The first rate
+    when the fit starts above the SLA; NaN when it never crosses."""
+    from scipy.optimize import isotonic_regression
+
+    rates = np.array([r for r, _ in rows])
+    fitted = np.exp(isotonic_regression(np.log([p for _, p in rows])).x)
+    target = math.log(sla_ms)
+    for i in range(len(rows) - 1):
+        p0, p1 = math.log(fitted[i]), math.log(fitted[i + 1])
+        if p1 > target >= p0:
+            return float(rates[i] + (target - p0) / (p1 - p0) * (rates[i + 1] - rates[i]))
+    return float(rates[0]) if fitted[0] > sla_ms else math.nan
 
 
 def scrape(url: str) -> Scrape:
@@ -146,6 +219,37 @@ def _scaled_step_time(step: dict, factor: float) -> dict:
             out[k] = min(step.get(k, getattr(defaults, k)) / factor, 1.0)
         return out
     raise WatchError(f"the scenario's batching.step_time kind {kind!r} cannot be scaled (linear or roofline)")
+
+
+def window_share(window_s: float, correlation_time_s: float) -> float:
+    """The share of a stationary AR(1)'s variance that its mean over ``window_s`` carries:
+    ``2/x (1 - (1 - e^-x)/x)`` with ``x = window_s / correlation_time_s`` (1 for a window
+    short against the correlation time, ``2 tau / window`` for a long one)."""
+    x = window_s / correlation_time_s
+    if x <= 0:
+        return 0.0
+    if x < 1e-4:
+        return 1.0 - x / 3.0
+    return float(np.clip(2.0 / x * (1.0 - -math.expm1(-x) / x), 0.0, 1.0))
+
+
+def conditioned_speed(components: list[dict], window_s: float) -> tuple[list[dict], float]:
+    """The host's speed process as the twin simulates it once its factor is fitted on a
+    window of ``window_s``: the factor already holds the window's mean of every component,
+    so each keeps only the variance about that mean, ``sigma * sqrt(1 - share)``
+    (:func:`window_share`); a component slower than the window is nearly all in the factor.
+    Components left below 0.001 are dropped. Also the slowest correlation time among the
+    components no slower than the window (the simulated span covers ``SPEED_SPANS`` of it;
+    the slower ones, left small, take one draw a seed)."""
+    out, slowest = [], 0.0
+    for c in components:
+        tau = float(c["correlation_time_s"])
+        sigma = float(c["sigma"]) * math.sqrt(1.0 - window_share(window_s, tau))
+        if sigma >= 1e-3:
+            out.append({**c, "sigma": round(sigma, 6)})
+            if tau <= window_s or window_s <= 0:
+                slowest = max(slowest, tau)
+    return out, slowest
 
 
 @dataclass
@@ -271,10 +375,15 @@ class LLMTwin:
         traffic["rate_rps"] = float(rate)
         traffic["tokens"] = {"prompt": {"values": lengths[0]}, "output": {"values": lengths[1]}}
         doc["traffic"] = traffic
-        slowest = max(
-            (c["correlation_time_s"] for c in ((doc.get("platform") or {}).get("speed") or {}).get("components", [])),
-            default=0.0,
-        )
+        slowest = 0.0
+        speed = (doc.get("platform") or {}).get("speed")
+        if speed and speed.get("components"):
+            span_s = sum(x["dt"] for x in self.deltas)
+            components, slowest = conditioned_speed(speed["components"], span_s)
+            platform = {k: v for k, v in doc["platform"].items() if k != "speed"}
+            if components:
+                platform["speed"] = {**speed, "components": components}
+            doc["platform"] = platform
         doc["duration_s"] = max(self.sim_s, SPEED_SPANS * slowest)
         doc["warmup_s"] = min(5.0, doc["duration_s"] / 10)
         doc.pop("autoscaler", None)

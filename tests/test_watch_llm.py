@@ -11,58 +11,25 @@ import pytest
 import yaml
 
 from calibrate.watch import WatchError
-from calibrate.watch_llm import LLMTwin, Scrape, _scaled_step_time, length_sample, parse
+from calibrate.watch_llm import (
+    TOKEN_BUCKETS,
+    LLMTwin,
+    _cum,
+    _scaled_step_time,
+    length_sample,
+    monotone_crossing,
+    parse,
+    scrapes_of,
+    window_share,
+)
 
 SCENARIO = Path(__file__).parents[1] / "calibrate/profiles/cpu-tiny-llm/scenario.yaml"
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, math.inf)
-TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, math.inf)
-TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, math.inf)
 
 
 def _base() -> dict:
     doc = yaml.safe_load(SCENARIO.read_text())
     doc.pop("platform", None)  # a still host: the factor is the only thing to find
     return doc
-
-
-def _cum(values: np.ndarray, bounds) -> dict[float, float]:
-    return {float(b): float(np.count_nonzero(values <= b)) for b in bounds}
-
-
-def scrapes_of(records, interval_s: float, count: int, info: dict) -> list[Scrape]:
-    """What vLLM's /metrics would have shown every ``interval_s``: the finished requests'
-    histograms and totals (as the engine observes them when a request finishes)."""
-    out = []
-    done_ms = records.t_inferred
-    for k in range(count + 1):
-        t = k * interval_s * 1000.0
-        fin = np.isfinite(done_ms) & (done_ms <= t)
-        n_out = records.output_tokens[fin].astype(float)
-        ttft = (records.t_first_token - records.arrival)[fin] / 1e3
-        many = n_out > 1
-        gaps = (records.t_inferred - records.t_first_token)[fin]
-        tpot = gaps[many] / (n_out[many] - 1) / 1e3
-        prompt = records.prompt_tokens[fin].astype(float)
-        values = {
-            "vllm:request_success_total": float(fin.sum()),
-            "vllm:request_prompt_tokens_sum": float(prompt.sum()),
-            "vllm:request_prompt_tokens_count": float(fin.sum()),
-            "vllm:request_generation_tokens_sum": float(n_out.sum()),
-            "vllm:request_generation_tokens_count": float(fin.sum()),
-            "vllm:inter_token_latency_seconds_sum": float(gaps[many].sum() / 1e3),
-            "vllm:inter_token_latency_seconds_count": float((n_out[many] - 1).sum()),
-            "vllm:num_requests_running": 3.0,
-            "vllm:num_requests_waiting": 0.0,
-            "vllm:kv_cache_usage_perc": 0.1,
-        }
-        buckets = {
-            "vllm:time_to_first_token_seconds": _cum(ttft, TTFT_BUCKETS),
-            "vllm:request_time_per_output_token_seconds": _cum(tpot, TPOT_BUCKETS),
-            "vllm:request_prompt_tokens": _cum(prompt, TOKEN_BUCKETS),
-            "vllm:request_generation_tokens": _cum(n_out, TOKEN_BUCKETS),
-        }
-        out.append(Scrape(t / 1000.0, values, buckets, info))
-    return out
 
 
 def test_parse_reads_vllm_metrics_summed_over_engines():
@@ -160,6 +127,47 @@ def test_the_twin_never_fits_a_speed_at_which_the_engine_could_not_have_kept_up(
     assert factor <= min(overloaded)
 
 
+@pytest.mark.parametrize("x", [0.1, 1.0, 10.0])
+def test_window_share_is_the_variance_an_ar1_mean_keeps(x):
+    """``window_share`` against the variance of simulated AR(1) means over windows of ``x``
+    correlation times (4,000 windows each from the stationary law: the ratio's standard
+    error is about 2%; tolerance 4 of them, plus 2% for the 50 steps a correlation time)."""
+    rng = np.random.default_rng(7)
+    tau, dt, n = 1.0, 0.02, 4000
+    phi = math.exp(-dt / tau)
+    c = rng.standard_normal(n)
+    total = c.copy()
+    steps = round(x * tau / dt)
+    for _ in range(steps - 1):
+        c = phi * c + math.sqrt(1 - phi**2) * rng.standard_normal(n)
+        total += c
+    measured = float(np.var(total / steps))
+    assert measured == pytest.approx(window_share(x * tau, tau), rel=0.1)
+    assert window_share(0.0, tau) == 0.0
+
+
+def test_the_twin_simulates_only_the_speed_its_window_leaves_unexplained():
+    """The committed profile's host speed (components of 0.3, 15 and 600 s): a 24 s window's
+    factor holds nearly all of the 600 s component and much of the 15 s one, so the twin
+    simulates what is left about them, and its span covers the components no slower than
+    its window (20 x 15 s), not 20 x 600 s (a twin that took an hour an update); before
+    any fit the process is the profile's."""
+    doc = yaml.safe_load(SCENARIO.read_text())
+    given = {c["correlation_time_s"]: c["sigma"] for c in doc["platform"]["speed"]["components"]}
+    twin = LLMTwin(doc, {"num_gpu_blocks": "512", "block_size": "16"}, window=6)
+    lengths = ([256] * 50, [64] * 50)
+    before = twin.scenario(9.0, lengths, 1.0)
+    assert {c.correlation_time_s: c.sigma for c in before.platform.speed.components} == pytest.approx(given)
+    twin.deltas = [{"dt": 4.0}] * 6
+    s = twin.scenario(9.0, lengths, 1.0)
+    kept = {c.correlation_time_s: c.sigma for c in s.platform.speed.components}
+    for tau, sigma in given.items():
+        assert kept[tau] == pytest.approx(sigma * math.sqrt(1 - window_share(24.0, tau)), rel=1e-4)
+    assert kept[600.0] < 0.15 * given[600.0]
+    assert kept[min(given)] > 0.95 * given[min(given)]
+    assert s.duration_s == pytest.approx(20 * max(t for t in given if t <= 24.0))
+
+
 def test_the_twin_refuses_what_it_cannot_scale():
     base = _base()
     with pytest.raises(WatchError, match="LLM scenario"):
@@ -213,21 +221,12 @@ def _ramp_crossing(df, steps: list[tuple[float, float]], step_s: float, sla_ms: 
     rate, interpolated in log between the steps around the crossing. The true curve rises
     with the rate; a 10 s step's p99 is noisy, and the first raw crossing would take the
     first spike for it."""
-    from scipy.optimize import isotonic_regression
-
     rows = []
     answered = df["error"].isna() | df["timed_out"]  # cancelled at its first-token deadline: TTFT the deadline
     for k, (_, rate) in enumerate(steps):
         ok = df[answered & (df["scheduled_s"] >= k * step_s + 1.0) & (df["scheduled_s"] < (k + 1) * step_s)]
         rows.append((rate, float(np.percentile(ok["ttft_s"], q) * 1e3) if len(ok) else 1e7))
-    rates = np.array([r for r, _ in rows])
-    fitted = np.exp(isotonic_regression(np.log([p for _, p in rows])).x)
-    target = math.log(sla_ms)
-    for i in range(len(rows) - 1):
-        p0, p1 = math.log(fitted[i]), math.log(fitted[i + 1])
-        if p1 > target >= p0:
-            return rows, float(rates[i] + (target - p0) / (p1 - p0) * (rates[i + 1] - rates[i]))
-    return rows, (float(rates[0]) if fitted[0] > sla_ms else math.nan)
+    return rows, monotone_crossing(rows, sla_ms)
 
 
 @pytest.mark.slow
