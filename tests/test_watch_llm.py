@@ -168,6 +168,19 @@ def test_the_twin_simulates_only_the_speed_its_window_leaves_unexplained():
     assert s.duration_s == pytest.approx(20 * max(t for t in given if t <= 24.0))
 
 
+def test_the_ramps_crossing_is_on_the_monotone_fit_not_the_first_spike():
+    """A lone spike over the SLA below the knee is pooled with its neighbours by the
+    isotonic fit; the crossing is interpolated in log between the fit's steps around it;
+    NaN when the fit never crosses, the first rate when it starts above."""
+    rows = [(10.0, 100.0), (11.0, 400.0), (12.0, 100.0), (13.0, 100.0), (14.0, 1000.0), (15.0, 4000.0)]
+    got = monotone_crossing(rows, 250.0)
+    # the spike pools 11-13 at exp(mean(log 400, log 100, log 100)) = 158.7 ms; then 158.7 -> 1000 at 13 -> 14
+    pooled = math.exp((math.log(400) + 2 * math.log(100)) / 3)
+    assert got == pytest.approx(13.0 + math.log(250 / pooled) / math.log(1000 / pooled))
+    assert math.isnan(monotone_crossing([(10.0, 100.0), (11.0, 200.0)], 250.0))
+    assert monotone_crossing([(10.0, 300.0), (11.0, 900.0)], 250.0) == 10.0
+
+
 def test_the_twin_refuses_what_it_cannot_scale():
     base = _base()
     with pytest.raises(WatchError, match="LLM scenario"):
