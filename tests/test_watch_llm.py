@@ -150,7 +150,7 @@ def test_the_twin_simulates_only_the_speed_its_window_leaves_unexplained():
     """The committed profile's host speed (components of 0.3, 15 and 600 s): a 24 s window's
     factor holds nearly all of the 600 s component and much of the 15 s one, so the twin
     simulates what is left about them, and its span covers the components no slower than
-    its window (20 x 15 s), not 20 x 600 s (a twin that took an hour an update); before
+    its window (20 x 15 s), not 20 x 600 s (12,000 s of simulation a prediction); before
     any fit the process is the profile's."""
     doc = yaml.safe_load(SCENARIO.read_text())
     given = {c["correlation_time_s"]: c["sigma"] for c in doc["platform"]["speed"]["components"]}
