@@ -77,15 +77,6 @@ def parse(text: str) -> Scrape:
     return Scrape(time.monotonic(), values, buckets, info)
 
 
-# vLLM's buckets (reference_server/llm/api.py; the token counts 1-2-5 up to the longest)
-# fmt: off
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-                math.inf)
-TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, math.inf)
-TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, math.inf)
-# fmt: on
-
-
 def _cum(values: np.ndarray, bounds) -> dict[float, float]:
     return {float(b): float(np.count_nonzero(values <= b)) for b in bounds}
 
@@ -96,6 +87,11 @@ def scrapes_of(records, interval_s: float, count: int, info: dict) -> list[Scrap
     engine observes them when a request finishes), and the running (first token out, not
     finished) and waiting (arrived, no first token) gauges. For checking the twin against
     a simulated engine whose step time is known."""
+    # the engine's own buckets (its module loads torch: for tests and experiments, not the live twin)
+    from reference_server.llm.api import ITL_BUCKETS, TTFT_BUCKETS, buckets_1_2_5
+
+    longest = int(max(records.prompt_tokens.max(initial=1), records.output_tokens.max(initial=1)))
+    ttft_b, tpot_b, token_b = ((*b, math.inf) for b in (TTFT_BUCKETS, ITL_BUCKETS, buckets_1_2_5(longest)))
     out = []
     done_ms = records.t_inferred
     for k in range(count + 1):
@@ -120,10 +116,10 @@ def scrapes_of(records, interval_s: float, count: int, info: dict) -> list[Scrap
             "vllm:num_requests_waiting": float(np.count_nonzero((records.arrival <= t) & ~started)),
         }
         buckets = {
-            "vllm:time_to_first_token_seconds": _cum(ttft, TTFT_BUCKETS),
-            "vllm:request_time_per_output_token_seconds": _cum(tpot, TPOT_BUCKETS),
-            "vllm:request_prompt_tokens": _cum(prompt, TOKEN_BUCKETS),
-            "vllm:request_generation_tokens": _cum(n_out, TOKEN_BUCKETS),
+            "vllm:time_to_first_token_seconds": _cum(ttft, ttft_b),
+            "vllm:request_time_per_output_token_seconds": _cum(tpot, tpot_b),
+            "vllm:request_prompt_tokens": _cum(prompt, token_b),
+            "vllm:request_generation_tokens": _cum(n_out, token_b),
         }
         out.append(Scrape(t / 1000.0, values, buckets, info))
     return out

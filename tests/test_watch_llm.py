@@ -12,7 +12,6 @@ import yaml
 
 from calibrate.watch import WatchError
 from calibrate.watch_llm import (
-    TOKEN_BUCKETS,
     LLMTwin,
     _cum,
     _scaled_step_time,
@@ -22,6 +21,7 @@ from calibrate.watch_llm import (
     scrapes_of,
     window_share,
 )
+from reference_server.llm.api import buckets_1_2_5
 
 SCENARIO = Path(__file__).parents[1] / "calibrate/profiles/cpu-tiny-llm/scenario.yaml"
 
@@ -59,7 +59,7 @@ vllm:cache_config_info{block_size="16",num_gpu_blocks="512"} 1.0
 def test_length_sample_keeps_the_mean_and_the_buckets():
     rng = np.random.default_rng(3)
     x = np.rint(rng.lognormal(np.log(200), 0.6, 5000))
-    sample = np.asarray(length_sample(_cum(x, TOKEN_BUCKETS), float(x.sum()), float(len(x))))
+    sample = np.asarray(length_sample(_cum(x, (*buckets_1_2_5(2000), math.inf)), float(x.sum()), float(len(x))))
     assert sample.mean() == pytest.approx(x.mean(), rel=0.01)
     # the shares above and below a bound that the histogram has stay near the data's
     assert np.mean(sample <= 200) == pytest.approx(np.mean(x <= 200), abs=0.08)
