@@ -88,6 +88,8 @@ def main() -> None:
     ap.add_argument("--step-s", type=float, default=10.0, help="the ramp's steps and the twin's SLA window (test: 10)")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
+    if a.reps < 3:
+        ap.error("--reps: at least 3 (the figures are over triples of ramps)")
     folder = Path(a.profile)
     profile = json.loads((folder / "profile.json").read_text())
     base = yaml.safe_load((folder / "scenario.yaml").read_text())
