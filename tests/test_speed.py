@@ -33,6 +33,19 @@ def test_work_across_a_change_of_speed():
     np.testing.assert_allclose(path.time(path.work(t)), t)
 
 
+def test_one_step_in_plain_floats_is_the_arrays_to_the_bit():
+    """``finish_at`` (an engine's step, in plain floats) gives exactly ``finish``'s bits,
+    before the path, on its breakpoints, inside and past its end: a scenario and seed give
+    the same records whichever the simulation uses."""
+    rng = np.random.default_rng(5)
+    path = SpeedPath(np.arange(200) * 7.0, np.exp(rng.normal(0, 0.3, 200)))
+    starts = np.concatenate([rng.uniform(-5, 1500, 2000), path.t[:50], [0.0, 1393.0, 1e6]])
+    works = rng.exponential(20.0, len(starts))
+    works[:10] = 0.0
+    got = np.array([path.finish_at(float(s), float(w)) for s, w in zip(starts, works, strict=True)])
+    np.testing.assert_array_equal(got, path.finish(starts, works))
+
+
 def test_factor_one_changes_nothing(root_dir):
     base = root_dir / "calibrate/profiles/cpu-resnet64/scenario.yaml"
     plain = simulate(load_scenario(base, ["duration_s=10", "traffic.rate_rps=280", "platform.speed=null"])).records

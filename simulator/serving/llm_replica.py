@@ -371,7 +371,7 @@ class Replica:
         Take decode-only stretches in one go (:meth:`_decode_stretch`; the same steps).
     speed : SpeedPath, optional
         The host's speed (``platform.speed``): a step of ``ms`` nominal work started at
-        ``t`` ends at ``speed.finish(t, ms)``.
+        ``t`` ends at ``speed.finish_at(t, ms)``.
     """
 
     def __init__(self, policy: Policy, step: StepModel, limits: Limits, noise=None, *, skip: bool = True, speed=None):
@@ -678,7 +678,7 @@ class Replica:
         for work in ms:
             if t >= limit:
                 break
-            t = t + work if self.speed is None else float(self.speed.finish(t, work))
+            t = t + work if self.speed is None else self.speed.finish_at(t, work)
             ends.append(t)
         taken = len(ends)
         if taken < 2:
@@ -821,7 +821,7 @@ class Replica:
         if self.noise is not None:
             ms *= self.noise()
         start = self.t
-        self.t = end = start + ms if self.speed is None else float(self.speed.finish(start, ms))
+        self.t = end = start + ms if self.speed is None else self.speed.finish_at(start, ms)
         self.steps += 1
         keep = self.policy == "static"
         gaps: dict[float, int] = {}

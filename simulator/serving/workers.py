@@ -140,7 +140,7 @@ class ServiceModel:
         """When a batch of ``batch_size`` started at ``start`` (ms) ends: its drawn time,
         stretched by the host's speed while it runs."""
         work = self(batch_size)
-        return start + work if self.path is None else float(self.path.finish(start, work))
+        return start + work if self.path is None else self.path.finish_at(start, work)
 
     def __call__(self, batch_size: int) -> float:
         if self._pos == len(self._buf):

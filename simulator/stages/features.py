@@ -208,7 +208,7 @@ class Store:
             with self.threads.request() as req:
                 yield req
                 hold = self.hold[j]
-                yield env.timeout(hold if self.path is None else float(self.path.finish(env.now, hold)) - env.now)
+                yield env.timeout(hold if self.path is None else self.path.finish_at(env.now, hold) - env.now)
             yield env.timeout(half)
         p = self.pending.get(i)
         if p is None:  # given up (timeout_ms) before its trips came back
