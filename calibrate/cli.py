@@ -832,7 +832,7 @@ def _watch_openai(
     import yaml
 
     from calibrate.watch import WatchError
-    from calibrate.watch_llm import LLMTwin, connect, scrape
+    from calibrate.watch_llm import LLMTwin, Rolling, connect, scrape
     from simulator.scenario.loader import ScenarioError, load_scenario
 
     tpot = _sla(tpot_sla) if tpot_sla is not None else None
@@ -878,4 +878,13 @@ def _watch_openai(
             f"{_fmt(row.get('headroom_pct'), '+.0f'):>8}% {row.get('replicas_needed') or '—':>8}"
         )
 
-    _watch_loop(lambda: twin.update(scrape(url)), line, out, interval_s, duration_s)
+    rolling = Rolling(twin)
+
+    def update() -> dict | None:
+        deadline = time.monotonic() + 0.9 * interval_s  # the row waits this long for its window's fit
+        return rolling.row(scrape(url), deadline)
+
+    try:
+        _watch_loop(update, line, out, interval_s, duration_s)
+    finally:
+        rolling.close()

@@ -30,11 +30,21 @@ percentile over a long span holds more of the host's slow spells than one window
 and a twin judged on windows must predict windows): the headroom,
 and the replicas the current rate needs. It prints a row per interval and appends the same
 as JSON lines with ``--json``.
+
+Each interval's searches start from the last one's: the factor from the last factor, by
+Newton steps on the slope where the last fit ended, and the breaking rate from the last
+one scaled by the change of the factor (capacity goes as its inverse), widening by 4, 8,
+16% until bracketed; where the host's speed and the traffic drifted little, an update is a
+handful of simulations, not the twenty of a cold search. On the command line
+(:class:`Rolling`) the fit runs on a thread beside the scrapes: a row waits for its own
+window's fit until 90% of the interval, and past it carries the newest fit finished, with
+its age, so that the rows keep the interval whatever a fit costs.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 import urllib.error
 from dataclasses import dataclass, field
@@ -248,6 +258,10 @@ def conditioned_speed(components: list[dict], window_s: float) -> tuple[list[dic
     return out, slowest
 
 
+class FitCancelled(Exception):
+    """A fit stopped by its twin's ``cancel`` event (the watch ended while it ran)."""
+
+
 @dataclass
 class LLMTwin:
     """The rolling fit and the predictions; :meth:`update` takes one scrape at a time."""
@@ -265,6 +279,11 @@ class LLMTwin:
     last: Scrape | None = None
     deltas: list[dict] = field(default_factory=list)
     factor: float = 1.0
+    slope: float = 1.0  # d log(simulated ITL) / d log(factor) where the last fit ended
+    fitted: tuple[float, dict] | None = None  # the fitted factor and its prediction at the window's rate
+    last_break: tuple[float, float] | None = None  # the last breaking rate and the factor it was found at
+    span_s: float | None = None  # the span of the window being fitted (None: the deltas')
+    cancel: threading.Event | None = None  # set: the fit in progress stops at its next simulation
 
     def __post_init__(self):
         b = self.base.get("batching") or {}
@@ -276,7 +295,19 @@ class LLMTwin:
         _scaled_step_time(self.base["batching"]["step_time"], 1.0)
 
     def update(self, scrape: Scrape) -> dict | None:
-        """The twin's row for the interval that ends with ``scrape`` (None for the first)."""
+        """The twin's row for the interval that ends with ``scrape`` (None for the first):
+        :meth:`measure`, then :meth:`fit` on its window."""
+        got = self.measure(scrape)
+        if got is None:
+            return None
+        row, job = got
+        return row if job is None else {**row, **self.fit(job)}
+
+    def measure(self, scrape: Scrape) -> tuple[dict, dict | None] | None:
+        """What the interval that ends with ``scrape`` measured (the row's measured half;
+        None for the first scrape) and the window's fit to make (None: no traffic yet),
+        for :meth:`fit`, which may run on another thread while the next scrapes come in:
+        the job holds all it needs of the window."""
         prev, self.last = self.last, scrape
         if prev is None:
             return None
@@ -318,15 +349,36 @@ class LLMTwin:
         itl_n = sum(x["itl"][1] for x in self.deltas)
         lengths = self._lengths()
         if rate <= 0 or itl_n <= 0 or lengths is None:
-            return {**row, "note": "no finished requests yet: waiting for traffic"}
+            return {**row, "note": "no finished requests yet: waiting for traffic"}, None
         row["measured_itl_mean_ms"] = itl_sum / itl_n * 1e3
         row["prompt_mean"] = float(np.mean(lengths[0]))
         row["output_mean"] = float(np.mean(lengths[1]))
-        self.factor = self.fit_factor(rate, lengths, row["measured_itl_mean_ms"])
-        row["speed_factor"] = self.factor
-        pred = self.predict(rate, lengths, self.factor)
+        job = {
+            "rate": rate,
+            "lengths": lengths,
+            "itl_ms": row["measured_itl_mean_ms"],
+            "span_s": span,
+            "at": row["time"],
+        }
+        return row, job
+
+    def fit(self, job: dict) -> dict:
+        """The rolling fit on a window :meth:`measure` gave: the speed factor, the predicted
+        percentiles at the window's rate, the breaking rate, the headroom and the replicas."""
+        rate, lengths = job["rate"], job["lengths"]
+        self.span_s = job["span_s"]
+        self.fitted = None
+        self.factor = self.fit_factor(rate, lengths, job["itl_ms"])
+        row: dict = {"speed_factor": self.factor}
+        fitted = self.fitted
+        pred = fitted[1] if fitted and fitted[0] == self.factor else self.predict(rate, lengths, self.factor)
         row.update({f"predicted_{k}": val for k, val in pred.items() if k != "itl_mean_ms"})
-        breaking = self.breaking_rate(rate, lengths, self.factor, at_rate=pred)
+        # where the last interval's answer would be at this factor: capacity goes as 1 / factor
+        guess = None
+        if self.last_break and math.isfinite(self.last_break[0]) and self.last_break[0] > 0:
+            guess = self.last_break[0] * self.last_break[1] / self.factor
+        breaking = self.breaking_rate(rate, lengths, self.factor, at_rate=pred, guess=guess)
+        self.last_break = (breaking, self.factor)
         row["breaking_rate_rps"] = breaking
         row["headroom_pct"] = (breaking / rate - 1) * 100 if breaking > 0 else float("nan")
         row["replicas_needed"] = math.ceil(rate / breaking) if breaking > 0 else None
@@ -374,7 +426,7 @@ class LLMTwin:
         slowest = 0.0
         speed = (doc.get("platform") or {}).get("speed")
         if speed and speed.get("components"):
-            span_s = sum(x["dt"] for x in self.deltas)
+            span_s = self.span_s if self.span_s is not None else sum(x["dt"] for x in self.deltas)
             components, slowest = conditioned_speed(speed["components"], span_s)
             platform = {k: v for k, v in doc["platform"].items() if k != "speed"}
             if components:
@@ -396,6 +448,8 @@ class LLMTwin:
         ttft, tpot, gaps, tokens, offered, done, late = [], [], 0.0, 0.0, 0, 0, 0
         windows: dict[str, list[list[float]]] = {"ttft": [], "tpot": []}  # per SLA window: its values
         for seed in self.seeds:
+            if self.cancel is not None and self.cancel.is_set():
+                raise FitCancelled
             r = simulate(s, seed=seed).records
             w = window(r, s)
             keep = w & np.isfinite(r.t_response)
@@ -434,46 +488,68 @@ class LLMTwin:
         return got
 
     def fit_factor(self, rate: float, lengths, measured_itl_ms: float, rel_tol: float = 0.02) -> float:
-        """The speed factor at which the simulated mean ITL meets the measured one: the
-        simulated ITL grows with the factor, faster than in proportion near saturation
-        (slower steps also make batches larger), so a plain ratio overshoots; bisection in
-        log factor within a bracket found from the last interval's factor.
+        """The speed factor at which the simulated mean ITL meets the measured one (within
+        ``rel_tol / 2``), from the last interval's factor: the gap ``g = log(simulated /
+        measured)`` grows with ``log factor`` about one for one (faster near saturation:
+        slower steps also make batches larger), so each step moves ``log factor`` by
+        ``-g / slope`` (the slope where the last fit ended, 1 at first), at most a
+        doubling, until a root is bracketed; then secant steps inside the
+        bracket (kept a tenth of its width from either end, so that it shrinks), or halving
+        where an end did not keep up. Two or three simulations where the speed drifts slowly between
+        intervals; the factor returned is one simulated, its prediction kept for the row.
 
         The measured engine served ``rate``: a factor at which the simulation does not keep
-        up with it is too slow, whatever ITL its finished requests show. The bracket stops
-        growing there (an overloaded simulation at many times the factor grows its queue
-        for the whole span: minutes each, an hour for the doublings up to 20)."""
+        up with it is too slow, whatever ITL its finished requests show; the search goes no
+        further than a doubling past the last factor that kept up (an overloaded simulation
+        grows its queue for the whole span: minutes each, an hour for the doublings up to 20)."""
+        floor, ceil = math.log(0.05), math.log(20.0)
+        tried: dict[float, tuple[float, dict]] = {}  # log factor: (gap, prediction)
 
-        def gap(f: float) -> float:
-            got = self.predict(rate, lengths, f)
+        def gap(x: float) -> float:
+            got = self.predict(rate, lengths, math.exp(x))
             sim = got["itl_mean_ms"]
-            if not math.isfinite(got[f"ttft_p{self.quantiles[0]:g}_ms"]) or not math.isfinite(sim):
-                return math.inf  # not keeping up (or nothing finished): slower than the engine measured
-            return math.log(sim / measured_itl_ms)
+            g = math.log(sim / measured_itl_ms) if math.isfinite(sim) and sim > 0 else math.inf
+            if not math.isfinite(got[f"ttft_p{self.quantiles[0]:g}_ms"]):
+                g = math.inf  # not keeping up (or nothing finished): slower than the engine measured
+            tried[x] = (g, got)
+            return g
 
-        lo = hi = float(np.clip(self.factor, 0.05, 20.0))
-        g = gap(lo)
-        if abs(g) < rel_tol:
-            return lo
-        if g > 0:  # too slow: step down until the simulated ITL is below the measured
-            while g > 0 and lo > 0.05:
-                hi, lo = lo, max(lo / 2, 0.05)
-                g = gap(lo)
-            if g > 0:
-                return lo
-        else:
-            while g < 0 and hi < 20.0:
-                lo, hi = hi, min(hi * 2, 20.0)
-                g = gap(hi)
+        x = float(np.clip(math.log(max(self.factor, 1e-9)), floor, ceil))
+        g = gap(x)
+        lo = hi = None  # (log factor, gap) with the gap below and above 0
+        for _ in range(40):
+            if abs(g) <= rel_tol / 2:
+                break
             if g < 0:
-                return hi
-        while math.log(hi / lo) > rel_tol:
-            mid = math.sqrt(lo * hi)
-            if gap(mid) > 0:
-                hi = mid
+                lo = (x, g)
             else:
-                lo = mid
-        return math.sqrt(lo * hi)
+                hi = (x, g)
+            if lo is None or hi is None:  # not bracketed: a Newton step on the last fit's slope, at most a doubling
+                step = float(np.clip(-g / self.slope, -math.log(2), math.log(2))) if math.isfinite(g) else -math.log(2)
+                nxt = float(np.clip(x + step, floor, ceil))
+                if nxt == x:  # at the bracket's edge (0.05 or 20) and still short of the root
+                    break
+                x = nxt
+            else:
+                if hi[0] - lo[0] <= rel_tol:
+                    break
+                if math.isfinite(hi[1]):
+                    x = lo[0] - lo[1] * (hi[0] - lo[0]) / (hi[1] - lo[1])
+                    x = min(max(x, lo[0] + 0.1 * (hi[0] - lo[0])), hi[0] - 0.1 * (hi[0] - lo[0]))
+                else:
+                    x = (lo[0] + hi[0]) / 2
+            g = gap(x)
+        # the slope between the two closest factors that kept up: the next fit's first step
+        near = sorted((k for k in tried if math.isfinite(tried[k][0])), key=lambda k: abs(tried[k][0]))[:2]
+        if len(near) == 2 and near[0] != near[1]:
+            slope = (tried[near[0]][0] - tried[near[1]][0]) / (near[0] - near[1])
+            self.slope = float(np.clip(slope, 0.5, 5.0)) if math.isfinite(slope) else self.slope
+        # the simulated factor whose ITL came closest, among those that kept up
+        best = min(tried, key=lambda k: (not math.isfinite(tried[k][0]), abs(tried[k][0])))
+        if not math.isfinite(tried[best][0]):
+            best = min(tried)  # none kept up: the fastest tried
+        self.fitted = (math.exp(best), tried[best][1])
+        return math.exp(best)
 
     @property
     def quantiles(self) -> list[float]:
@@ -490,23 +566,128 @@ class LLMTwin:
         return False
 
     def breaking_rate(
-        self, rate: float, lengths, factor: float, rel_tol: float = 0.01, *, at_rate: dict | None = None
+        self,
+        rate: float,
+        lengths,
+        factor: float,
+        rel_tol: float = 0.01,
+        *,
+        at_rate: dict | None = None,
+        guess: float | None = None,
     ) -> float:
-        """The rate at which the SLA breaks (bisection, the same seeds at every rate);
-        ``at_rate``: the prediction at ``rate`` when already made."""
-        lo, hi = 0.0, max(rate, 0.1)
+        """The highest rate found not to break the SLA, to ``rel_tol`` of the lowest found
+        to break it (bisection, the same seeds at every rate); ``at_rate``: the prediction
+        at ``rate`` when already made. Without ``guess`` the bracket grows from ``rate`` by
+        doublings; with one (the last interval's answer, scaled by the change of the
+        factor) it starts there and widens by 4, 8, 16% ...: four simulations where the
+        answer moved less than 4%, against about nine."""
+        lo, hi = 0.0, math.inf  # the rates known to hold and to break
         if self.breaks(at_rate if at_rate is not None else self.predict(rate, lengths, factor)):
             hi = rate
         else:
-            while not self.breaks(self.predict(hi * 2, lengths, factor)):
-                hi *= 2
-                if hi > 1e6:
-                    return float("inf")
-            lo, hi = hi, hi * 2
-        while hi - lo > rel_tol * hi:
-            mid = (lo + hi) / 2
-            if self.breaks(self.predict(mid, lengths, factor)):
-                hi = mid
+            lo = rate
+        probe = guess if guess is not None and lo < guess < hi else None
+        widen, direction = 0.04, 0  # from the guess: steps of 4, 8, 16% ... while on one side
+        expanding = probe is not None
+        while not (math.isfinite(hi) and hi - lo <= rel_tol * hi):
+            if probe is None:
+                if math.isfinite(hi):
+                    probe = (lo + hi) / 2
+                else:  # nothing broke yet: double
+                    probe = max(lo, 0.1) * 2
+                    if probe > 1e6:
+                        return math.inf
+            broke = self.breaks(self.predict(probe, lengths, factor))
+            if broke:
+                hi = probe
             else:
-                lo = mid
+                lo = probe
+            step = -1 if broke else 1
+            nxt = probe * (1 + step * widen)
+            if expanding and direction in (0, step) and lo < nxt < hi:
+                direction, widen, probe = step, widen * 2, nxt
+            else:
+                expanding, probe = False, None
         return lo
+
+
+class Rolling:
+    """The twin on the watch's schedule: every interval :meth:`row` measures at once, and the
+    fits run on a thread of their own, so that a fit longer than the interval (tens of
+    seconds where the simulated span is long) never delays the scrapes. The thread always
+    fits the newest window it has been given (windows that came while it worked are
+    skipped, not queued). A row waits for its own window's fit until ``deadline``; past it,
+    the row carries the newest fit that finished (``fit_age_s``: how much older its window
+    is than the row's; a note says so)."""
+
+    def __init__(self, twin: LLMTwin):
+        self.twin = twin
+        self.twin.cancel = threading.Event()
+        self._cv = threading.Condition()
+        self._pending: dict | None = None  # the newest window not yet taken by the thread
+        self._done: tuple[dict, dict] | None = None  # (job, its fit) of the newest fit finished
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def _work(self) -> None:
+        cancel = self.twin.cancel
+        while True:
+            with self._cv:
+                while self._pending is None and not cancel.is_set():
+                    self._cv.wait()
+                if cancel.is_set():
+                    return
+                job, self._pending = self._pending, None
+            try:
+                fit = self.twin.fit(job)
+            except FitCancelled:
+                return
+            except Exception as err:  # raised again on the watch's thread
+                with self._cv:
+                    self._error = err
+                    self._cv.notify_all()
+                continue
+            with self._cv:
+                self._done = (job, fit)
+                self._cv.notify_all()
+
+    def row(self, scrape: Scrape, deadline: float) -> dict | None:
+        """The row of the interval that ends with ``scrape``; waits for its window's fit
+        until ``deadline`` (``time.monotonic()``)."""
+        got = self.twin.measure(scrape)
+        if got is None:
+            return None
+        row, job = got
+        if job is None:
+            return row
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="servesim-twin-fit", daemon=True)
+            self._thread.start()
+        with self._cv:
+            self._pending = job
+            self._cv.notify_all()
+            while (self._done is None or self._done[0] is not job) and self._error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cv.wait(left)
+            err, self._error = self._error, None
+            done = self._done
+        if err is not None:
+            raise err
+        if done is None:
+            return {**row, "note": "the first fit is still running"}
+        fitted_on, fit = done
+        age = round(row["time"] - fitted_on["at"], 3)
+        row = {**row, **fit, "fit_age_s": age}
+        if age > 0:
+            row["note"] = f"predicted on the window of {age:.0f} s ago (a fit takes longer than the interval)"
+        return row
+
+    def close(self) -> None:
+        """Stop the fit in progress (at its next simulation) and wait for the thread."""
+        self.twin.cancel.set()
+        with self._cv:
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join()

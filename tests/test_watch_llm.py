@@ -13,6 +13,7 @@ import yaml
 from calibrate.watch import WatchError
 from calibrate.watch_llm import (
     LLMTwin,
+    Rolling,
     _cum,
     _scaled_step_time,
     length_sample,
@@ -125,6 +126,86 @@ def test_the_twin_never_fits_a_speed_at_which_the_engine_could_not_have_kept_up(
     assert overloaded, seen.keys()  # the search met the overload ...
     assert max(seen) <= 2.0 * min(overloaded) + 1e-9, seen.keys()  # ... and went no further than its first bracket
     assert factor <= min(overloaded)
+
+
+def _engine_scrapes(truth: float = 1.0, rate: float = 9.0, seconds: float = 90.0):
+    """Scrapes every 10 s of a simulated engine whose steps run ``truth`` times the scenario's."""
+    from simulator import simulate
+    from simulator.scenario.config import Scenario
+
+    base = _base()
+    engine = {**base, "duration_s": seconds, "warmup_s": 0.0}
+    engine["traffic"] = {**base["traffic"], "rate_rps": rate}
+    engine["batching"] = {**base["batching"], "step_time": _scaled_step_time(base["batching"]["step_time"], truth)}
+    records = simulate(Scenario.model_validate(engine), seed=11).records
+    info = {"num_gpu_blocks": str(base["batching"]["num_blocks"]), "block_size": str(base["batching"]["block_size"])}
+    return base, info, scrapes_of(records, 10.0, int(seconds // 10) - 1, info)
+
+
+def test_warm_started_searches_find_what_the_cold_ones_find_in_fewer_simulations():
+    """The factor's search from the last interval's factor, and the breaking rate's from the
+    last interval's answer: the same factor (within the search's 2%) and the same breaking
+    rate (within its 1%, plus the factor's 2%) as a twin that starts cold each interval,
+    with fewer simulations: where the answers barely moved, a fraction of a cold search."""
+    base, info, scrapes = _engine_scrapes(truth=1.2)
+    made = {"warm": [], "cold": []}
+    rows = {"warm": [], "cold": []}
+    for kind in made:
+        twin = LLMTwin(base, info, ttft_sla=(99.0, 200.0), window=3, sim_s=30.0, seeds=(1,))
+        predict = twin.predict
+        twin.predict = lambda r, n, f, predict=predict, kind=kind: (made[kind].append(f), predict(r, n, f))[1]
+        for s in scrapes[2::2]:
+            if kind == "cold":  # forget the last interval
+                twin.factor, twin.last_break, twin.slope = 1.0, None, 1.0
+            before = len(made[kind])
+            row = twin.update(s)
+            if row is not None:
+                rows[kind].append((row, len(made[kind]) - before))
+    assert len(rows["warm"]) == len(rows["cold"]) == 3
+    for (w, _), (c, _) in zip(rows["warm"], rows["cold"], strict=True):
+        assert w["speed_factor"] == pytest.approx(c["speed_factor"], rel=0.03)
+        assert w["breaking_rate_rps"] == pytest.approx(c["breaking_rate_rps"], rel=0.04)
+        assert w["speed_factor"] == pytest.approx(1.2, rel=0.1)
+    counts = {kind: [n for _, n in rows[kind]] for kind in rows}
+    assert sum(counts["warm"]) < sum(counts["cold"]), counts
+    # the last window, where the answers moved by less than 4%: a fraction of a cold search
+    assert counts["warm"][-1] <= 0.6 * counts["cold"][-1], counts
+
+
+def test_rows_keep_the_schedule_while_a_slow_fit_runs_beside_them():
+    """``Rolling`` (the CLI's twin): a fit slower than the row's deadline does not hold the
+    row back; the row carries the newest fit finished, with its age and a note; a row that
+    waits long enough gets its own window's fit; ``close`` stops a fit in progress."""
+    import threading
+    import time
+
+    base, info, scrapes = _engine_scrapes()
+    twin = LLMTwin(base, info, ttft_sla=(99.0, 200.0), window=3, sim_s=10.0, seeds=(1,))
+    fit, gate = twin.fit, threading.Event()
+    twin.fit = lambda job: (gate.wait(30), fit(job))[1]  # a fit that waits for the test's word
+    rolling = Rolling(twin)
+    assert rolling.row(scrapes[0], time.monotonic() + 0.1) is None
+    t = time.monotonic()
+    first = rolling.row(scrapes[1], t + 0.3)
+    assert time.monotonic() - t < 2.0  # back by its deadline, not the fit's end
+    assert "speed_factor" not in first
+    assert "still running" in first["note"]
+    gate.set()  # the thread ends the first window's fit, then fits the second's, the newest
+    second = rolling.row(scrapes[2], time.monotonic() + 60.0)  # waits for its own window's fit
+    assert second["fit_age_s"] == 0
+    assert "note" not in second
+    assert second["breaking_rate_rps"] > second["rate_rps"]
+    gate.clear()
+    t = time.monotonic()
+    third = rolling.row(scrapes[3], t + 0.3)  # its fit waits: the row carries the second's
+    assert time.monotonic() - t < 2.0
+    assert third["speed_factor"] == second["speed_factor"]
+    assert third["fit_age_s"] > 0
+    assert "ago" in third["note"]
+    gate.set()
+    rolling.close()  # the fit in progress stops at its next simulation, unfinished
+    assert not rolling._thread.is_alive()
+    assert rolling._done[0]["at"] == second["time"]  # the newest fit finished is still the second's
 
 
 @pytest.mark.parametrize("x", [0.1, 1.0, 10.0])

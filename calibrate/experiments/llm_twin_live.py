@@ -1,8 +1,10 @@
 """The LLM twin on the path a user takes (calibrate/README, "The LLM twin"): ``servesim
 serve-llm`` as the committed profile measured it, open-loop load at half its knee, and
 ``servesim calibrate watch --openai`` as its own process, every 10 s for ``DURATION_S``;
-then when each row's scrape was taken, how long its update took (the row printed), and
-the twin's speed factor and announcement. All on this machine: the twin's simulations
+then when each row's scrape was taken, how long after it the row was printed, the twin's
+speed factor and announcement, and how much older than the row its fit's window was (a
+row waits for its own window's fit until 90% of the interval, then carries the newest
+fit finished). All on this machine: the twin's simulations
 share its cores with the engine and the load generator.
 
     python calibrate/experiments/llm_twin_live.py [DURATION_S]   # default 60; ~3 minutes
@@ -58,7 +60,8 @@ def main() -> None:
         took = (_seconds(done) - _seconds(began)) % 86400  # the printed clock has whole seconds
         print(  # noqa: T201
             f"  scrape at +{row['time'] - t0:.0f} s, row printed {took:.0f} s later, "
-            f"speed {row.get('speed_factor', math.nan):.2f}, breaks at {row.get('breaking_rate_rps') or math.nan:.2f}"
+            f"speed {row.get('speed_factor', math.nan):.2f}, breaks at {row.get('breaking_rate_rps') or math.nan:.2f}, "
+            f"its fit's window {row.get('fit_age_s', math.nan):.0f} s older"
         )
 
 

@@ -1,0 +1,88 @@
+"""What one update of the LLM twin costs (calibrate/README, "The LLM twin"): a simulated
+engine, the committed CPU profile's model, at half its knee for 100 s, scraped every 10 s
+(:func:`calibrate.watch_llm.scrapes_of`), and the twin (window 6, the SLA TTFT p99 <= 250 ms
+over 10 s windows, as ``calibrate watch --openai --interval-s 10`` runs it) updated on each
+scrape: each update's wall time, its simulations, the speed factor and the breaking rate.
+
+    python calibrate/experiments/llm_twin_updates.py [--updates N] [--cold]
+
+``--cold`` forgets the last update before each (the factor, its slope, the breaking rate):
+every search starts as the first does. Run an older commit's twin with this script by
+``PYTHONPATH=<its worktree>`` (the script uses only ``LLMTwin`` and ``scrapes_of``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import yaml
+
+from calibrate.watch_llm import LLMTwin, scrapes_of
+from simulator import simulate
+from simulator.scenario.config import Scenario
+
+FOLDER = Path(__file__).parents[1] / "profiles/cpu-tiny-llm"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--updates", type=int, default=9, help="updates after the first scrape (at most 9)")
+    ap.add_argument("--cold", action="store_true", help="every update's searches start cold")
+    ap.add_argument("--seed", type=int, default=5, help="the simulated engine's seed")
+    a = ap.parse_args()
+    if not 1 <= a.updates <= 9:
+        ap.error("--updates: 1 to 9")
+    profile = json.loads((FOLDER / "profile.json").read_text())
+    base = yaml.safe_load((FOLDER / "scenario.yaml").read_text())
+    knee = profile["knee"]["completed_rps"]
+    eng = profile["engine"]
+    info = {"num_gpu_blocks": str(eng["num_blocks"]), "block_size": str(eng["block_size"])}
+    info.update({k: str(eng[k]) for k in ("max_num_seqs", "max_num_batched_tokens") if k in eng})
+    doc = json.loads(json.dumps(base))
+    doc["traffic"]["rate_rps"] = 0.5 * knee
+    doc["duration_s"], doc["warmup_s"] = 100.0, 0.0
+    doc.pop("autoscaler", None)
+    records = simulate(Scenario.model_validate(doc), seed=a.seed).records
+    scrapes = scrapes_of(records, 10.0, a.updates, info)
+    twin = LLMTwin(base, info, ttft_sla=(99.0, 250.0), window=6, sla_window_s=10.0)
+    made: list[float] = []
+    predict = twin.predict
+
+    def counted(rate, lengths, factor):
+        made.append(factor)
+        return predict(rate, lengths, factor)
+
+    twin.predict = counted
+    print(f"knee {knee:.2f} req/s; the engine at {0.5 * knee:.2f} req/s; {'cold' if a.cold else 'warm'}")  # noqa: T201
+    took, sims = [], []
+    for s in scrapes:
+        if a.cold:
+            twin.factor = 1.0
+            for name, value in (("last_break", None), ("slope", 1.0)):  # absent from older twins
+                if hasattr(twin, name):
+                    setattr(twin, name, value)
+        made.clear()
+        t = time.perf_counter()
+        row = twin.update(s)
+        if row is None or "speed_factor" not in row:
+            continue
+        took.append(time.perf_counter() - t)
+        sims.append(len(made))
+        print(  # noqa: T201
+            f"  scrape at {s.t:3.0f} s: update {took[-1]:5.1f} s, {len(made):2d} simulations, "
+            f"speed {row['speed_factor']:.3f}, breaks at {row['breaking_rate_rps']:.2f} req/s",
+            flush=True,
+        )
+    later = took[1:] or took
+    print(  # noqa: T201
+        f"updates after the first: median {statistics.median(later):.1f} s ({min(later):.1f}-{max(later):.1f}), "
+        f"simulations median {statistics.median(sims[1:] or sims):g} ({min(sims[1:] or sims)}-{max(sims[1:] or sims)})"
+    )
+
+
+if __name__ == "__main__":
+    main()
