@@ -341,8 +341,9 @@ def test_plan_and_explain_refuse_an_autoscaled_fleet():
     assert "plan bisects workers.count of one fixed fleet; this scenario has workers.autoscaler" in result.output
     result = runner.invoke(app, ["explain", path], env={"COLUMNS": "200"})
     assert result.exit_code == 0  # the napkin still prints; the check says why it is skipped
-    assert "workers with headroom" in result.output
-    assert "this scenario has an autoscaler" in result.output
+    said = " ".join(result.output.split())  # as read, whatever width the console wrapped it at
+    assert "workers with headroom" in said
+    assert "this scenario has an autoscaler" in said
 
 
 def test_a_replication_bills_what_the_run_report_bills():
