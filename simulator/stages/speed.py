@@ -38,7 +38,7 @@ class SpeedPath:
         if len(self.t) == 0 or self.t[0] != 0.0 or len(self.t) != len(self.f):
             raise ValueError("a speed path starts at 0 with one factor per breakpoint")
         self.w = np.concatenate([[0.0], np.cumsum(np.diff(self.t) / self.f[:-1])])  # W at each breakpoint
-        self._lists: tuple[list[float], list[float], list[float]] | None = None  # for finish_at, made on first use
+        self._views: tuple[memoryview, memoryview, memoryview] | None = None  # finish_at's, on first use
 
     def scaled(self, elasticity: float) -> SpeedPath | None:
         """The path each factor of which is raised to ``elasticity`` (None for 0: no effect)."""
@@ -65,10 +65,11 @@ class SpeedPath:
     def finish_at(self, start: float, work: float) -> float:
         """:meth:`finish` for one step, in plain floats: an engine's loop asks it once a
         step, where numpy's cost a call was most of a simulation. The same operations in
-        the same order as the arrays', so the same bits."""
-        if self._lists is None:
-            self._lists = (self.t.tolist(), self.w.tolist(), self.f.tolist())
-        t, w, f = self._lists
+        the same order as the arrays', so the same bits; read through memoryviews of the
+        arrays (an element a Python float), so a path costs no memory twice."""
+        if self._views is None:
+            self._views = (memoryview(self.t), memoryview(self.w), memoryview(self.f))
+        t, w, f = self._views
         k = max(bisect_right(t, start) - 1, 0)
         done = w[k] + (start - t[k]) / f[k] + work
         j = max(bisect_right(w, done) - 1, 0)
