@@ -34,8 +34,8 @@ as JSON lines with ``--json``.
 Each interval's searches start from the last one's: the factor from the last factor, by
 Newton steps on the slope where the last fit ended, and the breaking rate from the last
 one scaled by the change of the factor (capacity goes as its inverse), widening by 4, 8,
-16% until bracketed; where the host's speed and the traffic drifted little, an update is a
-handful of simulations, not the twenty of a cold search. On the command line
+16% until bracketed; where the host's speed and the traffic drifted little, an update is
+about six simulations, against twelve for a cold search (calibrate/README, "The update"). On the command line
 (:class:`Rolling`) the fit runs on a thread beside the scrapes: a row waits for its own
 window's fit until 90% of the interval, and past it carries the newest fit finished, with
 its age, so that the rows keep the interval whatever a fit costs.
@@ -280,7 +280,6 @@ class LLMTwin:
     deltas: list[dict] = field(default_factory=list)
     factor: float = 1.0
     slope: float = 1.0  # d log(simulated ITL) / d log(factor) where the last fit ended
-    fitted: tuple[float, dict] | None = None  # the fitted factor and its prediction at the window's rate
     last_break: tuple[float, float] | None = None  # the last breaking rate and the factor it was found at
     span_s: float | None = None  # the span of the window being fitted (None: the deltas')
     cancel: threading.Event | None = None  # set: the fit in progress stops at its next simulation
@@ -367,11 +366,8 @@ class LLMTwin:
         percentiles at the window's rate, the breaking rate, the headroom and the replicas."""
         rate, lengths = job["rate"], job["lengths"]
         self.span_s = job["span_s"]
-        self.fitted = None
-        self.factor = self.fit_factor(rate, lengths, job["itl_ms"])
+        self.factor, pred = self._search_factor(rate, lengths, job["itl_ms"])
         row: dict = {"speed_factor": self.factor}
-        fitted = self.fitted
-        pred = fitted[1] if fitted and fitted[0] == self.factor else self.predict(rate, lengths, self.factor)
         row.update({f"predicted_{k}": val for k, val in pred.items() if k != "itl_mean_ms"})
         # where the last interval's answer would be at this factor: capacity goes as 1 / factor
         guess = None
@@ -488,6 +484,10 @@ class LLMTwin:
         return got
 
     def fit_factor(self, rate: float, lengths, measured_itl_ms: float, rel_tol: float = 0.02) -> float:
+        """:meth:`_search_factor`'s factor."""
+        return self._search_factor(rate, lengths, measured_itl_ms, rel_tol)[0]
+
+    def _search_factor(self, rate: float, lengths, measured_itl_ms: float, rel_tol: float = 0.02) -> tuple[float, dict]:
         """The speed factor at which the simulated mean ITL meets the measured one (within
         ``rel_tol / 2``), from the last interval's factor: the gap ``g = log(simulated /
         measured)`` grows with ``log factor`` about one for one (faster near saturation:
@@ -496,7 +496,7 @@ class LLMTwin:
         doubling, until a root is bracketed; then secant steps inside the
         bracket (kept a tenth of its width from either end, so that it shrinks), or halving
         where an end did not keep up. Two or three simulations where the speed drifts slowly between
-        intervals; the factor returned is one simulated, its prediction kept for the row.
+        intervals; the factor returned is one simulated, and its prediction is returned with it.
 
         The measured engine served ``rate``: a factor at which the simulation does not keep
         up with it is too slow, whatever ITL its finished requests show; the search goes no
@@ -548,8 +548,7 @@ class LLMTwin:
         best = min(tried, key=lambda k: (not math.isfinite(tried[k][0]), abs(tried[k][0])))
         if not math.isfinite(tried[best][0]):
             best = min(tried)  # none kept up: the fastest tried
-        self.fitted = (math.exp(best), tried[best][1])
-        return math.exp(best)
+        return math.exp(best), tried[best][1]
 
     @property
     def quantiles(self) -> list[float]:
@@ -580,7 +579,7 @@ class LLMTwin:
         at ``rate`` when already made. Without ``guess`` the bracket grows from ``rate`` by
         doublings; with one (the last interval's answer, scaled by the change of the
         factor) it starts there and widens by 4, 8, 16% ...: four simulations where the
-        answer moved less than 4%, against about nine."""
+        answer moved less than 4%, against seven or eight from the rate."""
         lo, hi = 0.0, math.inf  # the rates known to hold and to break
         if self.breaks(at_rate if at_rate is not None else self.predict(rate, lengths, factor)):
             hi = rate

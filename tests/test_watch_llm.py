@@ -85,17 +85,8 @@ def test_step_time_scaled_by_the_factor():
 def test_the_twin_finds_the_engines_speed(truth):
     """Scrapes of an engine whose steps run ``truth`` times the scenario's: the twin's
     fitted factor lands near it, and its prediction of TTFT p50 near the measured."""
-    from simulator import simulate
-    from simulator.scenario.config import Scenario
-
-    base = _base()
-    engine = {**base, "duration_s": 90.0, "warmup_s": 0.0}
-    engine["traffic"] = {**base["traffic"], "rate_rps": 9.0}
-    engine["batching"] = {**base["batching"], "step_time": _scaled_step_time(base["batching"]["step_time"], truth)}
-    records = simulate(Scenario.model_validate(engine), seed=11).records
-    info = {"num_gpu_blocks": str(base["batching"]["num_blocks"]), "block_size": str(base["batching"]["block_size"])}
+    base, info, scrapes = _engine_scrapes(truth)
     twin = LLMTwin(base, info, ttft_sla=(99.0, 200.0), window=6, sim_s=30.0, seeds=(1, 2))
-    scrapes = scrapes_of(records, 10.0, 8, info)
     rows = [twin.update(s) for s in scrapes[::4]]  # three scrapes 40 s apart: two fits
     last = rows[-1]
     assert rows[0] is None

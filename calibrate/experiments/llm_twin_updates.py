@@ -8,7 +8,9 @@ scrape: each update's wall time, its simulations, the speed factor and the break
 
 ``--cold`` forgets the last update before each (the factor, its slope, the breaking rate):
 every search starts as the first does. Run an older commit's twin with this script by
-``PYTHONPATH=<its worktree>`` (the script uses only ``LLMTwin`` and ``scrapes_of``).
+``PYTHONPATH=<its worktree>`` (the script uses only ``LLMTwin`` and ``scrapes_of``, and
+builds the KV labels from the profile itself, as ``llm_twin_target.py`` does, so that an
+older twin runs it).
 """
 
 from __future__ import annotations
