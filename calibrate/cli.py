@@ -762,7 +762,7 @@ def watch(
             f"{_fmt(row.get('breaking_rate_rps'), '.1f'):>10} {_fmt(row.get('headroom_pct'), '+.0f'):>8}%"
         )
 
-    _watch_loop(lambda: twin.update(scrape(url, name)), line, out, interval_s, duration_s)
+    _watch_loop(lambda: scrape(url, name), twin.update, line, out, interval_s, duration_s)
 
 
 def _fmt(v, spec: str) -> str:
@@ -778,29 +778,39 @@ def _check_json(json_path: Path | None) -> None:
         raise typer.Exit(code=2)
 
 
-def _watch_loop(update, line, out, interval_s: float, duration_s: float) -> None:
-    """Every ``interval_s`` (until ``duration_s``, 0: until Ctrl-C): ``update()`` gives the
-    twin's row (None for the first scrape); print ``line(row)`` and append the row to
-    ``out`` as a JSON line. A scrape that fails is reported and the twin keeps its fit."""
+def _watch_loop(fetch, update, line, out, interval_s: float, duration_s: float) -> None:
+    """Every ``interval_s`` (until ``duration_s``, 0: until Ctrl-C): ``fetch()`` scrapes the
+    server and ``update(scrape)`` gives the twin's row (None for the first scrape); print
+    ``line(row)`` and append the row to ``out`` as a JSON line. A scrape or an update that
+    fails is reported as which of the two it was, and the twin keeps its fit."""
     import math
     import time
     import urllib.error
 
     from calibrate.watch import WatchError
 
+    failures = (WatchError, urllib.error.URLError, OSError, ValueError, KeyError, ArithmeticError)
+
+    def report(msg: str) -> None:
+        typer.echo(f"{time.strftime('%H:%M:%S')} {msg}")
+        if out is not None:
+            out.write(json.dumps({"time": round(time.time(), 3), "error": msg}) + "\n")
+            out.flush()
+
     start = time.monotonic()
     try:
         while not duration_s or time.monotonic() - start < duration_s:
             t0 = time.monotonic()
+            row = None
             try:
-                row = update()
-            except (WatchError, urllib.error.URLError, OSError, ValueError, KeyError) as err:
-                row = None
-                msg = f"scrape failed ({type(err).__name__}: {getattr(err, 'reason', err)}); keeping the last fit"
-                typer.echo(f"{time.strftime('%H:%M:%S')} {msg}")
-                if out is not None:
-                    out.write(json.dumps({"time": round(time.time(), 3), "error": msg}) + "\n")
-                    out.flush()
+                got = fetch()
+            except failures as err:
+                report(f"scrape failed ({type(err).__name__}: {getattr(err, 'reason', err)}); keeping the last fit")
+            else:
+                try:
+                    row = update(got)
+                except failures as err:
+                    report(f"the twin's update failed ({type(err).__name__}: {err}); keeping the last fit")
             if row is not None:
                 typer.echo(line(row) + (f"  {row['note']}" if "note" in row else ""))
                 if out is not None:
@@ -880,11 +890,16 @@ def _watch_openai(
 
     rolling = Rolling(twin)
 
-    def update() -> dict | None:
-        deadline = time.monotonic() + 0.9 * interval_s  # the row waits this long for its window's fit
-        return rolling.row(scrape(url), deadline)
+    scraped_at = [0.0]
+
+    def fetch():
+        scraped_at[0] = time.monotonic()
+        return scrape(url)
+
+    def update(got) -> dict | None:  # the row waits for its window's fit until 90% of the interval
+        return rolling.row(got, scraped_at[0] + 0.9 * interval_s)
 
     try:
-        _watch_loop(update, line, out, interval_s, duration_s)
+        _watch_loop(fetch, update, line, out, interval_s, duration_s)
     finally:
         rolling.close()

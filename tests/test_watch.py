@@ -234,6 +234,36 @@ def test_watch_follows_a_live_server_and_keeps_going_through_failed_scrapes(tmp_
     assert gone.exit_code == 2  # a server that is down at the start is refused before any loop
 
 
+def test_a_failed_update_is_reported_as_the_twins_not_the_scrapes(tmp_path, capsys):
+    """The watch tells a scrape that failed from an update of the twin that failed; after
+    either it goes on with the next interval."""
+    from calibrate.cli import _watch_loop
+
+    scrapes = iter([OSError("connection refused"), "ok", "bad", "ok"])
+
+    def fetch():
+        got = next(scrapes, "ok")
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def update(got):
+        if got == "bad":
+            raise ValueError("no requests finished in the window")
+        return {"rate_rps": 1.0}
+
+    out = tmp_path / "rows.jsonl"
+    _watch_loop(fetch, update, lambda row: f"row {row['rate_rps']}", out.open("w"), 0.05, 0.18)
+    printed = capsys.readouterr().out
+    assert "scrape failed (OSError: connection refused); keeping the last fit" in printed
+    assert "the twin's update failed (ValueError: no requests finished in the window); keeping the last fit" in printed
+    assert printed.count("row 1.0") >= 1
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [("error" in r) for r in rows[:3]] == [True, False, True]
+    assert "scrape failed" in rows[0]["error"]
+    assert "update failed" in rows[2]["error"]
+
+
 @pytest.mark.slow
 def test_the_twin_announces_the_breaking_rate_of_real_ramps(calibrated_default):
     """Three times: at 50% load the twin, with a calibration of the same server on this
