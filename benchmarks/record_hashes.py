@@ -84,6 +84,23 @@ CASES: dict[str, tuple[str, list[str]]] = {
         )
         for policy in ("continuous", "prefill_first", "static")
     },
+    # LLM replicas on a host whose speed varies (each step's end through the speed path):
+    # the calibrated CPU engine near its knee, and static batching's stretches
+    "llm_speed_calibrated": (
+        "../calibrate/profiles/cpu-tiny-llm/scenario.yaml",
+        ["duration_s=60", "warmup_s=5", "traffic.rate_rps=18"],
+    ),
+    "llm_speed_static": (
+        "llm_chat.yaml",
+        [
+            "duration_s=20",
+            "warmup_s=0",
+            "workers.count=1",
+            "traffic.rate_rps=6",
+            "batching.policy=static",
+            "platform.speed={kind: log_ar1, step_ms: 5, components: [{sigma: 0.3, correlation_time_s: 0.2}]}",
+        ],
+    ),
     "llm_sessions_preempt": (
         "llm_multiturn.yaml",
         ["duration_s=10", "warmup_s=0", "workers.count=1", "traffic.rate_rps=10", "batching.num_blocks=900"],
