@@ -713,6 +713,15 @@ def watch(
         float | None,
         typer.Option(help="With --openai: the SLA's percentile over windows this long (default: the interval).", min=1),
     ] = None,
+    seeds: Annotated[
+        int | None,
+        typer.Option(
+            help="With --openai: simulations pooled in a prediction (default 2; 1 updates in about half the time, "
+            "3 is steadier).",
+            min=1,
+            max=10,
+        ),
+    ] = None,
 ) -> None:
     """A live twin of a running server: fits the batch time and overheads from its counters
     every interval, simulates the current rate, and says how much traffic can grow before
@@ -725,10 +734,10 @@ def watch(
     q, target = _sla(sla)
     if openai:
         sla_w = sla_window_s or interval_s
-        _watch_openai(url, interval_s, (q, target), tpot_sla, json_path, duration_s, window, scenario, sla_w)
+        _watch_openai(url, interval_s, (q, target), tpot_sla, json_path, duration_s, window, scenario, sla_w, seeds)
         return
-    if scenario is not None or tpot_sla is not None or sla_window_s is not None:
-        typer.echo("error: --scenario, --tpot-sla and --sla-window-s go with --openai", err=True)
+    if scenario is not None or tpot_sla is not None or sla_window_s is not None or seeds is not None:
+        typer.echo("error: --scenario, --tpot-sla, --sla-window-s and --seeds go with --openai", err=True)
         raise typer.Exit(code=2)
     prof = None
     if profile is not None:
@@ -835,6 +844,7 @@ def _watch_openai(
     window: int,
     scenario: Path | None,
     sla_window_s: float,
+    seeds: int | None,
 ) -> None:
     """``calibrate watch --openai`` (see :mod:`calibrate.watch_llm`)."""
     import time
@@ -859,7 +869,15 @@ def _watch_openai(
     _check_json(json_path)
     try:
         info = connect(url)
-        twin = LLMTwin(base, info, ttft_sla=ttft_sla, tpot_sla=tpot, window=window, sla_window_s=sla_window_s)
+        twin = LLMTwin(
+            base,
+            info,
+            ttft_sla=ttft_sla,
+            tpot_sla=tpot,
+            window=window,
+            sla_window_s=sla_window_s,
+            **({"seeds": tuple(range(1, seeds + 1))} if seeds else {}),  # None: the twin's own (two)
+        )
     except WatchError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None

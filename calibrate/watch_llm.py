@@ -53,7 +53,6 @@ import numpy as np
 
 from calibrate.watch import WatchError, _get, histogram_quantile
 
-SPEED_SPANS = 20  # with a speed process, simulate at least this many of its slowest correlation times
 FALLING_BEHIND_MS = 10_000.0  # a simulation whose window's first tokens come this long after its end fell behind
 LENGTH_SAMPLE = 400  # values drawn to stand for a window's length histogram
 
@@ -245,7 +244,7 @@ def conditioned_speed(components: list[dict], window_s: float) -> tuple[list[dic
     so each keeps only the variance about that mean, ``sigma * sqrt(1 - share)``
     (:func:`window_share`); a component slower than the window is nearly all in the factor.
     Components left below 0.001 are dropped. Also the slowest correlation time among the
-    components no slower than the window (the simulated span covers ``SPEED_SPANS`` of it;
+    components no slower than the window (the simulated span covers ``LLMTwin.speed_spans`` of it;
     the slower ones, left small, take one draw a seed)."""
     out, slowest = [], 0.0
     for c in components:
@@ -272,7 +271,11 @@ class LLMTwin:
     tpot_sla: tuple[float, float] | None = None
     window: int = 6
     sim_s: float = 60.0
-    seeds: tuple[int, ...] = (1, 2, 3)
+    # the simulations a prediction pools: two, each at least speed_spans of the slowest
+    # correlation time its window leaves (calibrate/README, "The LLM twin": a third halves
+    # no error that matters and costs half as much again)
+    seeds: tuple[int, ...] = (1, 2)
+    speed_spans: int = 20
     # the SLA's percentile over windows of this many seconds (the median window's), as a
     # dashboard or a load test measures it; None: over the whole simulated span
     sla_window_s: float | None = None
@@ -428,7 +431,7 @@ class LLMTwin:
             if components:
                 platform["speed"] = {**speed, "components": components}
             doc["platform"] = platform
-        doc["duration_s"] = max(self.sim_s, SPEED_SPANS * slowest)
+        doc["duration_s"] = max(self.sim_s, self.speed_spans * slowest)
         doc["warmup_s"] = min(5.0, doc["duration_s"] / 10)
         doc.pop("autoscaler", None)
         return Scenario.model_validate(doc)

@@ -297,6 +297,40 @@ def test_watch_openai_refuses_bad_input_before_it_starts(tmp_path):
     stray = runner.invoke(app, ["calibrate", "watch", "--url", "http://x:1", "--tpot-sla", "p99<=50ms"])
     assert stray.exit_code == 2
     assert "--openai" in stray.output
+    stray_seeds = runner.invoke(app, ["calibrate", "watch", "--url", "http://x:1", "--seeds", "1"])
+    assert stray_seeds.exit_code == 2
+    assert "--seeds" in stray_seeds.output
+    assert "--openai" in stray_seeds.output
+    no_seeds = runner.invoke(app, [*cmd, "--url", "http://x:1", "--seeds", "0"])
+    assert no_seeds.exit_code == 2
+    assert "--seeds" in no_seeds.output
+    assert "Traceback" not in no_seeds.output
+
+
+def test_watch_openai_pools_the_seeds_asked_for(monkeypatch):
+    """``--seeds N``: the twin's predictions pool seeds 1..N; without it, the twin's own two."""
+    from typer.testing import CliRunner
+
+    import calibrate.cli as calibrate_cli
+    import calibrate.watch_llm as watch_llm
+    from servesim.cli import app
+
+    seen: list[tuple[int, ...]] = []
+
+    class Recorded(watch_llm.Rolling):
+        def __init__(self, twin):
+            seen.append(twin.seeds)
+            super().__init__(twin)
+
+    monkeypatch.setattr(watch_llm, "connect", lambda url: {"num_gpu_blocks": "512", "block_size": "16"})
+    monkeypatch.setattr(watch_llm, "Rolling", Recorded)
+    monkeypatch.setattr(calibrate_cli, "_watch_loop", lambda *args: None)
+    runner = CliRunner()
+    cmd = ["calibrate", "watch", "--openai", "--scenario", str(SCENARIO), "--url", "http://x:1"]
+    for extra in (["--seeds", "3"], [], ["--seeds", "1"]):
+        got = runner.invoke(app, [*cmd, *extra])
+        assert got.exit_code == 0, got.output
+    assert seen == [(1, 2, 3), (1, 2), (1,)]
 
 
 def _ramp_crossing(df, steps: list[tuple[float, float]], step_s: float, sla_ms: float, q: float):

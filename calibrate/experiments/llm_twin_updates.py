@@ -4,7 +4,7 @@ engine, the committed CPU profile's model, at half its knee for 100 s, scraped e
 over 10 s windows, as ``calibrate watch --openai --interval-s 10`` runs it) updated on each
 scrape: each update's wall time, its simulations, the speed factor and the breaking rate.
 
-    python calibrate/experiments/llm_twin_updates.py [--updates N] [--cold]
+    python calibrate/experiments/llm_twin_updates.py [--updates N] [--cold] [--seeds N]
 
 ``--cold`` forgets the last update before each (the factor, its slope, the breaking rate):
 every search starts as the first does. Run an older commit's twin with this script by
@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=9, help="updates after the first scrape (at most 9)")
     ap.add_argument("--cold", action="store_true", help="every update's searches start cold")
     ap.add_argument("--seed", type=int, default=5, help="the simulated engine's seed")
+    ap.add_argument("--seeds", type=int, default=None, help="the twin's simulations a prediction (default: its own)")
     a = ap.parse_args()
     if not 1 <= a.updates <= 9:
         ap.error("--updates: 1 to 9")
@@ -51,6 +52,8 @@ def main() -> None:
     records = simulate(Scenario.model_validate(doc), seed=a.seed).records
     scrapes = scrapes_of(records, 10.0, a.updates, info)
     twin = LLMTwin(base, info, ttft_sla=(99.0, 250.0), window=6, sla_window_s=10.0)
+    if a.seeds is not None:
+        twin.seeds = tuple(range(1, a.seeds + 1))
     made: list[float] = []
     predict = twin.predict
 
@@ -59,7 +62,10 @@ def main() -> None:
         return predict(rate, lengths, factor)
 
     twin.predict = counted
-    print(f"knee {knee:.2f} req/s; the engine at {0.5 * knee:.2f} req/s; {'cold' if a.cold else 'warm'}")  # noqa: T201
+    print(  # noqa: T201
+        f"knee {knee:.2f} req/s; the engine at {0.5 * knee:.2f} req/s; {'cold' if a.cold else 'warm'}; "
+        f"{len(twin.seeds)} seeds a prediction"
+    )
     took, sims = [], []
     for s in scrapes:
         if a.cold:

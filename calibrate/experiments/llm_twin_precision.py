@@ -1,0 +1,95 @@
+"""How precise one fit of the LLM twin is, against how much simulation it spends
+(calibrate/README, "The LLM twin"): the committed CPU profile's model as a simulated
+engine at half its knee for 70 s, scraped every 10 s (:func:`calibrate.watch_llm.scrapes_of`);
+the twin (window 6, TTFT p99 <= 250 ms over 10 s windows, as ``calibrate watch --openai
+--interval-s 10`` runs it) measures the last window once, then fits it again and again,
+each time on other seeds, under each design: how many seeds, and how many of the speed
+process's slowest correlation times the simulated span covers (``speed_spans``). A first
+fit (cold, three seeds of 20 spans) gives the start of every fit after it (a warm
+start, as the watch's updates after the first have).
+
+Printed per design: the spread over the seed sets (the sample standard deviation, relative
+to the mean) of the speed factor, of the TTFT p99 predicted at the window's rate (over 10 s
+windows) and of the breaking rate; and the wall time a fit took.
+
+    python calibrate/experiments/llm_twin_precision.py [--sets 6] [--designs 3x20,3x10,2x10,1x20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import yaml
+
+from calibrate.watch_llm import LLMTwin, scrapes_of
+from simulator import simulate
+from simulator.scenario.config import Scenario
+
+FOLDER = Path(__file__).parents[1] / "profiles/cpu-tiny-llm"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sets", type=int, default=6, help="seed sets a design is fitted with")
+    ap.add_argument("--designs", default="3x20,3x10,2x10,1x20", help="SEEDSxSPANS, comma-separated")
+    ap.add_argument("--seed", type=int, default=5, help="the simulated engine's seed")
+    a = ap.parse_args()
+    designs = [tuple(int(v) for v in d.split("x")) for d in a.designs.split(",")]
+    profile = json.loads((FOLDER / "profile.json").read_text())
+    base = yaml.safe_load((FOLDER / "scenario.yaml").read_text())
+    knee = profile["knee"]["completed_rps"]
+    eng = profile["engine"]
+    info = {"num_gpu_blocks": str(eng["num_blocks"]), "block_size": str(eng["block_size"])}
+    info.update({k: str(eng[k]) for k in ("max_num_seqs", "max_num_batched_tokens") if k in eng})
+    doc = json.loads(json.dumps(base))
+    doc["traffic"]["rate_rps"] = 0.5 * knee
+    doc["duration_s"], doc["warmup_s"] = 70.0, 0.0
+    doc.pop("autoscaler", None)
+    records = simulate(Scenario.model_validate(doc), seed=a.seed).records
+    scrapes = scrapes_of(records, 10.0, 6, info)
+    twin = LLMTwin(base, info, ttft_sla=(99.0, 250.0), window=6, sla_window_s=10.0)
+    job = None
+    for s in scrapes:
+        got = twin.measure(s)
+        job = got[1] if got is not None else job
+    print(f"knee {knee:.2f} req/s; the engine at {0.5 * knee:.2f} req/s, window {job['span_s']:.0f} s")  # noqa: T201
+    twin.seeds, twin.speed_spans = (1, 2, 3), 20
+    twin.fit(job)  # a first fit, cold: where every fit below starts
+    start = (twin.factor, twin.slope, twin.last_break)
+    print(f"the first fit: speed {twin.factor:.3f}, breaks at {twin.last_break[0]:.2f} req/s")  # noqa: T201
+    for n_seeds, spans in designs:
+        factors, breaks, took, p99s = [], [], [], []
+        for k in range(a.sets):
+            twin.seeds = tuple(range(1 + k * n_seeds, 1 + (k + 1) * n_seeds))
+            twin.speed_spans = spans
+            twin.factor, twin.slope, twin.last_break = start
+            t = time.perf_counter()
+            row = twin.fit(job)
+            took.append(time.perf_counter() - t)
+            factors.append(row["speed_factor"])
+            breaks.append(row["breaking_rate_rps"])
+            p99s.append(row["predicted_ttft_p99_ms"])
+            print(  # noqa: T201
+                f"  {n_seeds}x{spans} seeds {twin.seeds}: speed {factors[-1]:.3f}, "
+                f"TTFT p99 {p99s[-1]:.1f} ms, breaks at {breaks[-1]:.2f} req/s, {took[-1]:.1f} s",
+                flush=True,
+            )
+
+        def rel_sd(xs: list[float]) -> float:
+            return statistics.stdev(xs) / statistics.fmean(xs) * 100
+
+        print(  # noqa: T201
+            f"{n_seeds} seeds x {spans} spans: speed {statistics.fmean(factors):.3f} (sd {rel_sd(factors):.1f}%), "
+            f"TTFT p99 {statistics.fmean(p99s):.1f} ms (sd {rel_sd(p99s):.1f}%), "
+            f"breaks at {statistics.fmean(breaks):.2f} req/s (sd {rel_sd(breaks):.1f}%), "
+            f"a fit {statistics.median(took):.1f} s ({min(took):.1f}-{max(took):.1f})",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
