@@ -18,16 +18,13 @@ windows) and of the breaking rate; and the wall time a fit took.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
-import yaml
+from twin_engine import half_knee_scrapes, profile_engine
 
-from calibrate.watch_llm import LLMTwin, scrapes_of
-from simulator import simulate
-from simulator.scenario.config import Scenario
+from calibrate.watch_llm import LLMTwin
 
 FOLDER = Path(__file__).parents[1] / "profiles/cpu-tiny-llm"
 
@@ -39,18 +36,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=5, help="the simulated engine's seed")
     a = ap.parse_args()
     designs = [tuple(int(v) for v in d.split("x")) for d in a.designs.split(",")]
-    profile = json.loads((FOLDER / "profile.json").read_text())
-    base = yaml.safe_load((FOLDER / "scenario.yaml").read_text())
-    knee = profile["knee"]["completed_rps"]
-    eng = profile["engine"]
-    info = {"num_gpu_blocks": str(eng["num_blocks"]), "block_size": str(eng["block_size"])}
-    info.update({k: str(eng[k]) for k in ("max_num_seqs", "max_num_batched_tokens") if k in eng})
-    doc = json.loads(json.dumps(base))
-    doc["traffic"]["rate_rps"] = 0.5 * knee
-    doc["duration_s"], doc["warmup_s"] = 70.0, 0.0
-    doc.pop("autoscaler", None)
-    records = simulate(Scenario.model_validate(doc), seed=a.seed).records
-    scrapes = scrapes_of(records, 10.0, 6, info)
+    base, knee, info = profile_engine(FOLDER)
+    scrapes = half_knee_scrapes(base, knee, info, 70.0, 10.0, 6, a.seed)
     twin = LLMTwin(base, info, ttft_sla=(99.0, 250.0), window=6, sla_window_s=10.0)
     job = None
     for s in scrapes:

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 from scipy import stats
+from twin_engine import profile_engine
 
 from calibrate.watch_llm import LLMTwin, monotone_crossing, scrapes_of
 from simulator import simulate
@@ -91,12 +91,7 @@ def main() -> None:
     if a.reps < 3:
         ap.error("--reps: at least 3 (the figures are over triples of ramps)")
     folder = Path(a.profile)
-    profile = json.loads((folder / "profile.json").read_text())
-    base = yaml.safe_load((folder / "scenario.yaml").read_text())
-    knee = profile["knee"]["completed_rps"]
-    eng = profile["engine"]
-    info = {"num_gpu_blocks": str(eng["num_blocks"]), "block_size": str(eng["block_size"])}
-    info.update({k: str(eng[k]) for k in ("max_num_seqs", "max_num_batched_tokens") if k in eng})
+    base, knee, info = profile_engine(folder)
     print(  # noqa: T201
         f"{folder}: knee {knee:.2f} req/s; half load {a.half_s:g} s; steps {a.step_s:g} s; {a.reps} replications",
         flush=True,

@@ -9,23 +9,20 @@ scrape: each update's wall time, its simulations, the speed factor and the break
 ``--cold`` forgets the last update before each (the factor, its slope, the breaking rate):
 every search starts as the first does. Run an older commit's twin with this script by
 ``PYTHONPATH=<its worktree>`` (the script uses only ``LLMTwin`` and ``scrapes_of``, and
-builds the KV labels from the profile itself, as ``llm_twin_target.py`` does, so that an
-older twin runs it).
+builds the KV labels from the profile itself (``twin_engine.py``), so that an older twin
+runs it).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
-import yaml
+from twin_engine import half_knee_scrapes, profile_engine
 
-from calibrate.watch_llm import LLMTwin, scrapes_of
-from simulator import simulate
-from simulator.scenario.config import Scenario
+from calibrate.watch_llm import LLMTwin
 
 FOLDER = Path(__file__).parents[1] / "profiles/cpu-tiny-llm"
 
@@ -39,18 +36,8 @@ def main() -> None:
     a = ap.parse_args()
     if not 1 <= a.updates <= 9:
         ap.error("--updates: 1 to 9")
-    profile = json.loads((FOLDER / "profile.json").read_text())
-    base = yaml.safe_load((FOLDER / "scenario.yaml").read_text())
-    knee = profile["knee"]["completed_rps"]
-    eng = profile["engine"]
-    info = {"num_gpu_blocks": str(eng["num_blocks"]), "block_size": str(eng["block_size"])}
-    info.update({k: str(eng[k]) for k in ("max_num_seqs", "max_num_batched_tokens") if k in eng})
-    doc = json.loads(json.dumps(base))
-    doc["traffic"]["rate_rps"] = 0.5 * knee
-    doc["duration_s"], doc["warmup_s"] = 100.0, 0.0
-    doc.pop("autoscaler", None)
-    records = simulate(Scenario.model_validate(doc), seed=a.seed).records
-    scrapes = scrapes_of(records, 10.0, a.updates, info)
+    base, knee, info = profile_engine(FOLDER)
+    scrapes = half_knee_scrapes(base, knee, info, 100.0, 10.0, a.updates, a.seed)
     twin = LLMTwin(base, info, ttft_sla=(99.0, 250.0), window=6, sla_window_s=10.0)
     if a.seeds is not None:
         twin.seeds = tuple(range(1, a.seeds + 1))
