@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.serving.llm_replica import Limits, StepTime, Work, serve
+from simulator.serving.llm_replica import Limits, serve
+from simulator.serving.step_time import StepTime, Work
 
 DATA = Path(__file__).resolve().parents[2] / "shared/data/distserve"
 PROFILE = "profile/profiler-a100-80g.vllm.4c68ed9.json"

@@ -12,15 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from simulator.serving.llm_replica import (
-    Limits,
-    LinearStepTime,
-    Replica,
-    RooflineStepTime,
-    StepTime,
-    Work,
-    serve,
-)
+from simulator.serving.llm_replica import Limits, Replica, serve
+from simulator.serving.step_time import LinearStepTime, RooflineStepTime, StepTime, Work
 from tests.test_theory import check
 
 FLAT = LinearStepTime(10.0)

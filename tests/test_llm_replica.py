@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.serving.llm_replica import Limits, StepTime, serve_prefill_first
+from simulator.serving.llm_replica import Limits, serve_prefill_first
+from simulator.serving.step_time import StepTime
 
 FLAT = StepTime(prefill=(10.0, 0.0, 0.0), decode_small=(5.0, 0.0, 0.0), decode_large=(5.0, 0.0, 0.0), threshold=95)
 DISTSERVE = Path(__file__).resolve().parents[2] / "shared/data/distserve/profile/profiler-a100-80g.vllm.4c68ed9.json"
@@ -92,7 +93,8 @@ def test_the_first_steps_after_an_idle_replica_cost_their_wake(skip):
     c0 + c_decode + 1, + 0.5, then plain; a second request after the first is done pays the
     wake again; one arriving while the replica is busy does not add one. With decode-only
     stretches taken in one go the steps are the same."""
-    from simulator.serving.llm_replica import LinearStepTime, serve
+    from simulator.serving.llm_replica import serve
+    from simulator.serving.step_time import LinearStepTime
 
     step = LinearStepTime(c0_ms=1.0, prefill_ms_per_token=0.25, decode_ms_per_seq=0.5, wake_ms=(2.0, 1.0, 0.5))
     lim = Limits(num_blocks=64, block_size=16, max_num_batched_tokens=64, max_num_seqs=8)

@@ -358,7 +358,7 @@ def test_every_tokens_gap_is_summarized_whole_or_streamed():
 def test_a_linear_step_with_a_decode_threshold():
     """``decode_threshold``: decodes beyond it cost ``decode_ms_per_seq_above`` each; the
     scenario's section reaches the replica's step model."""
-    from simulator.serving.llm_replica import LinearStepTime, Work
+    from simulator.serving.step_time import LinearStepTime, Work
 
     step = LinearStepTime(1.0, decode_ms_per_seq=0.4, decode_threshold=4, decode_ms_per_seq_above=0.1)
     assert step.ms(Work(decodes=3)) == pytest.approx(1.0 + 1.2)

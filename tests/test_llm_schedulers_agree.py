@@ -16,7 +16,8 @@ import pytest
 
 from reference_server.llm.engine import Engine, EngineConfig
 from reference_server.llm.model import DecoderConfig
-from simulator.serving.llm_replica import Limits, LinearStepTime, Replica, Work
+from simulator.serving.llm_replica import Limits, Replica
+from simulator.serving.step_time import LinearStepTime, Work
 
 SMALL = DecoderConfig(width=32, layers=1, heads=2, ffn=64, max_model_len=1024)
 STEP = LinearStepTime(c0_ms=1.0, prefill_ms_per_token=0.02, decode_ms_per_seq=0.3, kv_ms_per_token=0.001)

@@ -114,7 +114,7 @@ def estimate(s: Scenario, *, streamed: bool = False, records: bool = False, inte
 def _llm_steps(s: Scenario) -> tuple[float, float]:
     """The most steps LLM replicas can take over the run (every replica busy, each step
     the shortest: one sequence decoding), and the KV blocks they hold at most."""
-    from simulator.serving.llm_replica import Work, step_model
+    from simulator.serving.step_time import Work, step_model
 
     b, w = s.batching, s.workers
     shortest_ms = max(step_model(b, w.instance_type).ms(Work(decodes=1, decode_context=1)), 1e-3)

@@ -29,21 +29,21 @@ def _fmt(x: float) -> str:
 
 
 def _step(s: Scenario):
-    from simulator.serving.llm_replica import step_model
+    from simulator.serving.step_time import step_model
 
     return step_model(s.batching, s.workers.instance_type)
 
 
 def _prefill_ms(s: Scenario, tokens: int) -> float:
     """What ``tokens`` prompt tokens (one chunk, from nothing cached) add to a step."""
-    from simulator.serving.llm_replica import Work
+    from simulator.serving.step_time import Work
 
     step = _step(s)
     return step.ms(Work(prefill_tokens=tokens, attention=tokens * tokens / 2.0, chunks=1)) - step.ms(Work())
 
 
 def _decode_ms(s: Scenario, batch: int, context: float) -> float:
-    from simulator.serving.llm_replica import Work
+    from simulator.serving.step_time import Work
 
     return _step(s).ms(Work(decodes=batch, decode_context=int(batch * context)))
 

@@ -156,7 +156,7 @@ def llm_napkin(s: Scenario, price_per_worker_hour: float) -> tuple[list[Line], L
     per GPU, a prompt's prefill, Little's law for the running sequences, and replicas with
     headroom and their cost."""
     from simulator.scenario.llm import gpu_spec
-    from simulator.serving.llm_replica import Work, step_model
+    from simulator.serving.step_time import Work, step_model
 
     b, w = s.batching, s.workers
     if w.mix:
@@ -286,7 +286,7 @@ def _split(s: Scenario, lines: list[Line], step, e_s, e_o, batch, t_b, prefill, 
     prefill replica computes prompts back to back, full steps of ``max_num_batched_tokens``
     sharing a step's fixed cost; a decode replica runs the napkin's batch without pauses;
     each side is counted apart, with its headroom."""
-    from simulator.serving.llm_replica import Work
+    from simulator.serving.step_time import Work
 
     b, lam, head = s.batching, peak_rate(s), s.napkin.headroom
     fixed = step.ms(Work())

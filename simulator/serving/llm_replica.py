@@ -26,8 +26,8 @@ known tokens are then all computed samples one more output token. Three policies
   computed at its full width) until then. It is here to teach what continuous batching
   buys.
 
-A step's time is a fitted function of its work (:class:`LinearStepTime`, or
-:class:`StepTime`, DistServe's form), times the replica's noise. With nothing running and
+A step's time is a function of its work (:mod:`simulator.serving.step_time`: a fitted
+linear form, DistServe's, or a roofline), times the replica's noise. With nothing running and
 nothing waiting the replica idles until the next arrival; the first steps after it idled
 cost a fitted ``wake_ms`` more each (a fitted step time's). The output length is not the
 scheduler's to know: a sequence stops when it has produced it.
@@ -40,194 +40,19 @@ so a run in chunks takes the same steps as a run in one.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal
 
 import numpy as np
 
 from simulator.serving.kv_cache import KVCache
+from simulator.serving.step_time import StepModel, Work, decode_series
 
 Policy = Literal["continuous", "prefill_first", "static"]
 POLICIES: tuple[str, ...] = ("continuous", "prefill_first", "static")
-
-
-@dataclass(frozen=True)
-class Work:
-    """What one step computes: ``prefill_tokens`` prompt (or recomputed) tokens in chunks,
-    their attention work Σ p_i·(ctx_i + p_i/2) (a chunk of ``p_i`` tokens after ``ctx_i``
-    already computed), ``chunks`` prefill chunks, ``decodes`` sequences decoding one token
-    and their ``decode_context`` tokens of context in all."""
-
-    prefill_tokens: int = 0
-    attention: float = 0.0
-    chunks: int = 0
-    decodes: int = 0
-    decode_context: int = 0
-
-
-class StepModel(Protocol):
-    def ms(self, work: Work) -> float:
-        """The step's time on the GPU, ms."""
-
-
-@dataclass(frozen=True)
-class LinearStepTime:
-    """``t = c0 + c_prefill·P + c_attn·Σ p_i(ctx_i + p_i/2) + c_decode·D + c_kv·Σ ctx_j`` (ms):
-    a fixed cost per step, prefill tokens' linear work (weights read and multiplied),
-    their attention, decoding sequences' per-sequence work and their attention over
-    ``Σ ctx_j`` tokens of KV."""
-
-    c0_ms: float
-    prefill_ms_per_token: float = 0.0
-    attention_ms_per_token2: float = 0.0
-    decode_ms_per_seq: float = 0.0
-    kv_ms_per_token: float = 0.0
-    decode_threshold: int | None = None  # decodes beyond it cost decode_ms_per_seq_above each
-    decode_ms_per_seq_above: float = 0.0
-    wake_ms: tuple[float, ...] = ()  # added to the first, second, ... step after the replica idled
-
-    def _decodes_ms(self, decodes: int) -> float:
-        th = self.decode_threshold
-        if th is None or decodes <= th:
-            return self.decode_ms_per_seq * decodes
-        return self.decode_ms_per_seq * th + self.decode_ms_per_seq_above * (decodes - th)
-
-    def decode_series(self, width: int, context: int, d: int, k: int) -> list[float]:
-        """:meth:`ms` of ``k`` decode steps of ``width`` whose context starts at ``context`` and
-        grows by ``d`` a step (the same operations in the same order, so the same bits)."""
-        fixed = self.c0_ms + self.prefill_ms_per_token * 0 + self.attention_ms_per_token2 * 0.0
-        fixed = fixed + self._decodes_ms(width)
-        kv = self.kv_ms_per_token
-        return [fixed + kv * (context + d * i) for i in range(k)]
-
-    def ms(self, work: Work) -> float:
-        return (
-            self.c0_ms
-            + self.prefill_ms_per_token * work.prefill_tokens
-            + self.attention_ms_per_token2 * work.attention
-            + self._decodes_ms(work.decodes)
-            + self.kv_ms_per_token * work.decode_context
-        )
-
-
-@dataclass(frozen=True)
-class RooflineStepTime:
-    """A step's time from its FLOPs and bytes: ``overhead + max(FLOPs / flop_rate,
-    bytes / byte_rate)``. FLOPs: ``2·params`` a token computed, ``4·layers·hidden`` a
-    (query, key) pair of attention; bytes: the weights once a step, and the KV of every
-    decode's context and every token computed."""
-
-    flops_per_token: float
-    attention_flops_per_pair: float
-    weight_bytes: float
-    kv_bytes_per_token: float
-    flop_rate: float  # FLOP/ms reached
-    byte_rate: float  # bytes/ms reached
-    overhead_ms: float
-
-    def decode_series(self, width: int, context: int, d: int, k: int) -> list[float]:
-        """:meth:`ms` of ``k`` decode steps (see :meth:`LinearStepTime.decode_series`)."""
-        tokens = 0 + width
-        computed = self.flops_per_token * tokens
-        pair, kv, weights = self.attention_flops_per_pair, self.kv_bytes_per_token, self.weight_bytes
-        out = []
-        for i in range(k):
-            ctx = context + d * i
-            flops = computed + pair * (0.0 + ctx)
-            moved = weights + kv * (ctx + tokens)
-            out.append(self.overhead_ms + max(flops / self.flop_rate, moved / self.byte_rate))
-        return out
-
-    def ms(self, work: Work) -> float:
-        tokens = work.prefill_tokens + work.decodes
-        flops = self.flops_per_token * tokens + self.attention_flops_per_pair * (work.attention + work.decode_context)
-        moved = self.weight_bytes + self.kv_bytes_per_token * (work.decode_context + tokens)
-        return self.overhead_ms + max(flops / self.flop_rate, moved / self.byte_rate)
-
-
-def step_model(batching, instance_type: str) -> StepModel:
-    """The step time of a ``batching.kind: continuous`` section on ``instance_type``: its
-    fitted linear form, or the roofline of its model on that GPU's datasheet."""
-    from simulator.scenario.llm import LinearStep, gpu_spec
-
-    st = batching.step_time
-    if isinstance(st, LinearStep):
-        return LinearStepTime(
-            st.c0_ms,
-            st.prefill_ms_per_token,
-            st.attention_ms_per_token2,
-            st.decode_ms_per_seq,
-            st.kv_ms_per_token,
-            st.decode_threshold,
-            st.decode_ms_per_seq_above,
-            tuple(st.wake_ms),
-        )
-    m, gpu = batching.spec, gpu_spec(instance_type)
-    return RooflineStepTime(
-        flops_per_token=2.0 * m.params_b * 1e9,
-        attention_flops_per_pair=4.0 * m.layers * m.hidden,
-        weight_bytes=m.weights_total_bytes,
-        kv_bytes_per_token=m.kv_bytes_per_token,
-        flop_rate=gpu.tflops * 1e12 * st.mfu / 1000.0,
-        byte_rate=gpu.hbm_tb_s * 1e12 * st.mbu / 1000.0,
-        overhead_ms=st.overhead_ms,
-    )
-
-
-@dataclass(frozen=True)
-class StepTime:
-    """Step time (ms) as DistServe fits it on a GPU: a prefill of prompts ``l`` takes
-    ``a + b·Σl + c·Σl²``; a decode of ``B`` sequences with contexts ``ctx`` takes
-    ``a + b·Σctx + c·B``, with one row for ``B`` below ``threshold`` and another from it.
-    A chunk after ``ctx`` tokens counts ``2·p·(ctx + p/2)`` for its ``l²``; a mixed step
-    pays the prefill's row and the decode's terms without a second intercept."""
-
-    prefill: tuple[float, float, float]
-    decode_small: tuple[float, float, float]
-    decode_large: tuple[float, float, float]
-    threshold: int
-
-    def prefill_ms(self, lengths: list[int]) -> float:
-        a, b, c = self.prefill
-        return a + b * sum(lengths) + c * sum(x * x for x in lengths)
-
-    def decode_ms(self, context_tokens: int, batch: int) -> float:
-        a, b, c = self.decode_small if batch < self.threshold else self.decode_large
-        return a + b * context_tokens + c * batch
-
-    def decode_series(self, width: int, context: int, d: int, k: int) -> list[float]:
-        """:meth:`ms` of ``k`` decode steps (see :meth:`LinearStepTime.decode_series`)."""
-        return [0.0 + (self.decode_ms(context + d * i, width) - 0.0) for i in range(k)]
-
-    def ms(self, work: Work) -> float:
-        t = 0.0
-        if work.chunks:
-            a, b, c = self.prefill
-            t = a + b * work.prefill_tokens + c * 2.0 * work.attention
-        if work.decodes:
-            a = (self.decode_small if work.decodes < self.threshold else self.decode_large)[0]
-            t += self.decode_ms(work.decode_context, work.decodes) - (a if work.chunks else 0.0)
-        return t
-
-    @classmethod
-    def distserve(cls, path: str | Path, model: str, tensor_parallel: int = 1) -> StepTime:
-        """The fits of a DistServe profile file (``profiler-*.json``) for ``model``."""
-        doc = json.loads(Path(path).read_text())
-        try:
-            row = doc[model][str(tensor_parallel)]
-        except KeyError:
-            raise ValueError(f"{path}: no profile for {model!r} at tensor parallel {tensor_parallel}") from None
-        return cls(
-            tuple(row["prefill"]),
-            tuple(row["decoding_smallbs"]),
-            tuple(row["decoding_largebs"]),
-            int(row["decoding_large_small_bs_threshold"]),
-        )
 
 
 @dataclass(frozen=True)
@@ -893,17 +718,6 @@ def _name(kv: KVCache, s: _Seq, full: int) -> None:
     s.named = full
 
 
-def decode_series(step: StepModel, width: int, context: int, d: int, k: int) -> list[float]:
-    """The times of ``k`` decode-only steps of ``width`` sequences (``d`` of them real,
-    the rest a static batch's finished slots) whose context starts at ``context`` and
-    grows by ``d`` a step: the step model's own series where it has one, else its
-    ``ms`` step by step."""
-    series = getattr(step, "decode_series", None)
-    if series is not None:
-        return series(width, context, d, k)
-    return [step.ms(Work(decodes=width, decode_context=context + d * i)) for i in range(k)]
-
-
 def refuse(prompt: np.ndarray, output: np.ndarray, limits: Limits, policy: Policy) -> None:
     """Raise ValueError, naming the first such request, for one a replica can never serve:
     no output token, more tokens than the KV cache holds, or (prefill first, whole prompts)
@@ -983,16 +797,11 @@ __all__ = [
     "POLICIES",
     "Finished",
     "Limits",
-    "LinearStepTime",
     "Replica",
-    "RooflineStepTime",
     "Served",
-    "StepTime",
     "Steps",
-    "Work",
     "refuse",
     "serve",
     "serve_prefill_first",
     "session_owner",
-    "step_model",
 ]
