@@ -908,14 +908,15 @@ def _watch_openai(
 
     rolling = Rolling(twin)
 
-    scraped_at = [0.0]
+    scraped_at = 0.0
 
     def fetch():
-        scraped_at[0] = time.monotonic()
+        nonlocal scraped_at
+        scraped_at = time.monotonic()
         return scrape(url)
 
     def update(got) -> dict | None:  # the row waits for its window's fit until 90% of the interval
-        return rolling.row(got, scraped_at[0] + 0.9 * interval_s)
+        return rolling.row(got, scraped_at + 0.9 * interval_s)
 
     try:
         _watch_loop(fetch, update, line, out, interval_s, duration_s)

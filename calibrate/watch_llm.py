@@ -272,8 +272,8 @@ class LLMTwin:
     window: int = 6
     sim_s: float = 60.0
     # the simulations a prediction pools: two, each at least speed_spans of the slowest
-    # correlation time its window leaves (calibrate/README, "The LLM twin": a third halves
-    # no error that matters and costs half as much again)
+    # correlation time its window leaves (calibrate/README, "Two seeds a prediction": a
+    # third narrows no error that shows in the announcement and costs half as much again)
     seeds: tuple[int, ...] = (1, 2)
     speed_spans: int = 20
     # the SLA's percentile over windows of this many seconds (the median window's), as a
