@@ -369,7 +369,7 @@ class LLMTwin:
         percentiles at the window's rate, the breaking rate, the headroom and the replicas."""
         rate, lengths = job["rate"], job["lengths"]
         self.span_s = job["span_s"]
-        self.factor, pred = self._search_factor(rate, lengths, job["itl_ms"])
+        self.factor, pred = self.fit_factor(rate, lengths, job["itl_ms"])
         row: dict = {"speed_factor": self.factor}
         row.update({f"predicted_{k}": val for k, val in pred.items() if k != "itl_mean_ms"})
         # where the last interval's answer would be at this factor: capacity goes as 1 / factor
@@ -486,11 +486,7 @@ class LLMTwin:
                         got[f"{name}_p{q:g}_ms"] = float(np.median([np.percentile(v, q) for v in windows[name]]))
         return got
 
-    def fit_factor(self, rate: float, lengths, measured_itl_ms: float, rel_tol: float = 0.02) -> float:
-        """:meth:`_search_factor`'s factor."""
-        return self._search_factor(rate, lengths, measured_itl_ms, rel_tol)[0]
-
-    def _search_factor(self, rate: float, lengths, measured_itl_ms: float, rel_tol: float = 0.02) -> tuple[float, dict]:
+    def fit_factor(self, rate: float, lengths, measured_itl_ms: float, rel_tol: float = 0.02) -> tuple[float, dict]:
         """The speed factor at which the simulated mean ITL meets the measured one (within
         ``rel_tol / 2``), from the last interval's factor: the gap ``g = log(simulated /
         measured)`` grows with ``log factor`` about one for one (faster near saturation:

@@ -112,7 +112,7 @@ def test_the_twin_never_fits_a_speed_at_which_the_engine_could_not_have_kept_up(
     seen = {}  # factor: its prediction, as the search made it
     predict = twin.predict
     twin.predict = lambda r, n, f: seen.setdefault(f, predict(r, n, f))
-    factor = twin.fit_factor(rate, lengths, 50.0 * itl_at_1)
+    factor, _ = twin.fit_factor(rate, lengths, 50.0 * itl_at_1)
     overloaded = [f for f, got in seen.items() if not math.isfinite(got["ttft_p50_ms"])]
     assert overloaded, seen.keys()  # the search met the overload ...
     assert max(seen) <= 2.0 * min(overloaded) + 1e-9, seen.keys()  # ... and went no further than its first bracket

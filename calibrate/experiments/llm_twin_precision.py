@@ -20,13 +20,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 from twin_engine import half_knee_scrapes, profile_engine
 
 from calibrate.watch_llm import LLMTwin
-
-FOLDER = Path(__file__).parents[1] / "profiles/cpu-tiny-llm"
 
 
 def main() -> None:
@@ -36,7 +33,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=5, help="the simulated engine's seed")
     a = ap.parse_args()
     designs = [tuple(int(v) for v in d.split("x")) for d in a.designs.split(",")]
-    base, knee, info = profile_engine(FOLDER)
+    base, knee, info = profile_engine()
     scrapes = half_knee_scrapes(base, knee, info, 70.0, 10.0, 6, a.seed)
     twin = LLMTwin(base, info, ttft_sla=(99.0, 250.0), window=6, sla_window_s=10.0)
     job = None

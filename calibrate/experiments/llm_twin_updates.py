@@ -18,13 +18,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
 from twin_engine import half_knee_scrapes, profile_engine
 
 from calibrate.watch_llm import LLMTwin
-
-FOLDER = Path(__file__).parents[1] / "profiles/cpu-tiny-llm"
 
 
 def main() -> None:
@@ -36,7 +33,7 @@ def main() -> None:
     a = ap.parse_args()
     if not 1 <= a.updates <= 9:
         ap.error("--updates: 1 to 9")
-    base, knee, info = profile_engine(FOLDER)
+    base, knee, info = profile_engine()
     scrapes = half_knee_scrapes(base, knee, info, 100.0, 10.0, a.updates, a.seed)
     twin = LLMTwin(base, info, ttft_sla=(99.0, 250.0), window=6, sla_window_s=10.0)
     if a.seeds is not None:

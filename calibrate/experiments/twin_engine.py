@@ -16,8 +16,10 @@ from calibrate.watch_llm import scrapes_of
 from simulator import simulate
 from simulator.scenario.config import Scenario
 
+CPU_PROFILE = Path(__file__).parents[1] / "profiles/cpu-tiny-llm"  # the committed CPU calibration
 
-def profile_engine(folder: Path) -> tuple[dict, float, dict]:
+
+def profile_engine(folder: Path = CPU_PROFILE) -> tuple[dict, float, dict]:
     """A calibration folder's scenario (parsed YAML), its measured knee (req/s), and the KV
     labels its engine exports (``vllm:cache_config_info``), built from the profile."""
     profile = json.loads((folder / "profile.json").read_text())
