@@ -49,7 +49,7 @@ def in_process(skip: bool) -> tuple[float, int, int]:
     from simulator import load_scenario
     from simulator.rng import streams
     from simulator.serving.continuous import LLMService
-    from simulator.serving.llm_replica import serve
+    from simulator.serving.llm_serve import serve
     from simulator.stages.arrivals import Arrivals
     from simulator.stages.tokens import TokenDraws
 

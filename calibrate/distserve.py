@@ -4,7 +4,7 @@
 (ShareGPT requests, Poisson arrivals at 1-4 req/s; each request's arrival, lengths, first
 token and completion), beside the step-time fits DistServe profiled on that GPU. This
 replays each run's exact arrivals and lengths through one ``prefill_first`` replica
-(:func:`simulator.serving.llm_replica.serve`) with the engine's launch flags, its step
+(:func:`simulator.serving.llm_serve.serve`) with the engine's launch flags, its step
 time taken from the profile file and never from the runs, and compares TTFT and TPOT at
 p50 and p90, and where the knee lies.
 
@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.serving.llm_replica import Limits, serve
+from simulator.serving.llm_serve import serve
+from simulator.serving.llm_types import Limits
 from simulator.serving.step_time import StepTime, Work
 
 DATA = Path(__file__).resolve().parents[2] / "shared/data/distserve"

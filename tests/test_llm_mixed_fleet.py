@@ -14,7 +14,8 @@ from simulator.engine import simulate
 from simulator.results.reduce import summarize
 from simulator.results.tokens import ttft_ms
 from simulator.serving.continuous import LLMService
-from simulator.serving.llm_replica import Limits, serve
+from simulator.serving.llm_serve import serve
+from simulator.serving.llm_types import Limits
 from simulator.serving.step_time import step_model
 from tests.test_bad_input import ROOT, cli, one_error
 

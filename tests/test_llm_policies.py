@@ -12,7 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from simulator.serving.llm_replica import Limits, Replica, serve
+from simulator.serving.llm_replica import Replica
+from simulator.serving.llm_serve import serve
+from simulator.serving.llm_types import Limits
 from simulator.serving.step_time import LinearStepTime, RooflineStepTime, StepTime, Work
 from tests.test_theory import check
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from simulator.serving.llm_replica import Limits, serve_prefill_first
+from simulator.serving.llm_serve import serve_prefill_first
+from simulator.serving.llm_types import Limits
 from simulator.serving.step_time import StepTime
 
 FLAT = StepTime(prefill=(10.0, 0.0, 0.0), decode_small=(5.0, 0.0, 0.0), decode_large=(5.0, 0.0, 0.0), threshold=95)
@@ -93,7 +94,7 @@ def test_the_first_steps_after_an_idle_replica_cost_their_wake(skip):
     c0 + c_decode + 1, + 0.5, then plain; a second request after the first is done pays the
     wake again; one arriving while the replica is busy does not add one. With decode-only
     stretches taken in one go the steps are the same."""
-    from simulator.serving.llm_replica import serve
+    from simulator.serving.llm_serve import serve
     from simulator.serving.step_time import LinearStepTime
 
     step = LinearStepTime(c0_ms=1.0, prefill_ms_per_token=0.25, decode_ms_per_seq=0.5, wake_ms=(2.0, 1.0, 0.5))

@@ -16,7 +16,8 @@ import pytest
 
 from reference_server.llm.engine import Engine, EngineConfig
 from reference_server.llm.model import DecoderConfig
-from simulator.serving.llm_replica import Limits, Replica
+from simulator.serving.llm_replica import Replica
+from simulator.serving.llm_types import Limits
 from simulator.serving.step_time import LinearStepTime, Work
 
 SMALL = DecoderConfig(width=32, layers=1, heads=2, ffn=64, max_model_len=1024)

@@ -18,7 +18,8 @@ import numpy as np
 from simulator.ledger import BatchLog, Outcome, Served, TokenGaps, concat_logs
 from simulator.rng import child
 from simulator.scenario.llm import ContinuousBatching
-from simulator.serving.llm_replica import BLOCKS, Finished, Limits, Replica, group_key, session_owner
+from simulator.serving.llm_replica import Replica
+from simulator.serving.llm_types import BLOCKS, Finished, Limits, group_key, session_owner
 from simulator.serving.served import Settled, TokensServed
 from simulator.serving.step_time import StepModel, step_model
 
