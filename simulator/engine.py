@@ -23,9 +23,9 @@ earlier than the chunk's end H and keeps the rest for the next
 arrival before H is known, and the SimPy environment runs to H. A cache's hits depend on
 the order of all lookups, so a cache is a stage with a horizon too (:class:`_CacheStage`).
 
-**The ledger** (:class:`Ledger`) holds the typed columns of the requests not handed out
-yet; a request is handed out once it is settled (served, dropped, or answered from the
-result cache) and, with a prediction log, shipped.
+**The ledger** (:class:`~simulator.columns.Ledger`) holds the typed columns of the
+requests not handed out yet; a request is handed out once it is settled (served, dropped,
+or answered from the result cache) and, with a prediction log, shipped.
 
 **Every stage runs chunk by chunk**, its state carried to the next chunk: a canary's and a
 shadow's pools (:class:`~simulator.serving.versions.VersionsPool`), the traffic classes'
@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from simulator.chunks import chunk_ms
+from simulator.columns import CacheDrawn, Columns, Ledger, rows_of
 from simulator.ledger import BatchLog, Outcome, Served, concat_logs
 from simulator.results.records import Records
 from simulator.results.run import Run
@@ -57,12 +58,12 @@ from simulator.serving.lives import FleetLog
 from simulator.serving.router import Router
 from simulator.serving.served import TokensServed
 from simulator.serving.streamed import Horizon
-from simulator.serving.versions import VersionDrawn, VersionsPool, primary_pool
+from simulator.serving.versions import VersionsPool, primary_pool
 from simulator.serving.workers import ServiceModel
 from simulator.stages.arrivals import Arrivals
 from simulator.stages.caches import CacheDraws, CacheState, cache_done
 from simulator.stages.features import Fetched, Store, fetch, fetch_drawn, trips
-from simulator.stages.network import Network, later
+from simulator.stages.network import Network
 from simulator.stages.postprocess import Postprocessing
 from simulator.stages.prediction_log import record_ms
 from simulator.stages.preprocess import Preprocessing
@@ -87,179 +88,6 @@ class Piece:
     pools: dict[str, BatchLog] = field(default_factory=dict)  # the canary's, a shadow's, each class's
     shadow: dict[str, np.ndarray] | None = None  # the shadow copies
     response_without_shadow: np.ndarray | None = None  # the records' responses without shared shadow copies
-
-
-@dataclass
-class CacheDrawn:
-    """What requests drew at a cache when they arrived: each one's key (or coin flip), and
-    its hit and miss latencies (ms)."""
-
-    drawn: np.ndarray
-    hit_ms: np.ndarray
-    miss_ms: np.ndarray
-
-
-@dataclass
-class Columns:
-    """The per-request columns the request path fills in, one entry per request."""
-
-    # when each stage ended (ms), as in the records
-    arrival: np.ndarray
-    t_api: np.ndarray
-    t_router: np.ndarray
-    t_cache: np.ndarray
-    t_features: np.ndarray
-    t_preprocessed: np.ndarray
-    # what each request drew when it arrived
-    svc: np.ndarray  # CPU time of preprocessing
-    post: np.ndarray
-    back: np.ndarray
-    traffic_class: np.ndarray
-    # what became of it
-    degraded: np.ndarray
-    result_hit: np.ndarray
-    feature_hit: np.ndarray
-    live: np.ndarray  # past the feature stage, to be served
-    version: np.ndarray
-    settled: np.ndarray
-    # what serving leaves: allocated once a request settles (with_serving), so that a run in
-    # one chunk does not hold them while its pool runs
-    t_dispatch: np.ndarray | None = None
-    t_inferred: np.ndarray | None = None
-    t_dropped: np.ndarray | None = None
-    t_logged: np.ndarray | None = None
-    outcome: np.ndarray | None = None
-    batch_size: np.ndarray | None = None
-    instance: np.ndarray | None = None
-    # draws for the caches and the round trips, where those stages run chunk by chunk
-    result_cache: CacheDrawn | None = None
-    feature_cache: CacheDrawn | None = None
-    trips: np.ndarray | None = None
-    deadline: np.ndarray | None = None  # with batching.deadline_ms: when it gives up, end to end
-    worker: np.ndarray | None = None  # its worker in the primary pool, where the engine routes to one
-    # with a canary or a shadow: what it drew for them; with measure_impact, its completion
-    # without the shared shadow's copies (NaN until known), and whether that is settled
-    versions: VersionDrawn | None = None
-    t_alone: np.ndarray | None = None
-    alone: np.ndarray | None = None
-    # with a prediction log: when its response left, or it was dropped (what the log ships); shipped yet
-    t_emitted: np.ndarray | None = None
-    shipped: np.ndarray | None = None
-    t_answered: np.ndarray | None = None  # with the front end's event loop: when the loop answered it
-    # an LLM request's work (drawn on arrival) and what its replica left
-    prompt_tokens: np.ndarray | None = None
-    output_tokens: np.ndarray | None = None
-    prefix_group: np.ndarray | None = None
-    shared_tokens: np.ndarray | None = None
-    session: np.ndarray | None = None  # its conversation (-1: none), its turn there, and the turns before it
-    turn: np.ndarray | None = None
-    history: np.ndarray | None = None
-    t_first_token: np.ndarray | None = None
-    preemptions: np.ndarray | None = None
-    cached_tokens: np.ndarray | None = None
-    max_itl_ms: np.ndarray | None = None
-
-    def __len__(self) -> int:
-        return len(self.arrival)
-
-    @classmethod
-    def arriving(
-        cls, t0: np.ndarray, *, logging: bool, serving: bool, version: np.ndarray | None = None, **drawn
-    ) -> Columns:
-        """New requests arriving at ``t0`` with what they drew; the rest not yet known
-        (serving's columns left out unless ``serving``: see :meth:`with_serving`)."""
-        n = len(t0)
-        if logging:
-            drawn |= {"t_emitted": np.full(n, np.nan), "shipped": np.zeros(n, dtype=bool)}
-        no = np.zeros(n, dtype=bool)
-        cols = cls(
-            arrival=t0,
-            t_features=np.full(n, np.nan),
-            t_preprocessed=np.full(n, np.nan),
-            degraded=no,
-            result_hit=no.copy(),
-            feature_hit=no.copy(),
-            live=no.copy(),
-            version=np.zeros(n, dtype=np.int8) if version is None else version,
-            settled=no.copy(),
-            **drawn,
-        )
-        return cols.with_serving() if serving else cols
-
-    def with_serving(self) -> Columns:
-        """Serving's columns, allocated where they are not yet (NaN times, outcome 0,
-        batch size 0, instance -1): before anything settles, and before records are read."""
-        if self.outcome is None:
-            n = len(self)
-            self.t_dispatch, self.t_inferred, self.t_dropped, self.t_logged = (np.full(n, np.nan) for _ in range(4))
-            self.outcome = np.zeros(n, dtype=np.int8)
-            self.batch_size = np.zeros(n, dtype=np.int64)
-            self.instance = np.full(n, -1, dtype=np.int64)
-        return self
-
-    def map(self, fn: Callable[..., np.ndarray], *others: Columns) -> Columns:
-        """A new set of columns, ``fn`` applied to each column (with the others' same column)."""
-
-        def each(mine, theirs):
-            if mine is None:
-                return None
-            if isinstance(mine, CacheDrawn | VersionDrawn):
-                return type(mine)(
-                    *(each(getattr(mine, f.name), [getattr(o, f.name) for o in theirs]) for f in fields(mine))
-                )
-            return fn(mine, *theirs)
-
-        return Columns(*(each(getattr(self, f.name), [getattr(o, f.name) for o in others]) for f in fields(self)))
-
-
-class Ledger:
-    """The columns of the requests not handed out yet: ids ``lo`` … ``lo + len``."""
-
-    def __init__(self, *, logging: bool):
-        self.lo = 0
-        self.cols: Columns | None = None
-        self.logging = logging
-
-    def __len__(self) -> int:
-        return 0 if self.cols is None else len(self.cols)
-
-    def append(self, cols: Columns) -> None:
-        self.cols = cols if self.cols is None else self.cols.map(lambda a, b: np.concatenate([a, b]), cols)
-
-    def settle(self, rid: np.ndarray, served: Served) -> np.ndarray:
-        """Record the serving columns of requests ``rid``; returns their rows."""
-        row = rid - self.lo
-        c = self.cols
-        if c.outcome is None and _in_order(row, len(c)) and _owned(served):
-            # every request at once, nothing settled before (a run in one chunk): the
-            # columns are the scheduler's own arrays, not copies into NaN columns
-            c.t_dispatch, c.t_inferred, c.batch_size = served.t_dispatch, served.t_done, served.batch_size
-            c.instance, c.outcome, c.t_dropped = served.instance, served.outcome, served.t_dropped
-            c.t_logged = np.full(len(c), np.nan)
-            c.settled[:] = True
-            return row
-        c.with_serving()
-        c.t_dispatch[row] = served.t_dispatch
-        c.t_inferred[row] = served.t_done
-        c.batch_size[row] = served.batch_size
-        c.instance[row] = served.instance
-        c.outcome[row] = served.outcome
-        c.t_dropped[row] = served.t_dropped
-        c.settled[row] = True
-        return row
-
-    def hand_out(self) -> tuple[int, Columns]:
-        """The settled (and, with logging, shipped) requests at the front, removed."""
-        c = self.cols
-        done = c.settled & c.shipped if self.logging else c.settled
-        if c.alone is not None:  # a served primary request waits for its completion without the copies
-            done = done & (c.alone | ~c.live | (c.version != 0))
-        k = int(np.argmin(done)) if not done.all() else len(done)
-        first = self.lo
-        out = c.map(lambda v: v[:k])
-        self.cols = c.map(lambda v: v[k:])
-        self.lo += k
-        return first, out
 
 
 def stream(
@@ -458,11 +286,11 @@ class _Run:
         else:
             if failed.any():
                 f_id, f_t = f_id[~failed], f_t[~failed]
-            p_id, p_t = self._preprocess(f_id, f_t, _rows_of(c.svc, f_id - ledger.lo), hi, final)
+            p_id, p_t = self._preprocess(f_id, f_t, rows_of(c.svc, f_id - ledger.lo), hi, final)
             del f_id, f_t  # a whole run's columns: gone before the pool runs
             rows = p_id - ledger.lo
             c.t_preprocessed[rows] = p_t
-            worker, deadline = (None if v is None else _rows_of(v, rows) for v in (c.worker, c.deadline))
+            worker, deadline = (None if v is None else rows_of(v, rows) for v in (c.worker, c.deadline))
             if self.classes is not None:
                 klass = c.traffic_class[rows]
                 del rows
@@ -505,7 +333,7 @@ class _Run:
         fleet = self.pool.fleet if final and self.pool is not None else None
         return Piece(
             first,
-            _records(cols, self.loop),
+            cols.records(self.loop),
             batches,
             math.inf if final else watermark,
             hi,
@@ -678,7 +506,7 @@ class _Run:
         ready for it at ``t`` join those waiting, the loop runs up to ``horizon``. Returns
         the rows settled (answered, or refused at the door), and the batches answered."""
         c, ledger = self.ledger.cols, self.ledger
-        self.loop_wait.push(t, ids, _rows_of(c.svc, ids - ledger.lo))
+        self.loop_wait.push(t, ids, rows_of(c.svc, ids - ledger.lo))
         t, ids, cost = self.loop_wait.ready(horizon)
         self.loop_server.push(ids, t, cost)
         ids, t_enq, served, t_resp, batches = self.loop_server.run(horizon)
@@ -724,37 +552,8 @@ class _CacheStage:
         return ids, cache_done(t, hit, mine.hit_ms[rows], mine.miss_ms[rows], slice(None)), hit
 
 
-_SERVED_DTYPES = tuple(column.dtype for column in Served.empty(0))
-
-
-def _owned(served: Served) -> bool:
-    """Whether ``served``'s columns own their memory and have the ledger's types."""
-    return all(v.base is None and v.dtype == d for v, d in zip(served, _SERVED_DTYPES, strict=True))
-
-
-def _in_order(rows: np.ndarray, n: int) -> bool:
-    """Whether ``rows`` are ``0 … n - 1`` in order."""
-    return len(rows) == n and (n == 0 or (rows[0] == 0 and rows[-1] == n - 1 and bool(np.all(rows[1:] > rows[:-1]))))
-
-
-def _rows_of(column: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """``column[rows]``, without a copy when ``rows`` are all of it in order (a whole run's
-    requests, or a chunk's with nothing ahead of them)."""
-    return column if _in_order(rows, len(column)) else column[rows]
-
-
-def _records(c: Columns, loop: bool) -> Records:
-    """The ledger's columns as records: the columns of the same name, and the times after
-    the model (answered by the loop, with one, else when inference ended)."""
-    t_post = later(c.t_answered if loop else c.t_inferred, c.post)
-    after = {"t_postprocessed": t_post, "t_response": later(t_post, c.back)}
-    return Records(*(after[f.name] if f.name in after else getattr(c, f.name) for f in fields(Records)))
-
-
 __all__ = [
     "STREAMS",
-    "Columns",
-    "Ledger",
     "Outcome",
     "Piece",
     "Run",

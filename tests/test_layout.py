@@ -110,7 +110,7 @@ LAYERS = (
     {"stages"},
     {"serving"},
     {"results"},
-    {"engine", "streaming", "chunks"},
+    {"engine", "columns", "streaming", "chunks"},
     {"planning"},
     {"__init__"},
 )
