@@ -237,7 +237,7 @@ def test_watch_follows_a_live_server_and_keeps_going_through_failed_scrapes(tmp_
 def test_a_failed_update_is_reported_as_the_twins_not_the_scrapes(tmp_path, capsys):
     """The watch tells a scrape that failed from an update of the twin that failed; after
     either it goes on with the next interval."""
-    from calibrate.cli import _watch_loop
+    from calibrate.cli_watch import _watch_loop
 
     scrapes = iter([OSError("connection refused"), "ok", "bad", "ok"])
 

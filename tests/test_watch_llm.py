@@ -311,7 +311,7 @@ def test_watch_openai_pools_the_seeds_asked_for(monkeypatch):
     """``--seeds N``: the twin's predictions pool seeds 1..N; without it, the twin's own two."""
     from typer.testing import CliRunner
 
-    import calibrate.cli as calibrate_cli
+    import calibrate.cli_watch as cli_watch
     import calibrate.watch_llm as watch_llm
     from servesim.cli import app
 
@@ -324,7 +324,7 @@ def test_watch_openai_pools_the_seeds_asked_for(monkeypatch):
 
     monkeypatch.setattr(watch_llm, "connect", lambda url: {"num_gpu_blocks": "512", "block_size": "16"})
     monkeypatch.setattr(watch_llm, "Rolling", Recorded)
-    monkeypatch.setattr(calibrate_cli, "_watch_loop", lambda *args: None)
+    monkeypatch.setattr(cli_watch, "_watch_loop", lambda *args: None)
     runner = CliRunner()
     cmd = ["calibrate", "watch", "--openai", "--scenario", str(SCENARIO), "--url", "http://x:1"]
     for extra in (["--seeds", "3"], [], ["--seeds", "1"]):
