@@ -14,6 +14,8 @@ from typing import Annotated
 
 import typer
 
+from calibrate.cli_llm import is_llm_profile, judge, llm, llm_refit, llm_target
+from calibrate.cli_shared import need, terminated
 from calibrate.cli_watch import watch
 
 app = typer.Typer(help="Measure a real inference server and fit the simulator's models to it.", no_args_is_help=True)
@@ -21,22 +23,6 @@ app = typer.Typer(help="Measure a real inference server and fit the simulator's 
 ServerArgs = Annotated[
     str, typer.Option(help="Options for `servesim serve`, quoted, e.g. '--resolution 64 --max-batch-size 8'.")
 ]
-
-
-def _need(what: str):
-    def fail(err: ImportError):
-        typer.echo(
-            f"error: {what} needs the calibrate extra ({err.name} is missing): "
-            "pip install torch==2.13.0 && pip install -e '.[calibrate]'",
-            err=True,
-        )
-        return typer.Exit(code=2)
-
-    return fail
-
-
-def _terminated(signum, _frame) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 MET = ("within target", "inside prediction interval", "inside interval")  # the verdicts that meet the target
@@ -79,11 +65,11 @@ def run(
     try:
         from calibrate.run import Design, calibrate_run
     except ImportError as err:
-        raise _need("calibrate run")(err) from None
+        raise need("calibrate run")(err) from None
     design = Design(rounds=rounds, slice_s=slice_s, min_requests=min_requests)
     # SIGTERM ends the run like Ctrl-C: the context managers stop the server, its instances,
     # redis-server and the meters (Python's default for SIGTERM would skip them)
-    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGTERM, terminated)
     try:
         report = calibrate_run(
             server_args.split(), out, design=design, seed=seed, pin=pin, reps=reps, draws=draws, log=typer.echo
@@ -139,7 +125,7 @@ def load(
         from calibrate.loadgen import level_summary, sweep
         from calibrate.payloads import image_payloads
     except ImportError as err:
-        raise _need("calibrate load")(err) from None
+        raise need("calibrate load")(err) from None
     try:
         levels = [float(r) for r in rates.split(",")]
     except ValueError:
@@ -187,7 +173,7 @@ def microbench(
         from calibrate.microbench import microbench as bench
         from reference_server.models import ModelConfig
     except ImportError as err:
-        raise _need("calibrate microbench")(err) from None
+        raise need("calibrate microbench")(err) from None
     torch.set_num_threads(1)
     cfg = ModelConfig(kind=model, resolution=resolution, width=width)
     try:
@@ -221,7 +207,7 @@ def fit(
         from calibrate.profile import build_profile
         from calibrate.report import write_scenario
     except ImportError as err:
-        raise _need("calibrate fit")(err) from None
+        raise need("calibrate fit")(err) from None
     try:
         cfg = json.loads(config.read_text())
         cpu = pd.read_csv(slices) if slices is not None else None
@@ -259,14 +245,14 @@ def refit(
     fitted levels. A `calibrate llm` folder (one measured with --measure-only on a lent GPU,
     say): the step time, the knee and every held-out level's prediction."""
     if (folder / "measured.json").is_file():
-        _llm_refit(folder, replications=draws or 20)
+        llm_refit(folder, replications=draws or 20)
         return
     try:
         import numpy as np
 
         from calibrate.run import refit_run
     except ImportError as err:
-        raise _need("calibrate refit")(err) from None
+        raise need("calibrate refit")(err) from None
     try:
         report = refit_run(folder, draws=draws or 200, rng=np.random.default_rng(seed))
     except (OSError, ValueError, KeyError) as err:
@@ -276,32 +262,6 @@ def refit(
     judged = [r for r in report["validation"] if r["percentile"] in ("p50", "p99")]
     met = sum(r["verdict"] in MET for r in judged)
     typer.echo(f"held-out p50/p99: {met} of {len(judged)} meet the target  ->  {folder}")
-
-
-def _llm_refit(folder: Path, *, replications: int) -> None:
-    try:
-        from calibrate.llm_run import predict_llm
-    except ImportError as err:
-        raise _need("calibrate refit")(err) from None
-    if not (folder / "steps.csv.gz").is_file():
-        typer.echo(f"error: {folder}: measured.json without steps.csv.gz (calibrate llm writes both)", err=True)
-        raise typer.Exit(code=2)
-    try:
-        got = predict_llm(folder, replications=replications)
-    except (OSError, EOFError) as err:  # a steps.csv.gz cut short or not gzip
-        typer.echo(f"error: {folder}/steps.csv.gz: {err}", err=True)
-        raise typer.Exit(code=2) from None
-    except (ValueError, KeyError) as err:
-        typer.echo(f"error: {folder}/measured.json: {err}", err=True)
-        raise typer.Exit(code=2) from None
-    _llm_summary(folder, got)
-
-
-def _llm_summary(folder: Path, got: dict) -> None:
-    table = got["table"]
-    typer.echo(f"wrote {folder}/profile.json, validation.md, scenario.yaml")
-    typer.echo(f"knee: measured {got['knee']['completed_rps']:.2f} req/s, simulated error {got['knee']['error']:+.1%}")
-    typer.echo(f"{int(table['ok'].sum())} of {len(table)} percentiles within their bound or interval")
 
 
 @app.command()
@@ -322,7 +282,7 @@ def replay(
         from calibrate.replay import MODES
         from calibrate.replay import replay as replay_slices
     except ImportError as err:
-        raise _need("calibrate replay")(err) from None
+        raise need("calibrate replay")(err) from None
     chosen = tuple(m.strip() for m in modes.split(",") if m.strip())
     if not chosen or set(chosen) - set(MODES):
         typer.echo(f"error: --modes takes {', '.join(MODES)}", err=True)
@@ -359,7 +319,7 @@ def cycle(
         from calibrate.cycle import PHASE_BINS
         from calibrate.cycle import cycle as batch_cycle
     except ImportError as err:
-        raise _need("calibrate cycle")(err) from None
+        raise need("calibrate cycle")(err) from None
     try:
         prof = json.loads((folder / "profile.json").read_text())
         table = batch_cycle(pd.read_csv(folder / "measurements.csv.gz"), prof)
@@ -400,8 +360,8 @@ def target(
     """How often a correct model, and one without the speed process, passes the three-run
     calibration target, the truth being the profile's own model (calibrate/README); of an
     LLM profile (`calibrate llm`'s), its 18 cells at 30-70% of the knee."""
-    if (folder / "profile.json").is_file() and _is_llm_profile(folder / "profile.json"):
-        _llm_target(folder, runs=runs, seed=seed, json_out=json_out, rounds=rounds)
+    if (folder / "profile.json").is_file() and is_llm_profile(folder / "profile.json"):
+        llm_target(folder, runs=runs, seed=seed, json_out=json_out, rounds=rounds)
         return
     if rounds is not None:
         typer.echo("error: --rounds applies to an LLM profile (calibrate llm's), not the image server's", err=True)
@@ -410,7 +370,7 @@ def target(
         from calibrate.target import ISSUE_BOUNDS as ISSUE
         from calibrate.target import target_report
     except ImportError as err:
-        raise _need("calibrate target")(err) from None
+        raise need("calibrate target")(err) from None
     try:
         prof = json.loads((folder / "profile.json").read_text())
         report = target_report(prof, runs=runs, designs=designs, seed=seed)
@@ -431,53 +391,6 @@ def target(
     typer.echo(f"{'bound':<20}{'issue':>8}{'correct passes 90%':>20}{'widened':>10}")
     for k, v in report["widened_bounds"].items():
         typer.echo(f"{k:<20}{ISSUE[k]:>8g}{report['passable_bounds'][k]:>20.1f}{v:>10.1f}")
-
-
-def _is_llm_profile(path: Path) -> bool:
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(doc, dict) and "knee" in doc and "c0_ms" in (doc.get("step_time") or {})
-
-
-def _llm_target(folder: Path, *, runs: int, seed: int, json_out: Path | None, rounds: int | None = None) -> None:
-    from calibrate.llm_target import target_report
-
-    try:
-        prof = json.loads((folder / "profile.json").read_text())
-        report = target_report(prof, runs=runs, seed=seed, rounds=rounds)
-    except (OSError, ValueError, KeyError) as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(code=2) from None
-    if json_out is not None:
-        json_out.write_text(json.dumps(report, indent=2) + "\n")
-    rule = report["passable_rule"]
-    typer.echo(
-        f"{report['runs']} virtual runs of the LLM calibration ({report['rounds']} rounds of slices), "
-        f"{report['triples']:,} triples; a pool of "
-        f"{report['pool_size']} slices a level and model; minute drift sigma {report['minute_sigma']:g}"
-    )
-    head = f"{'truth':<14}{'predictor':<14}{'18 of 18':>9}{'>=17':>7}{'24 of 24':>9}{'3 runs 18/18':>13}"
-    head += f"{'met in 90%':>11}{'every run >=' + str(rule['every_run_at_least']):>17}"
-    head += f"{'3 runs >=' + str(rule['three_runs_total_at_least']):>12}"
-    typer.echo(head)
-    for p in report["pairs"]:
-        typer.echo(
-            f"{p['truth']:<14}{p['predictor']:<14}{p['all_judged']:>9.1%}{p['at_least_one_less']:>7.1%}"
-            f"{p['all_24']:>9.1%}{p['three_runs_all_judged']:>13.1%}{p['judged_met_in_90pct']:>11d}"
-            f"{p['passes_least_rule']:>17.1%}{p['passes_total_rule']:>12.1%}"
-        )
-    typer.echo(
-        f"a correct model meets, in 90% of triples of runs: at least {rule['every_run_at_least']} of 18 in every run, "
-        f"and {rule['three_runs_total_at_least']} of {rule['of']} over the three"
-    )
-    typer.echo(f"{'truth':<14}{'predictor':<14}{'knee within 5%':>15}{'in 3 runs':>10}{'3-run |error| in 90%':>22}")
-    for p in report["pairs"]:
-        typer.echo(
-            f"{p['truth']:<14}{p['predictor']:<14}{p['knee_within_5pct']:>15.1%}"
-            f"{p['three_runs_knee_within_5pct']:>10.1%}{p['knee_bound_three_runs_90pct']:>22.1%}"
-        )
 
 
 @app.command()
@@ -504,148 +417,9 @@ def validate(
     typer.echo(table[cols].to_string(index=False, float_format=lambda x: f"{x:.2f}"))
 
 
-@app.command()
-def llm(
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            help="Folder for profile.json, validation.md/.png/.csv, scenario.yaml (default: calibrate/profiles/"
-            "cpu-tiny-llm, or gpu-NAME-llm on --device cuda, NAME the GPU's: h100)."
-        ),
-    ] = None,
-    slice_s: Annotated[float, typer.Option(help="Seconds of one slice of a held-out level's open-loop load.")] = 20.0,
-    rounds: Annotated[int, typer.Option(help="Rounds of slices, one slice a level each, in a random order.")] = 3,
-    knee_s: Annotated[
-        float, typer.Option(help="Seconds of one overload slice (one first, then one a round) that measure the knee.")
-    ] = 25.0,
-    replications: Annotated[int, typer.Option(help="Simulated replications of each level's design.")] = 20,
-    age_s: Annotated[
-        float,
-        typer.Option(
-            help="Seconds of overload that age the engine after its profile, before the knee and the levels "
-            "(then drained; 0: none): an engine process minutes into its load runs 7-12% slower than a fresh one."
-        ),
-    ] = 90.0,
-    seed: Annotated[int, typer.Option(help="Seed of the profile's order and the load's draws.")] = 0,
-    device: Annotated[str, typer.Option(help="The engine's device: cpu, or cuda when a GPU is there.")] = "cpu",
-    idle: Annotated[
-        str,
-        typer.Option(
-            help="The engine's idle while measured: spin (it polls its pipe, its core busy at every load) or sleep "
-            "(its core halts between bursts, and some hosts then run its steps 18-33% faster under sustained load)."
-        ),
-    ] = "spin",
-    measure_only: Annotated[
-        bool,
-        typer.Option(
-            "--measure-only",
-            help="Measure and write measured.json, steps.csv.gz and requests.csv.gz only; predict later, on any "
-            "machine, with `servesim calibrate refit OUT` (a lent GPU's minutes go to measuring).",
-        ),
-    ] = False,
-) -> None:
-    """Calibrate the LLM model against the tiny real engine (servesim serve-llm): profile
-    and fit its step time, measure its knee, validate TTFT and TPOT on held-out levels."""
-    if slice_s <= 5 or rounds < 1 or knee_s <= 20 or replications < 2 or not 0 <= age_s <= 3600:
-        typer.echo(
-            "error: --slice-s must be above 5, --rounds at least 1, --knee-s above 20, --replications at least 2 "
-            "and --age-s from 0 to 3600",
-            err=True,
-        )
-        raise typer.Exit(code=2)
-    if device not in ("cpu", "cuda"):
-        typer.echo(f"error: --device must be cpu or cuda, not {device!r}", err=True)
-        raise typer.Exit(code=2)
-    if idle not in ("spin", "sleep"):
-        typer.echo(f"error: --idle must be spin or sleep, not {idle!r}", err=True)
-        raise typer.Exit(code=2)
-    try:
-        from calibrate.llm_run import calibrate_llm, default_folder, measure_llm
-    except ImportError as err:
-        raise _need("calibrate llm")(err) from None
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            typer.echo("error: --device cuda: no CUDA device is visible (torch.cuda.is_available() is false)", err=True)
-            raise typer.Exit(code=2)
-    out = out or default_folder(device)
-    signal.signal(signal.SIGTERM, _terminated)
-    design = {"slice_s": slice_s, "rounds": rounds, "knee_s": knee_s, "age_s": age_s, "seed": seed}
-    design |= {"device": device, "idle": idle}
-    if measure_only:
-        got = measure_llm(out, **design)
-        typer.echo(f"wrote {out}/measured.json, steps.csv.gz, requests.csv.gz: `servesim calibrate refit {out}`")
-        typer.echo(f"knee: measured {got['knee']['completed_rps']:.2f} req/s")
-        return
-    _llm_summary(out, calibrate_llm(out, replications=replications, **design))
-
-
-@app.command()
-def judge(
-    profile: Annotated[Path, typer.Option(help="A calibrate llm folder (its profile.json).")] = Path(
-        "calibrate/profiles/cpu-tiny-llm"
-    ),
-    out: Annotated[Path, typer.Option(help="Folder for judge.md/.csv and GuideLLM's reports.")] = Path(
-        "calibrate/profiles/cpu-tiny-llm/judge"
-    ),
-    shares: Annotated[str, typer.Option(help="Rates as shares of the profile's knee, comma-separated.")] = "0.3,0.6",
-    duration_s: Annotated[float, typer.Option(help="Seconds of GuideLLM's load at each rate.")] = 60.0,
-    replications: Annotated[int, typer.Option(help="Simulated replications of each run.")] = 20,
-    seed: Annotated[int, typer.Option(help="GuideLLM's seed (its prompts, lengths and arrivals).")] = 0,
-    age_s: Annotated[
-        float | None,
-        typer.Option(
-            help="Seconds of overload that age the engine before GuideLLM drives it (default: as long as the "
-            "profile's calibration aged it; 0: none)."
-        ),
-    ] = None,
-) -> None:
-    """Drive the tiny engine with GuideLLM (a load generator nobody here wrote) at two
-    rates and compare its TTFT, ITL and TPOT percentiles with the calibrated scenario's."""
-    try:
-        got = [float(x) for x in shares.split(",") if x.strip()]
-    except ValueError:
-        got = []
-    if not got or any(not 0 < x < 1 for x in got):
-        typer.echo(f"error: --shares must be shares of the knee in (0, 1), comma-separated; got {shares!r}", err=True)
-        raise typer.Exit(code=2)
-    if duration_s < 10 or replications < 2 or (age_s is not None and not 0 <= age_s <= 3600):
-        typer.echo(
-            "error: --duration-s must be at least 10, --replications at least 2 and --age-s from 0 to 3600", err=True
-        )
-        raise typer.Exit(code=2)
-    if not (profile / "profile.json").is_file():
-        typer.echo(f"error: --profile {profile}: no profile.json there (servesim calibrate llm writes one)", err=True)
-        raise typer.Exit(code=2)
-    try:
-        measured_on = json.loads((profile / "profile.json").read_text()).get("device", "cpu")
-    except ValueError as err:
-        typer.echo(f"error: --profile {profile}/profile.json: not JSON ({err})", err=True)
-        raise typer.Exit(code=2) from None
-    if measured_on == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            typer.echo(
-                f"error: --profile {profile}: measured on CUDA: judge it where a GPU is (torch sees none)",
-                err=True,
-            )
-            raise typer.Exit(code=2)
-    try:
-        from calibrate.judge import JudgeMissing, guidellm_command
-        from calibrate.judge import judge as run_judge
-
-        guidellm_command()
-    except (ImportError, JudgeMissing) as err:
-        typer.echo(f"error: {err}; install it with pip install -e '.[judge]'", err=True)
-        raise typer.Exit(code=2) from None
-    signal.signal(signal.SIGTERM, _terminated)
-    table = run_judge(
-        profile, out, shares=tuple(got), duration_s=duration_s, replications=replications, seed=seed, age_s=age_s
-    )
-    typer.echo(f"wrote {out}/judge.md, judge.csv")
-    typer.echo(f"{int(table['ok'].sum())} of {len(table)} percentiles within their bound or interval")
+# the LLM engine's calibration and judge: their commands in their own module, in this order
+app.command()(llm)
+app.command()(judge)
 
 
 @app.command(name="import-triton-stats")

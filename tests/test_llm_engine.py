@@ -1025,7 +1025,7 @@ def test_calibrate_llm_defaults_are_the_measurements_defaults():
     they must be `measure_llm`'s, or `servesim calibrate llm` and the library measure apart."""
     import inspect
 
-    from calibrate.cli import llm
+    from calibrate.cli_llm import llm
     from calibrate.llm_run import measure_llm
 
     cli = inspect.signature(llm).parameters

@@ -1,0 +1,28 @@
+"""What the ``servesim calibrate`` commands share: the message for a missing extra, and
+SIGTERM as a Ctrl-C (so a run stopped by its supervisor still reaps its servers)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def need(what: str):
+    """The error to raise when ``what`` cannot import what it needs: one line, exit 2."""
+
+    def fail(err: ImportError):
+        typer.echo(
+            f"error: {what} needs the calibrate extra ({err.name} is missing): "
+            "pip install torch==2.13.0 && pip install -e '.[calibrate]'",
+            err=True,
+        )
+        return typer.Exit(code=2)
+
+    return fail
+
+
+def terminated(signum, _frame) -> None:
+    """A SIGTERM handler: stop as Ctrl-C does, through every ``finally``."""
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+__all__ = ["need", "terminated"]
