@@ -189,8 +189,9 @@ def _watch_openai(
 
     import yaml
 
+    from calibrate.vllm_metrics import connect, scrape
     from calibrate.watch import WatchError
-    from calibrate.watch_llm import LLMTwin, Rolling, connect, scrape
+    from calibrate.watch_llm import LLMTwin, Rolling
     from simulator.scenario.loader import ScenarioError, load_scenario
 
     tpot = _sla(tpot_sla) if tpot_sla is not None else None

@@ -10,18 +10,9 @@ import numpy as np
 import pytest
 import yaml
 
+from calibrate.vllm_metrics import _cum, length_sample, parse, scrapes_of
 from calibrate.watch import WatchError
-from calibrate.watch_llm import (
-    LLMTwin,
-    Rolling,
-    _cum,
-    _scaled_step_time,
-    length_sample,
-    monotone_crossing,
-    parse,
-    scrapes_of,
-    window_share,
-)
+from calibrate.watch_llm import LLMTwin, Rolling, _scaled_step_time, monotone_crossing, window_share
 from reference_server.llm.api import buckets_1_2_5
 
 SCENARIO = Path(__file__).parents[1] / "calibrate/profiles/cpu-tiny-llm/scenario.yaml"
@@ -312,6 +303,7 @@ def test_watch_openai_pools_the_seeds_asked_for(monkeypatch):
     from typer.testing import CliRunner
 
     import calibrate.cli_watch as cli_watch
+    import calibrate.vllm_metrics as vllm_metrics
     import calibrate.watch_llm as watch_llm
     from servesim.cli import app
 
@@ -322,7 +314,7 @@ def test_watch_openai_pools_the_seeds_asked_for(monkeypatch):
             seen.append(twin.seeds)
             super().__init__(twin)
 
-    monkeypatch.setattr(watch_llm, "connect", lambda url: {"num_gpu_blocks": "512", "block_size": "16"})
+    monkeypatch.setattr(vllm_metrics, "connect", lambda url: {"num_gpu_blocks": "512", "block_size": "16"})
     monkeypatch.setattr(watch_llm, "Rolling", Recorded)
     monkeypatch.setattr(cli_watch, "_watch_loop", lambda *args: None)
     runner = CliRunner()
@@ -362,7 +354,7 @@ def test_the_twin_announces_where_the_ttft_sla_breaks(tmp_path):
 
     from calibrate import llm_load
     from calibrate.llm_run import _load, profile_server_args
-    from calibrate.watch_llm import scrape
+    from calibrate.vllm_metrics import scrape
     from tests.servers import llm_server
 
     cal = tmp_path / "cal"

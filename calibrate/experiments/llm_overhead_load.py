@@ -25,7 +25,7 @@ import yaml
 from calibrate import llm_load
 from calibrate.llm_run import ENGINE, _load, age_engine, server_args, step_records
 from calibrate.servers import beside_llm_front_end, server
-from calibrate.watch_llm import scrape
+from calibrate.vllm_metrics import scrape
 
 PROFILE = Path("calibrate/profiles/cpu-tiny-llm")
 SHARES = (0.05, 0.3, 0.5, 0.7)

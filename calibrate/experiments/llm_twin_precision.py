@@ -1,6 +1,6 @@
 """How precise one fit of the LLM twin is, against how much simulation it spends
 (calibrate/README, "The LLM twin"): the committed CPU profile's model as a simulated
-engine at half its knee for 70 s, scraped every 10 s (:func:`calibrate.watch_llm.scrapes_of`);
+engine at half its knee for 70 s, scraped every 10 s (:func:`calibrate.vllm_metrics.scrapes_of`);
 the twin (window 6, TTFT p99 <= 250 ms over 10 s windows, as ``calibrate watch --openai
 --interval-s 10`` runs it) measures the last window once, then fits it again and again,
 each time on other seeds, under each design: how many seeds, and how many of the speed

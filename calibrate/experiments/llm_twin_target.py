@@ -6,7 +6,7 @@ Each replication simulates one engine with the calibrated scenario (its step tim
 host's speed process) on a fresh seed: ``--half-s`` seconds at half the knee, then the
 test's ramp (60% to 150% of the knee in 10 s steps), as one open-loop run. The twin reads
 what /metrics would have shown every 4 s of the half-load phase
-(:func:`calibrate.watch_llm.scrapes_of`) and announces its breaking rate (TTFT p99 over
+(:func:`calibrate.vllm_metrics.scrapes_of`) and announces its breaking rate (TTFT p99 over
 250 ms, as 10 s windows measure it); the ramp's crossing is found as the test finds it (the
 isotonic fit of the steps' p99). Printed: each replication's speed factor, announcement,
 crossing and error; then how often one ramp lands within 15%, how often three do (the
@@ -34,7 +34,8 @@ import pandas as pd
 from scipy import stats
 from twin_engine import profile_engine
 
-from calibrate.watch_llm import LLMTwin, monotone_crossing, scrapes_of
+from calibrate.vllm_metrics import scrapes_of
+from calibrate.watch_llm import LLMTwin, monotone_crossing
 from simulator import simulate
 from simulator.scenario.config import Scenario
 

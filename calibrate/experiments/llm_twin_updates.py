@@ -1,6 +1,6 @@
 """What one update of the LLM twin costs (calibrate/README, "The LLM twin"): a simulated
 engine, the committed CPU profile's model, at half its knee for 100 s, scraped every 10 s
-(:func:`calibrate.watch_llm.scrapes_of`), and the twin (window 6, the SLA TTFT p99 <= 250 ms
+(:func:`calibrate.vllm_metrics.scrapes_of`), and the twin (window 6, the SLA TTFT p99 <= 250 ms
 over 10 s windows, as ``calibrate watch --openai --interval-s 10`` runs it) updated on each
 scrape: each update's wall time, its simulations, the speed factor and the breaking rate.
 

@@ -2,7 +2,8 @@
 ``llm_twin_target.py``): a calibration folder read as the twin would meet its engine, and
 that engine simulated at half its knee as the twin would scrape it. Imported by the scripts
 beside it (they run as files: their folder is first on the path), and it uses nothing of the
-twin but :func:`calibrate.watch_llm.scrapes_of`, so that an older twin runs the scripts
+twin but :func:`calibrate.vllm_metrics.scrapes_of` (an older commit's
+``calibrate.watch_llm.scrapes_of``), so that an older twin runs the scripts
 (``PYTHONPATH=<its worktree>``)."""
 
 from __future__ import annotations
@@ -12,9 +13,13 @@ from pathlib import Path
 
 import yaml
 
-from calibrate.watch_llm import scrapes_of
 from simulator import simulate
 from simulator.scenario.config import Scenario
+
+try:
+    from calibrate.vllm_metrics import scrapes_of
+except ImportError:  # an older commit's twin (PYTHONPATH=<its worktree>), before vllm_metrics
+    from calibrate.watch_llm import scrapes_of
 
 CPU_PROFILE = Path(__file__).parents[1] / "profiles/cpu-tiny-llm"  # the committed CPU calibration
 
