@@ -129,7 +129,7 @@ def mean_tokens(s: Scenario, draws: int = 100_000) -> tuple[float, float]:
         turns = TokenDraws(s, streams(0)).sessions._start(np.zeros(draws // 5))[1]
         return float(turns.prompt.mean()), float(turns.output.mean())
     if t.from_trace:
-        from simulator.scenario.llm import read_trace
+        from simulator.scenario.tokens import read_trace
 
         _, prompt, output = read_trace(s.traffic.arrivals_file)
         return float(prompt.mean()) + extra, float(output.mean())

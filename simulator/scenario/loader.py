@@ -374,7 +374,7 @@ def _check_trace(scenario: Scenario, errors: list[tuple[Path_, str]]) -> None:
     t = scenario.traffic
     if t.tokens is None or not t.tokens.from_trace:
         return
-    from simulator.scenario.llm import read_trace
+    from simulator.scenario.tokens import read_trace
 
     try:
         _, prompt, output = read_trace(t.arrivals_file)

@@ -7,9 +7,9 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from simulator.scenario.frozen import Frozen
-from simulator.scenario.llm import Tokens
 from simulator.scenario.servicetime import ServiceTime
 from simulator.scenario.shapes import Constant, Shape
+from simulator.scenario.tokens import Tokens
 
 
 class SLA(Frozen):

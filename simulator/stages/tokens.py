@@ -22,7 +22,7 @@ import numpy as np
 
 from simulator.rng import Streams, child
 from simulator.scenario.config import Scenario
-from simulator.scenario.llm import read_trace
+from simulator.scenario.tokens import read_trace
 from simulator.stages.arrivals import ArrivalSource, shaped_source
 
 
