@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from servesim.cli import app
 from simulator.engine import simulate
-from simulator.results.reduce import binned_percentiles, timeline
+from simulator.results.binning import binned_percentiles
+from simulator.results.reduce import timeline
 from simulator.results.timeline import COLUMNS, time_average_level
 from tests.helpers import scenario
 
@@ -101,10 +102,10 @@ def test_interval_index_is_searchsorted_to_the_bit(width_ms):
     """The timeline's interval of a time, ⌊t/w⌋ corrected against the edges, is
     ``searchsorted(edges, t, "right") - 1`` for any time: on an edge, a float beside it on
     either side, at 0, before 0, and NaN."""
-    from simulator.results.reduce import _Bins
+    from simulator.results.binning import Bins
 
     rng = np.random.default_rng(11)
-    bins = _Bins(width_ms)
+    bins = Bins(width_ms)
     bins._grow(3_000 * width_ms)
     edges = bins.edges[:-2]
     t = np.concatenate(
