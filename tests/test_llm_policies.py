@@ -364,3 +364,24 @@ def test_decode_stretches_in_one_go_take_exactly_the_single_steps(policy, model)
     assert slow.steps == fast.steps
     for name in ("start", "end", "prefill_tokens", "decodes", "seqs", "running", "waiting", "kv_usage"):
         assert np.array_equal(getattr(slow.log, name), getattr(fast.log, name)), name
+
+
+def test_each_policy_is_one_scheduler_behind_the_protocol_and_an_unknown_one_is_refused():
+    """The replica's seam (Vidur's layout): every policy name gives a scheduler with the
+    Protocol's members, a fresh one for each replica (static batching keeps its batch's
+    width); a name that is none of them is refused, naming the ones there are."""
+    import inspect
+
+    from simulator.serving.replica_scheduler import POLICIES, ReplicaScheduler, replica_scheduler
+
+    lim = Limits(num_blocks=64, block_size=16)
+    members = {name for name, _ in inspect.getmembers(ReplicaScheduler) if not name.startswith("_")}
+    members |= set(ReplicaScheduler.__annotations__)
+    for policy in POLICIES:
+        a, b = replica_scheduler(policy, lim), replica_scheduler(policy, lim)
+        assert a is not b
+        missing = {m for m in members if not hasattr(a, m)}
+        assert not missing, f"{policy}: {sorted(missing)}"
+        assert Replica(policy, FLAT, lim).scheduler.__class__ is a.__class__
+    with pytest.raises(ValueError, match="continuous, prefill_first, static, not 'orca'"):
+        Replica("orca", FLAT, lim)
