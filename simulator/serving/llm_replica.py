@@ -86,7 +86,7 @@ class Replica:
         self.settled: list[tuple] = []
         self.log_rows: list[tuple] = []
         self.gap_rows: list[tuple[float, float, int]] = []  # (when, gap, tokens): each token's gap after the one before
-        self._seen = 0  # of _done, the rows just_finished() has handed out
+        self._seen = 0  # of settled, the rows just_finished() has handed out
 
     # --- input ----------------------------------------------------------------
     def push(
