@@ -20,6 +20,8 @@ from calibrate.cli_shared import need, terminated
 
 
 def llm_refit(folder: Path, *, replications: int) -> None:
+    """``calibrate refit`` of a ``calibrate llm`` folder: every held-out level predicted again
+    from its measurements (``measured.json``, ``steps.csv.gz``), the profile and report rewritten."""
     try:
         from calibrate.llm_run import predict_llm
     except ImportError as err:
@@ -39,6 +41,7 @@ def llm_refit(folder: Path, *, replications: int) -> None:
 
 
 def _llm_summary(folder: Path, got: dict) -> None:
+    """The lines a calibration ends with: what it wrote, the knee, the cells met."""
     table = got["table"]
     typer.echo(f"wrote {folder}/profile.json, validation.md, scenario.yaml")
     typer.echo(f"knee: measured {got['knee']['completed_rps']:.2f} req/s, simulated error {got['knee']['error']:+.1%}")
@@ -46,6 +49,7 @@ def _llm_summary(folder: Path, got: dict) -> None:
 
 
 def is_llm_profile(path: Path) -> bool:
+    """Whether ``path`` is a ``calibrate llm`` profile (a knee and a fitted step time)."""
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -54,6 +58,9 @@ def is_llm_profile(path: Path) -> bool:
 
 
 def llm_target(folder: Path, *, runs: int, seed: int, json_out: Path | None, rounds: int | None = None) -> None:
+    """``calibrate target`` of an LLM profile: how often a correct model, and one without the
+    speed process, passes the three-run calibration rule (:mod:`calibrate.llm_target`)."""
+
     from calibrate.llm_target import target_report
 
     try:
