@@ -30,7 +30,6 @@ from starlette.requests import ClientDisconnect
 from reference_server.batcher import DynamicBatcher, Overloaded, Pending
 from reference_server.config import VERSION, ServerConfig, features_public
 from reference_server.features import FeatureStore, StoreUnavailable
-from reference_server.hub import RelayMetrics
 from reference_server.instances import (
     InstanceDied,
     InstanceSpec,
@@ -52,6 +51,7 @@ from reference_server.protocol import (
     decode_request,
     encode_response,
 )
+from reference_server.relay import RelayMetrics
 
 log = logging.getLogger("servesim.server")
 

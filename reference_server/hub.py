@@ -15,7 +15,7 @@ form from every request on the host:
   :mod:`reference_server.frontend` (HTTP, admission, body, decode, features, preprocessing)
   and relay the item to the hub over a socket pair, with length-prefixed pickles written
   through asyncio transports (a write never blocks either side, so neither can wait on the
-  other).
+  other): the worker's side and the wire are :mod:`reference_server.relay`.
 
 **Connections are dealt round-robin.** The hub accepts every connection and passes it to
 the next worker (``SCM_RIGHTS`` over a ``SOCK_SEQPACKET`` pair). Workers accepting from a
@@ -48,232 +48,19 @@ import gc
 import logging
 import multiprocessing as mp
 import os
-import pickle
 import signal
 import socket
-import struct
 import time
-from dataclasses import dataclass, field
 
 from reference_server.batcher import DynamicBatcher, Overloaded
 from reference_server.config import VERSION, ServerConfig
-from reference_server.instances import InstanceDied, die_with_parent
+from reference_server.instances import InstanceDied
+from reference_server.relay import HubInfo, pack, receive, send_to, worker_main
 
 log = logging.getLogger("servesim.server")
 
-_HEAD = struct.Struct("!I")
 STATE_EVERY_S = 0.05  # the hub tells the workers its queue length and the instances' health this often
 WORKER_START_S = 180.0
-
-
-def pack(msg) -> bytes:
-    """One message as written on a relay socket: its length, then its pickle."""
-    data = pickle.dumps(msg, protocol=5)
-    return _HEAD.pack(len(data)) + data
-
-
-async def receive(reader: asyncio.StreamReader):
-    """The next message on a relay socket (raises IncompleteReadError when it closes)."""
-    (n,) = _HEAD.unpack(await reader.readexactly(_HEAD.size))
-    return pickle.loads(await reader.readexactly(n))
-
-
-@dataclass
-class HubInfo:
-    """What a worker is told about the server it is part of (picklable)."""
-
-    index: int
-    frontends: int
-    instances: list[dict]  # index, pid, core, device
-    frontend_cores: list[int]
-    pinned: bool
-    hub_pid: int
-
-
-@dataclass
-class RelayPending:
-    """A request the hub is batching; the worker-side twin of :class:`~reference_server.batcher.Pending`."""
-
-    future: asyncio.Future
-    t_sent_ns: int
-    t_enqueue_ns: int = 0
-    t_dispatch_ns: int = 0
-    batch_size: int = 0
-    timing: dict = field(default_factory=dict)
-    relay_ns: int = 0
-
-
-class _InstanceView:
-    """A worker's view of one instance: what ``/config`` and readiness read."""
-
-    def __init__(self, info: dict):
-        self.pid, self.device, self.index = info["pid"], info["device"], info["index"]
-        self.died: str | None = None
-
-    @property
-    def alive(self) -> bool:
-        return self.died is None
-
-
-class Relay:
-    """A worker's link to the hub: requests out, outputs and the hub's state back.
-
-    It stands where a :class:`~reference_server.batcher.DynamicBatcher` stands in a single
-    front end (``submit``, ``full``, ``unavailable``, ``instances``, ``queue``)."""
-
-    def __init__(self, sock: socket.socket, info: HubInfo, max_queue_size: int | None):
-        self._sock, self.info = sock, info
-        self.max_queue_size = max_queue_size
-        self.instances = [_InstanceView(i) for i in info.instances]
-        self.queued = 0  # the hub's queue, as last told
-        self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task | None = None
-        self._waiting: dict[int, RelayPending] = {}
-        self._asked: dict[int, asyncio.Future] = {}
-        self._next = 0
-        self.lost: str | None = None
-        self.on_drain = None  # called when the hub starts draining
-
-    @property
-    def queue(self) -> range:  # len() of it is what /metrics reports as pending
-        return range(self.queued)
-
-    async def connect(self) -> None:
-        reader, self._writer = await asyncio.open_connection(sock=self._sock)
-        self._reader_task = asyncio.create_task(self._read(reader))
-
-    def start(self) -> None:  # the batcher's interface: the hub's batcher is already running
-        pass
-
-    async def stop(self) -> None:
-        """Wait for the requests still with the hub (the hub outlives its workers), then close."""
-        deadline = time.monotonic() + 30
-        while self._waiting and self.lost is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
-        if self._reader_task is not None:
-            self._reader_task.cancel()
-            await asyncio.gather(self._reader_task, return_exceptions=True)
-        if self._writer is not None:
-            self._writer.close()
-
-    def send(self, msg) -> None:
-        if self._writer is not None and self.lost is None:
-            _send(self._writer, pack(msg))
-
-    def full(self, ahead: int = 0) -> bool:
-        return self.max_queue_size is not None and self.queued + ahead >= self.max_queue_size
-
-    def unavailable(self) -> str | None:
-        if self.lost is not None:
-            return self.lost
-        if any(inst.alive for inst in self.instances):
-            return None
-        return "; ".join(inst.died or "model instance stopped" for inst in self.instances)
-
-    async def submit(self, item: dict, n: int) -> RelayPending:
-        """Send one request's item to the hub's batcher; returns it answered."""
-        dead = self.unavailable()
-        if dead:
-            raise InstanceDied(dead)
-        self._next += 1
-        rid = self._next
-        p = RelayPending(asyncio.get_running_loop().create_future(), time.perf_counter_ns())
-        self._waiting[rid] = p
-        try:
-            self.send(("infer", rid, item, n))
-            await p.future
-        finally:
-            self._waiting.pop(rid, None)
-        return p
-
-    async def ask(self, what: str):
-        """Ask the hub for ``scrape`` (the /metrics text) or ``stats`` (Triton's statistics)."""
-        if self.lost is not None:
-            raise InstanceDied(self.lost)
-        self._next += 1
-        qid = self._next
-        fut = asyncio.get_running_loop().create_future()
-        self._asked[qid] = fut
-        try:
-            self.send(("ask", qid, what))
-            async with asyncio.timeout(10):
-                return await fut
-        finally:
-            self._asked.pop(qid, None)
-
-    async def _read(self, reader: asyncio.StreamReader) -> None:
-        try:
-            while True:
-                self._take(await receive(reader))
-        except (asyncio.IncompleteReadError, ConnectionError, OSError):
-            self.lost = "the server's batcher process is gone"
-            err = InstanceDied(self.lost)
-            for p in self._waiting.values():
-                if not p.future.done():
-                    p.future.set_exception(err)
-            for fut in self._asked.values():
-                if not fut.done():
-                    fut.set_exception(err)
-
-    def _take(self, msg) -> None:
-        kind = msg[0]
-        if kind == "done":
-            _, rid, outputs, t_enq, t_disp, size, timing, t_in, t_out, self.queued = msg
-            p = self._waiting.get(rid)
-            if p is not None and not p.future.done():
-                p.t_enqueue_ns, p.t_dispatch_ns, p.batch_size, p.timing = t_enq, t_disp, size, timing
-                p.relay_ns = max((t_in - p.t_sent_ns) + (time.perf_counter_ns() - t_out), 0)
-                p.future.set_result(outputs)
-        elif kind == "error":
-            _, rid, what, text, self.queued = msg
-            p = self._waiting.get(rid)
-            if p is not None and not p.future.done():
-                err = {"overloaded": Overloaded, "instance_died": InstanceDied}.get(what, RuntimeError)(text)
-                p.future.set_exception(err)
-        elif kind == "answer":
-            _, qid, payload = msg
-            fut = self._asked.get(qid)
-            if fut is not None and not fut.done():
-                fut.set_result(payload)
-        elif kind == "state":
-            _, self.queued, died = msg
-            for inst, why in zip(self.instances, died, strict=True):
-                inst.died = why
-        elif kind == "drain" and self.on_drain is not None:
-            self.on_drain()
-
-
-class RelayMetrics:
-    """A worker's metrics: every observation goes to the hub's one set; scrapes ask it."""
-
-    def __init__(self, relay: Relay):
-        self.relay = relay
-        self.gpu = _NoNotice()
-        self._gc_t0 = 0
-        gc.callbacks.append(self._gc)
-
-    def _gc(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._gc_t0 = time.perf_counter_ns()
-        elif self._gc_t0:
-            self.relay.send(("gc", str(info["generation"]), (time.perf_counter_ns() - self._gc_t0) / 1e9))
-
-    def observe(self, timing_us: dict[str, float], items: int) -> None:
-        self.relay.send(("observe", timing_us, items))
-
-    def observe_batch(self, size: int, timing_ns: dict[str, int]) -> None:  # the hub's batcher counts batches
-        pass
-
-    def fail(self, reason: str) -> None:
-        self.relay.send(("fail", reason))
-
-    def close(self) -> None:
-        if self._gc in gc.callbacks:
-            gc.callbacks.remove(self._gc)
-
-
-class _NoNotice:
-    notice = None  # the hub prints the GPU notice once
 
 
 class Hub:
@@ -433,7 +220,7 @@ class Hub:
         self.stopping += 1
         if self.stopping == 1:
             for w in self.writers:  # readiness 503, Connection: close, idle connections closed
-                _send(w, pack(("drain",)))
+                send_to(w, pack(("drain",)))
         self.signals.set()
 
     async def _drain(self, sock: socket.socket, serve_kwargs: dict) -> None:
@@ -464,7 +251,7 @@ class Hub:
             died = [None if inst.alive else inst.died for inst in self.batcher.instances]
             msg = pack(("state", len(self.batcher.queue), died))
             for w in self.writers:
-                _send(w, msg)
+                send_to(w, msg)
             await asyncio.sleep(STATE_EVERY_S)
 
     async def _serve_worker(self, k: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -485,7 +272,7 @@ class Hub:
                         payload = self.metrics.scrape(len(self.batcher.queue))
                     else:
                         payload = self.metrics.triton_stats()
-                    _send(writer, pack(("answer", msg[1], payload)))
+                    send_to(writer, pack(("answer", msg[1], payload)))
                 elif kind == "ready":
                     self.ready[k].set()
         except (asyncio.IncompleteReadError, ConnectionError, OSError):
@@ -522,19 +309,11 @@ class Hub:
             msg = ("error", rid, "instance_died", str(err), queued)
         else:  # the model failed on the batch, or a bad item: the worker answers 500
             msg = ("error", rid, "internal", f"{type(err).__name__}: {err}", queued)
-        _send(writer, pack(msg))
+        send_to(writer, pack(msg))
 
 
 class StartFailed(RuntimeError):
     """The server could not start (a worker exited, or took too long)."""
-
-
-def _send(writer: asyncio.StreamWriter, data: bytes) -> None:
-    """Write to a worker, unless it is gone (its transport closed under us)."""
-    if writer.is_closing():
-        return
-    with contextlib.suppress(RuntimeError, ConnectionError):
-        writer.write(data)
 
 
 def _failure(fut: asyncio.Future) -> BaseException | None:
@@ -542,72 +321,6 @@ def _failure(fut: asyncio.Future) -> BaseException | None:
     if fut.cancelled():
         return InstanceDied("the batch was cancelled (the server is stopping)")
     return fut.exception()
-
-
-def worker_main(cfg: ServerConfig, info: HubInfo, relay_sock: socket.socket, dealt: socket.socket, kw: dict) -> None:
-    """A front-end worker: the whole front end, serving the connections the hub deals it, its
-    batcher the hub's."""
-    die_with_parent()
-    if info.pinned:
-        os.sched_setaffinity(0, info.frontend_cores)
-    import uvicorn
-
-    from reference_server.app import create_app
-    from reference_server.connections import guarded_http
-    from reference_server.serve import draining_server
-
-    relay = Relay(relay_sock, info, cfg.max_queue_size)
-    app = create_app(cfg, relay=relay)
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        timeout_graceful_shutdown=kw["grace_s"],
-        http=guarded_http(kw["max_connections"], kw["header_timeout_s"]),
-        timeout_keep_alive=5,
-    )
-    # the hub drains (it deals the connections) and then sends SIGTERM: the worker stops at
-    # once; Ctrl-C reaches the whole process group, and only the hub acts on it
-    base = draining_server(uvicorn.Server, config, app.state.drain, 0.0, signals=(signal.SIGTERM,))
-
-    class Dealt(type(base)):
-        async def startup(self, sockets=None) -> None:
-            await super().startup(sockets=[])  # no listener of its own
-            loop = asyncio.get_running_loop()
-
-            def protocol():
-                return config.http_protocol_class(
-                    config=config, server_state=self.server_state, app_state=self.lifespan.state
-                )
-
-            joining: set[asyncio.Task] = set()
-
-            def take() -> None:
-                try:
-                    _, fds, _, _ = socket.recv_fds(dealt, 16, 16)
-                except (BlockingIOError, InterruptedError):
-                    return
-                except OSError:
-                    fds = []
-                if not fds:  # the hub is gone
-                    loop.remove_reader(dealt.fileno())
-                    return
-                for fd in fds:
-                    conn = socket.socket(fileno=fd)
-                    conn.setblocking(False)
-                    task = loop.create_task(loop.connect_accepted_socket(protocol, conn))
-                    joining.add(task)
-                    task.add_done_callback(joining.discard)
-
-            def drain() -> None:
-                self.draining = True
-                app.state.drain()
-                self._close_idle()
-
-            relay.on_drain = drain
-            dealt.setblocking(False)
-            loop.add_reader(dealt.fileno(), take)
-
-    Dealt(config).run()
 
 
 def serve_frontends(hub: Hub, *, host: str, port: int, serve_kwargs: dict, announce) -> int:
