@@ -60,7 +60,6 @@ def is_llm_profile(path: Path) -> bool:
 def llm_target(folder: Path, *, runs: int, seed: int, json_out: Path | None, rounds: int | None = None) -> None:
     """``calibrate target`` of an LLM profile: how often a correct model, and one without the
     speed process, passes the three-run calibration rule (:mod:`calibrate.llm_target`)."""
-
     from calibrate.llm_target import target_report
 
     try:

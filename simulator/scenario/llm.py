@@ -49,6 +49,9 @@ def blocks_from_memory(
     return blocks
 
 
+Policy = Literal["continuous", "prefill_first", "static"]  # batching.policy: one replica scheduler each
+
+
 class ModelSpec(Frozen):
     """A decoder's architecture: what its weights and its KV cache weigh, and its FLOPs."""
 
@@ -192,7 +195,7 @@ class ContinuousBatching(Frozen):
     """
 
     kind: Literal["continuous"] = Field(description="continuous: an LLM engine stepping token by token.")
-    policy: Literal["continuous", "prefill_first", "static"] = Field(
+    policy: Policy = Field(
         "continuous", description="continuous (vLLM V1), prefill_first (vLLM v0) or static (request-level)."
     )
     model: str = Field(description=f"The model served, a preset: {', '.join(MODELS)}.")
@@ -295,6 +298,7 @@ __all__ = [
     "GPUSpec",
     "LinearStep",
     "ModelSpec",
+    "Policy",
     "Roofline",
     "blocks_from_memory",
     "bytes_per_token",

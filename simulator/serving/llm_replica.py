@@ -33,10 +33,11 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
+from simulator.scenario.llm import Policy
 from simulator.serving.decode_stretch import decode_stretch
 from simulator.serving.kv_cache import KVCache
 from simulator.serving.llm_types import Finished, Keys, Limits, Seq, Steps, name_blocks, session_owner
-from simulator.serving.replica_scheduler import Policy, replica_scheduler
+from simulator.serving.replica_scheduler import replica_scheduler
 from simulator.serving.step_time import StepModel, Work
 
 
@@ -70,7 +71,7 @@ class Replica:
 
     def __init__(self, policy: Policy, step: StepModel, limits: Limits, noise=None, *, skip: bool = True, speed=None):
         self.scheduler = replica_scheduler(policy, limits)  # refuses an unknown policy
-        self.policy, self.step, self.limits, self.noise = policy, step, limits, noise
+        self.step, self.limits, self.noise = step, limits, noise
         self.skip = skip  # take decode-only stretches in one go (the same steps, exactly)
         self.speed = speed  # the host's speed path (platform.speed): a step's work as a time change
         self.kv = KVCache(limits.num_blocks, limits.block_size, prefix_caching=limits.prefix_caching)

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from simulator.scenario.llm import Policy
 from simulator.serving.llm_replica import Replica
 from simulator.serving.llm_types import Limits, Steps
-from simulator.serving.replica_scheduler import Policy, replica_scheduler
+from simulator.serving.replica_scheduler import replica_scheduler
 from simulator.serving.step_time import StepModel
 
 

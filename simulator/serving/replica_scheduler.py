@@ -13,14 +13,15 @@ settling what it finished); its scheduler only decides. Each policy
   FasterTransformer serves.
 
 The step's time is the step-time model's business (:mod:`simulator.serving.step_time`),
-which never decides who joins a step. A new policy is one module and one ``case`` here
-(and one member of the scenario's ``policy``).
+which never decides who joins a step. A new policy is one module, one ``case`` here and
+one member of the scenario's :data:`~simulator.scenario.llm.Policy`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Protocol, get_args
 
+from simulator.scenario.llm import Policy
 from simulator.serving.chunked_prefill import ChunkedPrefill
 from simulator.serving.prefill_first import PrefillFirst
 from simulator.serving.static_batching import StaticBatching
@@ -31,8 +32,7 @@ if TYPE_CHECKING:
     from simulator.serving.llm_replica import Replica
     from simulator.serving.llm_types import Limits
 
-Policy = Literal["continuous", "prefill_first", "static"]
-POLICIES: tuple[str, ...] = ("continuous", "prefill_first", "static")
+POLICIES: tuple[str, ...] = get_args(Policy)  # the scenario's batching.policy, each a case below
 
 
 class ReplicaScheduler(Protocol):
@@ -86,4 +86,4 @@ def replica_scheduler(policy: str, limits: Limits) -> ReplicaScheduler:
     raise ValueError(f"policy must be one of {', '.join(POLICIES)}, not {policy!r}")
 
 
-__all__ = ["POLICIES", "Policy", "ReplicaScheduler", "replica_scheduler"]
+__all__ = ["POLICIES", "ReplicaScheduler", "replica_scheduler"]
