@@ -158,3 +158,48 @@ def test_the_books_balance_through_a_random_workload():
     assert preempted > 50  # memory ran short, often
     assert kv.hits > 0
     assert 0 < kv.hit_rate < 1
+
+
+def test_blocks_for_many_sequences_at_once_are_those_one_at_a_time():
+    """A decode stretch takes its blocks at once (``grow_each``): the same blocks to the same
+    tables, the same content evicted and the same free queue as ``grow`` one sequence at a
+    time, fresh blocks, freed ones and named ones alike; sharing is counted through it."""
+    rng = np.random.default_rng(11)
+    one, many = KVCache(20, 4), KVCache(20, 4)
+    for kv in (one, many):  # a shared prefix, named content freed, a few fresh blocks left
+        kv.allocate("p", 16, keys=["g0", "g1", "g2"])
+        kv.cache_full_blocks("p", ["g0", "g1", "g2"])
+        kv.allocate("q", 16, keys=["g0", "g1", "g2"])  # shares p's first three blocks
+        assert kv.shared == 3
+        kv.allocate("r", 8, keys=["r0", "r1"])
+        kv.cache_full_blocks("r", ["r0", "r1"])
+        for s in range(4):
+            kv.allocate(s, 6)
+        kv.free("p")
+        kv.free("r")  # its named blocks wait in the free queue, content kept
+        kv.check()
+    assert one.shared == 0
+    assert len(one.cached) == 5
+    for _round in range(12):
+        live = [s for s in range(4) if one.holds(s)] + ["q"]
+        seqs = [live[i] for i in rng.integers(0, len(live), size=int(rng.integers(1, 5)))]
+        if len(seqs) > one.free_blocks:
+            break
+        for s in seqs:
+            one.grow(s, len(one.tables[s]) * 4 + 1)  # one more block
+        many.grow_each(seqs)
+        for kv in (one, many):
+            kv.check()
+        assert (one.tables, one.ref, one.key, one.cached, list(one.free_queue), one.fresh) == (
+            many.tables,
+            many.ref,
+            many.key,
+            many.cached,
+            list(many.free_queue),
+            many.fresh,
+        )
+        if _round % 4 == 3:  # one finishes: its blocks join the free queue
+            one.free(live[0])
+            many.free(live[0])
+    assert one.fresh == 20  # every block was handed out once
+    assert "r0" not in one.cached  # r's named blocks were taken again, their content evicted

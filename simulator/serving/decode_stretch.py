@@ -49,7 +49,9 @@ def decode_stretch(rep: Replica, horizon: float) -> bool:
     for s in running:
         if s.made < 1 or s.computed != s.prompt + s.made - 1:
             return False
-        left = min(left, s.output - s.made)
+        r = s.output - s.made
+        if r < left:
+            left = r
         context += s.computed + 1
     # the steps in which nobody finishes, and where the scheduler lets it (vLLM V1's) the
     # one after, in which the first finish: with nobody waiting it is a decode step like
@@ -82,9 +84,8 @@ def decode_stretch(rep: Replica, horizon: float) -> bool:
     # the blocks: sequence i needs one at step j (1-based) when c_i + j opens a block
     # (those of the steps that could be taken: a later step's block never limits them)
     bs = lim.block_size
-    events = sorted(
-        (j, pos) for pos, s in enumerate(running) for j in range((1 - s.computed) % bs or bs, taken + 1, bs)
-    )
+    events = [(j, pos) for pos, s in enumerate(running) for j in range((1 - s.computed) % bs or bs, taken + 1, bs)]
+    events.sort()
     free = kv.free_blocks
     if len(events) > free:
         taken = min(taken, events[free][0] - 1)  # the step whose block is not free: singly
@@ -94,23 +95,24 @@ def decode_stretch(rep: Replica, horizon: float) -> bool:
         rep.noise.consume(taken)
     # each step's blocks, then each step's newly full blocks named (as the single steps
     # do: naming after an eviction differs from naming before it)
-    names = []
-    if any(s.eager > s.named for s in running):
-        names = [
-            (j, pos)
-            for pos, s in enumerate(running)
-            if s.eager > s.named
-            for j in range(bs - s.computed % bs, taken + 1, bs)
-        ]
-    todo = sorted([(j, 0, pos) for j, pos in events if j <= taken] + [(j, 1, pos) for j, pos in names])
-    for j, naming, pos in todo:
-        s = running[pos]
-        if naming:
-            full = min((s.computed + j) // bs, s.eager)
-            if full > s.named:
-                name_blocks(kv, s, full)
-        else:
-            kv.grow(s.rid, s.computed + j)  # its free blocks counted above
+    names = [
+        (j, pos)
+        for pos, s in enumerate(running)
+        if s.eager > s.named
+        for j in range(bs - s.computed % bs, taken + 1, bs)
+    ]
+    if not names:  # the blocks alone, in the single steps' order, taken at once (counted free above)
+        kv.grow_each([running[pos].rid for j, pos in events if j <= taken])
+    else:
+        todo = sorted([(j, 0, pos) for j, pos in events if j <= taken] + [(j, 1, pos) for j, pos in names])
+        for j, naming, pos in todo:
+            s = running[pos]
+            if naming:
+                full = min((s.computed + j) // bs, s.eager)
+                if full > s.named:
+                    name_blocks(kv, s, full)
+            else:
+                kv.grow(s.rid, s.computed + j)  # its free blocks counted above
     del ends[taken:]
     end, first_end = ends[-1], ends[0]
     rep.t = end
@@ -125,7 +127,9 @@ def decode_stretch(rep: Replica, horizon: float) -> bool:
         first[g] = first.get(g, 0) + 1
         s.computed += taken
         s.made += taken
-        s.stall = max(s.stall, g, gap)
+        worst = g if g > gap else gap
+        if worst > s.stall:
+            s.stall = worst
         s.last = end
     rep.gap_rows.extend((first_end, g, n) for g, n in first.items())
     rep.gap_rows.extend(zip(ends[1:], diffs, [d] * (taken - 1), strict=True))

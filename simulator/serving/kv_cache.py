@@ -57,6 +57,7 @@ class KVCache:
         self.block_size = block_size
         self.prefix_caching = prefix_caching
         self.ref = [0] * num_blocks  # sequences holding each block
+        self.shared = 0  # references beyond a block's first (prefix hits): 0, every held block has one holder
         self.key: list[Hashable | None] = [None] * num_blocks  # the content a block holds, where it can recur
         self.cached: dict[Hashable, int] = {}  # content key -> the block holding it
         # the free queue, taken from the front: the blocks never used yet (fresh, lowest
@@ -128,6 +129,8 @@ class KVCache:
             for b in hit:
                 if self.ref[b] == 0:
                     del self.free_queue[b]
+                else:
+                    self.shared += 1
                 self.ref[b] += 1
                 table.append(b)
             self.lookups += tokens
@@ -145,26 +148,41 @@ class KVCache:
         if need > 0:
             self._take(table, need)
 
+    def grow_each(self, seqs: Sequence[Hashable]) -> None:
+        """One more block for each of ``seqs``, in that order (a sequence may come more than
+        once), when the caller knows the free blocks suffice: the blocks :meth:`grow` would
+        hand them one call at a time (a decode stretch's, taken at once)."""
+        tables = self.tables
+        for seq, b in zip(seqs, self._next(len(seqs)), strict=True):
+            tables[seq].append(b)
+
     def _take(self, table: list[int], n: int) -> None:
-        """The next ``n`` free blocks onto ``table``: the never-used ones first (they hold
-        no content), then the least recently freed, one at a time (their cached content
+        """The next ``n`` free blocks onto ``table``."""
+        table.extend(self._next(n))
+
+    def _next(self, n: int) -> list[int]:
+        """The next ``n`` free blocks, held once each from now: the never-used ones first
+        (they hold no content), then the least recently freed (their cached content
         evicted)."""
         fresh = self.fresh
         m = min(n, self.num_blocks - fresh)
-        if m > 0:  # blocks never used
-            table.extend(range(fresh, fresh + m))
+        blocks = list(range(fresh, fresh + m))
+        if m:
             self.ref[fresh : fresh + m] = [1] * m
             self.fresh = fresh + m
-            n -= m
-        if n > 0:
-            key, ref, cached, pop = self.key, self.ref, self.cached, self.free_queue.popitem
-            for _ in range(n):
-                b = pop(last=False)[0]  # the least recently freed
-                if key[b] is not None:  # its cached content is evicted
-                    del cached[key[b]]
-                    key[b] = None
+        if n > m:
+            ref, pop = self.ref, self.free_queue.popitem
+            reused = [pop(last=False)[0] for _ in range(n - m)]
+            for b in reused:
                 ref[b] = 1
-                table.append(b)
+            if self.cached:  # content to evict (none while no block was ever named)
+                key, cached = self.key, self.cached
+                for b in reused:
+                    if key[b] is not None:
+                        del cached[key[b]]
+                        key[b] = None
+            blocks += reused
+        return blocks
 
     def name_block(self, seq: Hashable, index: int, key: Hashable) -> None:
         """:meth:`cache_full_blocks` for one block: ``seq``'s block ``index`` holds ``key``."""
@@ -192,10 +210,19 @@ class KVCache:
         """Sequence ``seq`` finished or was preempted: its blocks go, last first, to the
         back of the free queue once nobody holds them (their content still cached)."""
         ref, queue = self.ref, self.free_queue
-        for b in reversed(self.tables.pop(seq)):
+        table = self.tables.pop(seq)
+        table.reverse()
+        if not self.shared:  # every block has this one holder: all go
+            for b in table:
+                ref[b] = 0
+            queue.update(dict.fromkeys(table))
+            return
+        for b in table:
             left = ref[b] - 1
             ref[b] = left
-            if not left:
+            if left:
+                self.shared -= 1
+            else:
                 queue[b] = None
 
     def _forget(self, b: int) -> None:
@@ -228,6 +255,7 @@ class KVCache:
         for key, b in self.cached.items():
             assert self.key[b] == key, f"key {key!r} -> block {b}, which holds {self.key[b]!r}"
         assert sum(k is not None for k in self.key) == len(self.cached)
+        assert self.shared == sum(max(r - 1, 0) for r in self.ref), f"{self.shared} shared references"
 
 
 __all__ = ["KVCache", "blocks_from_memory", "bytes_per_token"]

@@ -249,12 +249,12 @@ class Replica:
         """Run one step over ``scheduled`` (sequence, tokens it computes), computed at
         ``width`` decodes at least (static batches: the finished keep their slots): its
         time, then the tokens it produced."""
-        lim = self.limits
         during = len(self.running)
-        prefill = chunks = decodes = context = 0
+        prefill = chunks = decodes = context = total = 0
         attention = 0.0
         for s, n in scheduled:
-            if s.made and s.computed == s.prompt + s.made - 1 and n == 1:
+            total += n
+            if n == 1 and s.made and s.computed == s.prompt + s.made - 1:
                 decodes += 1
                 context += s.computed + 1  # the new token attends to its context and itself
             else:
@@ -279,19 +279,19 @@ class Replica:
         self.steps += 1
         keep = self.scheduler.keeps_slots
         gaps: dict[float, int] = {}
-        bs, made_here = lim.block_size, 0
+        bs, made_here, kv, done = self.limits.block_size, 0, self.kv, []
         for s, n in scheduled:
             if s.start != s.start:  # NaN: its first step
                 s.start = start
-            s.computed += n
-            if s.eager and s.computed // bs > s.named:  # a block filled: named, as far as it has keys
-                full = min(s.computed // bs, s.eager)
+            computed = s.computed = s.computed + n
+            if s.eager and computed // bs > s.named:  # a block filled: named, as far as it has keys
+                full = min(computed // bs, s.eager)
                 if full > s.named:
-                    name_blocks(self.kv, s, full)
-            if s.computed == s.prompt + s.made:  # every known token computed: one more token
-                s.made += 1
+                    name_blocks(kv, s, full)
+            if computed == s.prompt + s.made:  # every known token computed: one more token
+                made = s.made = s.made + 1
                 made_here += 1
-                if s.made == 1:
+                if made == 1:
                     s.first = end
                 else:
                     g = end - s.last
@@ -299,18 +299,22 @@ class Replica:
                     if g > s.stall:
                         s.stall = g
                 s.last = end
-                if s.made >= s.output:
-                    self.kv.free(s.rid)
-                    if not keep:
-                        self.running.remove(s)
+                if made >= s.output:
+                    kv.free(s.rid)
+                    done.append(s)
+        if done:
+            running = self.running
+            if keep:
+                for s in done:
                     self.settle(s)
-        self.tokens_computed += sum(n for _, n in scheduled)
+                self.running = [s for s in running if s.made < s.output]
+            else:
+                for s in done:
+                    running.remove(s)
+                    self.settle(s)
+        self.tokens_computed += total
         self.tokens_out += made_here
-        if keep:
-            self.running = [s for s in self.running if s.made < s.output]
-        self.log_rows.append(
-            (start, end, prefill, decodes, len(scheduled), during, len(self.waiting), self.kv.usage, share)
-        )
+        self.log_rows.append((start, end, prefill, decodes, len(scheduled), during, len(self.waiting), kv.usage, share))
         self.gap_rows.extend((end, g, n) for g, n in gaps.items())
 
     def settle(self, s: Seq, ignored: bool = False) -> None:
