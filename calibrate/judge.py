@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate import llm_profile, llm_run
+from calibrate import llm_profile, llm_run, llm_sim
 from calibrate.servers import server
 from calibrate.stats import replication_interval
 
@@ -169,8 +169,8 @@ def predicted(doc: dict, measured: pd.DataFrame, rate_rps: float, duration_s: fl
         "prompt": {"values": [int(v) for v in measured["prompt_tokens"]]},
         "output": {"values": [int(v) for v in measured["output_tokens"]]},
     }
-    run = llm_run.at_rate(doc, rate_rps, duration_s, 0.0)  # Poisson arrivals, the scenario's default
-    s = llm_run._load({**run, "traffic": {**run["traffic"], "tokens": tokens}})
+    run = llm_sim.at_rate(doc, rate_rps, duration_s, 0.0)  # Poisson arrivals, the scenario's default
+    s = llm_sim.validated({**run, "traffic": {**run["traffic"], "tokens": tokens}})
     rows = []
     for seed in seeds:
         r = simulate(s, seed=seed).records
@@ -203,7 +203,7 @@ def judge(
     guidellm_command()
     profile = json.loads((profile_dir / "profile.json").read_text())
     fit = {**profile["step_time"]}
-    doc = llm_run.scenario_dict(fit, profile["engine"], rate_rps=1.0, duration_s=duration_s, warmup_s=0.0)
+    doc = llm_sim.scenario_dict(fit, profile["engine"], rate_rps=1.0, duration_s=duration_s, warmup_s=0.0)
     knee = profile["knee"]["completed_rps"]
     out.mkdir(parents=True, exist_ok=True)
     rows = []

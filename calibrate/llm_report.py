@@ -1,14 +1,19 @@
-"""The report of a ``calibrate llm`` run: ``validation.md`` (the fitted step time, the knee,
-the host's speed in each slice, and each held-out level's TTFT and TPOT, measured
-against predicted with its 90% interval) and ``validation.png``; and what a
-``measured.json`` or ``profile.json`` says the engine ran on.
+"""The report of a ``calibrate llm`` run: the validation table's rows and verdicts (each
+held-out level's TTFT and TPOT, measured against predicted with its 90% interval),
+``validation.md`` (with the fitted step time, the knee, the host's speed in each slice) and
+``validation.png``; and what a ``measured.json`` or ``profile.json`` says the engine ran on
+(its device, its name, the catalog's instance type for it).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+
+from calibrate.llm_sim import QUANTILES
+from calibrate.stats import replication_interval
 
 
 def device_of(measured: dict) -> str:
@@ -140,4 +145,48 @@ def chart(table: pd.DataFrame, path: Path) -> None:
     figure.save(str(path), format="png")
 
 
-__all__ = ["chart", "device_of", "engine_on", "markdown", "placed"]
+def cells(share: float, rate: float, measured: dict, sim: pd.DataFrame, **extra) -> list[dict]:
+    """A level's rows of the validation table: each TTFT and TPOT percentile measured, and
+    the median of the simulated replications ``sim`` with their 90% prediction interval."""
+    rows = []
+    for name in ("ttft", "tpot"):
+        for q in QUANTILES:
+            col = f"{name}_p{q}_ms"
+            lo, mid, hi = replication_interval(sim[col])
+            rows.append(
+                {"level": share, "rate_rps": rate, "metric": name, "q": q, "measured_ms": measured[col]}
+                | {"predicted_ms": mid, "lo_ms": lo, "hi_ms": hi, **extra}
+            )
+    return rows
+
+
+def verdicts(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (measured_ms, predicted_ms, lo_ms, hi_ms, q) with each percentile's error and
+    verdict: within 10% at p50 and p90 and 20% at p99, or inside the 90% interval."""
+    table = table.copy()
+    table["error"] = table["predicted_ms"] / table["measured_ms"] - 1.0
+    table["inside"] = (table["measured_ms"] >= table["lo_ms"]) & (table["measured_ms"] <= table["hi_ms"])
+    table["bound"] = np.where(table["q"] == 99, 0.20, 0.10)
+    table["ok"] = (table["error"].abs() <= table["bound"]) | table["inside"]
+    return table
+
+
+def catalog_gpu(name: str) -> str | None:
+    """The catalog's instance type a GPU's name is (``NVIDIA H100 80GB HBM3``: ``h100``; an
+    L40S is not an ``l4``), or None."""
+    import re
+
+    from simulator.scenario.catalog import load_catalog
+
+    return next((k for k in load_catalog().instances if re.search(rf"\b{re.escape(k)}\b", name.lower())), None)
+
+
+def instance_type(measured: dict) -> str:
+    """The scenario's ``workers.instance_type``: the catalog's GPU when the engine ran on one
+    it lists (an NVIDIA H100 is ``h100``), else ``cpu`` (priced in the scenario)."""
+    if not device_of(measured).startswith("cuda"):
+        return "cpu"
+    return catalog_gpu(engine_on(measured)) or "cpu"
+
+
+__all__ = ["catalog_gpu", "cells", "chart", "device_of", "engine_on", "instance_type", "markdown", "placed", "verdicts"]

@@ -3,7 +3,7 @@
 ``servesim calibrate llm`` judges 24 held-out cells (TTFT and TPOT at p50, p90 and p99, at
 30, 50, 70 and 85% of the knee): a cell is met when its prediction is within 10% (p50,
 p90) or 20% (p99) of the measurement, or the measurement is inside the prediction's 90%
-interval (:func:`calibrate.llm_run.verdicts`). Issue 30's target asks for all 18 cells at
+interval (:func:`calibrate.llm_report.verdicts`). Issue 30's target asks for all 18 cells at
 30-70% in each of three consecutive runs.
 
 Here the truth is a calibrated model itself. A *virtual run* measures each level as the
@@ -44,7 +44,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import pandas as pd
 
-from calibrate import llm_profile, llm_run
+from calibrate import llm_profile, llm_report, llm_sim
 
 JUDGED = (0.3, 0.5, 0.7)  # the levels whose 18 cells the target asks for
 MINUTE_SIGMA = 0.085  # log: the drift between 25-s runs beyond the fitted components (calibrate/README, ABAB)
@@ -57,7 +57,7 @@ def models(profile: dict, minute_sigma: float = MINUTE_SIGMA) -> dict[str, dict]
     """The scenarios of the three models (see the module's note) at 1 req/s."""
     fit, engine = profile["step_time"], profile["engine"]
     slice_s, warmup_s = float(profile["slice_s"]), float(profile["warmup_s"])
-    fitted = llm_run.scenario_dict(fit, engine, rate_rps=1.0, duration_s=slice_s, warmup_s=warmup_s)
+    fitted = llm_sim.scenario_dict(fit, engine, rate_rps=1.0, duration_s=slice_s, warmup_s=warmup_s)
     if "platform" not in fitted:
         raise ValueError("the profile's step_time has no speed process (step_time.speed) to be the truth")
     blind = {k: v for k, v in fitted.items() if k != "platform"}
@@ -76,13 +76,13 @@ def level_rates(profile: dict) -> dict[float, float]:
 
 
 def _pool(doc: dict, rate: float, seeds: list[int], slice_s: float, warmup_s: float) -> list:
-    s = llm_run._load(llm_run.at_rate(doc, rate, slice_s, warmup_s))
-    return [llm_run.slice_latencies(s, seed, slice_s, warmup_s) for seed in seeds]
+    s = llm_sim.validated(llm_sim.at_rate(doc, rate, slice_s, warmup_s))
+    return [llm_sim.slice_latencies(s, seed, slice_s, warmup_s) for seed in seeds]
 
 
 def _knee_pool(doc: dict, offered: float, seeds: list[int], knee_s: float) -> list:
-    s = llm_run._load(llm_run.at_rate(doc, offered, knee_s * 3, 0.0))
-    return [llm_run.knee_slice(s, seed, knee_s, llm_run.KNEE_SKIP_S) for seed in seeds]
+    s = llm_sim.validated(llm_sim.at_rate(doc, offered, knee_s * 3, 0.0))
+    return [llm_sim.knee_slice(s, seed, knee_s, llm_sim.KNEE_SKIP_S) for seed in seeds]
 
 
 def pools(
@@ -136,7 +136,7 @@ def virtual_run(
 ) -> tuple[pd.DataFrame, float]:
     """One virtual calibration: each level measured from ``rounds`` of the truth's slices and
     predicted from ``replications`` designs of the predictor's, judged as the calibration
-    judges (:func:`calibrate.llm_run.verdicts`); and the knee's error (the median of half as
+    judges (:func:`calibrate.llm_report.verdicts`); and the knee's error (the median of half as
     many of the predictor's overload slices against the mean of ``rounds + 1`` of the
     truth's; NaN without knee pools)."""
     rows = []
@@ -144,17 +144,17 @@ def virtual_run(
     for share, rate in rates.items():
         mine, theirs = pool[(truth, share)], pool[(predictor, share)]
         got, pick = _draw(mine, theirs, same, rounds, rounds * replications, rng)
-        measured = llm_run.pooled_percentiles([mine[i] for i in got])
+        measured = llm_sim.pooled_percentiles([mine[i] for i in got])
         sims = pd.DataFrame(
-            [llm_run.pooled_percentiles([theirs[i] for i in d]) for d in pick.reshape(replications, rounds)]
+            [llm_sim.pooled_percentiles([theirs[i] for i in d]) for d in pick.reshape(replications, rounds)]
         )
-        rows += llm_run.cells(share, rate, measured, sims)
+        rows += llm_report.cells(share, rate, measured, sims)
     knee_error = float("nan")
     if (truth, "knee") in pool:
         mine, theirs = pool[(truth, "knee")], pool[(predictor, "knee")]
         got, pick = _draw(mine, theirs, same, rounds + 1, replications // 2, rng)
         knee_error = float(np.median([theirs[i] for i in pick]) / np.mean([mine[i] for i in got]) - 1.0)
-    return llm_run.verdicts(pd.DataFrame(rows)), knee_error
+    return llm_report.verdicts(pd.DataFrame(rows)), knee_error
 
 
 def summary(runs: list[pd.DataFrame], picks: np.ndarray, knee_errors: np.ndarray) -> dict:

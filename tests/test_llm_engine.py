@@ -700,7 +700,7 @@ def test_a_step_time_on_a_slower_host_scales_every_cost_but_the_overhead():
     import numpy as np
 
     from calibrate.llm_profile import predict_ms
-    from calibrate.llm_run import at_speed
+    from calibrate.llm_sim import at_speed
 
     fit = {"c0_ms": 1.0, "prefill_ms_per_token": 0.02, "attention_ms_per_token2": 8e-5, "decode_ms_per_seq": 0.3}
     fit |= {"kv_ms_per_token": 8e-4, "decode_threshold": 4, "decode_ms_per_seq_above": 0.2}
@@ -937,7 +937,7 @@ def test_a_measured_calibration_is_predicted_on_another_machine(tmp_path):
 def test_a_gpus_name_is_the_catalogs_instance_type(name, kind):
     """The scenario a GPU calibration writes is priced as the catalog's GPU of that name; a
     GPU the catalog does not list (an L40S is not an L4) is priced in the file."""
-    from calibrate.llm_run import catalog_gpu, instance_type
+    from calibrate.llm_report import catalog_gpu, instance_type
 
     assert catalog_gpu(name) == kind
     measured = {"engine": {}, "device": "cuda", "hardware": {"gpu": {"name": name}}}
@@ -947,13 +947,13 @@ def test_a_gpus_name_is_the_catalogs_instance_type(name, kind):
 def test_simulated_takes_each_rounds_rate():
     """A level whose rounds ran at different rates is simulated at those rates: round k's
     slice at round k's rate, pooled (as the calibration measures it), not all at one."""
-    from calibrate.llm_run import _load, at_rate, pooled_percentiles, simulated, slice_latencies
+    from calibrate.llm_sim import at_rate, pooled_percentiles, simulated, slice_latencies, validated
 
     doc = yaml_doc()
     mixed = simulated(doc, [4.0, 16.0], 12.0, 2.0, range(1, 3))
     for row in mixed.itertuples():
         slices = [
-            slice_latencies(_load(at_rate(doc, rate, 12.0, 2.0)), row.seed * 1000 + k, 12.0, 2.0)
+            slice_latencies(validated(at_rate(doc, rate, 12.0, 2.0)), row.seed * 1000 + k, 12.0, 2.0)
             for k, rate in enumerate([4.0, 16.0])
         ]
         assert pooled_percentiles(slices) == pytest.approx(

@@ -16,7 +16,8 @@ import pandas as pd
 import yaml
 
 from calibrate import llm_load, llm_profile
-from calibrate.llm_run import _load, server_args, simulated, step_records
+from calibrate.llm_run import server_args, step_records
+from calibrate.llm_sim import simulated, validated
 from calibrate.servers import server
 
 PROFILE = Path("calibrate/profiles/cpu-tiny-llm")
@@ -43,7 +44,7 @@ def one_run(url: str, plan, seed: int, fit: dict, share: float, k: int) -> dict:
 def main() -> None:
     profile = json.loads((PROFILE / "profile.json").read_text())
     doc = yaml.safe_load((PROFILE / "scenario.yaml").read_text())
-    scenario = _load(doc)
+    scenario = validated(doc)
     knee = profile["knee"]["completed_rps"]
     rng = np.random.default_rng(7)
     rows = []

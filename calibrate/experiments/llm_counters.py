@@ -22,7 +22,8 @@ import pandas as pd
 import yaml
 
 from calibrate import llm_load
-from calibrate.llm_run import ENGINE, _load, server_args, step_records
+from calibrate.llm_run import ENGINE, server_args, step_records
+from calibrate.llm_sim import validated
 from calibrate.servers import beside_llm_front_end, get_json, server
 
 PROFILE = Path("calibrate/profiles/cpu-tiny-llm")
@@ -61,7 +62,7 @@ def slice_row(steps: pd.DataFrame, spent: dict) -> dict:
 
 
 def main() -> None:
-    s = _load(yaml.safe_load((PROFILE / "scenario.yaml").read_text()))
+    s = validated(yaml.safe_load((PROFILE / "scenario.yaml").read_text()))
     rng = np.random.default_rng(17)
     rows = []
     with server(server_args(ENGINE), command="serve-llm", health="/health") as url, beside_llm_front_end(url):

@@ -31,7 +31,8 @@ import pandas as pd
 import yaml
 
 from calibrate import llm_load, llm_profile
-from calibrate.llm_run import ENGINE, _load, server_args, step_records
+from calibrate.llm_run import ENGINE, server_args, step_records
+from calibrate.llm_sim import validated
 from calibrate.servers import beside_llm_front_end, server
 
 PROFILE = Path("calibrate/profiles/cpu-tiny-llm")
@@ -64,7 +65,7 @@ def host_over_time(steps: pd.DataFrame, keys: list[str]) -> pd.Series:
 
 
 def main(rounds: int = 3) -> None:
-    s = _load(yaml.safe_load((PROFILE / "scenario.yaml").read_text()))
+    s = validated(yaml.safe_load((PROFILE / "scenario.yaml").read_text()))
     rng = np.random.default_rng(19)
     conditions = [(share, poll) for share in (0.3, 0.8) for poll in (False, True)]
     parts = []

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate import llm_load, llm_profile, llm_run
+from calibrate import llm_load, llm_profile, llm_run, llm_sim
 
 SLICE_S, KNEE_S = 20.0, 25.0
 
@@ -82,17 +82,17 @@ def main(out: Path, rounds: int) -> None:
     phases["profile"] = [pd.DataFrame([dataclasses.asdict(s) for s in engine.steps])]
     engine.steps.clear()
     first = llm_profile.fit(phases["profile"][0])
-    doc = llm_run.scenario_dict({**first, "noise_cv": 0.1}, llm_run.ENGINE, rate_rps=1.0, duration_s=SLICE_S,
+    doc = llm_sim.scenario_dict({**first, "noise_cv": 0.1}, llm_run.ENGINE, rate_rps=1.0, duration_s=SLICE_S,
                                 warmup_s=3.0)  # fmt: skip
-    s = llm_run._load(doc)
-    offered = 1.5 * llm_run.saturated_rate(doc, KNEE_S)
+    s = llm_sim.validated(doc)
+    offered = 1.5 * llm_sim.saturated_rate(doc, KNEE_S)
     knees = []
 
     def knee_slice():
         plan = llm_load.plan_from_scenario(s, offered, KNEE_S, rng)
         done, steps = run_plan(engine, plan, KNEE_S, rng)
         d = np.asarray(done)
-        knees.append(np.count_nonzero((d >= llm_run.KNEE_SKIP_S) & (d < KNEE_S)) / (KNEE_S - llm_run.KNEE_SKIP_S))
+        knees.append(np.count_nonzero((d >= llm_sim.KNEE_SKIP_S) & (d < KNEE_S)) / (KNEE_S - llm_sim.KNEE_SKIP_S))
         phases.setdefault("knee", []).append(steps.assign(slice=len(knees)))
         print(f"knee slice {len(knees)}: {knees[-1]:.2f} req/s", flush=True)  # noqa: T201
 
@@ -111,8 +111,8 @@ def main(out: Path, rounds: int) -> None:
     steps = pd.concat([pd.concat(v, ignore_index=True).assign(phase=k) for k, v in phases.items()], ignore_index=True)
     steps.to_csv(out / "steps.csv.gz", index=False)
     held = llm_run.fitted(steps[steps["phase"] != "knee"])
-    knee_doc = llm_run.scenario_dict(held, llm_run.ENGINE, rate_rps=1.0, duration_s=SLICE_S, warmup_s=3.0)
-    simulated = llm_run.simulated_knee(knee_doc, offered, KNEE_S, llm_run.KNEE_SKIP_S, range(1, 11))
+    knee_doc = llm_sim.scenario_dict(held, llm_run.ENGINE, rate_rps=1.0, duration_s=SLICE_S, warmup_s=3.0)
+    simulated = llm_sim.simulated_knee(knee_doc, offered, KNEE_S, llm_sim.KNEE_SKIP_S, range(1, 11))
     coef = llm_profile.fit(steps[steps["phase"] != "knee"])
     kn = steps[steps["phase"] == "knee"]
     ratios = [

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate import llm_load, llm_profile, llm_run
+from calibrate import llm_load, llm_profile, llm_run, llm_sim
 from calibrate.servers import beside_llm_front_end, get_json, server
 
 BIN_S = 0.25
@@ -54,10 +54,10 @@ def main(out: Path) -> None:
         info = get_json(url + "/v1/models")["data"][0].get("servesim", {})
         engine_core = info.get("engine_core")
         fit = llm_profile.fit(pd.read_csv("calibrate/profiles/cpu-tiny-llm/steps.csv.gz"))
-        doc = llm_run.scenario_dict(
+        doc = llm_sim.scenario_dict(
             {**fit, "noise_cv": 0.1}, llm_run.ENGINE, rate_rps=1.0, duration_s=20.0, warmup_s=3.0
         )
-        s = llm_run._load(doc)
+        s = llm_sim.validated(doc)
         llm_run.step_records(url)
         th = threading.Thread(target=sampler, args=(rows, stop), daemon=True)
         th.start()

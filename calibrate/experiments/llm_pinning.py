@@ -24,7 +24,8 @@ import numpy as np
 import pandas as pd
 
 from calibrate import llm_load
-from calibrate.llm_run import ENGINE, _load, server_args, step_records
+from calibrate.llm_run import ENGINE, server_args, step_records
+from calibrate.llm_sim import validated
 from calibrate.servers import _free_port
 
 PROFILE = Path("calibrate/profiles/cpu-tiny-llm")
@@ -68,7 +69,7 @@ def main() -> None:
     knee = profile["knee"]["completed_rps"]
     import yaml
 
-    s = _load(yaml.safe_load((PROFILE / "scenario.yaml").read_text()))
+    s = validated(yaml.safe_load((PROFILE / "scenario.yaml").read_text()))
     rng = np.random.default_rng(7)
     everywhere = os.sched_getaffinity(0)
     rows = []

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from calibrate import llm_profile, llm_run
+from calibrate import llm_profile, llm_report, llm_run, llm_sim
 from calibrate.stats import replication_interval
 
 MODES = {  # the fit's speed_bin_s, wake_steps and minute drift
@@ -47,21 +47,21 @@ def predicted(
     def doc(phase: str) -> dict:
         fit = llm_run.fitted(steps[steps["phase"] != phase], speed_bin_s, wake_steps, minute)
         got = {**fit, "overhead_ms": overhead}
-        return llm_run.scenario_dict(got, llm_run.ENGINE, rate_rps=1.0, duration_s=slice_s, warmup_s=warmup_s)
+        return llm_sim.scenario_dict(got, llm_run.ENGINE, rate_rps=1.0, duration_s=slice_s, warmup_s=warmup_s)
 
     knee_s = knee.get("slice_s", 40.0)  # one 40-s overload before the knee was measured in every round
-    knee_rps = llm_run.simulated_knee(doc("knee"), knee["offered_rps"], knee_s, llm_run.KNEE_SKIP_S, range(1, 11))
+    knee_rps = llm_sim.simulated_knee(doc("knee"), knee["offered_rps"], knee_s, llm_sim.KNEE_SKIP_S, range(1, 11))
     rows = []
     for share in profile["levels"]:
         rates = llm_run.level_rates(profile, share)  # the rates each round's slice ran at
-        sim = llm_run.simulated(doc(f"level {share:g}"), rates, slice_s, warmup_s, seeds)
+        sim = llm_sim.simulated(doc(f"level {share:g}"), rates, slice_s, warmup_s, seeds)
         for m in measured[measured["level"] == share].itertuples():
             lo, mid, hi = replication_interval(sim[f"{m.metric}_p{m.q}_ms"])
             rows.append(
                 {"level": share, "metric": m.metric, "q": m.q, "measured_ms": m.measured_ms}
                 | {"predicted_ms": mid, "lo_ms": lo, "hi_ms": hi}
             )
-    return llm_run.verdicts(pd.DataFrame(rows)).assign(knee_error=knee_rps / knee["completed_rps"] - 1.0)
+    return llm_report.verdicts(pd.DataFrame(rows)).assign(knee_error=knee_rps / knee["completed_rps"] - 1.0)
 
 
 def main(folders: list[Path], modes: list[str]) -> None:

@@ -28,7 +28,8 @@ import yaml
 
 from calibrate import llm_load
 from calibrate.experiments.llm_halt import host_over_time
-from calibrate.llm_run import ENGINE, _load, server_args, step_records
+from calibrate.llm_run import ENGINE, server_args, step_records
+from calibrate.llm_sim import validated
 from calibrate.servers import beside_llm_front_end, server
 
 PROFILE = Path("calibrate/profiles/cpu-tiny-llm")
@@ -36,7 +37,7 @@ KNEE_RPS = 20.0
 
 
 def main(rounds: int = 3, seed: int = 23) -> None:
-    s = _load(yaml.safe_load((PROFILE / "scenario.yaml").read_text()))
+    s = validated(yaml.safe_load((PROFILE / "scenario.yaml").read_text()))
     rng = np.random.default_rng(seed)
     parts = []
     for rnd in range(rounds):

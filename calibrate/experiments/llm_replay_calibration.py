@@ -20,7 +20,8 @@ import numpy as np
 import pandas as pd
 
 from calibrate.experiments.llm_replay import SKIP_S, replay_once, trace_doc
-from calibrate.llm_run import ENGINE, QUANTILES, fitted, scenario_dict
+from calibrate.llm_run import ENGINE, fitted
+from calibrate.llm_sim import QUANTILES, scenario_dict
 
 
 def main(folder: Path, seeds: range = range(1, 11)) -> pd.DataFrame:

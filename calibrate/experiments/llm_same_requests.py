@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate import llm_run
+from calibrate import llm_run, llm_sim
 from calibrate.experiments.llm_ttft_apart import replayed
 
 
@@ -51,12 +51,12 @@ def same_requests(folder: Path, level: float) -> dict:
     requests = pd.read_csv(folder / "requests.csv.gz")
     parts = []
     for rnd, g in requests[(requests["level"] == level) & requests["error"].isna()].groupby("round"):
-        doc = llm_run.scenario_dict(
-            llm_run.at_speed(fit, speeds[int(rnd)]), engine, rate_rps=1.0, duration_s=20.0, warmup_s=0.0
+        doc = llm_sim.scenario_dict(
+            llm_sim.at_speed(fit, speeds[int(rnd)]), engine, rate_rps=1.0, duration_s=20.0, warmup_s=0.0
         )
         at = g["scheduled_s"].to_numpy() * 1000.0
         arrive = at + measured["overhead_ms"]
-        _, first, last = replayed(llm_run._load(doc), arrive, g["prompt_tokens"], g["output_tokens"])
+        _, first, last = replayed(llm_sim.validated(doc), arrive, g["prompt_tokens"], g["output_tokens"])
         n = g["output_tokens"].to_numpy()
         parts.append(
             pd.DataFrame(
@@ -89,13 +89,13 @@ def variants(folder: Path, level: float, replications: int = 20) -> dict:
     for name, keep_speed in (("own", True), ("own, no speed", False)):
         docs = []
         for v in speeds:
-            doc = llm_run.scenario_dict(
-                llm_run.at_speed(fit, v, slice_s), engine, rate_rps=1.0, duration_s=slice_s, warmup_s=warmup_s
+            doc = llm_sim.scenario_dict(
+                llm_sim.at_speed(fit, v, slice_s), engine, rate_rps=1.0, duration_s=slice_s, warmup_s=warmup_s
             )
             if not keep_speed:
                 doc.pop("platform", None)
             docs.append(doc)
-        sim = llm_run.simulated(docs, rates, slice_s, warmup_s, range(1, 1 + replications))
+        sim = llm_sim.simulated(docs, rates, slice_s, warmup_s, range(1, 1 + replications))
         for metric in ("ttft", "tpot"):
             for q in (50, 90):
                 col = f"{metric}_p{q}_ms"
