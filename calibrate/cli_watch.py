@@ -191,7 +191,8 @@ def _watch_openai(
 
     from calibrate.vllm_metrics import connect, scrape
     from calibrate.watch import WatchError
-    from calibrate.watch_llm import LLMTwin, Rolling
+    from calibrate.watch_llm import LLMTwin
+    from calibrate.watch_rolling import Rolling
     from simulator.scenario.loader import ScenarioError, load_scenario
 
     tpot = _sla(tpot_sla) if tpot_sla is not None else None

@@ -40,6 +40,8 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import nnls
 
+from calibrate.speed import window_var
+
 FEATURES = ("prefill_tokens", "attention", "decodes", "decode_context")
 COEFFICIENTS = ("c0_ms", "prefill_ms_per_token", "attention_ms_per_token2", "decode_ms_per_seq", "kv_ms_per_token")
 OUTPUT_TOKENS = 32
@@ -313,12 +315,6 @@ def slice_labels(steps: pd.DataFrame) -> np.ndarray:
         k = np.concatenate([[0], np.cumsum(np.diff(begin[idx]) > SLICE_GAP_S * 1e9)])
         out[idx] = [f"{p}#{j}" for j in k]
     return out
-
-
-def window_var(sigma: float, tau: float, t: float) -> float:
-    """The variance of an AR(1)'s (σ, τ) time average over a window ``t`` long."""
-    x = t / tau
-    return sigma**2 * 2.0 * (x - 1.0 + math.exp(-x)) / (x * x)
 
 
 def minute_drift(steps: pd.DataFrame, coef: dict, speed: dict | None, skip=("profile",)) -> dict:

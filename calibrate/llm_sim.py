@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate import llm_profile
+from calibrate.speed import window_var
 
 KNEE_SKIP_S = 10.0  # an overload slice's completions are counted from here on: by then the engine is full
 QUANTILES = (50, 90, 99)
@@ -137,7 +138,7 @@ def at_speed(fit: dict, log_speed: float, window_s: float | None = None) -> dict
     if window_s is not None and fit.get("speed"):
         parts = []
         for c in fit["speed"]["components"]:
-            left = c["sigma"] ** 2 - llm_profile.window_var(c["sigma"], c["correlation_time_s"], window_s)
+            left = c["sigma"] ** 2 - window_var(c["sigma"], c["correlation_time_s"], window_s)
             if left > 1e-8:
                 parts.append({**c, "sigma": float(np.sqrt(left))})
         out["speed"] = {**fit["speed"], "components": parts} if parts else None

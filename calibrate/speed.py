@@ -15,6 +15,11 @@ batches' mean log ratio (both relative to their level's median).
 Only the ``fit_levels`` reach the fit: held-out slices are left out before anything is
 computed (:func:`fit_slices_only`), and the clock places a slice by its position in the
 design, not by anything measured in the others.
+
+Such a process averaged over a window keeps a share of its variance (:func:`window_share`,
+:func:`window_var`): what a slice's mean speed carries (the LLM calibration's minute drift,
+a fit moved to a window's speed), and what is left about it once a factor holds the
+window's mean (:func:`conditioned_speed`, the LLM twin's).
 """
 
 from __future__ import annotations
@@ -239,3 +244,39 @@ def shrink_ratios(ratios, share: float) -> list[float]:
     r = np.log(np.asarray(ratios, dtype=float))
     out = np.exp((r - r.mean()) * math.sqrt(max(share, 0.0)))
     return [round(float(v), 5) for v in out / out.mean()]
+
+
+def window_share(window_s: float, correlation_time_s: float) -> float:
+    """The share of a stationary AR(1)'s variance that its mean over ``window_s`` carries:
+    ``2/x (1 - (1 - e^-x)/x)`` with ``x = window_s / correlation_time_s`` (1 for a window
+    short against the correlation time, ``2 tau / window`` for a long one)."""
+    x = window_s / correlation_time_s
+    if x <= 0:
+        return 0.0
+    if x < 1e-4:
+        return 1.0 - x / 3.0
+    return float(np.clip(2.0 / x * (1.0 - -math.expm1(-x) / x), 0.0, 1.0))
+
+
+def window_var(sigma: float, tau: float, t: float) -> float:
+    """The variance of an AR(1)'s (σ, τ) time average over a window ``t`` long."""
+    return sigma**2 * window_share(t, tau)
+
+
+def conditioned_speed(components: list[dict], window_s: float) -> tuple[list[dict], float]:
+    """The host's speed process as the twin simulates it once its factor is fitted on a
+    window of ``window_s``: the factor already holds the window's mean of every component,
+    so each keeps only the variance about that mean, ``sigma * sqrt(1 - share)``
+    (:func:`window_share`); a component slower than the window is nearly all in the factor.
+    Components left below 0.001 are dropped. Also the slowest correlation time among the
+    components no slower than the window (the simulated span covers the LLM twin's ``speed_spans`` of it;
+    the slower ones, left small, take one draw a seed)."""
+    out, slowest = [], 0.0
+    for c in components:
+        tau = float(c["correlation_time_s"])
+        sigma = float(c["sigma"]) * math.sqrt(1.0 - window_share(window_s, tau))
+        if sigma >= 1e-3:
+            out.append({**c, "sigma": round(sigma, 6)})
+            if tau <= window_s or window_s <= 0:
+                slowest = max(slowest, tau)
+    return out, slowest

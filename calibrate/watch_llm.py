@@ -19,7 +19,7 @@ interval before, pooled over a rolling window of intervals:
   exact ``_sum / _count``: the mean step time a decoded token waited), by bisection in
   the factor. The factor holds the window's mean of the host's speed process (the
   scenario's ``platform.speed``), so the twin simulates each component with only the
-  variance left about that mean (:func:`conditioned_speed`: a component slower than the
+  variance left about that mean (:func:`calibrate.speed.conditioned_speed`: a component slower than the
   window is nearly all in the factor, and is not simulated again on top of it).
 
 It then simulates the current rate (TTFT and TPOT percentiles, against the measured
@@ -36,7 +36,7 @@ Newton steps on the slope where the last fit ended, and the breaking rate from t
 one scaled by the change of the factor (capacity goes as its inverse), widening by 4, 8,
 16% until bracketed; where the host's speed and the traffic drifted little, an update is
 about six simulations, against twelve for a cold search (calibrate/README, "The update"). On the command line
-(:class:`Rolling`) the fit runs on a thread beside the scrapes: a row waits for its own
+(:class:`calibrate.watch_rolling.Rolling`) the fit runs on a thread beside the scrapes: a row waits for its own
 window's fit until 90% of the interval, and past it carries the newest fit finished, with
 its age, so that the rows keep the interval whatever a fit costs.
 """
@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from calibrate.speed import conditioned_speed
 from calibrate.vllm_metrics import Scrape, length_sample
 from calibrate.watch import WatchError, histogram_quantile
 
@@ -101,37 +102,6 @@ def _scaled_step_time(step: dict, factor: float) -> dict:
             out[k] = min(step.get(k, getattr(defaults, k)) / factor, 1.0)
         return out
     raise WatchError(f"the scenario's batching.step_time kind {kind!r} cannot be scaled (linear or roofline)")
-
-
-def window_share(window_s: float, correlation_time_s: float) -> float:
-    """The share of a stationary AR(1)'s variance that its mean over ``window_s`` carries:
-    ``2/x (1 - (1 - e^-x)/x)`` with ``x = window_s / correlation_time_s`` (1 for a window
-    short against the correlation time, ``2 tau / window`` for a long one)."""
-    x = window_s / correlation_time_s
-    if x <= 0:
-        return 0.0
-    if x < 1e-4:
-        return 1.0 - x / 3.0
-    return float(np.clip(2.0 / x * (1.0 - -math.expm1(-x) / x), 0.0, 1.0))
-
-
-def conditioned_speed(components: list[dict], window_s: float) -> tuple[list[dict], float]:
-    """The host's speed process as the twin simulates it once its factor is fitted on a
-    window of ``window_s``: the factor already holds the window's mean of every component,
-    so each keeps only the variance about that mean, ``sigma * sqrt(1 - share)``
-    (:func:`window_share`); a component slower than the window is nearly all in the factor.
-    Components left below 0.001 are dropped. Also the slowest correlation time among the
-    components no slower than the window (the simulated span covers ``LLMTwin.speed_spans`` of it;
-    the slower ones, left small, take one draw a seed)."""
-    out, slowest = [], 0.0
-    for c in components:
-        tau = float(c["correlation_time_s"])
-        sigma = float(c["sigma"]) * math.sqrt(1.0 - window_share(window_s, tau))
-        if sigma >= 1e-3:
-            out.append({**c, "sigma": round(sigma, 6)})
-            if tau <= window_s or window_s <= 0:
-                slowest = max(slowest, tau)
-    return out, slowest
 
 
 class FitCancelled(Exception):
@@ -484,85 +454,3 @@ class LLMTwin:
             else:
                 expanding, probe = False, None
         return lo
-
-
-class Rolling:
-    """The twin on the watch's schedule: every interval :meth:`row` measures at once, and the
-    fits run on a thread of their own, so that a fit longer than the interval (tens of
-    seconds where the simulated span is long) never delays the scrapes. The thread always
-    fits the newest window it has been given (windows that came while it worked are
-    skipped, not queued). A row waits for its own window's fit until ``deadline``; past it,
-    the row carries the newest fit that finished (``fit_age_s``: how much older its window
-    is than the row's; a note says so)."""
-
-    def __init__(self, twin: LLMTwin):
-        self.twin = twin
-        self.twin.cancel = threading.Event()
-        self._cv = threading.Condition()
-        self._pending: dict | None = None  # the newest window not yet taken by the thread
-        self._done: tuple[dict, dict] | None = None  # (job, its fit) of the newest fit finished
-        self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-
-    def _work(self) -> None:
-        cancel = self.twin.cancel
-        while True:
-            with self._cv:
-                while self._pending is None and not cancel.is_set():
-                    self._cv.wait()
-                if cancel.is_set():
-                    return
-                job, self._pending = self._pending, None
-            try:
-                fit = self.twin.fit(job)
-            except FitCancelled:
-                return
-            except Exception as err:  # raised again on the watch's thread
-                with self._cv:
-                    self._error = err
-                    self._cv.notify_all()
-                continue
-            with self._cv:
-                self._done = (job, fit)
-                self._cv.notify_all()
-
-    def row(self, scrape: Scrape, deadline: float) -> dict | None:
-        """The row of the interval that ends with ``scrape``; waits for its window's fit
-        until ``deadline`` (``time.monotonic()``)."""
-        got = self.twin.measure(scrape)
-        if got is None:
-            return None
-        row, job = got
-        if job is None:
-            return row
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name="servesim-twin-fit", daemon=True)
-            self._thread.start()
-        with self._cv:
-            self._pending = job
-            self._cv.notify_all()
-            while (self._done is None or self._done[0] is not job) and self._error is None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._cv.wait(left)
-            err, self._error = self._error, None
-            done = self._done
-        if err is not None:
-            raise err
-        if done is None:
-            return {**row, "note": "the first fit is still running"}
-        fitted_on, fit = done
-        age = round(row["time"] - fitted_on["at"], 3)
-        row = {**row, **fit, "fit_age_s": age}
-        if age > 0:
-            row["note"] = f"predicted on the window of {age:.0f} s ago (a fit takes longer than the interval)"
-        return row
-
-    def close(self) -> None:
-        """Stop the fit in progress (at its next simulation) and wait for the thread."""
-        self.twin.cancel.set()
-        with self._cv:
-            self._cv.notify_all()
-        if self._thread is not None:
-            self._thread.join()

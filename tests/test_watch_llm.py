@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 import yaml
 
+from calibrate.speed import window_share
 from calibrate.vllm_metrics import _cum, length_sample, parse, scrapes_of
 from calibrate.watch import WatchError
-from calibrate.watch_llm import LLMTwin, Rolling, _scaled_step_time, monotone_crossing, window_share
+from calibrate.watch_llm import LLMTwin, _scaled_step_time, monotone_crossing
+from calibrate.watch_rolling import Rolling
 from reference_server.llm.api import buckets_1_2_5
 
 SCENARIO = Path(__file__).parents[1] / "calibrate/profiles/cpu-tiny-llm/scenario.yaml"
@@ -304,18 +306,18 @@ def test_watch_openai_pools_the_seeds_asked_for(monkeypatch):
 
     import calibrate.cli_watch as cli_watch
     import calibrate.vllm_metrics as vllm_metrics
-    import calibrate.watch_llm as watch_llm
+    import calibrate.watch_rolling as watch_rolling
     from servesim.cli import app
 
     seen: list[tuple[int, ...]] = []
 
-    class Recorded(watch_llm.Rolling):
+    class Recorded(watch_rolling.Rolling):
         def __init__(self, twin):
             seen.append(twin.seeds)
             super().__init__(twin)
 
     monkeypatch.setattr(vllm_metrics, "connect", lambda url: {"num_gpu_blocks": "512", "block_size": "16"})
-    monkeypatch.setattr(watch_llm, "Rolling", Recorded)
+    monkeypatch.setattr(watch_rolling, "Rolling", Recorded)
     monkeypatch.setattr(cli_watch, "_watch_loop", lambda *args: None)
     runner = CliRunner()
     cmd = ["calibrate", "watch", "--openai", "--scenario", str(SCENARIO), "--url", "http://x:1"]
