@@ -39,14 +39,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, fields
 
 import numpy as np
 
 from simulator.chunks import chunk_ms
 from simulator.columns import CacheDrawn, Columns, Ledger, rows_of
 from simulator.ledger import BatchLog, Outcome, Served, concat_logs
-from simulator.results.records import Records
+from simulator.pieces import Piece, concat_records, gather
 from simulator.results.run import Run
 from simulator.rng import STREAMS, Streams, streams
 from simulator.scenario.config import Cache, Scenario
@@ -54,7 +53,6 @@ from simulator.scenario.distributions import Sampler
 from simulator.serving.classes import ClassesPool
 from simulator.serving.continuous import LLMService
 from simulator.serving.event_loop import Loop
-from simulator.serving.lives import FleetLog
 from simulator.serving.router import Router
 from simulator.serving.served import TokensServed
 from simulator.serving.streamed import Horizon
@@ -71,23 +69,6 @@ from simulator.stages.router import RouterStage
 from simulator.stages.speed import SpeedProcess
 from simulator.stages.stations import Lindley
 from simulator.stages.tokens import TokenDraws
-
-
-@dataclass
-class Piece:
-    """What one chunk of the run settled: records of requests ``first`` … (in request
-    order, a contiguous run of ids), the batches that started, and the other pools'
-    batches and the shadow copies settled in it. The last piece carries the fleet."""
-
-    first: int  # id (arrival index) of the first record
-    records: Records
-    batches: BatchLog
-    watermark_ms: float  # every later record's times are at or after this
-    horizon_ms: float  # arrivals before this have been simulated
-    fleet: FleetLog | None = None  # a dynamic pool's workers and events, with the last piece
-    pools: dict[str, BatchLog] = field(default_factory=dict)  # the canary's, a shadow's, each class's
-    shadow: dict[str, np.ndarray] | None = None  # the shadow copies
-    response_without_shadow: np.ndarray | None = None  # the records' responses without shared shadow copies
 
 
 def stream(
@@ -167,32 +148,6 @@ def simulate(scenario: Scenario, *, seed: int | None = None) -> Run:
         pools=pools,
         shadow=shadow,
         response_without_shadow=counterfactual,
-    )
-
-
-def gather(pieces: list[Piece]) -> tuple[dict[str, BatchLog], dict[str, np.ndarray] | None, np.ndarray | None]:
-    """What the pieces settled besides their records, as one run's: the other pools'
-    batch logs by name, the shadow copies (in request order) and the responses without
-    the shared shadow's copies (None where the run has none)."""
-    names = dict.fromkeys(name for p in pieces for name in p.pools)
-    pools = {name: concat_logs([p.pools[name] for p in pieces if name in p.pools]) for name in names}
-    parts = [p.shadow for p in pieces if p.shadow is not None]
-    shadow = None
-    if parts:
-        shadow = {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
-        order = np.argsort(shadow["request"], kind="stable")
-        shadow = {k: v[order] for k, v in shadow.items()}
-    alone = [p.response_without_shadow for p in pieces if p.response_without_shadow is not None]
-    return pools, shadow, np.concatenate(alone) if alone else None
-
-
-def concat_records(parts: list[Records]) -> Records:
-    """One set of records from consecutive pieces."""
-    return Records(
-        *(
-            None if getattr(parts[0], f.name) is None else np.concatenate([getattr(p, f.name) for p in parts])
-            for f in fields(Records)
-        )
     )
 
 
@@ -555,10 +510,8 @@ class _CacheStage:
 __all__ = [
     "STREAMS",
     "Outcome",
-    "Piece",
     "Run",
     "Streams",
-    "concat_records",
     "simulate",
     "stream",
     "streams",

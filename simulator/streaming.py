@@ -13,8 +13,9 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from simulator.engine import Piece, concat_records, stream
+from simulator.engine import stream
 from simulator.ledger import concat_logs
+from simulator.pieces import Piece, concat_records
 from simulator.scenario.config import Scenario
 
 

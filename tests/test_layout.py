@@ -110,7 +110,7 @@ LAYERS = (
     {"stages"},
     {"serving"},
     {"results"},
-    {"engine", "columns", "streaming", "chunks"},
+    {"engine", "columns", "pieces", "streaming", "chunks"},
     {"planning"},
     {"__init__"},
 )

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from simulator import load_scenario, simulate
-from simulator.engine import concat_records, gather
 from simulator.ledger import concat_logs
+from simulator.pieces import concat_records, gather
 from simulator.serving.lives import WorkerState
 from simulator.streaming import simulate_streaming, stream
 from tests.helpers import ROOT
