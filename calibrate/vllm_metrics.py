@@ -63,7 +63,7 @@ def scrapes_of(records, interval_s: float, count: int, info: dict) -> list[Scrap
     finished) and waiting (arrived, no first token) gauges. For checking the twin against
     a simulated engine whose step time is known."""
     # the engine's own buckets (its module loads torch: for tests and experiments, not the live twin)
-    from reference_server.llm.api import ITL_BUCKETS, TTFT_BUCKETS, buckets_1_2_5
+    from reference_server.llm.metrics import ITL_BUCKETS, TTFT_BUCKETS, buckets_1_2_5
 
     longest = int(max(records.prompt_tokens.max(initial=1), records.output_tokens.max(initial=1)))
     ttft_b, tpot_b, token_b = ((*b, math.inf) for b in (TTFT_BUCKETS, ITL_BUCKETS, buckets_1_2_5(longest)))

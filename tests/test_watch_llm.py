@@ -15,7 +15,7 @@ from calibrate.vllm_metrics import _cum, length_sample, parse, scrapes_of
 from calibrate.watch import WatchError
 from calibrate.watch_llm import LLMTwin, _scaled_step_time, monotone_crossing
 from calibrate.watch_rolling import Rolling
-from reference_server.llm.api import buckets_1_2_5
+from reference_server.llm.metrics import buckets_1_2_5
 
 SCENARIO = Path(__file__).parents[1] / "calibrate/profiles/cpu-tiny-llm/scenario.yaml"
 
