@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from reference_server.bodies import BodyLimits
 from reference_server.features import FeatureStoreConfig
 from reference_server.models import ModelConfig
 
@@ -24,19 +25,25 @@ class ServerConfig:
     frontends: int = 1  # front-end processes (HTTP, decode) in front of the one batcher (reference_server/hub.py)
     threads: int = 1  # torch intra-op threads per instance (CPU)
     features: FeatureStoreConfig | None = None
-    max_body_bytes: int = 8 * 1024 * 1024
+    max_body_bytes: int = BodyLimits.max_body_bytes
     instance_mode: Literal["process", "thread"] = "process"
     instance_cores: str = "auto"  # auto | none | a core per instance, e.g. "1"
     # inline: decode on the event loop; thread: in a decode thread, which the GIL's 5 ms
     # switch interval makes wait behind the loop (a 28 ms p99 at 20% load on a 16-core host)
     preprocess: Literal["inline", "thread"] = "inline"
     warmup_batches: int = 3
-    max_inflight_body_bytes: int = 64 * 1024 * 1024  # request bodies being read at once, all together
+    max_inflight_body_bytes: int = BodyLimits.max_inflight_body_bytes  # request bodies being read at once, all together
     api_key: str | None = None  # a bearer token every route but health checks requires
-    body_timeout_s: float = 10.0  # a request body that sends nothing for this long: 408
+    body_timeout_s: float = BodyLimits.body_timeout_s  # a request body that sends nothing for this long: 408
     # and the whole body's deadline: body_timeout_s, plus a second per body_min_rate_bps bytes
     # received (Apache's mod_reqtimeout MinRate): a trickle of bytes cannot hold a slot (0: none)
-    body_min_rate_bps: float = 500.0
+    body_min_rate_bps: float = BodyLimits.body_min_rate_bps
+
+    def body_limits(self) -> BodyLimits:
+        """What the front end accepts of request bodies."""
+        return BodyLimits(
+            self.max_body_bytes, self.max_inflight_body_bytes, self.body_timeout_s, self.body_min_rate_bps
+        )
 
 
 def redact(url: str | None) -> str | None:

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from starlette.requests import ClientDisconnect
 
 from reference_server.batcher import DynamicBatcher, Overloaded, Pending
+from reference_server.bodies import BodyReader, BodyRefused
 from reference_server.config import VERSION, ServerConfig, features_public
 from reference_server.features import FeatureStore, StoreUnavailable
 from reference_server.instances import (
@@ -156,7 +156,7 @@ class FrontEnd:
         self.ready = False
         self.draining = False
         self.admitted = 0  # past the door, not yet in the batcher's queue
-        self.body_bytes = 0  # of the request bodies being read
+        self.bodies = BodyReader(cfg.body_limits())
 
     @asynccontextmanager
     async def lifespan(self, _app):
@@ -294,63 +294,16 @@ class FrontEnd:
         }
 
     async def read_body(self, request: Request) -> bytes | JSONResponse:
-        """The body, read as it streams in: over the limit (chunked bodies included) it is
-        refused at once, all bodies being read together stay under a budget, and a body that
-        sends nothing for ``body_timeout_s``, or arrives slower than its deadline allows
-        (``body_timeout_s`` plus a second per ``body_min_rate_bps`` bytes received), is
-        answered 408: neither a stalled nor a trickling upload holds a slot."""
-        cfg, metrics = self.cfg, self.metrics
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
-            metrics.fail("too_large")
-            return error(
-                413, f"body of {declared} bytes exceeds the limit of {cfg.max_body_bytes}", {"Connection": "close"}
-            )
-        chunks, size = [], 0
-        stream = request.stream()
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        rate = cfg.body_min_rate_bps
+        """The body, read as it streams in under the server's limits
+        (:class:`~reference_server.bodies.BodyReader`: too large, stalled, trickling or
+        past the bodies' budget, it is refused at once), or the error to answer."""
         try:
-            while True:
-                deadline = start + cfg.body_timeout_s + size / rate if rate > 0 else math.inf
-                left = deadline - loop.time()
-                try:
-                    if left <= 0:
-                        raise TimeoutError
-                    async with asyncio.timeout(min(cfg.body_timeout_s, left)):
-                        chunk = await anext(stream)
-                except StopAsyncIteration:
-                    break
-                except TimeoutError:
-                    metrics.fail("timeout")
-                    why = (
-                        f"request body too slow: {size} bytes in {loop.time() - start:.1f} s (at least "
-                        f"{rate:g} bytes/s after the first {cfg.body_timeout_s:g} s)"
-                        if left < cfg.body_timeout_s
-                        else f"request body stalled for {cfg.body_timeout_s:g} s"
-                    )
-                    return error(408, why, {"Connection": "close"})
-                except ClientDisconnect:  # the client's doing: counted as such, one line, no traceback
-                    metrics.fail("client_disconnected")
-                    self.errors.warning("client disconnected before sending its whole body")
-                    return error(499, "client closed the request", {"Connection": "close"})
-                size += len(chunk)
-                self.body_bytes += len(chunk)
-                if size > cfg.max_body_bytes:
-                    metrics.fail("too_large")
-                    return error(413, f"body exceeds the limit of {cfg.max_body_bytes} bytes", {"Connection": "close"})
-                if self.body_bytes > cfg.max_inflight_body_bytes:
-                    metrics.fail("overloaded")
-                    return error(
-                        503,
-                        "overloaded: too many request bodies in flight",
-                        {"Retry-After": "1", "Connection": "close"},
-                    )
-                chunks.append(chunk)
-        finally:
-            self.body_bytes -= size
-        return b"".join(chunks)
+            return await self.bodies.read(request)
+        except BodyRefused as no:
+            self.metrics.fail(no.reason)
+            if no.reason == "client_disconnected":  # one line, no traceback
+                self.errors.warning("client disconnected before sending its whole body")
+            return error(no.status, no.message, no.headers)
 
     async def infer(self, model_name: str, request: Request, version: str | None) -> Response:
         """Answer one inference request; never raises (an unexpected error is a logged 500)."""

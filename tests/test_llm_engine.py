@@ -4,6 +4,7 @@ metrics, bad requests, shutdown) on a real server on 127.0.0.1."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -285,6 +286,63 @@ def test_bad_requests_get_an_openai_error(server, path, body, status, param):
     assert err["param"] == param
     assert proc.poll() is None
     assert _post(url + "/v1/completions", {"prompt": "still here", "max_tokens": 2})[0] == 200
+
+
+def test_slow_stalled_and_oversized_bodies_are_cut_and_the_server_serves_on():
+    """The image server's body limits hold on the LLM API too (reference_server.bodies): a
+    body stalled past --body-timeout-s and one trickled below --body-min-rate get a 408, a
+    body declared past 8 MiB a 413 at once, each an OpenAI-style error that closes the
+    connection; then a good request is served."""
+    import socket
+    import time
+
+    def answer(sock: socket.socket, timeout_s: float) -> bytes:
+        sock.settimeout(timeout_s)
+        out = b""
+        try:
+            while chunk := sock.recv(65536):
+                out += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+        return out
+
+    def head(length: int) -> bytes:
+        return (
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {length}\r\n\r\n"
+        ).encode()
+
+    with llm_server("--num-blocks", "64", "--body-timeout-s", "1", "--body-min-rate", "200") as (url, proc):
+        host, port = url.removeprefix("http://").split(":")
+        address = (host, int(port))
+        with socket.create_connection(address) as sock:  # stalled
+            sock.sendall(head(1000) + b'{"prompt": ')
+            t0 = time.monotonic()
+            got = answer(sock, 5)
+            assert got.startswith(b"HTTP/1.1 408"), got[:80]
+            assert time.monotonic() - t0 < 3
+            assert b"request body stalled for 1 s" in got
+            assert json.loads(got.split(b"\r\n\r\n", 1)[1])["error"]["code"] == 408
+        with socket.create_connection(address) as sock:  # trickled at 50 bytes/s, under 200
+            sock.sendall(head(2000))
+            t0 = time.monotonic()
+            sent = 0
+            with contextlib.suppress(OSError):
+                while time.monotonic() - t0 < 4:
+                    sock.sendall(b" " * 10)
+                    sent += 10
+                    time.sleep(0.2)
+            got = answer(sock, 5)
+            assert got.startswith(b"HTTP/1.1 408"), got[:80]
+            assert b"request body too slow" in got
+            assert sent < 200  # cut near its deadline (1 s + a second per 200 bytes), not at its end
+        with socket.create_connection(address) as sock:  # declared past the limit
+            sock.sendall(head(9_000_000))
+            got = answer(sock, 5)
+            assert got.startswith(b"HTTP/1.1 413"), got[:80]
+            assert b"exceeds the limit" in got
+        assert _post(url + "/v1/completions", {"prompt": "still here", "max_tokens": 3})[0] == 200
+        assert proc.poll() is None
 
 
 def test_a_client_that_leaves_mid_stream_frees_its_sequence(server):

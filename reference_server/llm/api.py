@@ -11,7 +11,9 @@
   (:mod:`reference_server.llm.metrics`).
 
 A bad request gets a 4xx with an OpenAI-style body, ``{"error": {"message", "type",
-"param", "code"}}``, naming the field; the engine never sees it.
+"param", "code"}}``, naming the field; the engine never sees it. A body is read under the
+image server's limits (:mod:`reference_server.bodies`): too large a 413, stalled or
+trickling a 408, past the bodies' budget a 503, each closing the connection.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import generate_latest
 
+from reference_server.bodies import BodyLimits, BodyReader, BodyRefused
 from reference_server.llm.engine import EngineConfig, StepRecord
 from reference_server.llm.metrics import Metrics
 from reference_server.llm.model import VOCAB, decode, encode
@@ -41,10 +44,12 @@ class BadRequest(Exception):
         self.message, self.param, self.status, self.code = message, param, status, code
 
 
-def error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+def error(
+    status: int, message: str, param: str | None = None, code: str | None = None, headers: dict | None = None
+) -> JSONResponse:
     kind = {400: "invalid_request_error", 404: "not_found_error", 503: "service_unavailable"}.get(status, "error")
     body = {"error": {"message": message, "type": kind, "param": param, "code": code or status}}
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 @dataclass
@@ -152,6 +157,7 @@ def create_llm_app(
     threads: int = 1,
     core: int | None = None,
     idle: str = "sleep",
+    bodies: BodyLimits | None = None,
 ) -> FastAPI:
     """The app serving the engine (started in its own process when the app starts, pinned
     to ``core`` when given; the front end then keeps to the other cores, as the image
@@ -159,6 +165,7 @@ def create_llm_app(
     idles, and the engine's forward passes after run 10-20% slower, more at low load than at
     high; calibrate/README, "What the misses are made of")."""
     state: dict = {}
+    reader = BodyReader(bodies or BodyLimits())  # too large, stalled or trickling: refused at once
     frontend_cores = sorted(set(os.sched_getaffinity(0)) - {core}) if core is not None else []
 
     @contextlib.asynccontextmanager
@@ -218,7 +225,11 @@ def create_llm_app(
     async def handle(request: Request, chat: bool):
         arrival = time.perf_counter_ns()
         try:
-            body = json.loads(await request.body())
+            raw = await reader.read(request)
+        except BodyRefused as no:
+            return error(no.status, no.message, headers=no.headers)
+        try:
+            body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
             return error(400, f"the body is not valid JSON: {err}")
         try:

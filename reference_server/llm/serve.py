@@ -6,6 +6,8 @@ from typing import Annotated
 
 import typer
 
+from reference_server.bodies import BodyLimits
+
 
 def serve_llm(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
@@ -37,6 +39,18 @@ def serve_llm(
     served_model_name: Annotated[str, typer.Option(help="The model's name in the API.")] = "servesim-tiny",
     max_connections: Annotated[int, typer.Option(help="Open connections at most.")] = 512,
     header_timeout_s: Annotated[float, typer.Option(help="Seconds a client has to send its request.")] = 10.0,
+    body_timeout_s: Annotated[
+        float,
+        typer.Option(help="Seconds a request body may go without sending a byte; then 408 and close.", min=0.001),
+    ] = BodyLimits.body_timeout_s,
+    body_min_rate: Annotated[
+        float,
+        typer.Option(
+            help="Bytes/s a request body must keep up after its first --body-timeout-s: its deadline is that "
+            "plus a second per this many bytes received; then 408 and close (0: no deadline).",
+            min=0,
+        ),
+    ] = BodyLimits.body_min_rate_bps,
 ) -> None:
     """Serve the tiny real LLM engine (paged KV cache, continuous batching, prefix cache,
     recompute preemption) with an OpenAI-compatible API and vLLM's /metrics."""
@@ -83,7 +97,8 @@ def serve_llm(
     except ValueError as err:
         typer.echo(f"error: {str(err).replace('--instance-cores', '--engine-core')}", err=True)
         raise typer.Exit(code=2) from None
-    app = create_llm_app(cfg, served=served_model_name, threads=threads, core=core, idle=idle)
+    bodies = BodyLimits(body_timeout_s=body_timeout_s, body_min_rate_bps=body_min_rate)
+    app = create_llm_app(cfg, served=served_model_name, threads=threads, core=core, idle=idle, bodies=bodies)
     typer.echo(
         f"servesim serve-llm: http://{host}:{port} {served_model_name}: {layers} layers x {width}, "
         f"{num_blocks} blocks of {block_size} tokens, max_num_batched_tokens {max_num_batched_tokens}, "
