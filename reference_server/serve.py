@@ -7,6 +7,22 @@ from typing import Annotated, Literal
 
 import typer
 
+from reference_server.bodies import BodyLimits
+
+# the request body's limits, the same options on every server (serve-llm's too)
+BodyTimeout = Annotated[
+    float,
+    typer.Option(help="Seconds a request body may go without sending a byte; then 408 and close.", min=0.001),
+]
+BodyMinRate = Annotated[
+    float,
+    typer.Option(
+        help="Bytes/s a request body must keep up after its first --body-timeout-s: its deadline is that "
+        "plus a second per this many bytes received; then 408 and close (0: no deadline).",
+        min=0,
+    ),
+]
+
 Kind = Literal["resnet", "ranker"]
 Precision = Literal["fp32", "fp16", "bf16", "int8"]
 
@@ -90,18 +106,8 @@ def serve(
             min=0.001,
         ),
     ] = 10.0,
-    body_timeout_s: Annotated[
-        float,
-        typer.Option(help="Seconds a request body may go without sending a byte; then 408 and close.", min=0.001),
-    ] = 10.0,
-    body_min_rate: Annotated[
-        float,
-        typer.Option(
-            help="Bytes/s a request body must keep up after its first --body-timeout-s: its deadline is that "
-            "plus a second per this many bytes received; then 408 and close (0: no deadline).",
-            min=0,
-        ),
-    ] = 500.0,
+    body_timeout_s: BodyTimeout = BodyLimits.body_timeout_s,
+    body_min_rate: BodyMinRate = BodyLimits.body_min_rate_bps,
     drain_s: Annotated[
         float,
         typer.Option(

@@ -1149,6 +1149,8 @@ def test_the_engine_has_its_core_and_the_front_end_keeps_off_it(server):
         (["--idle", "nap"], "--idle must be sleep or spin, not 'nap'"),
         (["--device", "tpu"], "--device must be cpu or cuda, not 'tpu'"),
         (["--engine-core", "99"], "--engine-core"),
+        (["--body-timeout-s", "0"], "--body-timeout-s"),
+        (["--body-min-rate", "-1"], "--body-min-rate"),
     ],
 )
 def test_serve_llm_refuses_bad_options_before_starting(args, message):

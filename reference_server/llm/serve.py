@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from reference_server.bodies import BodyLimits
+from reference_server.serve import BodyMinRate, BodyTimeout
 
 
 def serve_llm(
@@ -39,18 +40,8 @@ def serve_llm(
     served_model_name: Annotated[str, typer.Option(help="The model's name in the API.")] = "servesim-tiny",
     max_connections: Annotated[int, typer.Option(help="Open connections at most.")] = 512,
     header_timeout_s: Annotated[float, typer.Option(help="Seconds a client has to send its request.")] = 10.0,
-    body_timeout_s: Annotated[
-        float,
-        typer.Option(help="Seconds a request body may go without sending a byte; then 408 and close.", min=0.001),
-    ] = BodyLimits.body_timeout_s,
-    body_min_rate: Annotated[
-        float,
-        typer.Option(
-            help="Bytes/s a request body must keep up after its first --body-timeout-s: its deadline is that "
-            "plus a second per this many bytes received; then 408 and close (0: no deadline).",
-            min=0,
-        ),
-    ] = BodyLimits.body_min_rate_bps,
+    body_timeout_s: BodyTimeout = BodyLimits.body_timeout_s,
+    body_min_rate: BodyMinRate = BodyLimits.body_min_rate_bps,
 ) -> None:
     """Serve the tiny real LLM engine (paged KV cache, continuous batching, prefix cache,
     recompute preemption) with an OpenAI-compatible API and vLLM's /metrics."""
