@@ -42,6 +42,7 @@ import pandas as pd
 from calibrate import llm_profile, llm_run, llm_sim
 from calibrate.servers import server
 from calibrate.stats import replication_interval
+from simulator.scenario.config import Scenario
 
 QUANTILES = (50, 90, 99)
 METRICS = {  # ours: GuideLLM's per-request field
@@ -170,7 +171,7 @@ def predicted(doc: dict, measured: pd.DataFrame, rate_rps: float, duration_s: fl
         "output": {"values": [int(v) for v in measured["output_tokens"]]},
     }
     run = llm_sim.at_rate(doc, rate_rps, duration_s, 0.0)  # Poisson arrivals, the scenario's default
-    s = llm_sim.validated({**run, "traffic": {**run["traffic"], "tokens": tokens}})
+    s = Scenario.model_validate({**run, "traffic": {**run["traffic"], "tokens": tokens}})
     rows = []
     for seed in seeds:
         r = simulate(s, seed=seed).records

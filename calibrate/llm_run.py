@@ -64,9 +64,9 @@ from calibrate.llm_sim import (
     scenario_dict,
     simulated,
     simulated_knee,
-    validated,
 )
 from calibrate.servers import beside_llm_front_end, get_json, server
+from simulator.scenario.config import Scenario
 
 LEVELS = (0.3, 0.5, 0.7, 0.85)
 AGE_S = 90.0  # overload that ages the engine before the knee and the levels are measured (then drained)
@@ -140,7 +140,7 @@ def measured_overhead(url: str, seed: int, n: int = 40) -> float:
 def measured_knee(url: str, doc: dict, rate_rps: float, duration_s: float, skip_s: float, seed: int) -> dict:
     """Offer ``rate_rps`` (more than the engine takes) for ``duration_s``; completions a
     second from ``skip_s`` to ``duration_s``."""
-    s = validated(doc)
+    s = Scenario.model_validate(doc)
     plan = llm_load.plan_from_scenario(s, rate_rps, duration_s, np.random.default_rng(seed))
     df = llm_load.run(url, plan, seed=seed)
     done = (df["scheduled_s"] + df["e2e_s"]).to_numpy()
@@ -167,7 +167,7 @@ def age_engine(url: str, doc: dict, offered_rps: float, age_s: float, seed: int)
     (a backlog of 90 s of overload: the engine stays full all the same)."""
     if age_s <= 0:
         return {"seconds": 0.0}
-    plan = llm_load.plan_from_scenario(validated(doc), offered_rps, age_s, np.random.default_rng(seed))
+    plan = llm_load.plan_from_scenario(Scenario.model_validate(doc), offered_rps, age_s, np.random.default_rng(seed))
     df = llm_load.run(url, plan, seed=seed)
     step_records(url)  # the aging's steps: not a phase of the fit
     done = (df["scheduled_s"] + df["e2e_s"]).dropna().to_numpy()
@@ -265,7 +265,7 @@ def measure_llm(
         # random order, so that a slow minute of the host falls on every one alike; each
         # round's levels are shares of the knee measured before it (one slice is the host's
         # minute: the first came out 4-22% above the run's mean in 8 of 9 runs)
-        s = validated(doc)
+        s = Scenario.model_validate(doc)
         rates: dict[float, list[float]] = {share: [] for share in LEVELS}
         for r in range(rounds):
             knee_so_far = float(np.mean([k["completed_rps"] for k in knees]))

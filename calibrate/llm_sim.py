@@ -16,6 +16,7 @@ import pandas as pd
 
 from calibrate import llm_profile
 from calibrate.speed import window_var
+from simulator.scenario.config import Scenario
 
 KNEE_SKIP_S = 10.0  # an overload slice's completions are counted from here on: by then the engine is full
 QUANTILES = (50, 90, 99)
@@ -68,13 +69,6 @@ def at_rate(doc: dict, rate_rps: float, duration_s: float, warmup_s: float) -> d
     return {**doc, "traffic": traffic, "duration_s": float(duration_s), "warmup_s": float(warmup_s)}
 
 
-def validated(doc: dict):
-    """The scenario ``doc`` (a dict, as YAML gives it), validated."""
-    from simulator.scenario.config import Scenario
-
-    return Scenario.model_validate(doc)
-
-
 def slice_latencies(s, seed: int, slice_s: float, warmup_s: float) -> tuple[np.ndarray, np.ndarray]:
     """One simulated slice of the validated scenario ``s`` (``slice_s`` long, started empty):
     the TTFT and TPOT (ms) of the requests that arrived after its first ``warmup_s``, as the
@@ -114,7 +108,7 @@ def simulated(
     docs = list(doc) if isinstance(doc, list) else [doc] * len(rates)
     if len(docs) != len(rates):
         raise ValueError(f"{len(docs)} scenarios for {len(rates)} rounds")
-    loaded = [validated(at_rate(d, rate, slice_s, warmup_s)) for d, rate in zip(docs, rates, strict=True)]
+    loaded = [Scenario.model_validate(at_rate(d, rate, slice_s, warmup_s)) for d, rate in zip(docs, rates, strict=True)]
     rows = []
     for seed in seeds:
         slices = [slice_latencies(sc, seed * 1000 + k, slice_s, warmup_s) for k, sc in enumerate(loaded)]
@@ -159,7 +153,7 @@ def knee_slice(s, seed: int, duration_s: float, skip_s: float) -> float:
 def simulated_knee(doc: dict, rate_rps: float, duration_s: float, skip_s: float, seeds: range) -> float:
     """Completions a second the simulator gives in the knee's design (offered ``rate_rps``,
     counted from ``skip_s`` to ``duration_s``), the median over seeds."""
-    s = validated(at_rate(doc, rate_rps, duration_s * 3, 0.0))  # long enough for the backlog to drain
+    s = Scenario.model_validate(at_rate(doc, rate_rps, duration_s * 3, 0.0))  # long enough for the backlog to drain
     return float(np.median([knee_slice(s, seed, duration_s, skip_s) for seed in seeds]))
 
 

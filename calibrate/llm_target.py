@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate import llm_profile, llm_report, llm_sim
+from simulator.scenario.config import Scenario
 
 JUDGED = (0.3, 0.5, 0.7)  # the levels whose 18 cells the target asks for
 MINUTE_SIGMA = 0.085  # log: the drift between 25-s runs beyond the fitted components (calibrate/README, ABAB)
@@ -76,12 +77,12 @@ def level_rates(profile: dict) -> dict[float, float]:
 
 
 def _pool(doc: dict, rate: float, seeds: list[int], slice_s: float, warmup_s: float) -> list:
-    s = llm_sim.validated(llm_sim.at_rate(doc, rate, slice_s, warmup_s))
+    s = Scenario.model_validate(llm_sim.at_rate(doc, rate, slice_s, warmup_s))
     return [llm_sim.slice_latencies(s, seed, slice_s, warmup_s) for seed in seeds]
 
 
 def _knee_pool(doc: dict, offered: float, seeds: list[int], knee_s: float) -> list:
-    s = llm_sim.validated(llm_sim.at_rate(doc, offered, knee_s * 3, 0.0))
+    s = Scenario.model_validate(llm_sim.at_rate(doc, offered, knee_s * 3, 0.0))
     return [llm_sim.knee_slice(s, seed, knee_s, llm_sim.KNEE_SKIP_S) for seed in seeds]
 
 

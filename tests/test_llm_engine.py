@@ -1005,13 +1005,14 @@ def test_a_gpus_name_is_the_catalogs_instance_type(name, kind):
 def test_simulated_takes_each_rounds_rate():
     """A level whose rounds ran at different rates is simulated at those rates: round k's
     slice at round k's rate, pooled (as the calibration measures it), not all at one."""
-    from calibrate.llm_sim import at_rate, pooled_percentiles, simulated, slice_latencies, validated
+    from calibrate.llm_sim import at_rate, pooled_percentiles, simulated, slice_latencies
+    from simulator.scenario.config import Scenario
 
     doc = yaml_doc()
     mixed = simulated(doc, [4.0, 16.0], 12.0, 2.0, range(1, 3))
     for row in mixed.itertuples():
         slices = [
-            slice_latencies(validated(at_rate(doc, rate, 12.0, 2.0)), row.seed * 1000 + k, 12.0, 2.0)
+            slice_latencies(Scenario.model_validate(at_rate(doc, rate, 12.0, 2.0)), row.seed * 1000 + k, 12.0, 2.0)
             for k, rate in enumerate([4.0, 16.0])
         ]
         assert pooled_percentiles(slices) == pytest.approx(

@@ -356,8 +356,8 @@ def test_the_twin_announces_where_the_ttft_sla_breaks(tmp_path):
 
     from calibrate import llm_load
     from calibrate.llm_run import profile_server_args
-    from calibrate.llm_sim import validated
     from calibrate.vllm_metrics import scrape
+    from simulator.scenario.config import Scenario
     from tests.servers import llm_server
 
     cal = tmp_path / "cal"
@@ -372,7 +372,7 @@ def test_the_twin_announces_where_the_ttft_sla_breaks(tmp_path):
     profile = json.loads((cal / "profile.json").read_text())
     knee = profile["knee"]["completed_rps"]
     base = yaml.safe_load((cal / "scenario.yaml").read_text())
-    scenario = validated(base)
+    scenario = Scenario.model_validate(base)
     sla_ms, q, step_s = 250.0, 99.0, 10.0
     # 60% to 150% of the knee: fresh and polling, the ramp's engine crossed past 110% of the
     # aged knee in three ramps, and below 80% in another (calibrate/README, sets D and E)

@@ -17,8 +17,9 @@ import yaml
 
 from calibrate import llm_load, llm_profile
 from calibrate.llm_run import server_args, step_records
-from calibrate.llm_sim import simulated, validated
+from calibrate.llm_sim import simulated
 from calibrate.servers import server
+from simulator.scenario.config import Scenario
 
 PROFILE = Path("calibrate/profiles/cpu-tiny-llm")
 
@@ -44,7 +45,7 @@ def one_run(url: str, plan, seed: int, fit: dict, share: float, k: int) -> dict:
 def main() -> None:
     profile = json.loads((PROFILE / "profile.json").read_text())
     doc = yaml.safe_load((PROFILE / "scenario.yaml").read_text())
-    scenario = validated(doc)
+    scenario = Scenario.model_validate(doc)
     knee = profile["knee"]["completed_rps"]
     rng = np.random.default_rng(7)
     rows = []

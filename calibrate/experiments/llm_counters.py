@@ -23,8 +23,8 @@ import yaml
 
 from calibrate import llm_load
 from calibrate.llm_run import ENGINE, server_args, step_records
-from calibrate.llm_sim import validated
 from calibrate.servers import beside_llm_front_end, get_json, server
+from simulator.scenario.config import Scenario
 
 PROFILE = Path("calibrate/profiles/cpu-tiny-llm")
 KNEE_RPS = 20.0  # the knee the calibrations measured, 18.5-20.3 req/s (run 6's 24.9 was a fast minute)
@@ -62,7 +62,7 @@ def slice_row(steps: pd.DataFrame, spent: dict) -> dict:
 
 
 def main() -> None:
-    s = validated(yaml.safe_load((PROFILE / "scenario.yaml").read_text()))
+    s = Scenario.model_validate(yaml.safe_load((PROFILE / "scenario.yaml").read_text()))
     rng = np.random.default_rng(17)
     rows = []
     with server(server_args(ENGINE), command="serve-llm", health="/health") as url, beside_llm_front_end(url):

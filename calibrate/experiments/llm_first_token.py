@@ -31,8 +31,8 @@ import yaml
 from calibrate import llm_load
 from calibrate.experiments.llm_ttft_apart import replayed
 from calibrate.llm_run import ENGINE, age_engine, measured_overhead, server_args, step_records
-from calibrate.llm_sim import validated
 from calibrate.servers import beside_llm_front_end, server
+from simulator.scenario.config import Scenario
 
 PROFILE = Path("calibrate/profiles/cpu-tiny-llm")
 SHARES = (0.05, 0.3, 0.5, 0.7)
@@ -44,7 +44,7 @@ def main() -> None:
     profile = json.loads((PROFILE / "profile.json").read_text())
     knee = profile["knee"]["completed_rps"]
     doc = yaml.safe_load((PROFILE / "scenario.yaml").read_text())
-    s = validated(doc)
+    s = Scenario.model_validate(doc)
     rng = np.random.default_rng(12)
     with (
         server(server_args(ENGINE), command="serve-llm", health="/health") as url,

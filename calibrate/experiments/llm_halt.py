@@ -32,8 +32,8 @@ import yaml
 
 from calibrate import llm_load, llm_profile
 from calibrate.llm_run import ENGINE, server_args, step_records
-from calibrate.llm_sim import validated
 from calibrate.servers import beside_llm_front_end, server
+from simulator.scenario.config import Scenario
 
 PROFILE = Path("calibrate/profiles/cpu-tiny-llm")
 KNEE_RPS = 20.0  # the knee the calibrations measured, 18.5-20.3 req/s
@@ -65,7 +65,7 @@ def host_over_time(steps: pd.DataFrame, keys: list[str]) -> pd.Series:
 
 
 def main(rounds: int = 3) -> None:
-    s = validated(yaml.safe_load((PROFILE / "scenario.yaml").read_text()))
+    s = Scenario.model_validate(yaml.safe_load((PROFILE / "scenario.yaml").read_text()))
     rng = np.random.default_rng(19)
     conditions = [(share, poll) for share in (0.3, 0.8) for poll in (False, True)]
     parts = []

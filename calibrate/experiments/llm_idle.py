@@ -28,8 +28,8 @@ import yaml
 from calibrate import llm_load
 from calibrate.experiments.llm_pinning import slice_figures
 from calibrate.llm_run import ENGINE, server_args, step_records
-from calibrate.llm_sim import validated
 from calibrate.servers import beside_llm_front_end, get_json, server
+from simulator.scenario.config import Scenario
 
 PROFILE = Path("calibrate/profiles/cpu-tiny-llm")
 
@@ -44,7 +44,7 @@ def cpu_times(core: int) -> np.ndarray:
 
 def main() -> None:
     knee = json.loads((PROFILE / "profile.json").read_text())["knee"]["completed_rps"]
-    s = validated(yaml.safe_load((PROFILE / "scenario.yaml").read_text()))
+    s = Scenario.model_validate(yaml.safe_load((PROFILE / "scenario.yaml").read_text()))
     rng = np.random.default_rng(13)
     rows = []
     for rnd in range(8):

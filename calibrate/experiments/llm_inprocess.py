@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate import llm_load, llm_profile, llm_run, llm_sim
+from simulator.scenario.config import Scenario
 
 SLICE_S, KNEE_S = 20.0, 25.0
 
@@ -84,7 +85,7 @@ def main(out: Path, rounds: int) -> None:
     first = llm_profile.fit(phases["profile"][0])
     doc = llm_sim.scenario_dict({**first, "noise_cv": 0.1}, llm_run.ENGINE, rate_rps=1.0, duration_s=SLICE_S,
                                 warmup_s=3.0)  # fmt: skip
-    s = llm_sim.validated(doc)
+    s = Scenario.model_validate(doc)
     offered = 1.5 * llm_sim.saturated_rate(doc, KNEE_S)
     knees = []
 

@@ -26,7 +26,8 @@ import pandas as pd
 import yaml
 
 from calibrate import llm_load, llm_profile
-from calibrate.llm_sim import KNEE_SKIP_S, validated
+from calibrate.llm_sim import KNEE_SKIP_S
+from simulator.scenario.config import Scenario
 from simulator.serving.continuous import LLMService
 from simulator.serving.llm_replica import Replica
 from simulator.stages.speed import SpeedProcess
@@ -77,7 +78,7 @@ def replayed(scenario, offered_rps: float, seed: int, speed: bool = False) -> tu
 def main(folders: list[Path], seed: int) -> None:
     for folder in folders:
         measured = json.loads((folder / "measured.json").read_text())
-        s = validated(yaml.safe_load((folder / "scenario.yaml").read_text()))
+        s = Scenario.model_validate(yaml.safe_load((folder / "scenario.yaml").read_text()))
         offered = measured["knee"]["offered_rps"]
         steps = pd.read_csv(folder / "steps.csv.gz")
         first = steps[(steps["phase"] == "knee") & (steps["slice"] == 1)]
@@ -97,7 +98,7 @@ def main(folders: list[Path], seed: int) -> None:
         comps = doc["platform"]["speed"]["components"]
         fastest = min(comps, key=lambda c: c["correlation_time_s"])
         doc["platform"]["speed"]["components"] = [c for c in comps if c is not fastest]
-        slow = np.array([replayed(validated(doc), offered, k, speed=True)[1] for k in range(1, 13)])
+        slow = np.array([replayed(Scenario.model_validate(doc), offered, k, speed=True)[1] for k in range(1, 13)])
         fit = llm_profile.fit(steps)
         knee = steps[steps["phase"] == "knee"]
         took = llm_profile.step_ms(knee).sum() / llm_profile.predict_ms(fit, knee).sum()

@@ -20,6 +20,7 @@ import pandas as pd
 
 from calibrate import llm_load, llm_profile, llm_run, llm_sim
 from calibrate.servers import beside_llm_front_end, get_json, server
+from simulator.scenario.config import Scenario
 
 BIN_S = 0.25
 
@@ -57,7 +58,7 @@ def main(out: Path) -> None:
         doc = llm_sim.scenario_dict(
             {**fit, "noise_cv": 0.1}, llm_run.ENGINE, rate_rps=1.0, duration_s=20.0, warmup_s=3.0
         )
-        s = llm_sim.validated(doc)
+        s = Scenario.model_validate(doc)
         llm_run.step_records(url)
         th = threading.Thread(target=sampler, args=(rows, stop), daemon=True)
         th.start()

@@ -23,8 +23,8 @@ import yaml
 from calibrate import llm_load
 from calibrate.experiments.llm_pinning import slice_figures
 from calibrate.llm_run import ENGINE, server_args, step_records
-from calibrate.llm_sim import validated
 from calibrate.servers import beside_llm_front_end, get_json, server
+from simulator.scenario.config import Scenario
 
 PROFILE = Path("calibrate/profiles/cpu-tiny-llm")
 
@@ -38,7 +38,7 @@ def burn(core: int) -> None:
 
 def main() -> None:
     knee = json.loads((PROFILE / "profile.json").read_text())["knee"]["completed_rps"]
-    s = validated(yaml.safe_load((PROFILE / "scenario.yaml").read_text()))
+    s = Scenario.model_validate(yaml.safe_load((PROFILE / "scenario.yaml").read_text()))
     rng = np.random.default_rng(11)
     rows = []
     with server(server_args(ENGINE), command="serve-llm", health="/health") as url, beside_llm_front_end(url):

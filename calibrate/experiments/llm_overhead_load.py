@@ -24,9 +24,9 @@ import yaml
 
 from calibrate import llm_load
 from calibrate.llm_run import ENGINE, age_engine, server_args, step_records
-from calibrate.llm_sim import validated
 from calibrate.servers import beside_llm_front_end, server
 from calibrate.vllm_metrics import scrape
+from simulator.scenario.config import Scenario
 
 PROFILE = Path("calibrate/profiles/cpu-tiny-llm")
 SHARES = (0.05, 0.3, 0.5, 0.7)
@@ -47,7 +47,7 @@ def main() -> None:
     profile = json.loads((PROFILE / "profile.json").read_text())
     knee = profile["knee"]["completed_rps"]
     doc = yaml.safe_load((PROFILE / "scenario.yaml").read_text())
-    s = validated(doc)
+    s = Scenario.model_validate(doc)
     rng = np.random.default_rng(11)
     overhead = doc["network"]["client_to_api"]["value_ms"]
     print(f"the profile's fixed overhead: {overhead:.2f} ms; its knee {knee:.2f} req/s")  # noqa: T201

@@ -25,8 +25,8 @@ import pandas as pd
 
 from calibrate import llm_load
 from calibrate.llm_run import ENGINE, server_args, step_records
-from calibrate.llm_sim import validated
 from calibrate.servers import _free_port
+from simulator.scenario.config import Scenario
 
 PROFILE = Path("calibrate/profiles/cpu-tiny-llm")
 
@@ -69,7 +69,7 @@ def main() -> None:
     knee = profile["knee"]["completed_rps"]
     import yaml
 
-    s = validated(yaml.safe_load((PROFILE / "scenario.yaml").read_text()))
+    s = Scenario.model_validate(yaml.safe_load((PROFILE / "scenario.yaml").read_text()))
     rng = np.random.default_rng(7)
     everywhere = os.sched_getaffinity(0)
     rows = []

@@ -29,15 +29,15 @@ import yaml
 from calibrate import llm_load
 from calibrate.experiments.llm_halt import host_over_time
 from calibrate.llm_run import ENGINE, server_args, step_records
-from calibrate.llm_sim import validated
 from calibrate.servers import beside_llm_front_end, server
+from simulator.scenario.config import Scenario
 
 PROFILE = Path("calibrate/profiles/cpu-tiny-llm")
 KNEE_RPS = 20.0
 
 
 def main(rounds: int = 3, seed: int = 23) -> None:
-    s = validated(yaml.safe_load((PROFILE / "scenario.yaml").read_text()))
+    s = Scenario.model_validate(yaml.safe_load((PROFILE / "scenario.yaml").read_text()))
     rng = np.random.default_rng(seed)
     parts = []
     for rnd in range(rounds):

@@ -22,8 +22,8 @@ import yaml
 
 from calibrate import llm_load, llm_profile
 from calibrate.llm_run import ENGINE, server_args, step_records
-from calibrate.llm_sim import validated
 from calibrate.servers import beside_llm_front_end, server
+from simulator.scenario.config import Scenario
 
 PROFILE = Path("calibrate/profiles/cpu-tiny-llm")
 SKIP_S = 3.0
@@ -49,7 +49,7 @@ def replay_once(doc: dict, seed: int) -> tuple[np.ndarray, np.ndarray, float]:
     from simulator import simulate
     from simulator.results.tokens import tpot_ms, ttft_ms
 
-    run = simulate(validated(doc), seed=seed)
+    run = simulate(Scenario.model_validate(doc), seed=seed)
     r = run.records
     keep = (r.arrival >= SKIP_S * 1000.0) & np.isfinite(r.t_response)
     tpot = tpot_ms(r)[keep]
@@ -74,7 +74,7 @@ def main() -> None:
     knee = profile["knee"]["completed_rps"]
     doc = yaml.safe_load((PROFILE / "scenario.yaml").read_text())
     fit = profile["step_time"]
-    s = validated(doc)
+    s = Scenario.model_validate(doc)
     rng = np.random.default_rng(5)
     duration = 30.0
     rows = []

@@ -29,6 +29,7 @@ import pandas as pd
 
 from calibrate import llm_run, llm_sim
 from calibrate.experiments.llm_ttft_apart import replayed
+from simulator.scenario.config import Scenario
 
 
 def held_out(folder: Path, level: float) -> tuple[dict, dict, list[float]]:
@@ -56,7 +57,7 @@ def same_requests(folder: Path, level: float) -> dict:
         )
         at = g["scheduled_s"].to_numpy() * 1000.0
         arrive = at + measured["overhead_ms"]
-        _, first, last = replayed(llm_sim.validated(doc), arrive, g["prompt_tokens"], g["output_tokens"])
+        _, first, last = replayed(Scenario.model_validate(doc), arrive, g["prompt_tokens"], g["output_tokens"])
         n = g["output_tokens"].to_numpy()
         parts.append(
             pd.DataFrame(

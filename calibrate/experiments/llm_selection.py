@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from calibrate.llm_sim import validated
+from simulator.scenario.config import Scenario
 
 PROFILE = Path("calibrate/profiles/cpu-tiny-llm")
 RATES = (6.0, 16.0)  # 30% and 80% of the knee the calibrations measured (about 20 req/s)
@@ -30,7 +30,7 @@ def decode_steps(doc: dict, rate: float, seed: int) -> dict[int, float]:
 
     d = copy.deepcopy(doc)
     d["traffic"]["rate_rps"], d["duration_s"], d["warmup_s"] = rate, 60.0, 3.0
-    b = simulate(validated(d), seed=seed).batches
+    b = simulate(Scenario.model_validate(d), seed=seed).batches
     ms = np.asarray(b.end) - np.asarray(b.start)
     size, prefill = np.asarray(b.size), np.asarray(b.prefill_share)
     return {k: float(np.log(ms[(prefill == 0) & (size == k)]).mean()) for k in (1, 2, 3, 4)}

@@ -32,7 +32,7 @@ import pandas as pd
 import yaml
 
 from calibrate import llm_profile
-from calibrate.llm_sim import validated
+from simulator.scenario.config import Scenario
 from simulator.serving.continuous import LLMService
 from simulator.serving.llm_replica import Replica
 
@@ -92,7 +92,7 @@ def apart(folder: Path, level: float) -> pd.DataFrame:
     """Every request of ``level`` in the calibration ``folder``, measured and simulated."""
     steps = pd.read_csv(folder / "steps.csv.gz")
     requests = pd.read_csv(folder / "requests.csv.gz")
-    scenario = validated(yaml.safe_load((folder / "scenario.yaml").read_text()))
+    scenario = Scenario.model_validate(yaml.safe_load((folder / "scenario.yaml").read_text()))
     overhead = json.loads((folder / "measured.json").read_text())["overhead_ms"]
     out = []
     for rnd, g in requests[(requests["level"] == level) & requests["error"].isna()].groupby("round"):

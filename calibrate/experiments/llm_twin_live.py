@@ -26,8 +26,8 @@ import yaml
 
 from calibrate import llm_load
 from calibrate.llm_run import profile_server_args
-from calibrate.llm_sim import validated
 from calibrate.servers import server
+from simulator.scenario.config import Scenario
 
 FOLDER = Path(__file__).parents[1] / "profiles/cpu-tiny-llm"
 
@@ -40,7 +40,7 @@ def main() -> None:
     duration_s = float(sys.argv[1]) if len(sys.argv) > 1 else 60.0
     profile = json.loads((FOLDER / "profile.json").read_text())
     knee = profile["knee"]["completed_rps"]
-    scenario = validated(yaml.safe_load((FOLDER / "scenario.yaml").read_text()))
+    scenario = Scenario.model_validate(yaml.safe_load((FOLDER / "scenario.yaml").read_text()))
     out = Path(tempfile.mkdtemp()) / "twin.jsonl"
     with server(profile_server_args(profile), command="serve-llm", health="/health") as url:
         plan = llm_load.plan_from_scenario(scenario, 0.5 * knee, duration_s, np.random.default_rng(1))
