@@ -120,3 +120,19 @@ def descendants(pid: int) -> list[int]:
 
 
 __all__ = ["children", "descendants", "llm_server", "redis_server", "reference_server", "running", "wait_gone"]
+
+
+def address(url: str) -> tuple[str, int]:
+    """(host, port) of a server's base URL."""
+    host, port = url.removeprefix("http://").split(":")
+    return host, int(port)
+
+
+def read_answer(sock: socket.socket, timeout_s: float) -> bytes:
+    """Everything a server sends on ``sock`` until it closes the connection (or the timeout)."""
+    sock.settimeout(timeout_s)
+    out = b""
+    with contextlib.suppress(TimeoutError, ConnectionResetError):
+        while chunk := sock.recv(65536):
+            out += chunk
+    return out

@@ -296,15 +296,7 @@ def test_slow_stalled_and_oversized_bodies_are_cut_and_the_server_serves_on():
     import socket
     import time
 
-    def answer(sock: socket.socket, timeout_s: float) -> bytes:
-        sock.settimeout(timeout_s)
-        out = b""
-        try:
-            while chunk := sock.recv(65536):
-                out += chunk
-        except (TimeoutError, ConnectionResetError):
-            pass
-        return out
+    from tests.servers import address, read_answer
 
     def head(length: int) -> bytes:
         return (
@@ -313,17 +305,15 @@ def test_slow_stalled_and_oversized_bodies_are_cut_and_the_server_serves_on():
         ).encode()
 
     with llm_server("--num-blocks", "64", "--body-timeout-s", "1", "--body-min-rate", "200") as (url, proc):
-        host, port = url.removeprefix("http://").split(":")
-        address = (host, int(port))
-        with socket.create_connection(address) as sock:  # stalled
+        with socket.create_connection(address(url)) as sock:  # stalled
             sock.sendall(head(1000) + b'{"prompt": ')
             t0 = time.monotonic()
-            got = answer(sock, 5)
+            got = read_answer(sock, 5)
             assert got.startswith(b"HTTP/1.1 408"), got[:80]
             assert time.monotonic() - t0 < 3
             assert b"request body stalled for 1 s" in got
             assert json.loads(got.split(b"\r\n\r\n", 1)[1])["error"]["code"] == 408
-        with socket.create_connection(address) as sock:  # trickled at 50 bytes/s, under 200
+        with socket.create_connection(address(url)) as sock:  # trickled at 50 bytes/s, under 200
             sock.sendall(head(2000))
             t0 = time.monotonic()
             sent = 0
@@ -332,13 +322,13 @@ def test_slow_stalled_and_oversized_bodies_are_cut_and_the_server_serves_on():
                     sock.sendall(b" " * 10)
                     sent += 10
                     time.sleep(0.2)
-            got = answer(sock, 5)
+            got = read_answer(sock, 5)
             assert got.startswith(b"HTTP/1.1 408"), got[:80]
             assert b"request body too slow" in got
             assert sent < 200  # cut near its deadline (1 s + a second per 200 bytes), not at its end
-        with socket.create_connection(address) as sock:  # declared past the limit
+        with socket.create_connection(address(url)) as sock:  # declared past the limit
             sock.sendall(head(9_000_000))
-            got = answer(sock, 5)
+            got = read_answer(sock, 5)
             assert got.startswith(b"HTTP/1.1 413"), got[:80]
             assert b"exceeds the limit" in got
         assert _post(url + "/v1/completions", {"prompt": "still here", "max_tokens": 3})[0] == 200

@@ -30,7 +30,7 @@ pytest.importorskip("fastapi")
 from calibrate.loadgen import bytes_payload
 from reference_server.models import jpeg
 from reference_server.protocol import serialize_bytes
-from tests.servers import children, free_port, reference_server, servesim_cmd, wait_http
+from tests.servers import address, children, free_port, read_answer, reference_server, servesim_cmd, wait_http
 
 TINY = ("--resolution", "32", "--width", "8", "--max-batch-size", "4", "--max-queue-delay-ms", "5")
 
@@ -432,30 +432,15 @@ def guarded():
         yield url, proc
 
 
-def _address(url: str) -> tuple[str, int]:
-    host, port = url.removeprefix("http://").split(":")
-    return host, int(port)
-
-
-def _answer(sock: socket.socket, timeout_s: float) -> bytes:
-    """Everything the server sends until it closes the connection (or the timeout)."""
-    sock.settimeout(timeout_s)
-    out = b""
-    with contextlib.suppress(TimeoutError, ConnectionResetError):
-        while chunk := sock.recv(65536):
-            out += chunk
-    return out
-
-
 def test_a_connection_past_the_cap_is_refused_and_the_open_ones_are_still_served(guarded):
     url, _ = guarded
     held = [_conn(url) for _ in range(3)]
     assert all(_good(c) == 200 for c in held)
     with contextlib.ExitStack() as stack:
-        spare = stack.enter_context(socket.create_connection(_address(url)))  # the fourth, idle
+        spare = stack.enter_context(socket.create_connection(address(url)))  # the fourth, idle
         time.sleep(0.1)
-        extra = stack.enter_context(socket.create_connection(_address(url)))
-        answer = _answer(extra, 5)
+        extra = stack.enter_context(socket.create_connection(address(url)))
+        answer = read_answer(extra, 5)
         assert answer.startswith(b"HTTP/1.1 503"), answer[:80]
         assert b"too many connections (limit 4)" in answer
         # uvicorn's limit_concurrency answered 503 to every request while the cap was reached;
@@ -468,14 +453,14 @@ def test_a_connection_past_the_cap_is_refused_and_the_open_ones_are_still_served
 
 def test_slow_headers_get_408_and_a_silent_connection_is_closed(guarded):
     url, _ = guarded
-    with socket.create_connection(_address(url)) as slow:
+    with socket.create_connection(address(url)) as slow:
         slow.sendall(b"POST /v2/models/resnet/infer HTTP/1.1\r\nHost: x\r\n")  # and never the rest
         t0 = time.monotonic()
-        answer = _answer(slow, 5)
+        answer = read_answer(slow, 5)
         assert answer.startswith(b"HTTP/1.1 408"), answer[:80]
         assert time.monotonic() - t0 < 3
-    with socket.create_connection(_address(url)) as silent:
-        assert _answer(silent, 5) == b""  # closed, not held open forever
+    with socket.create_connection(address(url)) as silent:
+        assert read_answer(silent, 5) == b""  # closed, not held open forever
     # a kept-alive connection idle between requests for longer than the header deadline is fine
     conn = _conn(url)
     assert _good(conn) == 200
@@ -486,14 +471,14 @@ def test_slow_headers_get_408_and_a_silent_connection_is_closed(guarded):
 
 def test_a_stalled_body_gets_408(guarded):
     url, _ = guarded
-    with socket.create_connection(_address(url)) as sock:
+    with socket.create_connection(address(url)) as sock:
         head = (
             "POST /v2/models/resnet/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             "Content-Length: 1000\r\n\r\n"
         )
         sock.sendall(head.encode() + b'{"inputs": [')
         t0 = time.monotonic()
-        answer = _answer(sock, 5)
+        answer = read_answer(sock, 5)
         assert answer.startswith(b"HTTP/1.1 408"), answer[:80]
         assert b"request body stalled" in answer
         assert time.monotonic() - t0 < 3
@@ -577,7 +562,7 @@ def test_a_client_that_hangs_up_mid_body_is_counted_as_such_without_a_traceback(
     count), no traceback, and the server goes on answering."""
     with reference_server(*TINY) as (url, proc):
         for _ in range(20):
-            with socket.create_connection(_address(url)) as s:
+            with socket.create_connection(address(url)) as s:
                 s.sendall(
                     b"POST /v2/models/resnet/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                     b"Content-Length: 1000\r\n\r\n" + b'{"inputs": [' + b" " * 100
@@ -622,7 +607,7 @@ def test_trickled_bodies_are_cut_at_their_deadline_and_new_clients_are_served(gu
     stop = threading.Event()
 
     def trickle():
-        with socket.create_connection(_address(url)) as s:
+        with socket.create_connection(address(url)) as s:
             s.sendall(head)
             s.settimeout(0.05)
             got = b""
@@ -635,7 +620,7 @@ def test_trickled_bodies_are_cut_at_their_deadline_and_new_clients_are_served(gu
                 except OSError:
                     break
                 if got:  # the answer has begun: the rest, up to the close
-                    got += _answer(s, 5)
+                    got += read_answer(s, 5)
                     break
                 time.sleep(0.05)
             answers.append(got)
@@ -727,7 +712,7 @@ def test_a_slow_upload_cut_off_by_the_shutdown_gets_a_503_not_a_500():
     Retry-After and Connection: close, and nothing logs a traceback (before: uvicorn's 500,
     and the CancelledError's traceback)."""
     with reference_server(*TINY, "--drain-s", "0.5", "--grace-s", "1") as (url, proc):
-        with socket.create_connection(_address(url)) as s:
+        with socket.create_connection(address(url)) as s:
             s.sendall(
                 b"POST /v2/models/resnet/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                 b"Content-Length: 100000\r\n\r\n" + b" " * 2000
@@ -746,7 +731,7 @@ def test_a_slow_upload_cut_off_by_the_shutdown_gets_a_503_not_a_500():
                 except OSError:  # answered and closed while we sent: what it sent is still to read
                     break
                 time.sleep(0.8)
-            got += _answer(s, 5)
+            got += read_answer(s, 5)
         _, err = proc.communicate(timeout=30)
     head = got.split(b"\r\n\r\n", 1)[0].lower()
     assert got.startswith(b"HTTP/1.1 503"), got[:200]
