@@ -31,13 +31,16 @@ def create_app(cfg: ServerConfig, relay=None) -> FastAPI:
     several front ends, whose batcher is the hub's, :mod:`reference_server.hub`).
 
     Raises ValueError for a configuration that cannot be served. ``app.state.drain()``
-    starts draining (readiness 503, ``Connection: close``) before a shutdown.
+    starts draining (readiness 503, ``Connection: close``) before a shutdown;
+    ``app.state.shed(on)`` (from any thread) turns on or off a 503 for every inference
+    request, while the shutdown has more waiting than its grace period can serve.
     """
     fe = FrontEnd(cfg, relay)
     name = fe.name
     app = FastAPI(title="servesim reference server", lifespan=fe.lifespan)
     app.state.config = cfg
     app.state.drain = fe.drain
+    app.state.shed = fe.shed
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, err: Exception):
@@ -52,7 +55,8 @@ def create_app(cfg: ServerConfig, relay=None) -> FastAPI:
         infer_paths={f"/v2/models/{name}/infer", f"/v2/models/{name}/versions/{VERSION}/infer"},
         full=fe.full,
         draining=lambda: fe.draining,
-        refused=lambda: fe.metrics.fail("overloaded"),
+        shedding=lambda: fe.shedding,
+        refused=fe.metrics.fail,
         overloaded=f"overloaded: queue full ({cfg.max_queue_size} requests)",
     )
     _server_routes(app, fe)

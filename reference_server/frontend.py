@@ -155,6 +155,7 @@ class FrontEnd:
         self.batcher: DynamicBatcher  # set when the app starts
         self.ready = False
         self.draining = False
+        self.shedding = False  # the shutdown answers every inference request 503 (set from its thread)
         self.admitted = 0  # past the door, not yet in the batcher's queue
         self.bodies = BodyReader(cfg.body_limits())
 
@@ -217,6 +218,11 @@ class FrontEnd:
     def drain(self) -> None:
         """Shutting down: tell load balancers first (readiness 503), keep serving meanwhile."""
         self.draining = True
+
+    def shed(self, on: bool) -> None:
+        """Whether the shutdown answers every inference request with a cheap 503
+        (``Retry-After``): more connections wait than its grace period can serve."""
+        self.shedding = on
 
     def full(self) -> bool:
         """Whether a new inference request would find the queue full."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Annotated, Literal
 
@@ -254,7 +255,7 @@ def _serve(
         http=guarded_http(max_connections, header_timeout_s),  # not limit_concurrency: see connections.py
         timeout_keep_alive=5,
     )
-    draining_server(uvicorn.Server, config, app.state.drain, drain_s).run()
+    draining_server(uvicorn.Server, config, app.state.drain, drain_s, shed=app.state.shed).run()
 
 
 def _serve_frontends(cfg, *, host: str, port: int, kw: dict) -> None:
@@ -351,16 +352,65 @@ def accept_queue(sock) -> int:
     return struct.unpack_from("I", info, 24)[0] if len(info) >= 28 else 0
 
 
-def quiesce(listeners, within_s: float) -> int:
+RATE_AFTER_S, RATE_AFTER_N = 0.1, 16  # a rate is known after this long, or this many accepted over 20 ms
+TURN_S = 0.25  # at least this long for a turn of the loop: one short of CPU is off it for as long
+
+
+def _seconds(n: int, per_s: float) -> float:
+    return n / per_s if per_s > 0 else math.inf
+
+
+def quiesce(listeners, within_s: float, shed=None) -> int:
     """Wait until no listener in ``listeners()`` has a connection the kernel made and nobody
     accepted, at most ``within_s`` (a thread's wait: the loop goes on accepting); return how
-    many are left, logged (closing the listener resets them)."""
+    many are left, logged (closing the listener resets them).
+
+    ``shed(on)``, where given, switches the server between serving what it accepts and
+    answering it with a cheap 503, so that the grace period serves what it can and answers
+    the rest, none reset. An event loop short of CPU accepts as slowly as it serves (uvloop
+    accepts one connection per turn of the loop): a starved front end serving ~150 requests a
+    second had 310-854 of a queue of ~1,800 left unaccepted after a 10 s grace period. Serving
+    first and shedding last serves the most; the rule, judged every 10 ms from the rates at
+    which the queue has emptied in each mode (each measured over :data:`RATE_AFTER_S`, or
+    :data:`RATE_AFTER_N` connections): shed once the queue, at the shedding rate, would take more than half the time
+    left (plus a turn of the serving loop, which a 503 waits for, at least :data:`TURN_S`:
+    with 10 s of grace a starved loop once left 1 of 1,688 without it); serve again once it would
+    take less than a quarter. Until the shedding rate is measured it is taken to be the
+    serving rate, so a queue that serving cannot empty in half the time left is shed for a
+    moment, long enough to measure how fast."""
     import logging
     import time
 
     deadline = time.monotonic() + within_s
     time.sleep(0.02)
-    while (left := sum(accept_queue(s) for s in listeners())) and time.monotonic() < deadline:
+    shedding, said = False, False
+    took = {False: [0.0, 0], True: [0.0, 0]}  # per mode: seconds spent in it, connections accepted in it
+    mark = None  # (time, queue) at the last poll
+    while (left := sum(accept_queue(s) for s in listeners())) and (now := time.monotonic()) < deadline:
+        if shed is not None and mark is not None:
+            took[shedding][0] += now - mark[0]
+            took[shedding][1] += mark[1] - left
+            serving, shedding_rate = (
+                n / t if t >= RATE_AFTER_S or (n >= RATE_AFTER_N and t >= 0.02) else None for t, n in took.values()
+            )
+            if serving is not None:
+                # the queue at the shedding rate, and a turn of the serving loop before a 503 takes effect
+                turn = max(_seconds(1, serving), TURN_S)
+                need = _seconds(left, serving if shedding_rate is None else shedding_rate) + turn
+                rest = deadline - now
+                if not shedding and need > rest / 2:
+                    shedding = True
+                    if not said:
+                        said = True
+                        logging.getLogger("servesim.serve").warning(
+                            f"{left} connections queued, accepted at {max(serving, 0):.0f}/s: more than the "
+                            f"{rest:.1f} s left of --grace-s can serve; the excess is answered 503"
+                        )
+                    shed(True)
+                elif shedding and shedding_rate is not None and need < rest / 4:
+                    shedding = False
+                    shed(False)
+        mark = (now, left)
         time.sleep(0.01)
     if left:
         logging.getLogger("servesim.serve").warning(
@@ -369,7 +419,7 @@ def quiesce(listeners, within_s: float) -> int:
     return left
 
 
-def draining_server(base, config, drain, drain_s: float, signals: tuple | None = None):
+def draining_server(base, config, drain, drain_s: float, signals: tuple | None = None, shed=None):
     """A uvicorn server whose first SIGTERM (or Ctrl-C) turns readiness false and keeps
     serving for ``drain_s`` before uvicorn's own graceful shutdown (stop accepting, finish
     what is in flight within the grace period); a second signal skips the wait. Draining,
@@ -385,7 +435,9 @@ def draining_server(base, config, drain, drain_s: float, signals: tuple | None =
     requests. A fixed 5 s bound was too short for a front end starved of CPU (three busy
     processes beside it on 2 cores: it answered about 150 requests a second, and up to
     1,119 connections still queued after 5 s were reset); past the grace period the
-    count left is logged."""
+    count left is logged. ``shed(on)`` (called from a thread) makes the server answer every
+    request with a 503, or serve again, so that the grace period serves what it can of a
+    queue and answers the rest (:func:`quiesce`)."""
     import asyncio
     import contextlib
     import threading
@@ -400,9 +452,10 @@ def draining_server(base, config, drain, drain_s: float, signals: tuple | None =
             if not self.should_exit:
                 asyncio.get_running_loop().call_later(IDLE_CLOSE_S / 2, self._close_idle)
 
-        def _refuse_new(self) -> None:
+        def _refuse_new(self, done: threading.Event) -> None:
             for sock in self._listeners():
                 refuse_new_connections(sock)
+            done.set()
 
         def _listeners(self) -> list:
             return [sock for server in getattr(self, "servers", []) for sock in server.sockets]
@@ -410,8 +463,11 @@ def draining_server(base, config, drain, drain_s: float, signals: tuple | None =
         def _quiesce_then_exit(self, loop, sig, frame) -> None:
             if loop is not None:
                 with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to quiesce
-                    loop.call_soon_threadsafe(self._refuse_new)
-                    quiesce(self._listeners, config.timeout_graceful_shutdown)
+                    refused = threading.Event()
+                    loop.call_soon_threadsafe(self._refuse_new, refused)
+                    # the queue's rate is measured once nothing joins it (a busy loop is slow to it)
+                    refused.wait(config.timeout_graceful_shutdown)
+                    quiesce(self._listeners, config.timeout_graceful_shutdown, shed)
             super().handle_exit(sig, frame)
 
         def handle_exit(self, sig, frame):

@@ -159,8 +159,9 @@ def test_overload_goodput_and_the_schedule_at_twice_capacity(tmp_path):
     assert (d["status"] == 503).sum() > 0.3 * len(d)  # the excess was shed, not queued in the client
 
 
-def _sigterm_under_load(args: tuple[str, ...], rate: float, at_s: float) -> pd.DataFrame:
-    """Open-loop load at ``rate`` on a fresh server, SIGTERM ``at_s`` into it; every request's row."""
+def _sigterm_under_load(args: tuple[str, ...], rate: float, at_s: float) -> tuple[pd.DataFrame, str]:
+    """Open-loop load at ``rate`` on a fresh server, SIGTERM ``at_s`` into it; every request's
+    row, and what the server wrote to stderr."""
     import signal
 
     from calibrate.loadgen import _run
@@ -178,18 +179,20 @@ def _sigterm_under_load(args: tuple[str, ...], rate: float, at_s: float) -> pd.D
         finally:
             timer.cancel()
         proc.wait(timeout=60)
-    return df
+        log = proc.stderr.read()
+    return df, log
 
 
-def _no_request_is_reset(df: pd.DataFrame) -> None:
+def _no_request_is_reset(df: pd.DataFrame, served: float = 0.3) -> None:
     """Until the listener closes every request is answered (200, or a 503 while shedding);
-    after it, connecting fails (the request never left). Nothing is reset or answered 500."""
+    after it, connecting fails (the request never left). Nothing is reset or answered 500;
+    more than ``served`` of the answers are 200s."""
     answered = df[df["status"] > 0]
     assert set(answered["status"]) <= {200, 503}
     failed = df[df["status"] == -1]
     assert set(failed["error"]) <= {"ConnectionRefusedError"}, failed["error"].value_counts().to_dict()
     assert len(failed) > 0  # the run reached the closed port
-    assert (answered["status"] == 200).sum() > 0.3 * len(answered)
+    assert (answered["status"] == 200).sum() > served * len(answered)
 
 
 def test_the_quiesce_waits_for_the_accept_queue_within_its_bound(caplog):
@@ -227,13 +230,89 @@ def test_the_quiesce_waits_for_the_accept_queue_within_its_bound(caplog):
                 c.close()
 
 
+def test_the_quiesce_serves_what_its_grace_allows_and_sheds_the_rest(caplog):
+    """80 connections queued on a listener whose server accepts 25 a second while serving
+    and 1,000 a second while shedding (its 503s are cheap), with 2.5 s of grace: serving them
+    all would take 3.2 s (about 18 would be reset), so the quiesce sheds a moment to measure
+    how fast, serves while the rest could still be shed in time, and sheds the last; none is
+    left to be reset. It serves about 50 of them (shedding all at once would serve 3), and a
+    quiesce with time enough never sheds."""
+    import logging
+
+    from reference_server.serve import accept_queue, quiesce
+
+    def run(n: int, within_s: float) -> tuple[int, list[bool], int]:
+        shedding, calls, served, stop = [False], [], [0], threading.Event()
+
+        def shed(on: bool) -> None:
+            shedding[0] = on
+            calls.append(on)
+
+        with socket.create_server(("127.0.0.1", 0), backlog=128) as listener:
+            clients = [socket.create_connection(listener.getsockname()) for _ in range(n)]
+
+            def server() -> None:  # one accept a turn of the loop, a turn as long as the work
+                while not stop.is_set():
+                    listener.settimeout(0.05)
+                    with contextlib.suppress(TimeoutError):
+                        conn, _ = listener.accept()
+                        conn.close()
+                        if not shedding[0]:
+                            served[0] += 1
+                        time.sleep(0.001 if shedding[0] else 0.04)
+
+            try:
+                deadline = time.monotonic() + 5
+                while accept_queue(listener) < n and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                if accept_queue(listener) != n:
+                    pytest.skip("this platform does not report a listener's accept queue")
+                thread = threading.Thread(target=server)
+                thread.start()
+                left = quiesce(lambda: [listener], within_s, shed)
+                stop.set()
+                thread.join()
+            finally:
+                stop.set()
+                for c in clients:
+                    c.close()
+        return left, calls, served[0]
+
+    with caplog.at_level(logging.WARNING, logger="servesim.serve"):
+        left, calls, served = run(80, 2.5)
+    assert left == 0
+    assert calls[:2] == [True, False], calls
+    assert calls[-1] is True, calls
+    assert served >= 30, served  # of 80; 0-5 if all were shed at once, 75 could not be served in time
+    assert "the excess is answered 503" in caplog.text
+    left, calls, served = run(20, 3.0)  # 0.8 s of serving: no shedding
+    assert (left, calls, served) == (0, [], 20)
+
+
 def test_sigterm_under_load_resets_no_request():
     """SIGTERM while 800 req/s arrive, each drain response saying ``Connection: close`` (so
     every request comes on a new connection): at the drain's end the listener drops new
     connection attempts and accepts those the kernel has made before it closes, and a
     connection that has just been made is not closed under a request on its way."""
     pytest.importorskip("torch", reason="the reference server needs the server extra (torch)")
-    _no_request_is_reset(_sigterm_under_load(("--resolution", "32", "--width", "8"), 800.0, 2.0))
+    _no_request_is_reset(_sigterm_under_load(("--resolution", "32", "--width", "8"), 800.0, 2.0)[0])
+
+
+def test_a_front_end_short_of_cpu_serves_what_its_grace_allows_and_sheds_the_rest():
+    """A front end whose event loop serves ~200 requests a second (each image resized to
+    320 px on the loop), offered 800 req/s, SIGTERM at 2 s, 5 s of grace: ~1,900 connections
+    wait in the kernel's queue when the drain ends, and the loop accepts them only as fast as
+    it serves (uvloop: one a turn). Closing on them reset 1,168 and 1,280 requests in two
+    runs; now the quiesce serves while the rest could still be shed in time and answers them
+    503, none reset (also with three busy processes beside it, where the loop served ~10 a
+    second). CI failed on 44 resets of the 800 req/s test above, its front end starved by a
+    test beside it."""
+    pytest.importorskip("torch", reason="the reference server needs the server extra (torch)")
+    df, log = _sigterm_under_load(("--resolution", "320", "--width", "4", "--grace-s", "5"), 800.0, 2.0)
+    _no_request_is_reset(df, served=0.05)
+    assert (df["status"] == 503).sum() > 0.3 * len(df), log  # shed at the door
+    assert "the excess is answered 503" in log
+    assert "still unaccepted" not in log
 
 
 @pytest.mark.slow
@@ -241,7 +320,7 @@ def test_sigterm_at_twice_capacity_resets_no_request():
     """The same at 1,500 req/s on the default model (about 1.9x its capacity on the 2-core
     VM): 595 requests of the drain's last second were reset before the fix."""
     pytest.importorskip("torch", reason="the reference server needs the server extra (torch)")
-    df = _sigterm_under_load((), 1500.0, 4.0)
+    df, _ = _sigterm_under_load((), 1500.0, 4.0)
     _no_request_is_reset(df)
     assert (df["status"] == 503).sum() > 0.2 * len(df)  # it was shedding
 
@@ -251,4 +330,4 @@ def test_sigterm_under_load_on_several_front_ends_resets_no_request():
     connections until its drain ends, then drops new attempts, deals those already made,
     and only then stops the workers."""
     pytest.importorskip("torch", reason="the reference server needs the server extra (torch)")
-    _no_request_is_reset(_sigterm_under_load(("--resolution", "32", "--width", "8", "--frontends", "2"), 300.0, 2.0))
+    _no_request_is_reset(_sigterm_under_load(("--resolution", "32", "--width", "8", "--frontends", "2"), 300.0, 2.0)[0])
