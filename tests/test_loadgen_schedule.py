@@ -318,10 +318,15 @@ def test_a_front_end_short_of_cpu_serves_what_its_grace_allows_and_sheds_the_res
 @pytest.mark.slow
 def test_sigterm_at_twice_capacity_resets_no_request():
     """The same at 1,500 req/s on the default model (about 1.9x its capacity on the 2-core
-    VM): 595 requests of the drain's last second were reset before the fix."""
+    VM when this was written; the share it serves depends on the host: 17-20% of the answers
+    were 200s on 2026-11-28): 595 requests of the drain's last second were reset before the
+    listener kept accepting. Then the door's 503 for a full queue still said keep-alive while
+    draining, so a client's next request on that connection met the shutdown's close: 35-116
+    resets and 13-43 disconnects in each of four runs, none in three with that 503 saying
+    ``Connection: close``."""
     pytest.importorskip("torch", reason="the reference server needs the server extra (torch)")
     df, _ = _sigterm_under_load((), 1500.0, 4.0)
-    _no_request_is_reset(df)
+    _no_request_is_reset(df, served=0.1)
     assert (df["status"] == 503).sum() > 0.2 * len(df)  # it was shedding
 
 
