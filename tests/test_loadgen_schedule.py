@@ -289,6 +289,59 @@ def test_the_quiesce_serves_what_its_grace_allows_and_sheds_the_rest(caplog):
     assert (left, calls, served) == (0, [], 20)
 
 
+def test_the_doors_refusals_while_draining_close_the_connection():
+    """Draining, every response says ``Connection: close`` so the client's next request goes
+    on a new connection while the listener still accepts: the door's 503 for a full queue
+    too (it kept the connection alive, and at 1,500 req/s 35-116 next requests per run met
+    the shutdown's close), and the shutdown's own 503, counted as such; the app behind the
+    door is not reached."""
+    from reference_server.door import Door
+
+    state = {"full": True, "draining": False, "shedding": False}
+    counted: list[str] = []
+
+    async def app(scope, receive, send):  # never reached
+        raise AssertionError("the door let it through")
+
+    door = Door(
+        app,
+        api_key=None,
+        open_paths=(),
+        infer_paths={"/infer"},
+        full=lambda: state["full"],
+        draining=lambda: state["draining"],
+        shedding=lambda: state["shedding"],
+        refused=counted.append,
+        overloaded="overloaded",
+    )
+
+    def answer() -> tuple[int, dict[bytes, bytes], bytes]:
+        sent: list[dict] = []
+
+        async def send(message):
+            sent.append(message)
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        scope = {"type": "http", "path": "/infer", "method": "POST", "headers": []}
+        asyncio.run(door(scope, receive, send))
+        return sent[0]["status"], dict(sent[0]["headers"]), sent[1]["body"]
+
+    status, headers, _ = answer()
+    assert status == 503
+    assert headers[b"retry-after"] == b"1"
+    assert b"connection" not in headers  # serving: the connection stays for the next request
+    state["draining"] = True
+    status, headers, _ = answer()
+    assert (status, headers[b"connection"]) == (503, b"close")
+    state["shedding"] = True
+    status, headers, body = answer()
+    assert (status, headers[b"connection"], headers[b"retry-after"]) == (503, b"close", b"1")
+    assert b"shutting down" in body
+    assert counted == ["overloaded", "overloaded", "shutdown"]
+
+
 def test_sigterm_under_load_resets_no_request():
     """SIGTERM while 800 req/s arrive, each drain response saying ``Connection: close`` (so
     every request comes on a new connection): at the drain's end the listener drops new
