@@ -168,9 +168,9 @@ class EngineClient:
         self.streams[rid] = q
         over = False  # the engine is done with it (finished or refused): nothing to abort
         try:
-            self.conn.send(("add", rid, prompt, max_tokens, arrival_ns))
-            if stamps is not None:
+            if stamps is not None:  # before the send: the engine may take it in before send returns
                 stamps["sent_ns"] = time.perf_counter_ns()
+            self.conn.send(("add", rid, prompt, max_tokens, arrival_ns))
             while True:
                 item = await q.get()
                 if isinstance(item, Exception):
