@@ -54,6 +54,7 @@ import time
 
 from reference_server.batcher import DynamicBatcher, Overloaded
 from reference_server.config import VERSION, ServerConfig
+from reference_server.connections import accept_eagerly
 from reference_server.instances import InstanceDied
 from reference_server.relay import HubInfo, pack, receive, send_to, worker_main
 
@@ -115,6 +116,7 @@ class Hub:
         ctx = mp.get_context("spawn")
         readers = []
         code = 1
+        stop_accepting = _nothing
         try:
             for k in range(self.frontends):
                 mine, theirs = socket.socketpair()
@@ -133,8 +135,7 @@ class Hub:
                 readers.append(asyncio.create_task(self._serve_worker(k, reader, writer)))
             watch = asyncio.create_task(self._broadcast())
             await self._started()
-            sock.setblocking(False)
-            loop.add_reader(sock.fileno(), self._accept, sock)
+            stop_accepting = accept_eagerly(loop, sock, self._deal)
             gc.collect()
             gc.freeze()
             announce()
@@ -146,7 +147,7 @@ class Hub:
                 await self._drain(sock, serve_kwargs)
             else:
                 log.error("every front-end worker exited; stopping")
-            loop.remove_reader(sock.fileno())
+            stop_accepting()
             for p in self.workers:  # the workers finish what they have (--grace-s) and exit
                 if p.is_alive():
                     with contextlib.suppress(ProcessLookupError):
@@ -154,8 +155,7 @@ class Hub:
             await self._wait_workers(serve_kwargs)
             watch.cancel()
         finally:
-            with contextlib.suppress(ValueError, OSError):
-                loop.remove_reader(sock.fileno())
+            stop_accepting()
             for p in self.workers:
                 if p.is_alive():
                     p.kill()
@@ -194,26 +194,18 @@ class Hub:
         while all(p.is_alive() for p in self.workers):
             await asyncio.sleep(0.1)
 
-    def _accept(self, sock: socket.socket) -> None:
-        """Accept what the kernel has made and deal each connection to the next live worker."""
-        while True:
-            try:
-                conn, _ = sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as err:  # out of descriptors, say: the connection waits in the kernel's queue
-                log.error("accepting a connection failed: %s", err)
-                return
-            with conn:
-                for _ in range(self.frontends):
-                    k, self.turn = self.turn, (self.turn + 1) % self.frontends
-                    if not self.workers[k].is_alive():
-                        continue
-                    try:
-                        socket.send_fds(self.deals[k], [b"c"], [conn.fileno()])
-                    except OSError:  # that worker is gone: the next one
-                        continue
-                    break
+    def _deal(self, conn: socket.socket) -> None:
+        """Deal an accepted connection to the next live worker (then close the hub's copy)."""
+        with conn:
+            for _ in range(self.frontends):
+                k, self.turn = self.turn, (self.turn + 1) % self.frontends
+                if not self.workers[k].is_alive():
+                    continue
+                try:
+                    socket.send_fds(self.deals[k], [b"c"], [conn.fileno()])
+                except OSError:  # that worker is gone: the next one
+                    continue
+                break
 
     def _signal(self) -> None:
         """SIGTERM or Ctrl-C: drain (the first), or stop at once (a second)."""
@@ -310,6 +302,10 @@ class Hub:
         else:  # the model failed on the batch, or a bad item: the worker answers 500
             msg = ("error", rid, "internal", f"{type(err).__name__}: {err}", queued)
         send_to(writer, pack(msg))
+
+
+def _nothing() -> None:
+    pass
 
 
 class StartFailed(RuntimeError):

@@ -259,7 +259,7 @@ def worker_main(cfg: ServerConfig, info: HubInfo, relay_sock: socket.socket, dea
     import uvicorn
 
     from reference_server.app import create_app
-    from reference_server.connections import guarded_http
+    from reference_server.connections import Joiner, guarded_http
     from reference_server.serve import draining_server
 
     relay = Relay(relay_sock, info, cfg.max_queue_size)
@@ -279,13 +279,7 @@ def worker_main(cfg: ServerConfig, info: HubInfo, relay_sock: socket.socket, dea
         async def startup(self, sockets=None) -> None:
             await super().startup(sockets=[])  # no listener of its own
             loop = asyncio.get_running_loop()
-
-            def protocol():
-                return config.http_protocol_class(
-                    config=config, server_state=self.server_state, app_state=self.lifespan.state
-                )
-
-            joining: set[asyncio.Task] = set()
+            join = Joiner(loop, self.protocol)
 
             def take() -> None:
                 try:
@@ -298,11 +292,7 @@ def worker_main(cfg: ServerConfig, info: HubInfo, relay_sock: socket.socket, dea
                     loop.remove_reader(dealt.fileno())
                     return
                 for fd in fds:
-                    conn = socket.socket(fileno=fd)
-                    conn.setblocking(False)
-                    task = loop.create_task(loop.connect_accepted_socket(protocol, conn))
-                    joining.add(task)
-                    task.add_done_callback(joining.discard)
+                    join(socket.socket(fileno=fd))
 
             def drain() -> None:
                 self.draining = True

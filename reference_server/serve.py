@@ -208,6 +208,8 @@ def _serve(
 ) -> None:
     """Build the app for ``cfg`` (a configuration it refuses: exit 2) and serve it until a
     signal; warn where the open-file limit or an exposed address needs it."""
+    import socket
+
     import uvicorn
 
     from reference_server.app import create_app, describe
@@ -245,17 +247,23 @@ def _serve(
     except ValueError as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None
-    typer.echo(f"servesim serve: http://{host}:{port} {describe(cfg)}")
     config = uvicorn.Config(
         app,
-        host=host,
-        port=port,
         log_level="warning",
         timeout_graceful_shutdown=grace_s,
         http=guarded_http(max_connections, header_timeout_s),  # not limit_concurrency: see connections.py
         timeout_keep_alive=5,
     )
-    draining_server(uvicorn.Server, config, app.state.drain, drain_s, shed=app.state.shed).run()
+    try:  # bound before the instances start: a port taken fails at once
+        listener = socket.create_server(
+            (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=config.backlog
+        )
+    except OSError as err:
+        typer.echo(f"error: cannot listen on {host}:{port}: {err.strerror or err}", err=True)
+        raise typer.Exit(code=1) from None
+    typer.echo(f"servesim serve: http://{host}:{port} {describe(cfg)}")
+    with listener:
+        draining_server(uvicorn.Server, config, app.state.drain, drain_s, shed=app.state.shed, listener=listener).run()
 
 
 def _serve_frontends(cfg, *, host: str, port: int, kw: dict) -> None:
@@ -288,7 +296,7 @@ def _serve_frontends(cfg, *, host: str, port: int, kw: dict) -> None:
         raise typer.Exit(code=code)
 
 
-FD_RESERVE = 128  # descriptors the server needs besides its connections: libraries, pipes, Redis
+FD_RESERVE = 128  # descriptors besides its connections: libraries, pipes, Redis, 32 refused past the cap (~30 used)
 
 
 def fit_open_files(max_connections: int) -> int:
@@ -309,7 +317,15 @@ def fit_open_files(max_connections: int) -> int:
     return max(1, min(max_connections, soft - FD_RESERVE))
 
 
-IDLE_CLOSE_S = 0.5  # draining, a keep-alive connection idle this long is closed (swept every 0.25 s)
+# draining, a keep-alive connection idle this long is closed (swept every SWEEP_S). An active
+# client retires its idle connections itself: each is used once more and answered
+# ``Connection: close`` (aiohttp takes the most recent free connection, so it goes through
+# them at its request rate); closing one under it resets the request it sends on it. At
+# 0.5 s, with the load generator short of CPU (three busy processes beside an 800 req/s
+# drain), a sweep closed 115 connections that it used 60 ms later: 13-115 resets in 3 of 24
+# runs; at 2 s none were idle that long, and none reset in 10 runs.
+IDLE_CLOSE_S = 2.0
+SWEEP_S = 0.25
 
 
 def refuse_new_connections(sock) -> bool:
@@ -367,11 +383,12 @@ def quiesce(listeners, within_s: float, shed=None) -> int:
 
     ``shed(on)``, where given, switches the server between serving what it accepts and
     answering it with a cheap 503, so that the grace period serves what it can and answers
-    the rest, none reset. An event loop short of CPU accepts as slowly as it serves (uvloop
-    accepts one connection per turn of the loop): a starved front end serving ~150 requests
-    a second left 48-854 of a queue of ~1,800 unaccepted after a 10 s grace period in 7 of
-    10 runs. Serving first and shedding last serves the most; the rule, judged every 10 ms
-    from the rates at which the queue has emptied in each mode (each measured over
+    the rest, none reset. An event loop short of CPU accepted as slowly as it served (uvloop
+    accepts one connection per turn of the loop; the front end now takes all it may, but
+    past its connection cap they wait in the kernel's queue too): a starved front end
+    serving ~150 requests a second left 48-854 of a queue of ~1,800 unaccepted after a 10 s
+    grace period in 7 of 10 runs. Serving first and shedding last serves the most; the
+    rule, judged every 10 ms from the rates at which the queue has emptied in each mode (each measured over
     :data:`RATE_AFTER_S`, or :data:`RATE_AFTER_N` connections): shed once the queue, at the
     shedding rate, would take more than half the time left (plus a turn of the serving loop,
     which a 503 waits for, at least :data:`TURN_S`: with 10 s of grace a starved loop once
@@ -420,7 +437,7 @@ def quiesce(listeners, within_s: float, shed=None) -> int:
     return left
 
 
-def draining_server(base, config, drain, drain_s: float, signals: tuple | None = None, shed=None):
+def draining_server(base, config, drain, drain_s: float, signals: tuple | None = None, shed=None, listener=None):
     """A uvicorn server whose first SIGTERM (or Ctrl-C) turns readiness false and keeps
     serving for ``drain_s`` before uvicorn's own graceful shutdown (stop accepting, finish
     what is in flight within the grace period); a second signal skips the wait. Draining,
@@ -438,21 +455,48 @@ def draining_server(base, config, drain, drain_s: float, signals: tuple | None =
     1,119 connections still queued after 5 s were reset); past the grace period the
     count left is logged. ``shed(on)`` (called from a thread) makes the server answer every
     request with a 503, or serve again, so that the grace period serves what it can of a
-    queue and answers the rest (:func:`quiesce`)."""
+    queue and answers the rest (:func:`quiesce`). ``listener``, a bound socket, is served
+    instead of one uvicorn opens, its connections accepted eagerly
+    (:func:`reference_server.connections.accept_eagerly`)."""
     import asyncio
     import contextlib
     import threading
     import time
 
+    from reference_server.connections import Joiner, accept_eagerly
+
     class Draining(base):
         draining = False
+        _stop_accepting = None
+
+        async def startup(self, sockets=None) -> None:
+            if listener is None:
+                return await super().startup(sockets)
+            await super().startup(sockets=[])  # no listener of uvicorn's: the one given, accepted here
+            loop = asyncio.get_running_loop()
+            join, most = Joiner(loop, self.protocol), getattr(config.http_protocol_class, "max_open", math.inf)
+            self._stop_accepting = accept_eagerly(
+                loop, listener, join, lambda: len(self.server_state.connections) + len(join) < most
+            )
+
+        async def shutdown(self, sockets=None) -> None:
+            if self._stop_accepting is not None:
+                self._stop_accepting()
+                listener.close()  # new connection attempts are refused from here
+            await super().shutdown(sockets)
+
+        def protocol(self):
+            """A connection's protocol, as uvicorn's own listener makes it."""
+            return config.http_protocol_class(
+                config=config, server_state=self.server_state, app_state=self.lifespan.state
+            )
 
         def _close_idle(self) -> None:
             for conn in list(self.server_state.connections):
                 if hasattr(conn, "close_if_idle"):
                     conn.close_if_idle(IDLE_CLOSE_S)
             if not self.should_exit:
-                asyncio.get_running_loop().call_later(IDLE_CLOSE_S / 2, self._close_idle)
+                asyncio.get_running_loop().call_later(SWEEP_S, self._close_idle)
 
         def _refuse_new(self, done: threading.Event) -> None:
             for sock in self._listeners():
@@ -460,6 +504,8 @@ def draining_server(base, config, drain, drain_s: float, signals: tuple | None =
             done.set()
 
         def _listeners(self) -> list:
+            if listener is not None:
+                return [] if listener.fileno() < 0 else [listener]
             return [sock for server in getattr(self, "servers", []) for sock in server.sockets]
 
         def _quiesce_then_exit(self, loop, sig, frame) -> None:

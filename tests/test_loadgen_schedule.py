@@ -128,7 +128,7 @@ def test_the_load_generator_keeps_its_schedule_against_a_real_server(tmp_path):
     with reference_server("--resolution", "32", "--width", "8") as (url, _):
         df, table = _load(url, tmp_path / "m.csv", "300", 3.0)
     assert "send_lag_p99_ms" in table
-    assert (df["status"] == 200).all()
+    assert (df["status"] == 200).all(), df.loc[df["status"] != 200, ["status", "error"]].value_counts()
     assert (df["send_lag_ms"] >= 0).all()
     lag = df.loc[~df["warmup"], "send_lag_ms"].to_numpy()
     assert np.percentile(lag, 99) < 20.0, np.percentile(lag, [50, 99])
@@ -183,16 +183,65 @@ def _sigterm_under_load(args: tuple[str, ...], rate: float, at_s: float) -> tupl
     return df, log
 
 
-def _no_request_is_reset(df: pd.DataFrame, served: float = 0.3) -> None:
+def _no_request_is_reset(df: pd.DataFrame, served: float = 0.3, log: str = "") -> None:
     """Until the listener closes every request is answered (200, or a 503 while shedding);
     after it, connecting fails (the request never left). Nothing is reset or answered 500;
     more than ``served`` of the answers are 200s."""
     answered = df[df["status"] > 0]
     assert set(answered["status"]) <= {200, 503}
     failed = df[df["status"] == -1]
-    assert set(failed["error"]) <= {"ConnectionRefusedError"}, failed["error"].value_counts().to_dict()
+    assert set(failed["error"]) <= {"ConnectionRefusedError"}, (failed["error"].value_counts().to_dict(), log[-2000:])
     assert len(failed) > 0  # the run reached the closed port
     assert (answered["status"] == 200).sum() > served * len(answered)
+
+
+def _wait_queued(listener: socket.socket, n: int) -> None:
+    """Wait until ``n`` connections are in ``listener``'s accept queue (skip where the
+    platform does not say)."""
+    from reference_server.serve import accept_queue
+
+    deadline = time.monotonic() + 5
+    while accept_queue(listener) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if accept_queue(listener) != n:
+        pytest.skip("this platform does not report a listener's accept queue")
+
+
+def test_the_listener_takes_every_queued_connection_while_there_is_room():
+    """libuv, under uvloop, accepts one connection per turn of the loop; the front end's
+    listener takes all the kernel holds each time it is readable, as many as ``room()``
+    allows, and leaves the rest in the kernel's queue until there is room again."""
+    from reference_server.connections import accept_eagerly
+    from reference_server.serve import accept_queue
+
+    uvloop = pytest.importorskip("uvloop", reason="uvicorn's loop on Linux")
+    taken: list[socket.socket] = []
+    room = [25]
+
+    async def watch(listener) -> tuple[int, int, int, int]:
+        loop = asyncio.get_running_loop()
+        stop = accept_eagerly(loop, listener, taken.append, lambda: len(taken) < room[0])
+        await asyncio.sleep(0.2)
+        first, queued = len(taken), accept_queue(listener)
+        room[0] = 100
+        await asyncio.sleep(0.2)
+        stop()
+        extra = socket.create_connection(listener.getsockname())
+        await asyncio.sleep(0.2)
+        extra.close()
+        return first, queued, len(taken), accept_queue(listener)
+
+    with socket.create_server(("127.0.0.1", 0), backlog=64) as listener:
+        clients = [socket.create_connection(listener.getsockname()) for _ in range(40)]
+        try:
+            _wait_queued(listener, 40)
+            first, queued, then, after_stop = uvloop.run(watch(listener))
+        finally:
+            for c in clients + taken:
+                c.close()
+    assert (first, queued) == (25, 15)  # room for 25: the other 15 wait in the kernel's queue
+    assert then == 40  # room again: all of them, in one go
+    assert after_stop == 1  # stopped: a new connection is left to the kernel
 
 
 def test_the_quiesce_waits_for_the_accept_queue_within_its_bound(caplog):
@@ -203,16 +252,12 @@ def test_the_quiesce_waits_for_the_accept_queue_within_its_bound(caplog):
     how many it leaves is logged."""
     import logging
 
-    from reference_server.serve import accept_queue, quiesce
+    from reference_server.serve import quiesce
 
     with socket.create_server(("127.0.0.1", 0), backlog=16) as listener:
         clients = [socket.create_connection(listener.getsockname()) for _ in range(3)]
         try:
-            deadline = time.monotonic() + 5
-            while accept_queue(listener) < 3 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            if accept_queue(listener) != 3:
-                pytest.skip("this platform does not report a listener's accept queue")
+            _wait_queued(listener, 3)
             with caplog.at_level(logging.WARNING, logger="servesim.serve"):
                 t0 = time.monotonic()
                 assert quiesce(lambda: [listener], 0.3) == 3
@@ -347,26 +392,53 @@ def test_sigterm_under_load_resets_no_request():
     """SIGTERM while 800 req/s arrive, each drain response saying ``Connection: close`` (so
     every request comes on a new connection): at the drain's end the listener drops new
     connection attempts and accepts those the kernel has made before it closes, and a
-    connection that has just been made is not closed under a request on its way."""
+    connection that has just been made is not closed under a request on its way. The share
+    of 200s depends on the CPU the server gets, as the excess meets the door's 503 at once:
+    58-73% alone, 25% beside test_server_faults.py on 2 cores."""
     pytest.importorskip("torch", reason="the reference server needs the server extra (torch)")
-    _no_request_is_reset(_sigterm_under_load(("--resolution", "32", "--width", "8"), 800.0, 2.0)[0])
+    df, log = _sigterm_under_load(("--resolution", "32", "--width", "8"), 800.0, 2.0)
+    _no_request_is_reset(df, served=0.1, log=log)
 
 
 def test_a_front_end_short_of_cpu_serves_what_its_grace_allows_and_sheds_the_rest():
-    """A front end whose event loop serves ~150 requests a second (each image resized to
-    320 px on the loop), offered 800 req/s, SIGTERM at 2 s, 5 s of grace: ~1,900 connections
-    wait in the kernel's queue when the drain ends, and the loop accepts them only as fast as
-    it serves (uvloop: one a turn). Closing on them reset 1,168 and 1,280 requests in two
-    runs; now the quiesce serves while the rest could still be shed in time and answers them
-    503, none reset (also with three busy processes beside it, where the loop accepted 0-10 a
-    second). CI failed on 44 resets of the 800 req/s test above, its front end starved by a
-    test beside it."""
+    """A front end whose event loop serves ~120-150 requests a second (each image resized to
+    320 px on the loop), offered 800 req/s, SIGTERM at 2 s, 5 s of grace. Accepting one
+    connection per turn (uvloop's way), ~1,900 connections waited in the kernel's queue when
+    the drain ended and closing on them reset 1,168 and 1,280 requests in two runs; the
+    quiesce then served while the rest could still be shed in time and answered them 503,
+    none reset. Accepted eagerly, the excess meets the door's 503 at once and the queue
+    is short at the drain's end (the quiesce had none to shed in two runs; a queue it
+    cannot serve in time is still shed, as the quiesce's own test shows). CI failed on 44
+    resets of the 800 req/s test above, its front end starved by a test beside it."""
     pytest.importorskip("torch", reason="the reference server needs the server extra (torch)")
     df, log = _sigterm_under_load(("--resolution", "320", "--width", "4", "--grace-s", "5"), 800.0, 2.0)
-    _no_request_is_reset(df, served=0.05)
-    assert (df["status"] == 503).sum() > 0.1 * len(df), log  # shed at the door (26-33% of rows in six runs)
-    assert "the excess is answered 503" in log
+    _no_request_is_reset(df, served=0.05, log=log)
+    assert (df["status"] == 503).sum() > 0.1 * len(df), log  # shed at the door (82-83% of rows in two runs)
     assert "still unaccepted" not in log
+
+
+@pytest.mark.slow
+def test_a_loop_bound_front_end_answers_its_excess_at_once():
+    """A front end whose event loop resizes each image (320 px) serves ~120-140 requests a
+    second; offered 800, its excess is answered 503 within a turn or two of the loop, and a
+    request served waits in the server's own queue (``--max-queue-size``), not in the
+    kernel's: 503s after 128-155 ms (p50), 153-164 ms outside the server, in three runs.
+    Accepting one connection per turn (libuv's way), its 503s came after 1.3-9.5 s (p50,
+    five runs; 6.9 s with this test) and its 200s after 3-12 s, 7-11 s of which before the
+    server saw them (two runs)."""
+    pytest.importorskip("torch", reason="the reference server needs the server extra (torch)")
+    from calibrate.loadgen import _run
+    from calibrate.payloads import image_payloads
+
+    payloads = image_payloads(16, 96, np.random.default_rng(0))
+    with reference_server("--resolution", "320", "--width", "4") as (url, _):
+        _run(run_level(url, "resnet", 100.0, payloads, duration_s=1.0, min_queries=10, seed=1))  # warm
+        df = _run(run_level(url, "resnet", 800.0, payloads, duration_s=4.0, min_queries=10, seed=2, connections=4096))
+    assert set(df["status"]) == {200, 503}, df["error"].value_counts().to_dict()
+    refused, served = df[df["status"] == 503], df[df["status"] == 200]
+    assert refused["latency_ms"].median() < 1000
+    outside_ms = served["latency_ms"] - served["request_us"] / 1e3  # before the server's clock started
+    assert outside_ms.median() < 500
 
 
 @pytest.mark.slow

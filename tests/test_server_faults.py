@@ -274,6 +274,23 @@ def test_the_redis_password_is_never_shown():
         redis.wait(timeout=10)
 
 
+def test_a_port_in_use_is_one_clear_error_before_the_instances_start():
+    """The front end binds its listener before the model instances start: a taken port is
+    exit 1 with one line naming it, no traceback, and no process left behind."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [*servesim_cmd(), "serve", "--port", str(port), *TINY],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert f"error: cannot listen on 127.0.0.1:{port}: Address already in use" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "servesim serve: http://" not in proc.stdout
+
+
 def test_sigterm_frees_the_port_and_a_public_bind_is_warned_about():
     port = free_port()
     proc = subprocess.Popen(
@@ -402,16 +419,16 @@ def _closed_by_server(sock: socket.socket, timeout_s: float) -> bool:
 
 
 def test_sigterm_turns_readiness_false_before_the_listener_closes():
-    with reference_server(*TINY, "--drain-s", "3") as (url, proc):
+    with reference_server(*TINY, "--drain-s", "4") as (url, proc):
         conn, idle = _conn(url), _conn(url)
         assert _good(conn) == 200
         assert _good(idle) == 200
         t0 = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         assert _until(lambda: _ready(url) == 503, 2)
-        # an idle kept-alive connection is closed now, while new ones are still accepted, so
-        # its client does not send on a connection that the shutdown resets
-        assert _closed_by_server(idle.sock, 2)
+        # a kept-alive connection idle for 2 s (IDLE_CLOSE_S) is closed, while new ones are
+        # still accepted, so its client does not send on a connection the shutdown resets
+        assert _closed_by_server(idle.sock, 3)
         # still serving while load balancers take it out: live, and answering inference, on
         # connections that close after their response
         with urllib.request.urlopen(url + "/v2/health/live", timeout=5) as r:
@@ -420,9 +437,9 @@ def test_sigterm_turns_readiness_false_before_the_listener_closes():
         status, got, _ = _post(_conn(url), body, headers)
         assert status == 200
         assert got.get("connection") == "close"
-        assert time.monotonic() - t0 < 3
+        assert time.monotonic() - t0 < 4
         proc.wait(timeout=30)  # then it stops, within the drain and the grace period
-        assert time.monotonic() - t0 < 3 + 10 + 5
+        assert time.monotonic() - t0 < 4 + 10 + 5
 
 
 @pytest.fixture(scope="module")
@@ -440,9 +457,14 @@ def test_a_connection_past_the_cap_is_refused_and_the_open_ones_are_still_served
         spare = stack.enter_context(socket.create_connection(address(url)))  # the fourth, idle
         time.sleep(0.1)
         extra = stack.enter_context(socket.create_connection(address(url)))
-        answer = read_answer(extra, 5)
+        extra.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = read_answer(extra, 5)  # answered once its request arrives, then closed
         assert answer.startswith(b"HTTP/1.1 503"), answer[:80]
         assert b"too many connections (limit 4)" in answer
+        assert b"connection: close" in answer
+        idle, t0 = stack.enter_context(socket.create_connection(address(url))), time.monotonic()
+        assert read_answer(idle, 5) == b""  # one that sends nothing is closed, within a second
+        assert time.monotonic() - t0 < 2
         # uvicorn's limit_concurrency answered 503 to every request while the cap was reached;
         # here the connections already open are served as usual
         assert [_good(c) for c in held] == [200, 200, 200]
