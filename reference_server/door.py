@@ -17,7 +17,7 @@ class Door:
     Shedding has to cost a small fraction of serving, else at twice the capacity the loop
     spends itself on refusals and goodput collapses. So does an inference request while the
     shutdown sheds (``shedding()``: more connections wait in the kernel's queue than the grace
-    period can serve, see :func:`reference_server.serve.quiesce`): a 503 with ``Retry-After``
+    period can serve, see :func:`reference_server.draining.quiesce`): a 503 with ``Retry-After``
     that the client can send elsewhere, not a reset when the listener closes on it.
 
     Parameters

@@ -218,7 +218,7 @@ class Hub:
     async def _drain(self, sock: socket.socket, serve_kwargs: dict) -> None:
         """Keep dealing connections for ``drain_s`` (load balancers see readiness 503 and stop
         sending), then drop new attempts and deal those the kernel has already made."""
-        from reference_server.serve import quiesce, refuse_new_connections
+        from reference_server.draining import quiesce, refuse_new_connections
 
         deadline = time.monotonic() + serve_kwargs["drain_s"]
         while time.monotonic() < deadline and self.stopping == 1:

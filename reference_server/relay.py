@@ -260,7 +260,7 @@ def worker_main(cfg: ServerConfig, info: HubInfo, relay_sock: socket.socket, dea
 
     from reference_server.app import create_app
     from reference_server.connections import Joiner, guarded_http
-    from reference_server.serve import draining_server
+    from reference_server.draining import draining_server
 
     relay = Relay(relay_sock, info, cfg.max_queue_size)
     app = create_app(cfg, relay=relay)

@@ -198,7 +198,7 @@ def _no_request_is_reset(df: pd.DataFrame, served: float = 0.3, log: str = "") -
 def _wait_queued(listener: socket.socket, n: int) -> None:
     """Wait until ``n`` connections are in ``listener``'s accept queue (skip where the
     platform does not say)."""
-    from reference_server.serve import accept_queue
+    from reference_server.draining import accept_queue
 
     deadline = time.monotonic() + 5
     while accept_queue(listener) < n and time.monotonic() < deadline:
@@ -212,7 +212,7 @@ def test_the_listener_takes_every_queued_connection_while_there_is_room():
     listener takes all the kernel holds each time it is readable, as many as ``room()``
     allows, and leaves the rest in the kernel's queue until there is room again."""
     from reference_server.connections import accept_eagerly
-    from reference_server.serve import accept_queue
+    from reference_server.draining import accept_queue
 
     uvloop = pytest.importorskip("uvloop", reason="uvicorn's loop on Linux")
     taken: list[socket.socket] = []
@@ -252,7 +252,7 @@ def test_the_quiesce_waits_for_the_accept_queue_within_its_bound(caplog):
     how many it leaves is logged."""
     import logging
 
-    from reference_server.serve import quiesce
+    from reference_server.draining import quiesce
 
     with socket.create_server(("127.0.0.1", 0), backlog=16) as listener:
         clients = [socket.create_connection(listener.getsockname()) for _ in range(3)]
@@ -285,7 +285,7 @@ def test_the_quiesce_serves_what_its_grace_allows_and_sheds_the_rest(caplog):
     time enough never sheds."""
     import logging
 
-    from reference_server.serve import accept_queue, quiesce
+    from reference_server.draining import accept_queue, quiesce
 
     def run(n: int, within_s: float) -> tuple[int, list[bool], int]:
         shedding, calls, served, stop = [False], [], [0], threading.Event()
