@@ -209,18 +209,30 @@ def _wait_queued(listener: socket.socket, n: int) -> None:
 
 def test_the_listener_takes_every_queued_connection_while_there_is_room():
     """libuv, under uvloop, accepts one connection per turn of the loop; the front end's
-    listener takes all the kernel holds each time it is readable, as many as ``room()``
-    allows, and leaves the rest in the kernel's queue until there is room again."""
+    listener takes all the kernel holds in one turn, as many as ``room()`` allows, and
+    leaves the rest in the kernel's queue until there is room again."""
     from reference_server.connections import accept_eagerly
     from reference_server.draining import accept_queue
 
     uvloop = pytest.importorskip("uvloop", reason="uvicorn's loop on Linux")
     taken: list[socket.socket] = []
+    turns = [0]  # the loop's turns, counted by a callback that schedules itself for the next
+    taken_in: list[int] = []  # the turn each connection was taken in
     room = [25]
+
+    def take(conn: socket.socket) -> None:
+        taken.append(conn)
+        taken_in.append(turns[0])
 
     async def watch(listener) -> tuple[int, int, int, int]:
         loop = asyncio.get_running_loop()
-        stop = accept_eagerly(loop, listener, taken.append, lambda: len(taken) < room[0])
+
+        def tick() -> None:
+            turns[0] += 1
+            loop.call_soon(tick)
+
+        tick()
+        stop = accept_eagerly(loop, listener, take, lambda: len(taken) < room[0])
         await asyncio.sleep(0.2)
         first, queued = len(taken), accept_queue(listener)
         room[0] = 100
@@ -240,7 +252,9 @@ def test_the_listener_takes_every_queued_connection_while_there_is_room():
             for c in clients + taken:
                 c.close()
     assert (first, queued) == (25, 15)  # room for 25: the other 15 wait in the kernel's queue
-    assert then == 40  # room again: all of them, in one go
+    assert then == 40  # room again: the rest
+    assert len(set(taken_in[:25])) == 1, taken_in  # each lot in one turn of the loop
+    assert len(set(taken_in[25:])) == 1, taken_in
     assert after_stop == 1  # stopped: a new connection is left to the kernel
 
 
