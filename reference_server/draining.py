@@ -23,8 +23,8 @@ from reference_server.connections import Joiner, accept_eagerly
 # ``Connection: close`` (aiohttp takes the most recent free connection, so it goes through
 # them at its request rate); closing one under it resets the request it sends on it. At
 # 0.5 s, with the load generator short of CPU (three busy processes beside an 800 req/s
-# drain), a sweep closed 115 connections that it used 60 ms later: 13-115 resets in 3 of 24
-# runs; at 2 s none were idle that long, and none reset in 10 runs.
+# drain), a sweep closed 115 connections that it used 60 ms later (13, 19 and 115 resets in
+# three failing runs); at 2 s none were idle that long, and none reset in 10 runs.
 IDLE_CLOSE_S = 2.0
 SWEEP_S = 0.25
 

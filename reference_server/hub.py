@@ -319,11 +319,7 @@ def _failure(fut: asyncio.Future) -> BaseException | None:
     return fut.exception()
 
 
-def serve_frontends(hub: Hub, *, host: str, port: int, serve_kwargs: dict, announce) -> int:
-    """``servesim serve --frontends N``: bind, run ``hub`` until a signal; the exit code."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.create_server((host, port), family=family, backlog=2048)
-    try:
-        return asyncio.run(hub.run(sock, serve_kwargs, announce))
-    finally:
-        sock.close()
+def serve_frontends(hub: Hub, sock: socket.socket, *, serve_kwargs: dict, announce) -> int:
+    """``servesim serve --frontends N``: run ``hub`` on the listener ``sock`` until a signal;
+    the exit code."""
+    return asyncio.run(hub.run(sock, serve_kwargs, announce))

@@ -207,8 +207,6 @@ def _serve(
 ) -> None:
     """Build the app for ``cfg`` (a configuration it refuses: exit 2) and serve it until a
     signal; warn where the open-file limit or an exposed address needs it."""
-    import socket
-
     import uvicorn
 
     from reference_server.app import create_app, describe
@@ -254,13 +252,7 @@ def _serve(
         http=guarded_http(max_connections, header_timeout_s),  # not limit_concurrency: see connections.py
         timeout_keep_alive=5,
     )
-    try:  # bound before the instances start: a port taken fails at once
-        listener = socket.create_server(
-            (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=config.backlog
-        )
-    except OSError as err:
-        typer.echo(f"error: cannot listen on {host}:{port}: {err.strerror or err}", err=True)
-        raise typer.Exit(code=1) from None
+    listener = _listen(host, port)
     typer.echo(f"servesim serve: http://{host}:{port} {describe(cfg)}")
     with listener:
         draining_server(uvicorn.Server, config, app.state.drain, drain_s, shed=app.state.shed, listener=listener).run()
@@ -279,21 +271,32 @@ def _serve_frontends(cfg, *, host: str, port: int, kw: dict) -> None:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None
     try:
-        code = serve_frontends(
-            hub,
-            host=host,
-            port=port,
-            serve_kwargs=kw,
-            announce=lambda: typer.echo(f"servesim serve: http://{host}:{port} {describe(cfg)}"),
-        )
-    except (StartFailed, InstanceDied) as err:  # the worker's or instance's own error is on the console
+        with _listen(host, port) as sock:
+            code = serve_frontends(
+                hub,
+                sock,
+                serve_kwargs=kw,
+                announce=lambda: typer.echo(f"servesim serve: http://{host}:{port} {describe(cfg)}"),
+            )
+    except (StartFailed, InstanceDied, OSError) as err:  # a worker's or instance's own error is on the console
         typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(code=1) from None
-    except OSError as err:  # the port is taken, say
-        typer.echo(f"error: cannot listen on {host}:{port}: {err.strerror or err}", err=True)
         raise typer.Exit(code=1) from None
     if code:
         raise typer.Exit(code=code)
+
+
+def _listen(host: str, port: int):
+    """The listening socket, bound before any instance starts; a port taken (or an address
+    not this host's): one line, exit 1."""
+    import socket
+
+    try:
+        return socket.create_server(
+            (host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET, backlog=2048
+        )
+    except OSError as err:
+        typer.echo(f"error: cannot listen on {host}:{port}: {err.strerror or err}", err=True)
+        raise typer.Exit(code=1) from None
 
 
 FD_RESERVE = 128  # descriptors besides its connections: libraries, pipes, Redis, 32 refused past the cap (~30 used)

@@ -427,7 +427,7 @@ def test_a_front_end_short_of_cpu_serves_what_its_grace_allows_and_sheds_the_res
     pytest.importorskip("torch", reason="the reference server needs the server extra (torch)")
     df, log = _sigterm_under_load(("--resolution", "320", "--width", "4", "--grace-s", "5"), 800.0, 2.0)
     _no_request_is_reset(df, served=0.05, log=log)
-    assert (df["status"] == 503).sum() > 0.1 * len(df), log  # shed at the door (82-83% of rows in two runs)
+    assert (df["status"] == 503).sum() > 0.1 * len(df), log  # shed at the door (41-44% of rows in two runs)
     assert "still unaccepted" not in log
 
 

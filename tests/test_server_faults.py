@@ -276,7 +276,7 @@ def test_the_redis_password_is_never_shown():
 
 def test_a_port_in_use_is_one_clear_error_before_the_instances_start():
     """The front end binds its listener before the model instances start: a taken port is
-    exit 1 with one line naming it, no traceback, and no process left behind."""
+    exit 1 with one line naming it and no traceback, before any instance process starts."""
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]
         proc = subprocess.run(
