@@ -123,9 +123,13 @@ def test_the_load_generator_keeps_its_schedule_against_a_real_server(tmp_path):
     """``servesim calibrate load`` at 300 req/s on the reference server: every request
     answered, none sent early, the send lag reported in its table and small (the old
     aiohttp generator spent a few hundred microseconds of CPU a request; this one sends
-    bytes built before the level)."""
+    bytes built before the level).
+
+    The server's queue is unbounded here: this test is about the generator, and a server
+    starved of CPU by a neighbour for most of a second (CI runs two test workers on two
+    cores) correctly sheds a 256-request queue's excess with 503s (60 in one CI run)."""
     pytest.importorskip("torch", reason="the reference server needs the server extra (torch)")
-    with reference_server("--resolution", "32", "--width", "8") as (url, _):
+    with reference_server("--resolution", "32", "--width", "8", "--max-queue-size", "0") as (url, _):
         df, table = _load(url, tmp_path / "m.csv", "300", 3.0)
     assert "send_lag_p99_ms" in table
     assert (df["status"] == 200).all(), df.loc[df["status"] != 200, ["status", "error"]].value_counts()
