@@ -79,6 +79,10 @@ def first_token_parts(timing: dict, scheduled: float, first: float) -> dict[str,
     return dict(zip(PARTS, gaps.tolist(), strict=True))
 
 
+class _LateFirstToken(Exception):
+    """The first token was read after its deadline: the loop was busy past the timer."""
+
+
 async def _one(
     session,
     url: str,
@@ -116,14 +120,17 @@ async def _one(
                     chunk = json.loads(line[6:])
                     if chunk.get("choices"):
                         if not stamps:
+                            if deadline is not None and now - scheduled > first_token_timeout_s:
+                                # read after the deadline on a busy loop, before its timer ran
+                                raise _LateFirstToken
                             first_token.reschedule(None)  # the deadline is the first token's only
                         stamps.append(now)
                     elif "error" in chunk:
                         row["error"] = chunk["error"].get("message", "error")
                     elif "servesim_timing" in chunk:
                         timing = chunk["servesim_timing"]
-    except TimeoutError as err:
-        if not first_token.expired():  # not the first token's deadline: a failure as any other
+    except (TimeoutError, _LateFirstToken) as err:
+        if not (first_token.expired() or isinstance(err, _LateFirstToken)):  # a failure as any other
             row["error"] = f"{type(err).__name__}: {err}"
             return
         row.update(error=f"no first token in {first_token_timeout_s:g} s", timed_out=True, ttft_s=first_token_timeout_s)

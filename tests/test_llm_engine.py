@@ -442,7 +442,7 @@ def test_a_request_past_its_first_token_deadline_is_cancelled_and_the_engine_dro
     assert len(on_time) > 0, df["ttft_s"].describe()
     assert on_time["error"].isna().all()
     assert (on_time["tokens"] == 40).all()  # once the first token came, the deadline is gone
-    assert (on_time["ttft_s"] <= 1.0 + 0.02).all()
+    assert (on_time["ttft_s"] <= 1.0).all()  # a first token read after the deadline is late
     for _ in range(100):  # the engine aborts what the client gave up
         with urllib.request.urlopen(url + "/metrics") as r:
             text = r.read().decode()
