@@ -8,6 +8,7 @@ YAML line and field and exit with status 2.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from pathlib import Path
@@ -310,6 +311,21 @@ def dashboard_flags(env, port: int | None, headless: bool | None) -> list[str]:
 
 
 app.add_typer(calibrate_app, name="calibrate")
+
+
+def _one_line_summaries(group: typer.Typer) -> None:
+    """Each command's line in a command list is its docstring's first paragraph on one line
+    (typer's rich mode keeps the docstring's line breaks there, mid-sentence)."""
+    for cmd in group.registered_commands:
+        doc = cmd.help or (cmd.callback.__doc__ if cmd.callback else None)
+        if cmd.short_help is None and doc:
+            cmd.short_help = " ".join(inspect.cleandoc(doc).split("\n\n")[0].split())
+    for sub in group.registered_groups:
+        if sub.typer_instance is not None:
+            _one_line_summaries(sub.typer_instance)
+
+
+_one_line_summaries(app)
 
 
 def main() -> None:  # pragma: no cover - console-script entry

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -242,3 +243,21 @@ def test_help_and_check_load_no_engine(argv):
     assert done.returncode == 0, done.stderr
     loaded = done.stdout.rsplit("LOADED", 1)[1].strip()
     assert loaded == "[]", f"servesim {' '.join(argv)} loaded {loaded}"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["calibrate", "--help"]])
+def test_a_command_list_gives_each_command_one_line_on_a_wide_terminal(argv):
+    """A command's summary in a list is its docstring's first paragraph on one line: typer's
+    rich mode kept the docstring's line breaks there, so at 80 columns 'practice' broke
+    after 'step by step,' and 'calibrate run' after 'interleaved'."""
+    import typer.main
+
+    res = runner.invoke(app, argv, env={"COLUMNS": "1000"}, terminal_width=1000)
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    top = lines.index(next(line for line in lines if "Commands" in line))
+    panel = list(itertools.takewhile(lambda line: not line.startswith("╰"), lines[top + 1 :]))
+    group = typer.main.get_command(app)
+    for word in argv[:-1]:
+        group = group.commands[word]
+    assert len(panel) == len(group.commands), panel  # a line each
