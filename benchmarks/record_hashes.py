@@ -101,6 +101,27 @@ CASES: dict[str, tuple[str, list[str]]] = {
             "platform.speed={kind: log_ar1, step_ms: 5, components: [{sigma: 0.3, correlation_time_s: 0.2}]}",
         ],
     ),
+    # least-loaded routing over replicas short of KV blocks, each step's end through the
+    # speed path: the routing reads each replica's load at every arrival
+    **{
+        f"llm_least_loaded_{policy}": (
+            "llm_chat.yaml",
+            [
+                "duration_s=20",
+                "warmup_s=0",
+                "workers.count=3",
+                "traffic.rate_rps=15",
+                "router.balancing=least_loaded",
+                "traffic.tokens.prompt.max=3000",
+                "traffic.tokens.output.max=1000",
+                "batching.num_blocks=700",
+                "batching.noise_cv=0.1",
+                "platform.speed={kind: log_ar1, step_ms: 5, components: [{sigma: 0.3, correlation_time_s: 0.2}]}",
+                f"batching.policy={policy}",
+            ],
+        )
+        for policy in ("continuous", "prefill_first", "static")
+    },
     "llm_sessions_preempt": (
         "llm_multiturn.yaml",
         ["duration_s=10", "warmup_s=0", "workers.count=1", "traffic.rate_rps=10", "batching.num_blocks=900"],

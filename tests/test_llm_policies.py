@@ -366,6 +366,54 @@ def test_decode_stretches_in_one_go_take_exactly_the_single_steps(policy, model)
         assert np.array_equal(getattr(slow.log, name), getattr(fast.log, name)), name
 
 
+@pytest.mark.parametrize("policy", ["continuous", "prefill_first", "static"])
+@pytest.mark.parametrize("slowed", [False, True])
+def test_a_replicas_load_read_without_stepping_is_the_load_after_stepping(policy, slowed):
+    """A least-loaded router reads each replica's load at every arrival to the pool
+    (``Replica.load_at``): where a decode stretch cut short by the horizon knows that no
+    request settles before its first finish or block shortage, the replica is not stepped.
+    The load it gives equals the count after stepping to that time, at every read, and the
+    replica then takes the same steps to the bit (step noise, a cache tight enough to
+    preempt, the host's speed changing under the steps)."""
+    from simulator.serving.continuous import Noise
+    from simulator.stages.speed import SpeedPath
+
+    speed = None
+    if slowed:
+        t = np.arange(0.0, 120_000.0, 500.0)
+        speed = SpeedPath(t, np.random.default_rng(1).choice([1.0, 1.5, 3.0], len(t)))
+    rng = np.random.default_rng(21)
+    n = 400
+    pool = np.cumsum(rng.exponential(15.0, 4 * n))  # arrivals to a pool of four
+    mine = np.sort(rng.choice(len(pool), n, replace=False))  # those sent to this replica
+    prompt, output = rng.integers(16, 700, n), rng.integers(1, 400, n)
+    lim = Limits(num_blocks=1000, max_num_batched_tokens=1024)
+    step = LinearStepTime(4.0, 0.01, 1e-6, 0.05, 1e-4)
+    lazy, eager = (Replica(policy, step, lim, Noise(0.1, np.random.default_rng(5)), speed=speed) for _ in range(2))
+    skipped = 0
+    nxt = 0
+    for i, t in enumerate(pool.tolist()):
+        steps = (lazy.steps, eager.steps)
+        eager.advance(t)
+        assert lazy.load_at(t) == len(eager.pending) + len(eager.waiting) + len(eager.running), i
+        skipped += lazy.steps == steps[0] and eager.steps > steps[1]  # steps it did not take (yet)
+        if nxt < n and mine[nxt] == i:
+            for rep in (lazy, eager):
+                rep.push(nxt, t, int(prompt[nxt]), int(output[nxt]))
+            nxt += 1
+    assert skipped >= 25, skipped  # the lazy path was taken (41-438 times in these six cases)
+    for rep in (lazy, eager):
+        rep.advance()
+    a, b = lazy.finished(), eager.finished()
+    assert sum(b.preemptions) > 0
+    for name in ("rid", "first_token", "done", "start", "preemptions", "max_itl"):
+        assert np.array_equal(getattr(a, name), getattr(b, name), equal_nan=True), name
+    assert lazy.steps == eager.steps
+    la, lb = lazy.step_log(), eager.step_log()
+    for name in ("start", "end", "prefill_tokens", "decodes", "seqs", "running", "waiting", "kv_usage"):
+        assert np.array_equal(getattr(la, name), getattr(lb, name)), name
+
+
 def test_each_policy_is_one_scheduler_behind_the_protocol_and_an_unknown_one_is_refused():
     """The replica's seam (Vidur's layout): every policy name gives a scheduler with the
     Protocol's members, a fresh one for each replica (static batching keeps its batch's

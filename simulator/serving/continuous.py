@@ -290,13 +290,14 @@ class Replicas:
                 return ks[int(self.scaling.route.random() * len(ks))]
             self.turn += 1
             return ks[(self.turn - 1) % len(ks)]
+        if self.balancing == "least_loaded":  # the load alone: a replica is stepped only where it may change
+            load = {k: self.replicas[k].load_at(t) for k in ks}
+            return min(ks, key=lambda k: (load[k], k))
         for k in ks:
             self.replicas[k].advance(t)
         self._forget_finished()
         load = {k: len(r.pending) + len(r.waiting) + len(r.running) for k in ks for r in (self.replicas[k],)}
         k_least = min(ks, key=lambda k: (load[k], k))
-        if self.balancing == "least_loaded":
-            return k_least
         known = group >= 0 or session >= 0
         hit = {k: self._hit(k, group, shared, session, history, prompt) / prompt for k in ks} if known else None
         if self.balancing == "prefix_affinity":

@@ -79,16 +79,17 @@ def decode_stretch(rep: Replica, horizon: float) -> bool:
         t = t + work if rep.speed is None else rep.speed.finish_at(t, work)
         ends.append(t)
     taken = len(ends)
-    if taken < 2:
-        return False
     # the blocks: sequence i needs one at step j (1-based) when c_i + j opens a block
-    # (those of the steps that could be taken: a later step's block never limits them)
+    # (over all k steps: the first step short of a block also bounds the quiet time below)
     bs = lim.block_size
-    events = [(j, pos) for pos, s in enumerate(running) for j in range((1 - s.computed) % bs or bs, taken + 1, bs)]
+    events = [(j, pos) for pos, s in enumerate(running) for j in range((1 - s.computed) % bs or bs, k + 1, bs)]
     events.sort()
     free = kv.free_blocks
-    if len(events) > free:
-        taken = min(taken, events[free][0] - 1)  # the step whose block is not free: singly
+    short = events[free][0] if len(events) > free else k + 1  # the first step whose block is not free
+    if short <= taken:
+        taken = short - 1  # that step: singly
+    # (said even when too few steps are taken here: the single steps take the same ones)
+    _quiet_until(rep, ms, ends, taken, min(int(left), short))
     if taken < 2:
         return False
     if rep.noise is not None:
@@ -154,6 +155,22 @@ def decode_stretch(rep: Replica, horizon: float) -> bool:
         rep.log_rows.append((begin, t1, 0, width, d, d, waiting, usage, 0.0))
         begin = t1
     return True
+
+
+def _quiet_until(rep: Replica, ms: list[float], ends: list[float], taken: int, first: int) -> None:
+    """Tell ``rep`` when the first step that may settle a request (or preempt one) starts:
+    step ``first`` (1-based) of the ``k`` whose times ``ms`` holds, where the first
+    sequence finishes or a block is short, as long as nothing new arrives (a push resets
+    it), nor past the next pushed request's arrival. Until then its load (requests pushed
+    less those settled) cannot change, so a router reading only that need not step it
+    (:meth:`Replica.advance`). Its start is the end of step ``first - 1``, on the clock the
+    later steps will add up: the same bits."""
+    if first <= taken:  # it is among the steps taken: what comes after is not known here
+        return
+    t = ends[taken - 1] if taken else rep.t
+    for work in ms[taken : first - 1]:
+        t = t + work if rep.speed is None else rep.speed.finish_at(t, work)
+    rep.quiet_until = min(t, rep.pending[0].arrival) if rep.pending else t
 
 
 __all__ = ["decode_stretch"]

@@ -88,6 +88,9 @@ class Replica:
         self.log_rows: list[tuple] = []
         self.gap_rows: list[tuple[float, float, int]] = []  # (when, gap, tokens): each token's gap after the one before
         self._seen = 0  # of settled, the rows just_finished() has handed out
+        # no request settles in a step that starts before this time unless one is pushed
+        # (set by a decode stretch cut short by the horizon; see :meth:`load_at`)
+        self.quiet_until = math.inf
 
     # --- input ----------------------------------------------------------------
     def push(
@@ -121,6 +124,7 @@ class Replica:
             # nobody else looks them up), and never when it finishes unpreempted
             if session < 0:
                 eager = shared
+        self.quiet_until = -math.inf  # what it changes is for advance() to find
         s = Seq(rid, arrival, int(prompt), int(output), keys, eager)
         if first_token is not None:
             s.made, s.ready, s.first = 1, s.prompt, first_token
@@ -141,15 +145,26 @@ class Replica:
                 waiting.append(pending.popleft())
             if not waiting and not self.running:
                 if not pending:
+                    self.quiet_until = math.inf  # nothing to settle until a push
                     return
                 self.t = pending[0].arrival
                 self.woke = 0
                 continue
             if self.t >= horizon:
                 return
+            self.quiet_until = -math.inf  # a stretch cut short by the horizon says otherwise
             if self.skip and decode_stretch(self, horizon):
                 continue
             self.scheduler.step(self)
+
+    def load_at(self, t: float) -> int:
+        """Requests pushed and not settled after the steps that start before ``t`` (what
+        a least-loaded router counts), stepping only when a step before ``t`` may settle
+        one: a decode stretch cut short knows when its first finish (or a block's
+        shortage) comes, and nothing else changes the count."""
+        if t > self.quiet_until:
+            self.advance(t)
+        return len(self.pending) + len(self.waiting) + len(self.running)
 
     def just_finished(self) -> list[int]:
         """The ids of the requests settled since the last call (of this method; what
