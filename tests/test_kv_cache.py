@@ -203,3 +203,40 @@ def test_blocks_for_many_sequences_at_once_are_those_one_at_a_time():
             many.free(live[0])
     assert one.fresh == 20  # every block was handed out once
     assert "r0" not in one.cached  # r's named blocks were taken again, their content evicted
+
+
+def test_the_free_queue_keeps_an_ordered_dicts_order_through_removals_and_retakes():
+    """The free queue (a list with a head, blocks taken out of the middle left behind as
+    entries to skip) hands out the blocks an ``OrderedDict`` would: random frees, prefix
+    hits taking a freed block from the middle, a block freed again after such a hit, takes
+    of several at once, and enough traffic to drop the taken front of the list."""
+    from collections import OrderedDict
+
+    from simulator.serving.kv_cache import FreeQueue
+
+    rng = np.random.default_rng(4)
+    n = 300
+    queue, ref = FreeQueue(n), OrderedDict()
+    held = list(range(n))  # every block held at first
+    removed = 0
+    for _ in range(20_000):
+        op = rng.random()
+        if op < 0.4 and held:  # a sequence frees a few blocks, last first
+            k = int(rng.integers(1, 6))
+            freed = [held.pop(int(rng.integers(len(held)))) for _ in range(min(k, len(held)))]
+            queue.extend(freed) if rng.random() < 0.5 else [queue.append(b) for b in freed]
+            ref.update(dict.fromkeys(freed))
+        elif op < 0.6 and ref:  # a prefix hit takes a freed block from wherever it stands
+            b = list(ref)[int(rng.integers(len(ref)))]
+            queue.remove(b)
+            del ref[b]
+            held.append(b)
+            removed += 1
+        elif ref:  # a step takes the next few from the front
+            k = min(int(rng.integers(1, 8)), len(ref))
+            want = [ref.popitem(last=False)[0] for _ in range(k)]
+            assert queue.take(k) == want
+            held += want
+        assert len(queue) == len(ref)
+    assert list(queue) == list(ref)
+    assert removed > 3000

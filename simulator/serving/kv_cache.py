@@ -29,10 +29,70 @@ not enough.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 
 from simulator.scenario.llm import blocks_from_memory, bytes_per_token
+
+
+class FreeQueue:
+    """Freed blocks in the order they were freed, taken from the front, as a list with a
+    head: a sequence's blocks join it in one ``extend`` and a step's are taken in one slice
+    (an ``OrderedDict`` took them one ``popitem`` at a time). A block taken out of the
+    middle (a prefix hit on freed content) leaves its entry behind, skipped where it stands:
+    a block is queued at most once at a time, so its left entries are always its earliest,
+    and it keeps a count of them."""
+
+    __slots__ = ("_dead", "_gone", "_head", "_q")
+
+    def __init__(self, num_blocks: int):
+        self._q: list[int] = []
+        self._head = 0  # entries before it were taken
+        self._dead = [0] * num_blocks  # each block's left entries, ahead of its live one
+        self._gone = 0  # left entries from the head on
+
+    def __len__(self) -> int:
+        return len(self._q) - self._head - self._gone
+
+    def __iter__(self):
+        dead = self._dead.copy()
+        for b in self._q[self._head :]:
+            if dead[b]:
+                dead[b] -= 1
+            else:
+                yield b
+
+    def append(self, b: int) -> None:
+        self._q.append(b)
+
+    def extend(self, blocks: list[int]) -> None:
+        self._q.extend(blocks)
+
+    def remove(self, b: int) -> None:
+        """``b``, queued, leaves the queue from where it stands."""
+        self._dead[b] += 1
+        self._gone += 1
+
+    def take(self, n: int) -> list[int]:
+        """The first ``n`` blocks (at most ``len(self)``), out of the queue."""
+        q, head = self._q, self._head
+        if not self._gone:
+            got = q[head : head + n]
+            head += n
+        else:
+            got, dead = [], self._dead
+            while len(got) < n:
+                b = q[head]
+                head += 1
+                if dead[b]:
+                    dead[b] -= 1
+                    self._gone -= 1
+                else:
+                    got.append(b)
+        if head > 4096 and 2 * head > len(q):  # drop what was taken, now and then
+            del q[:head]
+            head = 0
+        self._head = head
+        return got
 
 
 class KVCache:
@@ -63,7 +123,7 @@ class KVCache:
         # the free queue, taken from the front: the blocks never used yet (fresh, lowest
         # first), then those freed, least recently freed first; only the freed ones are kept
         self.fresh = 0  # blocks fresh..num_blocks-1 were never used
-        self.free_queue: OrderedDict[int, None] = OrderedDict()
+        self.free_queue = FreeQueue(num_blocks)
         self.tables: dict[Hashable, list[int]] = {}  # sequence -> its blocks, in token order
         self.hits = 0  # tokens served from the cache, over the run
         self.lookups = 0  # prompt tokens looked up
@@ -128,7 +188,7 @@ class KVCache:
             table = self.tables[seq] = []
             for b in hit:
                 if self.ref[b] == 0:
-                    del self.free_queue[b]
+                    self.free_queue.remove(b)
                 else:
                     self.shared += 1
                 self.ref[b] += 1
@@ -171,8 +231,8 @@ class KVCache:
             self.ref[fresh : fresh + m] = [1] * m
             self.fresh = fresh + m
         if n > m:
-            ref, pop = self.ref, self.free_queue.popitem
-            reused = [pop(last=False)[0] for _ in range(n - m)]
+            ref = self.ref
+            reused = self.free_queue.take(n - m)
             for b in reused:
                 ref[b] = 1
             if self.cached:  # content to evict (none while no block was ever named)
@@ -215,7 +275,7 @@ class KVCache:
         if not self.shared:  # every block has this one holder: all go
             for b in table:
                 ref[b] = 0
-            queue.update(dict.fromkeys(table))
+            queue.extend(table)
             return
         for b in table:
             left = ref[b] - 1
@@ -223,7 +283,7 @@ class KVCache:
             if left:
                 self.shared -= 1
             else:
-                queue[b] = None
+                queue.append(b)
 
     def _forget(self, b: int) -> None:
         if self.key[b] is not None:
@@ -248,9 +308,12 @@ class KVCache:
         for table in self.tables.values():
             for b in table:
                 held[b] = held.get(b, 0) + 1
+        queued = list(self.free_queue)
+        assert len(queued) == len(set(queued)) == len(self.free_queue), "a block queued twice"
+        queued = set(queued)
         for b in range(self.num_blocks):
             assert self.ref[b] == held.get(b, 0), f"block {b}: ref {self.ref[b]}, held by {held.get(b, 0)}"
-            free = b in self.free_queue or b >= self.fresh
+            free = b in queued or b >= self.fresh
             assert (self.ref[b] == 0) == free, f"block {b}: ref {self.ref[b]}, free"
         for key, b in self.cached.items():
             assert self.key[b] == key, f"key {key!r} -> block {b}, which holds {self.key[b]!r}"
