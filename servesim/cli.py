@@ -155,7 +155,7 @@ def run(
         extra if duration_s is None else [e for e in extra if not e.startswith("duration_s")],
         warn=False,
     )
-    if duration_s is not None and s.warmup_s >= duration_s:
+    if duration_s is not None and 0 < duration_s <= s.warmup_s:  # (a duration below 0: its own error)
         extra.append(f"warmup_s={duration_s * 0.1:g}")
         err.print(
             f"note: warmup_s {s.warmup_s:g} is not shorter than --duration-s {duration_s:g}; "

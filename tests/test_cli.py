@@ -213,6 +213,18 @@ def test_short_duration_shrinks_a_longer_warmup(tmp_path):
     assert json.loads(out.read_text())["requests"]["window_s"] == pytest.approx(0.45)
 
 
+@pytest.mark.parametrize("duration", ["-1", "0"])
+def test_a_duration_below_zero_is_one_error_without_a_note_on_the_warmup(tmp_path, duration):
+    """``--duration-s -1`` is refused for itself alone: no note shrinking the warm-up to
+    -0.1 s, and no second error about that warm-up."""
+    path = write(tmp_path, GOOD)  # warmup_s: 1
+    res = invoke("run", path, "--duration-s", duration)
+    assert res.exit_code == 2
+    assert "duration_s: Input should be greater than 0" in res.output
+    assert "note:" not in res.output
+    assert "warmup_s" not in res.output
+
+
 def test_a_top_level_cross_field_error_names_its_field_and_line(tmp_path):
     path = write(tmp_path, GOOD.replace("warmup_s: 1", "warmup_s: 9"))
     result = runner.invoke(app, ["check", str(path)])
