@@ -120,6 +120,26 @@ def test_runaway_runs_are_refused_before_any_large_allocation(args, needles):
     one_error(res, *needles)
 
 
+def test_llm_replicas_by_the_hundred_million_are_refused_naming_their_kv_blocks():
+    """An LLM fleet's KV blocks are the budget's own part ("kv"): refused with its remedy,
+    not a KeyError (as it was for ``workers.count=100000000``)."""
+    res = cli("run", ROOT / "scenarios/llm_chat.yaml", "--set", "workers.count=100000000", limit_bytes=3 * 2**30)
+    one_error(res, "would need", "workers.count 100,000,000", "batching.num_blocks")
+
+
+def test_every_part_of_the_budget_has_its_remedy():
+    """Each part :func:`estimate` counts has a remedy in the refusal (a part without one
+    raised a KeyError where its remedy was looked up)."""
+    from simulator import load_scenario
+    from simulator.planning.budget import estimate, remedies
+
+    for name in ("inference_platform.yaml", "llm_chat.yaml", "recsys_feature_fetch.yaml"):
+        s = load_scenario(ROOT / "scenarios" / name)
+        parts = set(estimate(s).parts)
+        assert parts <= set(remedies(s, streamed=False, records=False, interval_s=1.0)), (name, parts)
+        assert name != "llm_chat.yaml" or "kv" in parts
+
+
 def test_feature_lookups_in_the_billions_are_refused():
     res = cli(
         "run",

@@ -186,26 +186,31 @@ def check(
     if not math.isfinite(b.requests):
         raise BudgetError(f"{what}: rate × duration is not a finite number of requests; lower traffic.rate_rps")
     if b.bytes > avail:
-        remedy = {
-            "requests": "shorten it (--duration-s) or lower the rate"
-            + (", or leave out --records" if records and not streamed else ""),
-            "workers": f"use fewer workers (workers.count {s.workers.count:,})",
-            "batch": f"lower batching.max_batch_size ({s.batching.max_batch_size:,})",
-            "timeline": f"widen the timeline's intervals (--interval-s {interval_s:g})",
-            "features": f"lower features.lookups_per_request ({s.features.lookups_per_request:,}) or raise its "
-            "batch_size",
-            "speed": "raise platform.speed.step_ms, or use scope: host (one path, not one per worker)",
-        }
+        remedy = remedies(s, streamed=streamed, records=records, interval_s=interval_s)
         drivers = sorted(b.parts, key=b.parts.get, reverse=True)
-        remedies = [remedy[d] for d in drivers if b.parts[d] > 0.2 * b.bytes] or [remedy[drivers[0]]]
+        fixes = [remedy[d] for d in drivers if b.parts[d] > 0.2 * b.bytes] or [remedy[drivers[0]]]
         if not streamed:
-            remedies.append("run it in chunks, in bounded memory (--chunk-s auto, or a number of seconds)")
-        remedies.append("simulate part of the fleet with --sample-workers K (exact under random routing)")
+            fixes.append("run it in chunks, in bounded memory (--chunk-s auto, or a number of seconds)")
+        fixes.append("simulate part of the fleet with --sample-workers K (exact under random routing)")
         raise BudgetError(
             f"{what} would need {_gb(b.bytes)} of memory ({_count(b.requests)} requests, {b.instances:,} model "
-            f"instances), more than the {_gb(avail)} available: " + "; or ".join(remedies) + "."
+            f"instances), more than the {_gb(avail)} available: " + "; or ".join(fixes) + "."
         )
     return dataclasses.replace(b, wall_s=b.wall_s * runs)
+
+
+def remedies(s: Scenario, *, streamed: bool, records: bool, interval_s: float) -> dict[str, str]:
+    """What lowers each part of :func:`estimate`'s memory, by the part's name."""
+    return {
+        "requests": "shorten it (--duration-s) or lower the rate"
+        + (", or leave out --records" if records and not streamed else ""),
+        "workers": f"use fewer workers (workers.count {s.workers.count:,})",
+        "batch": f"lower batching.max_batch_size ({s.batching.max_batch_size:,})",
+        "timeline": f"widen the timeline's intervals (--interval-s {interval_s:g})",
+        "features": f"lower features.lookups_per_request ({s.features.lookups_per_request:,}) or raise its batch_size",
+        "speed": "raise platform.speed.step_ms, or use scope: host (one path, not one per worker)",
+        "kv": f"use fewer replicas (workers.count {s.workers.count:,}) or fewer KV blocks each (batching.num_blocks)",
+    }
 
 
 def _gb(x: float) -> str:
