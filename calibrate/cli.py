@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from calibrate.cli_llm import is_llm_profile, judge, llm, llm_refit, llm_target
-from calibrate.cli_shared import need, terminated
+from calibrate.cli_shared import need, terminated, unreadable
 from calibrate.cli_watch import watch
 
 app = typer.Typer(help="Measure a real inference server and fit the simulator's models to it.", no_args_is_help=True)
@@ -256,8 +256,7 @@ def refit(
     try:
         report = refit_run(folder, draws=draws or 200, rng=np.random.default_rng(seed))
     except (OSError, ValueError, KeyError) as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(code=2) from None
+        raise unreadable(folder, err) from None
     typer.echo((folder / "validation.md").read_text())
     judged = [r for r in report["validation"] if r["percentile"] in ("p50", "p99")]
     met = sum(r["verdict"] in MET for r in judged)
@@ -293,8 +292,7 @@ def replay(
         slices = pd.read_csv(folder / "slices.csv")
         per_slice, levels = replay_slices(prof, requests, slices, modes=chosen, seeds=seeds)
     except (OSError, ValueError, KeyError) as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(code=2) from None
+        raise unreadable(folder, err) from None
     rho = per_slice.groupby(["level", "mode"]).apply(
         lambda g: g["replayed_p99"].corr(g["measured_p99"], method="spearman"), include_groups=False
     )
@@ -324,8 +322,7 @@ def cycle(
         prof = json.loads((folder / "profile.json").read_text())
         table = batch_cycle(pd.read_csv(folder / "measurements.csv.gz"), prof)
     except (OSError, ValueError, KeyError) as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(code=2) from None
+        raise unreadable(folder, err) from None
     capacity = prof.get("capacity_rps")
     typer.echo(
         f"queue arrivals in the batch's first and last tenth, over a uniform {1 / PHASE_BINS:.0%}; "
@@ -375,8 +372,7 @@ def target(
         prof = json.loads((folder / "profile.json").read_text())
         report = target_report(prof, runs=runs, designs=designs, seed=seed)
     except (OSError, ValueError, KeyError) as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(code=2) from None
+        raise unreadable(folder, err) from None
     if json_out is not None:
         json_out.write_text(json.dumps(report, indent=2) + "\n")
     rules = list(next(iter(report["pass_rates"].values())))

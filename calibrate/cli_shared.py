@@ -20,9 +20,26 @@ def need(what: str):
     return fail
 
 
+def unreadable(folder, err: Exception) -> typer.Exit:
+    """The error to raise when a calibration folder cannot be read: one line naming the
+    file it lacks (``[Errno 2] ...`` said it less plainly), or the reading's own message; exit 2."""
+    from pathlib import Path
+
+    if isinstance(err, FileNotFoundError) and err.filename:
+        missing = Path(err.filename)
+        if not Path(folder).is_dir():
+            message = f"{folder}: no such folder"
+        else:
+            message = f"{folder}: no {missing.name} there (a `servesim calibrate run` folder holds it)"
+    else:
+        message = str(err)
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code=2)
+
+
 def terminated(signum, _frame) -> None:
     """A SIGTERM handler: stop as Ctrl-C does, through every ``finally``."""
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-__all__ = ["need", "terminated"]
+__all__ = ["need", "terminated", "unreadable"]

@@ -487,3 +487,20 @@ def test_the_feature_fetch_is_measured_alone_and_under_concurrency(tmp_path):
     text = "\n".join(_fetch_in_flight({"feature_fetch_microbench": {"by_in_flight": by.to_dict(orient="records")}}))
     assert "## The feature fetch under concurrency" in text
     assert "| 16 |" in text
+
+
+@pytest.mark.parametrize("command", ["refit", "replay", "cycle", "target"])
+def test_a_folder_that_is_not_a_calibration_run_is_one_plain_error(tmp_path, command):
+    """A folder without profile.json, or no folder at all: one line naming what is missing,
+    exit 2 (it printed ``[Errno 2] No such file or directory: '.../profile.json'``)."""
+    from typer.testing import CliRunner
+
+    from calibrate.cli import app
+
+    empty = CliRunner().invoke(app, [command, str(tmp_path)])
+    assert empty.exit_code == 2
+    assert f"error: {tmp_path}: no profile.json there" in empty.output
+    assert "Errno" not in empty.output
+    gone = CliRunner().invoke(app, [command, str(tmp_path / "nowhere")])
+    assert gone.exit_code == 2
+    assert f"error: {tmp_path / 'nowhere'}: no such folder" in gone.output
