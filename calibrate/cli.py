@@ -205,7 +205,7 @@ def fit(
         import pandas as pd
 
         from calibrate.profile import build_profile
-        from calibrate.report import write_scenario
+        from calibrate.scenario import write_scenario
     except ImportError as err:
         raise need("calibrate fit")(err) from None
     try:

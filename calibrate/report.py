@@ -1,19 +1,10 @@
-"""What a calibration writes for people: the Markdown report and the profile as a scenario.
-
-``scenario.yaml`` is the measured server as a servesim scenario, so that anyone can predict
-another rate with ``servesim run scenario.yaml --set traffic.rate_rps=R`` and check it
-with their own load generator.
-"""
+"""What a calibration writes for people: the Markdown report (``validation.md``); the
+profile as ``scenario.yaml`` is :func:`calibrate.scenario.write_scenario`'s."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
-import yaml
-
-from calibrate.scenario import scenario_dict
 
 
 def _ci(lo: float, hi: float) -> str:
@@ -422,45 +413,3 @@ def _every_level(summary: pd.DataFrame) -> list[str]:
             f"{r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['mean_batch']:.2f} | {'yes' if r['held_out'] else 'no'} |"
         )
     return lines
-
-
-def write_scenario(profile: dict, path: Path, *, load: float = 0.5) -> None:
-    """The profile as a runnable scenario, at ``load`` × the measured capacity."""
-    rate = round(load * float(profile.get("capacity_rps", 100.0)), 1)
-    doc = scenario_dict(profile, rate, duration_s=60.0, warmup_s=2.0)
-    doc["sla"] = {"percentile": 99, "target_ms": 100}
-    fe = profile.get("frontend")
-    header = [
-        f"# The server measured by `servesim calibrate run` on {profile['hardware']['cpu']}, {profile['created']}.",
-        f"# Predict another rate: servesim run {path.name} --set traffic.rate_rps=R (capacity measured: "
-        f"{profile.get('capacity_rps', float('nan')):.0f} req/s).",
-        "# Stages, as the server is built:",
-    ]
-    if fe:
-        header += [
-            "#   router.overhead  - loopback, HTTP and the client outside the server's CPU work (a pure delay)",
-            f"#   preprocess       - the front end: {fe['servers']} server(s) of CPU per request (parse, JPEG "
-            "decode, encode),",
-            f"#                      {fe['cpu_ms_per_request']:.2f} ms of the server's own"
-            + (
-                f" plus {fe['client_cpu_ms_per_request']:.2f} ms of the load generator that shared its cores;"
-                if fe["client_shares_cores"]
-                else " (the load generator had cores of its own)"
-            ),
-        ]
-        if fe["client_shares_cores"]:
-            header.append("#                      with the client on another host, lower its mean by that much")
-        if fe.get("hub_station_ms_per_request"):
-            header.append(
-                "#   preprocess.hub   - the hub that relays every request between the front ends and the batcher "
-                f"({fe['hub_cpu_ms_per_request']:.2f} ms of the above)"
-            )
-    else:
-        header += ["#   router.overhead, preprocess, postprocess - the request's time outside the batch"]
-    header += [
-        "#   batching         - the server's dynamic batcher, as its /config reported it",
-        "#   workers          - the model instances (processes); service_time = hand-off + compute per batch size",
-        "",
-    ]
-    body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120)
-    path.write_text("\n".join(header) + body)

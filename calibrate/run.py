@@ -50,7 +50,8 @@ from calibrate.profile import (
     frontend_servers,
     full_batches,
 )
-from calibrate.report import markdown, write_scenario
+from calibrate.report import markdown
+from calibrate.scenario import write_scenario
 from calibrate.servers import get_json, redis_server, server
 from calibrate.speed import fit_run_speed
 from calibrate.station import fit_frontend

@@ -7,10 +7,16 @@ a request outside the batch as a pure delay, the dynamic batcher as the server's
 its noise, and, where the profile fitted one, the host's speed as a process
 (``platform.speed``) with the batch noise keeping the share the process leaves it. Used by
 the validation, the prediction intervals, the replay, the target's virtual runs, the live
-twin and the ``scenario.yaml`` a run writes.
+twin and the ``scenario.yaml`` a run writes (:func:`write_scenario`: ``servesim run scenario.yaml
+--set traffic.rate_rps=R`` predicts another rate, for anyone to check with their own load
+generator).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
 
 from calibrate.speed import shrink_ratios
 
@@ -146,6 +152,48 @@ def scenario_dict(
         out["workers"]["instance_type"] = gpu
         del out["cost"]
     return out
+
+
+def write_scenario(profile: dict, path: Path, *, load: float = 0.5) -> None:
+    """The profile as a runnable scenario, at ``load`` × the measured capacity."""
+    rate = round(load * float(profile.get("capacity_rps", 100.0)), 1)
+    doc = scenario_dict(profile, rate, duration_s=60.0, warmup_s=2.0)
+    doc["sla"] = {"percentile": 99, "target_ms": 100}
+    fe = profile.get("frontend")
+    header = [
+        f"# The server measured by `servesim calibrate run` on {profile['hardware']['cpu']}, {profile['created']}.",
+        f"# Predict another rate: servesim run {path.name} --set traffic.rate_rps=R (capacity measured: "
+        f"{profile.get('capacity_rps', float('nan')):.0f} req/s).",
+        "# Stages, as the server is built:",
+    ]
+    if fe:
+        header += [
+            "#   router.overhead  - loopback, HTTP and the client outside the server's CPU work (a pure delay)",
+            f"#   preprocess       - the front end: {fe['servers']} server(s) of CPU per request (parse, JPEG "
+            "decode, encode),",
+            f"#                      {fe['cpu_ms_per_request']:.2f} ms of the server's own"
+            + (
+                f" plus {fe['client_cpu_ms_per_request']:.2f} ms of the load generator that shared its cores;"
+                if fe["client_shares_cores"]
+                else " (the load generator had cores of its own)"
+            ),
+        ]
+        if fe["client_shares_cores"]:
+            header.append("#                      with the client on another host, lower its mean by that much")
+        if fe.get("hub_station_ms_per_request"):
+            header.append(
+                "#   preprocess.hub   - the hub that relays every request between the front ends and the batcher "
+                f"({fe['hub_cpu_ms_per_request']:.2f} ms of the above)"
+            )
+    else:
+        header += ["#   router.overhead, preprocess, postprocess - the request's time outside the batch"]
+    header += [
+        "#   batching         - the server's dynamic batcher, as its /config reported it",
+        "#   workers          - the model instances (processes); service_time = hand-off + compute per batch size",
+        "",
+    ]
+    body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=120)
+    path.write_text("\n".join(header) + body)
 
 
 def catalog_gpu(profile: dict) -> str | None:
