@@ -268,6 +268,9 @@ def test_metrics_count_the_requests_exactly(server):
         ("/v1/chat/completions", {"messages": []}, 400, "messages"),
         ("/v1/chat/completions", {"messages": [{"role": "user"}]}, 400, "messages"),
         ("/v1/completions", {"prompt": "x", "stream": "yes"}, 400, "stream"),
+        ("/v1/completions", {"prompt": "x", "temperature": -1}, 400, "temperature"),
+        ("/v1/completions", {"prompt": "x", "top_p": 0}, 400, "top_p"),
+        ("/v1/completions", {"prompt": "x", "top_p": 1.5}, 400, "top_p"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": []}]}, 400, "messages"),
         (
             "/v1/chat/completions",

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import time
 import uuid
@@ -140,10 +141,16 @@ def parse(body, *, chat: bool, served: str, cfg: EngineConfig) -> Asked:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("stream must be true or false", "stream")
-    for name in ("temperature", "top_p"):
+    for name in ("temperature", "top_p"):  # vLLM's ranges: temperature >= 0, top_p in (0, 1]
         v = body.get(name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
             raise BadRequest(f"{name} must be a number", name)
+        if name == "temperature" and v < 0:
+            raise BadRequest(f"temperature must be at least 0, not {v:g}", name)
+        if name == "top_p" and not 0 < v <= 1:
+            raise BadRequest(f"top_p must be above 0 and at most 1, not {v:g}", name)
     opts = body.get("stream_options") or {}
     if not isinstance(opts, dict):
         raise BadRequest("stream_options must be an object", "stream_options")
