@@ -365,7 +365,8 @@ class FrontEnd:
             return error(503, str(err), {"Retry-After": "1"})
         except (ProtocolError, ValueError, KeyError) as err:
             metrics.fail("bad_request")
-            return error(400, str(err).strip("'\""))
+            # a KeyError's str() is its key quoted: its own text, not a message's closing quote
+            return error(400, str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err))
         return self._respond(req, n, pending, timing, t_start)
 
     async def _decode(self, body: bytes, header_len: str | None) -> tuple[InferRequest, int]:

@@ -196,6 +196,13 @@ def test_an_oversized_body_is_refused_from_its_headers(server):
             400,
             "exceeds the binary data",
         ),
+        (
+            "resnet/infer",
+            _json_infer([{"name": "image", "datatype": "WEIRD", "shape": [1, 1], "data": ["a"]}]),
+            {},
+            400,
+            "unknown datatype 'WEIRD'",  # its closing quote kept (a KeyError's quotes alone are stripped)
+        ),
         ("nosuch/infer", _json_infer([]), {}, 404, "unknown model"),
         ("resnet/versions/7/infer", _json_infer([]), {}, 404, "no version"),
     ],
@@ -208,6 +215,7 @@ def test_an_oversized_body_is_refused_from_its_headers(server):
         "corrupt-image",
         "too-many-items",
         "binary-size",
+        "unknown-datatype",
         "unknown-model",
         "unknown-version",
     ],
