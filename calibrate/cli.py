@@ -7,6 +7,7 @@ stays light.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Annotated
 import typer
 
 from calibrate.cli_llm import is_llm_profile, judge, llm, llm_refit, llm_target
-from calibrate.cli_shared import need, terminated, unreadable
+from calibrate.cli_shared import need, server_url, terminated, unreadable
 from calibrate.cli_watch import watch
 
 app = typer.Typer(help="Measure a real inference server and fit the simulator's models to it.", no_args_is_help=True)
@@ -130,6 +131,9 @@ def load(
         levels = [float(r) for r in rates.split(",")]
     except ValueError:
         raise typer.BadParameter(f"--rates: expected numbers like 20,50,80; got {rates!r}") from None
+    if not all(math.isfinite(r) and r > 0 for r in levels):
+        raise typer.BadParameter(f"--rates: each rate is above 0 req/s; got {rates!r}")
+    url = server_url(url)
     from calibrate.watch import WatchError, connect
 
     if not out.parent.is_dir():

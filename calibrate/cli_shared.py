@@ -1,5 +1,6 @@
-"""What the ``servesim calibrate`` commands share: the message for a missing extra, and
-SIGTERM as a Ctrl-C (so a run stopped by its supervisor still reaps its servers)."""
+"""What the ``servesim calibrate`` commands share: the message for a missing extra, a
+server's URL and a calibration folder checked, and SIGTERM as a Ctrl-C (so a run stopped by
+its supervisor still reaps its servers)."""
 
 from __future__ import annotations
 
@@ -37,9 +38,27 @@ def unreadable(folder, err: Exception) -> typer.Exit:
     return typer.Exit(code=2)
 
 
+def server_url(url: str) -> str:
+    """``--url`` without its trailing slash, or one line and exit 2 where it is not
+    ``http(s)://HOST[:PORT]`` (urllib raised ValueError on 'localhost:8000')."""
+    from urllib.parse import urlsplit
+
+    base = url.rstrip("/")
+    try:
+        parts = urlsplit(base)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        parts.port  # noqa: B018 - a port out of range raises here
+    except ValueError:
+        ok = False
+    if not ok:
+        typer.echo(f"error: --url {url!r}: expected http://HOST:PORT (an http or https URL)", err=True)
+        raise typer.Exit(code=2)
+    return base
+
+
 def terminated(signum, _frame) -> None:
     """A SIGTERM handler: stop as Ctrl-C does, through every ``finally``."""
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-__all__ = ["need", "terminated", "unreadable"]
+__all__ = ["need", "server_url", "terminated", "unreadable"]

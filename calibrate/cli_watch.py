@@ -15,6 +15,8 @@ from typing import Annotated
 
 import typer
 
+from calibrate.cli_shared import server_url
+
 
 def _sla(text: str) -> tuple[float, float]:
     import re
@@ -70,6 +72,7 @@ def watch(
     from calibrate.watch import Twin, WatchError, connect, scrape
 
     q, target = _sla(sla)
+    url = server_url(url)
     if openai:
         sla_w = sla_window_s or interval_s
         _watch_openai(url, interval_s, (q, target), tpot_sla, json_path, duration_s, window, scenario, sla_w, seeds)

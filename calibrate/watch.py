@@ -357,7 +357,7 @@ def connect(url: str, model: str | None) -> tuple[str, dict]:
     except urllib.error.HTTPError as err:
         if err.code == 404:
             raise WatchError(f"{base} is not an Open Inference Protocol (v2) server: /v2/health/live is 404") from None
-    except (urllib.error.URLError, OSError) as err:
+    except (urllib.error.URLError, OSError, ValueError) as err:
         raise WatchError(f"cannot reach {base}: {getattr(err, 'reason', err)}") from None
     if model is None:  # the repository's only model
         index = []

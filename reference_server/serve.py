@@ -29,19 +29,21 @@ Precision = Literal["fp32", "fp16", "bf16", "int8"]
 
 def serve(
     model: Annotated[str, typer.Option(help="Model: resnet (image classifier) or ranker (ranking MLP).")] = "resnet",
-    resolution: Annotated[int, typer.Option(help="resnet: input side in pixels (images are resized to it).")] = 64,
-    width: Annotated[int, typer.Option(help="resnet: channels of the first stage (64 is ResNet-18).")] = 32,
+    resolution: Annotated[
+        int, typer.Option(help="resnet: input side in pixels (images are resized to it).", min=1)
+    ] = 64,
+    width: Annotated[int, typer.Option(help="resnet: channels of the first stage (64 is ResNet-18).", min=1)] = 32,
     depth: Annotated[int, typer.Option(help="resnet: 18 or 34 layers.")] = 18,
     precision: Annotated[str, typer.Option(help="fp32, fp16, bf16, or int8 (dynamic quantization, CPU).")] = "fp32",
-    max_batch_size: Annotated[int, typer.Option(help="Dynamic batcher: most items in one batch.")] = 8,
+    max_batch_size: Annotated[int, typer.Option(help="Dynamic batcher: most items in one batch.", min=1)] = 8,
     max_queue_delay_ms: Annotated[
-        float, typer.Option(help="Dynamic batcher: window counted from the oldest queued request, ms.")
+        float, typer.Option(help="Dynamic batcher: window counted from the oldest queued request, ms.", min=0)
     ] = 2.0,
     max_queue_size: Annotated[
-        int, typer.Option(help="Queued requests beyond which new ones get 503 (0: no cap).")
+        int, typer.Option(help="Queued requests beyond which new ones get 503 (0: no cap).", min=0)
     ] = 256,
     instances: Annotated[
-        int, typer.Option(help="Model instances (Triton's instance group), each running one batch at a time.")
+        int, typer.Option(help="Model instances (Triton's instance group), each running one batch at a time.", min=1)
     ] = 1,
     frontends: Annotated[
         int,
@@ -71,7 +73,7 @@ def serve(
             "the loop, up to Python's 5 ms switch interval at a time)."
         ),
     ] = "inline",
-    threads: Annotated[int, typer.Option(help="torch intra-op threads per instance on the CPU.")] = 1,
+    threads: Annotated[int, typer.Option(help="torch intra-op threads per instance on the CPU.", min=1)] = 1,
     redis_url: Annotated[
         str | None,
         typer.Option(
@@ -80,17 +82,26 @@ def serve(
             "password belongs in SERVESIM_REDIS_URL: a command line is visible to every user of the host.",
         ),
     ] = None,
-    feature_keys: Annotated[int, typer.Option(help="Feature store: ids per item (the ranker's sparse inputs).")] = 26,
-    feature_batch_size: Annotated[int, typer.Option(help="Feature store: keys per round trip (1 = GET per key).")] = 1,
-    feature_parallelism: Annotated[int, typer.Option(help="Feature store: round trips in flight per request.")] = 1,
+    feature_keys: Annotated[
+        int, typer.Option(help="Feature store: ids per item (the ranker's sparse inputs).", min=1)
+    ] = 26,
+    feature_batch_size: Annotated[
+        int, typer.Option(help="Feature store: keys per round trip (1 = GET per key).", min=1)
+    ] = 1,
+    feature_parallelism: Annotated[
+        int, typer.Option(help="Feature store: round trips in flight per request.", min=1)
+    ] = 1,
     feature_entities: Annotated[
-        int, typer.Option(help="Feature store: entities written at start-up (each with --feature-keys ids).")
+        int, typer.Option(help="Feature store: entities written at start-up (each with --feature-keys ids).", min=1)
     ] = 10_000,
     redis_connections: Annotated[
-        int, typer.Option(help="Feature store: pooled Redis connections; round trips beyond these wait for one.")
+        int, typer.Option(help="Feature store: pooled Redis connections; round trips beyond these wait for one.", min=1)
     ] = 32,
     max_image_pixels: Annotated[
-        int, typer.Option(help="Pixels an image may declare; more is a 400 before decoding (0: max(2048², (16·res)²)).")
+        int,
+        typer.Option(
+            help="Pixels an image may declare; more is a 400 before decoding (0: max(2048², (16·res)²)).", min=0
+        ),
     ] = 0,
     max_connections: Annotated[
         int,
@@ -127,7 +138,7 @@ def serve(
         ),
     ] = None,
     host: Annotated[str, typer.Option(help="Address to bind (loopback by default).")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
+    port: Annotated[int, typer.Option(help="TCP port (0: any free one).", min=0, max=65535)] = 8000,
     seed: Annotated[int, typer.Option(help="Seed of the random weights and feature data.")] = 0,
 ) -> None:
     """Serve a torch model over the Open Inference Protocol (KServe v2 / Triton HTTP) with a
@@ -252,7 +263,8 @@ def _serve(
         http=guarded_http(max_connections, header_timeout_s),  # not limit_concurrency: see connections.py
         timeout_keep_alive=5,
     )
-    listener = _listen(host, port)
+    listener = listen(host, port)
+    port = listener.getsockname()[1]  # the one it took, where --port 0 asked for any
     typer.echo(f"servesim serve: http://{host}:{port} {describe(cfg)}")
     with listener:
         draining_server(uvicorn.Server, config, app.state.drain, drain_s, shed=app.state.shed, listener=listener).run()
@@ -271,7 +283,8 @@ def _serve_frontends(cfg, *, host: str, port: int, kw: dict) -> None:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(code=2) from None
     try:
-        with _listen(host, port) as sock:
+        with listen(host, port) as sock:
+            port = sock.getsockname()[1]  # the one it took, where --port 0 asked for any
             code = serve_frontends(
                 hub,
                 sock,
@@ -285,7 +298,7 @@ def _serve_frontends(cfg, *, host: str, port: int, kw: dict) -> None:
         raise typer.Exit(code=code)
 
 
-def _listen(host: str, port: int):
+def listen(host: str, port: int):
     """The listening socket, bound before any instance starts; a port taken (or an address
     not this host's): one line, exit 1."""
     import socket

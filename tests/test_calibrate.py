@@ -504,3 +504,28 @@ def test_a_folder_that_is_not_a_calibration_run_is_one_plain_error(tmp_path, com
     gone = CliRunner().invoke(app, [command, str(tmp_path / "nowhere")])
     assert gone.exit_code == 2
     assert f"error: {tmp_path / 'nowhere'}: no such folder" in gone.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["load", "--url", "notaurl", "--rates", "10"], "expected http://HOST:PORT"),
+        (["load", "--url", "http://127.0.0.1:1", "--rates", "-5"], "each rate is above 0"),
+        (["load", "--url", "http://127.0.0.1:1", "--rates", "0,10"], "each rate is above 0"),
+        (["watch", "--url", "localhost:8000"], "expected http://HOST:PORT"),
+        (["watch", "--url", "notaurl", "--openai"], "expected http://HOST:PORT"),
+        (["watch", "--url", "http://127.0.0.1:99999"], "expected http://HOST:PORT"),
+    ],
+)
+def test_a_server_url_or_rate_that_cannot_be_used_is_one_error(tmp_path, args, message):
+    """``--url notaurl`` was urllib's ValueError as a traceback; ``--rates -5`` went on to
+    the server. Each is now one line and exit 2, before any connection."""
+    from typer.testing import CliRunner
+
+    from calibrate.cli import app
+
+    extra = ["--out", str(tmp_path / "m.csv")] if args[0] == "load" else []
+    result = CliRunner().invoke(app, [*args, *extra])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert result.exception is None or isinstance(result.exception, SystemExit)

@@ -1145,6 +1145,8 @@ def test_the_engine_has_its_core_and_the_front_end_keeps_off_it(server):
         (["--engine-core", "99"], "--engine-core"),
         (["--body-timeout-s", "0"], "--body-timeout-s"),
         (["--body-min-rate", "-1"], "--body-min-rate"),
+        (["--port", "-1"], "--port"),
+        (["--threads", "0"], "--threads"),
     ],
 )
 def test_serve_llm_refuses_bad_options_before_starting(args, message):

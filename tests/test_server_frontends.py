@@ -122,6 +122,28 @@ def test_front_ends_that_cannot_be_served_exit_2_with_one_line(args, message):
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (("--max-batch-size", "0"), "--max-batch-size"),
+        (("--resolution", "-3"), "--resolution"),
+        (("--instances", "0"), "--instances"),
+        (("--threads", "0"), "--threads"),
+        (("--max-queue-delay-ms", "-1"), "--max-queue-delay-ms"),
+        (("--port", "99999"), "--port"),
+    ],
+)
+def test_option_values_that_cannot_run_are_refused_before_anything_starts(args, option):
+    """A batch of none, a negative side, no instance, a port past 65535: refused by the
+    command naming the option, exit 2 (an instance process died with a traceback on the
+    first two, exit 3; the port was a traceback)."""
+    cmd = [*servesim_cmd(), "serve", "--port", str(free_port()), *TINY, *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert option in done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+
+
 def test_the_load_generator_reaches_every_front_end_evenly():
     """Connections dealt in turn, used in turn by the load generator: at a light load
     (one request in flight at a time, where reusing the latest connection put 61-68% of an

@@ -7,12 +7,12 @@ from typing import Annotated
 import typer
 
 from reference_server.bodies import BodyLimits
-from reference_server.serve import BodyMinRate, BodyTimeout
+from reference_server.serve import BodyMinRate, BodyTimeout, listen
 
 
 def serve_llm(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
+    port: Annotated[int, typer.Option(help="Port to bind (0: any free one).", min=0, max=65535)] = 8000,
     layers: Annotated[int, typer.Option(help="Decoder layers.")] = 2,
     width: Annotated[int, typer.Option(help="Model width (hidden size).")] = 128,
     heads: Annotated[int, typer.Option(help="Attention heads (width must divide by them).")] = 4,
@@ -28,7 +28,7 @@ def serve_llm(
     ] = 0,
     prefix_caching: Annotated[bool, typer.Option(help="Keep full blocks' content for later prompts.")] = True,
     device: Annotated[str, typer.Option(help="cpu, or cuda when a GPU is there.")] = "cpu",
-    threads: Annotated[int, typer.Option(help="torch intra-op threads of the engine on the CPU.")] = 1,
+    threads: Annotated[int, typer.Option(help="torch intra-op threads of the engine on the CPU.", min=1)] = 1,
     engine_core: Annotated[
         str,
         typer.Option(help="The engine's core: auto (the last, when one is left for the front end), none, or a number."),
@@ -38,8 +38,10 @@ def serve_llm(
         typer.Option(help="The engine idle: sleep (on its pipe), or spin (poll it, keeping its core busy)."),
     ] = "sleep",
     served_model_name: Annotated[str, typer.Option(help="The model's name in the API.")] = "servesim-tiny",
-    max_connections: Annotated[int, typer.Option(help="Open connections at most.")] = 512,
-    header_timeout_s: Annotated[float, typer.Option(help="Seconds a client has to send its request.")] = 10.0,
+    max_connections: Annotated[int, typer.Option(help="Open connections at most.", min=1)] = 512,
+    header_timeout_s: Annotated[
+        float, typer.Option(help="Seconds a client has to send its request.", min=0.001)
+    ] = 10.0,
     body_timeout_s: BodyTimeout = BodyLimits.body_timeout_s,
     body_min_rate: BodyMinRate = BodyLimits.body_min_rate_bps,
 ) -> None:
@@ -89,6 +91,8 @@ def serve_llm(
         typer.echo(f"error: {str(err).replace('--instance-cores', '--engine-core')}", err=True)
         raise typer.Exit(code=2) from None
     bodies = BodyLimits(body_timeout_s=body_timeout_s, body_min_rate_bps=body_min_rate)
+    listener = listen(host, port)  # a port taken: one line, before the engine starts
+    port = listener.getsockname()[1]  # the one it took, where --port 0 asked for any
     app = create_llm_app(cfg, served=served_model_name, threads=threads, core=core, idle=idle, bodies=bodies)
     typer.echo(
         f"servesim serve-llm: http://{host}:{port} {served_model_name}: {layers} layers x {width}, "
@@ -96,7 +100,6 @@ def serve_llm(
         f"max_num_seqs {max_num_seqs}, on {device}" + (f" (engine on core {core})" if core is not None else "")
     )
     http = guarded_http(max_connections, header_timeout_s)  # slow or idle clients cut off
-    config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", timeout_keep_alive=5, http=http, timeout_graceful_shutdown=5
-    )
-    uvicorn.Server(config).run()
+    config = uvicorn.Config(app, log_level="warning", timeout_keep_alive=5, http=http, timeout_graceful_shutdown=5)
+    with listener:
+        uvicorn.Server(config).run(sockets=[listener])
