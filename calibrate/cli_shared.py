@@ -4,6 +4,8 @@ its supervisor still reaps its servers)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 
@@ -21,11 +23,9 @@ def need(what: str):
     return fail
 
 
-def unreadable(folder, err: Exception) -> typer.Exit:
+def unreadable(folder: Path, err: Exception) -> typer.Exit:
     """The error to raise when a calibration folder cannot be read: one line naming the
     file it lacks (``[Errno 2] ...`` said it less plainly), or the reading's own message; exit 2."""
-    from pathlib import Path
-
     if isinstance(err, FileNotFoundError) and err.filename:
         missing = Path(err.filename)
         if not Path(folder).is_dir():
