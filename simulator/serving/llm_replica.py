@@ -33,6 +33,7 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
+from simulator.ledger import table_columns
 from simulator.scenario.llm import Policy
 from simulator.serving.decode_stretch import decode_stretch
 from simulator.serving.kv_cache import KVCache
@@ -197,9 +198,7 @@ class Replica:
     def step_log(self) -> Steps:
         """The steps run since the last call."""
         rows, self.log_rows = self.log_rows, []
-        cols = list(zip(*rows, strict=True)) if rows else [()] * 9
-        ints = {2, 3, 4, 5, 6}
-        return Steps(*(np.array(c, dtype=np.int64 if k in ints else float) for k, c in enumerate(cols)))
+        return Steps(*table_columns(rows, 9, ints=(2, 3, 4, 5, 6)))
 
     # --- the mechanics every scheduler shares -----------------------------------
     def admit(self, s: Seq, tokens: int) -> int | None:
