@@ -9,6 +9,7 @@ the score. Answers are read from standard input, one per line, so a script can d
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Annotated
 
@@ -44,6 +45,24 @@ def _read(prompt: str) -> str:
     return line.rstrip("\n")
 
 
+def _estimate(prompt: str, tries: int = 3) -> float | None:
+    """A step's estimate: asked again (up to ``tries`` times) when the answer is not a
+    number above 0, so a typo is not graded as a skip; an empty line (or the end of the
+    input) skips the step."""
+    for _ in range(tries):
+        text = _read(prompt)
+        value = _number(text)
+        if value is None or (math.isfinite(value) and value > 0):
+            return value
+        out.print(
+            f"  {text.strip()!r} is not an estimate: a number above 0, like 200k, 1.2M or $530 "
+            "(an empty line skips the step)",
+            style="yellow",
+            highlight=False,
+        )
+    return None
+
+
 def practice(
     seed: Annotated[
         int | None, typer.Option(help="The attempt's seed (default: a fresh one); share it to share the question.")
@@ -66,7 +85,7 @@ def practice(
     out.print("\nEstimate each step (numbers like 200k, 1.2M or $530 are fine; an empty line skips it).\n", style="dim")
     marks = []
     for step in sit.asked:
-        mark = check(q, step.key, _number(_read(f"{step.prompt} ({step.unit})")))
+        mark = check(q, step.key, _estimate(f"{step.prompt} ({step.unit})"))
         marks.append(mark)
         out.print(("  [green]✓[/] " if mark.ok else "  [red]✗[/] ") + mark.note, highlight=False)
     if not sit.asks_stage:

@@ -227,3 +227,16 @@ def test_servesim_practice_llm_chat_grades_the_steps_then_simulates():
     assert "TTFT p99 (ms)" in text
     assert "Why the napkin and the simulation differ" in text
     assert re.search(rf"score: {len(steps) - 1} of {len(steps)}", text)
+
+
+def test_an_answer_that_is_not_a_number_is_asked_again_not_graded_as_a_skip():
+    """'abc', '-5' or '1e400' for a step: said to be no estimate and asked again; the next
+    answer is graded (a typo was graded as a skip, a negative number as 'off by -122%')."""
+    q = ask("platform", 42)
+    good = [f"{q.answers[s.key]:.6g}" for s in STEPS[:-1]]
+    answers = ["abc", good[0], "-5", good[1], "1e400", *good[2:], "", "queueing"]
+    proc = _practice(["--seed", "42"], answers)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    assert text.count("is not an estimate") == 3
+    assert text.count("✓") == len(STEPS) - 1  # every step graded on its second answer
