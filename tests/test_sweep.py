@@ -108,6 +108,8 @@ def test_pooled_percentiles_merge_the_replications_sketches(small):
         ("workers.count=", "no values"),
         ("workers.count=2,0", "line 10: workers.count"),
         ("workers.colour=2", "workers.colour: unknown key"),
+        ("=1,2", "--grid '=1,2': empty path component"),  # was said of "--set '=0'"
+        ("workers..count=1", "--grid 'workers..count=1': empty path component"),
     ],
 )
 def test_a_bad_grid_is_refused_before_anything_runs(small, grid, message):

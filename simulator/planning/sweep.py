@@ -46,7 +46,8 @@ def parse_grid(exprs: list[str]) -> dict[str, list]:
         if "=" not in expr:
             raise ScenarioError(f"--grid {expr!r}: expected dotted.path=v1,v2,...")
         path, raw = (x.strip() for x in expr.split("=", 1))
-        parse_set(f"{path}=0")  # the path's own checks
+        if not path or not all(path.split(".")):
+            raise ScenarioError(f"--grid {expr!r}: empty path component")
         values = [parse_set(f"x={v.strip()}")[1] for v in raw.split(",") if v.strip()]
         if not values:
             raise ScenarioError(f"--grid {expr!r}: no values")
