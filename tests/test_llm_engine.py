@@ -1159,3 +1159,20 @@ def test_serve_llm_refuses_bad_options_before_starting(args, message):
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert "Traceback" not in result.output
+
+
+def test_serve_llm_on_a_port_in_use_is_one_line_before_the_engine_starts():
+    """The port is bound before the engine's process starts: a port in use is one line,
+    exit 1 (uvicorn's own error came after the banner, with the engine started)."""
+    import socket
+
+    from typer.testing import CliRunner
+
+    from servesim.cli import app
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(app, ["serve-llm", "--port", str(port)])
+    assert result.exit_code == 1, result.output
+    assert f"cannot listen on 127.0.0.1:{port}" in result.output
+    assert "servesim serve-llm: http" not in result.output  # no banner: nothing started
