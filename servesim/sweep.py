@@ -94,8 +94,8 @@ def _interrupt(_signum, _frame) -> None:
 @cluster_app.command("start")
 def cluster_start(
     workers: Annotated[int, typer.Option(help="Worker processes (one thread each).", min=1)] = 2,
-    port: Annotated[int, typer.Option(help="Scheduler port on 127.0.0.1.")] = 8786,
-    dashboard_port: Annotated[int, typer.Option(help="Dask dashboard port (0: none).")] = 0,
+    port: Annotated[int, typer.Option(help="Scheduler port on 127.0.0.1.", min=1, max=65535)] = 8786,
+    dashboard_port: Annotated[int, typer.Option(help="Dask dashboard port (0: none).", min=0, max=65535)] = 0,
 ) -> None:
     """Start a local Dask cluster and wait (Ctrl-C or SIGTERM stops it). Point `servesim sweep
     --cluster tcp://127.0.0.1:PORT` at it; on a real cluster, start `dask scheduler` and
@@ -104,6 +104,12 @@ def cluster_start(
         from distributed import LocalCluster
     except ModuleNotFoundError:
         raise fail("the cluster needs dask: pip install -e '.[cluster]'") from None
+    import socket
+
+    try:  # taken: Dask's own start would fail with a traceback and its log
+        socket.create_server(("127.0.0.1", port)).close()
+    except OSError as e:
+        raise fail(f"cannot start the scheduler on port {port}: {e.strerror or e}") from None
     address = f":{dashboard_port}" if dashboard_port else None
     # Ctrl-C and SIGTERM stop the cluster and its workers. Installed by hand: a process started
     # in the background by a non-interactive shell inherits SIGINT ignored, and Python then
@@ -119,7 +125,7 @@ def cluster_start(
             scheduler_port=port,
             dashboard_address=address,
         )
-    except OSError as e:
+    except (OSError, RuntimeError) as e:  # RuntimeError: "Cluster failed to start"
         raise fail(f"cannot start the scheduler on port {port}: {e}") from None
     out.print(f"Dask scheduler at {cluster.scheduler_address} with {workers} workers; Ctrl-C stops it")
     out.print(f"  servesim sweep SCENARIO --grid ... --cluster {cluster.scheduler_address}")

@@ -170,3 +170,23 @@ def test_cluster_start_serves_a_sweep(small, tmp_path):
         if proc.poll() is None:  # a failure above: leave nothing running
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+
+@pytest.mark.parametrize("taken", [True, False])
+def test_cluster_start_on_a_port_it_cannot_have_is_one_line(taken):
+    """A port in use was Dask's RuntimeError as a traceback, after its log; --port 99999 was
+    ignored for a random port. Each is one line, exit 2, nothing started."""
+    pytest.importorskip("distributed", reason="the cluster extra (dask) is not installed")
+    import socket
+
+    from tests.servers import servesim_cmd
+
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1] if taken else 99999
+        done = subprocess.run(
+            [*servesim_cmd(), "cluster", "start", "--port", str(port)], capture_output=True, text=True, timeout=120
+        )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    assert "Dask scheduler at" not in done.stdout
+    assert (f"cannot start the scheduler on port {port}" if taken else "--port") in done.stderr
