@@ -31,8 +31,6 @@ import math
 from collections import deque
 from collections.abc import Hashable, Sequence
 
-import numpy as np
-
 from simulator.ledger import table_columns
 from simulator.scenario.llm import Policy
 from simulator.serving.decode_stretch import decode_stretch
@@ -177,17 +175,9 @@ class Replica:
     def finished(self) -> Finished:
         """The requests settled since the last call."""
         rows, self.settled, self._seen = self.settled, [], 0
-        cols = list(zip(*rows, strict=True)) if rows else [()] * 8
-        return Finished(
-            np.array(cols[0], dtype=np.int64),
-            np.array(cols[1], dtype=float),
-            np.array(cols[2], dtype=float),
-            np.array(cols[3], dtype=float),
-            np.array(cols[4], dtype=np.int64),
-            np.array(cols[5], dtype=np.int64),
-            np.array(cols[6], dtype=bool),
-            np.array(cols[7], dtype=float),
-        )
+        cols = table_columns(rows, 8, ints=(0, 4, 5, 6))
+        cols[6] = cols[6].astype(bool)  # ignored
+        return Finished(*cols)
 
     def token_gaps(self) -> list[tuple[float, float, int]]:
         """The gaps between consecutive output tokens made since the last call: (when, gap
