@@ -126,6 +126,18 @@ CASES: dict[str, tuple[str, list[str]]] = {
         "llm_multiturn.yaml",
         ["duration_s=10", "warmup_s=0", "workers.count=1", "traffic.rate_rps=10", "batching.num_blocks=900"],
     ),
+    # closed-loop sessions: the engine cuts chunks where a turn it does not know yet could come
+    "llm_sessions_closed": (
+        "llm_multiturn.yaml",
+        [
+            "duration_s=30",
+            "warmup_s=0",
+            "workers.count=1",
+            "traffic.rate_rps=20",
+            "traffic.tokens.sessions.turn_gap_from=answer",
+            "traffic.tokens.sessions.turn_gap={kind: exponential, mean_ms: 3000}",
+        ],
+    ),
     "event_loop": (
         "calibrated_cpu_resnet.yaml",
         [

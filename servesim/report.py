@@ -134,7 +134,11 @@ def _llm(llm: dict | None) -> Group:
             Text(
                 f"sessions: {ses['later_turns_share']:.0%} of requests are later turns of a conversation; "
                 f"{ses['early_turns_share']:.1%} of those arrived before the answer to the turn before them "
-                "(turns arrive a gap after the turn before them arrived)"
+                + (
+                    "(each sent a think time after that answer: a closed loop)"
+                    if ses.get("turn_gap_from") == "answer"
+                    else "(turns arrive a gap after the turn before them arrived)"
+                )
             )
         )
     return Group(t, *lines)

@@ -16,6 +16,12 @@ SimPy), the autoscaler's fleet. Every random stream derives from the one seed
 random inputs (common random numbers), and a request's record is the same, bit for bit,
 for any chunk length (``tests/test_streaming.py``).
 
+**Closed loops.** Where a conversation's next turn waits for the answer before it
+(``turn_gap_from: answer``) the arrivals depend on what the chunk computes: :meth:`_Run.reach`
+ends a chunk before any turn not known yet could arrive, and the answers settled in a
+chunk release the next turns (:class:`~simulator.stages.tokens.ClosedLoop`). Such a run is
+cut so even when it is simulated whole.
+
 **Horizons.** Any request arriving after time H reaches every stage after H (delays are
 never negative), so an order-dependent stage processes, in each chunk, exactly its inputs
 earlier than the chunk's end H and keeps the rest for the next
@@ -105,7 +111,7 @@ def stream(
     end_ms = scenario.duration_s * 1000.0
     lo = 0.0
     while True:
-        hi = min(lo + step, end_ms)
+        hi = run.reach(lo, min(lo + step, end_ms))
         final = hi >= end_ms
         yield run.chunk(hi, final)
         if progress is not None:
@@ -159,8 +165,10 @@ class _Run:
         self.s, self.seed = s, seed
         self.rng = rng = streams(seed)
         self.tokens = TokenDraws(s, rng) if s.traffic.tokens is not None else None
+        self.closed = None  # sessions whose turns wait for their answers
         if self.tokens is not None and self.tokens.sessions is not None:  # the sessions' turns arrive
             self.arrivals = self.tokens
+            self.closed = self.tokens.sessions.closed
         else:
             self.arrivals = Arrivals(s.traffic, s.duration_s * 1000.0, rng=rng.arrivals)
         self.speed = speed = (
@@ -224,6 +232,11 @@ class _Run:
         self.ledger = Ledger(logging=s.logging is not None)
         self.next_id = 0
 
+    def reach(self, lo: float, hi: float) -> float:
+        """Where a chunk from ``lo`` meant to end at ``hi`` ends: at ``hi``, or before the
+        first time a closed-loop session's turn nobody knows yet could arrive."""
+        return hi if self.closed is None else self.closed.reach(lo, hi)
+
     def chunk(self, hi: float, final: bool) -> Piece:
         """Arrivals before ``hi`` through every stage; the requests settled by then."""
         done_ids, f_id, f_t, failed = self._arrive(hi, final)
@@ -271,6 +284,10 @@ class _Run:
                 c.t_alone[alone], c.alone[alone] = extra.alone[1], True
         c.with_serving()
         rows = np.concatenate(new_rows).astype(np.int64)
+        if self.closed is not None:  # the answers their sessions' next turns wait for
+            answer = c.t_inferred[rows] + c.post[rows] + c.back[rows]
+            ok = c.outcome[rows] == Outcome.COMPLETED
+            self.closed.answered(hi, c.session[rows], c.turn[rows], answer, ok)
         if self.log_station is not None:
             if len(rows) == len(ledger):  # all settled now (each request settles once): by column, in request order
                 rows = np.s_[:]

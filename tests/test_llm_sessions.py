@@ -89,6 +89,15 @@ def test_turns_arrive_at_the_requests_rate_from_the_start():
             ["traffic.tokens.sessions", "a session of 16 turns", "set a smaller"],
         ),
         (["--set", "traffic.arrivals_file=x.csv", "--set", "traffic.rate_rps=null"], ["arrivals_file"]),
+        (  # a closed loop needs a think time: with none a chunk could never end
+            [
+                "--set",
+                "traffic.tokens.sessions={turns: {fixed: 3}, turn_gap: {kind: deterministic, value_ms: 0}, "
+                "turn_gap_from: answer}",
+            ],
+            ["traffic.tokens.sessions.turn_gap", "can be 0 ms", "above 0"],
+        ),
+        (["--set", "traffic.tokens.sessions.turn_gap_from=reply"], ["turn_gap_from", "'arrival' or 'answer'"]),
     ],
 )
 def test_bad_sessions_are_refused_before_the_run(args, needles):
@@ -192,3 +201,110 @@ def test_the_scenario_answers_its_question():
     assert got["scored"][0] > got["round_robin"][0] + 0.1
     assert got["scored"][1] < got["round_robin"][1]
     assert got["no_cache"][1] > 3 * got["scored"][1]
+
+
+CLOSED = [*SHORT, "traffic.tokens.sessions.turn_gap_from=answer"]
+
+
+def _by_turn(r):
+    """The records' sessions, turns, arrivals and responses, in session then turn order,
+    and where a row follows the turn before it in its session."""
+    order = np.lexsort((r.turn, r.session))
+    ses, turn, arrival, resp = (x[order] for x in (r.session, r.turn, r.arrival, r.t_response))
+    follows = np.zeros(len(order), dtype=bool)
+    follows[1:] = (ses[1:] == ses[:-1]) & (turn[1:] == turn[:-1] + 1)
+    return ses, turn, arrival, resp, follows
+
+
+def test_a_closed_loops_turn_waits_for_the_answer_then_the_users_think_time():
+    """``turn_gap_from: answer``: every later turn is sent its gap after the answer to the
+    turn before it reached the user. The gaps are the user's, not the fleet's: on a fleet
+    half as large (slower answers) each turn's gap after its answer is the same draw, and
+    the later turns come later. Each session's first turn in the run (its first, or for a
+    session under way at time 0 the one after its last before 0) comes when an open loop
+    sends it, the same draw, on any fleet; the turns after it follow without a hole."""
+    think = "traffic.tokens.sessions.turn_gap={kind: lognormal, p50_ms: 3000, p99_ms: 12000}"
+    got, firsts = {}, {}
+    for mode, count in (("answer", 2), ("answer", 1), ("arrival", 2)):
+        over = [*SHORT, think, f"traffic.tokens.sessions.turn_gap_from={mode}", f"workers.count={count}"]
+        r = simulate(load_scenario(MULTI, over)).records
+        ses, turn, arrival, resp, follows = _by_turn(r)
+        assert np.all(r.completed)
+        first = np.append(True, ses[1:] != ses[:-1])
+        assert np.all(follows == ~first)  # one turn after another, no hole
+        firsts[mode, count] = set(zip(ses[first].tolist(), turn[first].tolist(), arrival[first].tolist(), strict=True))
+        think_ms = arrival[1:][follows[1:]] - resp[:-1][follows[1:]]
+        if mode == "answer":
+            assert think_ms.min() > 0
+            assert np.count_nonzero(follows) > 100
+        later = zip(ses[follows].tolist(), turn[follows].tolist(), strict=True)
+        got[mode, count] = dict(zip(later, zip(arrival[follows], think_ms, strict=True), strict=True))
+    assert firsts["answer", 2] == firsts["answer", 1] == firsts["arrival", 2]
+    assert sum(t > 0 for _, t, _ in firsts["answer", 2]) > 10  # sessions under way at time 0
+    fast, slow = got["answer", 2], got["answer", 1]
+    both = sorted(set(fast) & set(slow))
+    assert len(both) > 100
+    assert len(slow) < len(fast)
+    a_fast, k_fast = np.array([fast[k] for k in both]).T
+    a_slow, k_slow = np.array([slow[k] for k in both]).T
+    np.testing.assert_allclose(k_slow, k_fast, rtol=0, atol=1e-6)  # the same think time, ms
+    assert np.mean(a_slow > a_fast) > 0.5
+    assert np.mean(a_slow - a_fast) > 100
+
+
+def test_a_closed_loop_is_the_same_run_in_any_chunks():
+    """The engine learns the answers chunk by chunk and cuts a chunk where a turn it does not
+    know yet could arrive; cut so, any chunk length gives the whole run's records, bit for
+    bit (think times of 3 s: chunks cut often)."""
+    from simulator.engine import stream
+    from simulator.pieces import concat_records
+
+    s = load_scenario(MULTI, [*CLOSED, "traffic.tokens.sessions.turn_gap={kind: exponential, mean_ms: 3000}"])
+    whole = simulate(s).records
+    for chunk_s in (0.7, 4.3):
+        pieces = list(stream(s, chunk_s=chunk_s))
+        assert len(pieces) > s.duration_s / chunk_s
+        r = concat_records([p.records for p in pieces])
+        for name in ("arrival", "session", "turn", "prompt_tokens", "t_first_token", "t_response", "cached_tokens"):
+            np.testing.assert_array_equal(getattr(r, name), getattr(whole, name), err_msg=f"{name}, {chunk_s} s")
+
+
+def test_where_answers_outlast_the_gaps_a_closed_loop_slows_its_turns_and_an_open_one_does_not():
+    """One replica, gaps of 4 s on average and answers of seconds: an open loop's turns keep
+    coming on time (most before the answer to the turn before them), a closed loop's wait:
+    none comes early, fewer turns arrive (577-590 against 823-925 over seeds 1-3), and the
+    first token's tail is shorter (72-181 ms against 148-5,273 ms)."""
+    from simulator.results.reduce import summarize
+
+    gap = "traffic.tokens.sessions.turn_gap={kind: exponential, mean_ms: 4000}"
+    over = [*SHORT, "workers.count=1", "traffic.rate_rps=30", gap]
+    got = {}
+    for mode in ("arrival", "answer"):
+        run = simulate(load_scenario(MULTI, [*over, f"traffic.tokens.sessions.turn_gap_from={mode}"]))
+        r = run.records
+        ttft = np.nanpercentile((r.t_first_token - r.arrival)[r.arrival >= 10_000], 99)
+        got[mode] = (summarize(run)["llm"]["sessions"], np.count_nonzero(r.turn > 0), ttft)
+    (ses_open, later_open, ttft_open), (ses_closed, later_closed, ttft_closed) = got["arrival"], got["answer"]
+    assert ses_open["early_turns_share"] > 0.3
+    assert ses_closed["early_turns_share"] == 0.0
+    assert ses_open["turn_gap_from"] == "arrival"
+    assert ses_closed["turn_gap_from"] == "answer"
+    assert later_closed < 0.8 * later_open
+    assert ttft_closed < ttft_open
+
+
+def test_a_closed_loop_warns_where_the_warm_up_is_shorter_than_a_conversation():
+    """Its conversations under way at time 0 are placed as an open loop would place them,
+    a little ahead of a closed loop's: where the warm-up is shorter than twice a
+    conversation's think times the run command says so, naming warmup_s and the length to
+    give it, and runs."""
+    args = ("run", MULTI, "--set", "traffic.tokens.sessions.turn_gap_from=answer", "--set", "duration_s=30")
+    out = cli(*args)
+    assert out.returncode == 0, out.stderr
+    assert "warning:" in out.stderr
+    assert "warmup_s (20 s)" in out.stderr
+    assert "set warmup_s to 208" in out.stderr
+    assert "a closed loop" in out.stdout
+    quiet = cli(*args, "--set", "duration_s=230", "--set", "warmup_s=210", "--set", "traffic.rate_rps=10")
+    assert quiet.returncode == 0
+    assert "warning" not in quiet.stderr

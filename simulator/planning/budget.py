@@ -245,4 +245,17 @@ def warnings(s: Scenario) -> list[str]:
             f"batching.timeout_ms ({b.timeout_ms:g}) is not above max_queue_delay_ms ({b.max_queue_delay_ms:g}): "
             "a request waiting for its batching window times out first, so light traffic is all dropped"
         )
+    sessions = s.traffic.tokens.sessions if s.traffic.tokens is not None else None
+    if sessions is not None and sessions.turn_gap_from == "answer":
+        # the sessions under way at time 0 are placed as if their answers had taken no time:
+        # turns come 5-7% under their steady rate in the first two minutes of
+        # llm_multiturn.yaml, 1-2% after twice its conversations' think time (104 s)
+        span_s = 2.0 * (sessions.mean_turns() - 1.0) * sessions.turn_gap.mean / 1000.0
+        if s.warmup_s < span_s:
+            out.append(
+                f"traffic.tokens.sessions: with turn_gap_from answer the conversations under way at time 0 are "
+                f"placed as if their answers before it had taken no time, so the turns come a few percent under "
+                f"their steady rate at first; warmup_s ({s.warmup_s:g} s) is shorter than twice a conversation's "
+                f"think times ({span_s:,.0f} s): set warmup_s to {math.ceil(span_s):,} or more"
+            )
     return out

@@ -166,6 +166,7 @@ class Tokens:
             else {
                 "later_turns_share": self.later / n["completed"] if n["completed"] else float("nan"),
                 "early_turns_share": self.early / self.later if self.later else float("nan"),
+                "turn_gap_from": s.traffic.tokens.sessions.turn_gap_from,
             },
             # the fleet's cost split by the GPUs' time: the prompts' part of each step (what their
             # tokens added to it) to the input tokens, the rest (and idle time) to the output

@@ -129,20 +129,41 @@ class PrefixGroups(Frozen):
     zipf_s: float = Field(1.0, ge=0, description="Zipf exponent of the prefixes' popularity (0: uniform).")
 
 
+def _can_be_zero(d) -> bool:
+    """Whether a gap distribution draws exactly 0 with positive probability."""
+    values = {
+        "deterministic": lambda: (d.value_ms,),
+        "uniform": lambda: (d.low_ms, d.high_ms) if d.low_ms == d.high_ms else (1.0,),
+        "empirical": lambda: d.samples_ms or (1.0,),
+    }.get(d.kind, lambda: (1.0,))()
+    return min(values) <= 0
+
+
 class Sessions(Frozen):
     """Multi-turn conversations: each session is ``turns`` requests, the prompt of each turn
     the whole conversation so far (the earlier turns' prompts and answers, which a prefix
     cache may still hold) followed by the turn's new input (``traffic.tokens.prompt``).
     Sessions start as the traffic's arrival process at ``rate_rps`` divided by the mean
-    turns, so ``rate_rps`` stays the rate of requests; a session's next turn arrives
-    ``turn_gap`` after the turn before it *arrived*, as a trace records turns (the
-    simulator does not wait for the answer: give gaps longer than answers take)."""
+    turns, so ``rate_rps`` stays the rate of requests while every turn is answered.
+
+    ``turn_gap_from`` says where a turn's gap starts. ``arrival`` (the default): the next
+    turn arrives ``turn_gap`` after the turn before it *arrived*, as a trace records turns,
+    whatever the answer's time (open loop: under overload a turn may come before the answer
+    to the one before it). ``answer``: the user waits for the whole answer, then reads and
+    types for ``turn_gap`` (closed loop: a slow fleet slows its sessions' later turns, and a
+    failed turn ends its session)."""
 
     turns: TokenLengths = Field(
         description="Turns per session (a count: fixed; values; mean with cv or p99, with max)."
     )
     turn_gap: Distribution = Field(
-        description="From one turn's arrival to the next's, ms (the answer's time and the user's think time)."
+        description="The gap before a session's next turn, ms: from the turn before's arrival (the answer's "
+        "time and the user's think time), or with turn_gap_from answer from its answer (the think time alone)."
+    )
+    turn_gap_from: Literal["arrival", "answer"] = Field(
+        "arrival",
+        description="arrival: the next turn comes turn_gap after the one before arrived (open loop, as a trace); "
+        "answer: turn_gap after the answer to it reached the user (closed loop).",
     )
     max_context_tokens: int | None = Field(
         None,
@@ -157,6 +178,11 @@ class Sessions(Frozen):
             raise ValueError("traffic.tokens.sessions.turns has no max: set traffic.tokens.sessions.turns.max")
         if self.turns.min < 1 or self.turns.fixed == 0:
             raise ValueError("traffic.tokens.sessions.turns must be at least 1: a session has a first turn")
+        if self.turn_gap_from == "answer" and _can_be_zero(self.turn_gap):
+            raise ValueError(
+                "traffic.tokens.sessions.turn_gap can be 0 ms: with turn_gap_from answer a turn is sent a think "
+                "time after the answer before it, so give a gap above 0 (a user reads, then types)"
+            )
         return self
 
     def mean_turns(self) -> float:

@@ -97,9 +97,11 @@ class SessionTurns:
         gap = sessions.turn_gap
         self.before_ms = (self.turns.upper - 1) * (gap.mean + 6.0 * math.sqrt(gap.variance))
         self.before = ArrivalSource(rate_rps=self.starts.rate_at(0.0), rng=child(rng.tokens, 6))
+        self.closed = ClosedLoop(self) if sessions.turn_gap_from == "answer" else None
 
-    def _start(self, t0: np.ndarray) -> tuple[np.ndarray, Work]:
-        """The turns of sessions starting at ``t0``: their times and work."""
+    def _draw(self, t0: np.ndarray) -> tuple[np.ndarray, Work, np.ndarray]:
+        """The turns of sessions starting at ``t0``, in session order: their times as an
+        open loop gives them, their work, and the gap before each (0 before a first)."""
         m = len(t0)
         turns = self.turns.sample(m, self.count)
         total = int(turns.sum())
@@ -121,13 +123,22 @@ class SessionTurns:
         turn = np.broadcast_to(np.arange(width, dtype=np.int64), (m, width))[on]
         group, shared = np.repeat(group, turns), np.repeat(shared, turns)
         prompt = shared + history + new_in
-        keep = prompt + out <= self.cap  # a session ends before the turn that outgrows the context
+        # a session ends before the turn that outgrows the context (each turn's prompt
+        # holds the one before it and its answer: the turns kept are a session's first ones)
+        keep = prompt + out <= self.cap
         work = Work(prompt, out, group, shared, session, turn, history)
-        return times[keep], work.take(keep)
+        return times[keep], work.take(keep), gap[on][keep]
+
+    def _start(self, t0: np.ndarray) -> tuple[np.ndarray, Work]:
+        """The turns of sessions starting at ``t0``: their times and work (open loop)."""
+        times, work, _ = self._draw(t0)
+        return times, work
 
     def take(self, until_ms: float) -> tuple[np.ndarray, np.ndarray]:
         """The turns arriving before ``until_ms`` not handed out yet (sorted) and their
         traffic classes (0); their work is :attr:`ready`."""
+        if self.closed is not None:
+            return self.closed.take(until_ms)
         if self.before is not None:  # the sessions under way when the run starts
             early = self.before.take(self.before_ms) - self.before_ms if self.before_ms > 0 else np.zeros(0)
             self.before = None
@@ -153,6 +164,129 @@ class SessionTurns:
         self.waiting = (times[~now], work.take(~now))
         self.ready = work.take(order)
         return times[order], np.zeros(len(order), dtype=np.int8)
+
+
+class ClosedLoop:
+    """Sessions whose turns wait for their answers (``turn_gap_from: answer``).
+
+    A session draws what an open-loop one draws, from the same streams, but only its
+    first turn's time is known when it starts; each later turn is parked until the turn
+    before it is answered, then arrives its gap after the answer reached the user. A turn
+    that is not answered (rejected, dropped, failed) ends its session.
+
+    The engine learns the answers chunk by chunk, so a chunk must end before any turn
+    it does not know yet can arrive (:meth:`reach`): a turn in flight at the chunk's
+    start ``lo`` is answered after ``lo``, one arriving in the chunk at ``t`` after
+    ``t``, so neither's next turn comes before ``lo``, or ``t``, plus its gap. Cut so,
+    the chunks hand out the turns a whole run would, in the same order, and the records
+    are the same for any chunk length.
+
+    The run starts near the steady state: the sessions under way at time 0 are an open
+    loop's (:class:`SessionTurns`), as if their answers before time 0 had taken no time, so
+    each one's first turn in the run comes its gap after its last turn before 0 arrived,
+    and its later turns wait for their answers. Sessions then under way are slightly fewer
+    than a closed loop keeps (about the answers' share of a session's time): the warm-up
+    absorbs it.
+    """
+
+    def __init__(self, sessions: SessionTurns):
+        self.sessions = sessions
+        self.times = np.zeros(0)  # the turns whose times are known, not handed out yet
+        self.work = Work.empty()
+        self.next_gap = np.zeros(0)  # the gap after each of them (inf: its session's last turn)
+        self.parked: dict[int, list[tuple]] = {}  # session -> its later turns (work, gap), last first
+        self.awaiting: dict[int, float] = {}  # session -> next gap, its turn handed out and unanswered
+        self.drawn_until = -math.inf
+
+    def _start(self, until_ms: float) -> None:
+        """The sessions starting before ``until_ms`` (the first time, those under way at 0)."""
+        if until_ms <= self.drawn_until:
+            return
+        ses = self.sessions
+        if ses.before is not None:
+            early = ses.before.take(ses.before_ms) - ses.before_ms if ses.before_ms > 0 else np.zeros(0)
+            ses.before = None
+            for lo in range(0, len(early), 1 << 16):  # in blocks: most of them end before time 0
+                times, work, gap = ses._draw(early[lo : lo + (1 << 16)])
+                now = times >= 0
+                self._admit(times[now], work.take(now), gap[now])
+        self.drawn_until = until_ms
+        t0 = ses.starts.take(until_ms)
+        if len(t0):
+            self._admit(*ses._draw(t0))
+
+    def _admit(self, times: np.ndarray, work: Work, gap: np.ndarray) -> None:
+        """Sessions' turns in session order, each session's from its first in the run: that
+        one's time is known, the later ones are parked until their answers."""
+        if not len(times):
+            return
+        first = np.ones(len(times), dtype=bool)
+        first[1:] = work.session[1:] != work.session[:-1]
+        nxt = np.full(len(times), math.inf)  # the gap before the same session's next turn
+        nxt[:-1][~first[1:]] = gap[1:][~first[1:]]
+        later = np.flatnonzero(~first)
+        for row in zip(*(c[later].tolist() for c in work), gap[later].tolist(), strict=True):
+            self.parked.setdefault(row[4], []).append(row)
+        for turns in (self.parked[s] for s in set(work.session[later].tolist())):
+            turns.reverse()  # the next turn at the end
+        self._known(times[first], work.take(first), nxt[first])
+
+    def _known(self, times: np.ndarray, work: Work, next_gap: np.ndarray) -> None:
+        self.times = np.concatenate([self.times, times])
+        self.work = Work(*(np.concatenate(c) for c in zip(self.work, work, strict=True)))
+        self.next_gap = np.concatenate([self.next_gap, next_gap])
+
+    def reach(self, lo: float, hi: float) -> float:
+        """The end of a chunk from ``lo`` meant to end at ``hi``: ``hi``, or earlier where a
+        turn not known yet could arrive before it."""
+        self._start(hi)
+        cut = hi
+        if self.awaiting:
+            cut = min(cut, lo + min(self.awaiting.values()))
+        soon = self.times < hi
+        if soon.any():
+            cut = min(cut, float((self.times[soon] + self.next_gap[soon]).min()))
+        return cut
+
+    def take(self, until_ms: float) -> tuple[np.ndarray, np.ndarray]:
+        self._start(until_ms)
+        now = self.times < until_ms
+        order = np.flatnonzero(now)
+        order = order[np.lexsort((self.work.turn[order], self.work.session[order], self.times[order]))]
+        times, nxt = self.times[order], self.next_gap[order]
+        ready = self.work.take(order)
+        self.times, self.work, self.next_gap = self.times[~now], self.work.take(~now), self.next_gap[~now]
+        going = np.isfinite(nxt)
+        self.awaiting.update(zip(ready.session[going].tolist(), nxt[going].tolist(), strict=True))
+        self.sessions.ready = ready
+        return times, np.zeros(len(order), dtype=np.int8)
+
+    def answered(self, hi: float, session: np.ndarray, turn: np.ndarray, t_answer: np.ndarray, ok: np.ndarray) -> None:
+        """Turns settled in the chunk ending at ``hi``: each answered one's next turn arrives
+        its gap after ``t_answer`` (never before ``hi``: :meth:`reach`); an unanswered one
+        ends its session."""
+        rows = []
+        for s, k, t, good in zip(session.tolist(), turn.tolist(), t_answer.tolist(), ok.tolist(), strict=True):
+            self.awaiting.pop(s, None)
+            later = self.parked.get(s)
+            if later is None:
+                continue
+            if not good:
+                del self.parked[s]
+                continue
+            row = later.pop()
+            if row[5] != k + 1:
+                raise RuntimeError(f"session {s}: turn {k} answered, but its next parked turn is {row[5]}")
+            if not later:
+                del self.parked[s]
+            at = t + row[7]
+            if at < hi:
+                raise RuntimeError(f"session {s}: turn {k + 1} due at {at} ms, before the chunk's end {hi} ms")
+            rows.append((at, *row[:7], later[-1][7] if later else math.inf))
+        if rows:
+            cols = list(zip(*rows, strict=True))
+            work = Work(*(np.array(c, dtype=np.int64) for c in cols[1:8]))
+            self._known(np.array(cols[0]), work, np.array(cols[8]))
 
 
 class TokenDraws:
@@ -197,4 +331,4 @@ class TokenDraws:
         return Work(prompt, output, group, shared, none, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64))
 
 
-__all__ = ["SessionTurns", "TokenDraws", "Work"]
+__all__ = ["ClosedLoop", "SessionTurns", "TokenDraws", "Work"]
