@@ -57,7 +57,7 @@ from simulator.rng import STREAMS, Streams, streams
 from simulator.scenario.config import Cache, Scenario
 from simulator.scenario.distributions import Sampler
 from simulator.serving.classes import ClassesPool
-from simulator.serving.continuous import LLMService
+from simulator.serving.continuous import LLMService, Replicas
 from simulator.serving.event_loop import Loop
 from simulator.serving.router import Router
 from simulator.serving.served import TokensServed
@@ -235,7 +235,10 @@ class _Run:
     def reach(self, lo: float, hi: float) -> float:
         """Where a chunk from ``lo`` meant to end at ``hi`` ends: at ``hi``, or before the
         first time a closed-loop session's turn nobody knows yet could arrive."""
-        return hi if self.closed is None else self.closed.reach(lo, hi)
+        if self.closed is None:
+            return hi
+        replicas = getattr(self.pool, "scheduler", None)
+        return self.closed.reach(lo, hi, replicas.answer_floors() if isinstance(replicas, Replicas) else {})
 
     def chunk(self, hi: float, final: bool) -> Piece:
         """Arrivals before ``hi`` through every stage; the requests settled by then."""

@@ -308,3 +308,47 @@ def test_a_closed_loop_warns_where_the_warm_up_is_shorter_than_a_conversation():
     quiet = cli(*args, "--set", "duration_s=230", "--set", "warmup_s=210", "--set", "traffic.rate_rps=10")
     assert quiet.returncode == 0
     assert "warning" not in quiet.stderr
+
+
+def test_the_replicas_floors_are_never_late_and_keep_a_closed_loops_chunks_long():
+    """Between chunks each replica says, for the turns it holds, when each can be answered
+    at the earliest (the tokens it still owes, a step each, at the least token-making step,
+    its noise factors and the host's speed). Every such floor is at or before that turn's
+    end on its replica, across policies, a noisy step and a speed path, and most reach well
+    past the chunk's end; with them a run with think times near 0 takes a few dozen chunks
+    where the chunk's start alone gives over a thousand (1,365 here)."""
+    from simulator.engine import _Run
+
+    exp = "traffic.tokens.sessions.turn_gap={kind: exponential, mean_ms: 3000}"
+    speed = "platform.speed={kind: log_ar1, step_ms: 100, components: [{sigma: 0.4, correlation_time_s: 1.0}]}"
+    cases = {
+        "continuous": [],
+        "prefill_first": ["batching.policy=prefill_first"],
+        "static": ["batching.policy=static"],
+        "noisy_slowed": ["batching.noise_cv=0.3", speed],
+    }
+    for name, extra in cases.items():
+        s = load_scenario(MULTI, [*CLOSED, exp, *extra])
+        end = s.duration_s * 1000.0
+        run, lo, readings, pieces = _Run(s, s.seed), 0.0, [], []
+        while True:
+            hi = run.reach(lo, min(lo + 40_000.0, end))
+            readings.append((lo, run.pool.scheduler.answer_floors()))  # what reach read
+            pieces.append(run.chunk(hi, hi >= end).records)
+            if hi >= end:
+                break
+            lo = hi
+        ses, turn, arrival, done = (
+            np.concatenate([getattr(r, f) for r in pieces]) for f in ("session", "turn", "arrival", "t_inferred")
+        )
+        checked = ahead = 0
+        for at, floors in readings:
+            for session, floor in floors.items():
+                mine = np.flatnonzero((ses == session) & (arrival < at))  # its turn in flight then: the latest
+                k = mine[np.argmax(turn[mine])]
+                assert done[k] >= floor, (name, session, at, floor, done[k])
+                checked += 1
+                ahead += floor > at + 100.0
+        assert checked > 100, name
+        assert ahead > checked / 2, (name, ahead, checked)
+        assert len(pieces) < 150, (name, len(pieces))

@@ -22,7 +22,7 @@ from simulator.serving.llm_replica import Replica
 from simulator.serving.llm_scaling import Scaling
 from simulator.serving.llm_types import BLOCKS, Finished, Limits, group_key, session_owner
 from simulator.serving.served import Settled, TokensServed
-from simulator.serving.step_time import StepModel, step_model
+from simulator.serving.step_time import StepModel, step_model, token_step_floor_ms
 
 
 class Noise:
@@ -321,6 +321,35 @@ class Replicas:
                             self.in_flight[k][key] = left
                         else:
                             del self.in_flight[k][key]
+
+    def answer_floors(self) -> dict[int, float]:
+        """Each session with a turn on a replica: the earliest that turn can settle there,
+        read between chunks from the replica's state. Its next step starts at the
+        replica's clock or later, it makes at most one of the turn's tokens, and none
+        takes less than the least step that makes a token times that step's noise factor
+        (the replica's next ones, drawn already) and the host's fastest speed; nor does
+        any request settle before the replica's quiet time (:attr:`Replica.quiet_until`).
+        A request pushed later only delays those it finds. A session not here may settle
+        as soon as the next step."""
+        out = {}
+        for k, rep in enumerate(self.replicas):
+            held = self.in_flight[k]
+            if not any(key < 0 for key in held):
+                continue
+            quiet = rep.quiet_until if math.isfinite(rep.quiet_until) else -math.inf
+            turns = []  # (session, tokens still to make)
+            for seq in (*rep.pending, *rep.waiting, *rep.running):
+                routed = self.group_of.get(seq.rid)
+                if routed is not None and routed[1][-1] < 0:  # a session's key comes last
+                    turns.append((-routed[1][-1] - 1, max(seq.output - seq.made, 1)))
+            if not turns:
+                continue
+            floor = token_step_floor_ms(rep.step) * (1.0 if rep.speed is None else float(rep.speed.f.min()))
+            longest = max(r for _, r in turns)
+            steps = np.cumsum(rep.noise.peek(longest)) if rep.noise is not None else np.arange(1.0, longest + 1)
+            for session, r in turns:
+                out[session] = max(quiet, rep.t + floor * float(steps[r - 1]))
+        return out
 
     def close(self) -> None:
         self.horizon = math.inf

@@ -198,6 +198,18 @@ class StepTime:
         )
 
 
+def token_step_floor_ms(step: StepModel) -> float:
+    """The least time of any step that makes a token (a decode of one sequence, or a
+    prompt chunk of one token), before noise and the host's speed: every term of the
+    linear form and of the roofline grows with the work, so the least work gives it. 0
+    where a model's terms may fall (DistServe's fits carry negative coefficients)."""
+    if not isinstance(step, LinearStepTime | RooflineStepTime):
+        return 0.0
+    decode = step.ms(Work(decodes=1, decode_context=1))
+    chunk = step.ms(Work(prefill_tokens=1, attention=0.5, chunks=1))
+    return max(min(decode, chunk), 0.0)
+
+
 def decode_series(step: StepModel, width: int, context: int, d: int, k: int) -> list[float]:
     """The times of ``k`` decode-only steps of ``width`` sequences (``d`` of them real,
     the rest a static batch's finished slots) whose context starts at ``context`` and
@@ -209,4 +221,13 @@ def decode_series(step: StepModel, width: int, context: int, d: int, k: int) -> 
     return [step.ms(Work(decodes=width, decode_context=context + d * i)) for i in range(k)]
 
 
-__all__ = ["LinearStepTime", "RooflineStepTime", "StepModel", "StepTime", "Work", "decode_series", "step_model"]
+__all__ = [
+    "LinearStepTime",
+    "RooflineStepTime",
+    "StepModel",
+    "StepTime",
+    "Work",
+    "decode_series",
+    "step_model",
+    "token_step_floor_ms",
+]

@@ -176,10 +176,11 @@ class ClosedLoop:
 
     The engine learns the answers chunk by chunk, so a chunk must end before any turn
     it does not know yet can arrive (:meth:`reach`): a turn in flight at the chunk's
-    start ``lo`` is answered after ``lo``, one arriving in the chunk at ``t`` after
-    ``t``, so neither's next turn comes before ``lo``, or ``t``, plus its gap. Cut so,
-    the chunks hand out the turns a whole run would, in the same order, and the records
-    are the same for any chunk length.
+    start ``lo`` is answered after ``lo`` (or after the floor its replica's state gives,
+    :meth:`~simulator.serving.continuous.Replicas.answer_floors`), one arriving in the
+    chunk at ``t`` after ``t``, and its next turn comes its gap later. Cut so, the chunks
+    hand out the turns a whole run would, in the same order, and the records are the same
+    for any chunk length.
 
     The run starts near the steady state: the sessions under way at time 0 are an open
     loop's (:class:`SessionTurns`), as if their answers before time 0 had taken no time, so
@@ -236,13 +237,15 @@ class ClosedLoop:
         self.work = Work(*(np.concatenate(c) for c in zip(self.work, work, strict=True)))
         self.next_gap = np.concatenate([self.next_gap, next_gap])
 
-    def reach(self, lo: float, hi: float) -> float:
+    def reach(self, lo: float, hi: float, floors: dict[int, float] | None = None) -> float:
         """The end of a chunk from ``lo`` meant to end at ``hi``: ``hi``, or earlier where a
-        turn not known yet could arrive before it."""
+        turn not known yet could arrive before it. ``floors``: sessions whose turn in
+        flight is known to be answered no earlier than a time after ``lo``."""
         self._start(hi)
         cut = hi
         if self.awaiting:
-            cut = min(cut, lo + min(self.awaiting.values()))
+            floors = floors or {}
+            cut = min(cut, min(max(lo, floors.get(s, lo)) + g for s, g in self.awaiting.items()))
         soon = self.times < hi
         if soon.any():
             cut = min(cut, float((self.times[soon] + self.next_gap[soon]).min()))
