@@ -10,6 +10,7 @@ import streamlit as st
 from dashboards.data import ROOT, SCENARIOS, Choice, scenario_files
 from simulator.scenario.catalog import load_catalog
 from simulator.scenario.config import Scenario
+from simulator.scenario.llm import ContinuousBatching
 from simulator.scenario.loader import ScenarioError
 
 DEFAULT = "scenarios/inference_platform.yaml"
@@ -37,8 +38,38 @@ def knobs(s: Scenario, prefix: str) -> list[str]:
             "autoscaler: max workers", a.max_replicas, f"{prefix}max", integer=True, minimum=1
         )
     b = s.batching
-    wanted["batching.max_queue_delay_ms"] = _num("batching window (ms)", b.max_queue_delay_ms, f"{prefix}window")
-    wanted["batching.max_batch_size"] = _num("max batch", b.max_batch_size, f"{prefix}batch", integer=True, minimum=1)
+    llm = {}  # an LLM engine's knobs (path: current value) in place of the dynamic batcher's
+    if isinstance(b, ContinuousBatching):
+        llm = {
+            "batching.max_num_batched_tokens": b.max_num_batched_tokens,
+            "batching.max_num_seqs": b.max_num_seqs,
+            "batching.enable_prefix_caching": b.enable_prefix_caching,
+        }
+        wanted["batching.max_num_batched_tokens"] = _num(
+            "tokens a step (max_num_batched_tokens)", b.max_num_batched_tokens, f"{prefix}mnbt", integer=True, minimum=1
+        )
+        wanted["batching.max_num_seqs"] = _num(
+            "sequences at once (max_num_seqs)", b.max_num_seqs, f"{prefix}mns", integer=True, minimum=1
+        )
+        wanted["batching.enable_prefix_caching"] = st.toggle(
+            "prefix cache", b.enable_prefix_caching, key=f"{prefix}prefix", help="vLLM's automatic prefix caching."
+        )
+        sessions = s.traffic.tokens.sessions
+        if sessions is not None:
+            llm["traffic.tokens.sessions.turn_gap_from"] = sessions.turn_gap_from
+            waits = st.toggle(
+                "users wait for each answer",
+                sessions.turn_gap_from == "answer",
+                key=f"{prefix}closed",
+                help="On: a conversation's next turn comes its gap after the answer reached the user (a closed "
+                "loop). Off: its gap after the turn before arrived, as a trace records turns (an open loop).",
+            )
+            wanted["traffic.tokens.sessions.turn_gap_from"] = "answer" if waits else "arrival"
+    else:
+        wanted["batching.max_queue_delay_ms"] = _num("batching window (ms)", b.max_queue_delay_ms, f"{prefix}window")
+        wanted["batching.max_batch_size"] = _num(
+            "max batch", b.max_batch_size, f"{prefix}batch", integer=True, minimum=1
+        )
     f = s.features
     if f.lookups_per_request:
         wanted["features.batch_size"] = _num(
@@ -79,6 +110,7 @@ def knobs(s: Scenario, prefix: str) -> list[str]:
         "caches.feature.ttl_s": s.caches.feature.ttl_s if s.caches.feature else None,
         "router.canary.percent": s.router.canary.percent if s.router.canary else None,
         "workers.instance_type": s.workers.instance_type,
+        **llm,
     }
     return [f"{k}={v}" for k, v in wanted.items() if v != current[k]]
 

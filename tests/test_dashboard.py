@@ -568,6 +568,28 @@ def test_multi_turn_and_split_fleets_open_on_results(scenario):
     assert charts(at) >= 1
 
 
+def test_an_llm_scenario_has_an_engines_knobs_and_users_who_wait_for_their_answers():
+    """An LLM scenario's sidebar offers the engine's knobs, not the dynamic batcher's; with
+    conversations, a toggle closes the loop (each turn waits for the answer before it), and
+    the page says which loop ran and how many turns came before their answers."""
+    at = run_page("results", "scenarios/llm_multiturn.yaml")
+    labels = {n.label for n in at.number_input}
+    assert {"tokens a step (max_num_batched_tokens)", "sequences at once (max_num_seqs)"} <= labels
+    assert not {"batching window (ms)", "max batch"} & labels
+    caption = next(c.value for c in at.caption if c.value.startswith("conversations:"))
+    assert "an open loop" in caption
+    assert "0.0% of those" not in caption  # turns 30 s apart: some came before their answer
+    next(t for t in at.toggle if t.label == "users wait for each answer").set_value(True).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("--set traffic.tokens.sessions.turn_gap_from=answer" in c.value for c in at.code)
+    caption = next(c.value for c in at.caption if c.value.startswith("conversations:"))
+    assert "0.0% of those" in caption
+    assert "a closed loop" in caption
+    next(t for t in at.toggle if t.label == "prefix cache").set_value(False).run()
+    assert any("--set batching.enable_prefix_caching=False" in c.value for c in at.code)
+    assert next(m for m in at.metric if m.label == "prefix cache hit rate").value == "0.0%"
+
+
 def test_an_llm_scenario_shows_its_tokens_kv_cache_and_queue():
     at = run_page("results", "scenarios/llm_kv_memory.yaml")
     lines = [x.value for x in [*at.success, *at.error]]

@@ -68,6 +68,17 @@ def kpis(r: Result, reference: Result | None = None) -> None:
     bottom[1].metric("cost per hour", glance.usd(k["cost_per_hour_usd"]), delta("cost_per_hour_usd", glance.usd))
     bottom[2].metric("preemptions a request", f["preemptions a request"], help="Recompute preemptions (KV full).")
     bottom[3].metric("prefix cache hit rate", f["prefix cache hit rate"], help="Share of prompt tokens served cached.")
+    ses = llm.get("sessions")
+    if ses is not None:
+        loop = (
+            "each sent a think time after that answer (users wait: a closed loop)"
+            if ses.get("turn_gap_from") == "answer"
+            else "turns come a gap after the turn before them arrived (an open loop)"
+        )
+        st.caption(
+            f"conversations: {ses['later_turns_share']:.0%} of requests are later turns; "
+            f"{ses['early_turns_share']:.1%} of those arrived before the answer to the turn before them, {loop}"
+        )
 
 
 def over_time(r: Result, s: Scenario) -> None:
