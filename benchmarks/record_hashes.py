@@ -138,6 +138,19 @@ CASES: dict[str, tuple[str, list[str]]] = {
             "traffic.tokens.sessions.turn_gap={kind: exponential, mean_ms: 3000}",
         ],
     ),
+    # a population of users: each conversation drawn from its user's stream when it starts
+    "llm_users": (
+        "llm_multiturn.yaml",
+        [
+            "duration_s=30",
+            "warmup_s=0",
+            "workers.count=1",
+            "traffic.rate_rps=null",
+            "traffic.tokens.sessions.users=150",
+            "traffic.tokens.sessions.turn_gap_from=answer",
+            "traffic.tokens.sessions.turn_gap={kind: exponential, mean_ms: 3000}",
+        ],
+    ),
     "event_loop": (
         "calibrated_cpu_resnet.yaml",
         [

@@ -55,7 +55,12 @@ def knobs(s: Scenario, prefix: str) -> list[str]:
             "prefix cache", b.enable_prefix_caching, key=f"{prefix}prefix", help="vLLM's automatic prefix caching."
         )
         sessions = s.traffic.tokens.sessions
-        if sessions is not None:
+        if sessions is not None and sessions.users is not None:  # a population: its size, not a rate
+            llm["traffic.tokens.sessions.users"] = sessions.users
+            wanted["traffic.tokens.sessions.users"] = _num(
+                "users", sessions.users, f"{prefix}users", integer=True, minimum=1
+            )
+        elif sessions is not None:
             llm["traffic.tokens.sessions.turn_gap_from"] = sessions.turn_gap_from
             waits = st.toggle(
                 "users wait for each answer",

@@ -185,6 +185,12 @@ def _configs(
                 + ("workers.autoscaler" if base.workers.autoscaler is not None else "traffic.classes")
                 + " (remove it with --set, e.g. --set workers.autoscaler=null)"
             )
+        if max_rate and base.traffic.rate_rps is None:
+            raise ScenarioError(
+                "--max-rate varies traffic.rate_rps; this scenario has none (its rate comes from "
+                + ("its users" if base.traffic.users is not None else "its shape or arrivals file")
+                + ")"
+            )
         varies = [Vary.parse(v) for v in vary]
         ranges = [v for v in varies if v.lo is not None]
         if any(v.path != "workers.count" for v in ranges):

@@ -289,6 +289,9 @@ class _Run:
         rows = np.concatenate(new_rows).astype(np.int64)
         if self.closed is not None:  # the answers their sessions' next turns wait for
             answer = c.t_inferred[rows] + c.post[rows] + c.back[rows]
+            refused = np.isnan(answer)  # a refusal's answer is its error, back when it was dropped
+            if refused.any():
+                answer[refused] = np.nan_to_num(c.t_dropped[rows][refused] + c.back[rows][refused], nan=hi)
             ok = c.outcome[rows] == Outcome.COMPLETED
             self.closed.answered(hi, c.session[rows], c.turn[rows], answer, ok)
         if self.log_station is not None:

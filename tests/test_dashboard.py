@@ -590,6 +590,22 @@ def test_an_llm_scenario_has_an_engines_knobs_and_users_who_wait_for_their_answe
     assert next(m for m in at.metric if m.label == "prefix cache hit rate").value == "0.0%"
 
 
+def test_a_population_of_users_has_a_users_knob_and_no_rate():
+    """A population's rate is what its users and the fleet make it: the sidebar offers the
+    users, not a rate, and more users send more (as far as the fleet answers)."""
+    at = run_page("results", "scenarios/llm_users.yaml")
+    labels = {n.label for n in at.number_input}
+    assert "users" in labels
+    assert "rate (req/s)" not in labels
+    assert not [t for t in at.toggle if t.label == "users wait for each answer"]  # a population always does
+    goodput = next(m for m in at.metric if m.label == "goodput").value
+    next(n for n in at.number_input if n.label == "users").set_value(1000).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("--set traffic.tokens.sessions.users=1000" in c.value for c in at.code)
+    fewer = next(m for m in at.metric if m.label == "goodput").value
+    assert float(fewer.split()[0].replace(",", "")) < 0.6 * float(goodput.split()[0].replace(",", ""))
+
+
 def test_an_llm_scenario_shows_its_tokens_kv_cache_and_queue():
     at = run_page("results", "scenarios/llm_kv_memory.yaml")
     lines = [x.value for x in [*at.success, *at.error]]

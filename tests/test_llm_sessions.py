@@ -352,3 +352,83 @@ def test_the_replicas_floors_are_never_late_and_keep_a_closed_loops_chunks_long(
         assert checked > 100, name
         assert ahead > checked / 2, (name, ahead, checked)
         assert len(pieces) < 150, (name, len(pieces))
+
+
+USERS = [
+    "traffic.rate_rps=null",
+    "traffic.tokens.sessions.turn_gap_from=answer",
+    "traffic.tokens.sessions.turn_gap={kind: exponential, mean_ms: 5000}",
+    "workers.count=1",
+]
+
+
+def _per_user(r, users: int):
+    """Each user's sends in time order: user, send (arrival), answer (response), conversation."""
+    user, conv = r.session % users, r.session // users
+    order = np.lexsort((r.arrival, user))
+    return user[order], r.arrival[order], r.t_response[order], conv[order], r.turn[order]
+
+
+@pytest.mark.parametrize(("users", "duration_s", "warmup_s"), [(50, 260, 60), (400, 400, 150)])
+def test_a_population_of_users_keeps_the_response_time_law(users, duration_s, warmup_s):
+    """``sessions.users``: a fixed population, each user in one conversation at a time and
+    each turn sent a think time after the answer before it (the next conversation's first
+    too). Every user is there, never has two requests out, and runs its conversations in
+    order, a turn after another; the think times are the scenario's (their mean within four
+    standard errors of turn_gap's); and the interactive response time law of a closed system
+    holds, N = X (R + Z) (throughput X, mean response R and think Z of the turns sent in the
+    window, but its last minute: with no send after the run's end to compete, the last
+    answers come faster), to 3%: at 50 users on one replica (answers 2.6 s, thinks 5 s;
+    seeds 1-6 off by -0.8 to +1.1%) and at 400 past its knee (answers about 21 s; seeds 1-3
+    +0.2 to +1.4%; counted to the run's end, -1.8 to -0.6%)."""
+    s = load_scenario(
+        MULTI, [*USERS, f"traffic.tokens.sessions.users={users}", f"duration_s={duration_s}", f"warmup_s={warmup_s}"]
+    )
+    r = simulate(s).records
+    assert np.all(r.completed)
+    user, send, answer, conv, turn = _per_user(r, users)
+    assert len(np.unique(user)) == users
+    same = user[1:] == user[:-1]
+    think = send[1:][same] - answer[:-1][same]
+    assert think.min() > 0  # the next send comes after the answer to the last: one state at a time
+    assert np.all(answer > send)
+    # within a user: a conversation's turns in order, then the next conversation from its first turn
+    step = (conv[1:] - conv[:-1])[same], (turn[1:] - turn[:-1])[same], turn[1:][same]
+    assert np.all(((step[0] == 0) & (step[1] == 1)) | ((step[0] == 1) & (step[2] == 0)))
+    z = s.traffic.tokens.sessions.turn_gap
+    a, b = warmup_s * 1000.0, duration_s * 1000.0
+    # thinks begun a minute before the end (e^-12 of them outlast it): the run's end keeps no long one out
+    begun = think[answer[:-1][same] < b - 60_000.0]
+    assert abs(begun.mean() - z.mean) < 4 * math.sqrt(z.variance / len(begun))
+    sent = np.flatnonzero(same) + 1  # the sends after a think
+    # not the last minute's: its answers come faster with no send after the end to compete
+    win = sent[(send[sent] >= a) & (send[sent] < b - 60_000.0)]
+    x = len(win) / (b - 60_000.0 - a)
+    law = x * (np.mean(answer[win] - send[win]) + np.mean(send[win] - answer[win - 1]))
+    assert law == pytest.approx(users, rel=0.03)
+
+
+def test_a_population_is_refused_without_a_closed_loop_or_with_a_rate():
+    """A population of users waits for its answers and sets its own rate: one message each,
+    naming the field and its line, exit 2, before the run."""
+    base = ["--set", "traffic.tokens.sessions.users=100"]
+    one_error(cli("run", MULTI, *base, "--set", "traffic.rate_rps=null"), "turn_gap_from: answer", "line ")
+    closed = [*base, "--set", "traffic.tokens.sessions.turn_gap_from=answer"]
+    one_error(cli("run", MULTI, *closed), "traffic.tokens.sessions.users sets its own rate", "drop traffic.rate_rps")
+    shaped = [*closed, "--set", "traffic.rate_rps=null", "--set", "traffic.shape={kind: diurnal, peak_to_mean: 2}"]
+    one_error(cli("run", MULTI, *shaped), "drop traffic.rate_rps and shape")
+    one_error(
+        cli("run", MULTI, *closed, "--set", "traffic.rate_rps=null", "--set", "traffic.tokens.sessions.users=0"),
+        "traffic.tokens.sessions.users",
+        "greater than or equal to 1",
+    )
+
+
+def test_a_command_that_varies_the_rate_says_a_population_has_none():
+    """``plan --max-rate`` varies traffic.rate_rps: on a population of users (or a shaped
+    rate) one message saying where its rate comes from, exit 2 (it was a traceback)."""
+    users = ROOT / "scenarios/llm_users.yaml"
+    one_error(cli("plan", users, "--max-rate"), "--max-rate varies traffic.rate_rps", "its users")
+    shape = "traffic.shape={kind: ramp, from_rps: 10, to_rps: 50, end_s: 100}"
+    ramp = ["--set", "traffic.rate_rps=null", "--set", shape]
+    one_error(cli("plan", ROOT / "scenarios/llm_chat.yaml", "--max-rate", *ramp), "its shape or arrivals file")

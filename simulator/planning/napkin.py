@@ -30,6 +30,8 @@ def peak_rate(s: Scenario) -> float:
         return sum(rate_bound(c.shape, c.rate_rps) for c in s.traffic.classes.values())
     if s.traffic.arrivals_file is not None:
         raise ValueError("explain needs a rate: this scenario replays traffic.arrivals_file")
+    if s.traffic.users is not None:  # a population: its rate were every answer instant
+        return s.traffic.tokens.sessions.users_rps()
     return rate_bound(s.traffic.shape, s.traffic.rate_rps)
 
 

@@ -349,6 +349,8 @@ def expected_requests(s: Scenario) -> float:
                 return float(sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b"")) + 1)
         except OSError:
             return 0.0
+    if s.traffic.users is not None:  # at most a think time apart each, on average
+        return s.traffic.tokens.sessions.users_rps() * s.duration_s
     return rate_bound(s.traffic.shape, s.traffic.rate_rps) * s.duration_s
 
 

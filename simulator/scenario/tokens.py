@@ -171,6 +171,14 @@ class Sessions(Frozen):
         description="The model's context window: a session ends before a turn whose prompt and answer would "
         "exceed it (none: no limit, so the longest session must fit a replica's KV cache).",
     )
+    users: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="A fixed population of users instead of sessions starting at a rate: each user is in one "
+        "conversation at a time and starts the next turn_gap after the last answer of the one before "
+        "(needs turn_gap_from answer, and no traffic.rate_rps: the rate is what the users and the fleet make it).",
+    )
 
     @model_validator(mode="after")
     def _counted(self) -> Sessions:
@@ -178,6 +186,11 @@ class Sessions(Frozen):
             raise ValueError("traffic.tokens.sessions.turns has no max: set traffic.tokens.sessions.turns.max")
         if self.turns.min < 1 or self.turns.fixed == 0:
             raise ValueError("traffic.tokens.sessions.turns must be at least 1: a session has a first turn")
+        if self.users is not None and self.turn_gap_from != "answer":
+            raise ValueError(
+                "traffic.tokens.sessions.users is a closed loop (each user waits for its answers): set "
+                "turn_gap_from: answer"
+            )
         if self.turn_gap_from == "answer" and _can_be_zero(self.turn_gap):
             raise ValueError(
                 "traffic.tokens.sessions.turn_gap can be 0 ms: with turn_gap_from answer a turn is sent a think "
@@ -188,6 +201,12 @@ class Sessions(Frozen):
     def mean_turns(self) -> float:
         """The exact mean of the turns per session: its rounding and clipping included."""
         return self.turns.expected()
+
+    def users_rps(self) -> float:
+        """The rate ``users`` would send at were every answer instant (a user's turns come a
+        mean think time apart), req/s: the most they send on average, and what a rate's
+        napkin takes for them."""
+        return self.users * 1000.0 / self.turn_gap.mean
 
 
 class Tokens(Frozen):

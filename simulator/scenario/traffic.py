@@ -101,9 +101,21 @@ class Traffic(Frozen):
         elif self.arrivals_file is not None:
             if self.rate_rps is not None or not isinstance(self.shape, Constant):
                 raise ValueError("traffic.arrivals_file replays timestamps: drop rate_rps and shape")
+        elif self.users is not None:
+            if self.rate_rps is not None or not isinstance(self.shape, Constant):
+                raise ValueError(
+                    "traffic.tokens.sessions.users sets its own rate (users wait for their answers): drop "
+                    "traffic.rate_rps and shape"
+                )
         elif self.shape.absolute:
             if self.rate_rps is not None:
                 raise ValueError(f"a {self.shape.kind} shape sets its own rates: drop traffic.rate_rps")
         elif self.rate_rps is None:
             raise ValueError("traffic needs rate_rps (or arrivals_file, or a steps/ramp/rate_trace shape)")
         return self
+
+    @property
+    def users(self) -> int | None:
+        """A fixed population of users (``tokens.sessions.users``), where there is one."""
+        ses = self.tokens.sessions if self.tokens is not None else None
+        return None if ses is None else ses.users

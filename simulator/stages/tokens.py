@@ -84,9 +84,12 @@ class SessionTurns:
         sessions = s.traffic.tokens.sessions
         self.turns, self.prompt, self.output = sessions.turns, *lengths
         self.cap = sessions.max_context_tokens or np.iinfo(np.int64).max
-        self.starts = shaped_source(
-            s.traffic.rate_rps, s.traffic.shape, s.duration_s * 1000.0, rng=rng.arrivals, per=sessions.mean_turns()
-        )
+        self.users = sessions.users  # a fixed population (no session starts at a rate)
+        self.starts = None
+        if self.users is None:
+            self.starts = shaped_source(
+                s.traffic.rate_rps, s.traffic.shape, s.duration_s * 1000.0, rng=rng.arrivals, per=sessions.mean_turns()
+            )
         self.prefix, self.cdf = prefix, cdf  # the groups' popularity
         self.draws = draws  # prompt, output, member, pick: TokenDraws' streams
         self.count = child(rng.tokens, 4)
@@ -96,7 +99,11 @@ class SessionTurns:
         self.ready = Work.empty()  # the work of the turns the last take handed out
         gap = sessions.turn_gap
         self.before_ms = (self.turns.upper - 1) * (gap.mean + 6.0 * math.sqrt(gap.variance))
-        self.before = ArrivalSource(rate_rps=self.starts.rate_at(0.0), rng=child(rng.tokens, 6))
+        self.before = None
+        if self.users is None:
+            self.before = ArrivalSource(rate_rps=self.starts.rate_at(0.0), rng=child(rng.tokens, 6))
+        self.user_seed = child(rng.tokens, 7).bit_generator.seed_seq  # each user's conversations' streams
+        self.turn_gap = sessions.turn_gap
         self.closed = ClosedLoop(self) if sessions.turn_gap_from == "answer" else None
 
     def _draw(self, t0: np.ndarray) -> tuple[np.ndarray, Work, np.ndarray]:
@@ -128,6 +135,36 @@ class SessionTurns:
         keep = prompt + out <= self.cap
         work = Work(prompt, out, group, shared, session, turn, history)
         return times[keep], work.take(keep), gap[on][keep]
+
+    def conversation(self, user: int, c: int, t0: float | None) -> tuple[np.ndarray, Work, np.ndarray, float]:
+        """User ``user``'s ``c``-th conversation (session ``c * users + user``), its first turn
+        sent at ``t0`` (None: the run's start, somewhere in a think time from 0): its turns'
+        open-loop times, work and gaps, as :meth:`_draw`, and the think time after its last
+        answer. Drawn from a stream of its own, so that what it draws does not depend on
+        when, or beside what, it starts."""
+        seq = self.user_seed
+        g = np.random.default_rng(np.random.SeedSequence(seq.entropy, spawn_key=(*seq.spawn_key, user, c)))
+        turns = int(self.turns.sample(1, g)[0])
+        new_in, out = self.prompt.sample(turns, g), self.output.sample(turns, g)
+        gaps = self.turn_gap.sample(turns, rng=g)  # before turns 1, 2, ... and after the last
+        group, shared = groups(self.prefix, self.cdf, [g, g, g, g], 1)
+        if t0 is None:  # the run starts with each user somewhere in a think time
+            t0 = float(g.random() * self.turn_gap.sample(1, rng=g)[0])
+        gap = np.concatenate([[0.0], gaps[:-1]])
+        tokens = new_in + out
+        history = np.cumsum(tokens) - tokens
+        prompt = shared[0] + history + new_in
+        work = Work(
+            prompt,
+            out,
+            np.full(turns, group[0]),
+            np.full(turns, shared[0]),
+            np.full(turns, c * self.users + user, dtype=np.int64),
+            np.arange(turns, dtype=np.int64),
+            history,
+        )
+        keep = prompt + out <= self.cap
+        return (t0 + np.cumsum(gap))[keep], work.take(keep), gap[keep], float(gaps[-1])
 
     def _start(self, t0: np.ndarray) -> tuple[np.ndarray, Work]:
         """The turns of sessions starting at ``t0``: their times and work (open loop)."""
@@ -198,12 +235,20 @@ class ClosedLoop:
         self.parked: dict[int, list[tuple]] = {}  # session -> its later turns (work, gap), last first
         self.awaiting: dict[int, float] = {}  # session -> next gap, its turn handed out and unanswered
         self.drawn_until = -math.inf
+        self.users = sessions.users
+        self.user_of: dict[int, tuple[int, int, float]] = {}  # session -> user, conversation, think after it
 
     def _start(self, until_ms: float) -> None:
         """The sessions starting before ``until_ms`` (the first time, those under way at 0)."""
         if until_ms <= self.drawn_until:
             return
         ses = self.sessions
+        if self.users is not None:
+            if self.drawn_until == -math.inf:  # every user's first conversation
+                for user in range(self.users):
+                    self._converse(user, 0, None)
+            self.drawn_until = until_ms
+            return
         if ses.before is not None:
             early = ses.before.take(ses.before_ms) - ses.before_ms if ses.before_ms > 0 else np.zeros(0)
             ses.before = None
@@ -216,14 +261,20 @@ class ClosedLoop:
         if len(t0):
             self._admit(*ses._draw(t0))
 
-    def _admit(self, times: np.ndarray, work: Work, gap: np.ndarray) -> None:
+    def _converse(self, user: int, c: int, t0: float | None) -> None:
+        """User ``user`` starts its ``c``-th conversation at ``t0``."""
+        times, work, gap, after = self.sessions.conversation(user, c, t0)
+        self.user_of[c * self.users + user] = (user, c, after)
+        self._admit(times, work, gap, after)
+
+    def _admit(self, times: np.ndarray, work: Work, gap: np.ndarray, after: float = math.inf) -> None:
         """Sessions' turns in session order, each session's from its first in the run: that
         one's time is known, the later ones are parked until their answers."""
         if not len(times):
             return
         first = np.ones(len(times), dtype=bool)
         first[1:] = work.session[1:] != work.session[:-1]
-        nxt = np.full(len(times), math.inf)  # the gap before the same session's next turn
+        nxt = np.full(len(times), after)  # the gap before the same session's next turn (its user's next one)
         nxt[:-1][~first[1:]] = gap[1:][~first[1:]]
         later = np.flatnonzero(~first)
         for row in zip(*(c[later].tolist() for c in work), gap[later].tolist(), strict=True):
@@ -268,14 +319,15 @@ class ClosedLoop:
         """Turns settled in the chunk ending at ``hi``: each answered one's next turn arrives
         its gap after ``t_answer`` (never before ``hi``: :meth:`reach`); an unanswered one
         ends its session."""
-        rows = []
+        rows, ended = [], []
         for s, k, t, good in zip(session.tolist(), turn.tolist(), t_answer.tolist(), ok.tolist(), strict=True):
             self.awaiting.pop(s, None)
             later = self.parked.get(s)
-            if later is None:
-                continue
-            if not good:
-                del self.parked[s]
+            if later is None or not good:
+                if later is not None:
+                    del self.parked[s]
+                if self.users is not None:  # its user starts the next conversation after a think time
+                    ended.append((s, t))
                 continue
             row = later.pop()
             if row[5] != k + 1:
@@ -285,11 +337,17 @@ class ClosedLoop:
             at = t + row[7]
             if at < hi:
                 raise RuntimeError(f"session {s}: turn {k + 1} due at {at} ms, before the chunk's end {hi} ms")
-            rows.append((at, *row[:7], later[-1][7] if later else math.inf))
+            after = self.user_of[s][2] if self.users is not None else math.inf
+            rows.append((at, *row[:7], later[-1][7] if later else after))
         if rows:
             cols = list(zip(*rows, strict=True))
             work = Work(*(np.array(c, dtype=np.int64) for c in cols[1:8]))
             self._known(np.array(cols[0]), work, np.array(cols[8]))
+        for s, t in ended:
+            user, c, after = self.user_of.pop(s)
+            if t + after < hi:
+                raise RuntimeError(f"user {user}: a conversation due at {t + after} ms, before the chunk's end {hi} ms")
+            self._converse(user, c + 1, t + after)
 
 
 class TokenDraws:
