@@ -417,6 +417,8 @@ def test_a_population_is_refused_without_a_closed_loop_or_with_a_rate():
     one_error(cli("run", MULTI, *closed), "traffic.tokens.sessions.users sets its own rate", "drop traffic.rate_rps")
     shaped = [*closed, "--set", "traffic.rate_rps=null", "--set", "traffic.shape={kind: diurnal, peak_to_mean: 2}"]
     one_error(cli("run", MULTI, *shaped), "drop traffic.rate_rps and shape")
+    replay = "traffic.tokens.sessions.turn_gap={kind: empirical, samples_ms: [900, 5000], order: sequential}"
+    one_error(cli("run", MULTI, *closed, "--set", "traffic.rate_rps=null", "--set", replay), "order: random")
     one_error(
         cli("run", MULTI, *closed, "--set", "traffic.rate_rps=null", "--set", "traffic.tokens.sessions.users=0"),
         "traffic.tokens.sessions.users",

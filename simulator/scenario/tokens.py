@@ -186,6 +186,11 @@ class Sessions(Frozen):
             raise ValueError("traffic.tokens.sessions.turns has no max: set traffic.tokens.sessions.turns.max")
         if self.turns.min < 1 or self.turns.fixed == 0:
             raise ValueError("traffic.tokens.sessions.turns must be at least 1: a session has a first turn")
+        if self.users is not None and getattr(self.turn_gap, "order", "random") == "sequential":
+            raise ValueError(
+                "traffic.tokens.sessions.users: each conversation draws from a stream of its own, so an empirical "
+                "turn_gap cannot be replayed in order; set turn_gap.order: random"
+            )
         if self.users is not None and self.turn_gap_from != "answer":
             raise ValueError(
                 "traffic.tokens.sessions.users is a closed loop (each user waits for its answers): set "

@@ -10,7 +10,9 @@ arrivals (``traffic.arrivals_file``).
 
 With ``sessions`` the requests are the turns of multi-turn conversations
 (:class:`SessionTurns`): the arrivals are theirs, and each turn's prompt is its session's
-earlier turns (their prompts and answers) followed by its own new input.
+earlier turns (their prompts and answers) followed by its own new input. Where a turn
+waits for the answer before it (``turn_gap_from: answer``, or a population of ``users``)
+the answers release the turns (:class:`ClosedLoop`).
 """
 
 from __future__ import annotations
@@ -76,6 +78,9 @@ class SessionTurns:
     time 0 from a stream of their own, over a window no session outlasts but with
     negligible probability (its most turns times the gap's mean plus six standard
     deviations), and their turns from time 0 on arrive in the run.
+
+    With ``users`` there is no rate: a fixed population, each user in one conversation at a
+    time (:meth:`conversation`), the next begun when the last ends (:class:`ClosedLoop`).
     """
 
     def __init__(self, s: Scenario, rng: Streams, lengths: tuple, prefix, cdf, draws: list[np.random.Generator]):
