@@ -34,6 +34,11 @@ def llm_load_curve(source: str, text: str, overrides: tuple[str, ...], rates: tu
     return data.llm_load_curve(Choice(source, text, overrides).load(), list(rates))
 
 
+@st.cache_data(show_spinner=False, max_entries=16)
+def llm_users_curve(source: str, text: str, overrides: tuple[str, ...], users: tuple[int, ...]):
+    return data.llm_users_curve(Choice(source, text, overrides).load(), list(users))
+
+
 @st.cache_data(show_spinner=False, max_entries=8)
 def llm_plan(source: str, text: str, overrides: tuple[str, ...], gpus: tuple, budgets: tuple, lo, hi, reps):
     return data.llm_plan(Choice(source, text, overrides).load(), list(gpus), list(budgets), lo, hi, int(reps))

@@ -187,18 +187,30 @@ def llm_load_curve(s: Scenario, rates: list[float]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def knee(curve: pd.DataFrame, targets: dict[str, float]) -> float | None:
-    """The highest offered rate at which every target (column → ms) holds, where the curve
-    crosses the first one it breaks (log-linear between the points around it); None when
-    the lowest rate breaks one already, the highest rate when none breaks."""
-    c = curve.sort_values("offered_rps").reset_index(drop=True)
+def llm_users_curve(s: Scenario, users: list[int]) -> pd.DataFrame:
+    """TTFT and TPOT at the SLA's percentile, goodput and cost against a population's size
+    (``traffic.tokens.sessions.users``): one run per size."""
+    rows = []
+    ses = s.traffic.tokens.sessions
+    for n in users:
+        tokens = s.traffic.tokens.model_copy(update={"sessions": ses.model_copy(update={"users": int(n)})})
+        traffic = s.traffic.model_copy(update={"tokens": tokens})
+        rows.append({"users": int(n), **_point(s.model_copy(update={"traffic": traffic}))})
+    return pd.DataFrame(rows)
+
+
+def knee(curve: pd.DataFrame, targets: dict[str, float], x: str = "offered_rps") -> float | None:
+    """The highest offered rate (or other load ``x``) at which every target (column → ms)
+    holds, where the curve crosses the first one it breaks (log-linear between the points
+    around it); None when the lowest load breaks one already, the highest when none breaks."""
+    c = curve.sort_values(x).reset_index(drop=True)
     ok = np.ones(len(c), dtype=bool)
     for col, target in targets.items():
         ok &= c[col].to_numpy() <= target
     if not ok[0]:
         return None
     if ok.all():
-        return float(c["offered_rps"].iloc[-1])
+        return float(c[x].iloc[-1])
     i = int(np.argmin(ok))  # the first rate that breaks a target
     lo, hi = c.iloc[i - 1], c.iloc[i]
     cross = []
@@ -206,7 +218,7 @@ def knee(curve: pd.DataFrame, targets: dict[str, float]) -> float | None:
         if hi[col] > target:  # where this one crosses, log-linear in its value
             a, b = np.log(max(lo[col], 1e-9)), np.log(max(hi[col], 1e-9))
             f = (np.log(target) - a) / (b - a) if b > a else 0.0
-            cross.append(lo["offered_rps"] + min(max(f, 0.0), 1.0) * (hi["offered_rps"] - lo["offered_rps"]))
+            cross.append(lo[x] + min(max(f, 0.0), 1.0) * (hi[x] - lo[x]))
     return float(min(cross))
 
 

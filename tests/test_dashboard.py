@@ -606,6 +606,30 @@ def test_a_population_of_users_has_a_users_knob_and_no_rate():
     assert float(fewer.split()[0].replace(",", "")) < 0.6 * float(goodput.split()[0].replace(",", ""))
 
 
+def test_a_populations_curve_is_against_its_users_with_the_knee_in_users():
+    """A population has no rate to vary: its load curve runs the scenario at populations
+    around what the napkin's capacity answers, TTFT and TPOT against the users, and the
+    knee between the last size meeting both targets and the first breaking one."""
+    from dashboards.data import knee, llm_users_curve
+
+    s = load_scenario(ROOT / "scenarios/llm_users.yaml", ["duration_s=120", "warmup_s=60", "workers.count=2"])
+    curve = llm_users_curve(s, [300, 900, 1800])
+    assert list(curve["users"]) == [300, 900, 1800]
+    assert curve["ttft_ms"].is_monotonic_increasing
+    assert curve["completed_rps"].iloc[0] < curve["completed_rps"].iloc[-1]
+    k = knee(curve, {"ttft_ms": 300, "tpot_ms": 50}, x="users")
+    assert 300 <= k <= 1800
+    ok = (curve["ttft_ms"] <= 300) & (curve["tpot_ms"] <= 50)
+    assert curve["users"][ok].max() <= k < curve["users"][~ok].min()
+
+
+@pytest.mark.slow
+def test_the_load_curve_page_of_a_population_draws_it():
+    at = open_app("load-curve", "scenarios/llm_users.yaml")
+    assert charts(at) == 1
+    assert any(x.value.startswith("**Knee:**") and "users" in x.value for x in [*at.success, *at.error])
+
+
 def test_an_llm_scenario_shows_its_tokens_kv_cache_and_queue():
     at = run_page("results", "scenarios/llm_kv_memory.yaml")
     lines = [x.value for x in [*at.success, *at.error]]

@@ -104,6 +104,9 @@ def results(s: Scenario, r: Result) -> None:
 def load_curve(choice: Choice, s: Scenario) -> None:
     """TTFT and TPOT at the SLA's percentile against the offered rate, from 40% to 140% of
     the napkin's capacity, with the targets and the knee marked."""
+    if s.traffic.users is not None and s.workers.autoscaler is None:
+        users_curve(choice, s)
+        return
     if s.traffic.rate_rps is None or s.workers.autoscaler is not None:
         st.info("The load curve varies traffic.rate_rps: pick a scenario with a rate and a fixed fleet.")
         return
@@ -132,21 +135,59 @@ def load_curve(choice: Choice, s: Scenario) -> None:
         st.dataframe(curve[[c for c in cols if c in curve]], hide_index=True)
 
 
-def token_curve(curve: pd.DataFrame, s: Scenario, knee: float | None) -> alt.HConcatChart:
-    """TTFT and TPOT (log) against the offered rate: the targets as red rules, the knee and
-    the scenario's rate as vertical rules."""
+def users_curve(choice: Choice, s: Scenario) -> None:
+    """A population's curve: TTFT and TPOT against the number of users, from 40% to three
+    times the users the napkin's capacity answers were each answer instant (capacity × the
+    mean think time: answers take time, and the napkin's batch is a cautious one, so the
+    knee is often well above it), with the knee in users."""
+    think_s = s.traffic.tokens.sessions.turn_gap.mean / 1000.0
+    cap = data.llm_capacity(s) * think_s
+    sizes = np.geomspace(0.4, 3.0, 8) * cap
+    users = sorted({*(max(round(float(n)), 1) for n in sizes), int(s.traffic.users)})
+    st.caption(
+        f"A population sets its own rate: the napkin's {data.llm_capacity(s):,.1f} req/s × a mean think time of "
+        f"{think_s:,.1f} s = {cap:,.0f} users, were every answer instant. The curve runs the scenario at "
+        f"{len(users)} populations around it."
+    )
+    with st.spinner("simulating the populations …"):
+        curve = cache.llm_users_curve(choice.source, choice.text, choice.overrides, tuple(users))
+    targets = {
+        col: t for col, t in (("ttft_ms", s.sla.ttft_ms), ("tpot_ms", s.sla.tpot_ms)) if t is not None and col in curve
+    }
+    k = data.knee(curve, targets, x="users") if targets else None
+    if k is None and targets:
+        st.error("Even the smallest population breaks a target: the knee is below the curve.")
+    elif k is not None and k >= curve["users"].max() and not _breaks(curve, targets):
+        st.success(f"**Every population up to {k:,.0f} users meets the targets:** the knee is above the curve.")
+    elif k is not None:
+        st.success(f"**Knee:** {k:,.0f} users, the most meeting every target (the scenario has {s.traffic.users:,}).")
+    st.altair_chart(token_curve(curve, s, k, x="users"), width="stretch")
+    with st.expander("points"):
+        cols = ["users", "ttft_ms", "tpot_ms", "goodput_rps", "completed_rps", "cost_per_hour_usd"]
+        st.dataframe(curve[[c for c in cols if c in curve]], hide_index=True)
+
+
+def _breaks(curve: pd.DataFrame, targets: dict[str, float]) -> bool:
+    return any(bool((curve[col] > t).any()) for col, t in targets.items())
+
+
+def token_curve(curve: pd.DataFrame, s: Scenario, knee: float | None, x: str = "offered_rps") -> alt.HConcatChart:
+    """TTFT and TPOT (log) against the offered rate (or the users, ``x="users"``): the
+    targets as red rules, the knee and the scenario's load as vertical rules."""
     pct = f"p{s.sla.percentile:g}"
+    title = "users" if x == "users" else "offered load (req/s)"
+    here = float(s.traffic.users if x == "users" else s.traffic.rate_rps)
     panels = []
     for col, name, target in (("ttft_ms", "TTFT", s.sla.ttft_ms), ("tpot_ms", "TPOT", s.sla.tpot_ms)):
         base = alt.Chart(curve, title=f"{name} {pct}").encode(
-            x=alt.X("offered_rps:Q", title="offered load (req/s)"),
+            x=alt.X(f"{x}:Q", title=title),
             y=alt.Y(f"{col}:Q", scale=alt.Scale(type="log"), title=f"{name} {pct} (ms, log)"),
-            tooltip=["offered_rps:Q", alt.Tooltip(f"{col}:Q", format=".1f")],
+            tooltip=[f"{x}:Q", alt.Tooltip(f"{col}:Q", format=".1f")],
         )
         layer = base.mark_line(point=True)
         if target is not None:
             layer += alt.Chart(pd.DataFrame({"y": [target]})).mark_rule(color="red", strokeDash=[4, 3]).encode(y="y:Q")
-        marks = [("knee", knee), ("this scenario", float(s.traffic.rate_rps))]
+        marks = [("knee", knee), ("this scenario", here)]
         rules = pd.DataFrame([{"x": x, "what": w} for w, x in marks if x is not None])
         layer += (
             alt.Chart(rules)
