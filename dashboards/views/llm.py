@@ -103,7 +103,8 @@ def results(s: Scenario, r: Result) -> None:
 
 def load_curve(choice: Choice, s: Scenario) -> None:
     """TTFT and TPOT at the SLA's percentile against the offered rate, from 40% to 140% of
-    the napkin's capacity, with the targets and the knee marked."""
+    the napkin's capacity, with the targets and the knee marked; a population's against its
+    users (:func:`users_curve`)."""
     if s.traffic.users is not None and s.workers.autoscaler is None:
         users_curve(choice, s)
         return
@@ -118,21 +119,7 @@ def load_curve(choice: Choice, s: Scenario) -> None:
     )
     with st.spinner("simulating the rates …"):
         curve = cache.llm_load_curve(choice.source, choice.text, choice.overrides, tuple(rates))
-    targets = {
-        col: t for col, t in (("ttft_ms", s.sla.ttft_ms), ("tpot_ms", s.sla.tpot_ms)) if t is not None and col in curve
-    }
-    k = data.knee(curve, targets) if targets else None
-    if k is None and targets:
-        st.error("Even the lowest rate breaks a target: the knee is below the curve.")
-    elif k is not None:
-        st.success(
-            f"**Knee:** {k:,.1f} req/s, the highest rate meeting every target "
-            f"(the scenario offers {s.traffic.rate_rps:g})."
-        )
-    st.altair_chart(token_curve(curve, s, k), width="stretch")
-    with st.expander("points"):
-        cols = ["offered_rps", "ttft_ms", "tpot_ms", "goodput_rps", "completed_rps", "cost_per_hour_usd"]
-        st.dataframe(curve[[c for c in cols if c in curve]], hide_index=True)
+    _draw_curve(curve, s, "offered_rps")
 
 
 def users_curve(choice: Choice, s: Scenario) -> None:
@@ -151,24 +138,33 @@ def users_curve(choice: Choice, s: Scenario) -> None:
     )
     with st.spinner("simulating the populations …"):
         curve = cache.llm_users_curve(choice.source, choice.text, choice.overrides, tuple(users))
+    _draw_curve(curve, s, "users")
+
+
+def _draw_curve(curve: pd.DataFrame, s: Scenario, x: str) -> None:
+    """The knee against load ``x`` (the offered rate, or the users) said in words, the
+    curve, and its points."""
     targets = {
         col: t for col, t in (("ttft_ms", s.sla.ttft_ms), ("tpot_ms", s.sla.tpot_ms)) if t is not None and col in curve
     }
-    k = data.knee(curve, targets, x="users") if targets else None
+    k = data.knee(curve, targets, x=x) if targets else None
+    users = x == "users"
     if k is None and targets:
-        st.error("Even the smallest population breaks a target: the knee is below the curve.")
-    elif k is not None and k >= curve["users"].max() and not _breaks(curve, targets):
-        st.success(f"**Every population up to {k:,.0f} users meets the targets:** the knee is above the curve.")
-    elif k is not None:
+        st.error(f"Even the {'smallest population' if users else 'lowest rate'} breaks a target: the knee is below.")
+    elif k is not None and not any(bool((curve[col] > t).any()) for col, t in targets.items()):
+        unit = "users" if users else "req/s"
+        st.success(f"**Nothing here breaks a target, up to {k:,.1f} {unit}:** the knee is above.")
+    elif k is not None and users:
         st.success(f"**Knee:** {k:,.0f} users, the most meeting every target (the scenario has {s.traffic.users:,}).")
-    st.altair_chart(token_curve(curve, s, k, x="users"), width="stretch")
+    elif k is not None:
+        st.success(
+            f"**Knee:** {k:,.1f} req/s, the highest rate meeting every target "
+            f"(the scenario offers {s.traffic.rate_rps:g})."
+        )
+    st.altair_chart(token_curve(curve, s, k, x=x), width="stretch")
     with st.expander("points"):
-        cols = ["users", "ttft_ms", "tpot_ms", "goodput_rps", "completed_rps", "cost_per_hour_usd"]
+        cols = [x, "ttft_ms", "tpot_ms", "goodput_rps", "completed_rps", "cost_per_hour_usd"]
         st.dataframe(curve[[c for c in cols if c in curve]], hide_index=True)
-
-
-def _breaks(curve: pd.DataFrame, targets: dict[str, float]) -> bool:
-    return any(bool((curve[col] > t).any()) for col, t in targets.items())
 
 
 def token_curve(curve: pd.DataFrame, s: Scenario, knee: float | None, x: str = "offered_rps") -> alt.HConcatChart:
