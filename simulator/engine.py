@@ -19,7 +19,7 @@ for any chunk length (``tests/test_streaming.py``).
 **Closed loops.** Where a conversation's next turn waits for the answer before it
 (``turn_gap_from: answer``) the arrivals depend on what the chunk computes: :meth:`_Run.reach`
 ends a chunk before any turn not known yet could arrive, and the answers settled in a
-chunk release the next turns (:class:`~simulator.stages.tokens.ClosedLoop`). Such a run is
+chunk release the next turns (:class:`~simulator.stages.closed_loop.ClosedLoop`). Such a run is
 cut so even when it is simulated whole.
 
 **Horizons.** Any request arriving after time H reaches every stage after H (delays are

@@ -12,13 +12,12 @@ With ``sessions`` the requests are the turns of multi-turn conversations
 (:class:`SessionTurns`): the arrivals are theirs, and each turn's prompt is its session's
 earlier turns (their prompts and answers) followed by its own new input. Where a turn
 waits for the answer before it (``turn_gap_from: answer``, or a population of ``users``)
-the answers release the turns (:class:`ClosedLoop`).
+the answers release the turns (:class:`~simulator.stages.closed_loop.ClosedLoop`).
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import numpy as np
 
@@ -26,39 +25,8 @@ from simulator.rng import Streams, child
 from simulator.scenario.config import Scenario
 from simulator.scenario.tokens import read_trace
 from simulator.stages.arrivals import ArrivalSource, shaped_source
-
-
-class Work(NamedTuple):
-    """Per request: prompt tokens (with its prefix and its session's history), output
-    tokens, prefix group (-1: none), the prompt tokens that are the group's, its session
-    (-1: none), its turn in the session (0 first) and the prompt tokens that are the
-    session's earlier turns."""
-
-    prompt: np.ndarray
-    output: np.ndarray
-    group: np.ndarray
-    shared: np.ndarray
-    session: np.ndarray
-    turn: np.ndarray
-    history: np.ndarray
-
-    @classmethod
-    def empty(cls) -> Work:
-        return cls(*(np.zeros(0, dtype=np.int64) for _ in cls._fields))
-
-    def take(self, rows) -> Work:
-        return Work(*(col[rows] for col in self))
-
-
-def groups(prefix, cdf, draws: list[np.random.Generator], n: int) -> tuple[np.ndarray, np.ndarray]:
-    """The prefix group of each of ``n`` requests (or sessions) and its shared tokens (-1
-    and 0: none), a member with probability ``prefix.share`` (``draws[2]``) of a group
-    picked by the popularity ``cdf`` (``draws[3]``)."""
-    if prefix is None:
-        return np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.int64)
-    member = draws[2].random(n) < prefix.share
-    pick = np.minimum(np.searchsorted(cdf, draws[3].random(n), side="right"), prefix.groups - 1)
-    return np.where(member, pick, -1), np.where(member, prefix.tokens, 0)
+from simulator.stages.closed_loop import ClosedLoop
+from simulator.stages.turns import Work, groups
 
 
 class SessionTurns:
@@ -208,153 +176,6 @@ class SessionTurns:
         return times[order], np.zeros(len(order), dtype=np.int8)
 
 
-class ClosedLoop:
-    """Sessions whose turns wait for their answers (``turn_gap_from: answer``).
-
-    A session draws what an open-loop one draws, from the same streams, but only its
-    first turn's time is known when it starts; each later turn is parked until the turn
-    before it is answered, then arrives its gap after the answer reached the user. A turn
-    that is not answered (rejected, dropped, failed) ends its session.
-
-    The engine learns the answers chunk by chunk, so a chunk must end before any turn
-    it does not know yet can arrive (:meth:`reach`): a turn in flight at the chunk's
-    start ``lo`` is answered after ``lo`` (or after the floor its replica's state gives,
-    :meth:`~simulator.serving.continuous.Replicas.answer_floors`), one arriving in the
-    chunk at ``t`` after ``t``, and its next turn comes its gap later. Cut so, the chunks
-    hand out the turns a whole run would, in the same order, and the records are the same
-    for any chunk length.
-
-    The run starts near the steady state: the sessions under way at time 0 are an open
-    loop's (:class:`SessionTurns`), as if their answers before time 0 had taken no time, so
-    each one's first turn in the run comes its gap after its last turn before 0 arrived,
-    and its later turns wait for their answers. Sessions then under way are slightly fewer
-    than a closed loop keeps (about the answers' share of a session's time): the warm-up
-    absorbs it.
-    """
-
-    def __init__(self, sessions: SessionTurns):
-        self.sessions = sessions
-        self.times = np.zeros(0)  # the turns whose times are known, not handed out yet
-        self.work = Work.empty()
-        self.next_gap = np.zeros(0)  # the gap after each of them (inf: its session's last turn)
-        self.parked: dict[int, list[tuple]] = {}  # session -> its later turns (work, gap), last first
-        self.awaiting: dict[int, float] = {}  # session -> next gap, its turn handed out and unanswered
-        self.drawn_until = -math.inf
-        self.users = sessions.users
-        self.user_of: dict[int, tuple[int, int, float]] = {}  # session -> user, conversation, think after it
-
-    def _start(self, until_ms: float) -> None:
-        """The sessions starting before ``until_ms`` (the first time, those under way at 0)."""
-        if until_ms <= self.drawn_until:
-            return
-        ses = self.sessions
-        if self.users is not None:
-            if self.drawn_until == -math.inf:  # every user's first conversation
-                for user in range(self.users):
-                    self._converse(user, 0, None)
-            self.drawn_until = until_ms
-            return
-        if ses.before is not None:
-            early = ses.before.take(ses.before_ms) - ses.before_ms if ses.before_ms > 0 else np.zeros(0)
-            ses.before = None
-            for lo in range(0, len(early), 1 << 16):  # in blocks: most of them end before time 0
-                times, work, gap = ses._draw(early[lo : lo + (1 << 16)])
-                now = times >= 0
-                self._admit(times[now], work.take(now), gap[now])
-        self.drawn_until = until_ms
-        t0 = ses.starts.take(until_ms)
-        if len(t0):
-            self._admit(*ses._draw(t0))
-
-    def _converse(self, user: int, c: int, t0: float | None) -> None:
-        """User ``user`` starts its ``c``-th conversation at ``t0``."""
-        times, work, gap, after = self.sessions.conversation(user, c, t0)
-        self.user_of[c * self.users + user] = (user, c, after)
-        self._admit(times, work, gap, after)
-
-    def _admit(self, times: np.ndarray, work: Work, gap: np.ndarray, after: float = math.inf) -> None:
-        """Sessions' turns in session order, each session's from its first in the run: that
-        one's time is known, the later ones are parked until their answers."""
-        if not len(times):
-            return
-        first = np.ones(len(times), dtype=bool)
-        first[1:] = work.session[1:] != work.session[:-1]
-        nxt = np.full(len(times), after)  # the gap before the same session's next turn (its user's next one)
-        nxt[:-1][~first[1:]] = gap[1:][~first[1:]]
-        later = np.flatnonzero(~first)
-        for row in zip(*(c[later].tolist() for c in work), gap[later].tolist(), strict=True):
-            self.parked.setdefault(row[4], []).append(row)
-        for turns in (self.parked[s] for s in set(work.session[later].tolist())):
-            turns.reverse()  # the next turn at the end
-        self._known(times[first], work.take(first), nxt[first])
-
-    def _known(self, times: np.ndarray, work: Work, next_gap: np.ndarray) -> None:
-        self.times = np.concatenate([self.times, times])
-        self.work = Work(*(np.concatenate(c) for c in zip(self.work, work, strict=True)))
-        self.next_gap = np.concatenate([self.next_gap, next_gap])
-
-    def reach(self, lo: float, hi: float, floors: dict[int, float] | None = None) -> float:
-        """The end of a chunk from ``lo`` meant to end at ``hi``: ``hi``, or earlier where a
-        turn not known yet could arrive before it. ``floors``: sessions whose turn in
-        flight is known to be answered no earlier than a time after ``lo``."""
-        self._start(hi)
-        cut = hi
-        if self.awaiting:
-            floors = floors or {}
-            cut = min(cut, min(max(lo, floors.get(s, lo)) + g for s, g in self.awaiting.items()))
-        soon = self.times < hi
-        if soon.any():
-            cut = min(cut, float((self.times[soon] + self.next_gap[soon]).min()))
-        return cut
-
-    def take(self, until_ms: float) -> tuple[np.ndarray, np.ndarray]:
-        self._start(until_ms)
-        now = self.times < until_ms
-        order = np.flatnonzero(now)
-        order = order[np.lexsort((self.work.turn[order], self.work.session[order], self.times[order]))]
-        times, nxt = self.times[order], self.next_gap[order]
-        ready = self.work.take(order)
-        self.times, self.work, self.next_gap = self.times[~now], self.work.take(~now), self.next_gap[~now]
-        going = np.isfinite(nxt)
-        self.awaiting.update(zip(ready.session[going].tolist(), nxt[going].tolist(), strict=True))
-        self.sessions.ready = ready
-        return times, np.zeros(len(order), dtype=np.int8)
-
-    def answered(self, hi: float, session: np.ndarray, turn: np.ndarray, t_answer: np.ndarray, ok: np.ndarray) -> None:
-        """Turns settled in the chunk ending at ``hi``: each answered one's next turn arrives
-        its gap after ``t_answer`` (never before ``hi``: :meth:`reach`); an unanswered one
-        ends its session."""
-        rows, ended = [], []
-        for s, k, t, good in zip(session.tolist(), turn.tolist(), t_answer.tolist(), ok.tolist(), strict=True):
-            self.awaiting.pop(s, None)
-            later = self.parked.get(s)
-            if later is None or not good:
-                if later is not None:
-                    del self.parked[s]
-                if self.users is not None:  # its user starts the next conversation after a think time
-                    ended.append((s, t))
-                continue
-            row = later.pop()
-            if row[5] != k + 1:
-                raise RuntimeError(f"session {s}: turn {k} answered, but its next parked turn is {row[5]}")
-            if not later:
-                del self.parked[s]
-            at = t + row[7]
-            if at < hi:
-                raise RuntimeError(f"session {s}: turn {k + 1} due at {at} ms, before the chunk's end {hi} ms")
-            after = self.user_of[s][2] if self.users is not None else math.inf
-            rows.append((at, *row[:7], later[-1][7] if later else after))
-        if rows:
-            cols = list(zip(*rows, strict=True))
-            work = Work(*(np.array(c, dtype=np.int64) for c in cols[1:8]))
-            self._known(np.array(cols[0]), work, np.array(cols[8]))
-        for s, t in ended:
-            user, c, after = self.user_of.pop(s)
-            if t + after < hi:
-                raise RuntimeError(f"user {user}: a conversation due at {t + after} ms, before the chunk's end {hi} ms")
-            self._converse(user, c + 1, t + after)
-
-
 class TokenDraws:
     """The tokens of each request, in request order."""
 
@@ -397,4 +218,4 @@ class TokenDraws:
         return Work(prompt, output, group, shared, none, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64))
 
 
-__all__ = ["ClosedLoop", "SessionTurns", "TokenDraws", "Work"]
+__all__ = ["SessionTurns", "TokenDraws"]
