@@ -562,7 +562,9 @@ def test_an_llm_scenario_opens_on_the_pages_that_draw_it(page):
     assert charts(at) >= 1
 
 
-@pytest.mark.parametrize("scenario", ["scenarios/llm_multiturn.yaml", "scenarios/llm_disaggregated.yaml"])
+@pytest.mark.parametrize(
+    "scenario", ["scenarios/llm_multiturn.yaml", "scenarios/llm_disaggregated.yaml", "scenarios/llm_users.yaml"]
+)
 def test_multi_turn_and_split_fleets_open_on_results(scenario):
     at = run_page("results", scenario)
     assert charts(at) >= 1
