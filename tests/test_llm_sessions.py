@@ -434,3 +434,15 @@ def test_a_command_that_varies_the_rate_says_a_population_has_none():
     shape = "traffic.shape={kind: ramp, from_rps: 10, to_rps: 50, end_s: 100}"
     ramp = ["--set", "traffic.rate_rps=null", "--set", shape]
     one_error(cli("plan", ROOT / "scenarios/llm_chat.yaml", "--max-rate", *ramp), "its shape or arrivals file")
+
+
+def test_the_napkin_takes_a_populations_rate_were_every_answer_instant():
+    """``explain``'s napkin needs a rate: a population's is its users over the mean think
+    time (what they send at most), and the line says so."""
+    from simulator.planning.napkin import llm_napkin
+
+    s = load_scenario(ROOT / "scenarios/llm_users.yaml")
+    lines, _ = llm_napkin(s, 6.88)
+    rate = lines[0]
+    assert rate.value == pytest.approx(2000 * 1000.0 / s.traffic.tokens.sessions.turn_gap.mean)
+    assert "2,000 users / a mean think time of 24.6 s" in rate.formula

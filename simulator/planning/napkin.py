@@ -201,8 +201,17 @@ def llm_napkin(s: Scenario, price_per_worker_hour: float) -> tuple[list[Line], L
     for _ in range(200):
         running = min(lam_r * (e_o * tpot(running) + prefill), float(cap))
     gpu = gpu_spec(w.instance_type) if b.num_blocks is None else None
+    think_s = s.traffic.tokens.sessions.turn_gap.mean / 1000.0 if s.traffic.users is not None else 0.0
     lines = [
-        Line("peak request rate", "from traffic (rate × the shape's peak)", lam, "req/s"),
+        Line(
+            "peak request rate",
+            "from traffic (rate × the shape's peak)"
+            if s.traffic.users is None
+            else f"{s.traffic.users:,} users / a mean think time of {think_s:,.1f} s "
+            "(were every answer instant: the most they send)",
+            lam,
+            "req/s",
+        ),
         Line(
             "mean prompt tokens",
             "E[prompt] of traffic.tokens (shared prefix included"
