@@ -436,13 +436,17 @@ def test_a_command_that_varies_the_rate_says_a_population_has_none():
     one_error(cli("plan", ROOT / "scenarios/llm_chat.yaml", "--max-rate", *ramp), "its shape or arrivals file")
 
 
-def test_the_napkin_takes_a_populations_rate_were_every_answer_instant():
-    """``explain``'s napkin needs a rate: a population's is its users over the mean think
-    time (what they send at most), and the line says so."""
+def test_the_napkin_takes_a_populations_rate_from_the_response_time_law():
+    """``explain``'s napkin needs a rate: a population's is the interactive response time
+    law's, X = N / (Z + R), with R the napkin's own answer (a prefill and E[o] decode steps
+    at its batch), and the line says so."""
     from simulator.planning.napkin import llm_napkin
 
     s = load_scenario(ROOT / "scenarios/llm_users.yaml")
     lines, _ = llm_napkin(s, 6.88)
     rate = lines[0]
-    assert rate.value == pytest.approx(2000 * 1000.0 / s.traffic.tokens.sessions.turn_gap.mean)
-    assert "2,000 users / a mean think time of 24.6 s" in rate.formula
+    z = s.traffic.tokens.sessions.turn_gap.mean / 1000.0
+    r = 2000 / rate.value - z  # the answer the napkin took
+    assert 1.0 < r < 10.0
+    assert rate.value < s.traffic.tokens.sessions.users_rps()  # answers take time
+    assert rate.formula.startswith(f"X = N / (Z + R): 2,000 users / ({z:.1f} s thinking + {r:.2f} s an answer")

@@ -185,6 +185,10 @@ def llm_napkin(s: Scenario, price_per_worker_hour: float) -> tuple[list[Line], L
             batch -= 1
     t_b = decode_ms(batch)
     prefill = step.ms(Work(prefill_tokens=round(e_s), attention=e_s * e_s / 2, chunks=1)) - step.ms(Work())
+    think_s = s.traffic.tokens.sessions.turn_gap.mean / 1000.0 if s.traffic.users is not None else 0.0
+    answer_s = (prefill + e_o * t_b) / 1000.0  # a prefill, then E[o] steps at the batch
+    if s.traffic.users is not None:  # a population: the interactive response time law, X = N / (Z + R)
+        lam = s.traffic.users / (think_s + answer_s)
     mu = 1000.0 / (e_o * t_b / batch + prefill)
     bare = math.ceil(lam / mu - 1e-9)
     padded = math.ceil(bare * (1 + s.napkin.headroom) - 1e-9)
@@ -201,14 +205,13 @@ def llm_napkin(s: Scenario, price_per_worker_hour: float) -> tuple[list[Line], L
     for _ in range(200):
         running = min(lam_r * (e_o * tpot(running) + prefill), float(cap))
     gpu = gpu_spec(w.instance_type) if b.num_blocks is None else None
-    think_s = s.traffic.tokens.sessions.turn_gap.mean / 1000.0 if s.traffic.users is not None else 0.0
     lines = [
         Line(
-            "peak request rate",
+            "peak request rate" if s.traffic.users is None else "request rate",
             "from traffic (rate × the shape's peak)"
             if s.traffic.users is None
-            else f"{s.traffic.users:,} users / a mean think time of {think_s:,.1f} s "
-            "(were every answer instant: the most they send)",
+            else f"X = N / (Z + R): {s.traffic.users:,} users / ({think_s:,.1f} s thinking + {answer_s:,.2f} s an "
+            f"answer: a prefill and {e_o:,.0f} steps at batch {batch})",
             lam,
             "req/s",
         ),
