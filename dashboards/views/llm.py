@@ -128,11 +128,12 @@ def users_curve(choice: Choice, s: Scenario) -> None:
     mean think time: answers take time, and the napkin's batch is a cautious one, so the
     knee is often well above it), with the knee in users."""
     think_s = s.traffic.tokens.sessions.turn_gap.mean / 1000.0
-    cap = data.llm_capacity(s) * think_s
+    rps = data.llm_capacity(s)
+    cap = rps * think_s
     sizes = np.geomspace(0.4, 3.0, 8) * cap
     users = sorted({*(max(round(float(n)), 1) for n in sizes), int(s.traffic.users)})
     st.caption(
-        f"A population sets its own rate: the napkin's {data.llm_capacity(s):,.1f} req/s × a mean think time of "
+        f"A population sets its own rate: the napkin's {rps:,.1f} req/s × a mean think time of "
         f"{think_s:,.1f} s = {cap:,.0f} users, were every answer instant. The curve runs the scenario at "
         f"{len(users)} populations around it."
     )

@@ -131,12 +131,14 @@ class PrefixGroups(Frozen):
 
 def _can_be_zero(d) -> bool:
     """Whether a gap distribution draws exactly 0 with positive probability."""
-    values = {
-        "deterministic": lambda: (d.value_ms,),
-        "uniform": lambda: (d.low_ms, d.high_ms) if d.low_ms == d.high_ms else (1.0,),
-        "empirical": lambda: d.samples_ms or (1.0,),
-    }.get(d.kind, lambda: (1.0,))()
-    return min(values) <= 0
+    match d.kind:
+        case "deterministic":
+            return d.value_ms <= 0
+        case "uniform":  # its low_ms <= high_ms: 0 every time, or with probability 0
+            return d.high_ms <= 0
+        case "empirical":
+            return d.samples_ms is not None and min(d.samples_ms) <= 0
+    return False
 
 
 class Sessions(Frozen):

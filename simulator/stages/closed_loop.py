@@ -34,9 +34,12 @@ class ClosedLoop:
     The run starts near the steady state: the sessions under way at time 0 are an open
     loop's (:class:`SessionTurns`), as if their answers before time 0 had taken no time, so
     each one's first turn in the run comes its gap after its last turn before 0 arrived,
-    and its later turns wait for their answers. Sessions then under way are slightly fewer
-    than a closed loop keeps (about the answers' share of a session's time): the warm-up
-    absorbs it.
+    and its later turns wait for their answers. Sessions then under way are fewer than a
+    closed loop keeps (turns 6-7% under their steady rate in the first two minutes of
+    ``llm_multiturn.yaml``: ``calibrate/experiments/closed_loop_start.py``): the warm-up
+    absorbs it. With ``users`` there are no session starts: each user begins its first
+    conversation within a think time of 0, and a conversation's end (its last turn answered,
+    or one failed) begins its user's next, a think time later.
     """
 
     def __init__(self, sessions: SessionTurns):
