@@ -27,17 +27,18 @@ def knobs(s: Scenario, prefix: str) -> list[str]:
     wanted: dict[str, object] = {}
     if s.traffic.rate_rps is not None:
         wanted["traffic.rate_rps"] = _num("rate (req/s)", s.traffic.rate_rps, f"{prefix}rate", minimum=0.001)
-    a = s.workers.autoscaler
-    if a is None:
-        wanted["workers.count"] = _num("workers", s.workers.count, f"{prefix}workers", integer=True, minimum=1)
-    else:
-        wanted["workers.autoscaler.min_replicas"] = _num(
-            "autoscaler: min workers", a.min_replicas, f"{prefix}min", integer=True
-        )
-        wanted["workers.autoscaler.max_replicas"] = _num(
-            "autoscaler: max workers", a.max_replicas, f"{prefix}max", integer=True, minimum=1
-        )
     b = s.batching
+    scalers = b.autoscalers(s.workers) if isinstance(b, ContinuousBatching) else []
+    scalers = [(path, a) for path, a in scalers or [("workers.autoscaler", s.workers.autoscaler)] if a is not None]
+    if not scalers:
+        wanted["workers.count"] = _num("workers", s.workers.count, f"{prefix}workers", integer=True, minimum=1)
+    for path, a in scalers:  # the fleet's autoscaler, or each pool's where prefill and decode are apart
+        pool = path.rsplit(".", 1)[-1].removesuffix("_autoscaler")
+        label, key = ("autoscaler: {} workers", "") if pool == "autoscaler" else (f"{pool} pool: {{}} replicas", pool)
+        wanted[f"{path}.min_replicas"] = _num(label.format("min"), a.min_replicas, f"{prefix}{key}min", integer=True)
+        wanted[f"{path}.max_replicas"] = _num(
+            label.format("max"), a.max_replicas, f"{prefix}{key}max", integer=True, minimum=1
+        )
     llm = {}  # an LLM engine's knobs (path: current value) in place of the dynamic batcher's
     if isinstance(b, ContinuousBatching):
         llm = {
@@ -105,8 +106,7 @@ def knobs(s: Scenario, prefix: str) -> list[str]:
     current = {
         "traffic.rate_rps": s.traffic.rate_rps,
         "workers.count": s.workers.count,
-        "workers.autoscaler.min_replicas": a.min_replicas if a else None,
-        "workers.autoscaler.max_replicas": a.max_replicas if a else None,
+        **{f"{path}.{end}": getattr(a, end) for path, a in scalers for end in ("min_replicas", "max_replicas")},
         "batching.max_queue_delay_ms": b.max_queue_delay_ms,
         "batching.max_batch_size": b.max_batch_size,
         "features.batch_size": f.batch_size,

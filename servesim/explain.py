@@ -75,10 +75,10 @@ def explain(
     out.print(t)
 
     bare, padded = (llm.bare, llm.padded) if llm is not None else workers_needed(s)
-    if s.workers.autoscaler is not None or s.traffic.classes:
+    if s.autoscaled or s.traffic.classes:
         out.print(
             "The simulator's check varies workers.count of one fixed fleet; this scenario has "
-            + ("an autoscaler" if s.workers.autoscaler is not None else "traffic classes")
+            + (f"an autoscaler ({' and '.join(s.autoscaled)})" if s.autoscaled else "traffic classes")
             + f": compare with `servesim run {scenario}` or plan a fixed fleet (--set to remove it)."
         )
         return

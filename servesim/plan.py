@@ -179,11 +179,13 @@ def _configs(
     try:
         sets = set_ + (parse_sla(sla) if sla else [])
         base = load_scenario(scenario, sets)
-        if base.workers.autoscaler is not None or base.traffic.classes:
+        if base.autoscaled or base.traffic.classes:
             raise ScenarioError(
                 "plan bisects workers.count of one fixed fleet; this scenario has "
-                + ("workers.autoscaler" if base.workers.autoscaler is not None else "traffic.classes")
-                + " (remove it with --set, e.g. --set workers.autoscaler=null)"
+                + (" and ".join(base.autoscaled) or "traffic.classes")
+                + " (remove it with --set, e.g. "
+                + (" ".join(f"--set {a}=null" for a in base.autoscaled) or "--set workers.autoscaler=null")
+                + ")"
             )
         if max_rate and base.traffic.rate_rps is None:
             raise ScenarioError(

@@ -153,8 +153,9 @@ def _fleet(summary: dict) -> Table:
     w, util, fl = summary["workers"], summary["utilization"], summary.get("fleet", {})
     per_worker = util["per_worker"]
     scaled = any(e["event"] in ("scale_up", "scale_down", "crash") for e in fl.get("events", []))
+    pools = f" ({_pools(fl)})" if "pools" in fl else ""
     size = (
-        f"{w['count']} at start, {fl['active_mean']:.1f} serving on average, peak {fl['active_max']}"
+        f"{w['count']} at start, {fl['active_mean']:.1f} serving on average{pools}, peak {fl['active_max']}"
         if scaled
         else f"{w['count']}"
     )
@@ -304,8 +305,13 @@ def _fleet_events(fleet: dict) -> Text:
     head = "events"
     if any(e["event"] in ("scale_up", "scale_down", "crash", "ready") for e in events):
         head += f": {fleet['active_mean']:.1f} workers serving on average (peak {fleet['active_max']}), "
-        head += f"{fleet['billed_mean']:.1f} billed"
+        head += f"{fleet['billed_mean']:.1f} billed" + (f" ({_pools(fleet)} serving)" if "pools" in fleet else "")
     return Text(head + "\n" + body)
+
+
+def _pools(fleet: dict) -> str:
+    """Each pool's replicas serving on average, prefill and decode apart."""
+    return ", ".join(f"{k} {v:.1f}" for k, v in fleet["pools"].items())
 
 
 def _timeline_line(rows: list[dict]) -> Text:

@@ -213,7 +213,7 @@ class _Run:
                 self.pool = primary_pool(s, service, rng, by_id)
         self.impact = self.versions is not None and self.versions.alone is not None
         # a dynamic pool routes by itself (the traffic classes' pools excepted); the others are routed here
-        dynamic = s.workers.dynamic and not s.traffic.classes
+        dynamic = (s.workers.dynamic or bool(s.autoscaled)) and not s.traffic.classes
         self.router = None if dynamic else Router(s.router.balancing, rng.routing)
         self.result_cache = None if result is None else _CacheStage(result, rng.result_cache, lambda c: c.result_cache)
         self.feature_cache = (

@@ -8,7 +8,7 @@ import pytest
 from simulator.engine import simulate
 from simulator.ledger import Outcome
 from simulator.results.reduce import summarize
-from simulator.scenario.fleet import Autoscaler
+from simulator.scenario.autoscaling import Autoscaler
 from simulator.serving.autoscaler import HPA, KPA, Observation
 from tests.helpers import scenario
 

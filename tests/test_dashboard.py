@@ -592,6 +592,19 @@ def test_an_llm_scenario_has_an_engines_knobs_and_users_who_wait_for_their_answe
     assert next(m for m in at.metric if m.label == "prefix cache hit rate").value == "0.0%"
 
 
+@pytest.mark.slow
+def test_a_split_fleet_under_its_pools_autoscalers_has_each_pools_bounds():
+    """Prefill and decode apart, each under its own autoscaler: the sidebar offers each
+    pool's bounds (not a worker count), and a bound edited is the CLI's --set."""
+    at = run_page("results", "scenarios/llm_disaggregated_autoscaling.yaml")
+    labels = {n.label for n in at.number_input}
+    assert {"prefill pool: min replicas", "prefill pool: max replicas", "decode pool: max replicas"} <= labels
+    assert "workers" not in labels
+    next(n for n in at.number_input if n.label == "decode pool: max replicas").set_value(2).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("--set batching.disaggregation.decode_autoscaler.max_replicas=2" in c.value for c in at.code)
+
+
 def test_a_population_of_users_has_a_users_knob_and_no_rate():
     """A population's rate is what its users and the fleet make it: the sidebar offers the
     users, not a rate, and more users send more (as far as the fleet answers)."""

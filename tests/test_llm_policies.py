@@ -329,7 +329,7 @@ def test_decode_stretches_in_one_go_take_exactly_the_single_steps(policy, model)
     cache small enough to preempt, each policy and step model, and the host's speed
     changing under the steps, every request's times and every step equal those of the
     replica stepping one step at a time, to the bit."""
-    from simulator.serving.continuous import Noise
+    from simulator.serving.step_time import Noise
     from simulator.stages.speed import SpeedPath
 
     speed = None
@@ -375,7 +375,7 @@ def test_a_replicas_load_read_without_stepping_is_the_load_after_stepping(policy
     The load it gives equals the count after stepping to that time, at every read, and the
     replica then takes the same steps to the bit (step noise, a cache tight enough to
     preempt, the host's speed changing under the steps)."""
-    from simulator.serving.continuous import Noise
+    from simulator.serving.step_time import Noise
     from simulator.stages.speed import SpeedPath
 
     speed = None

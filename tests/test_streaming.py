@@ -247,6 +247,22 @@ CASES = {
             "workers.cold_start={model_load: {kind: lognormal, mean_ms: 4000, cv: 0.3}, warm_pool: 1}",
         ],
     ),
+    "llm_disaggregated_autoscalers": (  # each pool under its own autoscaler, both scaling
+        "llm_disaggregated.yaml",
+        [
+            "duration_s=50",
+            "warmup_s=0",
+            "traffic.rate_rps=30",
+            "traffic.shape={kind: diurnal, peak_to_mean: 1.8, period_s: 50, peak_at_s: 25}",
+            "workers.count=2",
+            "batching.disaggregation.prefill_replicas=1",
+            "batching.disaggregation.prefill_autoscaler={metric: queue_depth, target: 1, max_replicas: 3, "
+            "sync_period_s: 2, scale_down_stabilization_s: 4}",
+            "batching.disaggregation.decode_autoscaler={metric: in_flight, target: 8, max_replicas: 3, "
+            "sync_period_s: 3, scale_down_stabilization_s: 6}",
+            "workers.cold_start={model_load: {kind: lognormal, mean_ms: 3000, cv: 0.3}, warm_pool: 1}",
+        ],
+    ),
     "speed_autoscaler": (
         "autoscaling.yaml",
         [

@@ -79,6 +79,13 @@ def estimate(s: Scenario, *, streamed: bool = False, records: bool = False, inte
     workers = s.workers.count * s.workers.instances
     if s.workers.autoscaler is not None:
         workers = max(workers, s.workers.autoscaler.max_replicas * s.workers.instances)
+    d = getattr(s.batching, "disaggregation", None)
+    if d is not None:  # each pool at its most
+        pools = (
+            (d.prefill_autoscaler, d.prefill_replicas),
+            (d.decode_autoscaler, s.workers.count - d.prefill_replicas),
+        )
+        workers = max(workers, sum(n if a is None else max(n, a.max_replicas) for a, n in pools))
     workers += sum(c.workers or 0 for c in s.traffic.classes.values())
     if s.router.shadow is not None and s.router.shadow.pool == "own":
         workers += s.router.shadow.workers

@@ -179,7 +179,7 @@ class Planner:
     requests: int = 0
 
     def _k(self, s: Scenario) -> int:
-        if self.sample == "off" or sampling_refusal(s) or s.workers.autoscaler is not None:
+        if self.sample == "off" or sampling_refusal(s) or s.autoscaled:
             return s.workers.count  # an autoscaled fleet is sampled by `run --sample-workers` only
         if self.sample == "auto":
             return auto_sample_size(s, self.target_requests)

@@ -53,6 +53,8 @@ def sampling_refusal(s: Scenario) -> str | None:
         reasons.append("a canary, shadow or activator pool is sized on its own")
     if s.traffic.classes:
         reasons.append("traffic.classes share quotas across the pool")
+    if getattr(s.batching, "disaggregation", None) is not None:
+        reasons.append("batching.disaggregation hands each prompt to the least-loaded decode replica of the fleet")
     if s.traffic.arrivals_file is not None:
         reasons.append("traffic.arrivals_file is replayed as is")
     if getattr(s.traffic.shape, "absolute", False):
@@ -96,7 +98,7 @@ def auto_sample_size(s: Scenario, target_requests: float = 100_000.0, minimum: i
     """Workers to simulate so the measured window holds about ``target_requests``; all of
     them where sampling would be wrong (:func:`sampling_refusal`)."""
     n = s.workers.count
-    if sampling_refusal(s) or s.workers.autoscaler is not None:  # plan and explain: fixed fleets only
+    if sampling_refusal(s) or s.autoscaled:  # plan and explain: fixed fleets only
         return n
     rate = s.traffic.rate_rps or 0.0
     window = max(s.duration_s - s.warmup_s, 1e-9)

@@ -118,7 +118,10 @@ def fleet_summary(run: Run, t0: float, t1: float) -> dict:
     times = np.concatenate([a0, a1])
     steps = np.concatenate([np.ones(len(a0)), -np.ones(len(a1))])
     order = np.lexsort((steps, times))  # at equal times, leave before arriving
+    pool = np.array([w.pool for w in run.fleet.workers])
+    pools = {name: float(active[pool == name].sum()) for name in dict.fromkeys(pool.tolist()) if name}
     return {
+        **({"pools": pools} if pools else {}),  # prefill and decode apart: each pool's mean serving
         "active_mean": float(active.sum()),
         "billed_mean": float((overlap(b0, b1, t0, t1) / span).sum()),
         "active_max": int(np.cumsum(steps[order]).max()) if len(order) else 0,

@@ -61,6 +61,7 @@ class Fleet(TypedDict, total=False):
     billed_mean: float
     active_max: int
     events: list[dict[str, Any]]
+    pools: dict[str, float]  # prefill and decode apart: each pool's replicas serving on average
 
 
 class Workers(TypedDict):

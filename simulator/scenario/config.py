@@ -134,6 +134,14 @@ class Scenario(Frozen):
             raise ValueError(self._price_problem or "the price of a worker-hour was not resolved")
         return self._price_usd
 
+    @property
+    def autoscaled(self) -> list[str]:
+        """The fields of the autoscalers the fleet changes under (``workers.autoscaler``, or
+        a disaggregated LLM fleet's pools'); empty for a fixed fleet."""
+        scalers = self.batching.autoscalers(self.workers) if self.batching.kind == "continuous" else []
+        scalers = scalers or [("workers.autoscaler", self.workers.autoscaler)]
+        return [name for name, a in scalers if a is not None]
+
     @model_validator(mode="after")
     def _napkin_batch_fits(self) -> Scenario:
         b = self.napkin.batch_size
@@ -205,9 +213,16 @@ class Scenario(Frozen):
             (self.preprocess.event_loop is not None, "preprocess.event_loop"),
             (w.failures is not None, "workers.failures"),
             (self.router.activator is not None, "router.activator"),
-            (w.autoscaler is not None and w.autoscaler.metric == "p99_ms", "workers.autoscaler.metric p99_ms"),
-            (w.autoscaler is not None and w.autoscaler.scrape_delay_s > 0, "workers.autoscaler.scrape_delay_s"),
-            (w.autoscaler is not None and w.autoscaler.min_replicas < 1, "workers.autoscaler.min_replicas 0"),
+            *(
+                reason
+                for name, a in b.autoscalers(w)
+                if a is not None
+                for reason in (
+                    (a.metric == "p99_ms", f"{name}.metric p99_ms"),
+                    (a.scrape_delay_s > 0, f"{name}.scrape_delay_s"),
+                    (a.min_replicas < 1, f"{name}.min_replicas 0"),
+                )
+            ),
             (self.router.balancing == "shared", "router.balancing shared (the router picks a replica)"),
             (w.instances > 1, "workers.instances above 1 (a worker is one replica)"),
         ]
@@ -237,7 +252,17 @@ class Scenario(Frozen):
                     f"of workers.count {w.count}"
                 )
             if w.autoscaler is not None:
-                raise ValueError("batching.disaggregation does not combine with workers.autoscaler yet")
+                raise ValueError(
+                    "workers.autoscaler: prefill and decode apart, each pool scales on its own: "
+                    "use batching.disaggregation.decode_autoscaler (and prefill_autoscaler)"
+                )
+            starts = (d.prefill_replicas, w.count - d.prefill_replicas)
+            for (name, a), start, pool in zip(b.autoscalers(w), starts, ("prefill", "decode"), strict=True):
+                if a is not None and start > a.max_replicas:
+                    raise ValueError(
+                        f"{name}.max_replicas ({a.max_replicas}) is under the {start} {pool} replicas "
+                        "the fleet starts with"
+                    )
         blocks = min(b.blocks(gpu) for gpu in (w.instance_type, *w.mix))  # the smallest replica's
         if b.max_num_seqs > blocks:
             raise ValueError(

@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
+from simulator.scenario.autoscaling import Autoscaler
 from simulator.scenario.frozen import Frozen
 
 
@@ -168,7 +169,10 @@ class Disaggregation(Frozen):
     ``prefill_replicas`` of ``workers.count`` compute prompts and the first token, then each
     request's prompt KV crosses to the decode replica with the fewest sequences, which
     produces the rest of its answer. A prefill replica's link carries one prompt's KV at a
-    time (``kv_link``); ``kv_transfer_ms`` is a latency on top that does not hold the link."""
+    time (``kv_link``); ``kv_transfer_ms`` is a latency on top that does not hold the link.
+    Each pool may scale on its own (``prefill_autoscaler``, ``decode_autoscaler``: a pool
+    without one stays as it starts), as Dynamo's planner and llm-d scale prefill and decode
+    apart; both pools' new replicas go through ``workers.cold_start``."""
 
     prefill_replicas: int = Field(ge=1, description="Replicas that only prefill (the rest of workers.count decode).")
     kv_transfer_gb_s: float = Field(
@@ -181,6 +185,16 @@ class Disaggregation(Frozen):
         "per_prefill_replica",
         description="per_prefill_replica: each prefill replica sends one prompt's KV at a time at the full "
         "bandwidth, in the order their first tokens came; unlimited: every transfer at once at the full bandwidth.",
+    )
+    prefill_autoscaler: Autoscaler | None = Field(
+        None,
+        description="Scale the prefill replicas (prefill_replicas is the start) on their own metric: "
+        "queue_depth or in_flight per prefill replica, say.",
+    )
+    decode_autoscaler: Autoscaler | None = Field(
+        None,
+        description="Scale the decode replicas (workers.count - prefill_replicas is the start) on their own "
+        "metric: utilization (the share of KV blocks in use) or in_flight, say.",
     )
 
 
@@ -231,6 +245,15 @@ class ContinuousBatching(Frozen):
         if self.disaggregation is not None and self.policy != "continuous":
             raise ValueError("batching.disaggregation needs policy continuous (chunked prefill on its own replicas)")
         return self
+
+    def autoscalers(self, workers) -> list[tuple[str, Autoscaler | None]]:
+        """Each pool's autoscaler by its field's path: ``workers.autoscaler`` for replicas
+        doing both, or the prefill pool's and the decode pool's."""
+        d = self.disaggregation
+        if d is None:
+            return [("workers.autoscaler", workers.autoscaler)]
+        at = "batching.disaggregation."
+        return [(at + "prefill_autoscaler", d.prefill_autoscaler), (at + "decode_autoscaler", d.decode_autoscaler)]
 
     def front(self, count: int) -> int:
         """The replicas a new request is routed among, of ``count``: the prefill replicas

@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
-from simulator.scenario.fleet import Autoscaler
+from simulator.scenario.autoscaling import Autoscaler
 
 
 @dataclass(frozen=True)

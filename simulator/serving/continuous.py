@@ -18,43 +18,12 @@ import numpy as np
 from simulator.ledger import BatchLog, Outcome, Served, TokenGaps, concat_logs
 from simulator.rng import child
 from simulator.scenario.llm import ContinuousBatching
+from simulator.serving.lives import FleetLog, Worker
 from simulator.serving.llm_replica import Replica
-from simulator.serving.llm_scaling import Scaling
+from simulator.serving.llm_scaling import Scaling, WarmNodes, settle
 from simulator.serving.llm_types import BLOCKS, Finished, Limits, group_key, session_owner
 from simulator.serving.served import Settled, TokensServed
-from simulator.serving.step_time import StepModel, step_model, token_step_floor_ms
-
-
-class Noise:
-    """A replica's multiplicative step-time noise: log-normal with mean 1 and ``cv``,
-    drawn from its own stream in buffers (the same factors whatever the chunks)."""
-
-    def __init__(self, cv: float, rng: np.random.Generator, buffer: int = 4096):
-        s2 = math.log1p(cv * cv)
-        self.mu, self.sigma = -s2 / 2, math.sqrt(s2)
-        self.rng, self.buffer = rng, buffer
-        self.values = np.zeros(0)
-        self.at = 0  # the next factor's place in values
-
-    def _fill(self, k: int) -> None:
-        while len(self.values) - self.at < k:
-            self.values = np.concatenate([self.values[self.at :], self.rng.lognormal(self.mu, self.sigma, self.buffer)])
-            self.at = 0
-
-    def __call__(self) -> float:
-        self._fill(1)
-        self.at += 1
-        return float(self.values[self.at - 1])
-
-    def peek(self, k: int) -> np.ndarray:
-        """The next ``k`` factors, not taken yet."""
-        self._fill(k)
-        return self.values[self.at : self.at + k]
-
-    def consume(self, k: int) -> None:
-        """Take the next ``k`` factors (those :meth:`peek` showed)."""
-        self._fill(k)
-        self.at += k
+from simulator.serving.step_time import Noise, StepModel, step_model, token_step_floor_ms
 
 
 @dataclass(frozen=True)
@@ -76,6 +45,7 @@ class LLMService:
     prefill_replicas: int = 0
     transfer_ms: tuple[float, float] = (0.0, 0.0)
     link_queues: bool = True  # each prefill replica's link sends one prompt's KV at a time
+    pool_autoscalers: tuple = (None, None)  # the prefill pool's and the decode pool's, where apart
     # a mixed fleet (workers.mix): each replica's step time and limits, by its GPU type
     kinds: tuple[tuple[StepModel, Limits], ...] = ()
 
@@ -105,6 +75,7 @@ class LLMService:
                 "prefill_replicas": d.prefill_replicas,
                 "transfer_ms": (d.kv_transfer_ms, per_token),
                 "link_queues": d.kv_link == "per_prefill_replica",
+                "pool_autoscalers": (d.prefill_autoscaler, d.decode_autoscaler),
             }
         if router is not None:
             w = router.weights
@@ -134,9 +105,14 @@ class Replicas:
         self.replicas = [service.replica(k) for k in range(len(instances))]
         self.instance = [i[0] for i in instances]
         self.horizon = -math.inf
-        w = service.workers
-        self.scaling = None if w is None or w.autoscaler is None else Scaling(w, service.rng, len(self.replicas))
-        self.fleet = None if self.scaling is None else self.scaling.log
+        self.prefill = service.prefill_replicas
+        n = len(self.replicas)
+        # the replicas new requests go to (the prefill ones where prefill and decode are
+        # apart), and the decode ones: each pool fixed or under its own autoscaler
+        self.front, self.back = list(range(self.prefill or n)), list(range(self.prefill, n * bool(self.prefill)))
+        self.scalings = self._scalings(service)
+        self.fleet = self.scalings[0].log if self.scalings else None
+        self.route = child(service.rng, 1 << 20)  # random routing among the serving replicas
         self.turn = 0  # round robin over the serving replicas, where the pool decides
         self.balancing, self.weights = service.balancing, service.weights
         self.block_size = service.limits.block_size
@@ -153,8 +129,32 @@ class Replicas:
         self.asked: dict[int, tuple[int, int]] = {}
         self.moving: list[tuple[float, int, int, int]] = []
         self.prefilled: dict[int, tuple] = {}
-        self.settled_here: dict[int, Finished] = {}
-        self.link_free = [-math.inf] * self.prefill  # when each prefill replica's link is next free
+        self.settled_here: dict[int, list[Finished]] = {}  # each prefill replica's, since the last run
+        self.link_free: dict[int, float] = {}  # when each prefill replica's link is next free
+
+    def _scalings(self, service: LLMService) -> list[Scaling]:
+        """The autoscalers: ``workers.autoscaler`` for a pool doing both, or, prefill and
+        decode apart, each pool's own (the prefill pool's evaluated first at a shared
+        instant); one fleet log and one warm pool for all."""
+        w = service.workers
+        if w is None:
+            return []
+        pools = [(w.autoscaler, self.front, "")]
+        if self.prefill:
+            pre, dec = service.pool_autoscalers
+            pools = [(pre, self.front, "prefill"), (dec, self.back, "decode")]
+        if all(a is None for a, _, _ in pools):
+            return []
+        pool = {k: name for _, ids, name in pools for k in ids}
+        log = FleetLog([Worker(k, 0.0, 0.0, None, pool=pool[k]) for k in range(len(self.replicas))])
+        nodes = WarmNodes(w.cold_start.warm_pool)
+        # the cold starts of a pool doing both or of the decode pool: stream 2^20 + 1; the prefill pool's: + 2
+        cold = {"": 1, "decode": 1, "prefill": 2}
+        return [
+            Scaling(a, w.cold_start, child(service.rng, (1 << 20) + cold[name]), log, ids, nodes, name)
+            for a, ids, name in pools
+            if a is not None
+        ]
 
     def extend(self, t, rid, queue, deadlines, horizon, work=None) -> None:
         """Requests reaching the replicas at ``t`` (time order), each on replica ``queue``
@@ -167,11 +167,11 @@ class Replicas:
                 raise ValueError("an LLM replica needs each request's tokens")
             prompt, output, group, shared, *rest = work
             session, history = rest if rest and rest[0] is not None else (None, None)
-            routed = queue is None and ((self.prefill or len(self.replicas)) > 1 or self.scaling is not None)
+            routed = queue is None and (len(self.front) > 1 or bool(self.scalings))
             for i in range(len(t)):
                 g, at = int(group[i]), float(t[i])
                 sid = -1 if session is None else int(session[i])
-                if self.scaling is not None:
+                if self.scalings:
                     self._control(at, inclusive=True)
                 if routed:
                     past = 0 if history is None else int(history[i])
@@ -194,10 +194,10 @@ class Replicas:
     def _pick(self, t: float, group: int, shared: int, prompt: int, session: int = -1, history: int = 0) -> int:
         """The replica a request reaching the pool at ``t`` goes to, by ``balancing``, among
         those serving then, from each replica's state after the steps it started before ``t``."""
-        ks = list(range(self.prefill or len(self.replicas))) if self.scaling is None else self.scaling.serving(t)
+        ks = self._serving(self.front, t)
         if self.balancing in ("round_robin", "random"):  # an autoscaled pool routes by itself
             if self.balancing == "random":
-                return ks[int(self.scaling.route.random() * len(ks))]
+                return ks[int(self.route.random() * len(ks))]
             self.turn += 1
             return ks[(self.turn - 1) % len(ks)]
         if self.balancing == "least_loaded":  # the load alone: a replica is stepped only where it may change
@@ -224,17 +224,24 @@ class Replicas:
         }
         return max(ks, key=lambda k: (score[k], -k))
 
-    def _hand_over(self) -> None:
+    def _serving(self, pool: list[int], t: float) -> list[int]:
+        """The replicas of ``pool`` (``front`` or ``back``) serving at ``t``."""
+        for sc in self.scalings:
+            if sc.ids is pool:
+                return sc.serving(t)
+        return pool
+
+    def _hand_over(self, until: float) -> None:
         """The prefill replicas' finished requests: a one-token answer (or a dropped
         request) settles where it was prefilled; every other request's prompt KV leaves
         for a decode replica when its first token is out and arrives a transfer later.
         With ``link_queues`` a prefill replica's link sends one prompt's KV at a time, in the
         order the first tokens came (``kv_transfer_ms`` is latency on top, not link time).
-        The arrivals before the horizon (every one that can come before it is known) are
-        handed to the decode replica with the fewest sequences at that time, in time
-        order."""
+        The arrivals before ``until`` (every one that can come before it is known once the
+        prefill replicas ran the steps that start before it) are handed to the serving
+        decode replica with the fewest sequences at that time, in time order."""
         fixed, per_token = self.service.transfer_ms
-        for k in range(self.prefill):
+        for k in self.front:
             f = self.replicas[k].finished()
             here = np.ones(len(f.rid), dtype=bool)
             for i, rid in enumerate(f.rid.tolist()):
@@ -245,17 +252,25 @@ class Replicas:
                 self.prefilled[rid] = (f.start[i], f.first_token[i], f.preemptions[i], f.cached_tokens[i], f.max_itl[i])
                 sent = float(f.first_token[i])
                 if self.service.link_queues:
-                    sent = max(sent, self.link_free[k])
+                    sent = max(sent, self.link_free.get(k, -math.inf))
                     self.link_free[k] = sent + per_token * prompt
                 heapq.heappush(self.moving, (sent + per_token * prompt + fixed, rid, prompt, output))
-            self.settled_here[k] = Finished(*(getattr(f, x.name)[here] for x in fields(Finished)))
-        decode = range(self.prefill, len(self.replicas))
-        while self.moving and self.moving[0][0] < self.horizon:
+            self.settled_here.setdefault(k, []).append(Finished(*(getattr(f, x.name)[here] for x in fields(Finished))))
+        while self.moving and self.moving[0][0] < until:
             at, rid, prompt, output = heapq.heappop(self.moving)
+            decode = self._serving(self.back, at)
             for j in decode:
                 self.replicas[j].advance(at)
             j = min(decode, key=lambda j: (self._load(j), j))
             self.replicas[j].push(rid, at, prompt, output, first_token=float(self.prefilled[rid][1]))
+
+    def _prefilled_here(self, k: int) -> Finished:
+        """What prefill replica ``k`` settled itself since the last run (its part of the
+        requests, empty or not)."""
+        parts = self.settled_here.pop(k)  # one at least: the run hands over before it settles
+        if len(parts) == 1:
+            return parts[0]
+        return Finished(*(np.concatenate([getattr(p, x.name) for p in parts]) for x in fields(Finished)))
 
     def _load(self, k: int) -> int:
         r = self.replicas[k]
@@ -273,22 +288,36 @@ class Replicas:
             f.rid, start, first, f.done, f.preemptions + pre, cached, f.ignored, np.maximum(f.max_itl, stall)
         )
 
-    def _control(self, t: float, *, inclusive: bool) -> None:
-        """The autoscaler's evaluations due before ``t`` (at ``t`` too when ``inclusive``:
-        a request arriving at an evaluation's instant comes after it), each on the
-        replicas' state after the steps they started before it."""
-        sc = self.scaling
-        while sc.next_ms < t or (inclusive and sc.next_ms == t):
-            at = sc.next_ms
-            for rep in self.replicas:
-                rep.advance(at)
+    def _advance(self, t: float) -> None:
+        """Every replica through the steps that start before ``t``; prefill and decode
+        apart, the prefill replicas first and what they hand over before ``t`` on."""
+        if self.prefill:
+            for k in self.front:
+                self.replicas[k].advance(t)
             self._forget_finished()
-            sc.evaluate(at, self.replicas)
-            while len(self.replicas) < len(sc.log.workers):  # the replicas it asked for
-                k = len(self.replicas)
-                self.replicas.append(self.service.replica(k))
-                self.instance.append(k)
-                self.in_flight.append({})
+            self._hand_over(t)
+        for rep in self.replicas:
+            rep.advance(t)
+        self._forget_finished()
+
+    def _control(self, t: float, *, inclusive: bool) -> None:
+        """The autoscalers' evaluations due before ``t`` (at ``t`` too when ``inclusive``:
+        a request arriving at an evaluation's instant comes after it), each on the
+        replicas' state after the steps they started before it; pools due at one instant
+        in the order of :meth:`_scalings`."""
+        while True:
+            at = min(sc.next_ms for sc in self.scalings)
+            if not (at < t or (inclusive and at == t)):
+                return
+            self._advance(at)
+            for sc in self.scalings:
+                if sc.next_ms != at:
+                    continue
+                for k in sc.evaluate(at, self.replicas):  # the replicas it asked for (ids in order)
+                    self.replicas.append(self.service.replica(k))
+                    self.instance.append(k)
+                    self.in_flight.append({})
+                settle(sc.log, range(len(sc.log.workers)), self.replicas, sc.nodes, final=False)
 
     def _hit(self, k: int, group: int, shared: int, session: int = -1, history: int = 0, prompt: int = 0) -> int:
         """Prompt tokens of the request's prefix (its group's, then its session's earlier
@@ -356,26 +385,25 @@ class Replicas:
 
     def run(self) -> Settled:
         ids, served, tokens, logs = [], [], [], []
-        if self.scaling is not None:
+        if self.scalings:
             if math.isinf(self.horizon):  # no request will come: evaluations while any replica works
-                while any(r.busy for r in self.replicas):
-                    self._control(self.scaling.next_ms, inclusive=True)
+                while self.moving or any(r.busy for r in self.replicas):
+                    self._control(min(sc.next_ms for sc in self.scalings), inclusive=True)
             else:
                 self._control(self.horizon, inclusive=False)
-        if self.prefill:  # the prefills first: what they finish goes on to the decode replicas
-            for rep in self.replicas[: self.prefill]:
-                rep.advance(self.horizon)
-            self._forget_finished()
-            self._hand_over()
-        for rep in self.replicas:
-            rep.advance(self.horizon)
-        self._forget_finished()
-        if self.scaling is not None:
-            self.scaling.settle_drained(self.replicas, final=math.isinf(self.horizon))
+        self._advance(self.horizon)
+        if self.fleet is not None:
+            settle(
+                self.fleet,
+                range(len(self.fleet.workers)),
+                self.replicas,
+                self.scalings[0].nodes,
+                final=math.isinf(self.horizon),
+            )
         for k, rep in enumerate(self.replicas):  # every replica's part, empty or not: one shape
             f, steps = rep.finished(), rep.step_log()
             if self.prefill:
-                f = self.settled_here.pop(k) if k < self.prefill else self._decoded(f)
+                f = self._prefilled_here(k) if k in self.front else self._decoded(f)
             n, inst = len(f.rid), self.instance[k]
             ids.append(f.rid)
             served.append(
@@ -402,4 +430,4 @@ class Replicas:
         )
 
 
-__all__ = ["LLMService", "Noise", "Replicas"]
+__all__ = ["LLMService", "Replicas"]

@@ -48,6 +48,7 @@ class Worker:
     drain_at: float = INF
     gone_at: float = INF
     crashed_at: float = INF
+    pool: str = ""  # prefill and decode apart (an LLM fleet): the replica's pool
 
     def serving(self, t: float) -> bool:
         return self.ready_at <= t < min(self.drain_at, self.crashed_at, self.gone_at)

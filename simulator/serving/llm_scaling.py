@@ -1,9 +1,10 @@
 """The autoscaler of a pool of LLM replicas (``batching.kind: continuous`` with
-``workers.autoscaler``): what it reads off the replicas, the replicas it asks for and
-their cold starts, the ones it drains.
+``workers.autoscaler``, or each pool of a disaggregated fleet on its own): what it reads
+off the replicas, the replicas it asks for and their cold starts, the ones it drains.
 
-The pool itself (:class:`simulator.serving.continuous.Replicas`) evaluates it every
-``sync_period_s`` and routes only to the replicas it says are serving.
+The fleet (:class:`simulator.serving.continuous.Replicas`) evaluates each pool's every
+``sync_period_s`` and routes only to the replicas it says are serving; the pools share one
+fleet log and the warm nodes.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import math
 
 import numpy as np
 
-from simulator.rng import child
 from simulator.scenario.distributions import Sampler
 from simulator.serving.autoscaler import HPA, KPA, Observation
 from simulator.serving.lives import FleetEvent, FleetLog, Worker
@@ -29,51 +29,84 @@ def _metric(r: Replica, metric: str) -> float:
     return waiting if metric == "queue_depth" else waiting + len(r.running)
 
 
-class Scaling:
-    """An LLM pool's autoscaler (``workers.autoscaler``), evaluated every ``sync_period_s``
-    on the replicas' state: ``in_flight`` (requests running or waiting per serving replica),
-    ``queue_depth`` (waiting) or ``utilization`` (the share of KV blocks in use), or the
-    fleet's total in flight for Knative. A new replica serves after its cold start
-    (``workers.cold_start``, drawn in the order replicas are asked for; a warm-pool node
-    skips provisioning and the image pull); scale-down cancels replicas still starting,
-    newest first, then drains the newest serving ones: they take no new request and leave
-    once their sequences are done."""
+class WarmNodes:
+    """The nodes kept warm for new replicas (``workers.cold_start.warm_pool``), shared by
+    every pool of the fleet: a new replica on one skips provisioning and the image pull, and
+    a replica that leaves gives its node back."""
 
-    def __init__(self, workers, rng: np.random.Generator, count: int):
-        a = workers.autoscaler
+    def __init__(self, n: int):
+        self.free = self.cap = n
+
+    def take(self) -> bool:
+        if self.free > 0:
+            self.free -= 1
+            return True
+        return False
+
+    def give(self) -> None:
+        self.free = min(self.free + 1, self.cap)
+
+
+class Scaling:
+    """One pool's autoscaler (``workers.autoscaler``, or a disaggregated fleet's
+    ``prefill_autoscaler`` and ``decode_autoscaler``), evaluated every ``sync_period_s`` on
+    the state of the pool's replicas (``ids``, global replica ids in the fleet's ``log``):
+    ``in_flight`` (requests running or waiting per serving replica), ``queue_depth``
+    (waiting) or ``utilization`` (the share of KV blocks in use), or the pool's total in
+    flight for Knative. A new replica serves after its cold start (``workers.cold_start``,
+    drawn from ``cold`` in the order the pool asks for replicas; a warm node skips
+    provisioning and the image pull); scale-down cancels replicas still starting, newest
+    first, then drains the newest serving ones: they take no new request and leave once
+    their sequences are done."""
+
+    def __init__(
+        self,
+        autoscaler,
+        cold_start,
+        cold: np.random.Generator,
+        log: FleetLog,
+        ids: list[int],
+        nodes: WarmNodes,
+        pool: str = "",
+    ):
+        a = autoscaler
         self.cfg, self.period_ms = a, a.sync_period_s * 1000.0
-        self.policy = HPA(a, initial=count) if a.policy == "hpa" else KPA(a)
+        self.policy = HPA(a, initial=len(ids)) if a.policy == "hpa" else KPA(a)
         self.next_ms = self.period_ms
-        self.log = FleetLog([Worker(k, 0.0, 0.0, None) for k in range(count)])
-        self.route = child(rng, 1 << 20)  # random routing among the serving replicas
-        cold = child(rng, (1 << 20) + 1)
-        cs = workers.cold_start
-        self.warm_free = self.warm_cap = cs.warm_pool
+        self.log, self.ids, self.nodes, self.pool = log, ids, nodes, pool  # ids: the pool's list, grown here
+        cs = cold_start
         self.cold = [Sampler(d, cold) if d else None for d in (cs.provision, cs.image_pull)]
         self.load = [Sampler(d, cold) if d else None for d in (cs.model_load, cs.warmup)]
 
-    def serving(self, t: float) -> list[int]:
-        """The replicas serving at ``t`` (the oldest if none: a pool never goes empty)."""
-        ks = [w.wid for w in self.log.workers if w.ready_at <= t < w.drain_at]
-        return ks or [min(w.wid for w in self.log.workers if w.drain_at == math.inf)]
+    def workers(self) -> list[Worker]:
+        return [self.log.workers[k] for k in self.ids]
 
-    def evaluate(self, t: float, replicas) -> None:
-        workers = self.log.workers
-        counted = [w for w in workers if w.drain_at == math.inf]
+    def serving(self, t: float) -> list[int]:
+        """The pool's replicas serving at ``t`` (its oldest if none: a pool never goes empty)."""
+        ws = self.workers()
+        ks = [w.wid for w in ws if w.ready_at <= t < w.drain_at]
+        return ks or [min(w.wid for w in ws if w.drain_at == math.inf)]
+
+    def evaluate(self, t: float, replicas) -> list[int]:
+        """One evaluation at ``t``; returns the ids of the replicas it asked for."""
+        log = self.log
+        counted = [w for w in self.workers() if w.drain_at == math.inf]
         ready = [w for w in counted if w.ready_at <= t]
         per = [_metric(replicas[w.wid], self.cfg.metric) for w in ready]
-        total = self.cfg.policy == "knative"  # Knative scales on the fleet's total concurrency
+        total = self.cfg.policy == "knative"  # Knative scales on the pool's total concurrency
         value = float(sum(per)) if total or not per else float(np.mean(per))
         want = self.policy.desired(t / 1000.0, Observation(len(counted), len(ready), value))
+        name = f"{self.pool} " if self.pool else ""
+        new = []
         if want > len(counted):
             for _ in range(want - len(counted)):
-                warm = self.warm_free > 0
+                warm = self.nodes.take()
                 stages = self.load + ([] if warm else self.cold)
                 ready_at = t + sum(float(smp.draw(1)[0]) for smp in stages if smp is not None)
-                if warm:
-                    self.warm_free -= 1
-                workers.append(Worker(len(workers), t, ready_at, None))
-            self.log.events.append((t, FleetEvent.SCALE_UP, f"{len(counted)} -> {want}"))
+                new.append(len(log.workers))
+                log.workers.append(Worker(len(log.workers), t, ready_at, None, pool=self.pool))
+            self.ids += new
+            log.events.append((t, FleetEvent.SCALE_UP, f"{name}{len(counted)} -> {want}"))
         elif want < len(counted):
             starting = sorted((w for w in counted if w.ready_at > t), key=lambda w: -w.wid)
             serving = sorted((w for w in counted if w.ready_at <= t), key=lambda w: -w.wid)
@@ -81,26 +114,25 @@ class Scaling:
                 w.drain_at = t
                 if w.ready_at > t:  # cancelled before it served
                     w.gone_at = t
-                    self._free_node()
-            self.log.events.append((t, FleetEvent.SCALE_DOWN, f"{len(counted)} -> {want}"))
+                    self.nodes.give()
+            log.events.append((t, FleetEvent.SCALE_DOWN, f"{name}{len(counted)} -> {want}"))
         self.next_ms += self.period_ms
-        self.settle_drained(replicas, final=False)
-
-    def _free_node(self) -> None:
-        """A removed replica's node goes back to the warm pool."""
-        self.warm_free = min(self.warm_free + 1, self.warm_cap)
-
-    def settle_drained(self, replicas, *, final: bool) -> None:
-        """Draining replicas with nothing left leave when their last sequence ended; at the
-        end of the run every replica leaves when its work is done."""
-        for w in self.log.workers:
-            if w.gone_at != math.inf or w.wid >= len(replicas):
-                continue
-            r = replicas[w.wid]
-            if (w.drain_at != math.inf or final) and not r.busy:
-                w.gone_at = max(r.t, w.drain_at if w.drain_at != math.inf else r.t, w.ready_at)
-                if w.drain_at != math.inf:
-                    self._free_node()
+        return new
 
 
-__all__ = ["Scaling"]
+def settle(log: FleetLog, ids, replicas, nodes: WarmNodes, *, final: bool) -> None:
+    """Replicas ``ids`` of the fleet that leave: a draining one with nothing left when its
+    last sequence ended; at the end of the run (``final``) every one when its work is done.
+    A drained replica's node goes back to the warm pool."""
+    for k in ids:
+        w = log.workers[k]
+        if w.gone_at != math.inf or k >= len(replicas):
+            continue
+        r = replicas[k]
+        if (w.drain_at != math.inf or final) and not r.busy:
+            w.gone_at = max(r.t, w.drain_at if w.drain_at != math.inf else r.t, w.ready_at)
+            if w.drain_at != math.inf:
+                nodes.give()
+
+
+__all__ = ["Scaling", "WarmNodes", "settle"]

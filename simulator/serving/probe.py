@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simulator.scenario.fleet import Autoscaler
+from simulator.scenario.autoscaling import Autoscaler
 from simulator.serving.activator import Activator
 from simulator.serving.lives import Worker
 from simulator.serving.workers import Feed

@@ -13,15 +13,19 @@ decoding sequence. Its time comes from one of three models, each a :class:`StepM
   utilisations (``batching.step_time.kind: roofline``).
 
 Each also gives the times of a run of decode-only steps at once (``decode_series``, the
-same bits as step by step), which the replica's decode stretches take in one go.
+same bits as step by step), which the replica's decode stretches take in one go; and a
+replica's step-time noise (:class:`Noise`), a multiplicative factor on each step's time.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -221,8 +225,41 @@ def decode_series(step: StepModel, width: int, context: int, d: int, k: int) -> 
     return [step.ms(Work(decodes=width, decode_context=context + d * i)) for i in range(k)]
 
 
+class Noise:
+    """A replica's multiplicative step-time noise: log-normal with mean 1 and ``cv``,
+    drawn from its own stream in buffers (the same factors whatever the chunks)."""
+
+    def __init__(self, cv: float, rng: np.random.Generator, buffer: int = 4096):
+        s2 = math.log1p(cv * cv)
+        self.mu, self.sigma = -s2 / 2, math.sqrt(s2)
+        self.rng, self.buffer = rng, buffer
+        self.values = np.zeros(0)
+        self.at = 0  # the next factor's place in values
+
+    def _fill(self, k: int) -> None:
+        while len(self.values) - self.at < k:
+            self.values = np.concatenate([self.values[self.at :], self.rng.lognormal(self.mu, self.sigma, self.buffer)])
+            self.at = 0
+
+    def __call__(self) -> float:
+        self._fill(1)
+        self.at += 1
+        return float(self.values[self.at - 1])
+
+    def peek(self, k: int) -> np.ndarray:
+        """The next ``k`` factors, not taken yet."""
+        self._fill(k)
+        return self.values[self.at : self.at + k]
+
+    def consume(self, k: int) -> None:
+        """Take the next ``k`` factors (those :meth:`peek` showed)."""
+        self._fill(k)
+        self.at += k
+
+
 __all__ = [
     "LinearStepTime",
+    "Noise",
     "RooflineStepTime",
     "StepModel",
     "StepTime",
