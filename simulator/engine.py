@@ -27,7 +27,7 @@ never negative), so an order-dependent stage processes, in each chunk, exactly i
 earlier than the chunk's end H and keeps the rest for the next
 (:class:`~simulator.serving.streamed.Horizon`). The batch queues are told that every
 arrival before H is known, and the SimPy environment runs to H. A cache's hits depend on
-the order of all lookups, so a cache is a stage with a horizon too (:class:`_CacheStage`).
+the order of all lookups, so a cache is a stage with a horizon too (:mod:`simulator.front`).
 
 **The ledger** (:class:`~simulator.columns.Ledger`) holds the typed columns of the
 requests not handed out yet; a request is handed out once it is settled (served, dropped,
@@ -49,13 +49,13 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from simulator.chunks import chunk_ms
-from simulator.columns import CacheDrawn, Columns, Ledger, rows_of
+from simulator.columns import Columns, Ledger, rows_of
+from simulator.front import Front
 from simulator.ledger import BatchLog, Outcome, Served, concat_logs
 from simulator.pieces import Piece, concat_records, gather
 from simulator.results.run import Run
 from simulator.rng import STREAMS, Streams, streams
-from simulator.scenario.config import Cache, Scenario
-from simulator.scenario.distributions import Sampler
+from simulator.scenario.config import Scenario
 from simulator.serving.classes import ClassesPool
 from simulator.serving.continuous import LLMService, Replicas
 from simulator.serving.event_loop import Loop
@@ -65,8 +65,6 @@ from simulator.serving.streamed import Horizon
 from simulator.serving.versions import VersionsPool, primary_pool
 from simulator.serving.workers import ServiceModel
 from simulator.stages.arrivals import Arrivals
-from simulator.stages.caches import CacheDraws, CacheState, cache_done
-from simulator.stages.features import Fetched, Store, fetch, fetch_drawn, trips
 from simulator.stages.network import Network
 from simulator.stages.postprocess import Postprocessing
 from simulator.stages.prediction_log import record_ms
@@ -178,16 +176,9 @@ class _Run:
         self.router_stage = RouterStage(s, rng)
         self.pre = Preprocessing(s, rng, None if speed is None else speed.frontend)
         self.post = Postprocessing(s, rng)
-        self.store = s.features.store is not None and s.features.lookups_per_request > 0
+        self.front = Front(s, rng, speed)  # the caches and the feature stage
+        by_id = self.front.by_id  # past a cache, requests reach the later stages out of request order
         self.loop = s.preprocess.event_loop is not None
-        result, feature = s.caches.result, s.caches.feature
-        # past a cache, requests reach the later stages out of request order: ties by id
-        by_id = result is not None or feature is not None
-        self.trips = (
-            Sampler(s.features.round_trip, rng.features)
-            if s.features.round_trip is not None and not self.store
-            else None
-        )
         self.pool = None
         if self.loop:  # the front end's one event loop, and the instances it feeds
             service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed).feed(0)
@@ -215,17 +206,8 @@ class _Run:
         # a dynamic pool routes by itself (the traffic classes' pools excepted); the others are routed here
         dynamic = (s.workers.dynamic or bool(s.autoscaled)) and not s.traffic.classes
         self.router = None if dynamic else Router(s.router.balancing, rng.routing)
-        self.result_cache = None if result is None else _CacheStage(result, rng.result_cache, lambda c: c.result_cache)
-        self.feature_cache = (
-            None if feature is None else _CacheStage(feature, rng.feature_cache, lambda c: c.feature_cache)
-        )
-        self.cached = by_id
         self.cpu_wait = Horizon(by_id=by_id)
         self.hub_wait = Horizon(by_id=True)  # requests leave the pool out of order
-        if self.store:  # round trips drawn as requests reach the store, in time order (ties by id)
-            sampler = None if s.features.round_trip is None else Sampler(s.features.round_trip, rng.features)
-            self.store_stage = Store(s.features, sampler, None if speed is None else speed.frontend)
-            self.store_wait = Horizon(by_id=True)
         self.log_station = Lindley() if s.logging else None
         self.log_wait = Horizon()
         self.ship_ms = record_ms(s.logging) if s.logging else 0.0
@@ -342,20 +324,7 @@ class _Run:
         if self.classes is not None:  # a class with a pool of its own draws its worker there
             worker = self.classes.arriving(klass, worker)
         version, versions = (None, None) if self.versions is None else self.versions.arriving(t_router)
-        llm = {}
-        if self.tokens is not None:
-            w = self.tokens.draw(n)
-            llm = {
-                "prompt_tokens": w.prompt,
-                "output_tokens": w.output,
-                "prefix_group": w.group,
-                "shared_tokens": w.shared,
-                **({} if self.tokens.sessions is None else dict(session=w.session, turn=w.turn, history=w.history)),
-                "t_first_token": np.full(n, np.nan),
-                "preemptions": np.zeros(n, dtype=np.int64),
-                "cached_tokens": np.zeros(n, dtype=np.int64),
-                "max_itl_ms": np.full(n, np.nan),
-            }
+        llm = {} if self.tokens is None else self.tokens.columns(n)
         self.ledger.append(
             Columns.arriving(
                 t0,
@@ -363,17 +332,14 @@ class _Run:
                 serving=not (final and self.ledger.cols is None),  # a run in one chunk: once it settles
                 t_api=t_api,
                 t_router=t_router,
-                t_cache=t_router if self.result_cache is None else t_router.copy(),  # written only by that cache
+                t_cache=t_router if self.front.result_cache is None else t_router.copy(),  # written by that cache
                 svc=np.asarray(self.pre.draw(n), dtype=float),
                 post=post,
                 back=back,
                 deadline=None if s.batching.deadline_ms is None else t0 + s.batching.deadline_ms,
                 worker=worker,
                 traffic_class=klass,
-                result_cache=None if self.result_cache is None else CacheDrawn(*self.result_cache.draws(n)),
-                feature_cache=None if self.feature_cache is None else CacheDrawn(*self.feature_cache.draws(n)),
-                # the round trips of every request, used once it passes the caches
-                trips=trips(s.features, self.trips, n) if self.cached and not self.store else None,
+                **self.front.draws(n),
                 t_answered=np.full(n, np.nan) if self.loop else None,
                 version=version,
                 versions=versions,
@@ -382,72 +348,7 @@ class _Run:
                 **llm,
             )
         )
-        if not self.cached and not self.store:  # every arrival reaches the feature stage now, in request order
-            return rid[:0], *self._features(rid, fetch(s.features, t_router, self.trips))
-        horizon = math.inf if final else hi
-        ledger = self.ledger
-        c = ledger.cols
-        served_ids = rid[:0]
-        f_id, f_t = rid, t_router
-        if self.result_cache is not None:
-            f_id, f_t, hit = self.result_cache.resolve(ledger, rid, t_router, horizon)
-            rows = f_id - ledger.lo
-            c.t_cache[rows] = f_t
-            served_ids = f_id[hit]
-            r = rows[hit]  # served from the result cache: no time in the later stages
-            if len(r):
-                c.with_serving()
-                for column in (c.t_features, c.t_preprocessed, c.t_dispatch, c.t_inferred, c.t_answered):
-                    if column is not None:  # t_answered: with the front end's event loop
-                        column[r] = f_t[hit]
-            c.result_hit[r] = True
-            c.settled[r] = True
-            f_id, f_t = f_id[~hit], f_t[~hit]
-        go = np.ones(len(f_id), dtype=bool)
-        if self.feature_cache is not None:
-            f_id, f_t, hit = self.feature_cache.resolve(ledger, f_id, f_t, horizon)
-            c.feature_hit[f_id - ledger.lo] = hit
-            go = ~hit
-        if self.store:
-            return served_ids, *self._store(f_id, f_t, go, horizon)
-        lat = c.trips[f_id - ledger.lo][go]
-        fetched = fetch_drawn(s.features, f_t[go], lat)
-        end, degraded, failed = f_t.copy(), np.zeros(len(f_id), dtype=bool), np.zeros(len(f_id), dtype=bool)
-        end[go], degraded[go], failed[go] = fetched
-        return served_ids, *self._features(f_id, Fetched(end, degraded, failed))
-
-    def _store(self, ids: np.ndarray, t: np.ndarray, go: np.ndarray, horizon: float):
-        """The feature stage with a store of finite capacity: requests ``ids`` past the
-        feature cache at ``t``, those that ``go`` fetch through the store (in time order,
-        up to ``horizon``), the others (cache hits) end here. Returns what
-        :meth:`_features` returns, for the requests whose stage ended before ``horizon``."""
-        self.store_wait.push(t[go], ids[go])
-        t_in, id_in = self.store_wait.ready(horizon)
-        self.store_stage.feed(id_in, t_in)
-        fetched_ids, fetched = self.store_stage.run(horizon)
-        hits = ~go
-        none = np.zeros(np.count_nonzero(hits), dtype=bool)
-        return self._features(
-            np.concatenate([ids[hits], fetched_ids]),
-            Fetched(*(np.concatenate(pair) for pair in zip((t[hits], none, none), fetched, strict=True))),
-        )
-
-    def _features(self, ids: np.ndarray, fetched: Fetched):
-        """Write the feature stage's columns of requests ``ids``; returns the ids, when
-        their stage ended and whether they failed (those are settled: they go no further)."""
-        c = self.ledger.cols
-        rows = ids - self.ledger.lo
-        failed = fetched.failed
-        c.t_features[rows] = np.where(failed, np.nan, fetched.end) if failed.any() else fetched.end
-        c.degraded[rows] = fetched.degraded
-        c.live[rows] = ~failed
-        f = rows[failed]
-        if len(f):
-            c.with_serving()
-            c.t_dropped[f] = fetched.end[failed]
-            c.outcome[f] = Outcome.FAILED
-            c.settled[f] = True
-        return ids, fetched.end, failed
+        return self.front.resolve(self.ledger, rid, t_router, math.inf if final else hi)
 
     def _settle(self, ids: np.ndarray, served: Served, tokens: TokensServed | None = None) -> np.ndarray:
         """Record what the pool settled (:meth:`Ledger.settle`), with an LLM replica's
@@ -507,27 +408,6 @@ class _Run:
         if len(t):
             c.t_logged[ids - ledger.lo] = self.log_station.run(t, np.full(len(t), self.ship_ms)) + self.ship_ms
             c.shipped[ids - ledger.lo] = True
-
-
-class _CacheStage:
-    """A cache on the request path: its contents carried between chunks, and the lookups
-    waiting for their turn (a :class:`Horizon`: they are replayed in time order)."""
-
-    def __init__(self, cfg: Cache, rng: np.random.Generator, drawn: Callable[[Columns], CacheDrawn]):
-        self.draws = CacheDraws(cfg, rng)
-        self.state = CacheState(cfg)
-        self.wait = Horizon(by_id=True)
-        self.drawn = drawn  # the ledger's draws that are this cache's
-
-    def resolve(self, ledger: Ledger, ids: np.ndarray, t: np.ndarray, horizon: float):
-        """Lookups of requests ``ids`` at ``t`` join those waiting; those before
-        ``horizon`` are looked up now, in time order: their ids, when done, and hits."""
-        self.wait.push(t, ids)
-        t, ids = self.wait.ready(horizon)
-        rows = ids - ledger.lo
-        mine = self.drawn(ledger.cols)
-        hit = self.state.resolve(t, mine.drawn[rows])
-        return ids, cache_done(t, hit, mine.hit_ms[rows], mine.miss_ms[rows], slice(None)), hit
 
 
 __all__ = [

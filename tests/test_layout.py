@@ -110,7 +110,7 @@ LAYERS = (
     {"stages"},
     {"serving"},
     {"results"},
-    {"engine", "columns", "pieces", "streaming", "chunks"},
+    {"engine", "front", "columns", "pieces", "streaming", "chunks"},
     {"planning"},
     {"__init__"},
 )

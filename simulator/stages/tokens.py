@@ -217,5 +217,23 @@ class TokenDraws:
         none = np.full(n, -1, dtype=np.int64)
         return Work(prompt, output, group, shared, none, np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64))
 
+    def columns(self, n: int) -> dict[str, np.ndarray]:
+        """The ledger's LLM columns of ``n`` arriving requests: their work (:meth:`draw`),
+        and what their replicas will fill in (first token, preemptions, cached prompt
+        tokens, the worst gap between tokens)."""
+        w = self.draw(n)
+        turns = {} if self.sessions is None else {"session": w.session, "turn": w.turn, "history": w.history}
+        return {
+            "prompt_tokens": w.prompt,
+            "output_tokens": w.output,
+            "prefix_group": w.group,
+            "shared_tokens": w.shared,
+            **turns,
+            "t_first_token": np.full(n, np.nan),
+            "preemptions": np.zeros(n, dtype=np.int64),
+            "cached_tokens": np.zeros(n, dtype=np.int64),
+            "max_itl_ms": np.full(n, np.nan),
+        }
+
 
 __all__ = ["SessionTurns", "TokenDraws"]
