@@ -408,6 +408,32 @@ def test_a_population_of_users_keeps_the_response_time_law(users, duration_s, wa
     assert law == pytest.approx(users, rel=0.03)
 
 
+def test_a_population_starts_with_its_users_part_way_through_their_conversations():
+    """Each user's conversations are played from a start in a window before 0 up to the one
+    under way at 0, so from the first minute the turns are as far into their conversations,
+    and their prompts as long, as in the steady state: 1,000 users of llm_multiturn.yaml's
+    conversations, the first minute's mean prompt 5.7% under the last ten minutes' (seeds
+    1-4, calibrate/experiments/closed_loop_start.py --mode users), where every user starting
+    at a first turn put it 54.6% under and took seven minutes to come within 3%."""
+    from simulator.planning.napkin import mean_tokens
+
+    s = load_scenario(
+        MULTI,
+        [
+            "traffic.rate_rps=null",
+            "traffic.tokens.sessions.users=1000",
+            "traffic.tokens.sessions.turn_gap_from=answer",
+            "duration_s=60",
+            "warmup_s=0",
+        ],
+    )
+    r = simulate(s).records
+    steady_prompt, _ = mean_tokens(s)  # the mean over every turn of many conversations
+    assert r.prompt_tokens.mean() > 0.88 * steady_prompt
+    assert np.mean(r.turn > 0) > 0.5  # most turns of the first minute are not a conversation's first
+    assert r.session.max() >= 1000  # some users are past their first conversation at time 0
+
+
 def test_a_population_is_refused_without_a_closed_loop_or_with_a_rate():
     """A population of users waits for its answers and sets its own rate: one message each,
     naming the field and its line, exit 2, before the run."""

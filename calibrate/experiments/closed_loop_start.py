@@ -7,7 +7,8 @@ time, and a population's users each start a first turn within a think time of 0.
 measures what that costs, so that the warm-up the run command asks for is sized from a
 measurement. ``llm_multiturn.yaml`` closed (``--mode sessions``), or 1,000 users of its
 conversations (``--mode users``), each 1,200 s with no warm-up; printed: each minute's
-turns a second over the seeds, and its departure from the mean of the last ten minutes.
+turns a second over the seeds and their mean prompt (how far the conversations have grown),
+and each one's departure from the last ten minutes'.
 
     python calibrate/experiments/closed_loop_start.py --mode sessions --seeds 1-6   # about 2 minutes
     python calibrate/experiments/closed_loop_start.py --mode users --seeds 1-4
@@ -44,14 +45,23 @@ def main() -> None:
     seeds = range(int(lo), int(hi) + 1) if hi else [int(x) for x in a.seeds.split(",")]
     s = load_scenario(SCENARIO, [*MODES[a.mode], f"duration_s={a.duration_s:g}", "warmup_s=0"])
     edges = np.arange(0.0, a.duration_s + 1.0, 60.0)
-    rate = np.zeros(len(edges) - 1)
+    rate, tokens = np.zeros(len(edges) - 1), np.zeros(len(edges) - 1)
     for seed in seeds:
-        arrival_s = simulate(s, seed=seed).records.arrival / 1000.0
+        r = simulate(s, seed=seed).records
+        arrival_s = r.arrival / 1000.0
         rate += np.histogram(arrival_s, edges)[0] / 60.0 / len(seeds)
-    steady = rate[-10:].mean()
-    print(f"{a.mode}, seeds {list(seeds)}: steady {steady:.2f} turns/s (the last ten minutes)")  # noqa: T201
-    for k, r in enumerate(rate):
-        print(f"  minute {k + 1:2d}: {r:6.2f} turns/s  {r / steady - 1:+6.1%}")  # noqa: T201
+        tokens += np.histogram(arrival_s, edges, weights=r.prompt_tokens)[0] / 60.0 / len(seeds)
+    prompt = tokens / rate  # the mean prompt of a minute's turns: how far the conversations have grown
+    steady, steady_prompt = rate[-10:].mean(), tokens[-10:].sum() / rate[-10:].sum()
+    print(  # noqa: T201
+        f"{a.mode}, seeds {list(seeds)}: steady {steady:.2f} turns/s, mean prompt {steady_prompt:,.0f} tokens "
+        "(the last ten minutes)"
+    )
+    for k, (r, p) in enumerate(zip(rate, prompt, strict=True)):
+        print(  # noqa: T201
+            f"  minute {k + 1:2d}: {r:6.2f} turns/s {r / steady - 1:+6.1%}, "
+            f"prompt {p:6,.0f} {p / steady_prompt - 1:+6.1%}"
+        )
 
 
 if __name__ == "__main__":

@@ -37,9 +37,10 @@ class ClosedLoop:
     and its later turns wait for their answers. Sessions then under way are fewer than a
     closed loop keeps (turns 6-7% under their steady rate in the first two minutes of
     ``llm_multiturn.yaml``: ``calibrate/experiments/closed_loop_start.py``): the warm-up
-    absorbs it. With ``users`` there are no session starts: each user begins its first
-    conversation within a think time of 0, and a conversation's end (its last turn answered,
-    or one failed) begins its user's next, a think time later.
+    absorbs it. With ``users`` there are no session starts: each user is placed so, its
+    conversations played from a start in a window before 0 to the one under way at 0
+    (:meth:`_under_way`), and a conversation's end (its last turn answered, or one failed)
+    begins its user's next, a think time later.
     """
 
     def __init__(self, sessions: SessionTurns):
@@ -59,9 +60,9 @@ class ClosedLoop:
             return
         ses = self.sessions
         if self.users is not None:
-            if self.drawn_until == -math.inf:  # every user's first conversation
+            if self.drawn_until == -math.inf:  # every user's conversation under way at time 0
                 for user in range(self.users):
-                    self._converse(user, 0, None)
+                    self._under_way(user)
             self.drawn_until = until_ms
             return
         if ses.before is not None:
@@ -76,11 +77,31 @@ class ClosedLoop:
         if len(t0):
             self._admit(*ses._draw(t0))
 
-    def _converse(self, user: int, c: int, t0: float | None) -> None:
+    def _converse(self, user: int, c: int, t0: float) -> None:
         """User ``user`` starts its ``c``-th conversation at ``t0``."""
         times, work, gap, after = self.sessions.conversation(user, c, t0)
         self.user_of[c * self.users + user] = (user, c, after)
         self._admit(times, work, gap, after)
+
+    def _under_way(self, user: int) -> None:
+        """User ``user`` at time 0: its conversations from a start in the window before 0
+        (:meth:`SessionTurns.user_start`), played as an open loop (as if their answers had
+        taken no time) up to the one under way at 0, whose turns from 0 on arrive in the run
+        (or, between two conversations, the next one, when its think time ends)."""
+        ses = self.sessions
+        t, c = ses.user_start(user), 0
+        while True:
+            times, work, gap, after = ses.conversation(user, c, t)
+            end = (times[-1] if len(times) else t) + after  # its user's next conversation
+            if end >= 0:
+                break
+            t, c = end, c + 1
+        now = times >= 0
+        if not now.any():
+            self._converse(user, c + 1, end)
+            return
+        self.user_of[c * self.users + user] = (user, c, after)
+        self._admit(times[now], work.take(now), gap[now], after)
 
     def _admit(self, times: np.ndarray, work: Work, gap: np.ndarray, after: float = math.inf) -> None:
         """Sessions' turns in session order, each session's from its first in the run: that

@@ -77,6 +77,7 @@ class SessionTurns:
             self.before = ArrivalSource(rate_rps=self.starts.rate_at(0.0), rng=child(rng.tokens, 6))
         self.user_seed = child(rng.tokens, 7).bit_generator.seed_seq  # each user's conversations' streams
         self.turn_gap = sessions.turn_gap
+        self.turns_mean = sessions.mean_turns()
         self.closed = ClosedLoop(self) if sessions.turn_gap_from == "answer" else None
 
     def _draw(self, t0: np.ndarray) -> tuple[np.ndarray, Work, np.ndarray]:
@@ -109,20 +110,28 @@ class SessionTurns:
         work = Work(prompt, out, group, shared, session, turn, history)
         return times[keep], work.take(keep), gap[on][keep]
 
-    def conversation(self, user: int, c: int, t0: float | None) -> tuple[np.ndarray, Work, np.ndarray, float]:
+    def user_start(self, user: int) -> float:
+        """When user ``user``'s first conversation begins, uniformly in a window before 0
+        of five of a user's mean cycles (a conversation's turns and the think time after
+        it), from a stream of its own: long enough that whether a user is in a
+        conversation at 0, which turn it is at and how long its prompt has grown are near
+        their steady state."""
+        cycle = self.turns_mean * self.turn_gap.mean
+        seq = self.user_seed
+        g = np.random.default_rng(np.random.SeedSequence(seq.entropy, spawn_key=(*seq.spawn_key, user, 1 << 32)))
+        return -5.0 * cycle * float(g.random())
+
+    def conversation(self, user: int, c: int, t0: float) -> tuple[np.ndarray, Work, np.ndarray, float]:
         """User ``user``'s ``c``-th conversation (session ``c * users + user``), its first turn
-        sent at ``t0`` (None: the run's start, somewhere in a think time from 0): its turns'
-        open-loop times, work and gaps, as :meth:`_draw`, and the think time after its last
-        answer. Drawn from a stream of its own, so that what it draws does not depend on
-        when, or beside what, it starts."""
+        sent at ``t0``: its turns' open-loop times, work and gaps, as :meth:`_draw`, and the
+        think time after its last answer. Drawn from a stream of its own, so that what it
+        draws does not depend on when, or beside what, it starts."""
         seq = self.user_seed
         g = np.random.default_rng(np.random.SeedSequence(seq.entropy, spawn_key=(*seq.spawn_key, user, c)))
         turns = int(self.turns.sample(1, g)[0])
         new_in, out = self.prompt.sample(turns, g), self.output.sample(turns, g)
         gaps = self.turn_gap.sample(turns, rng=g)  # before turns 1, 2, ... and after the last
         group, shared = groups(self.prefix, self.cdf, [g, g, g, g], 1)
-        if t0 is None:  # the run starts with each user somewhere in a think time
-            t0 = float(g.random() * self.turn_gap.sample(1, rng=g)[0])
         gap = np.concatenate([[0.0], gaps[:-1]])
         tokens = new_in + out
         history = np.cumsum(tokens) - tokens
