@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from simulator.planning.prefix_cache import CacheEstimate, PrefixCache
 from simulator.scenario.config import Scenario
 from simulator.scenario.shapes import rate_bound
 from simulator.serving.workers import mean_service_ms
@@ -184,13 +185,31 @@ def llm_napkin(s: Scenario, price_per_worker_hour: float) -> tuple[list[Line], L
         while batch > 1 and decode_ms(batch) > target:
             batch -= 1
     t_b = decode_ms(batch)
-    prefill = step.ms(Work(prefill_tokens=round(e_s), attention=e_s * e_s / 2, chunks=1)) - step.ms(Work())
     think_s = s.traffic.tokens.sessions.turn_gap.mean / 1000.0 if s.traffic.users is not None else 0.0
+    cache = PrefixCache(s)
+    footprint = e_s - cache.shared_mean + e_o / 2  # a running sequence's KV tokens, its shared prefix apart
+
+    def sized(n: int):
+        """The napkin at ``n`` replicas: the prefix cache's hits there (the rate, the
+        prefill and the hits each settle the others: a few rounds), the prefill of what
+        the cache leaves, the rate, and a replica's throughput."""
+        rate, prefill, hit = lam, step.ms(Work(prefill_tokens=round(e_s), attention=e_s * e_s / 2, chunks=1)), None
+        prefill -= step.ms(Work())
+        for _ in range(4):
+            running = min(rate / n * (e_o * t_b + prefill) / 1000.0, float(cap))  # Little, per replica
+            hit = cache.at(n, rate, running, footprint, prefill + e_o * t_b)
+            new = e_s - hit.reused  # what a prefill computes, attending to the cached tokens too
+            prefill = step.ms(Work(prefill_tokens=round(new), attention=new * (hit.reused + new / 2), chunks=1))
+            prefill -= step.ms(Work())
+            if s.traffic.users is not None:  # a population: the interactive response time law, X = N / (Z + R)
+                rate = s.traffic.users / (think_s + (prefill + e_o * t_b) / 1000.0)
+        return hit, prefill, rate, 1000.0 / (e_o * t_b / batch + prefill)
+
+    bare = 1  # the fewest replicas that carry the rate with the hits their KV memory keeps
+    while math.ceil((got := sized(bare))[2] / got[3] - 1e-9) > bare:
+        bare += 1
+    hit, prefill, lam, mu = got
     answer_s = (prefill + e_o * t_b) / 1000.0  # a prefill, then E[o] steps at the batch
-    if s.traffic.users is not None:  # a population: the interactive response time law, X = N / (Z + R)
-        lam = s.traffic.users / (think_s + answer_s)
-    mu = 1000.0 / (e_o * t_b / batch + prefill)
-    bare = math.ceil(lam / mu - 1e-9)
     padded = math.ceil(bare * (1 + s.napkin.headroom) - 1e-9)
     # Little's law for the running sequences at ``bare`` replicas, self-consistently: each
     # is resident for its prefill and E[o] tokens; with N running a token takes a decode
@@ -223,6 +242,12 @@ def llm_napkin(s: Scenario, price_per_worker_hour: float) -> tuple[list[Line], L
             "tokens",
         ),
         Line("mean output tokens", "E[output] of traffic.tokens", e_o, "tokens"),
+        Line(
+            "prompt tokens from the prefix cache",
+            _cache_formula(s, cache, hit, bare),
+            hit.reused,
+            "tokens",
+        ),
         Line("weights", f"{m.params_b:g} B parameters × {m.weight_bytes:g} bytes", m.weights_total_bytes / 1e9, "GB"),
         Line(
             "KV bytes per token",
@@ -253,14 +278,25 @@ def llm_napkin(s: Scenario, price_per_worker_hour: float) -> tuple[list[Line], L
             "ms",
         ),
         Line("output tokens per GPU", f"{batch} / {t_b:.3g} ms", batch / t_b * 1000.0, "tokens/s"),
-        Line("prefill of a mean prompt", f"{e_s:,.0f} tokens' step time above its fixed cost", prefill, "ms"),
+        Line(
+            "prefill of a mean prompt",
+            f"{e_s - hit.reused:,.0f} tokens' step time above its fixed cost"
+            + (f", attending to {hit.reused:,.0f} cached" if hit.reused >= 0.5 else ""),
+            prefill,
+            "ms",
+        ),
         Line(
             "per-replica throughput",
             f"1 / ({e_o:,.0f} × {t_b:.3g} / {batch} + {prefill:.3g}) ms",
             mu,
             "req/s",
         ),
-        Line("replicas", f"⌈{lam:,.0f} / {mu:.3g}⌉", bare, "replicas"),
+        Line(
+            "replicas",
+            f"⌈{lam:,.0f} / {mu:.3g}⌉" + (", the fewest whose KV memory keeps those hits" if hit.reused >= 0.5 else ""),
+            bare,
+            "replicas",
+        ),
         Line(
             "share of a replica's time in prefill",
             f"{lam / bare:.3g} req/s × {prefill:.3g} ms",
@@ -293,6 +329,25 @@ def llm_napkin(s: Scenario, price_per_worker_hour: float) -> tuple[list[Line], L
     if b.disaggregation is None:
         return lines, LLMNapkin(batch, t_b, prefill, mu, bare, padded)
     return _split(s, lines, step, e_s, e_o, batch, t_b, prefill, price_per_worker_hour)
+
+
+def _cache_formula(s: Scenario, cache: PrefixCache, hit: CacheEstimate, n: int) -> str:
+    """How the napkin counts the prefix cache's hits, in words."""
+    if not cache.on:
+        return "none: the prefix cache is off"
+    if hit.reusable <= 0:
+        return "none: no prompt shares a prefix"
+    what = "its shared prefix" if cache.shared_mean > 0 else ""
+    if cache.turns is not None:
+        back = "" if cache.routed_back else f", found on the one replica in {n} its next turn lands on"
+        what = (what + " and " if what else "") + f"its conversation so far{back}"
+    kept = (
+        "everything fits"
+        if math.isinf(hit.horizon_s)
+        else f"an unused block stays {hit.horizon_s:,.1f} s in the {hit.free_tokens:,.0f} tokens {n} replicas "
+        "leave free"
+    )
+    return f"of {hit.reusable:,.0f} reusable ({what}); Che's approximation of LRU: {kept}"
 
 
 def _split(s: Scenario, lines: list[Line], step, e_s, e_o, batch, t_b, prefill, price) -> tuple[list[Line], LLMNapkin]:
