@@ -112,3 +112,59 @@ def test_bad_mixes_are_refused_before_the_run(args, needles):
 def test_a_mix_needs_llm_replicas():
     res = cli("run", ROOT / "scenarios/inference_platform.yaml", "--set", "workers.mix={t4: 10}")
     one_error(res, "workers.mix", "LLM replicas")
+
+
+def test_an_autoscaled_mixed_fleet_adds_its_main_type_and_bills_each_type_its_price():
+    """A fleet of an H100 and an A100 under an HPA on a rising then falling rate: the
+    replicas it adds are H100s (workers.instance_type), with an H100's step time and KV
+    blocks, and the cost is each replica's billed time at its own type's price."""
+    from simulator.results.stats import overlap
+    from simulator.serving.lives import WorkerState
+
+    s = load_scenario(
+        CHAT,
+        [
+            "workers.count=2",
+            "workers.mix={a100: 1}",
+            "duration_s=120",
+            "warmup_s=0",
+            "traffic.rate_rps=12",
+            "traffic.shape={kind: diurnal, peak_to_mean: 1.8, period_s: 120, peak_at_s: 60}",
+            "traffic.tokens.prompt.max=3000",
+            "router.balancing=least_loaded",
+            "workers.autoscaler={metric: in_flight, target: 8, max_replicas: 6, sync_period_s: 5, "
+            "scale_down_stabilization_s: 10}",
+            "workers.cold_start={model_load: {kind: lognormal, mean_ms: 5000, cv: 0.3}}",
+        ],
+    )
+    run = simulate(s)
+    fleet = run.fleet
+    gpus = [w.gpu for w in fleet.workers]
+    assert gpus[:2] == ["h100", "a100"]
+    assert len(gpus) > 2
+    assert set(gpus[2:]) == {"h100"}
+    assert any(str(e[1]) == "scale_down" for e in fleet.events)
+    h100 = load_scenario(CHAT, []).price_per_worker_hour_usd
+    a100 = load_scenario(
+        CHAT, ["workers.instance_type=a100", "traffic.tokens.prompt.max=4000"]
+    ).price_per_worker_hour_usd
+    b0, b1 = fleet.intervals(WorkerState.BILLED)
+    billed = overlap(b0, b1, 0.0, 120_000.0) / 120_000.0
+    want = sum(n * (a100 if g == "a100" else h100) for n, g in zip(billed, gpus, strict=True))
+    assert summarize(run)["cost"]["per_hour_usd"] == pytest.approx(want, rel=1e-9)
+    assert want != pytest.approx(billed.sum() * s.price_per_worker_hour_usd, rel=1e-3)  # not the start's mean price
+    from simulator.serving.step_time import Work
+
+    service = LLMService.of(s.batching, "h100", np.random.default_rng(0), s.router, None, s.workers)
+    one = Work(decodes=1, decode_context=1000)
+    for k, gpu in ((2, "h100"), (1, "a100")):  # an added replica, and the A100 it started with
+        assert service.replica(k).kv.num_blocks == s.batching.blocks(gpu)
+        assert service.replica(k).step.ms(one) == step_model(s.batching, gpu).ms(one)
+    assert step_model(s.batching, "h100").ms(one) != step_model(s.batching, "a100").ms(one)
+
+
+def test_a_mixed_fleet_is_not_sampled():
+    """Sampling 2 of 3 H100s and 2 A100s kept the mix and simulated two A100s for the whole
+    fleet (TTFT p99 5.7 s); the replicas are not alike, so sampling is refused."""
+    args = ["--set", "workers.count=5", "--set", "workers.mix={a100: 2}", "--set", "router.balancing=random"]
+    one_error(cli("run", CHAT, *args, "--sample-workers", "2", "--duration-s", "20"), "workers.mix", "not alike")

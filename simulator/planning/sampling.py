@@ -53,6 +53,8 @@ def sampling_refusal(s: Scenario) -> str | None:
         reasons.append("a canary, shadow or activator pool is sized on its own")
     if s.traffic.classes:
         reasons.append("traffic.classes share quotas across the pool")
+    if s.workers.mix:
+        reasons.append("workers.mix: the replicas are not alike, so a few of them do not stand for the fleet")
     if getattr(s.batching, "disaggregation", None) is not None:
         reasons.append("batching.disaggregation hands each prompt to the least-loaded decode replica of the fleet")
     if s.traffic.arrivals_file is not None:

@@ -120,10 +120,14 @@ def fleet_summary(run: Run, t0: float, t1: float) -> dict:
     order = np.lexsort((steps, times))  # at equal times, leave before arriving
     pool = np.array([w.pool for w in run.fleet.workers])
     pools = {name: float(active[pool == name].sum()) for name in dict.fromkeys(pool.tolist()) if name}
+    billed = overlap(b0, b1, t0, t1) / span
+    gpu = np.array([w.gpu for w in run.fleet.workers])
+    by_type = {t: float(billed[gpu == t].sum()) for t in dict.fromkeys(gpu.tolist())} if s.workers.mix else {}
     return {
         **({"pools": pools} if pools else {}),  # prefill and decode apart: each pool's mean serving
+        **({"billed_by_type": by_type} if by_type else {}),  # a mixed fleet: each GPU type's mean billed
         "active_mean": float(active.sum()),
-        "billed_mean": float((overlap(b0, b1, t0, t1) / span).sum()),
+        "billed_mean": float(billed.sum()),
         "active_max": int(np.cumsum(steps[order]).max()) if len(order) else 0,
         "events": [{"t_s": t / 1000.0, "event": str(kind), "detail": d} for t, kind, d in run.fleet.events]
         + deploy_events(s),
@@ -142,6 +146,9 @@ def extra_workers(s: Scenario) -> int:
 
 def _cost(s: Scenario, fleet: dict, experiments: dict | None, completed_rps: float) -> summary.Cost:
     price = worker_price(s)
+    by_type = fleet.get("billed_by_type")
+    if by_type and fleet["billed_mean"] > 0:  # a mixed fleet that scaled: each type billed its price
+        price = sum(n * s.price_of(t) for t, n in by_type.items()) / fleet["billed_mean"]
     fleet_cost = cost(fleet["billed_mean"] + extra_workers(s), price, completed_rps)
     shadow = (experiments or {}).get("shadow")
     shadow_cost = shadow["gpu_cost_per_hour_usd"] if shadow else 0.0

@@ -62,6 +62,7 @@ class Fleet(TypedDict, total=False):
     active_max: int
     events: list[dict[str, Any]]
     pools: dict[str, float]  # prefill and decode apart: each pool's replicas serving on average
+    billed_by_type: dict[str, float]  # a mixed fleet that scaled: each GPU type's replicas billed on average
 
 
 class Workers(TypedDict):

@@ -96,6 +96,7 @@ class Scenario(Frozen):
     # workers.instance_type on cost.market), so that no metric reads a file; or why it could not be
     _price_usd: float | None = PrivateAttr(None)
     _price_problem: str | None = PrivateAttr(None)
+    _type_prices: dict[str, float] = PrivateAttr(default_factory=dict)  # a mixed fleet's, by GPU type
 
     @model_validator(mode="after")
     def _resolve_price(self) -> Scenario:
@@ -111,6 +112,7 @@ class Scenario(Frozen):
 
     def _set_price(self, catalog: Catalog | str | None) -> None:
         # a string: why the catalog could not be read
+        self._type_prices = {}
         if self.cost.price_per_hour_usd is not None:
             self._price_usd, self._price_problem = self.cost.price_per_hour_usd, None
         elif isinstance(catalog, str):
@@ -119,13 +121,24 @@ class Scenario(Frozen):
             try:
                 w = self.workers
                 price = worker_hour_price(catalog, w.instance_type, self.cost.market)
-                if w.mix:  # a mixed fleet: its mean price per worker
-                    others = sum(n * worker_hour_price(catalog, t, self.cost.market) for t, n in w.mix.items())
+                if w.mix:  # a mixed fleet: its mean price per worker, and each type's
+                    self._type_prices = {t: worker_hour_price(catalog, t, self.cost.market) for t in w.mix}
+                    self._type_prices[w.instance_type] = price
+                    others = sum(n * self._type_prices[t] for t, n in w.mix.items())
                     price = (price * (w.count - sum(w.mix.values())) + others) / w.count
             except ValueError as err:
                 self._price_usd, self._price_problem = None, str(err)
             else:
                 self._price_usd, self._price_problem = price, None
+
+    def price_of(self, instance_type: str) -> float:
+        """USD per worker-hour of one GPU type of a mixed fleet (the override, if any, for
+        every type); ValueError if it was not resolved."""
+        if self.cost.price_per_hour_usd is not None:
+            return self.cost.price_per_hour_usd
+        if instance_type not in self._type_prices:
+            raise ValueError(self._price_problem or f"no price resolved for {instance_type!r}")
+        return self._type_prices[instance_type]
 
     @property
     def price_per_worker_hour_usd(self) -> float:
@@ -232,8 +245,6 @@ class Scenario(Frozen):
         if w.mix:
             from simulator.scenario.llm import LinearStep, gpu_spec
 
-            if w.autoscaler is not None:
-                raise ValueError("workers.mix does not combine with workers.autoscaler yet")
             if isinstance(b.step_time, LinearStep):
                 raise ValueError(
                     "workers.mix: batching.step_time is fitted on one GPU; a mixed fleet steps by each GPU's "

@@ -121,7 +121,8 @@ class Workers(Frozen):
     mix: dict[str, int] = Field(
         {},
         description="Replicas of other GPU types within count, by type: the last ones, in the order given "
-        "(LLM replicas; each steps and holds KV as its GPU does, and is priced as its type).",
+        "(LLM replicas; each steps and holds KV as its GPU does, and is priced as its type; an autoscaler "
+        "adds replicas of instance_type).",
     )
     autoscaler: Autoscaler | None = Field(None, description="Scale the fleet over time (count is the start).")
     cold_start: ColdStart = Field(ColdStart(), description="What a new worker goes through before it serves.")

@@ -146,12 +146,13 @@ class Replicas:
         if all(a is None for a, _, _ in pools):
             return []
         pool = {k: name for _, ids, name in pools for k in ids}
-        log = FleetLog([Worker(k, 0.0, 0.0, None, pool=pool[k]) for k in range(len(self.replicas))])
+        gpu = w.types()  # the replicas the fleet starts with; the autoscalers add workers.instance_type
+        log = FleetLog([Worker(k, 0.0, 0.0, None, pool=pool[k], gpu=gpu[k]) for k in range(len(self.replicas))])
         nodes = WarmNodes(w.cold_start.warm_pool)
         # the cold starts of a pool doing both or of the decode pool: stream 2^20 + 1; the prefill pool's: + 2
         cold = {"": 1, "decode": 1, "prefill": 2}
         return [
-            Scaling(a, w.cold_start, child(service.rng, (1 << 20) + cold[name]), log, ids, nodes, name)
+            Scaling(a, w.cold_start, child(service.rng, (1 << 20) + cold[name]), log, ids, nodes, name, w.instance_type)
             for a, ids, name in pools
             if a is not None
         ]

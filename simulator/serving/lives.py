@@ -49,6 +49,7 @@ class Worker:
     gone_at: float = INF
     crashed_at: float = INF
     pool: str = ""  # prefill and decode apart (an LLM fleet): the replica's pool
+    gpu: str = ""  # an LLM fleet's: the replica's GPU type (a mixed fleet bills each type its price)
 
     def serving(self, t: float) -> bool:
         return self.ready_at <= t < min(self.drain_at, self.crashed_at, self.gone_at)

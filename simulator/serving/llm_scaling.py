@@ -53,7 +53,8 @@ class Scaling:
     the state of the pool's replicas (``ids``, global replica ids in the fleet's ``log``):
     ``in_flight`` (requests running or waiting per serving replica), ``queue_depth``
     (waiting) or ``utilization`` (the share of KV blocks in use), or the pool's total in
-    flight for Knative. A new replica serves after its cold start (``workers.cold_start``,
+    flight for Knative. A new replica (of type ``gpu``: ``workers.instance_type``, in a mixed
+    fleet too) serves after its cold start (``workers.cold_start``,
     drawn from ``cold`` in the order the pool asks for replicas; a warm node skips
     provisioning and the image pull); scale-down cancels replicas still starting, newest
     first, then drains the newest serving ones: they take no new request and leave once
@@ -68,12 +69,14 @@ class Scaling:
         ids: list[int],
         nodes: WarmNodes,
         pool: str = "",
+        gpu: str = "",
     ):
         a = autoscaler
         self.cfg, self.period_ms = a, a.sync_period_s * 1000.0
         self.policy = HPA(a, initial=len(ids)) if a.policy == "hpa" else KPA(a)
         self.next_ms = self.period_ms
         self.log, self.ids, self.nodes, self.pool = log, ids, nodes, pool  # ids: the pool's list, grown here
+        self.gpu = gpu  # the GPU type of the replicas it adds
         cs = cold_start
         self.cold = [Sampler(d, cold) if d else None for d in (cs.provision, cs.image_pull)]
         self.load = [Sampler(d, cold) if d else None for d in (cs.model_load, cs.warmup)]
@@ -104,7 +107,7 @@ class Scaling:
                 stages = self.load + ([] if warm else self.cold)
                 ready_at = t + sum(float(smp.draw(1)[0]) for smp in stages if smp is not None)
                 new.append(len(log.workers))
-                log.workers.append(Worker(len(log.workers), t, ready_at, None, pool=self.pool))
+                log.workers.append(Worker(len(log.workers), t, ready_at, None, pool=self.pool, gpu=self.gpu))
             self.ids += new
             log.events.append((t, FleetEvent.SCALE_UP, f"{name}{len(counted)} -> {want}"))
         elif want < len(counted):
