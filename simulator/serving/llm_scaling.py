@@ -53,12 +53,12 @@ class Scaling:
     the state of the pool's replicas (``ids``, global replica ids in the fleet's ``log``):
     ``in_flight`` (requests running or waiting per serving replica), ``queue_depth``
     (waiting) or ``utilization`` (the share of KV blocks in use), or the pool's total in
-    flight for Knative. A new replica (of type ``gpu``: ``workers.instance_type``, in a mixed
-    fleet too) serves after its cold start (``workers.cold_start``,
-    drawn from ``cold`` in the order the pool asks for replicas; a warm node skips
-    provisioning and the image pull); scale-down cancels replicas still starting, newest
-    first, then drains the newest serving ones: they take no new request and leave once
-    their sequences are done."""
+    flight for Knative. A new replica (of type ``gpu``: ``workers.instance_type``, in a
+    mixed fleet too) serves after its cold start (``workers.cold_start``, drawn from
+    ``cold`` in the order the pool asks for replicas; a warm node skips provisioning and
+    the image pull); scale-down cancels replicas still starting, newest first, then drains
+    the newest serving ones: they take no new request and leave once their sequences are
+    done."""
 
     def __init__(
         self,
