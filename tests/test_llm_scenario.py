@@ -324,6 +324,28 @@ def test_an_llm_fleet_follows_its_traffic_through_cold_starts():
     assert r.completed.all()
 
 
+def test_an_autoscaled_fleets_kv_usage_is_over_the_replicas_there():
+    """The timeline's kv_usage is the share of KV blocks in use over the replicas there in
+    each interval (serving or draining), not over the fleet it started with (one replica
+    here: divided by it, eight replicas' use read as eight times one's)."""
+    from simulator.results.reduce import summarize
+
+    run = simulate(load_scenario(AUTOSCALED, QUICK_DAY))
+    rows = summarize(run, interval_s=5.0)["timeline"]
+    b = run.batches
+    checked = 0
+    for row in rows:
+        present = row["active_workers"] + row["draining_workers"]
+        assert row["kv_usage"] <= 1.0
+        if present < 1.5:
+            continue
+        k = (b.start >= row["t_s"] * 1000.0) & (b.start < row["t_s"] * 1000.0 + 5000.0)
+        direct = float(np.sum(b.kv_usage[k] * (b.end[k] - b.start[k]))) / (5000.0 * present)
+        assert row["kv_usage"] == pytest.approx(direct, rel=1e-9)
+        checked += 1
+    assert checked > 5
+
+
 @pytest.mark.parametrize(
     ("sets", "words"),
     [

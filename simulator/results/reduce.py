@@ -407,8 +407,8 @@ class Reduction:
                 "canary_share": col("canary", n) / np.maximum(offered, 1) if s.router.canary is not None else nan,
             }
         names = [c for c in COLUMNS if c not in LLM_COLUMNS]
-        if s.traffic.tokens is not None:
-            replicas = s.workers.count
+        if s.traffic.tokens is not None:  # KV use over the replicas there (an autoscaler's: serving or draining)
+            replicas = s.workers.count if self.fleet_log is None else cols["active_workers"] + cols["draining_workers"]
             cols |= {
                 "running": col("running", n) / w,
                 "kv_usage": col("kv_area", n) / (w * replicas),
