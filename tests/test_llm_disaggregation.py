@@ -250,11 +250,18 @@ def test_a_split_fleets_summary_gives_each_pools_replicas():
     from simulator.results.reduce import summarize
 
     s = load_scenario(SPLIT, [*POOLS, *LONG_PROMPTS, "duration_s=120"])
-    fleet = summarize(simulate(s))["fleet"]
+    out = summarize(simulate(s), interval_s=10.0)
+    fleet = out["fleet"]
     assert set(fleet["pools"]) == {"prefill", "decode"}
     assert fleet["pools"]["decode"] == pytest.approx(1.0)
     assert fleet["pools"]["prefill"] > 1.2
     assert sum(fleet["pools"].values()) == pytest.approx(fleet["active_mean"])
+    rows = out["timeline"]  # and over time: each pool's replicas serving, adding up to the fleet's
+    for row in rows:
+        assert row["prefill_workers"] + row["decode_workers"] == pytest.approx(row["active_workers"])
+    assert max(row["prefill_workers"] for row in rows) >= 2
+    fixed = summarize(simulate(load_scenario(SPLIT, ["duration_s=30", "warmup_s=5"])))["timeline"][0]
+    assert "prefill_workers" not in fixed  # a fixed split, or any other run: no such columns
 
 
 def test_a_split_fleet_is_not_sampled_nor_planned_under_its_autoscalers():

@@ -34,10 +34,9 @@ def render(choice: Choice, s: Scenario) -> None:
     t, ev = intervals(r.timeline, s), r.events
     traffic = ["offered_rps", "completed_rps", "rejected_rps", "timed_out_rps"]
     st.altair_chart(charts.timeline(t, ev, traffic, "traffic", "req/s"), width="stretch")
-    st.altair_chart(
-        charts.timeline(t, ev, ["active_workers", "warming_workers", "draining_workers"], "workers", "workers"),
-        width="stretch",
-    )
+    workers = ["active_workers", "warming_workers", "draining_workers"]
+    workers += [c for c in ("prefill_workers", "decode_workers") if c in t]  # each pool's, prefill and decode apart
+    st.altair_chart(charts.timeline(t, ev, workers, "workers", "workers"), width="stretch")
     st.altair_chart(charts.timeline(t, ev, ["queue_depth"], "queue depth", "requests"), width="stretch")
     st.altair_chart(
         charts.timeline(t, ev, ["p50_ms", "p99_ms"], "latency per interval", "ms", target=s.sla.target_ms),

@@ -42,7 +42,7 @@ from simulator.results.metrics import _cost, fleet_summary, logging_figures, pea
 from simulator.results.records import STAGES, Records
 from simulator.results.sketch import LatencySketch
 from simulator.results.stats import PERCENTILES, ExactSample, grouped_percentiles, overlap
-from simulator.results.timeline import COLUMNS, LLM_COLUMNS, _workers
+from simulator.results.timeline import COLUMNS, LLM_COLUMNS, POOL_COLUMNS, _workers
 from simulator.results.tokens import Tokens
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import scenario_hash
@@ -406,7 +406,7 @@ class Reduction:
                 "shadow_rps": shadow_rps,
                 "canary_share": col("canary", n) / np.maximum(offered, 1) if s.router.canary is not None else nan,
             }
-        names = [c for c in COLUMNS if c not in LLM_COLUMNS]
+        names = [c for c in COLUMNS if c not in LLM_COLUMNS and (c not in POOL_COLUMNS or c in cols)]
         if s.traffic.tokens is not None:  # KV use over the replicas there (an autoscaler's: serving or draining)
             replicas = s.workers.count if self.fleet_log is None else cols["active_workers"] + cols["draining_workers"]
             cols |= {
@@ -414,7 +414,7 @@ class Reduction:
                 "kv_usage": col("kv_area", n) / (w * replicas),
                 "output_tokens_per_s": col("output_tokens", n) / dt,
             }
-            names = list(COLUMNS)
+            names = [c for c in COLUMNS if c not in POOL_COLUMNS or c in cols]
         rows = np.column_stack([np.asarray(cols[name], dtype=float) for name in names])
         return [dict(zip(names, map(float, row), strict=True)) for row in rows]
 

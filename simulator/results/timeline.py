@@ -38,6 +38,9 @@ COLUMNS: dict[str, Column] = {
     "active_workers": Column("workers", "time-average of workers serving", fleet_wide=True),
     "warming_workers": Column("workers", "time-average of workers starting (cold start)", fleet_wide=True),
     "draining_workers": Column("workers", "time-average of workers draining", fleet_wide=True),
+    # prefill and decode apart, under their autoscalers; left out of the rows of other runs
+    "prefill_workers": Column("workers", "time-average of prefill replicas serving", fleet_wide=True),
+    "decode_workers": Column("workers", "time-average of decode replicas serving", fleet_wide=True),
     "queue_depth": Column("requests", "time-average of requests waiting in batch queues", fleet_wide=True),
     "in_flight": Column("requests", "time-average of requests in the system", fleet_wide=True),
     "mean_batch_size": Column("requests", "mean size of the batches started"),
@@ -56,6 +59,7 @@ COLUMNS: dict[str, Column] = {
     "output_tokens_per_s": Column("tokens/s", "output tokens of the responses", fleet_wide=True),
 }
 LLM_COLUMNS = ("running", "kv_usage", "output_tokens_per_s")
+POOL_COLUMNS = ("prefill_workers", "decode_workers")
 
 # the columns that are sums over the fleet: a sampled run scales them back up
 FLEET_WIDE = frozenset(name for name, c in COLUMNS.items() if c.fleet_wide)
@@ -75,12 +79,19 @@ def time_average_level(starts: np.ndarray, ends: np.ndarray, edges: np.ndarray) 
 
 
 def _workers(fleet: FleetLog | None, workers: int, edges: np.ndarray) -> dict[str, np.ndarray]:
-    """Time-averages of the workers serving, starting and draining."""
+    """Time-averages of the workers serving, starting and draining; and of each pool's
+    serving, where prefill and decode are apart (:data:`POOL_COLUMNS`)."""
     if fleet is None:
         active, warming, draining = (np.full(len(edges) - 1, float(v)) for v in (workers, 0, 0))
-    else:
-        active, warming, draining = (
-            time_average_level(*fleet.intervals(k), edges)
-            for k in (WorkerState.ACTIVE, WorkerState.WARMING, WorkerState.DRAINING)
-        )
-    return {"active_workers": active, "warming_workers": warming, "draining_workers": draining}
+        return {"active_workers": active, "warming_workers": warming, "draining_workers": draining}
+    active, warming, draining = (
+        time_average_level(*fleet.intervals(k), edges)
+        for k in (WorkerState.ACTIVE, WorkerState.WARMING, WorkerState.DRAINING)
+    )
+    out = {"active_workers": active, "warming_workers": warming, "draining_workers": draining}
+    pool = np.array([w.pool for w in fleet.workers])
+    if (pool != "").any():
+        a0, a1 = fleet.intervals(WorkerState.ACTIVE)
+        for name in ("prefill", "decode"):
+            out[f"{name}_workers"] = time_average_level(a0[pool == name], a1[pool == name], edges)
+    return out
