@@ -603,6 +603,8 @@ def test_a_split_fleet_under_its_pools_autoscalers_has_each_pools_bounds():
     next(n for n in at.number_input if n.label == "decode pool: max replicas").set_value(2).run()
     assert not at.exception, [e.value for e in at.exception]
     assert any("--set batching.disaggregation.decode_autoscaler.max_replicas=2" in c.value for c in at.code)
+    at = run_page("timeline", "scenarios/llm_disaggregated_autoscaling.yaml")  # each pool over time
+    assert any("prefill_workers" in str(c.spec) and "decode_workers" in str(c.spec) for c in at.get("vega_lite_chart"))
 
 
 def test_a_population_of_users_has_a_users_knob_and_no_rate():
