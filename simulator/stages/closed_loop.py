@@ -60,9 +60,11 @@ class ClosedLoop:
             return
         ses = self.sessions
         if self.users is not None:
-            if self.drawn_until == -math.inf:  # every user's conversation under way at time 0
-                for user in range(self.users):
-                    self._under_way(user)
+            if self.drawn_until == -math.inf:  # every user's conversation under way at time 0, admitted at once
+                parts = [self._under_way(user) for user in range(self.users)]
+                times, gap, after = (np.concatenate([p[k] for p in parts]) for k in (0, 2, 3))
+                work = Work(*(np.concatenate(c) for c in zip(*(p[1] for p in parts), strict=True)))
+                self._admit(times, work, gap, after)
             self.drawn_until = until_ms
             return
         if ses.before is not None:
@@ -83,11 +85,12 @@ class ClosedLoop:
         self.user_of[c * self.users + user] = (user, c, after)
         self._admit(times, work, gap, after)
 
-    def _under_way(self, user: int) -> None:
+    def _under_way(self, user: int) -> tuple[np.ndarray, Work, np.ndarray, np.ndarray]:
         """User ``user`` at time 0: its conversations from a start in the window before 0
         (:meth:`SessionTurns.user_start`), played as an open loop (as if their answers had
         taken no time) up to the one under way at 0, whose turns from 0 on arrive in the run
-        (or, between two conversations, the next one, when its think time ends)."""
+        (or, between two conversations, the next one, when its think time ends): their
+        times, work, gaps and the think time after the conversation, a row each."""
         ses = self.sessions
         t, c = ses.user_start(user), 0
         while True:
@@ -97,20 +100,23 @@ class ClosedLoop:
                 break
             t, c = end, c + 1
         now = times >= 0
-        if not now.any():
-            self._converse(user, c + 1, end)
-            return
+        if not now.any():  # between two conversations: the next one
+            c += 1
+            times, work, gap, after = ses.conversation(user, c, end)
+            now = np.ones(len(times), dtype=bool)
         self.user_of[c * self.users + user] = (user, c, after)
-        self._admit(times[now], work.take(now), gap[now], after)
+        return times[now], work.take(now), gap[now], np.full(int(now.sum()), after)
 
-    def _admit(self, times: np.ndarray, work: Work, gap: np.ndarray, after: float = math.inf) -> None:
+    def _admit(self, times: np.ndarray, work: Work, gap: np.ndarray, after: float | np.ndarray = math.inf) -> None:
         """Sessions' turns in session order, each session's from its first in the run: that
-        one's time is known, the later ones are parked until their answers."""
+        one's time is known, the later ones are parked until their answers. ``after``: the
+        think time after a session's last turn (its user's next conversation), one for all
+        or a row each."""
         if not len(times):
             return
         first = np.ones(len(times), dtype=bool)
         first[1:] = work.session[1:] != work.session[:-1]
-        nxt = np.full(len(times), after)  # the gap before the same session's next turn (its user's next one)
+        nxt = np.array(np.broadcast_to(after, len(times)), dtype=float)  # the gap before the session's next turn
         nxt[:-1][~first[1:]] = gap[1:][~first[1:]]
         later = np.flatnonzero(~first)
         for row in zip(*(c[later].tolist() for c in work), gap[later].tolist(), strict=True):
