@@ -605,6 +605,9 @@ def test_a_split_fleet_under_its_pools_autoscalers_has_each_pools_bounds():
     assert any("--set batching.disaggregation.decode_autoscaler.max_replicas=2" in c.value for c in at.code)
     at = run_page("timeline", "scenarios/llm_disaggregated_autoscaling.yaml")  # each pool over time
     assert any("prefill_workers" in str(c.spec) and "decode_workers" in str(c.spec) for c in at.get("vega_lite_chart"))
+    for page in ("plan", "load-curve"):  # they vary a fixed fleet: they say so rather than vary the pools' starts
+        at = open_app(page, "scenarios/llm_disaggregated_autoscaling.yaml")
+        assert any("fixed fleet" in i.value for i in at.info), page
 
 
 def test_a_population_of_users_has_a_users_knob_and_no_rate():

@@ -105,10 +105,10 @@ def load_curve(choice: Choice, s: Scenario) -> None:
     """TTFT and TPOT at the SLA's percentile against the offered rate, from 40% to 140% of
     the napkin's capacity, with the targets and the knee marked; a population's against its
     users (:func:`users_curve`)."""
-    if s.traffic.users is not None and s.workers.autoscaler is None:
+    if s.traffic.users is not None and not s.autoscaled:
         users_curve(choice, s)
         return
-    if s.traffic.rate_rps is None or s.workers.autoscaler is not None:
+    if s.traffic.rate_rps is None or s.autoscaled:
         st.info("The load curve varies traffic.rate_rps: pick a scenario with a rate and a fixed fleet.")
         return
     cap = data.llm_capacity(s)
@@ -199,7 +199,7 @@ def plan(choice: Choice, s: Scenario) -> None:
     """The fewest replicas meeting the SLA for each GPU type × ``max_num_batched_tokens``,
     the cheapest, and the answer as a scenario to download."""
     st.header("Plan: replicas × GPU × max_num_batched_tokens")
-    if s.workers.autoscaler is not None or s.traffic.classes:
+    if s.autoscaled or s.traffic.classes:
         st.info("Planning bisects workers.count of a fixed fleet: pick a scenario without an autoscaler or classes.")
         return
     c1, c2, c3 = st.columns(3)

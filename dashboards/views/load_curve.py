@@ -25,7 +25,7 @@ def load_factors(s: Scenario) -> tuple[float, ...]:
 
 def render(choice: Choice, s: Scenario) -> None:
     st.header("Load curve")
-    if s.traffic.rate_rps is None or s.workers.autoscaler is not None:
+    if s.traffic.rate_rps is None or s.autoscaled:
         st.info(
             "The load curve varies traffic.rate_rps and workers.count: pick a scenario with a rate and a fixed fleet."
         )

@@ -70,7 +70,7 @@ def plan(source: str, text: str, overrides: tuple[str, ...], path: str, values: 
 
 def render(choice: Choice, s: Scenario) -> None:
     st.header("Plan: the cheapest configuration that meets the SLA")
-    if s.workers.autoscaler is not None or s.traffic.classes:
+    if s.autoscaled or s.traffic.classes:
         st.info("Planning bisects workers.count of a fixed fleet: pick a scenario without an autoscaler or classes.")
         return
     bare, padded = workers_needed(s)
