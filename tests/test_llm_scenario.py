@@ -324,6 +324,31 @@ def test_an_llm_fleet_follows_its_traffic_through_cold_starts():
     assert r.completed.all()
 
 
+def test_an_llm_pool_scales_on_the_p99_of_its_first_tokens():
+    """metric ttft_ms: the p99 time to first token (from a request's arrival at its replica)
+    of the first tokens the pool's serving replicas made in the last metric_window_s. Each
+    decision's event says what it read, and that is the p99 of the records' first tokens in
+    its window, on the replicas serving then."""
+    sets = [
+        "workers.autoscaler.metric=ttft_ms",
+        "workers.autoscaler.target=150",
+        "workers.autoscaler.metric_window_s=10",
+    ]
+    run = simulate(load_scenario(AUTOSCALED, [*QUICK_DAY, *sets]))
+    r, fleet = run.records, run.fleet
+    ready = np.array([w.ready_at for w in fleet.workers])
+    drain = np.array([w.drain_at for w in fleet.workers])
+    decisions = [(t, d) for t, _, d in fleet.events if "(ttft_ms " in d]
+    assert len(decisions) >= 2
+    assert any(str(k) == "scale_up" for _, k, _ in fleet.events)
+    for t, detail in decisions:
+        read = float(detail.split("(ttft_ms ")[1].rstrip(")").replace(",", ""))
+        there = (ready[r.instance] <= t) & (drain[r.instance] >= t)  # counted and serving at the decision
+        window = (r.t_first_token > t - 10_000.0) & (r.t_first_token <= t) & there
+        ttft = (r.t_first_token - r.t_preprocessed)[window]
+        assert read == pytest.approx(np.percentile(ttft, 99), abs=0.5), (t, detail)
+
+
 def test_an_autoscaled_fleets_kv_usage_is_over_the_replicas_there():
     """The timeline's kv_usage is the share of KV blocks in use over the replicas there in
     each interval (serving or draining), not over the fleet it started with (one replica
@@ -391,3 +416,9 @@ def test_a_linear_step_with_a_decode_threshold():
         ["batching.step_time={c0_ms: 2.0, decode_ms_per_seq: 0.3, decode_threshold: 8, decode_ms_per_seq_above: 0.1}"],
     )
     assert s.batching.step_time.decode_threshold == 8
+
+
+def test_a_batch_queues_autoscaler_cannot_read_first_tokens():
+    res = cli("run", ROOT / "scenarios/autoscaling.yaml", "--set", "workers.autoscaler.metric=ttft_ms")
+    text = one_error(res, "workers.autoscaler.metric ttft_ms", "batching.kind continuous")
+    assert "line " in text

@@ -247,6 +247,18 @@ CASES = {
             "workers.cold_start={model_load: {kind: lognormal, mean_ms: 4000, cv: 0.3}, warm_pool: 1}",
         ],
     ),
+    "llm_autoscaler_ttft": (  # on the p99 of the first tokens in a window
+        "llm_autoscaling.yaml",
+        [
+            "duration_s=60",
+            "warmup_s=0",
+            "traffic.rate_rps=12",
+            "traffic.shape={kind: diurnal, peak_to_mean: 1.8, period_s: 60, peak_at_s: 30}",
+            "workers.autoscaler={metric: ttft_ms, target: 120, metric_window_s: 6, max_replicas: 6, sync_period_s: 3, "
+            "scale_down_stabilization_s: 6}",
+            "workers.cold_start={model_load: {kind: lognormal, mean_ms: 4000, cv: 0.3}}",
+        ],
+    ),
     "llm_disaggregated_autoscalers": (  # each pool under its own autoscaler, both scaling
         "llm_disaggregated.yaml",
         [

@@ -211,6 +211,11 @@ class Scenario(Frozen):
                 raise ValueError("sla.ttft_ms and sla.tpot_ms judge LLM requests: they need batching.kind continuous")
             if t.tokens is not None:
                 raise ValueError("traffic.tokens describes LLM requests: it needs batching.kind continuous")
+            if w.autoscaler is not None and w.autoscaler.metric == "ttft_ms":
+                raise ValueError(
+                    "workers.autoscaler.metric ttft_ms reads LLM replicas' first tokens: it needs batching.kind "
+                    "continuous (p99_ms is a batch queue's latency)"
+                )
             if w.service_time is None:
                 raise ValueError("workers.service_time is required (how long a batch takes on a worker)")
             if w.mix:

@@ -151,11 +151,15 @@ class Replicas:
         nodes = WarmNodes(w.cold_start.warm_pool)
         # the cold starts of a pool doing both or of the decode pool: stream 2^20 + 1; the prefill pool's: + 2
         cold = {"": 1, "decode": 1, "prefill": 2}
-        return [
+        scalings = [
             Scaling(a, w.cold_start, child(service.rng, (1 << 20) + cold[name]), log, ids, nodes, name, w.instance_type)
             for a, ids, name in pools
             if a is not None
         ]
+        for sc in scalings:
+            for k in sc.ids:
+                sc.watch(self.replicas[k])
+        return scalings
 
     def extend(self, t, rid, queue, deadlines, horizon, work=None) -> None:
         """Requests reaching the replicas at ``t`` (time order), each on replica ``queue``
@@ -316,6 +320,7 @@ class Replicas:
                     continue
                 for k in sc.evaluate(at, self.replicas):  # the replicas it asked for (ids in order)
                     self.replicas.append(self.service.replica(k))
+                    sc.watch(self.replicas[k])
                     self.instance.append(k)
                     self.in_flight.append({})
                 settle(sc.log, range(len(sc.log.workers)), self.replicas, sc.nodes, final=False)

@@ -87,6 +87,10 @@ class Replica:
         self.log_rows: list[tuple] = []
         self.gap_rows: list[tuple[float, float, int]] = []  # (when, gap, tokens): each token's gap after the one before
         self._seen = 0  # of settled, the rows just_finished() has handed out
+        # where an autoscaler reads the time to first token: (when, TTFT ms) of the first
+        # tokens made in the last ``ttft_window`` ms (0: none kept)
+        self.ttft_window = 0.0
+        self.firsts: deque[tuple[float, float]] = deque()
         # no request settles in a step that starts before this time unless one is pushed
         # (set by a decode stretch cut short by the horizon; see :meth:`load_at`)
         self.quiet_until = math.inf
@@ -297,6 +301,8 @@ class Replica:
                 made_here += 1
                 if made == 1:
                     s.first = end
+                    if self.ttft_window:
+                        self.firsts.append((end, end - s.arrival))
                 else:
                     g = end - s.last
                     gaps[g] = gaps.get(g, 0) + 1

@@ -22,11 +22,24 @@ from simulator.serving.llm_replica import Replica
 def _metric(r: Replica, metric: str) -> float:
     """What the autoscaler reads off one serving replica: its requests waiting
     (``queue_depth``), those and its running sequences (``in_flight``), or the share of its
-    KV blocks in use (``utilization``)."""
+    KV blocks in use (``utilization``); ``ttft_ms`` reads the pool's first tokens
+    (:func:`recent_ttft`)."""
     if metric == "utilization":
         return r.kv.usage
     waiting = len(r.pending) + len(r.waiting)
     return waiting if metric == "queue_depth" else waiting + len(r.running)
+
+
+def recent_ttft(replicas: list[Replica], t: float, window_ms: float) -> np.ndarray:
+    """The times to first token (ms, from the request's arrival at its replica) of the first
+    tokens ``replicas`` made in (t - window, t]; older ones are forgotten."""
+    out = []
+    for r in replicas:
+        firsts = r.firsts
+        while firsts and firsts[0][0] <= t - window_ms:
+            firsts.popleft()
+        out.extend(ms for at, ms in firsts if at <= t)
+    return np.asarray(out)
 
 
 class WarmNodes:
@@ -80,6 +93,11 @@ class Scaling:
         cs = cold_start
         self.cold = [Sampler(d, cold) if d else None for d in (cs.provision, cs.image_pull)]
         self.load = [Sampler(d, cold) if d else None for d in (cs.model_load, cs.warmup)]
+        self.ttft_window = a.metric_window_s * 1000.0 if a.metric == "ttft_ms" else 0.0
+
+    def watch(self, replica: Replica) -> None:
+        """A replica of the pool keeps what the metric reads (its recent first tokens)."""
+        replica.ttft_window = self.ttft_window
 
     def workers(self) -> list[Worker]:
         return [self.log.workers[k] for k in self.ids]
@@ -90,14 +108,23 @@ class Scaling:
         ks = [w.wid for w in ws if w.ready_at <= t < w.drain_at]
         return ks or [min(w.wid for w in ws if w.drain_at == math.inf)]
 
+    def _why(self, value: float) -> str:
+        """What the decision read, for the event: a latency metric's value (the others are
+        the replicas' own state, read off the timeline)."""
+        return f" ({self.cfg.metric} {value:,.0f})" if self.cfg.metric == "ttft_ms" else ""
+
     def evaluate(self, t: float, replicas) -> list[int]:
         """One evaluation at ``t``; returns the ids of the replicas it asked for."""
         log = self.log
         counted = [w for w in self.workers() if w.drain_at == math.inf]
         ready = [w for w in counted if w.ready_at <= t]
-        per = [_metric(replicas[w.wid], self.cfg.metric) for w in ready]
-        total = self.cfg.policy == "knative"  # Knative scales on the pool's total concurrency
-        value = float(sum(per)) if total or not per else float(np.mean(per))
+        if self.cfg.metric == "ttft_ms":  # the p99 over the pool's first tokens (0: none in the window)
+            ttft = recent_ttft([replicas[w.wid] for w in ready], t, self.ttft_window)
+            value = float(np.percentile(ttft, 99)) if len(ttft) else 0.0
+        else:
+            per = [_metric(replicas[w.wid], self.cfg.metric) for w in ready]
+            total = self.cfg.policy == "knative"  # Knative scales on the pool's total concurrency
+            value = float(sum(per)) if total or not per else float(np.mean(per))
         want = self.policy.desired(t / 1000.0, Observation(len(counted), len(ready), value))
         name = f"{self.pool} " if self.pool else ""
         new = []
@@ -109,7 +136,7 @@ class Scaling:
                 new.append(len(log.workers))
                 log.workers.append(Worker(len(log.workers), t, ready_at, None, pool=self.pool, gpu=self.gpu))
             self.ids += new
-            log.events.append((t, FleetEvent.SCALE_UP, f"{name}{len(counted)} -> {want}"))
+            log.events.append((t, FleetEvent.SCALE_UP, f"{name}{len(counted)} -> {want}{self._why(value)}"))
         elif want < len(counted):
             starting = sorted((w for w in counted if w.ready_at > t), key=lambda w: -w.wid)
             serving = sorted((w for w in counted if w.ready_at <= t), key=lambda w: -w.wid)
@@ -118,7 +145,7 @@ class Scaling:
                 if w.ready_at > t:  # cancelled before it served
                     w.gone_at = t
                     self.nodes.give()
-            log.events.append((t, FleetEvent.SCALE_DOWN, f"{name}{len(counted)} -> {want}"))
+            log.events.append((t, FleetEvent.SCALE_DOWN, f"{name}{len(counted)} -> {want}{self._why(value)}"))
         self.next_ms += self.period_ms
         return new
 
