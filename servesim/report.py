@@ -160,8 +160,11 @@ def _fleet(summary: dict) -> Table:
         else f"{w['count']}"
     )
     mix = w.get("mix") or {}
-    if mix and not scaled:  # a mixed fleet: each type's count
+    if mix:  # a mixed fleet: each type's count (at the start, and billed on average where it scaled)
         size = f"{w['count'] - sum(mix.values())}" + "".join(f" + {t} × {n}" for t, n in mix.items())
+        if scaled:
+            billed = ", ".join(f"{t} {n:.1f}" for t, n in fl.get("billed_by_type", {}).items())
+            size += f" at start, {fl['active_mean']:.1f} serving on average, peak {fl['active_max']}; billed {billed}"
     fleet.add_row("workers", f"{w['instance_type']} × {size} ({w['instances']} instance(s) each)")
     peak = util["of_peak_capacity"]
     fleet.add_row(

@@ -151,7 +151,11 @@ def test_an_autoscaled_mixed_fleet_adds_its_main_type_and_bills_each_type_its_pr
     b0, b1 = fleet.intervals(WorkerState.BILLED)
     billed = overlap(b0, b1, 0.0, 120_000.0) / 120_000.0
     want = sum(n * (a100 if g == "a100" else h100) for n, g in zip(billed, gpus, strict=True))
-    assert summarize(run)["cost"]["per_hour_usd"] == pytest.approx(want, rel=1e-9)
+    out = summarize(run)
+    assert out["cost"]["per_hour_usd"] == pytest.approx(want, rel=1e-9)
+    by_type = out["fleet"]["billed_by_type"]
+    assert set(by_type) == {"h100", "a100"}
+    assert sum(by_type.values()) == pytest.approx(out["fleet"]["billed_mean"])
     assert want != pytest.approx(billed.sum() * s.price_per_worker_hour_usd, rel=1e-3)  # not the start's mean price
     from simulator.serving.step_time import Work
 
