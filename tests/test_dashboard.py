@@ -674,6 +674,10 @@ def test_compare_puts_static_batching_beside_continuous_on_the_same_traffic():
 
     bare = load_scenario(ROOT / "scenarios/llm_kv_memory.yaml")  # with no variant of its own: static
     assert suggestion(bare) == "batching.policy=static"
+    for name in ("llm_disaggregated.yaml", "llm_disaggregated_autoscaling.yaml"):  # static cannot split: colocated
+        split = ROOT / "scenarios" / name
+        assert suggestion(load_scenario(split)) == "batching.disaggregation=null"
+        load_scenario(split, [suggestion(load_scenario(split))])  # a variant that loads
 
 
 def test_the_llm_load_curve_marks_the_knee_between_its_points():

@@ -40,7 +40,10 @@ LLM_ROWS = [
 
 def suggestion(s: Scenario) -> str:
     """A first variant worth trying when the scenario documents none (the seed articles'
-    usual lever; for an LLM engine, static batching against its continuous batching)."""
+    usual lever; for an LLM engine, static batching against its continuous batching, or
+    prefill and decode apart against replicas doing both, where static batching cannot run)."""
+    if s.traffic.tokens is not None and s.batching.disaggregation is not None:
+        return "batching.disaggregation=null"
     if s.traffic.tokens is not None and s.batching.policy != "static":
         return "batching.policy=static"
     f = s.features
