@@ -189,23 +189,30 @@ def llm_napkin(s: Scenario, price_per_worker_hour: float) -> tuple[list[Line], L
     cache = PrefixCache(s)
     footprint = e_s - cache.shared_mean + e_o / 2  # a running sequence's KV tokens, its shared prefix apart
 
+    def prefill_of(reused: float) -> float:  # what a prefill computes, attending to the cached tokens too
+        new = e_s - reused
+        return step.ms(Work(prefill_tokens=round(new), attention=new * (reused + new / 2), chunks=1)) - step.ms(Work())
+
+    def rate_of(prefill: float) -> float:  # a population's: the interactive response time law, X = N / (Z + R)
+        return lam if s.traffic.users is None else s.traffic.users / (think_s + (prefill + e_o * t_b) / 1000.0)
+
     def sized(n: int):
         """The napkin at ``n`` replicas: the prefix cache's hits there (the rate, the
         prefill and the hits each settle the others: a few rounds), the prefill of what
         the cache leaves, the rate, and a replica's throughput."""
-        rate, prefill, hit = lam, step.ms(Work(prefill_tokens=round(e_s), attention=e_s * e_s / 2, chunks=1)), None
-        prefill -= step.ms(Work())
+        prefill, hit = prefill_of(0.0), None
+        rate = rate_of(prefill)
         for _ in range(4):
             running = min(rate / n * (e_o * t_b + prefill) / 1000.0, float(cap))  # Little, per replica
             hit = cache.at(n, rate, running, footprint, prefill + e_o * t_b)
-            new = e_s - hit.reused  # what a prefill computes, attending to the cached tokens too
-            prefill = step.ms(Work(prefill_tokens=round(new), attention=new * (hit.reused + new / 2), chunks=1))
-            prefill -= step.ms(Work())
-            if s.traffic.users is not None:  # a population: the interactive response time law, X = N / (Z + R)
-                rate = s.traffic.users / (think_s + (prefill + e_o * t_b) / 1000.0)
+            prefill = prefill_of(hit.reused)
+            rate = rate_of(prefill)
         return hit, prefill, rate, 1000.0 / (e_o * t_b / batch + prefill)
 
-    bare = 1  # the fewest replicas that carry the rate with the hits their KV memory keeps
+    # the fewest replicas that carry the rate with the hits their KV memory keeps, from a
+    # bound below: the slowest answers' rate over a replica finding all it could
+    most = cache.shared_mean + cache.history_mean if cache.on else 0.0
+    bare = max(math.ceil(rate_of(prefill_of(0.0)) * (e_o * t_b / batch + prefill_of(most)) / 1000.0 - 1e-9), 1)
     while math.ceil((got := sized(bare))[2] / got[3] - 1e-9) > bare:
         bare += 1
     hit, prefill, lam, mu = got

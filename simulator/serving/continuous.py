@@ -121,11 +121,10 @@ class Replicas:
         # a group g is g, a session s is -s - 1
         self.in_flight: list[dict[int, int]] = [{} for _ in self.replicas]
         self.group_of: dict[int, tuple[int, tuple[int, ...]]] = {}  # request -> (replica, prefixes) in flight
-        # prefill and decode apart: the first ``prefill`` replicas prefill (each request asked
+        # prefill and decode apart: the ``front`` replicas prefill (each request asked
         # for one token there, its real answer kept in ``asked``); what they finish moves to a
         # decode replica (``moving``: arrival time, id, prompt, output), keeping what its
         # prefill left (``prefilled``); a one-token answer settles where it was prefilled
-        self.prefill = service.prefill_replicas
         self.asked: dict[int, tuple[int, int]] = {}
         self.moving: list[tuple[float, int, int, int]] = []
         self.prefilled: dict[int, tuple] = {}
