@@ -61,10 +61,7 @@ class ClosedLoop:
         ses = self.sessions
         if self.users is not None:
             if self.drawn_until == -math.inf:  # every user's conversation under way at time 0, admitted at once
-                parts = [self._under_way(user) for user in range(self.users)]
-                times, gap, after = (np.concatenate([p[k] for p in parts]) for k in (0, 2, 3))
-                work = Work(*(np.concatenate(c) for c in zip(*(p[1] for p in parts), strict=True)))
-                self._admit(times, work, gap, after)
+                self._admit_all([self._under_way(user) for user in range(self.users)])
             self.drawn_until = until_ms
             return
         if ses.before is not None:
@@ -79,11 +76,20 @@ class ClosedLoop:
         if len(t0):
             self._admit(*ses._draw(t0))
 
-    def _converse(self, user: int, c: int, t0: float) -> None:
-        """User ``user`` starts its ``c``-th conversation at ``t0``."""
-        times, work, gap, after = self.sessions.conversation(user, c, t0)
+    def _rows(self, user: int, c: int, drawn: tuple, from_ms: float = -math.inf):
+        """User ``user``'s ``c``-th conversation (as :meth:`SessionTurns.conversation` drew
+        it), its turns from ``from_ms`` on: their times, work, gaps and the think time after
+        the conversation, a row each."""
+        times, work, gap, after = drawn
         self.user_of[c * self.users + user] = (user, c, after)
-        self._admit(times, work, gap, after)
+        now = times >= from_ms
+        return times[now], work.take(now), gap[now], np.full(int(now.sum()), after)
+
+    def _admit_all(self, parts: list[tuple]) -> None:
+        """Users' conversations (:meth:`_rows`), admitted at once."""
+        if parts:
+            times, gap, after = (np.concatenate([p[k] for p in parts]) for k in (0, 2, 3))
+            self._admit(times, Work(*(np.concatenate(c) for c in zip(*(p[1] for p in parts), strict=True))), gap, after)
 
     def _under_way(self, user: int) -> tuple[np.ndarray, Work, np.ndarray, np.ndarray]:
         """User ``user`` at time 0: its conversations from a start in the window before 0
@@ -94,18 +100,15 @@ class ClosedLoop:
         ses = self.sessions
         t, c = ses.user_start(user), 0
         while True:
-            times, work, gap, after = ses.conversation(user, c, t)
+            drawn = ses.conversation(user, c, t)
+            times, after = drawn[0], drawn[3]
             end = (times[-1] if len(times) else t) + after  # its user's next conversation
             if end >= 0:
                 break
             t, c = end, c + 1
-        now = times >= 0
-        if not now.any():  # between two conversations: the next one
-            c += 1
-            times, work, gap, after = ses.conversation(user, c, end)
-            now = np.ones(len(times), dtype=bool)
-        self.user_of[c * self.users + user] = (user, c, after)
-        return times[now], work.take(now), gap[now], np.full(int(now.sum()), after)
+        if not (times >= 0).any():  # between two conversations: the next one
+            return self._rows(user, c + 1, ses.conversation(user, c + 1, end))
+        return self._rows(user, c, drawn, from_ms=0.0)
 
     def _admit(self, times: np.ndarray, work: Work, gap: np.ndarray, after: float | np.ndarray = math.inf) -> None:
         """Sessions' turns in session order, each session's from its first in the run: that
@@ -185,11 +188,13 @@ class ClosedLoop:
             cols = list(zip(*rows, strict=True))
             work = Work(*(np.array(c, dtype=np.int64) for c in cols[1:8]))
             self._known(np.array(cols[0]), work, np.array(cols[8]))
+        nxt = []  # the next conversations of the users whose conversation ended, admitted at once
         for s, t in ended:
             user, c, after = self.user_of.pop(s)
             if t + after < hi:
                 raise RuntimeError(f"user {user}: a conversation due at {t + after} ms, before the chunk's end {hi} ms")
-            self._converse(user, c + 1, t + after)
+            nxt.append(self._rows(user, c + 1, self.sessions.conversation(user, c + 1, t + after)))
+        self._admit_all(nxt)
 
 
 __all__ = ["ClosedLoop"]
