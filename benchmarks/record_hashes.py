@@ -151,6 +151,18 @@ CASES: dict[str, tuple[str, list[str]]] = {
             "traffic.tokens.sessions.turn_gap={kind: exponential, mean_ms: 3000}",
         ],
     ),
+    # a benchmark's concurrency: no think time, chunks bounded by a step's least time
+    "llm_concurrency": ("llm_concurrency.yaml", ["duration_s=30", "warmup_s=5"]),
+    "llm_concurrency_split_autoscaled": (
+        "llm_concurrency.yaml",
+        [
+            "duration_s=30",
+            "warmup_s=5",
+            "workers.count=2",
+            "batching.disaggregation={prefill_replicas: 1, kv_transfer_gb_s: 50, "
+            "decode_autoscaler: {min_replicas: 1, max_replicas: 3, metric: in_flight, target: 16, sync_period_s: 2}}",
+        ],
+    ),
     "event_loop": (
         "calibrated_cpu_resnet.yaml",
         [

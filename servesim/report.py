@@ -129,14 +129,22 @@ def _llm(llm: dict | None) -> Group:
         )
     )
     ses = llm.get("sessions")
-    if ses is not None:
+    closed = ses is not None and ses.get("turn_gap_from") == "answer"
+    if ses is not None and not ses["later_turns_share"] > 0:  # conversations of one turn (a concurrency)
+        lines.append(
+            Text(
+                "sessions: one turn each"
+                + ("; a user's next is sent a think time after its answer (a closed loop)" if closed else "")
+            )
+        )
+    elif ses is not None:
         lines.append(
             Text(
                 f"sessions: {ses['later_turns_share']:.0%} of requests are later turns of a conversation; "
                 f"{ses['early_turns_share']:.1%} of those arrived before the answer to the turn before them "
                 + (
                     "(each sent a think time after that answer: a closed loop)"
-                    if ses.get("turn_gap_from") == "answer"
+                    if closed
                     else "(turns arrive a gap after the turn before them arrived)"
                 )
             )

@@ -110,6 +110,8 @@ def stream(
     lo = 0.0
     while True:
         hi = run.reach(lo, min(lo + step, end_ms))
+        if hi <= lo:  # a closed loop's bound that cannot move: a bug, never a hang
+            raise RuntimeError(f"a chunk from {lo} ms cannot end after it: the closed loop's bounds are stuck")
         final = hi >= end_ms
         yield run.chunk(hi, final)
         if progress is not None:
@@ -220,7 +222,9 @@ class _Run:
         if self.closed is None:
             return hi
         replicas = getattr(self.pool, "scheduler", None)
-        return self.closed.reach(lo, hi, replicas.answer_floors() if isinstance(replicas, Replicas) else {})
+        if not isinstance(replicas, Replicas):
+            return self.closed.reach(lo, hi)
+        return self.closed.reach(lo, hi, replicas.answer_floors(), replicas.least_step(lo))
 
     def chunk(self, hi: float, final: bool) -> Piece:
         """Arrivals before ``hi`` through every stage; the requests settled by then."""

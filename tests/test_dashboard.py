@@ -721,3 +721,12 @@ def test_the_llm_plan_page_bisects_replicas_for_each_gpu_and_token_budget():
         assert not at.exception
         assert any(words in e.value for e in at.error), gpu
         assert "run the plan" not in [b.label for b in at.button]
+
+
+@pytest.mark.slow
+def test_the_load_curve_page_of_a_concurrency_runs_around_the_fleets_seats():
+    """No think time: the users' curve runs from a sixteenth to twice the fleet's seats
+    (replicas × max_num_seqs), not around a think time's rate (0 users)."""
+    at = open_app("load-curve", "scenarios/llm_concurrency.yaml")
+    assert charts(at) == 1
+    assert any("No think time" in x.value and "256 at most" in x.value for x in at.caption)

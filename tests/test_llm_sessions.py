@@ -89,15 +89,18 @@ def test_turns_arrive_at_the_requests_rate_from_the_start():
             ["traffic.tokens.sessions", "a session of 16 turns", "set a smaller"],
         ),
         (["--set", "traffic.arrivals_file=x.csv", "--set", "traffic.rate_rps=null"], ["arrivals_file"]),
-        (  # a closed loop needs a think time: with none a chunk could never end
+        (["--set", "traffic.tokens.sessions.turn_gap_from=reply"], ["turn_gap_from", "'arrival' or 'answer'"]),
+        (  # no think time, and answers that need no step: a client would send again at the same instant
             [
                 "--set",
-                "traffic.tokens.sessions={turns: {fixed: 3}, turn_gap: {kind: deterministic, value_ms: 0}, "
-                "turn_gap_from: answer}",
+                "traffic.tokens.sessions.turn_gap={kind: deterministic, value_ms: 0}",
+                "--set",
+                "traffic.tokens.sessions.turn_gap_from=answer",
+                "--set",
+                "caches={result: {keys: 100}}",
             ],
-            ["traffic.tokens.sessions.turn_gap", "can be 0 ms", "above 0"],
+            ["traffic.tokens.sessions.turn_gap", "caches.result", "think time above 0"],
         ),
-        (["--set", "traffic.tokens.sessions.turn_gap_from=reply"], ["turn_gap_from", "'arrival' or 'answer'"]),
     ],
 )
 def test_bad_sessions_are_refused_before_the_run(args, needles):
@@ -476,3 +479,154 @@ def test_the_napkin_takes_a_populations_rate_from_the_response_time_law():
     assert 1.0 < r < 10.0
     assert rate.value < s.traffic.tokens.sessions.users_rps()  # answers take time
     assert rate.formula.startswith(f"X = N / (Z + R): 2,000 users / ({z:.1f} s thinking + {r:.2f} s an answer")
+
+
+CONCURRENCY = """
+name: concurrency
+seed: 5
+duration_s: {duration_s}
+warmup_s: 2
+sla: {{percentile: 99, target_ms: 30000, ttft_ms: 300, tpot_ms: 50}}
+traffic:
+  tokens:
+    prompt: {prompt}
+    output: {output}
+    sessions:
+      users: {users}
+      turns: {{fixed: 1}}
+      turn_gap: {{kind: deterministic, value_ms: 0}}
+      turn_gap_from: answer
+{network}
+router: {{balancing: {balancing}}}
+batching:
+  kind: continuous
+  model: llama-3-8b
+  max_num_batched_tokens: 2048
+  enable_prefix_caching: true
+  noise_cv: {noise_cv}
+workers: {{count: {count}, instance_type: h100}}
+"""
+NETWORK = """network:
+  client_to_api: {kind: lognormal, p50_ms: 5.0, p99_ms: 20.0}
+  api_to_client: {kind: lognormal, p50_ms: 5.0, p99_ms: 20.0}"""
+
+
+def _concurrency(tmp_path, **given):
+    values = {
+        "duration_s": 20,
+        "prompt": "{mean: 500, p99: 3000, max: 6000}",
+        "output": "{mean: 150, p99: 600, max: 1000}",
+        "users": 32,
+        "network": NETWORK,
+        "balancing": "scored",
+        "noise_cv": 0.05,
+        "count": 2,
+    } | given
+    path = tmp_path / "concurrency.yaml"
+    path.write_text(CONCURRENCY.format(**values))
+    return load_scenario(path)
+
+
+def test_a_think_time_of_zero_holds_a_concurrency_in_any_chunks(tmp_path):
+    """A load generator's concurrency (vllm bench serve --max-concurrency, GuideLLM's
+    concurrent profile): ``users`` each sending the next request the instant the answer
+    before it arrives (``turn_gap`` 0 ms). Every user sends at time 0, then each send is
+    exactly its answer before, so at every instant all of them have a request out; and
+    the chunks (each ending before a send nobody knows yet: a step's least time after a
+    turn reaches the fleet) give the whole run's records bit for bit, with the network's
+    delays, noisy steps and two scored replicas."""
+    from simulator.engine import stream
+    from simulator.pieces import concat_records
+
+    s = _concurrency(tmp_path)
+    whole = simulate(s).records
+    assert np.all(whole.completed)
+    user, send, answer, _, _ = _per_user(whole, 32)
+    same = user[1:] == user[:-1]
+    assert np.count_nonzero(same) > 300
+    np.testing.assert_array_equal(send[1:][same], answer[:-1][same])  # the next send is the answer
+    firsts = np.append(True, ~same)
+    assert np.all(send[firsts] == 0.0)
+    assert np.count_nonzero(firsts) == 32
+    assert np.all(answer > send)
+    for chunk_s in (0.3, 2.9):
+        pieces = list(stream(s, chunk_s=chunk_s))
+        r = concat_records([p.records for p in pieces])
+        for name in ("arrival", "session", "prompt_tokens", "t_first_token", "t_response", "cached_tokens"):
+            np.testing.assert_array_equal(getattr(r, name), getattr(whole, name), err_msg=f"{name}, {chunk_s} s")
+
+
+def test_a_single_request_at_a_time_takes_the_step_models_time_exactly(tmp_path):
+    """One user, no think time, no network, steps without noise: each request runs alone,
+    its prompt in one chunk and then a decode step a token, so its time to first token and
+    its answer are the step model's sums (to 1e-9), and the next one is sent as it ends."""
+    from simulator.serving.step_time import Work, step_model
+
+    prompt, output = 700, 40
+    s = _concurrency(
+        tmp_path,
+        users=1,
+        count=1,
+        network="",
+        noise_cv=0,
+        prompt=f"{{fixed: {prompt}}}",
+        output=f"{{fixed: {output}}}",
+        balancing="round_robin",
+    )
+    r = simulate(s).records
+    step = step_model(s.batching, "h100")
+    first = step.ms(Work(prefill_tokens=prompt, attention=prompt * prompt / 2.0, chunks=1))
+    answer = first + sum(step.ms(Work(decodes=1, decode_context=prompt + k)) for k in range(1, output))
+    assert len(r.arrival) > 50
+    np.testing.assert_allclose(r.t_first_token - r.arrival, first, rtol=1e-9)
+    np.testing.assert_allclose(r.t_response - r.arrival, answer, rtol=1e-9)
+    np.testing.assert_allclose(r.arrival, np.arange(len(r.arrival)) * answer, rtol=1e-9)
+
+
+@pytest.mark.slow
+def test_the_concurrency_scenario_answers_its_question():
+    """``llm_concurrency.yaml``'s header, run as written: at 64 in flight one H100 gives
+    ~21 req/s within both targets; 128 more throughput, still within; 256 some more, its
+    TPOT p99 past 50 ms (every one of max_num_seqs' seats taken, steps at their widest);
+    512 no more throughput than 256, and TTFT p99 seconds long (half the clients wait for
+    a seat)."""
+    from simulator.results.reduce import summarize
+    from tests.test_scenarios import documented_commands, overrides
+
+    path = ROOT / "scenarios/llm_concurrency.yaml"
+    got = []
+    for cmd in documented_commands(path):
+        out = summarize(simulate(load_scenario(path, overrides(cmd))))
+        llm = out["llm"]
+        got.append((out["requests"]["throughput_rps"], llm["ttft_ms"]["p99"], llm["tpot_ms"]["p99"]))
+    (x64, ttft64, tpot64), (x128, ttft128, tpot128), (x256, _, tpot256), (x512, ttft512, _) = got
+    assert 19 < x64 < 23
+    assert ttft64 < 300
+    assert tpot64 < 50
+    assert x128 > 1.15 * x64
+    assert ttft128 < 300
+    assert tpot128 < 50
+    assert x256 > 1.05 * x128
+    assert tpot256 > 50
+    assert x512 == pytest.approx(x256, rel=0.03)
+    assert ttft512 > 5_000
+
+
+@pytest.mark.parametrize("users", [16, 128])
+def test_the_napkin_of_a_concurrency_stretches_its_decode_steps_by_the_prefills(users):
+    """With no think time every replica holds its share of the users, always, and each
+    decode step waits for the others' prefills: the napkin's X = N / R, with R's steps at
+    that batch stretched by the share of the GPU's time the prefills take (which X sets),
+    lands within 5% of the simulated rate (llm_concurrency.yaml, one H100, seeds 41: 16
+    users 8.5 against 8.5-8.7 req/s over seeds, 128 users 27.5 against 26.7-26.8; the
+    unstretched steps said 32.6 for 64 users, where 20.6-21.1 ran)."""
+    from simulator.planning.napkin import llm_napkin
+    from simulator.results.reduce import summarize
+
+    s = load_scenario(ROOT / "scenarios/llm_concurrency.yaml", [f"traffic.tokens.sessions.users={users}"])
+    lines, _ = llm_napkin(s, 6.88)
+    rate = next(ln for ln in lines if ln.quantity == "request rate")
+    assert "stretched by the others' prefills" in rate.formula
+    assert next(ln.value for ln in lines if ln.quantity == "replicas") == 1
+    ran = summarize(simulate(s))["requests"]["throughput_rps"]
+    assert rate.value == pytest.approx(ran, rel=0.05)

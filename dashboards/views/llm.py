@@ -128,15 +128,23 @@ def users_curve(choice: Choice, s: Scenario) -> None:
     mean think time: answers take time, and the napkin's batch is a cautious one, so the
     knee is often well above it), with the knee in users."""
     think_s = s.traffic.tokens.sessions.turn_gap.mean / 1000.0
-    rps = data.llm_capacity(s)
-    cap = rps * think_s
-    sizes = np.geomspace(0.4, 3.0, 8) * cap
+    if think_s > 0:
+        rps = data.llm_capacity(s)
+        cap = rps * think_s
+        sizes = np.geomspace(0.4, 3.0, 8) * cap
+        said = (
+            f"A population sets its own rate: the napkin's {rps:,.1f} req/s × a mean think time of "
+            f"{think_s:,.1f} s = {cap:,.0f} users, were every answer instant."
+        )
+    else:  # a concurrency: every user has a request out, always; the fleet's seats bound what runs
+        cap = s.workers.count * s.batching.max_num_seqs
+        sizes = np.geomspace(1 / 16, 2.0, 8) * cap
+        said = (
+            f"No think time (a benchmark's concurrency): every user has a request out, always, and the fleet "
+            f"runs {cap:,} at most ({s.workers.count} × max_num_seqs {s.batching.max_num_seqs})."
+        )
     users = sorted({*(max(round(float(n)), 1) for n in sizes), int(s.traffic.users)})
-    st.caption(
-        f"A population sets its own rate: the napkin's {rps:,.1f} req/s × a mean think time of "
-        f"{think_s:,.1f} s = {cap:,.0f} users, were every answer instant. The curve runs the scenario at "
-        f"{len(users)} populations around it."
-    )
+    st.caption(f"{said} The curve runs the scenario at {len(users)} populations around it.")
     with st.spinner("simulating the populations …"):
         curve = cache.llm_users_curve(choice.source, choice.text, choice.overrides, tuple(users))
     _draw_curve(curve, s, "users")

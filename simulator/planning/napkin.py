@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from scipy.optimize import brentq
+
 from simulator.planning.prefix_cache import CacheEstimate, PrefixCache
 from simulator.scenario.config import Scenario
 from simulator.scenario.shapes import rate_bound
@@ -184,8 +186,18 @@ def llm_napkin(s: Scenario, price_per_worker_hour: float) -> tuple[list[Line], L
     if target is not None:  # the widest batch whose step stays within the TPOT target
         while batch > 1 and decode_ms(batch) > target:
             batch -= 1
+    users = s.traffic.users
+    think_s = s.traffic.tokens.sessions.turn_gap.mean / 1000.0 if users is not None else 0.0
+    # a population runs no more sequences than it has users; with no think time (a load
+    # generator's concurrency) every replica holds its share of them, always: the fewest
+    # replicas are those whose share decodes within the TPOT target
+    widest = batch
+    instant = users is not None and think_s == 0
+    if instant:
+        batch = math.ceil(users / math.ceil(users / widest))
+    elif users is not None:
+        batch = min(batch, users)
     t_b = decode_ms(batch)
-    think_s = s.traffic.tokens.sessions.turn_gap.mean / 1000.0 if s.traffic.users is not None else 0.0
     cache = PrefixCache(s)
     footprint = e_s - cache.shared_mean + e_o / 2  # a running sequence's KV tokens, its shared prefix apart
 
@@ -193,27 +205,42 @@ def llm_napkin(s: Scenario, price_per_worker_hour: float) -> tuple[list[Line], L
         new = e_s - reused
         return step.ms(Work(prefill_tokens=round(new), attention=new * (reused + new / 2), chunks=1)) - step.ms(Work())
 
-    def rate_of(prefill: float) -> float:  # a population's: the interactive response time law, X = N / (Z + R)
-        return lam if s.traffic.users is None else s.traffic.users / (think_s + (prefill + e_o * t_b) / 1000.0)
+    def rate_of(prefill: float, n: int = 1) -> float:  # a population's: the interactive response time law
+        if users is None:
+            return lam
+        if not instant:  # X = N / (Z + R)
+            return users / (think_s + (prefill + e_o * t_b) / 1000.0)
+
+        # no think time: the replicas are always full, and each decode step is stretched by the
+        # share b of the GPU's time the others' prefills take, which the rate sets, b = X·prefill/n:
+        # b - X(b)·prefill/n rises with b, one root in [0, 1)
+        def rate(b: float) -> float:
+            return users / ((prefill + e_o * t_b / (1.0 - b)) / 1000.0)
+
+        b = brentq(lambda b: b - rate(b) * prefill / n / 1000.0, 0.0, 1.0 - 1e-12)
+        return rate(b)
 
     def sized(n: int):
         """The napkin at ``n`` replicas: the prefix cache's hits there (the rate, the
         prefill and the hits each settle the others: a few rounds), the prefill of what
         the cache leaves, the rate, and a replica's throughput."""
         prefill, hit = prefill_of(0.0), None
-        rate = rate_of(prefill)
+        rate = rate_of(prefill, n)
         for _ in range(4):
             running = min(rate / n * (e_o * t_b + prefill) / 1000.0, float(cap))  # Little, per replica
             hit = cache.at(n, rate, running, footprint, prefill + e_o * t_b)
             prefill = prefill_of(hit.reused)
-            rate = rate_of(prefill)
+            rate = rate_of(prefill, n)
         return hit, prefill, rate, 1000.0 / (e_o * t_b / batch + prefill)
 
     # the fewest replicas that carry the rate with the hits their KV memory keeps, from a
     # bound below: the slowest answers' rate over a replica finding all it could
     most = cache.shared_mean + cache.history_mean if cache.on else 0.0
     bare = max(math.ceil(rate_of(prefill_of(0.0)) * (e_o * t_b / batch + prefill_of(most)) / 1000.0 - 1e-9), 1)
-    while math.ceil((got := sized(bare))[2] / got[3] - 1e-9) > bare:
+    if instant:
+        bare = math.ceil(users / widest)
+        got = sized(bare)
+    while not instant and math.ceil((got := sized(bare))[2] / got[3] - 1e-9) > bare:
         bare += 1
     hit, prefill, lam, mu = got
     answer_s = (prefill + e_o * t_b) / 1000.0  # a prefill, then E[o] steps at the batch
@@ -236,7 +263,11 @@ def llm_napkin(s: Scenario, price_per_worker_hour: float) -> tuple[list[Line], L
             "peak request rate" if s.traffic.users is None else "request rate",
             "from traffic (rate × the shape's peak)"
             if s.traffic.users is None
-            else f"X = N / (Z + R): {s.traffic.users:,} users / ({think_s:,.1f} s thinking + {answer_s:,.2f} s an "
+            else f"X = N / R: {users:,} users / {users / lam:,.2f} s an answer (no think time: a prefill and "
+            f"{e_o:,.0f} steps at batch {batch}, each stretched by the others' prefills, "
+            f"{lam / bare:.3g} req/s × {prefill:.3g} ms of a replica's time)"
+            if instant
+            else f"X = N / (Z + R): {users:,} users / ({think_s:,.1f} s thinking + {answer_s:,.2f} s an "
             f"answer: a prefill and {e_o:,.0f} steps at batch {batch})",
             lam,
             "req/s",
@@ -273,14 +304,21 @@ def llm_napkin(s: Scenario, price_per_worker_hour: float) -> tuple[list[Line], L
         ),
         Line(
             "max concurrent sequences",
-            f"{kv_tokens:,} / ({e_s:,.0f} + {e_o:,.0f}), at most max_num_seqs {b.max_num_seqs}",
-            min(concurrent, b.max_num_seqs),
+            f"{kv_tokens:,} / ({e_s:,.0f} + {e_o:,.0f}), at most max_num_seqs {b.max_num_seqs}"
+            + ("" if users is None else f" and the {users:,} users"),
+            min(concurrent, b.max_num_seqs, users or math.inf),
             "sequences",
         ),
         Line(
             "decode step at the napkin's batch",
             f"step time of {batch} sequences"
-            + (f" (the widest within TPOT {target:g} ms)" if target is not None else " (the widest that fits)"),
+            + (
+                " (a replica's share of the users)"
+                if batch < widest
+                else f" (the widest within TPOT {target:g} ms)"
+                if target is not None
+                else " (the widest that fits)"
+            ),
             t_b,
             "ms",
         ),
@@ -300,7 +338,10 @@ def llm_napkin(s: Scenario, price_per_worker_hour: float) -> tuple[list[Line], L
         ),
         Line(
             "replicas",
-            f"⌈{lam:,.0f} / {mu:.3g}⌉" + (", the fewest whose KV memory keeps those hits" if hit.reused >= 0.5 else ""),
+            f"⌈{users:,} users / {widest} sequences a replica⌉: no think time, so each replica always holds its share"
+            if instant
+            else f"⌈{lam:,.0f} / {mu:.3g}⌉"
+            + (", the fewest whose KV memory keeps those hits" if hit.reused >= 0.5 else ""),
             bare,
             "replicas",
         ),

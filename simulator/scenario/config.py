@@ -334,6 +334,15 @@ class Scenario(Frozen):
             )
         if sessions is not None and t.arrivals_file is not None:
             raise ValueError("traffic.tokens.sessions start as a Poisson process: drop traffic.arrivals_file")
+        if sessions is not None and sessions.instant():  # every answer must take a step's time at least
+            failing = self.features.lookups_per_request > 0 and self.features.on_timeout == "fail"
+            for on, what in ((self.caches.result is not None, "caches.result"), (failing, "features.on_timeout fail")):
+                if on:
+                    raise ValueError(
+                        f"traffic.tokens.sessions.turn_gap can be 0 ms, and {what} answers without a replica's "
+                        f"step, as soon as it likes: a user could send again at the same instant; give turn_gap a "
+                        f"think time above 0, or drop {what}"
+                    )
         return self
 
     @model_validator(mode="after")
@@ -380,6 +389,17 @@ def _catalog_or_problem(path: str | None) -> Catalog | str:
         return f"cost.catalog: cannot read {path}: {err}"
 
 
+def least_answer_ms(s: Scenario) -> float:
+    """The shortest answer an LLM fleet can give, ms: the fewest output tokens, each made
+    by a step of its own, every step at least :meth:`ContinuousBatching.least_step_ms` on
+    the fleet's fastest GPU type (0 for a fleet that is not an LLM one)."""
+    b, t = s.batching, s.traffic.tokens
+    if getattr(b, "kind", None) != "continuous" or t is None or t.from_trace:
+        return 0.0
+    fewest = max(t.lengths()[1].lower, 1.0)
+    return fewest * min(b.least_step_ms(gpu) for gpu in (s.workers.instance_type, *s.workers.mix))
+
+
 def expected_requests(s: Scenario) -> float:
     """An upper estimate of the arrivals: each source at its peak rate for the whole run."""
     if s.traffic.classes:
@@ -390,8 +410,8 @@ def expected_requests(s: Scenario) -> float:
                 return float(sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b"")) + 1)
         except OSError:
             return 0.0
-    if s.traffic.users is not None:  # at most a think time apart each, on average
-        return s.traffic.tokens.sessions.users_rps() * s.duration_s
+    if s.traffic.users is not None:  # a think time and an answer apart each, on average
+        return s.traffic.tokens.sessions.users_rps(least_answer_ms(s)) * s.duration_s
     return rate_bound(s.traffic.shape, s.traffic.rate_rps) * s.duration_s
 
 
@@ -436,4 +456,5 @@ __all__ = [
     "Window",
     "Workers",
     "expected_requests",
+    "least_answer_ms",
 ]

@@ -290,6 +290,14 @@ class ContinuousBatching(Frozen):
         m = MODELS[self.model]
         return m if self.weight_bytes is None else m.model_copy(update={"weight_bytes": self.weight_bytes})
 
+    def least_step_ms(self, instance_type: str) -> float:
+        """What every step takes at least on ``instance_type``, before noise: the fitted
+        form's fixed cost, or the roofline's overhead and the weights read once."""
+        st = self.step_time
+        if isinstance(st, LinearStep):
+            return st.c0_ms
+        return st.overhead_ms + self.spec.weights_total_bytes / (gpu_spec(instance_type).hbm_tb_s * 1e12 * st.mbu) * 1e3
+
     def blocks(self, instance_type: str) -> int:
         """KV blocks per replica: ``num_blocks``, or what the GPU's memory leaves after the
         weights and the activations (ValueError when nothing is left, or the GPU has no preset)."""

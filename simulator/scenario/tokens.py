@@ -106,6 +106,16 @@ class TokenLengths(Frozen):
             return float(top if self.max is None else min(top, self.max))
         return math.inf if self.max is None else float(self.max)
 
+    @property
+    def lower(self) -> float:
+        """The fewest tokens a draw can have."""
+        top = math.inf if self.max is None else self.max
+        if self.fixed is not None:
+            return float(min(max(self.fixed, self.min), top))
+        if self.values is not None:
+            return float(min(max(min(self.values), self.min), top))
+        return float(self.min)
+
 
 PRESETS: dict[str, tuple[TokenLengths, TokenLengths]] = {
     # Azure's LLM inference traces (2023), their published shapes: means and p99s
@@ -160,7 +170,8 @@ class Sessions(Frozen):
     )
     turn_gap: Distribution = Field(
         description="The gap before a session's next turn, ms: from the turn before's arrival (the answer's "
-        "time and the user's think time), or with turn_gap_from answer from its answer (the think time alone)."
+        "time and the user's think time), or with turn_gap_from answer from its answer (the think time alone; "
+        "0: sent as the answer arrives, a benchmark's concurrency)."
     )
     turn_gap_from: Literal["arrival", "answer"] = Field(
         "arrival",
@@ -198,22 +209,24 @@ class Sessions(Frozen):
                 "traffic.tokens.sessions.users is a closed loop (each user waits for its answers): set "
                 "turn_gap_from: answer"
             )
-        if self.turn_gap_from == "answer" and _can_be_zero(self.turn_gap):
-            raise ValueError(
-                "traffic.tokens.sessions.turn_gap can be 0 ms: with turn_gap_from answer a turn is sent a think "
-                "time after the answer before it, so give a gap above 0 (a user reads, then types)"
-            )
         return self
 
     def mean_turns(self) -> float:
         """The exact mean of the turns per session: its rounding and clipping included."""
         return self.turns.expected()
 
-    def users_rps(self) -> float:
-        """The rate ``users`` would send at were every answer instant (a user's turns come a
-        mean think time apart), req/s: the most they send on average, and what a rate's
-        napkin takes for them."""
-        return self.users * 1000.0 / self.turn_gap.mean
+    def users_rps(self, answer_ms: float = 0.0) -> float:
+        """The rate ``users`` send at were every answer ``answer_ms`` long (a user's turns
+        come a mean think time and an answer apart), req/s: with answers no shorter than
+        that, the most they send on average. With none (the default) and no think time
+        (a load generator's concurrency), unbounded."""
+        cycle = self.turn_gap.mean + answer_ms
+        return self.users * 1000.0 / cycle if cycle > 0 else math.inf
+
+    def instant(self) -> bool:
+        """Whether a turn can follow the answer before it at once (a think time of 0 ms:
+        a load generator holding a concurrency)."""
+        return self.turn_gap_from == "answer" and _can_be_zero(self.turn_gap)
 
 
 class Tokens(Frozen):

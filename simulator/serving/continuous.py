@@ -94,6 +94,9 @@ class LLMService:
         return Replica(self.policy, step, limits, noise, speed=path)
 
 
+LOOKAHEAD_STEPS = 1024  # a replica's next steps whose noise bounds a closed loop's chunk (Replicas.least_step)
+
+
 class Replicas:
     """The :class:`~simulator.serving.scheduler.Scheduler` of ``kind: continuous``: one
     replica per queue (``instances[k]`` holds its one global id)."""
@@ -120,6 +123,7 @@ class Replicas:
         # (llm-d's index of routed prefixes: a prefix in flight there will be cached there);
         # a group g is g, a session s is -s - 1
         self.in_flight: list[dict[int, int]] = [{} for _ in self.replicas]
+        self._unborn: dict[int, Replica] = {}  # replicas an autoscaler may add next, made ahead (least_step)
         self.group_of: dict[int, tuple[int, tuple[int, ...]]] = {}  # request -> (replica, prefixes) in flight
         # prefill and decode apart: the ``front`` replicas prefill (each request asked
         # for one token there, its real answer kept in ``asked``); what they finish moves to a
@@ -318,7 +322,8 @@ class Replicas:
                 if sc.next_ms != at:
                     continue
                 for k in sc.evaluate(at, self.replicas):  # the replicas it asked for (ids in order)
-                    self.replicas.append(self.service.replica(k))
+                    made = self._unborn.pop(k, None)
+                    self.replicas.append(self.service.replica(k) if made is None else made)
                     sc.watch(self.replicas[k])
                     self.instance.append(k)
                     self.in_flight.append({})
@@ -384,6 +389,32 @@ class Replicas:
             for session, r in turns:
                 out[session] = max(quiet, rep.t + floor * float(steps[r - 1]))
         return out
+
+    def least_step(self, lo: float) -> tuple[float, float]:
+        """``(least, until)``: every step a replica starts from ``lo`` on, among its next
+        :data:`LOOKAHEAD_STEPS`, takes at least ``least`` ms (the least step that makes a
+        token, times the least of those steps' noise factors, drawn already, and the
+        host's fastest speed), so an answer a step gives a turn that reached the pool at
+        ``t`` comes at ``t + least`` or later. The replicas an evaluation due at ``lo`` may
+        add are counted (made ahead: their factors are their own stream's first ones).
+        ``until`` is where that stops holding: the first time a replica could have taken
+        more steps than were looked at, or the evaluation after ``lo`` (a replica it adds
+        has factors not looked at)."""
+        born = len(self.replicas)
+        unborn = range(born, born + sum(sc.cfg.max_replicas for sc in self.scalings))
+        for k in unborn:  # what an evaluation at ``lo`` can add: made now, kept for it
+            if k not in self._unborn:
+                self._unborn[k] = self.service.replica(k)
+        least = math.inf
+        for rep in (*self.replicas, *(self._unborn[k] for k in unborn)):
+            floor = token_step_floor_ms(rep.step) * (1.0 if rep.speed is None else float(rep.speed.f.min()))
+            if rep.noise is not None:
+                floor *= float(rep.noise.peek(LOOKAHEAD_STEPS).min())
+            least = min(least, floor)
+        until = lo + LOOKAHEAD_STEPS * least
+        for sc in self.scalings:  # those due at ``lo`` run in the chunk; the next one ends it
+            until = min(until, sc.next_ms if sc.next_ms > lo else sc.next_ms + sc.period_ms)
+        return least, until
 
     def close(self) -> None:
         self.horizon = math.inf

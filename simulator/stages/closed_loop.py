@@ -27,7 +27,10 @@ class ClosedLoop:
     it does not know yet can arrive (:meth:`reach`): a turn in flight at the chunk's
     start ``lo`` is answered after ``lo`` (or after the floor its replica's state gives,
     :meth:`~simulator.serving.continuous.Replicas.answer_floors`), one arriving in the
-    chunk at ``t`` after ``t``, and its next turn comes its gap later. Cut so, the chunks
+    chunk at ``t`` after ``t``, and its next turn comes its gap later; with a think time
+    of 0 the answers' own least time, a step's
+    (:meth:`~simulator.serving.continuous.Replicas.least_step`), keeps the chunk from
+    ending where it starts. Cut so, the chunks
     hand out the turns a whole run would, in the same order, and the records are the same
     for any chunk length.
 
@@ -133,18 +136,38 @@ class ClosedLoop:
         self.work = Work(*(np.concatenate(c) for c in zip(self.work, work, strict=True)))
         self.next_gap = np.concatenate([self.next_gap, next_gap])
 
-    def reach(self, lo: float, hi: float, floors: dict[int, float] | None = None) -> float:
+    def reach(
+        self,
+        lo: float,
+        hi: float,
+        floors: dict[int, float] | None = None,
+        least: tuple[float, float] = (0.0, math.inf),
+    ) -> float:
         """The end of a chunk from ``lo`` meant to end at ``hi``: ``hi``, or earlier where a
         turn not known yet could arrive before it. ``floors``: sessions whose turn in
-        flight is known to be answered no earlier than a time after ``lo``."""
+        flight is known to be answered no earlier than a time after ``lo``. ``least``:
+        ``(ms, until)``, every answer comes at least ``ms`` after its turn reached the
+        fleet (and after ``lo``) up to ``until``
+        (:meth:`~simulator.serving.continuous.Replicas.least_step`): with it a think time
+        of 0 (a turn sent as the answer before it arrives) still lets a chunk end after
+        ``lo``. The later of the two bounds, each safe."""
         self._start(hi)
+        floors = floors or {}
+        cut = self._cut(lo, hi, floors, 0.0)
+        ms, until = least
+        if ms > 0:
+            cut = max(cut, min(self._cut(lo, hi, floors, ms), until))
+        return cut
+
+    def _cut(self, lo: float, hi: float, floors: dict[int, float], ms: float) -> float:
+        """The earliest a turn not known yet could arrive, were every answer at least
+        ``ms`` after its turn and after ``lo``: ``hi`` at most."""
         cut = hi
         if self.awaiting:
-            floors = floors or {}
-            cut = min(cut, min(max(lo, floors.get(s, lo)) + g for s, g in self.awaiting.items()))
+            cut = min(cut, min(max(lo + ms, floors.get(s, lo)) + g for s, g in self.awaiting.items()))
         soon = self.times < hi
         if soon.any():
-            cut = min(cut, float((self.times[soon] + self.next_gap[soon]).min()))
+            cut = min(cut, float((self.times[soon] + ms + self.next_gap[soon]).min()))
         return cut
 
     def take(self, until_ms: float) -> tuple[np.ndarray, np.ndarray]:
