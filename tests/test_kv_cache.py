@@ -240,3 +240,30 @@ def test_the_free_queue_keeps_an_ordered_dicts_order_through_removals_and_retake
         assert len(queue) == len(ref)
     assert list(queue) == list(ref)
     assert removed > 3000
+
+
+def test_a_watched_range_of_keys_counts_each_of_its_keys_named_or_evicted():
+    """A router keeps what it read of a prefix group's cached run until one of the groups'
+    keys comes or goes (``watch_above``: ints between it and 0): naming or evicting such a
+    key counts once, other keys (a session's, a request's own) never, a key already cached
+    elsewhere not at all."""
+    from simulator.serving.llm_types import BLOCKS, GROUP_KEYS_ABOVE, group_key, session_owner
+
+    kv = KVCache(4, 4)
+    kv.watch_above = GROUP_KEYS_ABOVE
+    group = [group_key(3, j) for j in range(2)]
+    own = [session_owner(7) * BLOCKS + j for j in range(2)]
+    kv.allocate("a", 16, keys=[*group, *own])
+    kv.cache_full_blocks("a", [*group, *own])
+    assert kv.watched == 2  # the group's two, not the session's
+    kv.free("a")
+    kv.allocate("b", 8, keys=[5 * BLOCKS, 5 * BLOCKS + 1])  # the session's blocks go first (freed last first)
+    assert kv.watched == 2
+    kv.allocate("c", 4)  # then the group's second
+    assert group[1] not in kv.cached
+    assert kv.watched == 3
+    kv.free("c")
+    assert kv.allocate("d", 8, keys=group) == 4  # a hit on the first, cached already: not counted again
+    kv.cache_full_blocks("d", group)
+    assert kv.watched == 4  # the second named anew
+    kv.check()

@@ -21,7 +21,7 @@ from simulator.scenario.llm import ContinuousBatching
 from simulator.serving.lives import FleetLog, Worker
 from simulator.serving.llm_replica import Replica
 from simulator.serving.llm_scaling import Scaling, WarmNodes, settle
-from simulator.serving.llm_types import BLOCKS, Finished, Limits, group_key, session_owner
+from simulator.serving.llm_types import BLOCKS, GROUP_KEYS_ABOVE, Finished, Limits, group_key, session_owner
 from simulator.serving.served import Settled, TokensServed
 from simulator.serving.step_time import Noise, StepModel, step_model, token_step_floor_ms
 
@@ -91,7 +91,10 @@ class LLMService:
         noise = Noise(self.noise_cv, child(self.rng, k)) if self.noise_cv > 0 else None
         path = None if self.speed is None else self.speed.worker(k)
         step, limits = self.kinds[k] if k < len(self.kinds) else (self.step, self.limits)
-        return Replica(self.policy, step, limits, noise, speed=path)
+        rep = Replica(self.policy, step, limits, noise, speed=path)
+        if self.balancing in ("scored", "prefix_affinity"):  # the router reads the groups' cached runs
+            rep.kv.watch_above = GROUP_KEYS_ABOVE
+        return rep
 
 
 LOOKAHEAD_STEPS = 1024  # a replica's next steps whose noise bounds a closed loop's chunk (Replicas.least_step)
@@ -123,6 +126,7 @@ class Replicas:
         # (llm-d's index of routed prefixes: a prefix in flight there will be cached there);
         # a group g is g, a session s is -s - 1
         self.in_flight: list[dict[int, int]] = [{} for _ in self.replicas]
+        self.group_runs: dict[int, dict] = {}  # replica -> (group, blocks) -> (its KV's watched, run): _hit
         self._unborn: dict[int, Replica] = {}  # replicas an autoscaler may add next, made ahead (least_step)
         self.group_of: dict[int, tuple[int, tuple[int, ...]]] = {}  # request -> (replica, prefixes) in flight
         # prefill and decode apart: the ``front`` replicas prefill (each request asked
@@ -333,19 +337,32 @@ class Replicas:
         """Prompt tokens of the request's prefix (its group's, then its session's earlier
         turns) replica ``k`` holds or will hold: the whole of it while a request of the
         session (or, for the group's part, of the group) is in flight there, else its
-        cached blocks."""
+        cached blocks: the run of them from the first, the group's read again only after
+        one of the groups' keys came or went in that replica's cache (``kv.watched``: a
+        shared system prompt is walked once, not at every request on every replica)."""
         held = self.in_flight[k]
         if session >= 0 and held.get(-session - 1):
             return shared + history
         known = shared if group >= 0 and held.get(group) else 0
-        cached = self.replicas[k].kv.cached
+        kv = self.replicas[k].kv
+        cached = kv.cached
         bs = self.block_size
         blocks = (shared if session < 0 else min(shared + history, max(prompt - 1, 0))) // bs
-        grouped = shared // bs if group >= 0 else 0
-        owner = None if session < 0 else session_owner(session) * BLOCKS
+        grouped = min(shared // bs if group >= 0 else 0, blocks)
         j = 0
-        while j < blocks and (group_key(group, j) if j < grouped else owner + j) in cached:
-            j += 1
+        if grouped:  # the group's run, read again only once a group's cached block came or went
+            memo = self.group_runs.setdefault(k, {})
+            seen = memo.get((group, grouped))
+            if seen is not None and seen[0] == kv.watched:
+                j = seen[1]
+            else:
+                while j < grouped and group_key(group, j) in cached:
+                    j += 1
+                memo[group, grouped] = (kv.watched, j)
+        if j == grouped and session >= 0:
+            owner = session_owner(session) * BLOCKS
+            while j < blocks and owner + j in cached:
+                j += 1
         return max(known, j * bs)
 
     def _forget_finished(self) -> None:

@@ -127,6 +127,10 @@ class KVCache:
         self.tables: dict[Hashable, list[int]] = {}  # sequence -> its blocks, in token order
         self.hits = 0  # tokens served from the cache, over the run
         self.lookups = 0  # prompt tokens looked up
+        # where watched: each time a cached int key in (watch_above, 0) comes or goes, one more
+        # (the prefix groups' keys, so a router may keep what it read of them until it changes)
+        self.watch_above: int | None = None
+        self.watched = 0
 
     # --- what a scheduler asks -------------------------------------------------
     def blocks_for(self, tokens: int) -> int:
@@ -236,11 +240,14 @@ class KVCache:
             for b in reused:
                 ref[b] = 1
             if self.cached:  # content to evict (none while no block was ever named)
-                key, cached = self.key, self.cached
+                key, cached, above = self.key, self.cached, self.watch_above
                 for b in reused:
-                    if key[b] is not None:
-                        del cached[key[b]]
+                    k = key[b]
+                    if k is not None:
+                        del cached[k]
                         key[b] = None
+                        if above is not None and type(k) is int and above < k < 0:
+                            self.watched += 1
             blocks += reused
         return blocks
 
@@ -252,6 +259,9 @@ class KVCache:
         if self.key[b] is None and key not in self.cached:
             self.key[b] = key
             self.cached[key] = b
+            above = self.watch_above
+            if above is not None and type(key) is int and above < key < 0:
+                self.watched += 1
 
     def cache_full_blocks(self, seq: Hashable, keys: Sequence[Hashable], start: int = 0) -> None:
         """Name the content of ``seq``'s blocks ``start``, ``start + 1``, ... (full ones, as
@@ -289,6 +299,7 @@ class KVCache:
         if self.key[b] is not None:
             del self.cached[self.key[b]]
             self.key[b] = None
+            self.watched += 1  # rare (a reset): counted whatever the key
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached content (the blocks stay where they are)."""

@@ -81,6 +81,9 @@ def group_key(group: int, block: int) -> int:
     return -(group * BLOCKS + block) - 1
 
 
+GROUP_KEYS_ABOVE = -(1 << 40) * BLOCKS  # every prefix group's key is above it (and below 0), every session's below
+
+
 def session_owner(session: int) -> int:
     """The owner number of session ``session``'s blocks (block ``j`` of any of its turns is
     ``owner x BLOCKS + j``: every turn's sequence begins with the one before it, so their
@@ -157,6 +160,7 @@ def name_blocks(kv: KVCache, s: Seq, full: int) -> None:
 
 __all__ = [
     "BLOCKS",
+    "GROUP_KEYS_ABOVE",
     "Finished",
     "Keys",
     "Limits",
