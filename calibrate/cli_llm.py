@@ -192,15 +192,29 @@ def judge(
             "profile's calibration aged it; 0: none)."
         ),
     ] = None,
+    streams: Annotated[
+        str,
+        typer.Option(
+            help="Then GuideLLM's concurrent profile at these many requests in flight, comma-separated (none: '')."
+        ),
+    ] = "2,4",
 ) -> None:
     """Drive the tiny engine with GuideLLM (a load generator nobody here wrote) at two
-    rates and compare its TTFT, ITL and TPOT percentiles with the calibrated scenario's."""
+    rates, then at fixed concurrencies, and compare its TTFT, ITL and TPOT percentiles (and
+    a concurrency's rate) with the calibrated scenario's."""
     try:
         got = [float(x) for x in shares.split(",") if x.strip()]
     except ValueError:
         got = []
     if not got or any(not 0 < x < 1 for x in got):
         typer.echo(f"error: --shares must be shares of the knee in (0, 1), comma-separated; got {shares!r}", err=True)
+        raise typer.Exit(code=2)
+    try:
+        flights = [int(x) for x in streams.split(",") if x.strip()]
+    except ValueError:
+        flights = [0]
+    if any(not 1 <= n <= 256 for n in flights):
+        typer.echo(f"error: --streams must be whole numbers from 1 to 256, comma-separated; got {streams!r}", err=True)
         raise typer.Exit(code=2)
     if duration_s < 10 or replications < 2 or (age_s is not None and not 0 <= age_s <= 3600):
         typer.echo(
@@ -234,7 +248,14 @@ def judge(
         raise typer.Exit(code=2) from None
     signal.signal(signal.SIGTERM, terminated)
     table = run_judge(
-        profile, out, shares=tuple(got), duration_s=duration_s, replications=replications, seed=seed, age_s=age_s
+        profile,
+        out,
+        shares=tuple(got),
+        duration_s=duration_s,
+        replications=replications,
+        seed=seed,
+        age_s=age_s,
+        streams=tuple(flights),
     )
     typer.echo(f"wrote {out}/judge.md, judge.csv")
     typer.echo(f"{int(table['ok'].sum())} of {len(table)} percentiles within their bound or interval")

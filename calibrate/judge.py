@@ -14,6 +14,13 @@ generator's figures are compared in its own definitions:
 - ITL: (last token - first token) / (output tokens - 1), vLLM's TPOT (the simulator's);
 - TPOT: (last token - request start) / output tokens, the first token included.
 
+Then GuideLLM's concurrent profile (``--streams``): that many requests in flight, each
+sent as the one before it ends, as ``vllm bench serve --max-concurrency`` runs. The
+scenario predicts it as that many users of one-turn conversations with no think time
+(``traffic.tokens.sessions.users``, ``turn_gap`` 0 ms after the answer): the same three
+metrics, and the rate (requests completed within the run a second), which a concurrency
+leaves to the server.
+
 Why GuideLLM: it installs from the package index without CUDA (torch is already the CPU
 wheel here), speaks OpenAI's API as vLLM's own benchmarks do, streams and times each
 token, and runs a Poisson profile open loop. Its other needs are a tokenizer, which it
@@ -88,8 +95,12 @@ def guidellm_command() -> list[str]:
     return [exe]
 
 
-def run_guidellm(url: str, rate_rps: float, duration_s: float, out: Path, tokenizer: Path, seed: int) -> dict:
-    """One GuideLLM Poisson run at ``rate_rps`` for ``duration_s``; its JSON report."""
+def run_guidellm(
+    url: str, rate_rps: float, duration_s: float, out: Path, tokenizer: Path, seed: int, streams: int = 0
+) -> dict:
+    """One GuideLLM Poisson run at ``rate_rps`` for ``duration_s`` (or, with ``streams``,
+    its concurrent profile: that many requests in flight, each sent as the one before it
+    ends); its JSON report."""
 
     def kv(**items) -> str:
         return ",".join(f"{k}={v}" for k, v in items.items())
@@ -111,7 +122,7 @@ def run_guidellm(url: str, rate_rps: float, duration_s: float, out: Path, tokeni
         "--backend",
         kv(kind="openai_http", target=url, request_format="/v1/completions"),
         "--profile",
-        kv(kind="poisson", rate=f"{rate_rps:.4f}"),
+        kv(kind="concurrent", streams=streams) if streams else kv(kind="poisson", rate=f"{rate_rps:.4f}"),
         "--constraint",
         kv(kind="max_duration", seconds=f"{duration_s:g}"),
         "--data",
@@ -186,6 +197,39 @@ def predicted(doc: dict, measured: pd.DataFrame, rate_rps: float, duration_s: fl
     return pd.DataFrame(rows)
 
 
+def predicted_concurrent(doc: dict, measured: pd.DataFrame, streams: int, duration_s: float, seeds: range):
+    """The calibrated scenario's percentiles of GuideLLM's three metrics and its rate for a
+    concurrent run: ``streams`` users of one-turn conversations with no think time (each
+    sends as its answer arrives), the lengths GuideLLM sent, the requests done within
+    ``duration_s``; one row per replication."""
+    from simulator import simulate
+    from simulator.results.tokens import tpot_ms, ttft_ms
+
+    sessions = {
+        "users": int(streams),
+        "turns": {"fixed": 1},
+        "turn_gap": {"kind": "deterministic", "value_ms": 0},
+        "turn_gap_from": "answer",
+    }
+    tokens = {
+        "prompt": {"values": [int(v) for v in measured["prompt_tokens"]]},
+        "output": {"values": [int(v) for v in measured["output_tokens"]]},
+        "sessions": sessions,
+    }
+    run = {**doc, "duration_s": float(duration_s), "warmup_s": 0.0, "traffic": {"tokens": tokens}}
+    s = Scenario.model_validate(run)
+    rows = []
+    for seed in seeds:
+        r = simulate(s, seed=seed).records
+        keep = np.isfinite(r.t_response) & (r.t_response <= duration_s * 1000.0)
+        ttft, itl = ttft_ms(r)[keep], tpot_ms(r)[keep]
+        e2e = (r.t_response - r.arrival)[keep]
+        values = {"ttft": ttft, "itl": itl[np.isfinite(itl)], "tpot": e2e / r.output_tokens[keep].astype(float)}
+        row = {f"{m}_p{q}_ms": float(np.percentile(v, q)) for m, v in values.items() for q in QUANTILES}
+        rows.append({"seed": seed, **row, "rps": float(np.count_nonzero(keep)) / duration_s})
+    return pd.DataFrame(rows)
+
+
 def judge(
     profile_dir: Path,
     out: Path,
@@ -195,6 +239,7 @@ def judge(
     replications: int = 20,
     seed: int = 0,
     age_s: float | None = None,
+    streams: tuple[int, ...] = (),
     log=print,
 ) -> pd.DataFrame:
     """GuideLLM at ``shares`` of the profile's knee against the scenario's prediction;
@@ -257,10 +302,41 @@ def judge(
                 f"ITL p50 {got.attrs['percentiles']['itl']['p50']:.2f}, predicted {sim['itl_p50_ms'].median():.2f}; "
                 f"the engine's steps {np.expm1(host):+.1%} against the profile's fit"
             )
+        for i, n in enumerate(streams):  # then a benchmark's concurrency: n in flight, no think time
+            llm_run.step_records(url)
+            report = run_guidellm(url, 0.0, duration_s, scratch / f"guidellm-c{n}.json", tokenizer, seed + 100 + i, n)
+            got = requests(report)
+            steps = llm_run.step_records(url)
+            host = float(np.median(np.log(llm_profile.step_ms(steps) / llm_profile.predict_ms(fit, steps))))
+            sim = predicted_concurrent(doc, got, n, duration_s, range(1, 1 + replications))
+            got.to_csv(out / f"guidellm-c{n}.csv.gz", index=False)
+            measured_rps = len(got) / duration_s
+            common = {"share": np.nan, "streams": n, "rate_rps": measured_rps, "requests": len(got)}
+            common |= {"errored": got.attrs["errored"], "steps_vs_profile": np.expm1(host)}
+            lo, mid, hi = replication_interval(sim["rps"])
+            rows.append(
+                {**common, "metric": "rate", "q": 0, "guidellm_ms": measured_rps, "guidellm_summary_ms": np.nan}
+                | {"predicted_ms": mid, "lo_ms": lo, "hi_ms": hi}
+            )
+            for m in METRICS:
+                for q in QUANTILES:
+                    lo, mid, hi = replication_interval(sim[f"{m}_p{q}_ms"])
+                    rows.append(
+                        {**common, "metric": m, "q": q, "guidellm_ms": float(np.percentile(got[m].dropna(), q))}
+                        | {"guidellm_summary_ms": got.attrs["percentiles"][m][f"p{q}"]}
+                        | {"predicted_ms": mid, "lo_ms": lo, "hi_ms": hi}
+                    )
+            log(
+                f"{n} in flight: GuideLLM completed {len(got)} requests ({measured_rps:.2f} req/s, predicted "
+                f"{sim['rps'].median():.2f}); TTFT p50 {got.attrs['percentiles']['ttft']['p50']:.1f} ms, predicted "
+                f"{sim['ttft_p50_ms'].median():.1f}; the engine's steps {np.expm1(host):+.1%} against the profile's fit"
+            )
     table = pd.DataFrame(rows)
+    if "streams" not in table:
+        table["streams"] = 0
     table["error"] = table["predicted_ms"] / table["guidellm_ms"] - 1.0
     table["inside"] = (table["guidellm_ms"] >= table["lo_ms"]) & (table["guidellm_ms"] <= table["hi_ms"])
-    table["bound"] = np.where(table["q"] == 99, 0.20, 0.10)
+    table["bound"] = np.where(table["q"] == 99, 0.20, 0.10)  # a concurrency's rate (q 0): 10%
     table["ok"] = (table["error"].abs() <= table["bound"]) | table["inside"]
     table.to_csv(out / "judge.csv", index=False)
     (out / "judge.md").write_text(markdown(table, profile_dir, duration_s, replications, age_s))
@@ -283,18 +359,50 @@ def markdown(table: pd.DataFrame, profile_dir: Path, duration_s: float, replicat
         "| share of knee | req/s | metric | GuideLLM ms | its summary | predicted ms (90% interval) | error | ok |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for r in table.itertuples():
+    rated = table[table["streams"].fillna(0) == 0]
+    for r in rated.itertuples():
         lines.append(
             f"| {r.share:.0%} | {r.rate_rps:.2f} | {r.metric.upper()} p{r.q} | {r.guidellm_ms:.2f} | "
             f"{r.guidellm_summary_ms:.2f} | "
             f"{r.predicted_ms:.2f} ({r.lo_ms:.2f}–{r.hi_ms:.2f}) | {r.error:+.1%} | {'yes' if r.ok else 'no'} |"
         )
-    ok = int(table["ok"].sum())
-    lines += ["", f"{ok} of {len(table)} percentiles within bound (10% at p50/p90, 20% at p99) or interval."]
-    host = table.groupby("share")["steps_vs_profile"].first()
+    ok = int(rated["ok"].sum())
+    lines += ["", f"{ok} of {len(rated)} percentiles within bound (10% at p50/p90, 20% at p99) or interval."]
+    host = rated.groupby("share")["steps_vs_profile"].first()
     lines += [
         "",
         "The engine's steps during each run against the profile's fit (median ratio; the host's speed then, "
         "not used by the prediction): " + ", ".join(f"{k:.0%} of the knee {v:+.1%}" for k, v in host.items()) + ".",
     ]
+    held = table[table["streams"].fillna(0) > 0]
+    if len(held):
+        lines += [
+            "",
+            "## A benchmark's concurrency",
+            "",
+            f"GuideLLM's concurrent profile ({duration_s:g} s each): that many requests in flight, each sent as the "
+            "one before it ends. The scenario predicts it as that many users of one-turn conversations with no "
+            "think time (`traffic.tokens.sessions.users`, `turn_gap` 0 ms after the answer), the lengths "
+            "GuideLLM sent, from an idle start; the rate is what each completed within the run.",
+            "",
+            "| in flight | metric | GuideLLM | its summary | predicted (90% interval) | error | ok |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for r in held.itertuples():
+            what = "req/s" if r.metric == "rate" else f"{r.metric.upper()} p{r.q} ms"
+            summary = "" if r.metric == "rate" else f"{r.guidellm_summary_ms:.2f}"
+            lines.append(
+                f"| {r.streams:.0f} | {what} | {r.guidellm_ms:.2f} | {summary} | {r.predicted_ms:.2f} "
+                f"({r.lo_ms:.2f}–{r.hi_ms:.2f}) | {r.error:+.1%} | {'yes' if r.ok else 'no'} |"
+            )
+        ok = int(held["ok"].sum())
+        lines += [
+            "",
+            f"{ok} of {len(held)} within bound (10% at p50/p90 and the rate, 20% at p99) or interval. The engine's "
+            "steps against the profile's fit: "
+            + ", ".join(
+                f"{n:.0f} in flight {v:+.1%}" for n, v in held.groupby("streams")["steps_vs_profile"].first().items()
+            )
+            + ".",
+        ]
     return "\n".join(lines) + "\n"
