@@ -153,11 +153,11 @@ class ClosedLoop:
         ``lo``. The later of the two bounds, each safe."""
         self._start(hi)
         floors = floors or {}
-        cut = self._cut(lo, hi, floors, 0.0)
         ms, until = least
-        if ms > 0:
-            cut = max(cut, min(self._cut(lo, hi, floors, ms), until))
-        return cut
+        if ms <= 0:
+            return self._cut(lo, hi, floors, 0.0)
+        cut = self._cut(lo, hi, floors, ms)  # never below the other: each of its terms is at least the other's
+        return cut if cut <= until else max(self._cut(lo, hi, floors, 0.0), until)
 
     def _cut(self, lo: float, hi: float, floors: dict[int, float], ms: float) -> float:
         """The earliest a turn not known yet could arrive, were every answer at least
