@@ -563,11 +563,18 @@ def test_an_llm_scenario_opens_on_the_pages_that_draw_it(page):
 
 
 @pytest.mark.parametrize(
-    "scenario", ["scenarios/llm_multiturn.yaml", "scenarios/llm_disaggregated.yaml", "scenarios/llm_users.yaml"]
+    "scenario",
+    [
+        "scenarios/llm_multiturn.yaml",
+        "scenarios/llm_disaggregated.yaml",
+        "scenarios/llm_users.yaml",
+        "scenarios/llm_concurrency.yaml",
+    ],
 )
 def test_multi_turn_and_split_fleets_open_on_results(scenario):
     at = run_page("results", scenario)
     assert charts(at) >= 1
+    assert not any("nan%" in c.value for c in at.caption)
 
 
 def test_an_llm_scenario_has_an_engines_knobs_and_users_who_wait_for_their_answers():

@@ -69,7 +69,10 @@ def kpis(r: Result, reference: Result | None = None) -> None:
     bottom[2].metric("preemptions a request", f["preemptions a request"], help="Recompute preemptions (KV full).")
     bottom[3].metric("prefix cache hit rate", f["prefix cache hit rate"], help="Share of prompt tokens served cached.")
     ses = llm.get("sessions")
-    if ses is not None:
+    if ses is not None and not ses["later_turns_share"] > 0:  # one turn each (a benchmark's concurrency)
+        closed = ses.get("turn_gap_from") == "answer"
+        st.caption("conversations: one turn each" + ("; a user's next is sent after its answer" if closed else ""))
+    elif ses is not None:
         loop = (
             "each sent a think time after that answer (users wait: a closed loop)"
             if ses.get("turn_gap_from") == "answer"
