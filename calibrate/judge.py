@@ -35,12 +35,15 @@ the index.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -141,12 +144,46 @@ def run_guidellm(
         if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) > 1:
             os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
-    done = subprocess.run(
-        cmd, env=env, capture_output=True, text=True, timeout=duration_s + 300, preexec_fn=core0, check=False
+    # in a session of its own: GuideLLM's worker processes go with it however the judge stops
+    # (a SIGTERM's KeyboardInterrupt, a timeout), not only its main process
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=core0,
+        start_new_session=True,
     )
-    if done.returncode != 0 or not out.exists():
-        raise RuntimeError(f"guidellm failed (exit {done.returncode}): {done.stderr[-2000:] or done.stdout[-2000:]}")
+    try:
+        stdout, stderr = proc.communicate(timeout=duration_s + 300)
+    finally:
+        _stop_group(proc)
+    if proc.returncode != 0 or not out.exists():
+        raise RuntimeError(f"guidellm failed (exit {proc.returncode}): {stderr[-2000:] or stdout[-2000:]}")
     return json.loads(out.read_text())
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """Stop what is left of ``proc``'s process group: SIGTERM, then SIGKILL to whatever
+    outlives ``grace_s``."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:  # nobody left
+        proc.wait()
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        proc.poll()  # the leader reaped, so that only live members keep the group
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def requests(report: dict) -> pd.DataFrame:

@@ -529,3 +529,61 @@ def test_a_server_url_or_rate_that_cannot_be_used_is_one_error(tmp_path, args, m
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.split())
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+GENERATOR = """
+import multiprocessing as mp, sys, time
+
+def nap():
+    time.sleep(120)
+
+if __name__ == "__main__":
+    child = mp.get_context("spawn").Process(target=nap)
+    child.start()
+    with open(sys.argv[1], "w") as f:
+        f.write(str(child.pid))
+    time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    from pathlib import Path
+
+    try:
+        return not Path(f"/proc/{pid}/status").read_text().count("State:\tZ")
+    except FileNotFoundError:
+        return False
+
+
+def test_a_judge_stopped_mid_run_takes_guidellms_workers_with_it(tmp_path, monkeypatch):
+    """The judge stopped by SIGTERM (its handler raises KeyboardInterrupt) while GuideLLM
+    runs: GuideLLM's worker processes go too, not only its main one (a stand-in generator
+    that starts a multiprocessing child as GuideLLM does; killing its main alone, as
+    subprocess.run does, left such workers running for an hour)."""
+    import signal
+    import sys
+    import time
+
+    from calibrate import judge
+
+    script, pids = tmp_path / "generator.py", tmp_path / "child.pid"
+    script.write_text(GENERATOR)
+    monkeypatch.setattr(judge, "guidellm_command", lambda: [sys.executable, str(script), str(pids)])
+
+    def stop(*_):
+        raise KeyboardInterrupt("signal 15")
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, 3.0)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            judge.run_guidellm("http://127.0.0.1:9", 1.0, 10.0, tmp_path / "out.json", tmp_path, 0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    child = int(pids.read_text())
+    for _ in range(50):
+        if not _alive(child):
+            break
+        time.sleep(0.1)
+    assert not _alive(child)
