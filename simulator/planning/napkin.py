@@ -233,15 +233,15 @@ def llm_napkin(s: Scenario, price_per_worker_hour: float) -> tuple[list[Line], L
             rate = rate_of(prefill, n)
         return hit, prefill, rate, 1000.0 / (e_o * t_b / batch + prefill)
 
-    # the fewest replicas that carry the rate with the hits their KV memory keeps, from a
-    # bound below: the slowest answers' rate over a replica finding all it could
-    most = cache.shared_mean + cache.history_mean if cache.on else 0.0
-    bare = max(math.ceil(rate_of(prefill_of(0.0)) * (e_o * t_b / batch + prefill_of(most)) / 1000.0 - 1e-9), 1)
-    if instant:
+    if instant:  # no think time: the fewest replicas whose share of the users decodes within TPOT
         bare = math.ceil(users / widest)
         got = sized(bare)
-    while not instant and math.ceil((got := sized(bare))[2] / got[3] - 1e-9) > bare:
-        bare += 1
+    else:  # the fewest that carry the rate with the hits their KV memory keeps, from a bound
+        # below: the slowest answers' rate over a replica finding all it could
+        most = cache.shared_mean + cache.history_mean if cache.on else 0.0
+        bare = max(math.ceil(rate_of(prefill_of(0.0)) * (e_o * t_b / batch + prefill_of(most)) / 1000.0 - 1e-9), 1)
+        while math.ceil((got := sized(bare))[2] / got[3] - 1e-9) > bare:
+            bare += 1
     hit, prefill, lam, mu = got
     answer_s = (prefill + e_o * t_b) / 1000.0  # a prefill, then E[o] steps at the batch
     padded = math.ceil(bare * (1 + s.napkin.headroom) - 1e-9)
