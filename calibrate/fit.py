@@ -312,9 +312,11 @@ def fit_event_loop(
     waking, handing back, then the handlers of the batch one after another. At the lightest
     fitted level, where the loop rarely waits, its mean for batches of ``k`` is
     ``per_batch + per_request × (k − 1) / 2`` (least squares over the requests): the
-    batch's job on the loop and each response's. What the loop spends on responses comes
-    off the station's CPU per request (``service``), so the admission job is the rest and
-    the loop's CPU per request is unchanged; the fixed delay keeps the light-load latency:
+    batch's job on the loop and each response's. What the loop spends on responses and
+    hand-backs comes off the station's CPU per request (``service``), so the admission job
+    is the rest and the loop's CPU per request is unchanged (the hand-back once counted
+    twice: 11% of the ranker's loop, whose batches are of one); the fixed delay keeps the
+    light-load latency:
     it loses what the loop now holds after the batch (``per_batch + per_request × (k +
     1) / 2`` on average for a request of a batch of ``k``). The batch's hand-back (its
     outputs read and copied on the loop, ``handoff`` less ``handoff_in``) is a loop job of
@@ -333,17 +335,19 @@ def fit_event_loop(
     slope, intercept = np.polyfit((k[light] - 1) / 2, after.to_numpy()[light], 1)
     per_request, per_batch = max(float(slope), 0.0), max(float(intercept), 0.0)
     batches = ok.drop_duplicates(subset=["slice", "dispatched_at_ns"]) if "slice" in ok else ok
-    share = per_batch * len(batches) / len(ok)  # the batch's job, per request of the fitted levels
-    admit = np.maximum(service - per_request - share, 0.01)
-    sizes = lowest["batch_size"].to_numpy(dtype=float)
-    held = per_batch + per_request * (np.nan_to_num(sizes, nan=1.0) + 1) / 2
-    delay = rest + service - admit - held
     # the hand-back (the instance's answer read and its outputs copied on the loop): the
     # loop's job is its light-load median; the instance's own time loses the whole
     # measured hand-back (the model's loop adds its job and the waits for it)
     back = (batches["handoff_us"] - batches["handoff_in_us"]) / 1e3 if "handoff_in_us" in batches else None
     light_b = batches.index.isin(lowest.index)
     return_ms = float(np.median(back[light_b])) if back is not None and light_b.any() else 0.0
+    # the batch's jobs (its hand-back and its responses' resumption), per request of the
+    # fitted levels: the loop's CPU as well, so off the admission too
+    share = (per_batch + return_ms) * len(batches) / len(ok)
+    admit = np.maximum(service - per_request - share, 0.01)
+    sizes = lowest["batch_size"].to_numpy(dtype=float)
+    held = per_batch + per_request * (np.nan_to_num(sizes, nan=1.0) + 1) / 2
+    delay = rest + service - admit - held
     return {
         "return_ms": return_ms,
         "instance_less_ms": float(back.mean()) if back is not None else 0.0,
@@ -388,6 +392,9 @@ def _loop_on_trips(
     moved = trips * (hold - on_core)  # the rest of the request's CPU, now on the trips
     f["store"] = {"threads": 1, "per_op_ms": hold}
     f["store_wait"] = fit_distribution(np.clip(per_trip - on_core, 0.001, None), rng=rng)
+    # the trip's whole wall time at light load, for the loop that holds the CPU in its
+    # admission job instead (``preprocess.event_loop``, calibrate.scenario.ranker_on_loop)
+    f["light_round_trip"] = fit_distribution(per_trip, rng=rng)
     f["loop"] = {
         "client_cpu_ms_per_trip": client,
         "on_core_ms_per_trip": on_core,

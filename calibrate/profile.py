@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from calibrate.cycle import fit_window
 from calibrate.fit import batches_from_requests, fit_profile
 from calibrate.speed import fit_run_speed
 from calibrate.station import fit_frontend, fit_speed
@@ -103,6 +104,9 @@ def build_profile(
         ),
         "fit_levels": [{"level": i} for i in fit_levels],
     }
+    window = fit_window(requests, fit_levels, server_cfg["max_queue_delay_ms"], server_cfg["max_batch_size"])
+    if window is not None:  # the batching window as the server keeps it
+        out["window"] = window
     if slices is not None and "compute_infer_us" in requests and requests["compute_infer_us"].notna().any():
         out["speed_process"] = fit_run_speed(
             requests, slices, out["service_time"], fit_levels, client_shares_cores=client_shares(servesim)

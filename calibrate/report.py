@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from calibrate.scenario import ranker_on_loop
+
 
 def _ci(lo: float, hi: float) -> str:
     return "—" if not (np.isfinite(lo) and np.isfinite(hi)) else f"[{lo:.1f}, {hi:.1f}]"
@@ -98,6 +100,28 @@ def markdown(
     return "\n".join(lines) + "\n"
 
 
+def over_capacity(profile: dict) -> str | None:
+    """A warning when the levels went past what the front end can take by the run's own
+    fitted levels (its CPU per request there, ``frontend.capacity_rps``): the capacity
+    probe's estimate was off, and the levels past it measure an overloaded server."""
+    fe, levels = profile.get("frontend") or {}, profile.get("levels_rps") or []
+    cap = fe.get("capacity_rps")
+    if not cap or not levels or max(levels) <= 1.05 * cap:
+        return None
+    over = [r for r in levels if r > 1.05 * cap]
+    return (
+        f"the front end's CPU per request at the fitted levels puts its capacity at {cap:.0f} req/s, but "
+        f"{len(over)} level(s) offered more ({', '.join(f'{r:g}' for r in over)} req/s) against the "
+        f"{profile.get('capacity_rps', float('nan')):.0f} the capacity probe found: those levels measured an "
+        "overloaded server; run again"
+    )
+
+
+def _over_capacity(profile: dict) -> list[str]:
+    warning = over_capacity(profile)
+    return [f"**Warning: {warning}.**", ""] if warning else []
+
+
 def _header(profile: dict) -> list[str]:
     """The title, what was measured how, and the server's layout."""
     m, hw, d, server = profile["model"], profile["hardware"], profile["design"], profile["server"]
@@ -109,6 +133,7 @@ def _header(profile: dict) -> list[str]:
     return [
         f"# Calibration of {what} on {hw['cpu']}",
         "",
+        *_over_capacity(profile),
         f"Measured {profile['created']}: capacity {profile['capacity_rps']:.1f} req/s"
         + (
             f" (set by the {profile['capacity']['bottleneck']}: instances {profile['capacity']['instances_rps']:.0f}, "
@@ -127,7 +152,15 @@ def _header(profile: dict) -> list[str]:
         f"CPU stolen by the host during the run: {hw.get('cpu_steal_pct_during_run') or 0:.1f}%.",
         f"Server: {server['instances']} model instance(s) as {server['instance_mode']}es on core(s) "
         f"{server['instance_cores']}, the front end and this load generator on core(s) {server['frontend_cores']}; "
-        f"batches up to {server['max_batch_size']}, {server['max_queue_delay_ms']:g} ms window.",
+        f"batches up to {server['max_batch_size']}, {server['max_queue_delay_ms']:g} ms window"
+        + (
+            f", which its timers closed {w['late_ms']:.2f} ms late on average (median "
+            f"{w['late_quantiles_ms']['50']:.2f}, 95th percentile {w['late_quantiles_ms']['95']:.2f} ms, over "
+            f"{w['batches']:,} window-bound batches of the lightest fitted load): the scenario's window is "
+            f"{server['max_queue_delay_ms'] + w['late_ms']:.2f} ms."
+            if (w := profile.get("window"))
+            else "."
+        ),
         "Fitted on loads "
         + ", ".join(f"{x['load']:.0%}" for x in profile["fit_levels"])
         + "; validated on the others.",
@@ -237,18 +270,23 @@ def _fitted_model(profile: dict) -> list[str]:
         *_speed_process(profile),
     ]
     if profile.get("frontend"):
-        lines.append(_frontend(profile["frontend"]))
+        lines.append(_frontend(profile["frontend"], ranker_on_loop(profile)))
     if "features" in profile:
         f = profile["features"]
-        lines.append(
-            f"- **Redis**: {f['lookups_per_request']} keys per request in trips of {f['batch_size']}; "
-            + (f"a one-thread station at {f['store']['per_op_ms']:.3f} ms per trip." if "store" in f else "")
-        )
+        if ranker_on_loop(profile):
+            how = (
+                f"each trip a pure delay of its light-load wall time (mean {_mean(f['light_round_trip']):.3f} ms); "
+                "its CPU is in the loop's admission job (`preprocess.event_loop`, above)."
+            )
+        else:
+            how = f"a one-thread station at {f['store']['per_op_ms']:.3f} ms per trip." if "store" in f else ""
+        lines.append(f"- **Redis**: {f['lookups_per_request']} keys per request in trips of {f['batch_size']}; " + how)
     return lines
 
 
-def _frontend(fe: dict) -> str:
-    """The front-end station, as one bullet."""
+def _frontend(fe: dict, on_loop: bool = False) -> str:
+    """The front-end station, as one bullet (``on_loop``: a ranker's front end as one event
+    loop, :func:`calibrate.scenario.ranker_on_loop`)."""
     return (
         f"- **Front end** as a station of {fe['servers']} server(s): {fe['cpu_ms_per_request']:.2f} ms of server "
         f"CPU per request"
@@ -280,14 +318,15 @@ def _frontend(fe: dict) -> str:
             if fe.get("preprocess_wait_ms", 0) > 0.005
             else "."
         )
-        + _event_loop(fe)
+        + _event_loop(fe, on_loop)
     )
 
 
-def _event_loop(fe: dict) -> str:
-    """The front end's event loop (``preprocess.event_loop``), when the scenario uses it."""
+def _event_loop(fe: dict, on_loop: bool = False) -> str:
+    """The front end's event loop (``preprocess.event_loop``), when the scenario uses it
+    (``on_loop``: a ranker's, whose Redis client's CPU it holds too)."""
     loop = fe.get("event_loop")
-    if loop is None or fe.get("on_store") or fe["servers"] != 1:
+    if loop is None or (fe.get("on_store") and not on_loop) or fe["servers"] != 1:
         return ""
     return (
         f" As the scenario runs it, the station is **one event loop** (`preprocess.event_loop`, from the "

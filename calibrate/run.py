@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from calibrate.cycle import fit_window
 from calibrate.fit import fit_profile
 from calibrate.hiccups import HiccupMeter, platform_speed
 from calibrate.loadgen import Slice, level_summary, run_slices
@@ -50,7 +51,7 @@ from calibrate.profile import (
     frontend_servers,
     full_batches,
 )
-from calibrate.report import markdown
+from calibrate.report import markdown, over_capacity
 from calibrate.scenario import write_scenario
 from calibrate.servers import get_json, redis_server, server
 from calibrate.speed import fit_run_speed
@@ -208,6 +209,9 @@ def _calibrate(
     profile["capacity_rps"] = cap_info["rps"]
     profile["capacity"] = cap_info
     profile["fit_levels"] = [{"level": i, "load": loads[i], "rate_rps": rates[i]} for i in fit_levels]
+    profile["levels_rps"] = rates
+    if (warning := over_capacity(profile)) is not None:
+        log(f"warning: {warning}")
     profile["design"] = {**asdict(design), "slice_s": slice_s, "levels": len(rates)}
     profile["instances"] = servesim["instances"]
     profile["microbench"] = bench.to_dict(orient="records")
@@ -279,8 +283,11 @@ def _capacity(probe: _Probe, servesim: dict, bench: pd.DataFrame, *, instances: 
     # background (a line through two rates), and the hand-off
     first = [(round(f * guess, 2), probe.seed + 100 + k) for k, f in enumerate((0.25, 0.6))]
     warm, warm_slices, *_ = probe.run(first, slice_s=WARMUP_S / 2, warmup_s=0.5)
+    # the line through the gentle rate too: two points let one slice's noise tilt it (a 25%
+    # slice's CPU read high put the background at 0.14 cores and the cost per request at
+    # 0.43 ms where the run's levels spent 0.66-0.82: the levels went to twice the capacity)
     front = fit_frontend(
-        warm_slices,
+        pd.concat([gentle_slices, warm_slices], ignore_index=True),
         servers=servers,
         client_shares_cores=client_shares(servesim),
         cores=frontend_cores(servesim),
@@ -339,15 +346,31 @@ def refit_run(out: Path, *, draws: int, rng: np.random.Generator) -> dict:
         requests, slices, profile["service_time"], fit_levels, client_shares_cores=shares
     )
     fe = profile.get("frontend")
-    if fe is not None and not fe.get("on_store"):  # the front end (its hub apart) and its event loop, again
+    if fe is not None:  # the front end (its hub apart) and its event loop, again
         used = slices[slices["kept"] & slices["level"].isin(fit_levels)]
         front = fit_frontend(
             used, servers=fe["servers"], client_shares_cores=shares, cores=frontend_cores(profile["server"])
         )
         if "speed" in fe:
             front["speed"] = fe["speed"]
-        profile["frontend"] = fit_profile(requests, fit_levels=fit_levels, rng=rng, frontend=front)["frontend"]
+        features = fetch_cost = None
+        if fe.get("on_store"):  # the ranker's loop on its Redis trips, and the fetch: again
+            f = profile["features"]
+            features = {"keys": f["lookups_per_request"], **{k: f[k] for k in ("batch_size", "parallelism")}}
+            fetch_cost = profile.get("feature_fetch_microbench")
+        fit = fit_profile(
+            requests, fit_levels=fit_levels, rng=rng, frontend=front, features=features, fetch_cost=fetch_cost
+        )
+        profile["frontend"] = fit["frontend"]
+        if features is not None:
+            profile["features"] = fit["features"]
+    server = profile["server"]
+    window = fit_window(requests, fit_levels, server["max_queue_delay_ms"], server["max_batch_size"])
+    profile.pop("window", None)
+    if window is not None:  # the batching window as the server keeps it
+        profile["window"] = window
     summary = pd.DataFrame(old["levels"])
+    profile.setdefault("levels_rps", [float(r) for r in summary["offered_rps"]])
     table = compare(profile, requests, summary[summary["held_out"]], rng=rng, slices=slices, draws=draws)
     inside = pd.DataFrame(old["compute_inside"])
     return _write(out, profile, requests, slices, hiccups, summary, table, inside)

@@ -70,23 +70,30 @@ def scenario_dict(
     warmup_s: float,
     seed: int = 0,
     speed: float = 1.0,
+    store_station: bool = False,
 ) -> dict:
     """The calibrated server under Poisson load at ``rate_rps``, as a scenario document;
     ``speed`` multiplies the front end's CPU times (a slice's platform speed, see
-    :func:`calibrate.station.fit_speed`; 1 is the run's average)."""
+    :func:`calibrate.station.fit_speed`; 1 is the run's average). A ranker fitted with the
+    server's clocks runs on the front end's event loop (:func:`ranker_on_loop`);
+    ``store_station`` keeps it on the feature store's station instead, as profiles without
+    those clocks run (the comparison of calibrate/README, "The ranker's loop")."""
     server = profile["server"]
     st = profile["service_time"]
     features = {}
+    fe = profile.get("frontend")
+    ranker_loop = ranker_on_loop(profile) and not store_station
     if "features" in profile:
         f = profile["features"]
         features = {k: f[k] for k in ("lookups_per_request", "batch_size", "parallelism")}
-        if "store" in f:  # round trips queue for the server's event loop: a one-thread station
+        if ranker_loop:  # the fetch's wall time at light load; its CPU is the loop's admission job
+            features["round_trip"] = _dist(f["light_round_trip"])
+        elif "store" in f:  # round trips queue for the server's event loop: a one-thread station
             features["store"] = {**f["store"], "per_op_ms": f["store"]["per_op_ms"] * speed}
             if "store_wait" in f:  # and wait for Redis off the loop
                 features["round_trip"] = _dist(f["store_wait"])
         else:
             features["round_trip"] = _dist(f["round_trip"])
-    fe = profile.get("frontend")
     if fe is not None:
         router = {"overhead": _dist(fe["fixed_delay"]), "balancing": "shared"}
         # the ranker's loop CPU is on the feature store's station (``on_store``): no second station
@@ -100,7 +107,7 @@ def scenario_dict(
         if preprocess and fe.get("hub_station_ms_per_request"):  # and relays every request to the batcher
             preprocess["hub"] = {"kind": "deterministic", "value_ms": fe["hub_station_ms_per_request"] * speed}
         loop = fe.get("event_loop")
-        if loop is not None and not fe.get("on_store") and fe["servers"] == 1:
+        if loop is not None and (ranker_loop or not fe.get("on_store")) and fe["servers"] == 1:
             # one event loop admits the requests and writes the responses (calibrate/README)
             router["overhead"] = _dist(loop["fixed_delay"])
             preprocess = {
@@ -127,7 +134,8 @@ def scenario_dict(
         "preprocess": preprocess,
         "batching": {
             "max_batch_size": server["max_batch_size"],
-            "max_queue_delay_ms": server["max_queue_delay_ms"],
+            # the window as the server keeps it: its timers close it late (calibrate.fit.fit_window)
+            "max_queue_delay_ms": server["max_queue_delay_ms"] + (profile.get("window") or {}).get("late_ms", 0.0),
             "max_queue_size": server["max_queue_size"],
         },
         "workers": {
@@ -154,6 +162,14 @@ def scenario_dict(
     return out
 
 
+def ranker_on_loop(profile: dict) -> bool:
+    """Whether a ranker's front end runs as one event loop (``preprocess.event_loop``)
+    rather than as the feature store's station: its loop fitted from the server's clocks,
+    the fetch's wall time at light load kept (profiles since the ranker's loop)."""
+    fe, f = profile.get("frontend") or {}, profile.get("features") or {}
+    return bool(fe.get("on_store")) and fe.get("event_loop") is not None and "light_round_trip" in f
+
+
 def write_scenario(profile: dict, path: Path, *, load: float = 0.5) -> None:
     """The profile as a runnable scenario, at ``load`` × the measured capacity."""
     rate = round(load * float(profile.get("capacity_rps", 100.0)), 1)
@@ -166,7 +182,20 @@ def write_scenario(profile: dict, path: Path, *, load: float = 0.5) -> None:
         f"{profile.get('capacity_rps', float('nan')):.0f} req/s).",
         "# Stages, as the server is built:",
     ]
-    if fe:
+    if fe and ranker_on_loop(profile):
+        header += [
+            "#   router.overhead  - loopback, HTTP and the client outside the server's CPU work (a pure delay)",
+            "#   features         - the Redis fetch's wall time at light load (a pure delay)",
+            "#   preprocess       - the front end's one event loop: admits each request (parse, the Redis client's",
+            "#                      work, the redis-server and load generator on its core) and writes the responses,",
+            f"#                      {fe['cpu_ms_per_request']:.2f} ms of the server's own CPU per request"
+            + (
+                f" plus {fe['client_cpu_ms_per_request']:.2f} ms of the load generator that shared its core"
+                if fe["client_shares_cores"]
+                else ""
+            ),
+        ]
+    elif fe:
         header += [
             "#   router.overhead  - loopback, HTTP and the client outside the server's CPU work (a pure delay)",
             f"#   preprocess       - the front end: {fe['servers']} server(s) of CPU per request (parse, JPEG "

@@ -357,6 +357,70 @@ def test_the_rankers_event_loop_becomes_the_feature_stores_one_thread():
     assert doc["features"]["round_trip"]["kind"] == wait["kind"]
 
 
+def test_a_ranker_with_the_server_clocks_runs_on_one_event_loop_and_keeps_its_light_latency():
+    """The MGET ranker (one trip of 26 keys, 0.5 ms at light load, 0.35 ms of it the
+    client's CPU), its loop 2.0 ms of CPU per request, with the server's clocks: the loop
+    admits each request (its CPU less the responses) and writes the responses after the
+    batch, as the ResNet's does; the fetch is its light-load wall time, a pure delay. The
+    scenario at a light rate gives the measured light-load latency; the store's station
+    is gone. Without the clocks (no loop fitted) the ranker keeps the store's station."""
+    from calibrate.fit import fit_profile
+    from calibrate.scenario import ranker_on_loop, scenario_dict
+    from simulator import simulate
+    from simulator.scenario.config import Scenario
+
+    rng = np.random.default_rng(3)
+    rows, t = [], 0
+    for level, batches in ((0, 1500), (1, 1500)):
+        for _ in range(batches):
+            k = (1 + int(rng.random() < 0.1)) if level == 0 else int(rng.integers(1, 5))
+            infer = (300.0 + 20.0 * k) * rng.lognormal(0, 0.03)
+            dispatched = t + 3_000_000
+            for j in range(k):
+                pre, fetch, queue = rng.gamma(16.0, 10.0), rng.gamma(100.0, 5.0), rng.exponential(20.0)
+                recv = dispatched - int((pre + fetch + queue) * 1e3)
+                after = 200.0 + 150.0 * j  # the loop: 0.2 ms a batch, 0.15 ms a response
+                request = pre + fetch + queue + 100.0 + infer + after
+                rows.append({
+                    "level": level, "slice": level, "warmup": False, "status": 200, "batch_size": k,
+                    "received_at_ns": recv, "enqueued_at_ns": recv + int((pre + fetch) * 1e3),
+                    "dispatched_at_ns": dispatched, "queue_us": queue, "handoff_us": 100.0, "handoff_in_us": 100.0,
+                    "compute_infer_us": infer, "preprocess_us": pre, "feature_us": fetch, "feature_round_trips": 1,
+                    "request_us": request, "latency_ms": request / 1e3 + rng.gamma(100.0, 22.5) / 1e3,
+                })  # fmt: skip
+            t += 20_000_000
+    df = pd.DataFrame(rows)
+    fe = {"servers": 1, "station_ms_per_request": 2.0, "cpu_ms_per_request": 1.6, "background_cores": 0.0,
+          "client_cpu_ms_per_request": 0.4, "client_shares_cores": True}  # fmt: skip
+    cost = {"cpu_ms_per_trip": 0.35, "wall_ms_per_trip": 0.4}
+    features = {"keys": 26, "batch_size": 26, "parallelism": 1}
+    prof = fit_profile(df, fit_levels=[0, 1], rng=rng, features=features, frontend=fe, fetch_cost=cost)
+    prof["server"] = {"max_batch_size": 8, "max_queue_delay_ms": 0.0, "max_queue_size": None, "instances": 1}
+    prof["model"] = {"kind": "ranker"}
+    assert ranker_on_loop(prof)
+    doc = scenario_dict(prof, 20.0, duration_s=60.0, warmup_s=1.0)
+    loop = doc["preprocess"]["event_loop"]
+    assert loop["respond_per_batch_ms"] == pytest.approx(0.2, abs=0.01)
+    assert loop["respond_per_request_ms"] == pytest.approx(0.15, abs=0.01)
+    assert "store" not in doc["features"]
+    s = Scenario.model_validate(doc)
+    assert s.features.round_trip.mean == pytest.approx(0.5, rel=0.03)  # the fetch's light-load wall time
+    # the loop holds the station's 2.0 ms per request: admission plus the responses' share
+    per_request_batches = df.drop_duplicates(["slice", "dispatched_at_ns"]).shape[0] / len(df)
+    assert s.preprocess.service.mean + 0.15 + 0.2 * per_request_batches == pytest.approx(2.0, rel=0.05)
+    r = simulate(s, seed=1).records
+    light = df[df["level"] == 0]
+    assert np.mean(r.t_response - r.arrival) == pytest.approx(light["latency_ms"].mean(), rel=0.03)
+    old = scenario_dict(prof, 20.0, duration_s=60.0, warmup_s=1.0, store_station=True)
+    assert old["preprocess"] == {}
+    assert old["features"]["store"]["threads"] == 1
+    no_clocks = fit_profile(
+        df.drop(columns=["received_at_ns"]), fit_levels=[0, 1], rng=rng, features=features, frontend=fe,
+        fetch_cost=cost,
+    )  # fmt: skip
+    assert not ranker_on_loop({**prof, **no_clocks})
+
+
 def test_the_platform_speed_per_slice_is_recovered_and_averages_one():
     """Slices at three loads, each with the speed meter's mean slowdown s; the CPU per
     request is the load's own cost times s**0.8 and 3% noise. The fit recovers the
@@ -587,3 +651,18 @@ def test_a_judge_stopped_mid_run_takes_guidellms_workers_with_it(tmp_path, monke
             break
         time.sleep(0.1)
     assert not _alive(child)
+
+
+def test_levels_past_the_front_ends_fitted_capacity_are_called_out():
+    """A capacity probe that read the front end's CPU low (2,342 req/s where the run's own
+    levels spent enough CPU for 1,556) placed 70-85% past what the server can take: the
+    run says so, naming those levels; levels within it say nothing."""
+    from calibrate.report import over_capacity
+
+    prof = {"capacity_rps": 2342.0, "frontend": {"capacity_rps": 1556.0}}
+    levels = [468.4, 702.59, 1170.99, 1405.19, 1639.38, 1873.58, 1990.68]
+    warning = over_capacity({**prof, "levels_rps": levels})
+    assert "1639.38, 1873.58, 1990.68 req/s" in warning
+    assert "1556 req/s" in warning
+    assert over_capacity({**prof, "levels_rps": [r * 0.75 for r in levels]}) is None
+    assert over_capacity({"capacity_rps": 100.0, "levels_rps": levels}) is None  # no front end fitted

@@ -96,3 +96,22 @@ def test_the_command_refuses_a_run_without_clocks_in_one_line():
     assert result.exit_code == 2
     assert "enqueued_at_ns" in result.output
     assert "Traceback" not in result.output
+
+
+def test_a_window_the_server_closes_late_is_fitted_and_kept_by_the_scenario(profile):
+    """A server whose 2 ms window closes 0.4 ms late (its timers): the fit reads the
+    lateness off the window-bound batches of the lightest fitted level, and the scenario
+    it writes waits that long; on time, the fit finds none."""
+    from calibrate.cycle import fit_window
+
+    window = profile["server"]["max_queue_delay_ms"]
+    late = dict(profile, server={**profile["server"], "max_queue_delay_ms": window + 0.4})
+    measured = _measured(late, 0.2 * profile["capacity_rps"], slices=3, slice_s=4.0, seed=3)
+    fit = fit_window(measured, [0], window, profile["server"]["max_batch_size"])
+    assert fit["late_ms"] == pytest.approx(0.4, abs=1e-6)
+    assert fit["batches"] > 100
+    doc = scenario_dict({**profile, "window": fit}, 100.0, duration_s=1.0, warmup_s=0.0)
+    assert doc["batching"]["max_queue_delay_ms"] == pytest.approx(window + 0.4)
+    on_time = _measured(profile, 0.2 * profile["capacity_rps"], slices=3, slice_s=4.0, seed=3)
+    assert fit_window(on_time, [0], window, profile["server"]["max_batch_size"])["late_ms"] == pytest.approx(0.0)
+    assert fit_window(on_time.drop(columns=["dispatched_at_ns"]), [0], window, 8) is None
