@@ -1,0 +1,53 @@
+"""The ranker's front end under each model, on one run's own measurements (calibrate/README,
+"The ranker's loop as the ResNet's"): a `calibrate run` folder of the MGET ranker refitted
+and validated again (``calibrate refit``'s path, 200 designs a level) under one model, into
+a copy of the folder; its validation.md says how each held-out percentile fared.
+
+* ``store``: the feature store's one-thread station visited per Redis trip, the configured
+  batching window (the model before 2026-11-29);
+* ``loop``: the front end's one event loop (admission, hand-back, responses), the configured
+  window;
+* ``loop_window``: the loop with the window as the server keeps it (the code as committed).
+
+    python calibrate/experiments/ranker_loop_models.py RUN OUT --model store          # ~6 min
+    python calibrate/experiments/ranker_loop_models.py RUN OUT --model loop_window    # ~1 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+import calibrate.report as report
+import calibrate.run as run
+import calibrate.scenario as scenario
+
+MODELS = ("store", "loop", "loop_window")
+SHOWN = ("load", "percentile", "measured_ms", "predicted_ms", "error_pct", "verdict")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", type=Path, help="A `calibrate run` folder of the ranker (with the server's clocks).")
+    ap.add_argument("out", type=Path, help="Where the refitted copy goes (replaced).")
+    ap.add_argument("--model", choices=MODELS, default="loop_window")
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args()
+    shutil.rmtree(a.out, ignore_errors=True)
+    shutil.copytree(a.run, a.out)
+    if a.model == "store":  # the one-thread station per trip, as profiles without clocks run
+        scenario.ranker_on_loop = report.ranker_on_loop = lambda profile: False
+    if a.model in ("store", "loop"):  # the window as configured
+        run.fit_window = lambda *args, **kwargs: None
+    rep = run.refit_run(a.out, draws=200, rng=np.random.default_rng(a.seed))
+    for r in rep["validation"]:
+        if r["percentile"] in ("p50", "p99"):
+            print(json.dumps({k: r[k] for k in SHOWN}))  # noqa: T201
+
+
+if __name__ == "__main__":
+    main()
