@@ -216,8 +216,15 @@ def write_scenario(profile: dict, path: Path, *, load: float = 0.5) -> None:
             )
     else:
         header += ["#   router.overhead, preprocess, postprocess - the request's time outside the batch"]
+    w = profile.get("window")
     header += [
-        "#   batching         - the server's dynamic batcher, as its /config reported it",
+        "#   batching         - the server's dynamic batcher, as its /config reported it"
+        + (
+            f"; the window as its timers keep it ({profile['server']['max_queue_delay_ms']:g} ms configured, "
+            f"closed {w['late_ms']:.2f} ms late on average)"
+            if w
+            else ""
+        ),
         "#   workers          - the model instances (processes); service_time = hand-off + compute per batch size",
         "",
     ]
