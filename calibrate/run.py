@@ -283,11 +283,12 @@ def _capacity(probe: _Probe, servesim: dict, bench: pd.DataFrame, *, instances: 
     # background (a line through two rates), and the hand-off
     first = [(round(f * guess, 2), probe.seed + 100 + k) for k, f in enumerate((0.25, 0.6))]
     warm, warm_slices, *_ = probe.run(first, slice_s=WARMUP_S / 2, warmup_s=0.5)
-    # the line through the gentle rate too: two points let one slice's noise tilt it (a 25%
-    # slice's CPU read high put the background at 0.14 cores and the cost per request at
-    # 0.43 ms where the run's levels spent 0.66-0.82: the levels went to twice the capacity)
+    # two points: one slice's noise can tilt the line (once 0.14 cores of background and
+    # 0.43 ms a request where the run's levels spent 0.66-0.82 ms: the levels went to twice
+    # the capacity); the run checks its levels against the front end its levels fit
+    # (calibrate.report.over_capacity)
     front = fit_frontend(
-        pd.concat([gentle_slices, warm_slices], ignore_index=True),
+        warm_slices,
         servers=servers,
         client_shares_cores=client_shares(servesim),
         cores=frontend_cores(servesim),

@@ -77,7 +77,7 @@ def scenario_dict(
     :func:`calibrate.station.fit_speed`; 1 is the run's average). A ranker fitted with the
     server's clocks runs on the front end's event loop (:func:`ranker_on_loop`);
     ``store_station`` keeps it on the feature store's station instead, as profiles without
-    those clocks run (the comparison of calibrate/README, "The ranker's loop")."""
+    those clocks run (calibrate/README, "The ranker's loop as the ResNet's")."""
     server = profile["server"]
     st = profile["service_time"]
     features = {}
@@ -134,7 +134,7 @@ def scenario_dict(
         "preprocess": preprocess,
         "batching": {
             "max_batch_size": server["max_batch_size"],
-            # the window as the server keeps it: its timers close it late (calibrate.fit.fit_window)
+            # the window as the server keeps it: its timers close it late (calibrate.cycle.fit_window)
             "max_queue_delay_ms": server["max_queue_delay_ms"] + (profile.get("window") or {}).get("late_ms", 0.0),
             "max_queue_size": server["max_queue_size"],
         },
