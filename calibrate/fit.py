@@ -295,6 +295,11 @@ def fit_profile(
             out["features"]["store"] = {"threads": 1, "per_op_ms": float(np.median(per_trip))}
             if fetch_cost is not None and "frontend" in out and features["parallelism"] == 1:
                 _loop_on_trips(out, light, per_trip, fetch_cost, overhead, after, rng=rng)
+                loop = out["frontend"].get("event_loop")
+                if loop is not None:  # the handler awaits its fetch: its resumption, off the clocks
+                    from calibrate.cycle import fit_resume  # cycle imports this module
+
+                    loop["resume_ms"] = fit_resume(df, fit_levels)
     return out
 
 

@@ -335,6 +335,13 @@ def _event_loop(fe: dict, on_loop: bool = False) -> str:
         f"({loop['respond_per_batch_ms']:.2f} ms a batch plus {loop['respond_per_request_ms']:.2f} ms a "
         f"request): admissions mean {_mean(loop['admit']):.2f} ms, and the pure delay mean "
         f"{_mean(loop['fixed_delay']):.2f} ms."
+        + (
+            f" Each handler awaits its Redis fetch mid-way: the admission less {loop['resume_ms']:.3f} ms before the "
+            "fetch, the rest (`event_loop.resume_ms`, the median gap between back-to-back queue arrivals) when its "
+            "reply is back, the replies in the order sent."
+            if on_loop and loop.get("resume_ms") is not None
+            else ""
+        )
     )
 
 

@@ -41,6 +41,13 @@ def _scaled(spec: dict, factor: float) -> dict:
     return out
 
 
+def _mean_ms(spec: dict) -> float:
+    """A fitted distribution's mean, ms (empirical: its samples'; else its ``mean_ms``/``value_ms``)."""
+    if spec.get("kind") == "empirical":
+        return float(sum(spec["samples_ms"]) / len(spec["samples_ms"]))
+    return float(spec.get("mean_ms", spec.get("value_ms", 0.0)))
+
+
 def scaled_batch_time(st: dict, factor: float) -> dict:
     """A batch-time model (table or affine) with its times multiplied by ``factor``."""
     out = dict(st)
@@ -117,6 +124,12 @@ def scenario_dict(
                     k: loop[k] * speed for k in ("return_ms", "respond_per_batch_ms", "respond_per_request_ms")
                 },
             }
+            resume = loop.get("resume_ms")
+            if ranker_loop and resume is not None:  # the handler reads, awaits its fetch, then resumes
+                admit = _dist(loop["admit"])  # its read: the admission less the resumption, the same shape
+                read = max(1.0 - resume / _mean_ms(admit), 0.05) if _mean_ms(admit) > 0 else 1.0
+                preprocess["service"] = _scaled(admit, read * speed)
+                preprocess["event_loop"]["resume_ms"] = resume * speed
         postprocess: dict = {}
     else:
         router = {"overhead": _dist(profile["stages"]["overhead"]), "balancing": "shared"}

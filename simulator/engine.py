@@ -389,11 +389,18 @@ class _Run:
         ready for it at ``t`` join those waiting, the loop runs up to ``horizon``. Returns
         the rows settled (answered, or refused at the door), and the batches answered."""
         c, ledger = self.ledger.cols, self.ledger
-        self.loop_wait.push(t, ids, rows_of(c.svc, ids - ledger.lo))
-        t, ids, cost = self.loop_wait.ready(horizon)
-        self.loop_server.push(ids, t, cost)
-        ids, t_enq, served, t_resp, batches = self.loop_server.run(horizon)
         rows = ids - ledger.lo
+        if self.loop_server.resume >= 0:  # the handler starts before its fetch and awaits it off the loop
+            t_api = c.t_api[rows]
+            self.loop_wait.push(t_api, ids, rows_of(c.svc, rows), t - t_api)
+        else:
+            self.loop_wait.push(t, ids, rows_of(c.svc, rows), None)
+        t, ids, cost, wait = self.loop_wait.ready(horizon)
+        self.loop_server.push(ids, t, cost, wait)
+        ids, t_enq, served, t_resp, t_back, batches = self.loop_server.run(horizon)
+        rows = ids - ledger.lo
+        if self.loop_server.resume >= 0:  # the fetch ran after the handler's read, off the loop
+            c.t_features[rows] = t_back
         c.t_preprocessed[rows] = t_enq
         c.t_answered[rows] = t_resp
         return ledger.settle(ids, served), batches

@@ -115,3 +115,25 @@ def test_a_window_the_server_closes_late_is_fitted_and_kept_by_the_scenario(prof
     on_time = _measured(profile, 0.2 * profile["capacity_rps"], slices=3, slice_s=4.0, seed=3)
     assert fit_window(on_time, [0], window, profile["server"]["max_batch_size"])["late_ms"] == pytest.approx(0.0)
     assert fit_window(on_time.drop(columns=["dispatched_at_ns"]), [0], window, 8) is None
+
+
+def test_the_resumption_is_read_off_back_to_back_queue_arrivals():
+    """Replies that come back together queue their requests 0.018 ms apart (the loop's
+    time to resume each handler); clumps of one to four, 3 ms apart: the fit reads 0.018
+    ms off the gaps under 0.1 ms; without clocks, or without clumps, there is none."""
+    import numpy as np
+
+    from calibrate.cycle import fit_resume
+
+    rng = np.random.default_rng(2)
+    rows, t = [], 1e9
+    for _ in range(2000):
+        for j in range(int(rng.integers(1, 5))):
+            enq = t + j * 18_000 + rng.normal(0, 300)
+            clocks = {"received_at_ns": enq - 1e6, "enqueued_at_ns": enq, "dispatched_at_ns": enq + 2e6}
+            rows.append({"status": 200, "level": 1, "slice": 0, "warmup": False, "batch_size": 1, **clocks})
+        t += 3e6
+    df = pd.DataFrame(rows)
+    assert fit_resume(df, [1, 3]) == pytest.approx(0.018, abs=0.001)
+    assert fit_resume(df.drop(columns=["dispatched_at_ns"]), [1, 3]) is None
+    assert fit_resume(df.iloc[::4], [1, 3]) is None  # no clumps left: fewer than 20 gaps that close

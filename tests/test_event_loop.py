@@ -209,3 +209,84 @@ def test_the_fit_recovers_the_loop_from_the_server_clocks():
     jobs = admit + 0.25 + (0.2 + loop["return_ms"]) * per_request_batches
     assert jobs == pytest.approx(service.mean(), rel=0.02)
     assert fit_event_loop(df.drop(columns=["received_at_ns"]), lowest, service, service, rng=rng) is None
+
+
+def _awaiting(rate: float, fetch: dict, resume_ms: float = 0.05) -> dict:
+    """The loop with a handler that awaits its feature fetch mid-way (``resume_ms``)."""
+    doc = _doc(rate, {"return_ms": 0.1, "respond_per_batch_ms": 0.1, "respond_per_request_ms": 0.05,
+                      "resume_ms": resume_ms})  # fmt: skip
+    doc["features"] = {"lookups_per_request": 26, "batch_size": 26, "round_trip": fetch}
+    return doc
+
+
+def test_a_handler_that_awaits_its_fetch_leaves_the_loop_to_the_others_meanwhile(tmp_path):
+    """Two requests 0.1 ms apart, each read in 0.3 ms of loop work, then a 0.5 ms fetch off
+    the loop, then 0.05 ms to resume and queue: the second is read while the first's fetch
+    runs, and each is queued when its own reply is handled (100.85 and 101.15 ms), where a
+    fetch before the admission queues them at 100.85 and 101.2."""
+    path = tmp_path / "arrivals.txt"
+    np.savetxt(path, [0.1, 0.1001, 0.5], fmt="%.6f")
+    doc = _awaiting(1.0, {"kind": "deterministic", "value_ms": 0.5})
+    doc["traffic"] = {"arrivals_file": str(path)}
+    doc["preprocess"]["service"] = {"kind": "deterministic", "value_ms": 0.3}
+    doc["warmup_s"] = 0
+    rec = simulate(Scenario.model_validate(doc)).records
+    np.testing.assert_allclose(rec.t_preprocessed, [100.85, 101.15, 500.85], atol=1e-9)
+    np.testing.assert_allclose(rec.t_features, [100.8, 101.1, 500.8], atol=1e-9)  # when each fetch was back
+    assert list(rec.batch_size) == [2, 2, 1]
+    doc["preprocess"]["event_loop"]["resume_ms"] = None  # the fetch first, then one admission job
+    doc["preprocess"]["service"]["value_ms"] = 0.35
+    rec = simulate(Scenario.model_validate(doc)).records
+    np.testing.assert_allclose(rec.t_preprocessed, [100.85, 101.2, 500.85], atol=1e-9)
+
+
+def test_awaited_fetches_answer_in_order_and_clump_at_the_queue():
+    """Fetches of random length (Redis answers one connection's commands in order): the
+    requests reach the batch queue in the order they were read, and the short resumptions
+    bunch them there (queue-arrival gaps under 0.05 ms) where one admission job after the
+    fetch spaces them by its own length."""
+    doc = _awaiting(1500.0, {"kind": "exponential", "mean_ms": 0.3})
+    doc["preprocess"]["service"] = {"kind": "deterministic", "value_ms": 0.3}
+    rec = simulate(Scenario.model_validate(doc)).records
+    done = ~np.isnan(rec.t_preprocessed)
+    order = np.argsort(rec.arrival[done], kind="stable")
+    assert (np.diff(rec.t_preprocessed[done][order]) >= 0).all()
+    gaps = np.diff(np.sort(rec.t_preprocessed[done]))
+    doc["preprocess"]["event_loop"]["resume_ms"] = None  # the same loop work in one job after the fetch
+    doc["preprocess"]["service"]["value_ms"] = 0.35
+    before = simulate(Scenario.model_validate(doc)).records
+    gaps_before = np.diff(np.sort(before.t_preprocessed[~np.isnan(before.t_preprocessed)]))
+    assert (gaps < 0.05).mean() > 0.05
+    assert (gaps_before < 0.05).mean() < 0.01
+
+
+def test_a_run_cut_in_chunks_awaits_its_fetches_as_one_run():
+    from simulator.engine import stream
+
+    s = Scenario.model_validate(_awaiting(1500.0, {"kind": "exponential", "mean_ms": 0.3}))
+    whole = simulate(s).records
+    got = np.concatenate([p.records.t_response for p in stream(s, chunk_s=0.7)])
+    np.testing.assert_array_equal(got, whole.t_response)
+
+
+@pytest.mark.parametrize(
+    ("features", "found"),
+    [
+        ({"lookups_per_request": 0}, "features.lookups_per_request above 0"),
+        ({"lookups_per_request": 4, "store": {"threads": 1, "per_op_ms": 0.1}}, "no features.store"),
+        (
+            {
+                "lookups_per_request": 4,
+                "round_trip": {"kind": "deterministic", "value_ms": 1},
+                "timeout_ms": 5,
+                "on_timeout": "fail",
+            },
+            "features.on_timeout: default",
+        ),
+    ],
+)
+def test_a_handler_awaiting_a_fetch_needs_one_it_can_await(features, found):
+    doc = _awaiting(100.0, {"kind": "deterministic", "value_ms": 0.5})
+    doc["features"] = features
+    with pytest.raises(ValueError, match=rf"preprocess.event_loop.resume_ms awaits .*{found}"):
+        Scenario.model_validate(doc)

@@ -7,10 +7,12 @@ a copy of the folder; its validation.md says how each held-out percentile fared.
   batching window (the model before 2026-11-29);
 * ``loop``: the front end's one event loop (admission, hand-back, responses), the configured
   window;
-* ``loop_window``: the loop with the window as the server keeps it (the code as committed).
+* ``loop_window``: the loop with the window as the server keeps it;
+* ``loop_await``: and the handler awaiting its fetch mid-way (``event_loop.resume_ms``: the
+  code as committed).
 
     python calibrate/experiments/ranker_loop_models.py RUN OUT --model store          # ~6 min
-    python calibrate/experiments/ranker_loop_models.py RUN OUT --model loop_window    # ~1 min
+    python calibrate/experiments/ranker_loop_models.py RUN OUT --model loop_await     # ~1 min
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
+import calibrate.cycle as cycle
 import calibrate.report as report
 import calibrate.run as run
 import calibrate.scenario as scenario
 
-MODELS = ("store", "loop", "loop_window")
+MODELS = ("store", "loop", "loop_window", "loop_await")
 SHOWN = ("load", "percentile", "measured_ms", "predicted_ms", "error_pct", "verdict")
 
 
@@ -34,7 +37,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, help="A `calibrate run` folder of the ranker (with the server's clocks).")
     ap.add_argument("out", type=Path, help="Where the refitted copy goes (replaced).")
-    ap.add_argument("--model", choices=MODELS, default="loop_window")
+    ap.add_argument("--model", choices=MODELS, default="loop_await")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
     shutil.rmtree(a.out, ignore_errors=True)
@@ -43,6 +46,8 @@ def main() -> None:
         scenario.ranker_on_loop = report.ranker_on_loop = lambda profile: False
     if a.model in ("store", "loop"):  # the window as configured
         run.fit_window = lambda *args, **kwargs: None
+    if a.model != "loop_await":  # the fetch before one admission job
+        cycle.fit_resume = lambda *args, **kwargs: None
     rep = run.refit_run(a.out, draws=200, rng=np.random.default_rng(a.seed))
     for r in rep["validation"]:
         if r["percentile"] in ("p50", "p99"):

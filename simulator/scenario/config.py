@@ -363,6 +363,18 @@ class Scenario(Frozen):
                 "preprocess.event_loop models one front end feeding one batch queue; "
                 f"it does not combine with {', '.join(found)} yet"
             )
+        f = self.features
+        if self.preprocess.event_loop.resume_ms is not None:
+            awaits = [
+                (f.lookups_per_request == 0, "features.lookups_per_request above 0 (a fetch to await)"),
+                (f.store is not None, "no features.store (the loop is the station)"),
+                (f.on_timeout == "fail", "features.on_timeout: default (a failed fetch leaves its handler)"),
+            ]  # fmt: skip
+            need = [why for cond, why in awaits if cond]
+            if need:
+                raise ValueError(
+                    f"preprocess.event_loop.resume_ms awaits the feature fetch: it needs {'; '.join(need)}"
+                )
         return self
 
     @model_validator(mode="after")

@@ -176,6 +176,14 @@ class EventLoop(Frozen):
     respond_per_request_ms: float = Field(
         0.0, ge=0, description="Loop time per response, ms (resume the request, encode, write)."
     )
+    resume_ms: float | None = Field(
+        None,
+        ge=0,
+        description="The handler awaits the feature fetch mid-way (a Redis client on the loop): preprocess.service "
+        "is the loop's work before the fetch, the fetch passes off the loop (its replies in the order sent), and "
+        "resume_ms is the loop's job after it (read the reply, queue the request), ms; a request's features time "
+        "is then when its fetch was back. None: the fetch comes before the admission.",
+    )
 
 
 class Preprocess(Frozen):

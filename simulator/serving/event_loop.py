@@ -42,11 +42,11 @@ from simulator.scenario.path import EventLoop
 from simulator.serving.compiled import finish_on_path
 
 _REJECTED = int(Outcome.REJECTED)
-_NONE, _ADMIT, _RETURN, _RESPOND, _TIMER = 0, 1, 2, 3, 4
+_NONE, _ADMIT, _RETURN, _RESPOND, _TIMER, _RESUME = 0, 1, 2, 3, 4, 5
 
 
 # the kernel's scalar state, kept between calls (an int64 array, and the loop's clock)
-_I, _QH, _QT, _NB, _FPOS, _BH, _BT, _RH, _RT, _RUNNING, _KIND, _ARG, _SEQC = range(13)
+_I, _QH, _QT, _NB, _FPOS, _BH, _BT, _RH, _RT, _RUNNING, _KIND, _ARG, _SEQC, _WH, _WT = range(15)
 
 
 def _dispatch_py(
@@ -95,7 +95,8 @@ _dispatch = jit.njit(cache=True, nogil=True)(_dispatch_py)
 
 
 def _kernel_py(
-    n, horizon, st, clock, t, cost, ret, resp_b, resp_k, max_b, delay, cap, preferred, factors, means,
+    n, horizon, st, clock, t, cost, wait, resume, wq, wdue, t_back, ret, resp_b, resp_k, max_b, delay, cap, preferred,
+    factors, means,
     ip_t, ip_w, ip_f, fp_t, fp_w, fp_f, free_at, busy, seq, ends, bid, back, resp,
     t_enq, t_disp, t_resp, outcome, t_drop, pb, buf, b_pos, b_size, b_start, b_end, b_inst, b_done, b_resp,
 ):  # fmt: skip
@@ -108,6 +109,7 @@ def _kernel_py(
     i, qh, qt, nb, fpos = st[_I], st[_QH], st[_QT], st[_NB], st[_FPOS]
     bh, bt, rh, rt = st[_BH], st[_BT], st[_RH], st[_RT]
     running, kind, arg, seqc = st[_RUNNING] != 0, st[_KIND], st[_ARG], st[_SEQC]
+    wh, wt = st[_WH], st[_WT]  # requests off the loop, awaiting their fetch (``resume`` >= 0), in order
     loop_free = clock[0]
     while True:
         te = inf
@@ -119,13 +121,14 @@ def _kernel_py(
             ra = t[i] if i < n else inf
             rb = b_done[back[bh]] if bh < bt else inf
             rr = b_end[resp[rh]] if rh < rt else inf
+            rw = wdue[wh] if wh < wt else inf
             rtim = inf
             if max_b > qt - qh > 0:
                 for j in range(n_inst):
                     if not busy[j]:
                         rtim = t_enq[buf[qh]] + delay
                         break
-            r = min(ra, rb, rr, rtim)
+            r = min(ra, rb, rr, rtim, rw)
             if r == inf and te == inf:
                 break
             start = max(loop_free, r)
@@ -148,6 +151,11 @@ def _kernel_py(
                 elif rtim == r:
                     loop_free = start
                     kind = _TIMER
+                elif rw == r:  # a fetch is back: the handler resumes and queues its request
+                    arg = wq[wh]
+                    wh += 1
+                    loop_free = finish_on_path(start, resume, fp_t, fp_w, fp_f)
+                    kind = _RESUME
                 else:
                     arg = i
                     i += 1
@@ -164,7 +172,13 @@ def _kernel_py(
         elif min(loop_free, te) >= horizon:
             break
         elif te > loop_free:  # the job in progress ends first
-            if kind == _ADMIT:
+            if kind == _ADMIT and resume >= 0:  # the handler awaits its fetch off the loop; answers in order
+                due = loop_free + wait[arg]
+                wq[wt] = arg
+                wdue[wt] = max(due, wdue[wt - 1]) if wt > 0 else due
+                t_back[arg] = wdue[wt]  # when its fetch is back
+                wt += 1
+            elif kind in (_ADMIT, _RESUME):
                 t_enq[arg] = loop_free
                 buf[qt] = arg
                 qt += 1
@@ -191,6 +205,7 @@ def _kernel_py(
     st[_I], st[_QH], st[_QT], st[_NB], st[_FPOS] = i, qh, qt, nb, fpos
     st[_BH], st[_BT], st[_RH], st[_RT] = bh, bt, rh, rt
     st[_RUNNING], st[_KIND], st[_ARG], st[_SEQC] = 1 if running else 0, kind, arg, seqc
+    st[_WH], st[_WT] = wh, wt
     clock[0] = loop_free
 
 
@@ -232,11 +247,15 @@ class Loop:
         self.seq = np.arange(instances, dtype=np.int64)
         self.ends = np.full(instances, math.inf)  # when each instance's batch is computed
         self.bid = np.full(instances, -1, dtype=np.int64)
-        self.st = np.zeros(13, dtype=np.int64)
+        self.st = np.zeros(15, dtype=np.int64)
         self.st[_SEQC] = instances
         self.clock = np.array([-math.inf])
         self.n = 0  # requests held (the first not yet answered, and those after it)
         self.t, self.cost, self.t_enq, self.t_disp, self.t_resp, self.t_drop = (np.zeros(0) for _ in range(6))
+        # with ``resume_ms``: each request's fetch, off the loop between its admission and its resumption
+        self.resume = -1.0 if loop.resume_ms is None else float(loop.resume_ms)
+        self.wait, self.wdue, self.t_back = np.zeros(0), np.zeros(0), np.zeros(0)
+        self.wq = np.zeros(0, dtype=np.int64)
         self.outcome = np.zeros(0, dtype=np.int8)
         self.pb, self.ids, self.buf = (np.zeros(0, dtype=np.int64) for _ in range(3))
         self.b_pos, self.b_size, self.b_inst, self.back, self.resp = (np.zeros(0, dtype=np.int64) for _ in range(5))
@@ -244,14 +263,18 @@ class Loop:
         self.b_resp, self.b_out, self.rep = (np.zeros(0, dtype=np.bool_) for _ in range(3))
         self.factors = np.zeros(0)
 
-    def push(self, ids: np.ndarray, t: np.ndarray, cost: np.ndarray) -> None:
+    def push(self, ids: np.ndarray, t: np.ndarray, cost: np.ndarray, wait: np.ndarray | None = None) -> None:
         """Requests ``ids`` ready for the loop at ``t`` (sorted, at or after every earlier
-        push's), each admitted in ``cost`` ms of nominal loop work."""
+        push's), each admitted in ``cost`` ms of nominal loop work; with ``resume_ms``, each
+        then awaits its fetch of ``wait`` ms off the loop."""
         k, n = len(ids), self.n
-        for name, fill in (("t", 0.0), ("cost", 0.0), ("t_enq", np.nan), ("t_disp", np.nan), ("t_resp", np.nan),
-                           ("t_drop", np.nan), ("outcome", 0), ("pb", -1), ("ids", -1), ("rep", False)):  # fmt: skip
+        for name, fill in (("t", 0.0), ("cost", 0.0), ("wait", 0.0), ("t_back", np.nan), ("t_enq", np.nan),
+                           ("t_disp", np.nan), ("t_resp", np.nan), ("t_drop", np.nan), ("outcome", 0), ("pb", -1),
+                           ("ids", -1), ("rep", False)):  # fmt: skip
             setattr(self, name, _grow(getattr(self, name), n + k, fill))
         self.t[n : n + k], self.cost[n : n + k], self.ids[n : n + k] = t, cost, ids
+        if wait is not None:
+            self.wait[n : n + k] = wait
         self.n += k
         # batch times for every batch the requests held could make (at most one each), drawn
         # in blocks as the run needs them: the same sequence as drawn all at once
@@ -261,8 +284,9 @@ class Loop:
     def run(self, horizon: float) -> tuple[np.ndarray, np.ndarray, Served, np.ndarray, BatchLog]:
         """Simulate up to ``horizon`` (ms; inf: to the end). Returns the requests answered
         or refused since the last call, unsorted: their ids, when each was queued
-        (admission done), the serving columns and when each response was written (NaN if
-        refused); and the batches answered since the last call."""
+        (admission done), the serving columns, when each response was written (NaN if
+        refused) and, with ``resume_ms``, when each one's fetch was back (else NaN); and the
+        batches answered since the last call."""
         st, n = self.st, self.n
         room = int(st[_NB]) + n + 1
         for name in ("b_pos", "b_size", "b_inst", "back", "resp"):
@@ -271,9 +295,11 @@ class Loop:
             setattr(self, name, _grow(getattr(self, name), room, 0.0))
         self.b_resp, self.b_out = _grow(self.b_resp, room, False), _grow(self.b_out, room, False)
         self.buf = _grow(self.buf, int(st[_QT]) + n + 1, 0)
+        self.wq, self.wdue = _grow(self.wq, int(st[_WT]) + n + 1, 0), _grow(self.wdue, int(st[_WT]) + n + 1, 0.0)
         b = self.batching
         _kernel(
-            n, float(horizon), st, self.clock, self.t, self.cost,
+            n, float(horizon), st, self.clock, self.t, self.cost, self.wait, self.resume, self.wq, self.wdue,
+            self.t_back,
             float(self.loop.return_ms), float(self.loop.respond_per_batch_ms), float(self.loop.respond_per_request_ms),
             int(b.max_batch_size), float(b.max_queue_delay_ms), self.cap, self.preferred, self.factors, self.means,
             *self.path, *self.front, self.free_at, self.busy, self.seq, self.ends, self.bid, self.back, self.resp,
@@ -297,7 +323,7 @@ class Loop:
         served.t_done[a] = self.b_end[mine[a]]
         served.batch_size[a] = self.b_size[mine[a]]
         served.instance[a] = self.b_inst[mine[a]]
-        out = (self.ids[p].copy(), self.t_enq[p].copy(), served, self.t_resp[p].copy())
+        out = (self.ids[p].copy(), self.t_enq[p].copy(), served, self.t_resp[p].copy(), self.t_back[p].copy())
         responded = self.b_resp[:nb]
         b = np.flatnonzero(responded & ~self.b_out[:nb])
         self.b_out[b] = True
@@ -314,11 +340,12 @@ class Loop:
         qh, qt, nb = int(st[_QH]), int(st[_QT]), int(st[_NB])
         q0 = min(qh, int(self.b_pos[b0]) if b0 < nb else qh)
         if st[_RUNNING]:
-            if st[_KIND] == _ADMIT:
+            if st[_KIND] == _ADMIT or st[_KIND] == _RESUME:
                 st[_ARG] -= p0
             elif st[_KIND] == _RETURN:
                 st[_ARG] -= b0
-        for name in ("t", "cost", "t_enq", "t_disp", "t_resp", "t_drop", "outcome", "pb", "ids", "rep"):
+        kept = ("t", "cost", "wait", "t_back", "t_enq", "t_disp", "t_resp", "t_drop", "outcome", "pb", "ids", "rep")
+        for name in kept:
             setattr(self, name, getattr(self, name)[p0 : self.n].copy())
         self.n -= p0
         st[_I] -= p0
@@ -334,5 +361,8 @@ class Loop:
         self.bid = np.where(computing, self.bid - b0, -1)
         self.buf = self.buf[q0:qt] - p0
         st[_QH], st[_QT] = qh - q0, qt - q0
+        wh, wt = int(st[_WH]), int(st[_WT])
+        self.wq, self.wdue = self.wq[wh:wt] - p0, self.wdue[wh:wt].copy()
+        st[_WH], st[_WT] = 0, wt - wh
         self.factors = self.factors[int(st[_FPOS]) :].copy()
         st[_FPOS] = 0
