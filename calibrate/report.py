@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate.scenario import ranker_on_loop
+from calibrate.scenario import spec_mean as _mean
 
 
 def _ci(lo: float, hi: float) -> str:
@@ -56,12 +57,6 @@ def _fetch_in_flight(profile: dict) -> list[str]:
         "predicted, and past the rise the server can tip into a congestion collapse the model does not have.",
     ]
     return out
-
-
-def _mean(spec: dict) -> float:
-    if spec["kind"] == "empirical":
-        return float(np.mean(spec["samples_ms"]))
-    return float(spec["mean_ms"])
 
 
 def markdown(

@@ -41,11 +41,12 @@ def _scaled(spec: dict, factor: float) -> dict:
     return out
 
 
-def _mean_ms(spec: dict) -> float:
-    """A fitted distribution's mean, ms (empirical: its samples'; else its ``mean_ms``/``value_ms``)."""
-    if spec.get("kind") == "empirical":
+def spec_mean(spec: dict) -> float:
+    """A fitted distribution's mean, ms (:func:`calibrate.fit.fit_distribution`'s kinds:
+    empirical, its samples'; the others, their ``mean_ms``)."""
+    if spec["kind"] == "empirical":
         return float(sum(spec["samples_ms"]) / len(spec["samples_ms"]))
-    return float(spec.get("mean_ms", spec.get("value_ms", 0.0)))
+    return float(spec["mean_ms"])
 
 
 def scaled_batch_time(st: dict, factor: float) -> dict:
@@ -77,19 +78,18 @@ def scenario_dict(
     warmup_s: float,
     seed: int = 0,
     speed: float = 1.0,
-    store_station: bool = False,
 ) -> dict:
     """The calibrated server under Poisson load at ``rate_rps``, as a scenario document;
     ``speed`` multiplies the front end's CPU times (a slice's platform speed, see
     :func:`calibrate.station.fit_speed`; 1 is the run's average). A ranker fitted with the
-    server's clocks runs on the front end's event loop (:func:`ranker_on_loop`);
-    ``store_station`` keeps it on the feature store's station instead, as profiles without
-    those clocks run (calibrate/README, "The ranker's loop as the ResNet's")."""
+    server's clocks runs on the front end's event loop (:func:`ranker_on_loop`), one
+    without them on the feature store's station (calibrate/README, "The ranker's loop as
+    the ResNet's")."""
     server = profile["server"]
     st = profile["service_time"]
     features = {}
     fe = profile.get("frontend")
-    ranker_loop = ranker_on_loop(profile) and not store_station
+    ranker_loop = ranker_on_loop(profile)
     if "features" in profile:
         f = profile["features"]
         features = {k: f[k] for k in ("lookups_per_request", "batch_size", "parallelism")}
@@ -127,7 +127,7 @@ def scenario_dict(
             resume = loop.get("resume_ms")
             if ranker_loop and resume is not None:  # the handler reads, awaits its fetch, then resumes
                 admit = _dist(loop["admit"])  # its read: the admission less the resumption, the same shape
-                read = max(1.0 - resume / _mean_ms(admit), 0.05) if _mean_ms(admit) > 0 else 1.0
+                read = max(1.0 - resume / spec_mean(admit), 0.05)
                 preprocess["service"] = _scaled(admit, read * speed)
                 preprocess["event_loop"]["resume_ms"] = resume * speed
         postprocess: dict = {}

@@ -40,7 +40,10 @@ def run(mode: str, rate: float, *, n: int = 60_000, seed: int = 1, read: float =
         order += 1
 
     for i in range(n):
-        push(arrival[i] + wait[i], "admit", i) if mode == "delay" else push(arrival[i], "read", i)
+        if mode == "delay":
+            push(arrival[i] + wait[i], "admit", i)
+        else:
+            push(arrival[i], "read", i)
     t_enq, t_disp = np.full(n, np.nan), np.full(n, np.nan)
     queue: list[int] = []
     loop_free, inst_free = 0.0, 0.0
