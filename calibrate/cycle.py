@@ -25,8 +25,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
-from calibrate.fit import batch_time_us
+from calibrate.fit import EMPIRICAL_POINTS, batch_time_us
 
 CLOCKS = ("received_at_ns", "enqueued_at_ns", "dispatched_at_ns")
 PHASE_BINS = 10
@@ -87,27 +88,57 @@ def fit_window(requests: pd.DataFrame, fit_levels: list[int], window_ms: float, 
     The reference server's batcher waits on asyncio timers, whole milliseconds on a loop
     clock cached at the last iteration, and checks the clock when they fire: a 2 ms window
     closed 0.11 ms late (median) and 0.19 ms (mean) at 30% load on the MGET ranker, whose
-    batches are of one to three, never early. Its mean (``late_ms``) lengthens the
-    scenario's window; what the loop's other jobs add under load the model's loop adds
-    itself (at light load ~0.02 ms of that mean, counted twice)."""
+    batches are of one to three, never early. ``late_ms`` is that mean. ``timer_ms`` is
+    the timer's own lateness, for ``preprocess.event_loop.timer_late``: the window-bound
+    batches that no request queued after the due time closed (the batcher wakes on each,
+    and then goes at once), as :data:`~calibrate.fit.EMPIRICAL_POINTS` quantiles. It
+    holds the loop's other jobs at that load too, which the model's loop adds again (at
+    light load ~0.02 ms of the mean)."""
     if window_ms <= 0 or not has_clocks(requests):
         return None
     light = requests[requests["level"] == min(fit_levels)]
-    late = []
+    late, timer, closed = [], [], []
     for _, s in clocked(light).groupby("slice"):
         b = batches(s)  # the warm-up's too, so that each batch has its oldest and the one before it
         warm = s.loc[s["warmup"], "enq_ms"].max() if s["warmup"].any() else -np.inf
         due = b["oldest_ms"] + window_ms
         bound = (b["size"] < max_batch_size) & (due > b["prev_end_ms"].fillna(np.inf)) & (b["oldest_ms"] > warm)
-        late.append((b["disp_ms"] - due)[bound].clip(lower=0.0).to_numpy())
+        gone = (b["disp_ms"] - due).clip(lower=0.0).to_numpy()
+        enq = np.sort(s["enq_ms"].to_numpy())
+        first = np.searchsorted(enq, due.to_numpy(), side="right")  # the first request queued after the due time
+        woke = first < np.searchsorted(enq, b["disp_ms"].to_numpy(), side="right")  # it woke the batcher
+        late.append(gone[bound])
+        timer.append(gone[bound & ~woke])
+        closed.append((enq[np.minimum(first, len(enq) - 1)] - due.to_numpy())[bound & woke])
     late = np.concatenate(late) if late else np.empty(0)
     if len(late) < 20:
         return None
-    return {
+    out = {
         "late_ms": float(late.mean()),
         "late_quantiles_ms": {str(q): round(float(np.percentile(late, q)), 4) for q in (5, 50, 95)},
         "batches": len(late),
     }
+    timer_ms = _timer_quantiles(np.concatenate(timer), np.concatenate(closed))
+    if timer_ms is not None:
+        out["timer_ms"] = timer_ms
+    return out
+
+
+def _timer_quantiles(fired: np.ndarray, closed: np.ndarray) -> list[float] | None:
+    """The timer's lateness as :data:`~calibrate.fit.EMPIRICAL_POINTS` quantiles, from
+    the windows its firing closed (``fired``: its lateness) and those a request queued
+    first (``closed``: the timer would have fired later than that): the Kaplan-Meier
+    estimate of a right-censored sample. The fired ones alone are biased short, as a
+    long lateness leaves more time for a request to come first. Beyond the estimate's
+    last step (the longest windows all closed by a request) the largest fired value;
+    None with fewer than 20 fired."""
+    if len(fired) < 20:
+        return None
+    km = stats.ecdf(stats.CensoredData(uncensored=fired, right=np.clip(closed, 0.0, None)))
+    x, p = km.cdf.quantiles, km.cdf.probabilities
+    want = (np.arange(EMPIRICAL_POINTS) + 0.5) / EMPIRICAL_POINTS
+    q = x[np.minimum(np.searchsorted(p, want, side="left"), len(x) - 1)]
+    return [round(float(v), 4) for v in q]
 
 
 def fit_resume(requests: pd.DataFrame, fit_levels: list[int]) -> float | None:

@@ -6,8 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from calibrate.scenario import ranker_on_loop
+from calibrate.scenario import ranker_on_loop, scenario_dict
 from calibrate.scenario import spec_mean as _mean
+
+
+def _timer_drawn(profile: dict) -> bool:
+    """Whether the profile's scenario draws its window timer's lateness on the loop."""
+    doc = scenario_dict(profile, 1.0, duration_s=1.0, warmup_s=0.0)
+    return "timer_late" in doc["preprocess"].get("event_loop", {})
 
 
 def _ci(lo: float, hi: float) -> str:
@@ -151,8 +157,14 @@ def _header(profile: dict) -> list[str]:
         + (
             f", which its timers closed {w['late_ms']:.2f} ms late on average (median "
             f"{w['late_quantiles_ms']['50']:.2f}, 95th percentile {w['late_quantiles_ms']['95']:.2f} ms, over "
-            f"{w['batches']:,} window-bound batches of the lightest fitted load): the scenario's window is "
-            f"{server['max_queue_delay_ms'] + w['late_ms']:.2f} ms."
+            f"{w['batches']:,} window-bound batches of the lightest fitted load): "
+            + (
+                "the scenario's loop draws its timer's lateness per window from the windows no request closed "
+                f"(Kaplan-Meier: median {np.median(w['timer_ms']):.2f}, 95th percentile "
+                f"{np.percentile(w['timer_ms'], 95):.2f} ms)."
+                if _timer_drawn(profile)
+                else f"the scenario's window is {server['max_queue_delay_ms'] + w['late_ms']:.2f} ms."
+            )
             if (w := profile.get("window"))
             else "."
         ),

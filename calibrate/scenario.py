@@ -70,6 +70,18 @@ def shifted_batch_time(st: dict, ms: float) -> dict:
     return out
 
 
+def timer_late(profile: dict, preprocess: dict) -> dict | None:
+    """The window timer's lateness for a front end on one event loop
+    (``preprocess.event_loop.timer_late``): the empirical draws
+    :func:`calibrate.cycle.fit_window` read off the batches no arrival closed; None
+    without a loop or for a profile fitted before them, whose window is lengthened by the
+    mean lateness instead."""
+    timer = (profile.get("window") or {}).get("timer_ms")
+    if "event_loop" not in preprocess or not timer:
+        return None
+    return {"kind": "empirical", "samples_ms": timer}
+
+
 def scenario_dict(
     profile: dict,
     rate_rps: float,
@@ -135,6 +147,9 @@ def scenario_dict(
         router = {"overhead": _dist(profile["stages"]["overhead"]), "balancing": "shared"}
         preprocess = {"service": _dist(profile["stages"]["preprocess"]), "cpu_workers": server["preprocess_threads"]}
         postprocess = {"service": _dist(profile["stages"]["postprocess"])}
+    late = timer_late(profile, preprocess)
+    if late is not None:
+        preprocess["event_loop"]["timer_late"] = late
     out = {
         "name": f"calibrated-{profile['model']['kind']}",
         "seed": seed,
@@ -147,8 +162,10 @@ def scenario_dict(
         "preprocess": preprocess,
         "batching": {
             "max_batch_size": server["max_batch_size"],
-            # the window as the server keeps it: its timers close it late (calibrate.cycle.fit_window)
-            "max_queue_delay_ms": server["max_queue_delay_ms"] + (profile.get("window") or {}).get("late_ms", 0.0),
+            # the window as the server keeps it: its timers close it late (calibrate.cycle.fit_window),
+            # drawn per window on the loop, or (profiles before the timer's own lateness) on average
+            "max_queue_delay_ms": server["max_queue_delay_ms"]
+            + (0.0 if late is not None else (profile.get("window") or {}).get("late_ms", 0.0)),
             "max_queue_size": server["max_queue_size"],
         },
         "workers": {
@@ -188,6 +205,7 @@ def write_scenario(profile: dict, path: Path, *, load: float = 0.5) -> None:
     rate = round(load * float(profile.get("capacity_rps", 100.0)), 1)
     doc = scenario_dict(profile, rate, duration_s=60.0, warmup_s=2.0)
     doc["sla"] = {"percentile": 99, "target_ms": 100}
+    loop_doc = doc["preprocess"].get("event_loop", {})
     fe = profile.get("frontend")
     header = [
         f"# The server measured by `servesim calibrate run` on {profile['hardware']['cpu']}, {profile['created']}.",
@@ -234,7 +252,8 @@ def write_scenario(profile: dict, path: Path, *, load: float = 0.5) -> None:
         "#   batching         - the server's dynamic batcher, as its /config reported it"
         + (
             f"; the window as its timers keep it ({profile['server']['max_queue_delay_ms']:g} ms configured, "
-            f"closed {w['late_ms']:.2f} ms late on average)"
+            f"closed {w['late_ms']:.2f} ms late on average"
+            + ("; the loop's timer_late draws its lateness per window)" if "timer_late" in loop_doc else ")")
             if w
             else ""
         ),

@@ -54,7 +54,7 @@ from simulator.front import Front
 from simulator.ledger import BatchLog, Outcome, Served, concat_logs
 from simulator.pieces import Piece, concat_records, gather
 from simulator.results.run import Run
-from simulator.rng import STREAMS, Streams, streams
+from simulator.rng import STREAMS, Streams, child, streams
 from simulator.scenario.config import Scenario
 from simulator.serving.classes import ClassesPool
 from simulator.serving.continuous import LLMService, Replicas
@@ -65,7 +65,7 @@ from simulator.serving.streamed import Horizon
 from simulator.serving.versions import VersionsPool, primary_pool
 from simulator.serving.workers import ServiceModel
 from simulator.stages.arrivals import Arrivals
-from simulator.stages.network import Network
+from simulator.stages.network import Network, delay
 from simulator.stages.postprocess import Postprocessing
 from simulator.stages.prediction_log import record_ms
 from simulator.stages.preprocess import Preprocessing
@@ -190,6 +190,7 @@ class _Run:
                 s.workers.count * s.workers.instances,
                 service,
                 None if speed is None else speed.frontend,
+                delay(s.preprocess.event_loop.timer_late, child(rng.preprocess, 1)),
             )
             self.loop_wait = Horizon(by_id=True)
         self.versions = self.classes = None

@@ -137,3 +137,45 @@ def test_the_resumption_is_read_off_back_to_back_queue_arrivals():
     assert fit_resume(df, [1, 3]) == pytest.approx(0.018, abs=0.001)
     assert fit_resume(df.drop(columns=["dispatched_at_ns"]), [1, 3]) is None
     assert fit_resume(df.iloc[::4], [1, 3]) is None  # no clumps left: fewer than 20 gaps that close
+
+
+def test_the_timers_own_lateness_is_read_off_the_batches_no_arrival_closed():
+    """A loop whose window timer fires an exponential 0.4 ms late (the simulator as the
+    server): the batches that no request queued after their due time closed show the
+    timer's draws, which the fit gives back (KS against the exponential); the windows that
+    an arrival closed earlier are left out, so the mean of all lateness is lower. A loop
+    profile's scenario draws the timer per window and keeps the window as configured."""
+    import numpy as np
+
+    from calibrate.cycle import fit_window
+
+    doc = {
+        "name": "late-timer", "seed": 5, "duration_s": 30, "warmup_s": 0.5,
+        "sla": {"percentile": 99, "target_ms": 100}, "traffic": {"rate_rps": 400.0},
+        "preprocess": {"service": {"kind": "exponential", "mean_ms": 0.05}, "cpu_workers": 1,
+                       "event_loop": {"return_ms": 0.02, "timer_late": {"kind": "exponential", "mean_ms": 0.4}}},
+        "batching": {"max_batch_size": 32, "max_queue_delay_ms": 2.0},
+        "workers": {"count": 1, "instances": 1, "service_time": {"kind": "deterministic", "value_ms": 0.5}},
+        "cost": {"price_per_hour_usd": 1},
+    }  # fmt: skip
+    rec = simulate(Scenario.model_validate(doc)).records
+    done = rec.completed
+    measured = pd.DataFrame(
+        {
+            "status": 200, "level": 0, "slice": 0, "offered_rps": 400.0, "warmup": rec.arrival[done] < 500.0,
+            "batch_size": rec.batch_size[done], "compute_infer_us": (rec.t_inferred - rec.t_dispatch)[done] * 1e3,
+            "received_at_ns": 1e12 + rec.arrival[done] * 1e6, "enqueued_at_ns": 1e12 + rec.t_preprocessed[done] * 1e6,
+            "dispatched_at_ns": 1e12 + rec.t_dispatch[done] * 1e6,
+        }
+    )  # fmt: skip
+    fit = fit_window(measured, [0], 2.0, 32)
+    timer = np.asarray(fit["timer_ms"])
+    assert stats.kstest(timer, "expon", args=(0, 0.4)).statistic < 0.05
+    assert fit["late_ms"] < timer.mean() - 0.05  # arrivals closed some windows before their timer
+    profile = {"window": fit}
+    loop_doc = {"preprocess": {"event_loop": {}}}
+    from calibrate.scenario import timer_late
+
+    assert timer_late(profile, loop_doc["preprocess"]) == {"kind": "empirical", "samples_ms": fit["timer_ms"]}
+    assert timer_late(profile, {"service": {}}) is None  # no loop: the window lengthened by the mean, as before
+    assert timer_late({"window": {"late_ms": 0.2}}, loop_doc["preprocess"]) is None  # a profile before the timer's own

@@ -290,3 +290,53 @@ def test_a_handler_awaiting_a_fetch_needs_one_it_can_await(features, found):
     doc["features"] = features
     with pytest.raises(ValueError, match=rf"preprocess.event_loop.resume_ms awaits .*{found}"):
         Scenario.model_validate(doc)
+
+
+def _late_timer(late: dict | None, times: list[float], tmp_path) -> pd.DataFrame:
+    """Requests at ``times`` (s) through a 2 ms window whose timer fires ``late``."""
+    path = tmp_path / "arrivals.txt"
+    np.savetxt(path, times, fmt="%.6f")
+    doc = _doc(1.0, {"return_ms": 0.1, "timer_late": late})
+    doc["traffic"] = {"arrivals_file": str(path)}
+    doc["preprocess"]["service"] = {"kind": "deterministic", "value_ms": 0.4}
+    doc["workers"]["service_time"]["noise_cv"] = 0.0
+    doc["warmup_s"] = 0
+    return simulate(Scenario.model_validate(doc)).records
+
+
+def test_the_window_timer_fires_late_but_a_later_request_closes_the_window_at_once(tmp_path):
+    """A lone request waits the window and the timer's lateness (2 + 0.3 ms); a second one
+    queued after the window's due time but before the late timer fires wakes the batcher,
+    which sends both at once (the reference server's batcher checks the clock on every
+    arrival); one queued before the due time waits for the timer with the first."""
+    late = {"kind": "deterministic", "value_ms": 0.3}
+    rec = _late_timer(late, [0.1, 0.2], tmp_path)
+    np.testing.assert_allclose(rec.t_dispatch - rec.t_preprocessed, 2.3, atol=1e-9)
+    rec = _late_timer(late, [0.1, 0.1021, 0.5], tmp_path)  # the second queued 2.1 ms after the first
+    np.testing.assert_allclose(rec.t_dispatch[:2], rec.t_preprocessed[1], atol=1e-9)
+    assert list(rec.batch_size) == [2, 2, 1]
+    rec = _late_timer(late, [0.1, 0.1015, 0.5], tmp_path)  # queued 1.5 ms after: both wait for the timer
+    np.testing.assert_allclose(rec.t_dispatch[:2], rec.t_preprocessed[0] + 2.3, atol=1e-9)
+    rec = _late_timer(None, [0.1, 0.2], tmp_path)
+    np.testing.assert_allclose(rec.t_dispatch - rec.t_preprocessed, 2.0, atol=1e-9)
+
+
+def test_the_timer_lateness_is_drawn_per_window_and_a_chunked_run_draws_the_same():
+    from simulator.engine import stream
+
+    doc = _doc(50.0, {"return_ms": 0.1, "timer_late": {"kind": "exponential", "mean_ms": 0.4}})
+    s = Scenario.model_validate(doc)
+    rec = simulate(s).records
+    wait = rec.t_dispatch - rec.t_preprocessed
+    assert np.nanmax(wait) > 2.0 + 1.0  # the exponential's tail, not a constant
+    on_time = simulate(Scenario.model_validate(_doc(50.0, {"return_ms": 0.1}))).records
+    assert np.nanmean(wait) > np.nanmean(on_time.t_dispatch - on_time.t_preprocessed) + 0.1
+    got = np.concatenate([p.records.t_response for p in stream(s, chunk_s=0.7)])
+    np.testing.assert_array_equal(got, rec.t_response)
+
+
+def test_a_late_timer_needs_a_window():
+    doc = _doc(100.0, {"timer_late": {"kind": "deterministic", "value_ms": 0.3}})
+    doc["batching"]["max_queue_delay_ms"] = 0
+    with pytest.raises(ValueError, match=r"preprocess.event_loop.timer_late .* needs a window"):
+        Scenario.model_validate(doc)

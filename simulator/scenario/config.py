@@ -375,6 +375,11 @@ class Scenario(Frozen):
                 raise ValueError(
                     f"preprocess.event_loop.resume_ms awaits the feature fetch: it needs {'; '.join(need)}"
                 )
+        if self.preprocess.event_loop.timer_late is not None and self.batching.max_queue_delay_ms <= 0:
+            raise ValueError(
+                "preprocess.event_loop.timer_late delays the batching window's timer: it needs a window "
+                "(batching.max_queue_delay_ms above 0; without one a batch goes at once, with no timer)"
+            )
         return self
 
     @model_validator(mode="after")

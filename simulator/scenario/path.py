@@ -160,7 +160,8 @@ class EventLoop(Frozen):
     (``return_ms``, a job of its own): the instance is free, and the next batch goes, when
     that job ends, so ``workers.service_time`` is the instance's own time without it. Jobs
     run one at a time in the order they became ready, and the batching window's timer
-    waits for the job in progress. So requests that arrive while a
+    waits for the job in progress (and fires ``timer_late`` after its due time, when that is
+    set). So requests that arrive while a
     batch's responses are written wait in the socket, and a batch's responses wait behind
     requests being admitted: arrivals to the batch queue are coupled to the batch cycle, as
     on the reference server (calibrate/README, "The light-load gap").
@@ -183,6 +184,13 @@ class EventLoop(Frozen):
         "is the loop's work before the fetch, the fetch passes off the loop (its replies in the order sent), and "
         "resume_ms is the loop's job after it (read the reply, queue the request), ms; a request's features time "
         "is then when its fetch was back. None: the fetch comes before the admission.",
+    )
+    timer_late: Distribution | None = Field(
+        None,
+        description="How late the batching window's timer fires after its due time, ms, one draw per window "
+        "(asyncio's and uvloop's timers: whole milliseconds on a loop clock cached at the last iteration, "
+        "then the callbacks ready before it). A request queued or an instance freed after the due time "
+        "still closes the window at once. None: the timer fires on time.",
     )
 
 

@@ -95,8 +95,8 @@ _dispatch = jit.njit(cache=True, nogil=True)(_dispatch_py)
 
 
 def _kernel_py(
-    n, horizon, st, clock, t, cost, wait, resume, wq, wdue, t_back, ret, resp_b, resp_k, max_b, delay, cap, preferred,
-    factors, means,
+    n, horizon, st, clock, t, cost, wait, late, resume, wq, wdue, t_back, ret, resp_b, resp_k, max_b, delay, cap,
+    preferred, factors, means,
     ip_t, ip_w, ip_f, fp_t, fp_w, fp_f, free_at, busy, seq, ends, bid, back, resp,
     t_enq, t_disp, t_resp, outcome, t_drop, pb, buf, b_pos, b_size, b_start, b_end, b_inst, b_done, b_resp,
 ):  # fmt: skip
@@ -125,8 +125,8 @@ def _kernel_py(
             rtim = inf
             if max_b > qt - qh > 0:
                 for j in range(n_inst):
-                    if not busy[j]:
-                        rtim = t_enq[buf[qh]] + delay
+                    if not busy[j]:  # the window's timer, as late as the loop's timers fire
+                        rtim = t_enq[buf[qh]] + delay + late[buf[qh]]
                         break
             r = min(ra, rb, rr, rtim, rw)
             if r == inf and te == inf:
@@ -236,7 +236,7 @@ class Loop:
     ``service`` (a :class:`~simulator.serving.workers.ServiceModel` feed) draws the batch
     times in dispatch order; ``front`` is the loop's speed path."""
 
-    def __init__(self, loop: EventLoop, batching: Batching, instances: int, service, front=None):
+    def __init__(self, loop: EventLoop, batching: Batching, instances: int, service, front=None, timer_late=None):
         self.loop, self.batching, self.service = loop, batching, service
         self.path, self.front = _arrays(service.path), _arrays(front)
         self.means = service.means if service.means is not None else np.zeros(0)
@@ -254,7 +254,8 @@ class Loop:
         self.t, self.cost, self.t_enq, self.t_disp, self.t_resp, self.t_drop = (np.zeros(0) for _ in range(6))
         # with ``resume_ms``: each request's fetch, off the loop between its admission and its resumption
         self.resume = -1.0 if loop.resume_ms is None else float(loop.resume_ms)
-        self.wait, self.wdue, self.t_back = np.zeros(0), np.zeros(0), np.zeros(0)
+        self.wait, self.wdue, self.t_back, self.late = np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0)
+        self.timer_late = timer_late  # a Sampler of how late the window's timer fires, or None
         self.wq = np.zeros(0, dtype=np.int64)
         self.outcome = np.zeros(0, dtype=np.int8)
         self.pb, self.ids, self.buf = (np.zeros(0, dtype=np.int64) for _ in range(3))
@@ -268,11 +269,13 @@ class Loop:
         push's), each admitted in ``cost`` ms of nominal loop work; with ``resume_ms``, each
         then awaits its fetch of ``wait`` ms off the loop."""
         k, n = len(ids), self.n
-        for name, fill in (("t", 0.0), ("cost", 0.0), ("wait", 0.0), ("t_back", np.nan), ("t_enq", np.nan),
-                           ("t_disp", np.nan), ("t_resp", np.nan), ("t_drop", np.nan), ("outcome", 0), ("pb", -1),
-                           ("ids", -1), ("rep", False)):  # fmt: skip
+        for name, fill in (("t", 0.0), ("cost", 0.0), ("wait", 0.0), ("late", 0.0), ("t_back", np.nan),
+                           ("t_enq", np.nan), ("t_disp", np.nan), ("t_resp", np.nan), ("t_drop", np.nan),
+                           ("outcome", 0), ("pb", -1), ("ids", -1), ("rep", False)):  # fmt: skip
             setattr(self, name, _grow(getattr(self, name), n + k, fill))
         self.t[n : n + k], self.cost[n : n + k], self.ids[n : n + k] = t, cost, ids
+        if self.timer_late is not None:  # drawn in the order requests reach the loop, one each
+            self.late[n : n + k] = self.timer_late.draw(k)
         if wait is not None:
             self.wait[n : n + k] = wait
         self.n += k
@@ -298,8 +301,8 @@ class Loop:
         self.wq, self.wdue = _grow(self.wq, int(st[_WT]) + n + 1, 0), _grow(self.wdue, int(st[_WT]) + n + 1, 0.0)
         b = self.batching
         _kernel(
-            n, float(horizon), st, self.clock, self.t, self.cost, self.wait, self.resume, self.wq, self.wdue,
-            self.t_back,
+            n, float(horizon), st, self.clock, self.t, self.cost, self.wait, self.late, self.resume, self.wq,
+            self.wdue, self.t_back,
             float(self.loop.return_ms), float(self.loop.respond_per_batch_ms), float(self.loop.respond_per_request_ms),
             int(b.max_batch_size), float(b.max_queue_delay_ms), self.cap, self.preferred, self.factors, self.means,
             *self.path, *self.front, self.free_at, self.busy, self.seq, self.ends, self.bid, self.back, self.resp,
@@ -344,7 +347,8 @@ class Loop:
                 st[_ARG] -= p0
             elif st[_KIND] == _RETURN:
                 st[_ARG] -= b0
-        kept = ("t", "cost", "wait", "t_back", "t_enq", "t_disp", "t_resp", "t_drop", "outcome", "pb", "ids", "rep")
+        kept = ("t", "cost", "wait", "late", "t_back", "t_enq", "t_disp", "t_resp", "t_drop", "outcome", "pb", "ids")
+        kept += ("rep",)
         for name in kept:
             setattr(self, name, getattr(self, name)[p0 : self.n].copy())
         self.n -= p0
