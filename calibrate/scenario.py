@@ -59,6 +59,14 @@ def scaled_batch_time(st: dict, factor: float) -> dict:
     return out
 
 
+# Whether a calibrated ranker's loop reads every waiting request before it resumes a
+# handler whose fetch is back (``preprocess.event_loop.reads_first``). Off: on five runs it
+# brought the fetch's tail and the p99 at 50-70% to the measurement but put the p50 at
+# 70-85% 8-15% over it (calibrate/README, "Reads before resumptions");
+# calibrate/experiments/ranker_loop_models.py --model loop_reads_first turns it on.
+READS_FIRST = False
+
+
 def shifted_batch_time(st: dict, ms: float) -> dict:
     """A batch-time model (table or affine) with ``ms`` added to every batch size's time
     (never below 1% of it)."""
@@ -142,6 +150,8 @@ def scenario_dict(
                 read = max(1.0 - resume / spec_mean(admit), 0.05)
                 preprocess["service"] = _scaled(admit, read * speed)
                 preprocess["event_loop"]["resume_ms"] = resume * speed
+                if READS_FIRST:
+                    preprocess["event_loop"]["reads_first"] = True
         postprocess: dict = {}
     else:
         router = {"overhead": _dist(profile["stages"]["overhead"]), "balancing": "shared"}

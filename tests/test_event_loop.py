@@ -340,3 +340,53 @@ def test_a_late_timer_needs_a_window():
     doc["batching"]["max_queue_delay_ms"] = 0
     with pytest.raises(ValueError, match=r"preprocess.event_loop.timer_late .* needs a window"):
         Scenario.model_validate(doc)
+
+
+def _three_awaiting(reads_first: bool, tmp_path) -> pd.DataFrame:
+    """A read at 100 ms, a second request at 100.45 (while the first's fetch is out), a
+    third at 100.6: 0.3 ms reads, 0.2 ms fetches, 0.05 ms resumptions."""
+    path = tmp_path / "arrivals.txt"
+    np.savetxt(path, [0.1, 0.10045, 0.1006], fmt="%.7f")
+    doc = _awaiting(1.0, {"kind": "deterministic", "value_ms": 0.2})
+    doc["preprocess"]["event_loop"]["reads_first"] = reads_first
+    doc["traffic"] = {"arrivals_file": str(path)}
+    doc["preprocess"]["service"] = {"kind": "deterministic", "value_ms": 0.3}
+    doc["warmup_s"] = 0
+    return simulate(Scenario.model_validate(doc)).records
+
+
+def test_reads_first_holds_a_resumption_while_a_request_waits_to_be_read(tmp_path):
+    """In the order jobs became ready, the first request's resumption (its fetch back at
+    100.5) goes before the third's read (ready at 100.6) when the second's read ends at
+    100.75: queued at 100.8, 101.15, 101.35. With reads first the third is read first
+    (100.75-101.05), then the resumptions in the order their fetches came back: 101.1,
+    101.15, and the third's at 101.3."""
+    rec = _three_awaiting(False, tmp_path)
+    np.testing.assert_allclose(rec.t_preprocessed, [100.8, 101.15, 101.35], atol=1e-9)
+    rec = _three_awaiting(True, tmp_path)
+    np.testing.assert_allclose(rec.t_preprocessed, [101.1, 101.15, 101.3], atol=1e-9)
+    np.testing.assert_allclose(rec.t_features, [100.5, 100.95, 101.25], atol=1e-9)  # the fetches as before
+
+
+def test_reads_first_lengthens_the_wait_of_a_bursts_first_requests_and_runs_in_chunks():
+    from simulator.engine import stream
+
+    doc = _awaiting(1500.0, {"kind": "exponential", "mean_ms": 0.3})
+    doc["preprocess"]["service"] = {"kind": "deterministic", "value_ms": 0.3}
+    fifo = simulate(Scenario.model_validate(doc)).records
+    doc["preprocess"]["event_loop"]["reads_first"] = True
+    s = Scenario.model_validate(doc)
+    first = simulate(s).records
+
+    def waited(r) -> float:  # from the fetch back to the request queued, p99
+        return float(np.nanpercentile(r.t_preprocessed - r.t_features, 99))
+
+    assert waited(first) > 1.5 * waited(fifo)
+    got = np.concatenate([p.records.t_response for p in stream(s, chunk_s=0.7)])
+    np.testing.assert_array_equal(got, first.t_response)
+
+
+def test_reads_first_needs_a_handler_that_awaits_its_fetch():
+    doc = _doc(100.0, {"reads_first": True})
+    with pytest.raises(ValueError, match=r"preprocess.event_loop.reads_first .* needs preprocess.event_loop.resume_ms"):
+        Scenario.model_validate(doc)

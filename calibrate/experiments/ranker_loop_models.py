@@ -8,8 +8,10 @@ a copy of the folder; its validation.md says how each held-out percentile fared.
 * ``loop``: the front end's one event loop (admission, hand-back, responses), the configured
   window;
 * ``loop_window``: the loop with the window as the server keeps it;
-* ``loop_await``: and the handler awaiting its fetch mid-way (``event_loop.resume_ms``: the
-  code as committed).
+* ``loop_await``: and the handler awaiting its fetch mid-way (``event_loop.resume_ms``) and
+  the window's timer drawn late per window (``event_loop.timer_late``): the code as committed;
+* ``loop_reads_first``: and the loop reading every waiting request before it resumes a
+  handler whose fetch is back (``event_loop.reads_first``; off in the code as committed).
 
     python calibrate/experiments/ranker_loop_models.py RUN OUT --model store          # ~6 min
     python calibrate/experiments/ranker_loop_models.py RUN OUT --model loop_await     # ~1 min
@@ -29,7 +31,7 @@ import calibrate.report as report
 import calibrate.run as run
 import calibrate.scenario as scenario
 
-MODELS = ("store", "loop", "loop_window", "loop_await")
+MODELS = ("store", "loop", "loop_window", "loop_await", "loop_reads_first")
 SHOWN = ("load", "percentile", "measured_ms", "predicted_ms", "error_pct", "verdict")
 
 
@@ -46,8 +48,9 @@ def main() -> None:
         scenario.ranker_on_loop = report.ranker_on_loop = lambda profile: False
     if a.model in ("store", "loop"):  # the window as configured
         run.fit_window = lambda *args, **kwargs: None
-    if a.model != "loop_await":  # the fetch before one admission job
+    if a.model not in ("loop_await", "loop_reads_first"):  # the fetch before one admission job
         cycle.fit_resume = lambda *args, **kwargs: None
+    scenario.READS_FIRST = a.model == "loop_reads_first"
     rep = run.refit_run(a.out, draws=200, rng=np.random.default_rng(a.seed))
     for r in rep["validation"]:
         if r["percentile"] in ("p50", "p99"):

@@ -375,6 +375,11 @@ class Scenario(Frozen):
                 raise ValueError(
                     f"preprocess.event_loop.resume_ms awaits the feature fetch: it needs {'; '.join(need)}"
                 )
+        if self.preprocess.event_loop.reads_first and self.preprocess.event_loop.resume_ms is None:
+            raise ValueError(
+                "preprocess.event_loop.reads_first puts reads before the resumptions of awaited fetches: "
+                "it needs preprocess.event_loop.resume_ms (a handler that awaits its fetch)"
+            )
         if self.preprocess.event_loop.timer_late is not None and self.batching.max_queue_delay_ms <= 0:
             raise ValueError(
                 "preprocess.event_loop.timer_late delays the batching window's timer: it needs a window "

@@ -185,6 +185,13 @@ class EventLoop(Frozen):
         "resume_ms is the loop's job after it (read the reply, queue the request), ms; a request's features time "
         "is then when its fetch was back. None: the fetch comes before the admission.",
     )
+    reads_first: bool = Field(
+        False,
+        description="With resume_ms: the loop reads every request waiting before it resumes a handler whose fetch "
+        "is back (a reply's continuation passes through the loop's ready queue several times, and newly arrived "
+        "requests get in first at each pass), so in a burst the first requests' resumptions wait for the "
+        "burst's reads. False: jobs in the order they became ready.",
+    )
     timer_late: Distribution | None = Field(
         None,
         description="How late the batching window's timer fires after its due time, ms, one draw per window "

@@ -18,10 +18,13 @@ does (calibrate/README, "The light-load gap"):
 The state is small (one loop, one FIFO queue, a few instances), so :func:`_kernel` runs
 in one compiled loop over events, up to a horizon (:class:`Loop` carries its state, and
 only the requests and batches not answered yet, from one chunk of the run to the next):
-the loop's jobs (an admission, a batch's responses, the window's timer), each started
-when the loop is free in the order of the time it became ready, and the instances' batch
-ends, which happen at their time whatever the loop is doing (the batch time fitted on a
-server holds the hand-back). The batcher's
+the loop's jobs (an admission, a batch's hand-back and its responses, the window's timer,
+a handler's resumption after its fetch), each started when the loop is free in the order
+of the time it became ready (with ``reads_first``, a resumption only when no request waits
+to be read), and the instances' batch ends, which happen at their time whatever the loop
+is doing (the batch time fitted on a server holds the hand-back). The window's timer is
+ready ``timer_late`` after its due time, one draw per request as it reaches the loop, used
+when that request is the oldest queued. The batcher's
 rule is :class:`~simulator.serving.batcher.BatchQueue`'s (max batch, preferred sizes,
 the window from the oldest queued request, the queue cap), decided when a request is
 queued, when an instance frees and when the timer runs. Times on the loop are nominal
@@ -95,8 +98,8 @@ _dispatch = jit.njit(cache=True, nogil=True)(_dispatch_py)
 
 
 def _kernel_py(
-    n, horizon, st, clock, t, cost, wait, late, resume, wq, wdue, t_back, ret, resp_b, resp_k, max_b, delay, cap,
-    preferred, factors, means,
+    n, horizon, st, clock, t, cost, wait, late, resume, reads_first, wq, wdue, t_back, ret, resp_b, resp_k, max_b,
+    delay, cap, preferred, factors, means,
     ip_t, ip_w, ip_f, fp_t, fp_w, fp_f, free_at, busy, seq, ends, bid, back, resp,
     t_enq, t_disp, t_resp, outcome, t_drop, pb, buf, b_pos, b_size, b_start, b_end, b_inst, b_done, b_resp,
 ):  # fmt: skip
@@ -151,7 +154,7 @@ def _kernel_py(
                 elif rtim == r:
                     loop_free = start
                     kind = _TIMER
-                elif rw == r:  # a fetch is back: the handler resumes and queues its request
+                elif rw == r and not (reads_first and ra <= start):  # a fetch is back: resume, queue
                     arg = wq[wh]
                     wh += 1
                     loop_free = finish_on_path(start, resume, fp_t, fp_w, fp_f)
@@ -256,6 +259,7 @@ class Loop:
         self.resume = -1.0 if loop.resume_ms is None else float(loop.resume_ms)
         self.wait, self.wdue, self.t_back, self.late = np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0)
         self.timer_late = timer_late  # a Sampler of how late the window's timer fires, or None
+        self.reads_first = bool(loop.reads_first)  # a resumption waits while any request waits to be read
         self.wq = np.zeros(0, dtype=np.int64)
         self.outcome = np.zeros(0, dtype=np.int8)
         self.pb, self.ids, self.buf = (np.zeros(0, dtype=np.int64) for _ in range(3))
@@ -301,7 +305,8 @@ class Loop:
         self.wq, self.wdue = _grow(self.wq, int(st[_WT]) + n + 1, 0), _grow(self.wdue, int(st[_WT]) + n + 1, 0.0)
         b = self.batching
         _kernel(
-            n, float(horizon), st, self.clock, self.t, self.cost, self.wait, self.late, self.resume, self.wq,
+            n, float(horizon), st, self.clock, self.t, self.cost, self.wait, self.late, self.resume,
+            self.reads_first, self.wq,
             self.wdue, self.t_back,
             float(self.loop.return_ms), float(self.loop.respond_per_batch_ms), float(self.loop.respond_per_request_ms),
             int(b.max_batch_size), float(b.max_queue_delay_ms), self.cap, self.preferred, self.factors, self.means,
