@@ -179,3 +179,24 @@ def test_the_timers_own_lateness_is_read_off_the_batches_no_arrival_closed():
     assert timer_late(profile, loop_doc["preprocess"]) == {"kind": "empirical", "samples_ms": fit["timer_ms"]}
     assert timer_late(profile, {"service": {}}) is None  # no loop: the window lengthened by the mean, as before
     assert timer_late({"window": {"late_ms": 0.2}}, loop_doc["preprocess"]) is None  # a profile before the timer's own
+
+
+def test_the_report_says_how_the_scenario_keeps_the_window():
+    """A loop profile with the timer's draws: the scenario draws them per window and the
+    report says so; without them (a profile fitted before), the window is lengthened by the
+    mean lateness and the report gives its length."""
+    from calibrate.report import _header
+
+    profile = json.loads((PROFILE.parents[1] / "gpu-h200" / "profile.json").read_text())
+    profile["frontend"]["servers"] = 1  # its eight front ends as one loop
+    window = {"late_ms": 0.2, "late_quantiles_ms": {"5": 0.0, "50": 0.1, "95": 0.6}, "batches": 500}
+    drawn = {**profile, "window": {**window, "timer_ms": [0.05, 0.1, 0.2, 0.9]}}
+    doc = scenario_dict(drawn, 100.0, duration_s=1.0, warmup_s=0.0)
+    assert doc["preprocess"]["event_loop"]["timer_late"]["samples_ms"] == [0.05, 0.1, 0.2, 0.9]
+    assert doc["batching"]["max_queue_delay_ms"] == profile["server"]["max_queue_delay_ms"]
+    assert "draws its timer's lateness per window" in " ".join(_header(drawn))
+    mean_only = {**profile, "window": window}
+    doc = scenario_dict(mean_only, 100.0, duration_s=1.0, warmup_s=0.0)
+    assert "timer_late" not in doc["preprocess"]["event_loop"]
+    assert doc["batching"]["max_queue_delay_ms"] == pytest.approx(profile["server"]["max_queue_delay_ms"] + 0.2)
+    assert f"window is {profile['server']['max_queue_delay_ms'] + 0.2:.2f} ms" in " ".join(_header(mean_only))
