@@ -390,3 +390,22 @@ def test_reads_first_needs_a_handler_that_awaits_its_fetch():
     doc = _doc(100.0, {"reads_first": True})
     with pytest.raises(ValueError, match=r"preprocess.event_loop.reads_first .* needs preprocess.event_loop.resume_ms"):
         Scenario.model_validate(doc)
+
+
+def test_a_read_whose_fetch_is_out_does_not_close_the_window(tmp_path):
+    """The server's batcher looks at its queue when a request is queued, an instance frees
+    or its timer fires. The first request is queued at 100.55 ms (0.3 ms read, 0.2 ms fetch,
+    0.05 ms resumption), its window due at 102.55 and its timer 0.5 ms late; the second's
+    read ends at 102.9, after the due time, with its fetch still out: the first goes when the
+    timer fires (103.05), alone, and not when that read ends."""
+    path = tmp_path / "arrivals.txt"
+    np.savetxt(path, [0.1, 0.1026], fmt="%.7f")
+    doc = _awaiting(1.0, {"kind": "deterministic", "value_ms": 0.2})
+    doc["preprocess"]["event_loop"]["timer_late"] = {"kind": "deterministic", "value_ms": 0.5}
+    doc["traffic"] = {"arrivals_file": str(path)}
+    doc["preprocess"]["service"] = {"kind": "deterministic", "value_ms": 0.3}
+    doc["warmup_s"] = 0
+    rec = simulate(Scenario.model_validate(doc)).records
+    np.testing.assert_allclose(rec.t_preprocessed, [100.55, 103.15], atol=1e-9)
+    np.testing.assert_allclose(rec.t_dispatch[0], 103.05, atol=1e-9)
+    assert list(rec.batch_size) == [1, 1]

@@ -194,7 +194,9 @@ def _kernel_py(
                 seqc += 1
                 resp[rt] = arg
                 rt += 1
-            if kind != _RESPOND and kind != _NONE:
+            # the batcher looks at its queue when a request is queued, an instance frees or
+            # its timer fires: not after a read whose request is still awaiting its fetch
+            if kind in (_RESUME, _RETURN, _TIMER) or (kind == _ADMIT and resume < 0):
                 qh, fpos, nb = _dispatch(
                     loop_free, buf, qh, qt, t_enq, t_disp, pb, max_b, delay, preferred, free_at, busy, seq, ends,
                     bid, factors, fpos, means, ip_t, ip_w, ip_f, b_pos, b_size, b_start, b_done, b_inst, nb,
