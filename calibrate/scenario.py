@@ -62,7 +62,7 @@ def scaled_batch_time(st: dict, factor: float) -> dict:
 # Whether a calibrated ranker's loop reads every waiting request before it resumes a
 # handler whose fetch is back (``preprocess.event_loop.reads_first``). Off: on five runs it
 # brought the fetch's tail and the p99 at 50-70% to the measurement but put the p50 at
-# 70-85% 8-15% over it (calibrate/README, "The window's timer drawn per window, and reads
+# 70-85% 7-15% over it (calibrate/README, "The window's timer drawn per window, and reads
 # before resumptions");
 # calibrate/experiments/ranker_loop_models.py --model loop_reads_first turns it on.
 READS_FIRST = False
