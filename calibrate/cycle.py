@@ -79,46 +79,57 @@ def rule_check(b: pd.DataFrame, window_ms: float, max_batch_size: int) -> dict:
     }
 
 
+def window_lateness(s: pd.DataFrame, window_ms: float, max_batch_size: int) -> pd.DataFrame:
+    """One slice's window-bound batches (:func:`rule_check`'s: not full, its oldest's window
+    later than the instance's free time; oldest queued after the warm-up), from its clocked
+    requests (:func:`clocked`'s columns): each one's ``late`` (dispatch less due time, ms,
+    at least 0), whether a request queued after the due time ``woke`` the batcher (it
+    looks at its queue then, and goes at once), and when that request came past the due
+    time (``closed_after``)."""
+    b = batches(s)  # the warm-up's too, so that each batch has its oldest and the one before it
+    warm = s.loc[s["warmup"], "enq_ms"].max() if s["warmup"].any() else -np.inf
+    due = (b["oldest_ms"] + window_ms).to_numpy()
+    bound = (b["size"] < max_batch_size).to_numpy() & (due > b["prev_end_ms"].fillna(np.inf).to_numpy())
+    bound &= (b["oldest_ms"] > warm).to_numpy()
+    enq = np.sort(s["enq_ms"].to_numpy())
+    first = np.searchsorted(enq, due, side="right")  # the first request queued after the due time
+    woke = first < np.searchsorted(enq, b["disp_ms"].to_numpy(), side="right")
+    return pd.DataFrame(
+        {
+            "late": np.clip(b["disp_ms"].to_numpy() - due, 0.0, None),
+            "woke": woke,
+            "closed_after": enq[np.minimum(first, len(enq) - 1)] - due,
+        }
+    )[bound]
+
+
 def fit_window(requests: pd.DataFrame, fit_levels: list[int], window_ms: float, max_batch_size: int) -> dict | None:
     """How late the server's batching window closes, for the scenario: at the lightest
-    fitted level (after warm-up), each window-bound batch's dispatch less its due time
-    (:func:`rule_check`'s: not full, its oldest's window later than the instance's free
-    time); None without the server's clocks or with no window.
+    fitted level, each window-bound batch's dispatch less its due time
+    (:func:`window_lateness`); None without the server's clocks or with no window.
 
     The reference server's batcher waits on asyncio timers, whole milliseconds on a loop
     clock cached at the last iteration, and checks the clock when they fire: a 2 ms window
     closed 0.11 ms late (median) and 0.19 ms (mean) at 30% load on the MGET ranker, whose
     batches are of one to three, never early. ``late_ms`` is that mean. ``timer_ms`` is
-    the timer's own lateness, for ``preprocess.event_loop.timer_late``: the window-bound
-    batches that no request queued after the due time closed (the batcher wakes on each,
-    and then goes at once), as :data:`~calibrate.fit.EMPIRICAL_POINTS` quantiles. It
-    holds the loop's other jobs at that load too, which the model's loop adds again (at
-    light load ~0.02 ms of the mean)."""
+    the timer's own lateness, for ``preprocess.event_loop.timer_late``: the Kaplan-Meier
+    estimate from the windows the timer closed and those a request closed first
+    (:func:`_timer_quantiles`). It holds the loop's other jobs at that load too, which the
+    model's loop adds again (at light load ~0.02 ms of the mean)."""
     if window_ms <= 0 or not has_clocks(requests):
         return None
-    light = requests[requests["level"] == min(fit_levels)]
-    late, timer, closed = [], [], []
-    for _, s in clocked(light).groupby("slice"):
-        b = batches(s)  # the warm-up's too, so that each batch has its oldest and the one before it
-        warm = s.loc[s["warmup"], "enq_ms"].max() if s["warmup"].any() else -np.inf
-        due = b["oldest_ms"] + window_ms
-        bound = (b["size"] < max_batch_size) & (due > b["prev_end_ms"].fillna(np.inf)) & (b["oldest_ms"] > warm)
-        gone = (b["disp_ms"] - due).clip(lower=0.0).to_numpy()
-        enq = np.sort(s["enq_ms"].to_numpy())
-        first = np.searchsorted(enq, due.to_numpy(), side="right")  # the first request queued after the due time
-        woke = first < np.searchsorted(enq, b["disp_ms"].to_numpy(), side="right")  # it woke the batcher
-        late.append(gone[bound])
-        timer.append(gone[bound & ~woke])
-        closed.append((enq[np.minimum(first, len(enq) - 1)] - due.to_numpy())[bound & woke])
-    late = np.concatenate(late) if late else np.empty(0)
-    if len(late) < 20:
+    light = clocked(requests[requests["level"] == min(fit_levels)])
+    parts = [window_lateness(s, window_ms, max_batch_size) for _, s in light.groupby("slice")]
+    w = pd.concat(parts) if parts else None
+    if w is None or len(w) < 20:
         return None
+    late = w["late"].to_numpy()
     out = {
         "late_ms": float(late.mean()),
         "late_quantiles_ms": {str(q): round(float(np.percentile(late, q)), 4) for q in (5, 50, 95)},
         "batches": len(late),
     }
-    timer_ms = _timer_quantiles(np.concatenate(timer), np.concatenate(closed))
+    timer_ms = _timer_quantiles(w.loc[~w["woke"], "late"].to_numpy(), w.loc[w["woke"], "closed_after"].to_numpy())
     if timer_ms is not None:
         out["timer_ms"] = timer_ms
     return out

@@ -3,7 +3,8 @@ refit of it (calibrate/README, "The window's timer drawn per window, and reads b
 resumptions"). Each part prints measured figures beside the refit scenario's:
 
 * ``timer``: how late the batching window's timer closed the windows no request closed, by
-  level (mean, median, 99th percentile, ms), measured and simulated;
+  level (mean, median, 99th percentile, ms), and the batch queue's p50/p99, measured and
+  simulated;
 * ``fetch``: the fetch's time (``feature_us``) p50/p90/p99 by held-out load, measured, and
   simulated in the order jobs become ready and with reads first (the light-load round trip
   drawn, plus the simulated wait from the reply to the queue);
@@ -16,7 +17,11 @@ resumptions"). Each part prints measured figures beside the refit scenario's:
   the measured send lags at random, both refitted on the latency from the send (a refit of
   a copy whose ``latency_ms`` loses ``send_lag_ms``);
 * ``idle``: each stage's mean by how long the server had idled before the request (batch-
-  of-one requests), and the p99 by level with that excess taken off.
+  of-one requests), and the p99 by level with that excess taken off;
+* ``pieces``: the held-out p50/p99 above 20% load with the loop's work in other pieces
+  (0.1 or 0.2 ms of the read moved to the resumption; the load generator's and the
+  redis-server's CPU out of the read, every loop job slowed by their mean share of the
+  core instead), in the order ready and reads first (120 s a rate).
 
     python calibrate/experiments/ranker_loop_models.py RUN REFIT --model loop_await   # ~1 min
     python calibrate/experiments/ranker_tails.py RUN REFIT --part fetch                  # ~1 min
@@ -25,6 +30,7 @@ resumptions"). Each part prints measured figures beside the refit scenario's:
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import tempfile
 from pathlib import Path
@@ -33,9 +39,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from calibrate.cycle import clocked
+from calibrate.cycle import clocked, window_lateness
 
-PARTS = ("timer", "fetch", "overtake", "ticks", "idle")
+PARTS = ("timer", "fetch", "overtake", "ticks", "idle", "pieces")
 
 
 def _measured(run: Path) -> pd.DataFrame:
@@ -52,58 +58,52 @@ def _levels(d: pd.DataFrame) -> dict[int, float]:
     return d.groupby("level")["offered_rps"].first().to_dict()
 
 
-def _simulate(scenario: Path, rate: float, out: Path, *, reads_first: bool = False, arrivals: Path | None = None):
-    doc = yaml.safe_load(scenario.read_text())
-    doc["duration_s"] = 60.0
+def _simulate(scenario: Path | dict, rate: float, out: Path, *, reads_first=False, arrivals=None, secs=60.0):
+    """A run of the refit's scenario (or an edited copy) at ``rate`` (or from an arrivals
+    file): every request's record, in arrival order."""
+    doc = yaml.safe_load(scenario.read_text()) if isinstance(scenario, Path) else scenario
+    doc["duration_s"] = secs
     if reads_first:
         doc["preprocess"]["event_loop"]["reads_first"] = True
-    if arrivals is not None:
-        doc["traffic"] = {"arrivals_file": str(arrivals)}
-    else:
-        doc["traffic"] = {"rate_rps": rate}
+    doc["traffic"] = {"arrivals_file": str(arrivals)} if arrivals is not None else {"rate_rps": rate}
     path = out.with_suffix(".yaml")
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     subprocess.run(["servesim", "run", str(path), "--records", str(out)], check=True, capture_output=True)
-    rec = pd.read_parquet(out)
-    return rec[~rec["warmup"] & (rec["outcome"] == "completed")]
+    return pd.read_parquet(out)
 
 
-def _timer_late(batches: pd.DataFrame, enq: np.ndarray, window: float, max_batch: int) -> np.ndarray:
-    """The lateness of the window-bound batches that no request queued after their due time closed."""
-    due = batches["oldest"] + window
-    bound = (batches["size"] < max_batch) & (due > batches["prev_end"].fillna(np.inf))
-    first = np.searchsorted(enq, due.to_numpy(), side="right")
-    woke = first < np.searchsorted(enq, batches["disp"].to_numpy(), side="right")
-    return (batches["disp"] - due)[bound & ~woke].to_numpy()
+def _done(rec: pd.DataFrame) -> np.ndarray:
+    return ~rec["warmup"].to_numpy() & (rec["outcome"] == "completed").to_numpy()
+
+
+def _fired(s: pd.DataFrame, window: float, max_batch: int) -> np.ndarray:
+    """The lateness of one slice's window-bound batches that the timer closed."""
+    w = window_lateness(s, window, max_batch)
+    return w.loc[~w["woke"], "late"].to_numpy()
 
 
 def timer(run: Path, refit: Path, tmp: Path) -> None:
     d = _measured(run)
-    profile = yaml.safe_load((refit / "scenario.yaml").read_text())
-    window = float(profile["batching"]["max_queue_delay_ms"])
-    max_batch = int(profile["batching"]["max_batch_size"])
+    server = json.loads((run / "profile.json").read_text())["server"]
+    window, max_batch = float(server["max_queue_delay_ms"]), int(server["max_batch_size"])
     for level, rate in _levels(d).items():
-        late = []
-        for _, s in clocked(d[d["level"] == level]).groupby("slice"):
-            b = s.groupby("disp_ms").agg(
-                end=("end_ms", "first"), size=("batch_size", "first"), oldest=("enq_ms", "min")
-            )
-            b = b.reset_index().rename(columns={"disp_ms": "disp"}).sort_values("disp")
-            b["prev_end"] = b["end"].shift(1)
-            b = b[b["oldest"] > s.loc[s["warmup"], "enq_ms"].max()] if s["warmup"].any() else b
-            late.append(_timer_late(b, np.sort(s["enq_ms"].to_numpy()), window, max_batch))
-        m = np.concatenate(late)
+        m = np.concatenate([_fired(s, window, max_batch) for _, s in clocked(d[d["level"] == level]).groupby("slice")])
         rec = _simulate(refit / "scenario.yaml", rate, tmp / "timer.parquet")
-        b = rec.groupby(["instance", "t_dispatch_ms"]).agg(
-            oldest=("t_preprocessed_ms", "min"), size=("t_preprocessed_ms", "size"), end=("t_inferred_ms", "max")
-        )
-        b = b.reset_index().rename(columns={"t_dispatch_ms": "disp"}).sort_values("disp")
-        b["prev_end"] = b["end"].shift(1)
-        s = _timer_late(b, np.sort(rec["t_preprocessed_ms"].to_numpy()), window, max_batch)
+        ok = rec[rec["outcome"] == "completed"]
+        sim = pd.DataFrame(  # the simulated requests with the server's clocks' columns (one instance)
+            {
+                "warmup": ok["warmup"], "batch_size": ok["batch_size"], "enq_ms": ok["t_preprocessed_ms"],
+                "disp_ms": ok["t_dispatch_ms"], "end_ms": ok["t_inferred_ms"],
+            }
+        )  # fmt: skip
+        s = _fired(sim, window, max_batch)
+        mq = d.loc[(d["level"] == level) & ~d["warmup"], "queue_us"] / 1e3
+        sq = (ok["t_dispatch_ms"] - ok["t_preprocessed_ms"])[~ok["warmup"]]
         print(  # noqa: T201
             f"{rate:7.1f} req/s  measured mean {m.mean():.2f} median {np.median(m):.2f} p99 "
-            f"{np.percentile(m, 99):.2f} ms ({len(m)})  |  simulated {s.mean():.2f} {np.median(s):.2f} "
-            f"{np.percentile(s, 99):.2f} ({len(s)})"
+            f"{np.percentile(m, 99):.2f} ms ({len(m)}), queue p50/p99 {mq.quantile(0.5):.2f}/{mq.quantile(0.99):.2f}"
+            f"  |  simulated {s.mean():.2f} {np.median(s):.2f} {np.percentile(s, 99):.2f} ({len(s)}), queue "
+            f"{sq.quantile(0.5):.2f}/{sq.quantile(0.99):.2f}"
         )
 
 
@@ -118,7 +118,7 @@ def fetch(run: Path, refit: Path, tmp: Path) -> None:
         row = [f"{rate:7.1f} req/s  measured {' / '.join(f'{v:.2f}' for v in m.quantile([0.5, 0.9, 0.99]))}"]
         for first in (False, True):
             rec = _simulate(refit / "scenario.yaml", rate, tmp / "fetch.parquet", reads_first=first)
-            after = (rec["t_preprocessed_ms"] - rec["t_features_ms"]).to_numpy()
+            after = (rec["t_preprocessed_ms"] - rec["t_features_ms"]).to_numpy()[_done(rec)]
             f = rng.choice(light, len(after)) + after
             name = "reads first" if first else "in order ready"
             row.append(f"{name} {' / '.join(f'{v:.2f}' for v in np.percentile(f, [50, 90, 99]))}")
@@ -181,11 +181,9 @@ def ticks(run: Path, refit: Path, tmp: Path) -> None:
             order = np.argsort(sent, kind="stable")
             arrivals = tmp / "sends.txt"
             np.savetxt(arrivals, sent[order] / 1000.0, fmt="%.7f")
-            _simulate(out / "scenario.yaml", rate, tmp / "ticks.parquet", arrivals=arrivals)
-            rec = pd.read_parquet(tmp / "ticks.parquet")  # every request, in send order
-            keep = ~rec["warmup"].to_numpy() & (rec["outcome"] == "completed").to_numpy()
+            rec = _simulate(out / "scenario.yaml", rate, tmp / "ticks.parquet", arrivals=arrivals)  # in send order
             lag = (sent - sched)[order][: len(rec)]  # latency counts from the schedule
-            e = ((rec["t_response_ms"] - rec["arrival_ms"]).to_numpy() + lag)[keep]
+            e = ((rec["t_response_ms"] - rec["arrival_ms"]).to_numpy() + lag)[_done(rec)]
             row.append(f"{name} {np.percentile(e, 50):.2f}/{np.percentile(e, 99):.2f}")
         print("  |  ".join(row))  # noqa: T201
 
@@ -214,6 +212,47 @@ def idle(run: Path, refit: Path, tmp: Path) -> None:
             f"{rate:7.1f} req/s  p99 {g['latency_ms'].quantile(0.99):.2f} -> {kept.quantile(0.99):.2f} ms without "
             f"the idle's excess; idled over 5 ms before {np.mean(g['idle'] > 5):.1%}"
         )
+
+
+def pieces(run: Path, refit: Path, tmp: Path) -> None:
+    import copy
+
+    d = _measured(run)
+    d = d[~d["warmup"]]
+    fe = json.loads((refit / "profile.json").read_text())["frontend"]
+    # the load generator's and the redis-server's CPU a request, with the background's share
+    other = (fe["client_cpu_ms_per_request"] + fe["sidecar_cpu_ms_per_request"]) / (1 - fe["background_cores"])
+    base = yaml.safe_load((refit / "scenario.yaml").read_text())
+    held = [r["offered_rps"] for r in json.loads((refit / "validation.json").read_text())["levels"] if r["held_out"]]
+
+    def edited(rate: float, shift: float, share: bool) -> dict:
+        doc = copy.deepcopy(base)
+        loop, read = doc["preprocess"]["event_loop"], doc["preprocess"]["service"]
+        f = 1 / (1 - rate * other / 1000) if share else 1.0
+        moved = other if share else shift
+        read["samples_ms"] = [round((v - moved) * f, 5) for v in read["samples_ms"]]
+        loop["resume_ms"] = (loop["resume_ms"] + (0 if share else shift)) * f
+        for k in ("return_ms", "respond_per_batch_ms", "respond_per_request_ms"):
+            loop[k] *= f
+        return doc
+
+    variants = {
+        "as fitted": (0.0, False),
+        "0.1 ms read -> resume": (0.1, False),
+        "0.2 ms read -> resume": (0.2, False),
+        "the others' mean share": (0.0, True),
+    }
+    print(f"other processes' CPU: {other:.3f} ms a request")  # noqa: T201
+    for rate in held[1:]:
+        m = d.loc[np.isclose(d["offered_rps"], rate), "latency_ms"]
+        row = [f"{rate:7.1f} req/s  measured p50/p99 {m.quantile(0.5):.2f}/{m.quantile(0.99):.2f}"]
+        for name, (shift, share) in variants.items():
+            for first in (False, True):
+                rec = _simulate(edited(rate, shift, share), rate, tmp / "pieces.parquet", reads_first=first, secs=120.0)
+                e = (rec["t_response_ms"] - rec["arrival_ms"]).to_numpy()[_done(rec)]
+                tag = " reads first" if first else ""
+                row.append(f"{name}{tag} {np.percentile(e, 50):.2f}/{np.percentile(e, 99):.2f}")
+        print("\n    ".join(row))  # noqa: T201
 
 
 def main() -> None:

@@ -307,9 +307,8 @@ class Loop:
         self.wq, self.wdue = _grow(self.wq, int(st[_WT]) + n + 1, 0), _grow(self.wdue, int(st[_WT]) + n + 1, 0.0)
         b = self.batching
         _kernel(
-            n, float(horizon), st, self.clock, self.t, self.cost, self.wait, self.late, self.resume,
-            self.reads_first, self.wq,
-            self.wdue, self.t_back,
+            n, float(horizon), st, self.clock, self.t, self.cost, self.wait, self.late, self.resume, self.reads_first,
+            self.wq, self.wdue, self.t_back,
             float(self.loop.return_ms), float(self.loop.respond_per_batch_ms), float(self.loop.respond_per_request_ms),
             int(b.max_batch_size), float(b.max_queue_delay_ms), self.cap, self.preferred, self.factors, self.means,
             *self.path, *self.front, self.free_at, self.busy, self.seq, self.ends, self.bid, self.back, self.resp,
@@ -354,8 +353,8 @@ class Loop:
                 st[_ARG] -= p0
             elif st[_KIND] == _RETURN:
                 st[_ARG] -= b0
-        kept = ("t", "cost", "wait", "late", "t_back", "t_enq", "t_disp", "t_resp", "t_drop", "outcome", "pb", "ids")
-        kept += ("rep",)
+        kept = ("t", "cost", "wait", "late", "t_back", "t_enq", "t_disp", "t_resp", "t_drop", "outcome", "pb", "ids",
+                "rep")  # fmt: skip
         for name in kept:
             setattr(self, name, getattr(self, name)[p0 : self.n].copy())
         self.n -= p0
