@@ -149,7 +149,11 @@ class FeatureStore:
                 got = await self._call(call)
                 results[k] = [got] if len(keys) == 1 else got
 
-        await asyncio.gather(*(lane() for _ in range(min(self.cfg.parallelism, len(trips)))))
+        lanes = min(self.cfg.parallelism, len(trips))
+        if lanes == 1:  # in this task: a task of its own costs the reply two more passes of the loop
+            await lane()
+        else:
+            await asyncio.gather(*(lane() for _ in range(lanes)))
         self.round_trips += len(trips)
         flat = [v for part in results for v in part]
         missing = [n for n, v in zip(names, flat, strict=True) if v is None]

@@ -564,6 +564,43 @@ def test_the_feature_fetch_is_measured_alone_and_under_concurrency(tmp_path):
     assert "| 16 |" in text
 
 
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed (CI installs it)")
+def test_one_lane_fetches_in_the_requests_own_task(tmp_path):
+    """Against a real redis-server: with one lane the round trips run in the handler's own
+    task (a task of its own cost each reply two more passes of the event loop,
+    calibrate/README "The fetch in the handler's own task"), with more lanes one task each;
+    the ids are the same either way. (redis-py makes a task of each command's send, with a
+    socket timeout: the lanes' are counted over those.)"""
+    import asyncio
+
+    from reference_server.features import FeatureStore, FeatureStoreConfig
+    from tests.servers import redis_server
+
+    entities = np.array([3, 17, 150])
+
+    async def fetch(url: str, parallelism: int) -> tuple[np.ndarray, int]:
+        store = FeatureStore(FeatureStoreConfig(url=url, keys=8, batch_size=2, parallelism=parallelism, entities=200))
+        await store.populate(1000)
+        await store.fetch(entities)  # the lanes' connections opened (each a few tasks of redis-py's)
+        made = []
+        loop = asyncio.get_running_loop()
+        loop.set_task_factory(lambda lp, coro, **kw: made.append(coro) or asyncio.Task(coro, loop=lp, **kw))
+        try:
+            ids, stats = await store.fetch(entities)
+        finally:
+            loop.set_task_factory(None)
+            await store.close()
+        assert stats["feature_round_trips"] == 12
+        return ids, len(made)
+
+    with redis_server() as url:
+        one, tasks_one = asyncio.run(fetch(url, 1))
+        three, tasks_three = asyncio.run(fetch(url, 3))
+    assert tasks_three - tasks_one == 3  # with the lane in a task of its own: 2
+    assert one.shape == (3, 8)
+    np.testing.assert_array_equal(one, three)
+
+
 @pytest.mark.parametrize("command", ["refit", "replay", "cycle", "target"])
 def test_a_folder_that_is_not_a_calibration_run_is_one_plain_error(tmp_path, command):
     """A folder without profile.json, or no folder at all: one line naming what is missing,

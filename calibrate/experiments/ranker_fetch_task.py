@@ -1,0 +1,82 @@
+"""The ranker's feature fetch in the handler's own task (calibrate/README, "The fetch in the
+handler's own task"): the server as it is against the server at ``--before`` (by default
+the commit before the change, whose one lane ran as a task of its own under
+``asyncio.gather``), the same load generator, rates and seeds. Each condition is a fresh
+redis-server and server (the earlier one from a temporary git worktree on PYTHONPATH), in
+a random order per round, the load generator on the front end's core as `servesim
+calibrate run` keeps it; 20 s a rate after a 5 s warm-up. Per condition and rate: latency
+p50/p99 and the fetch's p50/p90/p99 and maximum, ms, each round's and the rounds' mean.
+
+    python calibrate/experiments/ranker_fetch_task.py   # ~6 minutes, from the repository root
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).parent))
+from ranker_client_core import measure
+
+BEFORE = "794341b"  # the last commit whose fetch ran its one lane as a task of its own
+
+
+@contextlib.contextmanager
+def server_at(rev: str | None):
+    """The server's code at ``rev`` (None: as it is) for the servers started inside."""
+    if rev is None:
+        yield
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], check=True, capture_output=True)
+        old = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = str(tree)
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop("PYTHONPATH")
+            else:
+                os.environ["PYTHONPATH"] = old
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], check=True, capture_output=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rates", default="240,600,840,1000", help="Open-loop rates, req/s, comma-separated.")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--before", default=BEFORE, help="The commit to compare with.")
+    a = ap.parse_args()
+    rates = [float(r) for r in a.rates.split(",")]
+    conditions = {"own task (before)": a.before, "handler's task": None}
+    rng = np.random.default_rng(0)
+    rows = []
+    for rnd in range(a.rounds):
+        for k in rng.permutation(len(conditions)):
+            name, rev = list(conditions.items())[k]
+            with server_at(rev):
+                d = measure(False, rates, 20.0, seed=rnd)
+            for rate, g in d.groupby("offered_rps"):
+                f, lat = g["feature_us"] / 1e3, g["latency_ms"]
+                rows.append(
+                    {"round": rnd, "fetch": name, "rate": rate, "p50": lat.quantile(0.5), "p99": lat.quantile(0.99),
+                     **{f"fetch p{q}": f.quantile(q / 100) for q in (50, 90, 99)}, "fetch max": f.max()}
+                )  # fmt: skip
+    t = pd.DataFrame(rows)
+    pd.set_option("display.width", 160)
+    print(t.sort_values(["rate", "fetch", "round"]).round(2).to_string(index=False))  # noqa: T201
+    print("\nmean over rounds")  # noqa: T201
+    print(t.groupby(["rate", "fetch"]).mean(numeric_only=True).drop(columns="round").round(2).to_string())  # noqa: T201
+
+
+if __name__ == "__main__":
+    main()
