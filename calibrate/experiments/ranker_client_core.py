@@ -5,7 +5,7 @@ or on the model instance's core, which the ranker's small forward leaves idle mo
 time. Nothing else changes: each condition is a fresh redis-server (on the front end's
 core) and a fresh server, in a random order per round; each rate is 20 s of open-loop
 Poisson load after a 5 s warm-up. Per condition and rate: latency p50/p99 and the fetch's
-(``feature_us``) p50/p90/p99, ms, each round's and the rounds' mean; with ``--refit`` (a
+(``feature_us``) p50/p90/p99 and maximum, ms, each round's and the rounds' mean; with ``--refit`` (a
 refit of a `calibrate run` folder, ranker_loop_models.py --model loop_await) the
 calibrated model's p50/p99 at the same rates, 60 s simulated.
 
@@ -63,6 +63,27 @@ def modelled(refit: Path, rates: list[float]) -> dict[float, tuple[float, float]
     return out
 
 
+def figures(d: pd.DataFrame, **labels) -> list[dict]:
+    """Per rate of a measured condition: latency p50/p99 and the fetch's p50/p90/p99 and max, ms."""
+    rows = []
+    for rate, g in d.groupby("offered_rps"):
+        f, lat = g["feature_us"] / 1e3, g["latency_ms"]
+        rows.append(
+            {**labels, "rate": rate, "p50": lat.quantile(0.5), "p99": lat.quantile(0.99),
+             **{f"fetch p{q}": f.quantile(q / 100) for q in (50, 90, 99)}, "fetch max": f.max()}
+        )  # fmt: skip
+    return rows
+
+
+def show(rows: list[dict], by: str) -> None:
+    """Each round's figures, and their mean over the rounds, by rate and condition ``by``."""
+    t = pd.DataFrame(rows)
+    pd.set_option("display.width", 160)
+    print(t.sort_values(["rate", by, "round"]).round(2).to_string(index=False))  # noqa: T201
+    print("\nmean over rounds")  # noqa: T201
+    print(t.groupby(["rate", by]).mean(numeric_only=True).drop(columns="round").round(2).to_string())  # noqa: T201
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", default="240,600,840", help="Open-loop rates, req/s, comma-separated.")
@@ -75,19 +96,8 @@ def main() -> None:
     rows = []
     for rnd in range(a.rounds):
         for k in rng.permutation(len(CONDITIONS)):
-            d = measure(bool(k), rates, a.secs, seed=rnd)
-            for rate, g in d.groupby("offered_rps"):
-                f = g["feature_us"] / 1e3
-                lat = g["latency_ms"]
-                rows.append(
-                    {"round": rnd, "client": CONDITIONS[k], "rate": rate, "p50": lat.quantile(0.5),
-                     "p99": lat.quantile(0.99), **{f"fetch p{q}": f.quantile(q / 100) for q in (50, 90, 99)}}
-                )  # fmt: skip
-    t = pd.DataFrame(rows)
-    pd.set_option("display.width", 160)
-    print(t.sort_values(["rate", "client", "round"]).round(2).to_string(index=False))  # noqa: T201
-    print("\nmean over rounds")  # noqa: T201
-    print(t.groupby(["rate", "client"]).mean(numeric_only=True).drop(columns="round").round(2).to_string())  # noqa: T201
+            rows += figures(measure(bool(k), rates, a.secs, seed=rnd), round=rnd, client=CONDITIONS[k])
+    show(rows, "client")
     if a.refit is not None:
         for rate, (p50, p99) in modelled(a.refit, rates).items():
             print(f"model {rate:7.1f} req/s  p50/p99 {p50:.2f}/{p99:.2f}")  # noqa: T201

@@ -21,10 +21,9 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ranker_client_core import measure
+from ranker_client_core import figures, measure, show
 
 BEFORE = "794341b"  # the last commit whose fetch ran its one lane as a task of its own
 
@@ -64,18 +63,8 @@ def main() -> None:
         for k in rng.permutation(len(conditions)):
             name, rev = list(conditions.items())[k]
             with server_at(rev):
-                d = measure(False, rates, 20.0, seed=rnd)
-            for rate, g in d.groupby("offered_rps"):
-                f, lat = g["feature_us"] / 1e3, g["latency_ms"]
-                rows.append(
-                    {"round": rnd, "fetch": name, "rate": rate, "p50": lat.quantile(0.5), "p99": lat.quantile(0.99),
-                     **{f"fetch p{q}": f.quantile(q / 100) for q in (50, 90, 99)}, "fetch max": f.max()}
-                )  # fmt: skip
-    t = pd.DataFrame(rows)
-    pd.set_option("display.width", 160)
-    print(t.sort_values(["rate", "fetch", "round"]).round(2).to_string(index=False))  # noqa: T201
-    print("\nmean over rounds")  # noqa: T201
-    print(t.groupby(["rate", "fetch"]).mean(numeric_only=True).drop(columns="round").round(2).to_string())  # noqa: T201
+                rows += figures(measure(False, rates, 20.0, seed=rnd), round=rnd, fetch=name)
+    show(rows, "fetch")
 
 
 if __name__ == "__main__":
