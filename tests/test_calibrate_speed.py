@@ -194,3 +194,25 @@ def test_prediction_intervals_cover_the_simulator_as_its_own_truth(root_dir):
     tail = cells[["load", "q", "measured"]].merge(bare, on=["load", "q"])
     tail = tail[(tail["q"] == 99) & (tail["load"] >= 0.7)]
     assert ((tail["measured"] >= tail["p_lo"]) & (tail["measured"] <= tail["p_hi"])).mean() < 0.5
+
+
+def test_a_batch_without_a_positive_time_or_fitted_mean_has_no_log_ratio():
+    """A batch timed at 0 us, or of a size whose fitted mean is 0, is left out of the speed
+    fit's log ratios, not put in as an infinity (which emptied the autocorrelation the fit
+    reads and crashed a calibration run after its measurements)."""
+    from calibrate.speed import batch_log_ratios
+
+    requests = pd.DataFrame(
+        {
+            "batch_size": [1, 2, 40, 1],
+            "compute_infer_us": [500.0, 0.0, 900.0, 1000.0],
+            "slice": [0, 0, 0, 1],
+            "level": [0, 0, 0, 0],
+            "scheduled_s": [0.1, 0.2, 0.3, 0.1],
+            "latency_ms": [2.0, 2.0, 2.0, 2.0],
+        }
+    )
+    b = batch_log_ratios(requests, lambda s: np.where(np.asarray(s) == 40, 0.0, 1.0), period_s=4.0)
+    assert len(b) == 2
+    np.testing.assert_allclose(b["log_ratio"], np.log([0.5, 1.0]))
+    assert (b["slice"] == [0, 1]).all()

@@ -43,6 +43,16 @@ def test_table_interpolates_and_extrapolates(b, ms):
     assert mean_service_ms(w, b) == pytest.approx(ms)
 
 
+@pytest.mark.parametrize(("b", "ms"), [(12, 14.0), (16, 14.0), (20, 13.0), (24, 12.0), (32, 12.0), (64, 12.0)])
+def test_past_a_table_that_falls_a_batch_is_never_faster_than_the_largest(b, ms):
+    """A calibrated table can fall at its last sizes (rare sizes, slow batches): past its
+    largest size the time stays there, where the line through its last two sizes reached
+    0 ms at 36 and put a calibration's speed fit on log(0) (crashed: `ydata` must not be
+    empty)."""
+    w = Workers(count=1, service_time={"kind": "table", "batch_ms": {1: 5.0, 12: 14.0, 16: 14.0, 24: 12.0}})
+    assert mean_service_ms(w, b) == pytest.approx(ms)
+
+
 @pytest.mark.parametrize(
     "st", [{"kind": "affine", "base_ms": 4.0, "per_item_ms": 0.25, "noise_cv": 0.3}, {**TABLE, "noise_cv": 0.3}]
 )

@@ -58,7 +58,10 @@ def mean_service_ms(cfg: Workers, batch_size: int) -> float:
             else:
                 return float(np.interp(batch_size, sizes, times))
             slope = (times[hi] - times[lo]) / (sizes[hi] - sizes[lo])
-            return max(0.0, times[lo] + slope * (batch_size - sizes[lo]))
+            value = times[lo] + slope * (batch_size - sizes[lo])
+            if batch_size > sizes[-1]:  # past the table a batch is never faster than its largest one
+                value = max(value, times[-1])
+            return max(0.0, value)
         case _:
             return st.mean
 
