@@ -1,5 +1,5 @@
 """Who holds the front end's core while the MGET ranker's fetches wait (calibrate/README,
-"The fetch in the handler's own task, and the episodes at 70-85%"): the kernel's
+"The fetch in the handler's own task, and the episodes at 70–85%"): the kernel's
 scheduler events on core 0 (``sched_switch``, ``sched_wakeup``, from tracefs) while the
 server runs one open-loop rate, with this load generator and the redis-server on core 0 as
 `servesim calibrate run` keeps them. Per thread on core 0: its share of the core, and how
