@@ -75,13 +75,14 @@ def batch_log_ratios(requests: pd.DataFrame, mean_ms, period_s: float) -> pd.Dat
     ok = requests.dropna(subset=["batch_size", "compute_infer_us"])
     ms = batch_time_us(ok).to_numpy() / 1e3
     sizes = ok["batch_size"].to_numpy(int)
-    known = (ms > 0) & (mean_ms(sizes) > 0)  # a batch without a positive time or fitted mean has no ratio
-    ok, ms, sizes = ok[known], ms[known], sizes[known]
+    mean = mean_ms(sizes)
+    known = (ms > 0) & (mean > 0)  # a batch without a positive time or fitted mean has no ratio
+    ok, ms, sizes, mean = ok[known], ms[known], sizes[known], mean[known]
     t = ok["slice"].to_numpy() * period_s + ok["scheduled_s"].to_numpy() + ok["latency_ms"].to_numpy() / 1e3 - ms / 2e3
     return pd.DataFrame(
         {
             "t_s": t,
-            "log_ratio": np.log(ms / mean_ms(sizes)),
+            "log_ratio": np.log(ms / mean),
             "weight": 1.0 / sizes,
             "slice": ok["slice"].to_numpy(),
             "level": ok["level"].to_numpy(),
