@@ -134,9 +134,11 @@ def feature_fetch_in_flight(
     redis-server's) CPU per fetch, and the fetches that failed (the pool's wait for a
     connection timed out: the server's 503). The simulator holds the loop for a fixed time
     per round trip; on the 2-core VM 26 GETs per fetch cost 1.83 ms of CPU (client and
-    redis) at 32 in flight and 2.48 and 3.01 ms at 64 and 128, and with 32 connections 128
-    in flight timed out. Where this rises, a level with that many fetches in flight is
-    slower than predicted."""
+    redis) at 32 in flight and 2.48 and 3.01 ms at 64 and 128. Where this rises, a level
+    with that many fetches in flight is slower than predicted. (With redis-py's blocking
+    pool, fetches past the connections timed out here: a waiter lost its turn to newcomers;
+    the server's wait is first come, first served since, calibrate/README "A fair wait for
+    a connection".)"""
     import asyncio
 
     from calibrate.loadgen import process_cpu_s

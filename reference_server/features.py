@@ -51,20 +51,25 @@ class FeatureStore:
         if min(cfg.keys, cfg.batch_size, cfg.parallelism, cfg.max_connections, cfg.entities) < 1:
             raise ValueError("feature keys, batch_size, parallelism, entities and max_connections must be >= 1")
         self.cfg = cfg
-        # a bounded pool: under overload, round trips queue for a connection instead of
-        # opening hundreds of sockets that Redis and this event loop then serve in turn
-        # a pooled connection made before Redis restarted fails on its next use: the command is
+        # a bounded pool behind a first-come first-served gate: under overload, round trips
+        # queue for a connection in the order they asked instead of opening hundreds of
+        # sockets that Redis and this event loop then serve in turn. Not redis-py's
+        # BlockingConnectionPool: its condition lets a newcomer take a connection just freed
+        # before the waiter it was meant for, which then waits again at the back of the line;
+        # with 40 fetches in flight on 32 connections, 8 of them waited out the pool's timeout
+        # again and again (calibrate/README, "A fair wait for a connection").
+        # A pooled connection made before Redis restarted fails on its next use: the command is
         # retried once on a fresh connection (a timeout is not retried: a stalled Redis gets its
         # 503 within one timeout), so no request fails once Redis is back
-        pool = aioredis.BlockingConnectionPool.from_url(
+        pool = aioredis.ConnectionPool.from_url(
             cfg.url,
             max_connections=cfg.max_connections,
-            timeout=cfg.pool_timeout_s,
             socket_connect_timeout=cfg.connect_timeout_s,
             socket_timeout=cfg.timeout_s,
             retry=Retry(NoBackoff(), 1),
             retry_on_error=[rex.ConnectionError],
         )
+        self._gate = asyncio.Semaphore(cfg.max_connections)  # FIFO: a release hands its slot to the oldest waiter
         self.client = aioredis.Redis(connection_pool=pool)
         self.round_trips = 0
         self.down: str | None = None  # why the store is unavailable, while it is
@@ -80,20 +85,30 @@ class FeatureStore:
             for j in range(self.cfg.keys):
                 chunk[key(e, j)] = int(ids[e, j])
             if len(chunk) >= 5000:
-                await self.client.mset(chunk)
+                await self._call(self.client.mset(chunk))
                 chunk = {}
         if chunk:
-            await self.client.mset(chunk)
-        await self.client.set(MARKER, 1)
+            await self._call(self.client.mset(chunk))
+        await self._call(self.client.set(MARKER, 1))
         self._vocab_seed = (vocab, seed)
 
     async def _call(self, coro):
-        """A Redis call whose failure (refused, reset, timed out, pool exhausted) marks the
-        store down and becomes :class:`StoreUnavailable`, without the host in the message."""
+        """A Redis call, once a connection is free for it (first come, first served), whose
+        failure (refused, reset, timed out, no connection within ``pool_timeout_s``) marks
+        the store down and becomes :class:`StoreUnavailable`, without the host in the message."""
         import redis.exceptions as rex
 
         try:
-            return await coro
+            try:
+                async with asyncio.timeout(self.cfg.pool_timeout_s):
+                    await self._gate.acquire()
+            except BaseException:
+                coro.close()
+                raise
+            try:
+                return await coro
+            finally:
+                self._gate.release()
         except (rex.ConnectionError, rex.TimeoutError, TimeoutError, OSError) as err:
             self.down = f"feature store unavailable ({type(err).__name__})"
             raise StoreUnavailable(self.down) from err

@@ -63,14 +63,16 @@ def modelled(refit: Path, rates: list[float]) -> dict[float, tuple[float, float]
     return out
 
 
-def figures(d: pd.DataFrame, **labels) -> list[dict]:
-    """Per rate of a measured condition: latency p50/p99 and the fetch's p50/p90/p99 and max, ms."""
+def figures(d: pd.DataFrame, *, tails: bool = False, **labels) -> list[dict]:
+    """Per rate of a measured condition: latency p50/p99 and the fetch's p50/p90/p99 and max,
+    ms; with ``tails``, the latency's p99.9 and the fetches over 20 ms too."""
     rows = []
     for rate, g in d.groupby("offered_rps"):
         f, lat = g["feature_us"] / 1e3, g["latency_ms"]
+        more = {"p99.9": lat.quantile(0.999), "fetches > 20 ms": int((f > 20).sum())} if tails else {}
         rows.append(
             {**labels, "rate": rate, "p50": lat.quantile(0.5), "p99": lat.quantile(0.99),
-             **{f"fetch p{q}": f.quantile(q / 100) for q in (50, 90, 99)}, "fetch max": f.max()}
+             **{f"fetch p{q}": f.quantile(q / 100) for q in (50, 90, 99)}, "fetch max": f.max(), **more}
         )  # fmt: skip
     return rows
 

@@ -49,6 +49,19 @@ def server_at(rev: str | None):
             subprocess.run(["git", "worktree", "remove", "--force", str(tree)], check=True, capture_output=True)
 
 
+def compare(conditions: dict[str, str | None], rates: list[float], secs: float, rounds: int, by: str, **kw):
+    """Each condition (a name and the commit of its server, None: as it is) measured at
+    ``rates`` for ``secs`` each, in a random order per round; the rows of :func:`figures`."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for rnd in range(rounds):
+        for k in rng.permutation(len(conditions)):
+            name, rev = list(conditions.items())[k]
+            with server_at(rev):
+                rows += figures(measure(False, rates, secs, seed=rnd), round=rnd, **{by: name}, **kw)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", default="240,600,840,1000", help="Open-loop rates, req/s, comma-separated.")
@@ -57,14 +70,7 @@ def main() -> None:
     a = ap.parse_args()
     rates = [float(r) for r in a.rates.split(",")]
     conditions = {"own task (before)": a.before, "handler's task": None}
-    rng = np.random.default_rng(0)
-    rows = []
-    for rnd in range(a.rounds):
-        for k in rng.permutation(len(conditions)):
-            name, rev = list(conditions.items())[k]
-            with server_at(rev):
-                rows += figures(measure(False, rates, 20.0, seed=rnd), round=rnd, fetch=name)
-    show(rows, "fetch")
+    show(compare(conditions, rates, 20.0, a.rounds, "fetch"), "fetch")
 
 
 if __name__ == "__main__":
