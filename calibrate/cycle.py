@@ -135,18 +135,30 @@ def fit_window(requests: pd.DataFrame, fit_levels: list[int], window_ms: float, 
     return out
 
 
+KM_MIN_AT_RISK = 20  # past the lateness where fewer windows are still open, the estimate stops
+
+
 def _timer_quantiles(fired: np.ndarray, closed: np.ndarray) -> list[float] | None:
     """The timer's lateness as :data:`~calibrate.fit.EMPIRICAL_POINTS` quantiles, from
     the windows its firing closed (``fired``: its lateness) and those a request queued
     first (``closed``: the timer would have fired later than that): the Kaplan-Meier
     estimate of a right-censored sample. The fired ones alone are biased short, as a
-    long lateness leaves more time for a request to come first. Beyond the estimate's
-    last step (the longest windows all closed by a request) the largest fired value;
-    None with fewer than 20 fired."""
+    long lateness leaves more time for a request to come first. The estimate holds while
+    :data:`KM_MIN_AT_RISK` windows or more are still open; the share left open there (the
+    longest windows, nearly all closed by a request) gets that lateness: what the data
+    says of them is that the timer had not fired by then. (It once got the largest fired
+    value: on the MGET ranker since 2026-11-29, 7-12% of the windows were still open at
+    1-1.5 ms with a dozen at risk, and one loop stall of 4-6 ms set the draws' 95th
+    percentile, calibrate/README "The timer's tail past its data".) None with fewer than
+    20 fired."""
     if len(fired) < 20:
         return None
-    km = stats.ecdf(stats.CensoredData(uncensored=fired, right=np.clip(closed, 0.0, None)))
+    closed = np.clip(closed, 0.0, None)
+    km = stats.ecdf(stats.CensoredData(uncensored=fired, right=closed))
     x, p = km.cdf.quantiles, km.cdf.probabilities
+    at_risk = len(fired) + len(closed) - np.searchsorted(np.sort(np.concatenate([fired, closed])), x, side="left")
+    held = at_risk >= KM_MIN_AT_RISK
+    x, p = x[held], p[held]
     want = (np.arange(EMPIRICAL_POINTS) + 0.5) / EMPIRICAL_POINTS
     q = x[np.minimum(np.searchsorted(p, want, side="left"), len(x) - 1)]
     return [round(float(v), 4) for v in q]

@@ -181,6 +181,27 @@ def test_the_timers_own_lateness_is_read_off_the_batches_no_arrival_closed():
     assert timer_late({"window": {"late_ms": 0.2}}, loop_doc["preprocess"]) is None  # a profile before the timer's own
 
 
+def test_the_timers_draws_stop_where_few_windows_are_left_open():
+    """Windows the timer closed within 0.5 ms, a fifth closed by a request at 0.5-1.2 ms
+    before the timer fired, and one timer 5 ms late (a loop stall): the Kaplan-Meier
+    estimate leaves a fifth of the windows open past 1.2 ms, which the data cannot place.
+    The draws give them the lateness at which 20 windows were still open (at most 1.2 ms),
+    not the stall's 5 ms (the estimate's last step, which put a fifth of the draws there)."""
+    import numpy as np
+
+    from calibrate.cycle import KM_MIN_AT_RISK, _timer_quantiles
+
+    rng = np.random.default_rng(3)
+    fired = np.append(rng.uniform(0.0, 0.5, 800), 5.0)
+    closed = rng.uniform(0.5, 1.2, 200)
+    q = np.asarray(_timer_quantiles(fired, closed))
+    assert q.max() <= np.sort(np.concatenate([fired, closed]))[-KM_MIN_AT_RISK] + 1e-4  # draws are rounded to 0.1 µs
+    assert (q > 1.0).mean() == pytest.approx(0.2, abs=0.03)  # the open share, at the last well-held lateness
+    km = stats.ecdf(stats.CensoredData(uncensored=fired, right=closed))
+    body = np.quantile(q, [0.1, 0.3, 0.5, 0.7])
+    assert km.cdf.evaluate(body) == pytest.approx([0.1, 0.3, 0.5, 0.7], abs=0.01)  # below, the estimate's own
+
+
 def test_the_report_says_how_the_scenario_keeps_the_window():
     """A loop profile with the timer's draws: the scenario draws them per window and the
     report says so; without them (a profile fitted before), the window is lengthened by the
