@@ -145,6 +145,8 @@ def scenario_dict(
                     k: loop[k] * speed for k in ("return_ms", "respond_per_batch_ms", "respond_per_request_ms")
                 },
             }
+            if loop.get("cost_per_in_flight"):  # its work grows with the requests it holds
+                preprocess["event_loop"]["cost_per_in_flight"] = loop["cost_per_in_flight"]
             resume = loop.get("resume_ms")
             if ranker_loop and resume is not None:  # the handler reads, awaits its fetch, then resumes
                 admit = _dist(loop["admit"])  # its read: the admission less the resumption, the same shape

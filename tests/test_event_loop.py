@@ -417,3 +417,39 @@ def test_a_read_whose_fetch_is_out_does_not_close_the_window(tmp_path):
     np.testing.assert_allclose(rec.t_preprocessed, [100.55, 103.15], atol=1e-9)
     np.testing.assert_allclose(rec.t_dispatch[0], 103.05, atol=1e-9)
     assert list(rec.batch_size) == [1, 1]
+
+
+def test_the_loops_work_grows_with_the_requests_it_holds(tmp_path):
+    """Five requests at once, 0.4 ms reads, each job's time × (1 + 0.1 × the others held):
+    the k-th is queued 0.4 × (k + 0.1 k(k−1)/2) ms after it came (the batch comes back
+    after all five are read); with 0, 0.4 k. Requests 100 ms apart never meet: unchanged.
+    The count of requests held carries from one chunk of a run to the next."""
+    from simulator.engine import stream
+
+    path = tmp_path / "arrivals.txt"
+    np.savetxt(path, [0.1] * 5, fmt="%.6f")
+    got = {}
+    for k in (0.0, 0.1):
+        doc = _doc(1.0, {"return_ms": 0.15, "respond_per_batch_ms": 0.2, "cost_per_in_flight": k})
+        doc["traffic"] = {"arrivals_file": str(path)}
+        doc["preprocess"]["service"] = {"kind": "deterministic", "value_ms": 0.4}
+        doc["warmup_s"] = 0
+        got[k] = simulate(Scenario.model_validate(doc)).records
+    n = np.arange(1, 6)
+    np.testing.assert_allclose(np.sort(got[0.0].t_preprocessed - got[0.0].arrival), 0.4 * n, atol=1e-9)
+    np.testing.assert_allclose(np.sort(got[0.1].t_preprocessed - got[0.1].arrival), 0.4 * (n + 0.05 * n * (n - 1)))
+    apart = tmp_path / "apart.txt"
+    np.savetxt(apart, np.arange(1, 40) * 0.1, fmt="%.6f")
+    recs = []
+    for k in (0.0, 0.5):
+        doc = _doc(1.0, {"return_ms": 0.15, "respond_per_batch_ms": 0.2, "cost_per_in_flight": k})
+        doc["traffic"] = {"arrivals_file": str(apart)}
+        recs.append(simulate(Scenario.model_validate(doc)).records)
+    np.testing.assert_array_equal(recs[0].t_response, recs[1].t_response)
+    loop = {"return_ms": 0.15, "respond_per_request_ms": 0.1}
+    plain = simulate(Scenario.model_validate(_doc(150.0, loop))).records
+    s = Scenario.model_validate(_doc(150.0, {**loop, "cost_per_in_flight": 0.05}))
+    more = simulate(s).records
+    assert np.nanmean(more.t_response - more.arrival) > np.nanmean(plain.t_response - plain.arrival)
+    chunked = np.concatenate([p.records.t_response for p in stream(s, chunk_s=0.7)])
+    np.testing.assert_array_equal(chunked, more.t_response)

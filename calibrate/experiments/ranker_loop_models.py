@@ -13,6 +13,9 @@ a copy of the folder; its validation.md says how each held-out percentile fared.
 * ``loop_reads_first``: and the loop reading every waiting request before it resumes a
   handler whose fetch is back (``event_loop.reads_first``; off in the code as committed).
 
+With ``--cost-per-in-flight K`` the loop's work grows by K per other request it holds
+(``event_loop.cost_per_in_flight``, measured by ranker_in_flight_cost.py).
+
     python calibrate/experiments/ranker_loop_models.py RUN OUT --model store          # ~6 min
     python calibrate/experiments/ranker_loop_models.py RUN OUT --model loop_await     # ~1 min
 """
@@ -27,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 import calibrate.cycle as cycle
+import calibrate.fit as fit
 import calibrate.report as report
 import calibrate.run as run
 import calibrate.scenario as scenario
@@ -41,6 +45,12 @@ def main() -> None:
     ap.add_argument("out", type=Path, help="Where the refitted copy goes (replaced).")
     ap.add_argument("--model", choices=MODELS, default="loop_await")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--cost-per-in-flight",
+        type=float,
+        help="The loop's work grows by this share per other request it holds (event_loop.cost_per_in_flight; "
+        "ranker_in_flight_cost.py measures it).",
+    )
     a = ap.parse_args()
     shutil.rmtree(a.out, ignore_errors=True)
     shutil.copytree(a.run, a.out)
@@ -51,6 +61,16 @@ def main() -> None:
     if a.model not in ("loop_await", "loop_reads_first"):  # the fetch before one admission job
         cycle.fit_resume = lambda *args, **kwargs: None
     scenario.READS_FIRST = a.model == "loop_reads_first"
+    if a.cost_per_in_flight is not None:  # the loop's fit with it: fit_profile calls it by this module's name
+        plain = fit.fit_event_loop
+
+        def with_cost(*args, **kwargs):
+            out = plain(*args, **kwargs)
+            if out is not None:
+                out["cost_per_in_flight"] = a.cost_per_in_flight
+            return out
+
+        fit.fit_event_loop = with_cost
     rep = run.refit_run(a.out, draws=200, rng=np.random.default_rng(a.seed))
     for r in rep["validation"]:
         if r["percentile"] in ("p50", "p99"):

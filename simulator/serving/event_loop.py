@@ -22,7 +22,9 @@ the loop's jobs (an admission, a batch's hand-back and its responses, the window
 a handler's resumption after its fetch), each started when the loop is free in the order
 of the time it became ready (with ``reads_first``, a resumption only when no request waits
 to be read), and the instances' batch ends, which happen at their time whatever the loop
-is doing (the batch time fitted on a server holds the hand-back). The window's timer is
+is doing (the batch time fitted on a server holds the hand-back); with
+``cost_per_in_flight``, each job's time grows with the other requests the loop holds (read,
+not yet answered) when it starts. The window's timer is
 ready ``timer_late`` after its due time, one draw per request as it reaches the loop, used
 when that request is the oldest queued. The batcher's
 rule is :class:`~simulator.serving.batcher.BatchQueue`'s (max batch, preferred sizes,
@@ -49,7 +51,7 @@ _NONE, _ADMIT, _RETURN, _RESPOND, _TIMER, _RESUME = 0, 1, 2, 3, 4, 5
 
 
 # the kernel's scalar state, kept between calls (an int64 array, and the loop's clock)
-_I, _QH, _QT, _NB, _FPOS, _BH, _BT, _RH, _RT, _RUNNING, _KIND, _ARG, _SEQC, _WH, _WT = range(15)
+_I, _QH, _QT, _NB, _FPOS, _BH, _BT, _RH, _RT, _RUNNING, _KIND, _ARG, _SEQC, _WH, _WT, _HELD = range(16)
 
 
 def _dispatch_py(
@@ -98,8 +100,8 @@ _dispatch = jit.njit(cache=True, nogil=True)(_dispatch_py)
 
 
 def _kernel_py(
-    n, horizon, st, clock, t, cost, wait, late, resume, reads_first, wq, wdue, t_back, ret, resp_b, resp_k, max_b,
-    delay, cap, preferred, factors, means,
+    n, horizon, st, clock, t, cost, wait, late, resume, reads_first, held_k, wq, wdue, t_back, ret, resp_b, resp_k,
+    max_b, delay, cap, preferred, factors, means,
     ip_t, ip_w, ip_f, fp_t, fp_w, fp_f, free_at, busy, seq, ends, bid, back, resp,
     t_enq, t_disp, t_resp, outcome, t_drop, pb, buf, b_pos, b_size, b_start, b_end, b_inst, b_done, b_resp,
 ):  # fmt: skip
@@ -113,6 +115,7 @@ def _kernel_py(
     bh, bt, rh, rt = st[_BH], st[_BT], st[_RH], st[_RT]
     running, kind, arg, seqc = st[_RUNNING] != 0, st[_KIND], st[_ARG], st[_SEQC]
     wh, wt = st[_WH], st[_WT]  # requests off the loop, awaiting their fetch (``resume`` >= 0), in order
+    held = st[_HELD]  # requests read and not yet answered
     loop_free = clock[0]
     while True:
         te = inf
@@ -138,17 +141,20 @@ def _kernel_py(
             if min(start, te) >= horizon:  # the next event waits for the arrivals before it
                 break
             if te > start:  # the loop takes its next job, the oldest ready, before any batch is computed
+                more = 1.0 + held_k * max(held - 1, 0)  # its work grows with the others the loop holds
                 if rb == r:
                     arg = back[bh]
                     bh += 1
-                    loop_free = finish_on_path(start, ret, fp_t, fp_w, fp_f)
+                    loop_free = finish_on_path(start, ret * more, fp_t, fp_w, fp_f)
                     kind = _RETURN
                 elif rr == r:
                     b = resp[rh]
                     rh += 1
                     for p in range(b_pos[b], b_pos[b] + b_size[b]):
-                        t_resp[buf[p]] = finish_on_path(start, resp_b + resp_k * (p - b_pos[b] + 1), fp_t, fp_w, fp_f)
-                    loop_free = finish_on_path(start, resp_b + resp_k * b_size[b], fp_t, fp_w, fp_f)
+                        work = (resp_b + resp_k * (p - b_pos[b] + 1)) * more
+                        t_resp[buf[p]] = finish_on_path(start, work, fp_t, fp_w, fp_f)
+                    loop_free = finish_on_path(start, (resp_b + resp_k * b_size[b]) * more, fp_t, fp_w, fp_f)
+                    held -= b_size[b]
                     b_resp[b] = True
                     kind = _RESPOND
                 elif rtim == r:
@@ -157,7 +163,7 @@ def _kernel_py(
                 elif rw == r and not (reads_first and ra <= start):  # a fetch is back: resume, queue
                     arg = wq[wh]
                     wh += 1
-                    loop_free = finish_on_path(start, resume, fp_t, fp_w, fp_f)
+                    loop_free = finish_on_path(start, resume * more, fp_t, fp_w, fp_f)
                     kind = _RESUME
                 else:
                     arg = i
@@ -168,7 +174,8 @@ def _kernel_py(
                         loop_free = start
                         kind = _NONE
                     else:
-                        loop_free = finish_on_path(start, cost[arg], fp_t, fp_w, fp_f)
+                        held += 1
+                        loop_free = finish_on_path(start, cost[arg] * (1.0 + held_k * (held - 1)), fp_t, fp_w, fp_f)
                         kind = _ADMIT
                 running = True
                 continue
@@ -210,7 +217,7 @@ def _kernel_py(
     st[_I], st[_QH], st[_QT], st[_NB], st[_FPOS] = i, qh, qt, nb, fpos
     st[_BH], st[_BT], st[_RH], st[_RT] = bh, bt, rh, rt
     st[_RUNNING], st[_KIND], st[_ARG], st[_SEQC] = 1 if running else 0, kind, arg, seqc
-    st[_WH], st[_WT] = wh, wt
+    st[_WH], st[_WT], st[_HELD] = wh, wt, held
     clock[0] = loop_free
 
 
@@ -252,7 +259,7 @@ class Loop:
         self.seq = np.arange(instances, dtype=np.int64)
         self.ends = np.full(instances, math.inf)  # when each instance's batch is computed
         self.bid = np.full(instances, -1, dtype=np.int64)
-        self.st = np.zeros(15, dtype=np.int64)
+        self.st = np.zeros(16, dtype=np.int64)
         self.st[_SEQC] = instances
         self.clock = np.array([-math.inf])
         self.n = 0  # requests held (the first not yet answered, and those after it)
@@ -262,6 +269,7 @@ class Loop:
         self.wait, self.wdue, self.t_back, self.late = np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0)
         self.timer_late = timer_late  # a Sampler of how late the window's timer fires, or None
         self.reads_first = bool(loop.reads_first)  # a resumption waits while any request waits to be read
+        self.held_k = float(loop.cost_per_in_flight)  # each job's work grows with the requests held
         self.wq = np.zeros(0, dtype=np.int64)
         self.outcome = np.zeros(0, dtype=np.int8)
         self.pb, self.ids, self.buf = (np.zeros(0, dtype=np.int64) for _ in range(3))
@@ -308,7 +316,7 @@ class Loop:
         b = self.batching
         _kernel(
             n, float(horizon), st, self.clock, self.t, self.cost, self.wait, self.late, self.resume, self.reads_first,
-            self.wq, self.wdue, self.t_back,
+            self.held_k, self.wq, self.wdue, self.t_back,
             float(self.loop.return_ms), float(self.loop.respond_per_batch_ms), float(self.loop.respond_per_request_ms),
             int(b.max_batch_size), float(b.max_queue_delay_ms), self.cap, self.preferred, self.factors, self.means,
             *self.path, *self.front, self.free_at, self.busy, self.seq, self.ends, self.bid, self.back, self.resp,
