@@ -35,6 +35,7 @@ import pandas as pd
 
 from calibrate.cycle import fit_window
 from calibrate.fit import fit_profile
+from calibrate.held import in_flight_cost
 from calibrate.hiccups import HiccupMeter, platform_speed
 from calibrate.loadgen import Slice, level_summary, run_slices
 from calibrate.microbench import feature_fetch_cost, feature_fetch_in_flight
@@ -168,6 +169,7 @@ def _calibrate(
             payloads = image_payloads(32, side=max(64, mcfg["resolution"]), rng=rng)
         probe = _Probe(url, model, payloads, seed, sidecars)
         cap_info = _capacity(probe, servesim, bench, instances=len(instance_cores), max_batch=b, log=log)
+        held = _held(url, model, payloads, servesim, sidecars, log)
         loads = sorted(FIT_LOADS + VALIDATE_LOADS)
         rates = [round(f * cap_info["rps"], 2) for f in loads]
         slice_s = design.slice_for(min(rates))
@@ -202,6 +204,9 @@ def _calibrate(
     profile = build_profile(config, requests, fit_levels, rng=rng, slices=slices, fetch_cost=fetch_cost)
     if fetch_cost is not None:
         profile["feature_fetch_microbench"] = fetch_cost
+    if held is not None:
+        profile["loop_in_flight"] = held
+        _held_cost(profile)
     profile["hardware"]["cpu_steal_pct_during_run"] = (
         (ticks1[0] - ticks0[0]) / max(ticks1[1] - ticks0[1], 1) * 100 if ticks0 and ticks1 else None
     )
@@ -222,6 +227,39 @@ def _calibrate(
     table = compare(profile, requests, summary[summary["held_out"]], reps=reps, rng=rng, slices=slices, draws=draws)
     inside = compute_inside(requests, loads, bench)
     return _write(out, profile, requests, slices, hiccups, summary, table, inside)
+
+
+def _held(url: str, model: str, payloads: list, servesim: dict, sidecars: tuple[int, ...], log) -> dict | None:
+    """With a Redis feature store (the ranker's loop, the server's clocks and its
+    redis-server on the front end's cores): what the loop pays per request it holds
+    (:func:`calibrate.held.in_flight_cost`), this load generator on the instances' cores
+    meanwhile so that the front end's cores hold only the server and its sidecars; else
+    None (as without instance cores of their own)."""
+    inst = {i["core"] for i in servesim.get("instances", []) if i.get("core") is not None}
+    if not sidecars or not inst or inst & set(servesim.get("frontend_cores") or []):
+        return None
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, inst)
+    try:
+        held = in_flight_cost(url, model, payloads, sidecars=sidecars)
+    finally:
+        os.sched_setaffinity(0, before)
+    rows = held["by_in_flight"]
+    share = held["cost_per_in_flight"]
+    log(
+        "the loop per request held: "
+        + ", ".join(f"{r['in_flight']}: {r['rps']:.0f} req/s, {r['cpu_ms_per_request']:.3f} ms" for r in rows)
+        + (f" of CPU a request; {share:.5f} a request held" if share is not None else "; no share fitted")
+    )
+    return held
+
+
+def _held_cost(profile: dict) -> None:
+    """The measured share per request held (``loop_in_flight``) onto the fitted event loop."""
+    loop = (profile.get("frontend") or {}).get("event_loop")
+    share = (profile.get("loop_in_flight") or {}).get("cost_per_in_flight")
+    if loop is not None and share:
+        loop["cost_per_in_flight"] = share
 
 
 def _fetch_alone(server_args: list[str], servesim: dict, log) -> tuple[dict | None, tuple[int, ...]]:
@@ -363,6 +401,7 @@ def refit_run(out: Path, *, draws: int, rng: np.random.Generator) -> dict:
             requests, fit_levels=fit_levels, rng=rng, frontend=front, features=features, fetch_cost=fetch_cost
         )
         profile["frontend"] = fit["frontend"]
+        _held_cost(profile)
         if features is not None:
             profile["features"] = fit["features"]
     server = profile["server"]

@@ -69,7 +69,8 @@ class FeatureStore:
             retry=Retry(NoBackoff(), 1),
             retry_on_error=[rex.ConnectionError],
         )
-        self._gate = asyncio.Semaphore(cfg.max_connections)  # FIFO: a release hands its slot to the oldest waiter
+        # FIFO (Python 3.11.1 on): a release hands its slot to the oldest waiter, a newcomer queues
+        self._gate = asyncio.Semaphore(cfg.max_connections)
         self.client = aioredis.Redis(connection_pool=pool)
         self.round_trips = 0
         self.down: str | None = None  # why the store is unavailable, while it is

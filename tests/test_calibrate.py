@@ -758,3 +758,65 @@ def test_levels_past_the_front_ends_fitted_capacity_are_called_out():
     assert "1556 req/s" in warning
     assert over_capacity({**prof, "levels_rps": [r * 0.75 for r in levels]}) is None
     assert over_capacity({"capacity_rps": 100.0, "levels_rps": levels}) is None  # no front end fitted
+
+
+def test_the_share_per_request_held_is_the_cpus_slope_over_its_value():
+    """The CPU per request against the requests in flight: the least-squares slope over its
+    fitted value at the fewest; a falling line gives 0, an implausible one or too few counts none."""
+    from calibrate.held import MAX_COST, share_per_request
+
+    rows = [{"in_flight": n, "cpu_ms_per_request": 0.45 * (1 + 0.001 * (n - 32))} for n in (32, 128, 256)]
+    assert share_per_request(rows) == pytest.approx(0.001)
+    falling = [{"in_flight": n, "cpu_ms_per_request": 0.6 - 0.001 * n} for n in (32, 128)]
+    assert share_per_request(falling) == 0.0
+    steep = [{"in_flight": n, "cpu_ms_per_request": 0.45 * (1 + 2 * MAX_COST * (n - 32))} for n in (32, 128)]
+    assert share_per_request(steep) is None
+    assert share_per_request(rows[:1]) is None
+
+
+def test_a_measured_share_per_request_held_reaches_the_loop_the_scenario_and_the_report():
+    """A profile whose run measured the loop per request held: its fitted event loop carries
+    the share, the scenario's loop pays it, the report says so; without it, nothing changes."""
+    from pathlib import Path
+
+    from calibrate.report import _event_loop
+    from calibrate.run import _held_cost
+    from calibrate.scenario import scenario_dict
+
+    profile = json.loads((Path(__file__).parents[1] / "calibrate/profiles/gpu-h200/profile.json").read_text())
+    profile["frontend"]["servers"] = 1  # its eight front ends as one loop
+    plain = scenario_dict(profile, 100.0, duration_s=1.0, warmup_s=0.0)
+    assert "cost_per_in_flight" not in plain["preprocess"]["event_loop"]
+    profile["loop_in_flight"] = {"by_in_flight": [], "cost_per_in_flight": 0.0009}
+    _held_cost(profile)
+    doc = scenario_dict(profile, 100.0, duration_s=1.0, warmup_s=0.0)
+    assert doc["preprocess"]["event_loop"]["cost_per_in_flight"] == 0.0009
+    assert "0.00090 of its time more per other request the loop holds" in _event_loop(profile["frontend"])
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed (CI installs it)")
+def test_the_loop_per_request_held_is_measured_on_a_real_server():
+    """A real ranker behind a real redis-server, a closed loop at 2 and 8 in flight: each
+    count answered, with the server's and the redis-server's CPU per request and the cores."""
+    import urllib.request
+
+    from calibrate.held import in_flight_cost
+    from calibrate.payloads import ranker_payloads
+    from calibrate.run import redis_pids
+    from tests.servers import redis_server, reference_server
+
+    with (
+        redis_server() as redis,
+        reference_server("--model", "ranker", "--redis-url", redis, "--feature-batch-size", "26") as (url, _),
+    ):
+        cfg = json.loads(urllib.request.urlopen(url + "/v2/models/ranker/config").read())["parameters"]["servesim"]
+        payloads = ranker_payloads(8, cfg["model"]["dense"], 1000, np.random.default_rng(0))
+        held = in_flight_cost(url, "ranker", payloads, sidecars=redis_pids(redis), in_flight=(2, 8), secs=0.5)
+    rows = held["by_in_flight"]
+    assert [r["in_flight"] for r in rows] == [2, 8]
+    for r in rows:
+        assert r["rps"] > 0
+        assert r["cpu_ms_per_request"] > 0
+        assert 0 < r["cores"] < 4
+        assert r["p50_ms"] <= r["p99_ms"]
+    assert held["cost_per_in_flight"] is None or held["cost_per_in_flight"] >= 0

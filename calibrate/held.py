@@ -1,0 +1,93 @@
+"""What a front end's event loop pays for the requests it holds (calibrate/README, "The loop
+pays for what it holds"): a closed loop of N requests in flight, each sent when the last
+came back, and the CPU per request of the server's process and its sidecars (a
+redis-server) at each N. Up to the loop's saturation its CPU per request falls (fixed costs
+spread over more requests); past it, on the MGET ranker, it rose 13-19% from 32 to 128 in
+flight: waits for a pooled connection, the collector's passes, more sockets to poll.
+``preprocess.event_loop.cost_per_in_flight`` is that rise's share per request held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+
+from calibrate.loadgen import _frontend, process_cpu_s
+
+IN_FLIGHT = (32, 128, 256)  # past the ranker's saturation (~20 in flight on the 2-core VM)
+SECS = 8.0
+MAX_COST = 0.01  # a share per request held above this is a measurement gone wrong: not used
+
+
+async def _closed(url: str, model: str, payloads: list, n: int, secs: float, sidecars: tuple[int, ...]) -> dict:
+    """``n`` requests in flight for ``secs``: answered per second, the server's and the
+    sidecars' CPU per answered request (ms), the cores they used and the latency's p50/p99."""
+    import aiohttp
+
+    done, lat = 0, []
+    path = f"{url}/v2/models/{model}/infer"
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=n + 8)) as session:
+        front0, side0, t0 = await _frontend(session, url), process_cpu_s(sidecars), time.perf_counter()
+        stop = t0 + secs
+
+        async def worker(k: int) -> None:
+            nonlocal done
+            while time.perf_counter() < stop:
+                p = payloads[k % len(payloads)]
+                k += n
+                sent = time.perf_counter()
+                async with session.post(path, data=p.body, headers=p.headers) as resp:
+                    await resp.read()
+                    if resp.status == 200:
+                        done += 1
+                        lat.append(time.perf_counter() - sent)
+
+        await asyncio.gather(*(worker(k) for k in range(n)))
+        front1, side1, t1 = await _frontend(session, url), process_cpu_s(sidecars), time.perf_counter()
+    cpu = (front1["cpu_s"] - front0["cpu_s"]) + (side1 - side0)
+    ms = np.array(lat) * 1e3 if lat else np.array([np.nan])
+    return {
+        "in_flight": n,
+        "rps": done / (t1 - t0),
+        "cpu_ms_per_request": cpu / max(done, 1) * 1e3,
+        "cores": cpu / (t1 - t0),
+        "p50_ms": float(np.median(ms)),
+        "p99_ms": float(np.quantile(ms, 0.99)),
+    }
+
+
+def in_flight_cost(
+    url: str,
+    model: str,
+    payloads: list,
+    *,
+    sidecars: tuple[int, ...] = (),
+    in_flight: tuple[int, ...] = IN_FLIGHT,
+    secs: float = SECS,
+) -> dict:
+    """The server at each count of ``in_flight`` (after 2 s at 8), and the share of the CPU
+    per request at the first count that each further request held adds (least squares over
+    the counts; clipped at 0, None past :data:`MAX_COST` or without the server's CPU)."""
+
+    async def go() -> list[dict]:
+        await _closed(url, model, payloads, 8, 2.0, sidecars)  # warm
+        return [await _closed(url, model, payloads, n, secs, sidecars) for n in in_flight]
+
+    rows = asyncio.run(go())
+    return {"by_in_flight": rows, "cost_per_in_flight": share_per_request(rows)}
+
+
+def share_per_request(rows: list[dict]) -> float | None:
+    """The least-squares slope of the CPU per request against the requests in flight, over
+    its fitted value at the fewest; clipped at 0, None past :data:`MAX_COST`, with fewer
+    than two counts or without the CPU."""
+    n = np.array([r["in_flight"] for r in rows], dtype=float)
+    cpu = np.array([r["cpu_ms_per_request"] for r in rows], dtype=float)
+    ok = np.isfinite(cpu) & (cpu > 0)
+    if ok.sum() < 2 or np.ptp(n[ok]) == 0:
+        return None
+    slope, icpt = np.polyfit(n[ok], cpu[ok], 1)
+    share = max(float(slope / (icpt + slope * n[ok].min())), 0.0)
+    return share if share <= MAX_COST else None
