@@ -17,7 +17,9 @@ The design, and why:
   noisy neighbours) say nothing about the node the profile will be used for; a fleet's
   own pauses belong in the scenario for that fleet.
 * **The front end's CPU.** The server's ``process_cpu_seconds_total`` and this client's
-  CPU time around each slice give the CPU per request of the front-end station.
+  CPU time around each slice give the CPU per request of the front-end station; with a
+  Redis feature store, a closed loop at 32-256 requests in flight (this client off the
+  loop's core) gives what the loop pays per request it holds (:mod:`calibrate.held`).
 * **The bar.** The forward pass inside the server is compared with the same model's
   microbenchmark, pinned to the instance's core before the server starts.
 """
