@@ -820,3 +820,34 @@ def test_the_loop_per_request_held_is_measured_on_a_real_server():
         assert 0 < r["cores"] < 4
         assert r["p50_ms"] <= r["p99_ms"]
     assert held["cost_per_in_flight"] is None or held["cost_per_in_flight"] >= 0
+
+
+def test_the_warm_up_rates_come_from_the_closed_loops_ceiling_when_there_is_one():
+    """The capacity probe's two warm-up rates are 25% and 60% of its guess: with the closed
+    loop's most answered (``ceiling_rps``) the guess is that (under the instances' bound),
+    not the gentle slice's CPU per request, whose background made it low."""
+    from calibrate.run import _capacity
+
+    class Asked(Exception):
+        pass
+
+    class Probe:
+        seed = 0
+
+        def __init__(self):
+            self.rates = []
+
+        def run(self, rates_seeds, *, slice_s, warmup_s):
+            self.rates.append([r for r, _ in rates_seeds])
+            if len(self.rates) == 2:
+                raise Asked
+            gentle = pd.DataFrame({"frontend_cpu_s": [0.3], "client_cpu_s": [0.06], "requests": [60]})
+            return pd.DataFrame(), gentle, None, None
+
+    bench = pd.DataFrame({"mean_ms": [0.1, 0.4]})
+    servesim = {"frontend_cores": [0], "instances": [{"core": 1}]}
+    for ceiling, want in ((2100.0, 2100.0), (None, 1 / 0.006)):
+        probe = Probe()
+        with pytest.raises(Asked):
+            _capacity(probe, servesim, bench, instances=1, max_batch=32, log=print, ceiling_rps=ceiling)
+        assert probe.rates[1] == pytest.approx([round(0.25 * want, 2), round(0.6 * want, 2)], abs=0.01)
