@@ -253,7 +253,11 @@ def _held(url: str, model: str, payloads: list, servesim: dict, sidecars: tuple[
     share = held["cost_per_in_flight"]
     log(
         "the loop per request held: "
-        + ", ".join(f"{r['in_flight']}: {r['rps']:.0f} req/s, {r['cpu_ms_per_request']:.3f} ms" for r in rows)
+        + ", ".join(
+            f"{r['in_flight']}: {r['rps']:.0f} req/s, {r['cpu_ms_per_request']:.3f} ms"
+            + (f" ({r['failed']} not answered)" if r["failed"] else "")
+            for r in rows
+        )
         + (f" of CPU a request; {share:.5f} a request held" if share is not None else "; no share fitted")
     )
     return held

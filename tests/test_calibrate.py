@@ -816,6 +816,7 @@ def test_the_loop_per_request_held_is_measured_on_a_real_server():
     assert [r["in_flight"] for r in rows] == [2, 8]
     for r in rows:
         assert r["rps"] > 0
+        assert r["failed"] == 0
         assert r["cpu_ms_per_request"] > 0
         assert 0 < r["cores"] < 4
         assert r["p50_ms"] <= r["p99_ms"]
