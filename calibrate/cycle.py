@@ -148,7 +148,7 @@ def _timer_quantiles(fired: np.ndarray, closed: np.ndarray) -> list[float] | Non
     longest windows, nearly all closed by a request) gets that lateness: what the data
     says of them is that the timer had not fired by then. (It once got the largest fired
     value: on the MGET ranker since 2026-11-29, 7-12% of the windows were still open at
-    1-1.5 ms with a dozen at risk, and one loop stall of 4-6 ms set the draws' 95th
+    1-1.5 ms with a dozen at risk, and one loop stall of 3.6-5.7 ms set the draws' 95th
     percentile, calibrate/README "The timer's tail past its data".) None with fewer than
     20 fired."""
     if len(fired) < 20:
