@@ -29,7 +29,8 @@ async def _closed(url: str, model: str, payloads: list, n: int, secs: float, sid
 
     done, failed, lat = 0, 0, []
     path = f"{url}/v2/models/{model}/infer"
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=n + 8)) as session:
+    connector, timeout = aiohttp.TCPConnector(limit=n + 8), aiohttp.ClientTimeout(total=30)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         front0, side0, t0 = await _frontend(session, url), process_cpu_s(sidecars), time.perf_counter()
         stop = t0 + secs
 
@@ -39,13 +40,17 @@ async def _closed(url: str, model: str, payloads: list, n: int, secs: float, sid
                 p = payloads[k % len(payloads)]
                 k += n
                 sent = time.perf_counter()
-                async with session.post(path, data=p.body, headers=p.headers) as resp:
-                    await resp.read()
-                    if resp.status == 200:
-                        done += 1
-                        lat.append(time.perf_counter() - sent)
-                    else:  # a 503 past the server's queue bound, say: not answered, its CPU counted
-                        failed += 1
+                try:
+                    async with session.post(path, data=p.body, headers=p.headers) as resp:
+                        await resp.read()
+                        ok = resp.status == 200
+                except (aiohttp.ClientError, TimeoutError):  # reset or timed out: not answered either
+                    ok = False
+                if ok:
+                    done += 1
+                    lat.append(time.perf_counter() - sent)
+                else:  # a 503 past the server's queue bound, say: not answered, its CPU counted
+                    failed += 1
 
         await asyncio.gather(*(worker(k) for k in range(n)))
         front1, side1, t1 = await _frontend(session, url), process_cpu_s(sidecars), time.perf_counter()
