@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from calibrate.loadgen import _frontend, process_cpu_s
+from calibrate.loadgen import _frontend, _session, process_cpu_s
 
 IN_FLIGHT = (32, 128, 256)  # past the ranker's saturation (between 8 and 32 in flight on the 2-core VM)
 SECS = 8.0
@@ -29,8 +29,7 @@ async def _closed(url: str, model: str, payloads: list, n: int, secs: float, sid
 
     done, failed, lat = 0, 0, []
     path = f"{url}/v2/models/{model}/infer"
-    connector, timeout = aiohttp.TCPConnector(limit=n + 8), aiohttp.ClientTimeout(total=30)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with _session(n + 8) as session:
         front0, side0, t0 = await _frontend(session, url), process_cpu_s(sidecars), time.perf_counter()
         stop = t0 + secs
 

@@ -820,7 +820,6 @@ def test_the_loop_per_request_held_is_measured_on_a_real_server():
         assert r["cpu_ms_per_request"] > 0
         assert 0 < r["cores"] < 4
         assert r["p50_ms"] <= r["p99_ms"]
-    assert held["cost_per_in_flight"] is None or held["cost_per_in_flight"] >= 0
 
 
 def test_the_warm_up_rates_come_from_the_closed_loops_ceiling_when_there_is_one():

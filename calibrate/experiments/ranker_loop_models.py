@@ -30,7 +30,6 @@ from pathlib import Path
 import numpy as np
 
 import calibrate.cycle as cycle
-import calibrate.fit as fit
 import calibrate.report as report
 import calibrate.run as run
 import calibrate.scenario as scenario
@@ -61,16 +60,11 @@ def main() -> None:
     if a.model not in ("loop_await", "loop_reads_first"):  # the fetch before one admission job
         cycle.fit_resume = lambda *args, **kwargs: None
     scenario.READS_FIRST = a.model == "loop_reads_first"
-    if a.cost_per_in_flight is not None:  # the loop's fit with it: fit_profile calls it by this module's name
-        plain = fit.fit_event_loop
-
-        def with_cost(*args, **kwargs):
-            out = plain(*args, **kwargs)
-            if out is not None:
-                out["cost_per_in_flight"] = a.cost_per_in_flight
-            return out
-
-        fit.fit_event_loop = with_cost
+    if a.cost_per_in_flight is not None:  # as a run's closed loop would have measured it (refit keeps it)
+        path = a.out / "profile.json"
+        profile = json.loads(path.read_text())
+        profile["loop_in_flight"] = {"by_in_flight": [], "cost_per_in_flight": a.cost_per_in_flight}
+        path.write_text(json.dumps(profile))
     rep = run.refit_run(a.out, draws=200, rng=np.random.default_rng(a.seed))
     for r in rep["validation"]:
         if r["percentile"] in ("p50", "p99"):
