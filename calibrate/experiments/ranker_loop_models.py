@@ -16,6 +16,12 @@ a copy of the folder; its validation.md says how each held-out percentile fared.
 With ``--cost-per-in-flight K`` the loop's work grows by K per other request it holds
 (``event_loop.cost_per_in_flight``, measured by ranker_in_flight_cost.py).
 
+With ``--instance-own-time`` the instance's batch table, its noise ratios and the speed
+process are fitted from the instance's own time (the hand-off in plus compute) rather than
+the batch time with the hand-back, which waits for the loop; the scenario's instance no
+longer loses the hand-back's mean (calibrate/README, "The hand-back's wait is tail the
+model needs").
+
     python calibrate/experiments/ranker_loop_models.py RUN OUT --model store          # ~6 min
     python calibrate/experiments/ranker_loop_models.py RUN OUT --model loop_await     # ~1 min
 """
@@ -28,13 +34,17 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 import calibrate.cycle as cycle
+import calibrate.fit as fit
 import calibrate.report as report
 import calibrate.run as run
 import calibrate.scenario as scenario
+import calibrate.speed as speed
 
 MODELS = ("store", "loop", "loop_window", "loop_await", "loop_reads_first")
+OWN_US = ("handoff_in_us", "compute_input_us", "compute_infer_us", "compute_output_us")
 SHOWN = ("load", "percentile", "measured_ms", "predicted_ms", "error_pct", "verdict")
 
 
@@ -49,6 +59,11 @@ def main() -> None:
         type=float,
         help="The loop's work grows by this share per other request it holds (event_loop.cost_per_in_flight; "
         "ranker_in_flight_cost.py measures it).",
+    )
+    ap.add_argument(
+        "--instance-own-time",
+        action="store_true",
+        help="Fit the instance's batch table, noise and speed process from the hand-off in plus compute.",
     )
     a = ap.parse_args()
     shutil.rmtree(a.out, ignore_errors=True)
@@ -65,10 +80,42 @@ def main() -> None:
         profile = json.loads(path.read_text())
         profile["loop_in_flight"] = {"by_in_flight": [], "cost_per_in_flight": a.cost_per_in_flight}
         path.write_text(json.dumps(profile))
+    if a.instance_own_time:
+        own_time(a.out)
     rep = run.refit_run(a.out, draws=200, rng=np.random.default_rng(a.seed))
     for r in rep["validation"]:
         if r["percentile"] in ("p50", "p99"):
             print(json.dumps({k: r[k] for k in SHOWN}))  # noqa: T201
+
+
+def own_us(df: pd.DataFrame) -> pd.Series:
+    """A request's batch as the instance spent it: the hand-off in and compute, no hand-back."""
+    return sum((df[c].fillna(0.0) if c in df else 0.0) for c in OWN_US)
+
+
+def own_time(out: Path) -> None:
+    """The run copy's batch table from the instance's own time, and the refit's speed process
+    and event loop to match (the instance no longer loses the hand-back's mean)."""
+    path = out / "profile.json"
+    profile = json.loads(path.read_text())
+    levels = [f["level"] for f in profile["fit_levels"]]
+    req = pd.read_csv(out / "measurements.csv.gz")
+    cols = ["batch_size", *fit.BATCH_STAGES_US, "handoff_in_us"]
+    ok = speed.fit_slices_only(req, levels).dropna(subset=cols)
+    batches = ok.drop_duplicates(subset=[*cols, "slice"])
+    b, y = batches["batch_size"].astype(int).to_numpy(), (own_us(batches) / 1e3).to_numpy()
+    affine, table = fit.fit_affine(b, y), fit.fit_table(b, y)
+    profile["service_time"] = table if table is not None and table["r2"] > affine["r2"] else affine
+    profile["service_time_fits"] = {"affine": affine, "table": table}
+    path.write_text(json.dumps(profile))
+    speed.batch_time_us = own_us  # the speed process's log ratios, from the same time
+    held = run._held_cost
+
+    def held_then_whole(p: dict) -> None:
+        held(p)
+        p["frontend"]["event_loop"]["instance_less_ms"] = 0.0
+
+    run._held_cost = held_then_whole
 
 
 if __name__ == "__main__":
