@@ -357,6 +357,15 @@ def _event_loop(fe: dict, on_loop: bool = False) -> str:
             if loop.get("cost_per_in_flight")
             else ""
         )
+        + (
+            " Its jobs take longer the more requests it holds (`event_loop.cost_by_held`, the CPU per request of the "
+            "server and its redis-server at each count in flight over the first, a closed loop with this load "
+            "generator off the loop's core): "
+            + ", ".join(f"{n} held ×{float(f):.3f}" for n, f in loop["cost_by_held"].items())
+            + "."
+            if loop.get("cost_by_held")
+            else ""
+        )
     )
 
 

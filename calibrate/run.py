@@ -37,7 +37,7 @@ import pandas as pd
 
 from calibrate.cycle import fit_window
 from calibrate.fit import fit_profile
-from calibrate.held import in_flight_cost
+from calibrate.held import factors_by_held, in_flight_cost
 from calibrate.hiccups import HiccupMeter, platform_speed
 from calibrate.loadgen import Slice, level_summary, run_slices
 from calibrate.microbench import feature_fetch_cost, feature_fetch_in_flight
@@ -251,6 +251,7 @@ def _held(url: str, model: str, payloads: list, servesim: dict, sidecars: tuple[
         os.sched_setaffinity(0, before)
     rows = held["by_in_flight"]
     share = held["cost_per_in_flight"]
+    by = held.get("cost_by_held")
     log(
         "the loop per request held: "
         + ", ".join(
@@ -259,16 +260,32 @@ def _held(url: str, model: str, payloads: list, servesim: dict, sidecars: tuple[
             for r in rows
         )
         + (f" of CPU a request; {share:.5f} a request held" if share is not None else "; no share fitted")
+        + (f"; factor by held {', '.join(f'{n}: {f:.3f}' for n, f in by.items())}" if by else "")
     )
     return held
 
 
+# the loop's work by the count held as the closed loop measured it (event_loop.cost_by_held)
+# rather than a straight line's share per request held: tried, not adopted (calibrate/README,
+# "The loop's cost is not a straight line"); ranker_loop_models.py --by-held turns it on
+HELD_BY_COUNT = False
+
+
 def _held_cost(profile: dict) -> None:
-    """The measured share per request held (``loop_in_flight``) onto the fitted event loop."""
+    """What the closed loop measured (``loop_in_flight``) onto the fitted event loop: its
+    share per request held; with :data:`HELD_BY_COUNT`, the factor by the count held from
+    its counts (:func:`calibrate.held.factors_by_held`)."""
     loop = (profile.get("frontend") or {}).get("event_loop")
-    share = (profile.get("loop_in_flight") or {}).get("cost_per_in_flight")
-    if loop is not None and share:
-        loop["cost_per_in_flight"] = share
+    held = profile.get("loop_in_flight") or {}
+    if loop is None:
+        return
+    loop.pop("cost_by_held", None)
+    loop.pop("cost_per_in_flight", None)
+    by = factors_by_held(held.get("by_in_flight") or []) if HELD_BY_COUNT else None
+    if by is not None:
+        loop["cost_by_held"] = by
+    elif held.get("cost_per_in_flight"):
+        loop["cost_per_in_flight"] = held["cost_per_in_flight"]
 
 
 def _fetch_alone(server_args: list[str], servesim: dict, log) -> tuple[dict | None, tuple[int, ...]]:

@@ -145,7 +145,10 @@ def scenario_dict(
                     k: loop[k] * speed for k in ("return_ms", "respond_per_batch_ms", "respond_per_request_ms")
                 },
             }
-            if loop.get("cost_per_in_flight"):  # its work grows with the requests it holds
+            if loop.get("cost_by_held"):  # its work grows with the requests it holds, as measured
+                by = {int(n): float(f) for n, f in loop["cost_by_held"].items()}
+                preprocess["event_loop"]["cost_by_held"] = dict(sorted(by.items()))
+            elif loop.get("cost_per_in_flight"):  # or a share per request held
                 preprocess["event_loop"]["cost_per_in_flight"] = loop["cost_per_in_flight"]
             resume = loop.get("resume_ms")
             if ranker_loop and resume is not None:  # the handler reads, awaits its fetch, then resumes

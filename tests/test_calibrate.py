@@ -774,14 +774,17 @@ def test_the_share_per_request_held_is_the_cpus_slope_over_its_value():
     assert share_per_request(rows[:1]) is None
 
 
-def test_a_measured_share_per_request_held_reaches_the_loop_the_scenario_and_the_report():
+def test_a_measured_share_per_request_held_reaches_the_loop_the_scenario_and_the_report(monkeypatch):
     """A profile whose run measured the loop per request held: its fitted event loop carries
-    the share, the scenario's loop pays it, the report says so; without it, nothing changes."""
+    the share, the scenario's loop pays it, the report says so; without it, nothing changes.
+    With ``HELD_BY_COUNT``, the factor by the count held instead, read from the counts."""
     from pathlib import Path
 
+    import calibrate.run
     from calibrate.report import _event_loop
     from calibrate.run import _held_cost
     from calibrate.scenario import scenario_dict
+    from simulator.scenario.config import Scenario
 
     profile = json.loads((Path(__file__).parents[1] / "calibrate/profiles/gpu-h200/profile.json").read_text())
     profile["frontend"]["servers"] = 1  # its eight front ends as one loop
@@ -792,6 +795,34 @@ def test_a_measured_share_per_request_held_reaches_the_loop_the_scenario_and_the
     doc = scenario_dict(profile, 100.0, duration_s=1.0, warmup_s=0.0)
     assert doc["preprocess"]["event_loop"]["cost_per_in_flight"] == 0.0009
     assert "0.00090 of its time more per other request the loop holds" in _event_loop(profile["frontend"])
+    # with the closed loop's counts (a run's, or read back from its profile.json): the factor by count held
+    rows = [{"in_flight": n, "cpu_ms_per_request": ms} for n, ms in ((32, 0.44), (64, 0.484), (256, 0.55))]
+    profile["loop_in_flight"] = {"by_in_flight": rows, "cost_per_in_flight": 0.0009}
+    profile = json.loads(json.dumps(profile))  # as refit reads it back
+    _held_cost(profile)
+    assert scenario_dict(profile, 100.0, duration_s=1.0, warmup_s=0.0)["preprocess"]["event_loop"][
+        "cost_per_in_flight"
+    ] == pytest.approx(0.0009)
+    monkeypatch.setattr(calibrate.run, "HELD_BY_COUNT", True)
+    _held_cost(profile)
+    loop = scenario_dict(profile, 100.0, duration_s=1.0, warmup_s=0.0)["preprocess"]["event_loop"]
+    assert loop["cost_by_held"] == {32: 1.0, 64: 1.1, 256: 1.25}
+    assert "cost_per_in_flight" not in loop
+    Scenario.model_validate(scenario_dict(profile, 100.0, duration_s=1.0, warmup_s=0.0))
+    assert "64 held ×1.100" in _event_loop(profile["frontend"])
+
+
+def test_the_factor_by_count_held_is_the_cpu_over_its_first_never_falling():
+    """Each count's CPU per request over the fewest's; a dip (noise) is held at the factor
+    before it, and none goes below 1; None with one count, a repeated count or past 3×."""
+    from calibrate.held import factors_by_held
+
+    rows = [{"in_flight": n, "cpu_ms_per_request": ms} for n, ms in ((64, 0.5), (32, 0.4), (48, 0.39), (128, 0.48))]
+    assert factors_by_held(rows) == {32: 1.0, 48: 1.0, 64: 1.25, 128: 1.25}
+    assert factors_by_held(rows[:1]) is None
+    assert factors_by_held([*rows, {"in_flight": 64, "cpu_ms_per_request": 0.5}]) is None
+    assert factors_by_held([*rows, {"in_flight": 256, "cpu_ms_per_request": 1.3}]) is None
+    assert factors_by_held([*rows, {"in_flight": 256, "cpu_ms_per_request": float("nan")}]) == factors_by_held(rows)
 
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed (CI installs it)")
@@ -814,6 +845,7 @@ def test_the_loop_per_request_held_is_measured_on_a_real_server():
         held = in_flight_cost(url, "ranker", payloads, sidecars=redis_pids(redis), in_flight=(2, 8), secs=0.5)
     rows = held["by_in_flight"]
     assert [r["in_flight"] for r in rows] == [2, 8]
+    assert set(held["cost_by_held"]) == {2, 8}
     for r in rows:
         assert r["rps"] > 0
         assert r["failed"] == 0

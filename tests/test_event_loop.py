@@ -453,3 +453,45 @@ def test_the_loops_work_grows_with_the_requests_it_holds(tmp_path):
     assert np.nanmean(more.t_response - more.arrival) > np.nanmean(plain.t_response - plain.arrival)
     chunked = np.concatenate([p.records.t_response for p in stream(s, chunk_s=0.7)])
     np.testing.assert_array_equal(chunked, more.t_response)
+
+
+def test_the_loops_work_follows_a_measured_factor_by_the_count_held(tmp_path):
+    """Five requests at once, 0.4 ms reads, ``cost_by_held`` {2: 1, 4: 1.5}: the k-th read
+    starts with k held (itself counted), so it takes 0.4 × the factor at k (1 at 1 and 2,
+    1.25 at 3, 1.5 at 4 and 5: flat beyond the counts given); a table of ones changes nothing."""
+    path = tmp_path / "arrivals.txt"
+    np.savetxt(path, [0.1] * 5, fmt="%.6f")
+    got = {}
+    for name, by in (("ones", {2: 1.0, 4: 1.0}), ("rise", {2: 1.0, 4: 1.5})):
+        doc = _doc(1.0, {"return_ms": 0.15, "respond_per_batch_ms": 0.2, "cost_by_held": by})
+        doc["traffic"] = {"arrivals_file": str(path)}
+        doc["preprocess"]["service"] = {"kind": "deterministic", "value_ms": 0.4}
+        doc["warmup_s"] = 0
+        got[name] = simulate(Scenario.model_validate(doc)).records
+    np.testing.assert_allclose(np.sort(got["ones"].t_preprocessed - got["ones"].arrival), 0.4 * np.arange(1, 6))
+    reads = 0.4 * np.cumsum([1.0, 1.0, 1.25, 1.5, 1.5])
+    np.testing.assert_allclose(np.sort(got["rise"].t_preprocessed - got["rise"].arrival), reads)
+
+
+@pytest.mark.parametrize(
+    ("by", "extra", "message"),
+    [
+        ({32: 1.0}, {}, "at least two counts"),
+        ({0: 1.0, 32: 1.1}, {}, "1 or more"),
+        ({32: 1.0, 64: 0.0}, {}, "above 0 and at most 10"),
+        ({32: 1.0, 64: 1.1}, {"cost_per_in_flight": 0.001}, "not both"),
+    ],
+)
+def test_a_bad_factor_by_held_is_refused_naming_its_line(tmp_path, by, extra, message):
+    import yaml
+
+    from simulator.scenario.loader import ScenarioError
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(_doc(100.0, {"return_ms": 0.1, "cost_by_held": by, **extra}), sort_keys=False))
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(path)
+    text = str(err.value)
+    assert message in text
+    assert "preprocess.event_loop" in text
+    assert "line " in text

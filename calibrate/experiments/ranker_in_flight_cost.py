@@ -9,6 +9,8 @@ squares: its slope over its value at N = 32 is the share each further request he
 to the loop's work (``preprocess.event_loop.cost_per_in_flight``).
 
     python calibrate/experiments/ranker_in_flight_cost.py   # ~2 minutes
+    python calibrate/experiments/ranker_in_flight_cost.py --in-flight 16,24,32,40,48,64,96,128,256 \
+        --secs 6 --redis-connections 256   # the pool past every count: no fetch waits for a connection
 """
 
 from __future__ import annotations
@@ -30,10 +32,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--in-flight", default="2,8,32,64,128,256", help="Requests in flight, comma-separated.")
     ap.add_argument("--secs", type=float, default=12.0)
+    ap.add_argument("--redis-connections", type=int, default=32, help="The server's Redis pool (its default: 32).")
     a = ap.parse_args()
     counts = tuple(int(n) for n in a.in_flight.split(","))
     before = os.sched_getaffinity(0)
-    with redis_server({0}) as redis, server([*SERVER, "--redis-url", redis]) as url:
+    with (
+        redis_server({0}) as redis,
+        server([*SERVER, "--redis-connections", str(a.redis_connections), "--redis-url", redis]) as url,
+    ):
         cfg = get_json(url + "/v2/models/ranker/config")["parameters"]["servesim"]
         os.sched_setaffinity(0, {i["core"] for i in cfg["instances"]})
         try:

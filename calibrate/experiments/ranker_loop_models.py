@@ -14,7 +14,10 @@ a copy of the folder; its validation.md says how each held-out percentile fared.
   handler whose fetch is back (``event_loop.reads_first``; off in the code as committed).
 
 With ``--cost-per-in-flight K`` the loop's work grows by K per other request it holds
-(``event_loop.cost_per_in_flight``, measured by ranker_in_flight_cost.py).
+(``event_loop.cost_per_in_flight``, measured by ranker_in_flight_cost.py); with
+``--closed-loop N:MS,...`` (the CPU per request at N in flight, as ranker_in_flight_cost.py
+prints it) by its share per request held, as a run fits it, and with ``--by-held`` by the
+factor at the count held (``event_loop.cost_by_held``).
 
 With ``--instance-own-time`` the instance's batch table, its noise ratios and the speed
 process are fitted from the instance's own time (the hand-off in plus compute) rather than
@@ -38,6 +41,7 @@ import pandas as pd
 
 import calibrate.cycle as cycle
 import calibrate.fit as fit
+import calibrate.held as held
 import calibrate.report as report
 import calibrate.run as run
 import calibrate.scenario as scenario
@@ -61,6 +65,14 @@ def main() -> None:
         "ranker_in_flight_cost.py measures it).",
     )
     ap.add_argument(
+        "--closed-loop",
+        help="CPU ms a request by requests in flight, N:MS comma-separated (ranker_in_flight_cost.py): the loop's "
+        "work by the count held (event_loop.cost_by_held), as a run's closed loop measures it.",
+    )
+    ap.add_argument(
+        "--by-held", action="store_true", help="With --closed-loop: the factor by the count held, not the share."
+    )
+    ap.add_argument(
         "--instance-own-time",
         action="store_true",
         help="Fit the instance's batch table, noise and speed process from the hand-off in plus compute.",
@@ -75,11 +87,17 @@ def main() -> None:
     if a.model not in ("loop_await", "loop_reads_first"):  # the fetch before one admission job
         cycle.fit_resume = lambda *args, **kwargs: None
     scenario.READS_FIRST = a.model == "loop_reads_first"
-    if a.cost_per_in_flight is not None:  # as a run's closed loop would have measured it (refit keeps it)
+    if a.cost_per_in_flight is not None or a.closed_loop:  # as a run's closed loop measures it (refit keeps it)
         path = a.out / "profile.json"
         profile = json.loads(path.read_text())
-        profile["loop_in_flight"] = {"by_in_flight": [], "cost_per_in_flight": a.cost_per_in_flight}
+        rows = []
+        for pair in (a.closed_loop or "").split(",") if a.closed_loop else []:
+            n, ms = pair.split(":")
+            rows.append({"in_flight": int(n), "cpu_ms_per_request": float(ms)})
+        share = a.cost_per_in_flight if a.cost_per_in_flight is not None else held.share_per_request(rows)
+        profile["loop_in_flight"] = {"by_in_flight": rows, "cost_per_in_flight": share}
         path.write_text(json.dumps(profile))
+    run.HELD_BY_COUNT = a.by_held
     if a.instance_own_time:
         own_time(a.out)
     rep = run.refit_run(a.out, draws=200, rng=np.random.default_rng(a.seed))

@@ -202,6 +202,14 @@ class EventLoop(Frozen):
         "the MGET ranker's CPU per request rose 13-19% from 32 to 128 requests in flight and 18-26% at 256, "
         "0.0007-0.0010 a request. 0: a fixed cost per request.",
     )
+    cost_by_held: dict[int, float] | None = Field(
+        None,
+        description="The loop's work by the requests it holds (read, not yet answered), as measured: "
+        "{held: factor}, each job's time × the factor at the count held when it starts, interpolated "
+        "linearly between the counts given and flat beyond them (a closed loop's CPU per request at N "
+        "in flight over its value at the first N). The MGET ranker's rose little to 40 in flight, then "
+        "2-3 times faster to 96 than past 128. None: no such factor.",
+    )
     timer_late: Distribution | None = Field(
         None,
         description="How late the batching window's timer fires after its due time, ms, one draw per window "
@@ -209,6 +217,21 @@ class EventLoop(Frozen):
         "then the callbacks ready before it). A request queued or an instance freed after the due time "
         "still closes the window at once. None: the timer fires on time.",
     )
+
+    @model_validator(mode="after")
+    def _one_cost_by_held(self) -> EventLoop:
+        by = self.cost_by_held
+        if by is None:
+            return self
+        if len(by) < 2:
+            raise ValueError("cost_by_held needs at least two counts (a factor at each)")
+        if min(by) < 1:
+            raise ValueError("cost_by_held: the counts are requests held, 1 or more")
+        if not all(0 < f <= 10 for f in by.values()):
+            raise ValueError("cost_by_held: each factor must be above 0 and at most 10")
+        if self.cost_per_in_flight > 0:
+            raise ValueError("give cost_by_held or cost_per_in_flight, not both")
+        return self
 
 
 class Preprocess(Frozen):

@@ -24,7 +24,8 @@ of the time it became ready (with ``reads_first``, a resumption only when no req
 to be read), and the instances' batch ends, which happen at their time whatever the loop
 is doing (the batch time fitted on a server holds the hand-back); with
 ``cost_per_in_flight``, each job's time grows with the other requests the loop holds (read,
-not yet answered) when it starts. The window's timer is
+not yet answered) when it starts; with ``cost_by_held``, it is scaled by the measured factor
+at the count held (interpolated). The window's timer is
 ready ``timer_late`` after its due time, one draw per request as it reaches the loop, used
 when that request is the oldest queued. The batcher's
 rule is :class:`~simulator.serving.batcher.BatchQueue`'s (max batch, preferred sizes,
@@ -100,7 +101,8 @@ _dispatch = jit.njit(cache=True, nogil=True)(_dispatch_py)
 
 
 def _kernel_py(
-    n, horizon, st, clock, t, cost, wait, late, resume, reads_first, held_k, wq, wdue, t_back, ret, resp_b, resp_k,
+    n, horizon, st, clock, t, cost, wait, late, resume, reads_first, held_k, hx, hf, wq, wdue, t_back, ret, resp_b,
+    resp_k,
     max_b, delay, cap, preferred, factors, means,
     ip_t, ip_w, ip_f, fp_t, fp_w, fp_f, free_at, busy, seq, ends, bid, back, resp,
     t_enq, t_disp, t_resp, outcome, t_drop, pb, buf, b_pos, b_size, b_start, b_end, b_inst, b_done, b_resp,
@@ -142,6 +144,8 @@ def _kernel_py(
                 break
             if te > start:  # the loop takes its next job, the oldest ready, before any batch is computed
                 more = 1.0 + held_k * max(held - 1, 0)  # its work grows with the others the loop holds
+                if len(hx) > 0:  # or by the factor measured at the count held
+                    more *= np.interp(float(held), hx, hf)
                 if rb == r:
                     arg = back[bh]
                     bh += 1
@@ -175,7 +179,10 @@ def _kernel_py(
                         kind = _NONE
                     else:
                         held += 1
-                        loop_free = finish_on_path(start, cost[arg] * (1.0 + held_k * (held - 1)), fp_t, fp_w, fp_f)
+                        grow = 1.0 + held_k * (held - 1)
+                        if len(hx) > 0:
+                            grow *= np.interp(float(held), hx, hf)
+                        loop_free = finish_on_path(start, cost[arg] * grow, fp_t, fp_w, fp_f)
                         kind = _ADMIT
                 running = True
                 continue
@@ -270,6 +277,9 @@ class Loop:
         self.timer_late = timer_late  # a Sampler of how late the window's timer fires, or None
         self.reads_first = bool(loop.reads_first)  # a resumption waits while any request waits to be read
         self.held_k = float(loop.cost_per_in_flight)  # each job's work grows with the requests held
+        by = loop.cost_by_held or {}  # or follows a measured factor by the count held
+        self.hx = np.array(sorted(by), dtype=float)
+        self.hf = np.array([by[h] for h in sorted(by)], dtype=float)
         self.wq = np.zeros(0, dtype=np.int64)
         self.outcome = np.zeros(0, dtype=np.int8)
         self.pb, self.ids, self.buf = (np.zeros(0, dtype=np.int64) for _ in range(3))
@@ -316,7 +326,7 @@ class Loop:
         b = self.batching
         _kernel(
             n, float(horizon), st, self.clock, self.t, self.cost, self.wait, self.late, self.resume, self.reads_first,
-            self.held_k, self.wq, self.wdue, self.t_back,
+            self.held_k, self.hx, self.hf, self.wq, self.wdue, self.t_back,
             float(self.loop.return_ms), float(self.loop.respond_per_batch_ms), float(self.loop.respond_per_request_ms),
             int(b.max_batch_size), float(b.max_queue_delay_ms), self.cap, self.preferred, self.factors, self.means,
             *self.path, *self.front, self.free_at, self.busy, self.seq, self.ends, self.bid, self.back, self.resp,
