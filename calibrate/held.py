@@ -7,8 +7,8 @@ flight: waits for a pooled connection, the collector's passes, more sockets to p
 ``preprocess.event_loop.cost_by_held`` is that rise as measured, a factor at each count over
 the first (:func:`factors_by_held`); ``cost_per_in_flight``, a straight line's share per
 request held, is kept beside it. The rise is not straight: on the 2-core VM the ranker's
-CPU per request was flat to 40 in flight, rose 0.0024 a request held from 40 to 96 and
-0.0004 past 128 (two rounds, with its Redis pool of 32 connections or of 256 alike), and a
+CPU per request was flat to 40 in flight, rose 0.0025 a request held from 40 to 96 and
+0.0003 past 128 (two rounds, with its Redis pool of 32 connections or of 256), and a
 line through 32, 128 and 256 (0.0009) gives half the rise where a level tips, 50-100 held.
 """
 
