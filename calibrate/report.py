@@ -350,8 +350,9 @@ def _event_loop(fe: dict, on_loop: bool = False) -> str:
             else ""
         )
         + (
-            f" Each of its jobs takes {loop['cost_per_in_flight']:.5f} of its time more per other request the loop "
-            "holds (`event_loop.cost_per_in_flight`: the CPU per request of the server and its redis-server "
+            f" Each of its jobs takes {loop['cost_per_in_flight']:.5f} of its time more per other request in the "
+            "server, read or waiting to be read (`event_loop.cost_per_in_flight`: the CPU per request of the server "
+            "and its redis-server "
             "against the requests in flight past the loop's saturation, a closed loop with this load generator "
             "off the loop's core)."
             if loop.get("cost_per_in_flight")

@@ -66,6 +66,10 @@ def scaled_batch_time(st: dict, factor: float) -> dict:
 # before resumptions");
 # calibrate/experiments/ranker_loop_models.py --model loop_reads_first turns it on.
 READS_FIRST = False
+# which requests the loop's cost per request held counts (event_loop.held_counts): "arrived"
+# (every request in the server, as the closed loop's N in flight), or "read" (before
+# 2026-11-29, evening; ranker_loop_models.py --held-counts read)
+HELD_COUNTS = "arrived"
 
 
 def shifted_batch_time(st: dict, ms: float) -> dict:
@@ -150,6 +154,8 @@ def scenario_dict(
                 preprocess["event_loop"]["cost_by_held"] = dict(sorted(by.items()))
             elif loop.get("cost_per_in_flight"):  # or a share per request held
                 preprocess["event_loop"]["cost_per_in_flight"] = loop["cost_per_in_flight"]
+            if loop.get("cost_by_held") or loop.get("cost_per_in_flight"):
+                preprocess["event_loop"]["held_counts"] = HELD_COUNTS
             resume = loop.get("resume_ms")
             if ranker_loop and resume is not None:  # the handler reads, awaits its fetch, then resumes
                 admit = _dist(loop["admit"])  # its read: the admission less the resumption, the same shape

@@ -794,7 +794,9 @@ def test_a_measured_share_per_request_held_reaches_the_loop_the_scenario_and_the
     _held_cost(profile)
     doc = scenario_dict(profile, 100.0, duration_s=1.0, warmup_s=0.0)
     assert doc["preprocess"]["event_loop"]["cost_per_in_flight"] == 0.0009
-    assert "0.00090 of its time more per other request the loop holds" in _event_loop(profile["frontend"])
+    assert doc["preprocess"]["event_loop"]["held_counts"] == "arrived"  # as the closed loop's N in flight
+    assert "held_counts" not in plain["preprocess"]["event_loop"]
+    assert "0.00090 of its time more per other request in the server" in _event_loop(profile["frontend"])
     # with the closed loop's counts (a run's, or read back from its profile.json): the factor by count held
     rows = [{"in_flight": n, "cpu_ms_per_request": ms} for n, ms in ((32, 0.44), (64, 0.484), (256, 0.55))]
     profile["loop_in_flight"] = {"by_in_flight": rows, "cost_per_in_flight": 0.0009}

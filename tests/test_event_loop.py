@@ -420,7 +420,8 @@ def test_a_read_whose_fetch_is_out_does_not_close_the_window(tmp_path):
 
 
 def test_the_loops_work_grows_with_the_requests_it_holds(tmp_path):
-    """Five requests at once, 0.4 ms reads, each job's time × (1 + 0.1 × the others held):
+    """Five requests at once, 0.4 ms reads, each job's time × (1 + 0.1 × the others read and
+    held, ``held_counts: read``):
     the k-th is queued 0.4 × (k + 0.1 k(k−1)/2) ms after it came (the batch comes back
     after all five are read); with 0, 0.4 k. Requests 100 ms apart never meet: unchanged.
     The count of requests held carries from one chunk of a run to the next."""
@@ -430,7 +431,8 @@ def test_the_loops_work_grows_with_the_requests_it_holds(tmp_path):
     np.savetxt(path, [0.1] * 5, fmt="%.6f")
     got = {}
     for k in (0.0, 0.1):
-        doc = _doc(1.0, {"return_ms": 0.15, "respond_per_batch_ms": 0.2, "cost_per_in_flight": k})
+        loop = {"return_ms": 0.15, "respond_per_batch_ms": 0.2, "cost_per_in_flight": k, "held_counts": "read"}
+        doc = _doc(1.0, loop)
         doc["traffic"] = {"arrivals_file": str(path)}
         doc["preprocess"]["service"] = {"kind": "deterministic", "value_ms": 0.4}
         doc["warmup_s"] = 0
@@ -456,14 +458,15 @@ def test_the_loops_work_grows_with_the_requests_it_holds(tmp_path):
 
 
 def test_the_loops_work_follows_a_measured_factor_by_the_count_held(tmp_path):
-    """Five requests at once, 0.4 ms reads, ``cost_by_held`` {2: 1, 4: 1.5}: the k-th read
+    """Five requests at once, 0.4 ms reads, ``cost_by_held`` {2: 1, 4: 1.5} over the requests
+    read (``held_counts: read``): the k-th read
     starts with k held (itself counted), so it takes 0.4 × the factor at k (1 at 1 and 2,
     1.25 at 3, 1.5 at 4 and 5: flat beyond the counts given); a table of ones changes nothing."""
     path = tmp_path / "arrivals.txt"
     np.savetxt(path, [0.1] * 5, fmt="%.6f")
     got = {}
     for name, by in (("ones", {2: 1.0, 4: 1.0}), ("rise", {2: 1.0, 4: 1.5})):
-        doc = _doc(1.0, {"return_ms": 0.15, "respond_per_batch_ms": 0.2, "cost_by_held": by})
+        doc = _doc(1.0, {"return_ms": 0.15, "respond_per_batch_ms": 0.2, "cost_by_held": by, "held_counts": "read"})
         doc["traffic"] = {"arrivals_file": str(path)}
         doc["preprocess"]["service"] = {"kind": "deterministic", "value_ms": 0.4}
         doc["warmup_s"] = 0
@@ -495,3 +498,23 @@ def test_a_bad_factor_by_held_is_refused_naming_its_line(tmp_path, by, extra, me
     assert message in text
     assert "preprocess.event_loop" in text
     assert "line " in text
+
+
+def test_the_requests_waiting_to_be_read_count_as_held_when_asked(tmp_path):
+    """``held_counts: arrived``: five requests at once, 0.4 ms reads, 0.1 a request held:
+    every read starts with all five in the server (read or waiting to be read), so each
+    takes 0.4 × 1.4 ms; with ``read`` the k-th sees k (0.4 × (1 + 0.1 (k − 1)))."""
+    path = tmp_path / "arrivals.txt"
+    np.savetxt(path, [0.1] * 5, fmt="%.6f")
+    got = {}
+    for counts in ("read", "arrived"):
+        loop = {"return_ms": 0.15, "respond_per_batch_ms": 0.2, "cost_per_in_flight": 0.1, "held_counts": counts}
+        doc = _doc(1.0, loop)
+        doc["traffic"] = {"arrivals_file": str(path)}
+        doc["preprocess"]["service"] = {"kind": "deterministic", "value_ms": 0.4}
+        doc["warmup_s"] = 0
+        rec = simulate(Scenario.model_validate(doc)).records
+        got[counts] = np.sort(rec.t_preprocessed - rec.arrival)
+    k = np.arange(1, 6)
+    np.testing.assert_allclose(got["read"], 0.4 * np.cumsum(1 + 0.1 * (k - 1)))
+    np.testing.assert_allclose(got["arrived"], 0.4 * 1.4 * k)

@@ -73,6 +73,12 @@ def main() -> None:
         "--by-held", action="store_true", help="With --closed-loop: the factor by the count held, not the share."
     )
     ap.add_argument(
+        "--held-counts",
+        choices=("read", "arrived"),
+        default="arrived",
+        help="Which requests the loop's cost per request held counts (event_loop.held_counts).",
+    )
+    ap.add_argument(
         "--instance-own-time",
         action="store_true",
         help="Fit the instance's batch table, noise and speed process from the hand-off in plus compute.",
@@ -87,6 +93,7 @@ def main() -> None:
     if a.model not in ("loop_await", "loop_reads_first"):  # the fetch before one admission job
         cycle.fit_resume = lambda *args, **kwargs: None
     scenario.READS_FIRST = a.model == "loop_reads_first"
+    scenario.HELD_COUNTS = a.held_counts
     if a.cost_per_in_flight is not None or a.closed_loop:  # as a run's closed loop measures it (refit keeps it)
         path = a.out / "profile.json"
         profile = json.loads(path.read_text())

@@ -23,9 +23,9 @@ a handler's resumption after its fetch), each started when the loop is free in t
 of the time it became ready (with ``reads_first``, a resumption only when no request waits
 to be read), and the instances' batch ends, which happen at their time whatever the loop
 is doing (the batch time fitted on a server holds the hand-back); with
-``cost_per_in_flight``, each job's time grows with the other requests the loop holds (read,
-not yet answered) when it starts; with ``cost_by_held``, it is scaled by the measured factor
-at the count held (interpolated). The window's timer is
+``cost_per_in_flight``, each job's time grows with the other requests the loop holds (in
+the server, not yet answered: with ``held_counts: read`` only those read) when it starts;
+with ``cost_by_held``, it is scaled by the measured factor at the count held (interpolated). The window's timer is
 ready ``timer_late`` after its due time, one draw per request as it reaches the loop, used
 when that request is the oldest queued. The batcher's
 rule is :class:`~simulator.serving.batcher.BatchQueue`'s (max batch, preferred sizes,
@@ -101,8 +101,8 @@ _dispatch = jit.njit(cache=True, nogil=True)(_dispatch_py)
 
 
 def _kernel_py(
-    n, horizon, st, clock, t, cost, wait, late, resume, reads_first, held_k, hx, hf, wq, wdue, t_back, ret, resp_b,
-    resp_k,
+    n, horizon, st, clock, t, cost, wait, late, resume, reads_first, held_k, hx, hf, arrived, wq, wdue, t_back, ret,
+    resp_b, resp_k,
     max_b, delay, cap, preferred, factors, means,
     ip_t, ip_w, ip_f, fp_t, fp_w, fp_f, free_at, busy, seq, ends, bid, back, resp,
     t_enq, t_disp, t_resp, outcome, t_drop, pb, buf, b_pos, b_size, b_start, b_end, b_inst, b_done, b_resp,
@@ -143,9 +143,11 @@ def _kernel_py(
             if min(start, te) >= horizon:  # the next event waits for the arrivals before it
                 break
             if te > start:  # the loop takes its next job, the oldest ready, before any batch is computed
-                more = 1.0 + held_k * max(held - 1, 0)  # its work grows with the others the loop holds
+                # with ``arrived``, the requests waiting to be read count as held too
+                unread = np.searchsorted(t[i:n], start, side="right") if arrived else 0
+                more = 1.0 + held_k * max(held + unread - 1, 0)  # its work grows with the others the loop holds
                 if len(hx) > 0:  # or by the factor measured at the count held
-                    more *= np.interp(float(held), hx, hf)
+                    more *= np.interp(float(held + unread), hx, hf)
                 if rb == r:
                     arg = back[bh]
                     bh += 1
@@ -179,9 +181,10 @@ def _kernel_py(
                         kind = _NONE
                     else:
                         held += 1
-                        grow = 1.0 + held_k * (held - 1)
+                        inside = held + max(unread - 1, 0)  # itself was among the unread
+                        grow = 1.0 + held_k * (inside - 1)
                         if len(hx) > 0:
-                            grow *= np.interp(float(held), hx, hf)
+                            grow *= np.interp(float(inside), hx, hf)
                         loop_free = finish_on_path(start, cost[arg] * grow, fp_t, fp_w, fp_f)
                         kind = _ADMIT
                 running = True
@@ -280,6 +283,8 @@ class Loop:
         by = loop.cost_by_held or {}  # or follows a measured factor by the count held
         self.hx = np.array(sorted(by), dtype=float)
         self.hf = np.array([by[h] for h in sorted(by)], dtype=float)
+        # the unread requests count as held (counted only where the loop pays for what it holds)
+        self.arrived = loop.held_counts == "arrived" and (self.held_k > 0 or len(self.hx) > 0)
         self.wq = np.zeros(0, dtype=np.int64)
         self.outcome = np.zeros(0, dtype=np.int8)
         self.pb, self.ids, self.buf = (np.zeros(0, dtype=np.int64) for _ in range(3))
@@ -326,7 +331,7 @@ class Loop:
         b = self.batching
         _kernel(
             n, float(horizon), st, self.clock, self.t, self.cost, self.wait, self.late, self.resume, self.reads_first,
-            self.held_k, self.hx, self.hf, self.wq, self.wdue, self.t_back,
+            self.held_k, self.hx, self.hf, self.arrived, self.wq, self.wdue, self.t_back,
             float(self.loop.return_ms), float(self.loop.respond_per_batch_ms), float(self.loop.respond_per_request_ms),
             int(b.max_batch_size), float(b.max_queue_delay_ms), self.cap, self.preferred, self.factors, self.means,
             *self.path, *self.front, self.free_at, self.busy, self.seq, self.ends, self.bid, self.back, self.resp,
