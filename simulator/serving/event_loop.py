@@ -25,9 +25,9 @@ to be read), and the instances' batch ends, which happen at their time whatever 
 is doing (the batch time fitted on a server holds the hand-back); with
 ``cost_per_in_flight``, each job's time grows with the other requests the loop holds (in
 the server, not yet answered: with ``held_counts: read`` only those read) when it starts;
-with ``cost_by_held``, it is scaled by the measured factor at the count held (interpolated). The window's timer is
-ready ``timer_late`` after its due time, one draw per request as it reaches the loop, used
-when that request is the oldest queued. The batcher's
+with ``cost_by_held``, it is scaled by the measured factor at the count held
+(interpolated). The window's timer is ready ``timer_late`` after its due time, one draw per
+request as it reaches the loop, used when that request is the oldest queued. The batcher's
 rule is :class:`~simulator.serving.batcher.BatchQueue`'s (max batch, preferred sizes,
 the window from the oldest queued request, the queue cap), decided when a request is
 queued, when an instance frees and when the timer runs. Times on the loop are nominal
