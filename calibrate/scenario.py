@@ -70,6 +70,9 @@ READS_FIRST = False
 # (every request in the server, as the closed loop's N in flight), or "read" (before
 # 2026-11-29, evening; ranker_loop_models.py --held-counts read)
 HELD_COUNTS = "arrived"
+# a batch's responses before the reads and resumptions ready while it came back
+# (event_loop.responds_first); ranker_loop_models.py --responds-first
+RESPONDS_FIRST = False
 
 
 def shifted_batch_time(st: dict, ms: float) -> dict:
@@ -164,6 +167,8 @@ def scenario_dict(
                 preprocess["event_loop"]["resume_ms"] = resume * speed
                 if READS_FIRST:
                     preprocess["event_loop"]["reads_first"] = True
+            if RESPONDS_FIRST:
+                preprocess["event_loop"]["responds_first"] = True
         postprocess: dict = {}
     else:
         router = {"overhead": _dist(profile["stages"]["overhead"]), "balancing": "shared"}

@@ -518,3 +518,24 @@ def test_the_requests_waiting_to_be_read_count_as_held_when_asked(tmp_path):
     k = np.arange(1, 6)
     np.testing.assert_allclose(got["read"], 0.4 * np.cumsum(1 + 0.1 * (k - 1)))
     np.testing.assert_allclose(got["arrived"], 0.4 * 1.4 * k)
+
+
+def test_a_batchs_responses_go_before_the_reads_ready_while_it_came_back_when_asked(tmp_path):
+    """One request's batch is computed at 108.4 ms and taken back by 108.55; a second request
+    arrives at 108.45, while the loop takes the batch back. In the order jobs became ready
+    the second is read first (108.55-108.95) and the first answered after (109.25); with
+    ``responds_first`` the first is answered at once (108.85), the second read after."""
+    path = tmp_path / "arrivals.txt"
+    np.savetxt(path, [0.1, 0.10845], fmt="%.6f")
+    got = {}
+    for first in (False, True):
+        loop = {"return_ms": 0.15, "respond_per_batch_ms": 0.2, "respond_per_request_ms": 0.1, "responds_first": first}
+        doc = _doc(1.0, loop)
+        doc["traffic"] = {"arrivals_file": str(path)}
+        doc["preprocess"]["service"] = {"kind": "deterministic", "value_ms": 0.4}
+        doc["workers"]["service_time"]["noise_cv"] = 0.0
+        doc["warmup_s"] = 0
+        rec = simulate(Scenario.model_validate(doc)).records
+        got[first] = (rec.t_response[0], rec.t_preprocessed[1])
+    np.testing.assert_allclose(got[False], (109.25, 108.95))
+    np.testing.assert_allclose(got[True], (108.85, 109.25))

@@ -6,6 +6,7 @@ on the loop's core that the fitted front end does not see: the meter, the kernel
 interrupts and softirqs for loopback, other processes.
 
     python calibrate/experiments/ranker_core_unaccounted.py   # ~2 minutes
+    python calibrate/experiments/ranker_core_unaccounted.py --window-ms 0 --meter off
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from calibrate.payloads import ranker_payloads
 from calibrate.run import redis_pids
 from calibrate.servers import get_json, redis_server, server
 
-SERVER = ["--model", "ranker", "--max-batch-size", "32", "--max-queue-delay-ms", "2", "--feature-batch-size", "26"]
+SERVER = ["--model", "ranker", "--max-batch-size", "32", "--feature-batch-size", "26"]
 
 
 def core_busy_s(core: int) -> float:
@@ -67,10 +68,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", default="300,700,1100,1350", help="Open-loop rates, req/s, comma-separated.")
     ap.add_argument("--secs", type=float, default=8.0)
+    ap.add_argument("--window-ms", type=float, default=2.0, help="The server's batching window (2 as calibrated).")
+    ap.add_argument("--meter", choices=("both", "off", "on"), default="both", help="Runs without and with the meter.")
     a = ap.parse_args()
     rates = [float(r) for r in a.rates.split(",")]
     before = os.sched_getaffinity(0)
-    with redis_server({0}) as redis, server([*SERVER, "--redis-url", redis]) as url:
+    with (
+        redis_server({0}) as redis,
+        server([*SERVER, "--max-queue-delay-ms", str(a.window_ms), "--redis-url", redis]) as url,
+    ):
         cfg = get_json(url + "/v2/models/ranker/config")["parameters"]["servesim"]
         front = cfg["frontend_cores"]
         inst = {i["core"] for i in cfg["instances"]}
@@ -78,7 +84,7 @@ def main() -> None:
         try:
             payloads = ranker_payloads(32, cfg["model"]["dense"], 10_000, np.random.default_rng(0))
             pids = redis_pids(redis)
-            for meter in (False, True):
+            for meter in {"both": (False, True), "off": (False,), "on": (True,)}[a.meter]:
                 with HiccupMeter(list(range(os.cpu_count() or 1)), coarse=inst) if meter else contextlib.nullcontext():
                     for rate in rates:
                         r = asyncio.run(_level(url, payloads, rate, a.secs, front[0], pids))

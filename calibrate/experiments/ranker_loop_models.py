@@ -79,6 +79,12 @@ def main() -> None:
         help="Which requests the loop's cost per request held counts (event_loop.held_counts).",
     )
     ap.add_argument(
+        "--responds-first",
+        action="store_true",
+        help="A batch's responses before the reads and resumptions ready while it came back "
+        "(event_loop.responds_first).",
+    )
+    ap.add_argument(
         "--instance-own-time",
         action="store_true",
         help="Fit the instance's batch table, noise and speed process from the hand-off in plus compute.",
@@ -94,6 +100,7 @@ def main() -> None:
         cycle.fit_resume = lambda *args, **kwargs: None
     scenario.READS_FIRST = a.model == "loop_reads_first"
     scenario.HELD_COUNTS = a.held_counts
+    scenario.RESPONDS_FIRST = a.responds_first
     if a.cost_per_in_flight is not None or a.closed_loop:  # as a run's closed loop measures it (refit keeps it)
         path = a.out / "profile.json"
         profile = json.loads(path.read_text())

@@ -192,6 +192,12 @@ class EventLoop(Frozen):
         "requests get in first at each pass), so in a burst the first requests' resumptions wait for the "
         "burst's reads. False: jobs in the order they became ready.",
     )
+    responds_first: bool = Field(
+        False,
+        description="A batch's responses are written before the reads and resumptions that became ready while the "
+        "loop took the batch back or waited for it (asyncio runs the handlers a batch's answer wakes before the "
+        "socket events it has yet to poll). False: jobs in the order they became ready.",
+    )
     cost_per_in_flight: float = Field(
         0.0,
         ge=0,

@@ -101,8 +101,8 @@ _dispatch = jit.njit(cache=True, nogil=True)(_dispatch_py)
 
 
 def _kernel_py(
-    n, horizon, st, clock, t, cost, wait, late, resume, reads_first, held_k, hx, hf, arrived, wq, wdue, t_back, ret,
-    resp_b, resp_k,
+    n, horizon, st, clock, t, cost, wait, late, resume, reads_first, responds_first, held_k, hx, hf, arrived, wq, wdue,
+    t_back, ret, resp_b, resp_k,
     max_b, delay, cap, preferred, factors, means,
     ip_t, ip_w, ip_f, fp_t, fp_w, fp_f, free_at, busy, seq, ends, bid, back, resp,
     t_enq, t_disp, t_resp, outcome, t_drop, pb, buf, b_pos, b_size, b_start, b_end, b_inst, b_done, b_resp,
@@ -153,7 +153,7 @@ def _kernel_py(
                     bh += 1
                     loop_free = finish_on_path(start, ret * more, fp_t, fp_w, fp_f)
                     kind = _RETURN
-                elif rr == r:
+                elif rr == r or (responds_first and rr <= start):  # a batch's responses (first, if asked)
                     b = resp[rh]
                     rh += 1
                     for p in range(b_pos[b], b_pos[b] + b_size[b]):
@@ -279,6 +279,7 @@ class Loop:
         self.wait, self.wdue, self.t_back, self.late = np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0)
         self.timer_late = timer_late  # a Sampler of how late the window's timer fires, or None
         self.reads_first = bool(loop.reads_first)  # a resumption waits while any request waits to be read
+        self.responds_first = bool(loop.responds_first)  # a batch's responses before reads and resumptions
         self.held_k = float(loop.cost_per_in_flight)  # each job's work grows with the requests held
         by = loop.cost_by_held or {}  # or follows a measured factor by the count held
         self.hx = np.array(sorted(by), dtype=float)
@@ -331,6 +332,7 @@ class Loop:
         b = self.batching
         _kernel(
             n, float(horizon), st, self.clock, self.t, self.cost, self.wait, self.late, self.resume, self.reads_first,
+            self.responds_first,
             self.held_k, self.hx, self.hf, self.arrived, self.wq, self.wdue, self.t_back,
             float(self.loop.return_ms), float(self.loop.respond_per_batch_ms), float(self.loop.respond_per_request_ms),
             int(b.max_batch_size), float(b.max_queue_delay_ms), self.cap, self.preferred, self.factors, self.means,

@@ -1,0 +1,118 @@
+"""Where in the batch cycle requests reach the server's loop and its batch queue, measured
+and simulated (calibrate/README, "The queue's share of the light loads' p50"): at one level
+of a `calibrate run` folder, the density (per ms, over all requests) of the server's
+receipts and queue arrivals in bins after the latest batch dispatch and after the latest
+batch's return (its hand-back done), from the server's clocks; and of the simulated queue
+arrivals after the simulated dispatches and returns (the folder's profile, 60 s at the
+level's rate). Also per batch: its size, and how often the next batch's oldest request
+was queued before this batch came back.
+
+    python calibrate/experiments/ranker_batch_phase.py RUN --load 0.5   # seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+import calibrate.scenario as scenario
+from calibrate.fit import batch_time_us
+from simulator.engine import simulate
+from simulator.results.metrics import window
+from simulator.scenario.config import Scenario
+
+EDGES = np.array([0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0])
+
+
+def density(t: np.ndarray, marks: np.ndarray) -> np.ndarray:
+    """Per ms, the share of ``t`` that falls in each bin of :data:`EDGES` after the latest
+    of ``marks`` strictly before it."""
+    marks = np.sort(marks)
+    k = np.searchsorted(marks, t, side="left") - 1
+    ok = k >= 0
+    h, _ = np.histogram(t[ok] - marks[k[ok]], EDGES)
+    return h / max(ok.sum(), 1) / np.diff(EDGES)
+
+
+def cycles(dispatch: np.ndarray, oldest: np.ndarray, back: np.ndarray, size: np.ndarray) -> tuple[float, float]:
+    """Mean batch size, and the share of batches whose oldest request was queued before
+    the batch before them came back (one slice or run, batches in dispatch order)."""
+    o = np.argsort(dispatch)
+    early = oldest[o][1:] < back[o][:-1]
+    return float(size.mean()), float(early.mean()) if len(early) else float("nan")
+
+
+def measured(run: Path, level: int) -> tuple[dict, tuple[float, float]]:
+    req = pd.read_csv(run / "measurements.csv.gz")
+    m = req[(req["level"] == level) & ~req["warmup"] & (req["status"] == 200)].copy()
+    m["bt_ms"] = batch_time_us(m) / 1e3
+    parts = {"receipts after dispatch": [], "queue arrivals after dispatch": [], "queue arrivals after return": []}
+    sizes, early, weights = [], [], []
+    for _, g in m.groupby("slice"):
+        b = g.groupby("dispatched_at_ns").agg(
+            size=("batch_size", "first"), oldest=("enqueued_at_ns", "min"), bt=("bt_ms", "first")
+        )
+        d = b.index.to_numpy() / 1e6
+        back = d + b["bt"].to_numpy()
+        recv, enq = g["received_at_ns"].to_numpy() / 1e6, g["enqueued_at_ns"].to_numpy() / 1e6
+        parts["receipts after dispatch"].append(density(recv, d))
+        parts["queue arrivals after dispatch"].append(density(enq, d))
+        parts["queue arrivals after return"].append(density(enq, back))
+        s, e = cycles(d, b["oldest"].to_numpy() / 1e6, back, b["size"].to_numpy())
+        sizes.append(s)
+        early.append(e)
+        weights.append(len(g))
+    w = np.array(weights, dtype=float)
+    out = {k: np.average(np.array(v), axis=0, weights=w) for k, v in parts.items()}
+    return out, (float(np.average(sizes, weights=w)), float(np.average(early, weights=w)))
+
+
+def simulated(profile: dict, rate: float) -> tuple[dict, tuple[float, float]]:
+    doc = scenario.scenario_dict(profile, rate, duration_s=60.0, warmup_s=2.0, seed=1)
+    s = Scenario.model_validate(doc)
+    rec = simulate(s).records
+    w = window(rec, s) & rec.completed
+    b = (
+        pd.DataFrame({"d": rec.t_dispatch[w], "enq": rec.t_preprocessed[w], "back": rec.t_inferred[w]})
+        .assign(size=rec.batch_size[w])
+        .groupby("d")
+        .agg(size=("size", "first"), oldest=("enq", "min"), back=("back", "first"))
+    )
+    d = b.index.to_numpy()
+    enq = rec.t_preprocessed[w]
+    out = {
+        "queue arrivals after dispatch": density(enq, d),
+        "queue arrivals after return": density(enq, b["back"].to_numpy()),
+    }
+    return out, cycles(d, b["oldest"].to_numpy(), b["back"].to_numpy(), b["size"].to_numpy())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("run", type=Path, help="A `calibrate run` folder of a server with its clocks (the ranker).")
+    ap.add_argument("--load", type=float, default=0.5, help="The level, as a share of the capacity.")
+    ap.add_argument("--responds-first", action="store_true", help="Simulate with event_loop.responds_first.")
+    a = ap.parse_args()
+    scenario.RESPONDS_FIRST = a.responds_first
+    profile = json.loads((a.run / "profile.json").read_text())
+    levels = pd.DataFrame(json.loads((a.run / "validation.json").read_text())["levels"])
+    row = levels.iloc[int(np.argmin(np.abs(levels["load"] - a.load)))]
+    meas, (m_size, m_early) = measured(a.run, int(row["level"]))
+    sim, (s_size, s_early) = simulated(profile, float(row["offered_rps"]))
+    print(f"load {row['load']:.0%} ({row['offered_rps']:.0f} req/s); bins, ms: {EDGES.tolist()}")  # noqa: T201
+    for k, v in meas.items():
+        print(f"  measured  {k}: {np.round(v, 3).tolist()}")  # noqa: T201
+    for k, v in sim.items():
+        print(f"  simulated {k}: {np.round(v, 3).tolist()}")  # noqa: T201
+    print(  # noqa: T201
+        f"  a batch: {m_size:.2f} requests measured, {s_size:.2f} simulated; the next batch's oldest queued "
+        f"before it came back: {m_early:.1%} measured, {s_early:.1%} simulated"
+    )
+
+
+if __name__ == "__main__":
+    main()
