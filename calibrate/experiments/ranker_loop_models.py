@@ -17,7 +17,10 @@ With ``--cost-per-in-flight K`` the loop's work grows by K per other request it 
 (``event_loop.cost_per_in_flight``, measured by ranker_in_flight_cost.py); with
 ``--closed-loop N:MS,...`` (the CPU per request at N in flight, as ranker_in_flight_cost.py
 prints it) by its share per request held, as a run fits it, and with ``--by-held`` by the
-factor at the count held (``event_loop.cost_by_held``).
+factor at the count held (``event_loop.cost_by_held``). ``--held-counts read`` counts only
+the requests read as held (``event_loop.held_counts``; the code as committed counts every
+request in the server), and ``--responds-first`` writes a batch's responses before the
+reads ready while it came back (``event_loop.responds_first``; off as committed).
 
 With ``--instance-own-time`` the instance's batch table, its noise ratios and the speed
 process are fitted from the instance's own time (the hand-off in plus compute) rather than
