@@ -5,7 +5,8 @@ receipts and queue arrivals in bins after the latest batch dispatch and after th
 batch's return (its hand-back done), from the server's clocks; and of the simulated queue
 arrivals after the simulated dispatches and returns (the folder's profile, 60 s at the
 level's rate). Also per batch: its size, and how often the next batch's oldest request
-was queued before this batch came back.
+was queued before this batch came back; and where in the monotonic clock's millisecond the
+server's dispatches, receipts and queue arrivals fall (tenths of a millisecond).
 
     python calibrate/experiments/ranker_batch_phase.py RUN --load 0.5   # seconds
 """
@@ -71,6 +72,23 @@ def measured(run: Path, level: int) -> tuple[dict, tuple[float, float]]:
     return out, (float(np.average(sizes, weights=w)), float(np.average(early, weights=w)))
 
 
+def clock_phase(run: Path, level: int) -> dict[str, np.ndarray]:
+    """The share of the dispatches, receipts and queue arrivals in each tenth of the
+    monotonic clock's millisecond (the server's ``*_at_ns`` stamps)."""
+    req = pd.read_csv(run / "measurements.csv.gz")
+    m = req[(req["level"] == level) & ~req["warmup"] & (req["status"] == 200)]
+    out = {}
+    for name, col in (
+        ("dispatches", "dispatched_at_ns"),
+        ("receipts", "received_at_ns"),
+        ("queue arrivals", "enqueued_at_ns"),
+    ):
+        x = np.unique(m[col].to_numpy()) if col == "dispatched_at_ns" else m[col].to_numpy()
+        h, _ = np.histogram((x % 1_000_000) / 1e6, np.linspace(0.0, 1.0, 11))
+        out[name] = h / max(h.sum(), 1)
+    return out
+
+
 def simulated(profile: dict, rate: float) -> tuple[dict, tuple[float, float]]:
     doc = scenario.scenario_dict(profile, rate, duration_s=60.0, warmup_s=2.0, seed=1)
     s = Scenario.model_validate(doc)
@@ -108,6 +126,8 @@ def main() -> None:
         print(f"  measured  {k}: {np.round(v, 3).tolist()}")  # noqa: T201
     for k, v in sim.items():
         print(f"  simulated {k}: {np.round(v, 3).tolist()}")  # noqa: T201
+    for k, v in clock_phase(a.run, int(row["level"])).items():
+        print(f"  measured  {k} by tenth of the clock's millisecond: {np.round(v, 3).tolist()}")  # noqa: T201
     print(  # noqa: T201
         f"  a batch: {m_size:.2f} requests measured, {s_size:.2f} simulated; the next batch's oldest queued "
         f"before it came back: {m_early:.1%} measured, {s_early:.1%} simulated"
