@@ -3,7 +3,8 @@ pays for what it holds"): a closed loop of N requests in flight, each sent when 
 came back, and the CPU per request of the server's process and its sidecars (a
 redis-server) at each N. Up to the loop's saturation its CPU per request falls (fixed costs
 spread over more requests); past it, on the MGET ranker, it rose 13-19% from 32 to 128 in
-flight: waits for a pooled connection, the collector's passes, more sockets to poll.
+flight (the collector's passes, more sockets to poll; a Redis pool of 256 connections rose
+the same, so not the waits for a pooled connection).
 ``preprocess.event_loop.cost_by_held`` is that rise as measured, a factor at each count over
 the first (:func:`factors_by_held`); ``cost_per_in_flight``, a straight line's share per
 request held, is kept beside it. The rise is not straight: on the 2-core VM the ranker's
@@ -81,9 +82,9 @@ def in_flight_cost(
     in_flight: tuple[int, ...] = IN_FLIGHT,
     secs: float = SECS,
 ) -> dict:
-    """The server at each count of ``in_flight`` (after 2 s at 8), and the share of the CPU
-    per request at the first count that each further request held adds (least squares over
-    the counts; clipped at 0, None past :data:`MAX_COST` or without the server's CPU)."""
+    """The server at each count of ``in_flight`` (after 2 s at 8); the share of the CPU per
+    request at the first count that each further request held adds (:func:`share_per_request`);
+    and the factor at each count (:func:`factors_by_held`)."""
 
     async def go() -> list[dict]:
         await _closed(url, model, payloads, 8, 2.0, sidecars)  # warm

@@ -204,7 +204,7 @@ class EventLoop(Frozen):
         le=1,
         description="How the loop's work grows with the requests it holds (held_counts): each job "
         "takes its time × (1 + cost_per_in_flight × the others held when it starts). A Python server's loop "
-        "pays per request held (waits for a pooled connection, its collector's passes, more sockets to poll): "
+        "pays per request held (its collector's passes, more sockets to poll): "
         "the MGET ranker's CPU per request rose 13-19% from 32 to 128 requests in flight and 18-26% at 256, "
         "0.0007-0.0010 a request (0.00085-0.00185 in the closed loops of three later runs). 0: a fixed cost "
         "per request.",
