@@ -159,14 +159,15 @@ async def run_level(
     min_queries: int,
     seed: int,
     connections: int = CONNECTIONS,
+    precise: bool = True,
 ) -> pd.DataFrame:
-    """One open-loop level; one row per request."""
+    """One open-loop level; one row per request (``precise``: :func:`send_on_schedule`'s)."""
     rng = np.random.default_rng(seed)
     times = schedule(rate_rps, duration_s, min_queries, rng)
     pick = rng.integers(0, len(payloads), len(times))
     path = f"/v2/models/{model}/infer"
     requests = [request_bytes(url, path, p.body, p.headers) for p in payloads]
-    rows = await send_on_schedule(url, requests, times, pick, connections=connections)
+    rows = await send_on_schedule(url, requests, times, pick, connections=connections, precise=precise)
     df = pd.DataFrame(parse(rows, TIMING_KEYS))
     df["offered_rps"] = rate_rps
     return df

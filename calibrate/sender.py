@@ -10,8 +10,14 @@ Here a request costs the client one ``transport.write`` of bytes built before th
 starts, and one ``data_received`` that finds the status line and the body's length; the
 body is kept as bytes and read after the level (:func:`parse`). One sender coroutine
 walks the schedule and sends everything due at each wake-up; no task or timer is made
-per request. Connections (HTTP/1.1 keep-alive, one request at a time each) are opened
-ahead of the level and as needed, up to a limit; beyond it, requests wait in this client
+per request. The sender wakes at each request's own time, to tens of microseconds, on a
+Linux timerfd the loop polls (the loop's timers are whole milliseconds: woken by them, the
+requests of the last millisecond left together, so the server saw arrivals in bursts a
+millisecond apart that locked to its batch window, and formed bigger batches than Poisson
+arrivals make; calibrate/README, "A load generator that keeps its schedule"); where there
+is none, it sleeps at least a millisecond and sends everything due on waking. Connections
+(HTTP/1.1 keep-alive, one request at a time each) are opened ahead of the level and as
+needed, up to a limit; beyond it, requests wait in this client
 for the next free connection and their latency counts the wait (it is measured from the
 scheduled time: no coordinated omission).
 """
@@ -20,8 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import gc
 import json
+import os
+import sys
 import time
 from collections import deque
 from urllib.parse import urlsplit
@@ -29,7 +38,76 @@ from urllib.parse import urlsplit
 import numpy as np
 
 TIMEOUT_S = 30.0
-MIN_SLEEP_S = 0.001  # a request unanswered this long after the schedule ends is counted a timeout
+MIN_SLEEP_S = 0.001  # the shortest sleep on the loop's timers (whole milliseconds)
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+class _Itimerspec(ctypes.Structure):
+    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
+
+
+_CLOCK_MONOTONIC, _TFD_TIMER_ABSTIME = 1, 1
+
+
+class Wake:
+    """Waits until a time on :func:`time.perf_counter`'s clock: to tens of microseconds on a
+    Linux timerfd (``CLOCK_MONOTONIC``, armed at the absolute time) that the running loop
+    polls; elsewhere (or with ``precise=False``) by the loop's sleep, at least ``MIN_SLEEP_S``
+    (its timers are whole milliseconds: a shorter sleep wakes at once and spins)."""
+
+    def __init__(self, precise: bool = True):
+        self.loop = asyncio.get_running_loop()
+        self.fd: int | None = None
+        self._due: asyncio.Future | None = None
+        if not (precise and sys.platform.startswith("linux")):
+            return
+        if time.get_clock_info("perf_counter").implementation != "clock_gettime(CLOCK_MONOTONIC)":
+            return
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.timerfd_create(_CLOCK_MONOTONIC, os.O_NONBLOCK | os.O_CLOEXEC)
+        except (OSError, AttributeError):
+            return
+        if fd < 0:
+            return
+        self._settime = libc.timerfd_settime
+        self.fd = fd
+        self.loop.add_reader(fd, self._fired)
+
+    @property
+    def precise(self) -> bool:
+        return self.fd is not None
+
+    def _fired(self) -> None:
+        try:
+            os.read(self.fd, 8)
+        except BlockingIOError:  # already read
+            return
+        if self._due is not None and not self._due.done():
+            self._due.set_result(None)
+
+    async def until(self, t: float) -> None:
+        """Return at ``t`` (s, perf_counter) or just after; at once if it has passed."""
+        if self.fd is None:
+            await asyncio.sleep(max(t - time.perf_counter(), MIN_SLEEP_S))
+            return
+        ns = int(t * 1e9)
+        spec = _Itimerspec(_Timespec(0, 0), _Timespec(ns // 1_000_000_000, ns % 1_000_000_000))
+        self._due = self.loop.create_future()
+        if self._settime(self.fd, _TFD_TIMER_ABSTIME, ctypes.byref(spec), None) != 0:
+            self._due = None
+            await asyncio.sleep(max(t - time.perf_counter(), MIN_SLEEP_S))
+            return
+        await self._due
+
+    def close(self) -> None:
+        if self.fd is not None:
+            self.loop.remove_reader(self.fd)
+            os.close(self.fd)
+            self.fd = None
 
 
 def request_bytes(url: str, path: str, body: bytes, headers: dict[str, str]) -> bytes:
@@ -268,12 +346,15 @@ async def send_on_schedule(
     *,
     connections: int,
     warm: int = 64,
+    precise: bool = True,
 ) -> list[dict]:
     """Send ``requests[pick[i]]`` at ``times[i]`` s from the start, open loop; one row per
     request: its schedule, how late it left (``send_lag_ms``), its status and latency from
-    the scheduled time, and the response's body (read by :func:`parse`)."""
+    the scheduled time, and the response's body (read by :func:`parse`). ``precise=False``
+    wakes on the loop's millisecond timers instead of a timerfd (:class:`Wake`)."""
     sender = Sender(url, connections)
     await sender.start(min(warm, connections, len(times)))
+    wake = Wake(precise)
     rows: list[dict] = [{"scheduled_s": float(t)} for t in times]
     clock = time.perf_counter
     t0 = clock() + 0.05
@@ -285,9 +366,7 @@ async def send_on_schedule(
         while i < n:
             now = clock()
             if at[i] > now:
-                # the loop's timers are whole milliseconds: a shorter sleep wakes at once and
-                # spins, so sleep at least one and send everything due on waking
-                await asyncio.sleep(max(at[i] - now, MIN_SLEEP_S))
+                await wake.until(at[i])
                 now = clock()
             while i < n and at[i] <= now:  # everything due by now, in order
                 row = rows[i]
@@ -297,6 +376,7 @@ async def send_on_schedule(
                 i += 1
         await sender.drain()
     finally:
+        wake.close()
         sender.close()
         if collecting:
             gc.enable()

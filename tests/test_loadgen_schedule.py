@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import socket
 import subprocess
+import sys
 import threading
 import time
 
@@ -97,6 +98,45 @@ def test_the_sender_reads_every_kind_of_answer_and_counts_a_hang_up():
     assert (df.loc[df["status"] == -1, "error"] == "ServerDisconnectedError").all()
     assert df["latency_ms"].notna().all()
     assert (df["send_lag_ms"] >= 0).all()  # never sent before its time
+
+
+def _lateness_ms(precise: bool, loop_factory=None) -> tuple[np.ndarray, bool]:
+    """How late :class:`~calibrate.sender.Wake` returns for 300 times 0.37 ms apart, and
+    whether it woke on its timerfd."""
+    from calibrate.sender import Wake
+
+    async def go() -> tuple[np.ndarray, bool]:
+        wake = Wake(precise)
+        try:
+            at = time.perf_counter() + 0.01 + 0.00037 * np.arange(300)
+            late = []
+            for t in at:
+                await wake.until(float(t))
+                late.append((time.perf_counter() - t) * 1e3)
+            return np.array(late), wake.precise
+        finally:
+            wake.close()
+
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(go())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the timerfd is Linux's")
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_the_sender_wakes_at_each_requests_time_not_on_the_loops_millisecond(loop):
+    """The loop's timers are whole milliseconds: woken by them, the sender let the requests
+    of the last millisecond go together, a median 0.27 ms late at 0.37 ms apart. On its
+    timerfd it wakes for each, never early, a median tens of microseconds late."""
+    factory = None
+    if loop == "uvloop":
+        factory = pytest.importorskip("uvloop").new_event_loop
+    precise, on_timerfd = _lateness_ms(True, factory)
+    coarse, _ = _lateness_ms(False, factory)
+    assert on_timerfd
+    assert (precise >= 0).all()
+    assert (coarse >= 0).all()
+    assert np.median(precise) < 0.2, np.percentile(precise, [50, 90, 99])
+    assert np.median(precise) < 0.5 * np.median(coarse), (np.median(precise), np.median(coarse))
 
 
 def test_a_server_that_is_gone_gives_errors_not_a_hang():
