@@ -73,6 +73,10 @@ HELD_COUNTS = "arrived"
 # a batch's responses before the reads and resumptions ready while it came back
 # (event_loop.responds_first); ranker_loop_models.py --responds-first
 RESPONDS_FIRST = False
+# the batcher as a task on the loop, sending after the jobs ready at its turn
+# (event_loop.batcher_yields; calibrate/README, "The batcher is a task on the loop");
+# ranker_loop_models.py --no-batcher-yields turns it off
+BATCHER_YIELDS = True
 
 
 def shifted_batch_time(st: dict, ms: float) -> dict:
@@ -169,6 +173,8 @@ def scenario_dict(
                     preprocess["event_loop"]["reads_first"] = True
             if RESPONDS_FIRST:
                 preprocess["event_loop"]["responds_first"] = True
+            if BATCHER_YIELDS:
+                preprocess["event_loop"]["batcher_yields"] = True
         postprocess: dict = {}
     else:
         router = {"overhead": _dist(profile["stages"]["overhead"]), "balancing": "shared"}

@@ -795,6 +795,7 @@ def test_a_measured_share_per_request_held_reaches_the_loop_the_scenario_and_the
     doc = scenario_dict(profile, 100.0, duration_s=1.0, warmup_s=0.0)
     assert doc["preprocess"]["event_loop"]["cost_per_in_flight"] == 0.0009
     assert doc["preprocess"]["event_loop"]["held_counts"] == "arrived"  # as the closed loop's N in flight
+    assert plain["preprocess"]["event_loop"]["batcher_yields"] is True  # the server's batcher is a task on its loop
     assert "held_counts" not in plain["preprocess"]["event_loop"]
     assert "0.00090 of its time more per other request in the server" in _event_loop(profile["frontend"])
     # with the closed loop's counts (a run's, or read back from its profile.json): the factor by count held

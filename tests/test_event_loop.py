@@ -294,11 +294,15 @@ def test_a_handler_awaiting_a_fetch_needs_one_it_can_await(features, found):
 
 def _late_timer(late: dict | None, times: list[float], tmp_path) -> pd.DataFrame:
     """Requests at ``times`` (s) through a 2 ms window whose timer fires ``late``."""
+    return _at(_doc(1.0, {"return_ms": 0.1, "timer_late": late}), times, 0.4, tmp_path)
+
+
+def _at(doc: dict, times: list[float], read_ms: float, tmp_path):
+    """``doc`` run on requests at ``times`` (s), each read in ``read_ms``, batches without noise."""
     path = tmp_path / "arrivals.txt"
     np.savetxt(path, times, fmt="%.6f")
-    doc = _doc(1.0, {"return_ms": 0.1, "timer_late": late})
     doc["traffic"] = {"arrivals_file": str(path)}
-    doc["preprocess"]["service"] = {"kind": "deterministic", "value_ms": 0.4}
+    doc["preprocess"]["service"] = {"kind": "deterministic", "value_ms": read_ms}
     doc["workers"]["service_time"]["noise_cv"] = 0.0
     doc["warmup_s"] = 0
     return simulate(Scenario.model_validate(doc)).records
@@ -539,3 +543,61 @@ def test_a_batchs_responses_go_before_the_reads_ready_while_it_came_back_when_as
         got[first] = (rec.t_response[0], rec.t_preprocessed[1])
     np.testing.assert_allclose(got[False], (109.25, 108.95))
     np.testing.assert_allclose(got[True], (108.85, 109.25))
+
+
+def _yields(times: list[float], yields: bool, tmp_path, late_ms: float = 0.0) -> object:
+    """Requests at ``times`` (s): read in 0.3 ms, a 0.5 ms fetch off the loop, 0.05 ms to
+    resume and queue, a 2 ms window whose timer fires ``late_ms`` late."""
+    doc = _awaiting(1.0, {"kind": "deterministic", "value_ms": 0.5})
+    doc["preprocess"]["event_loop"]["batcher_yields"] = yields
+    if late_ms:
+        doc["preprocess"]["event_loop"]["timer_late"] = {"kind": "deterministic", "value_ms": late_ms}
+    return _at(doc, times, 0.3, tmp_path)
+
+
+def test_the_batcher_sends_after_the_jobs_ready_at_its_turn_when_asked(tmp_path):
+    """A is queued at 100.85 ms, its window due at 102.85; C's read holds the loop from 102.8
+    to 103.1, and B's fetch is back at 102.9 meanwhile. In the order jobs became ready the
+    timer goes first at 103.1 and sends A alone, B queued after it (103.15); with
+    ``batcher_yields`` B's resumption, ready at the timer's turn, goes first and joins A's
+    batch, sent at 103.15."""
+    times = [0.1, 0.1021, 0.1028]
+    rec = _yields(times, False, tmp_path)
+    np.testing.assert_allclose(rec.t_preprocessed[:2], [100.85, 103.15], atol=1e-9)
+    np.testing.assert_allclose(rec.t_dispatch[0], 103.1, atol=1e-9)
+    assert rec.batch_size[0] == 1
+    rec = _yields(times, True, tmp_path)
+    np.testing.assert_allclose(rec.t_dispatch[:2], 103.15, atol=1e-9)
+    assert list(rec.batch_size[:2]) == [2, 2]
+
+
+def test_a_request_queued_past_the_window_wakes_the_batcher_after_the_ready_jobs_when_asked(tmp_path):
+    """A's window is due at 102.85 ms and its timer fires 0.5 ms late; B is queued past the due
+    time, at 102.95, and E arrived at 102.92, during B's resumption. Sent at once, the batch
+    (A and B) leaves at 102.95 and E is read after it; the batcher woken as a task reads E
+    first (102.95-103.25) and sends A and B after it."""
+    times = [0.1, 0.1021, 0.10292]
+    rec = _yields(times, False, tmp_path, late_ms=0.5)
+    np.testing.assert_allclose(rec.t_preprocessed[1], 102.95, atol=1e-9)
+    np.testing.assert_allclose(rec.t_dispatch[:2], 102.95, atol=1e-9)
+    rec = _yields(times, True, tmp_path, late_ms=0.5)
+    np.testing.assert_allclose(rec.t_dispatch[:2], 103.25, atol=1e-9)
+    assert list(rec.batch_size[:2]) == [2, 2]
+
+
+def test_a_yielding_batcher_runs_in_chunks_as_one_run():
+    from simulator.engine import stream
+
+    doc = _awaiting(1000.0, {"kind": "exponential", "mean_ms": 0.3})
+    doc["workers"]["service_time"]["batch_ms"] = {"1": 0.3, "8": 0.6}  # windows, not full batches, close them
+    doc["preprocess"]["event_loop"]["batcher_yields"] = True
+    doc["preprocess"]["event_loop"]["timer_late"] = {"kind": "exponential", "mean_ms": 0.2}
+    s = Scenario.model_validate(doc)
+    whole = simulate(s).records
+    got = np.concatenate([p.records.t_response for p in stream(s, chunk_s=0.7)])
+    np.testing.assert_array_equal(got, whole.t_response)
+    plain = simulate(Scenario.model_validate({**doc, "preprocess": {**doc["preprocess"], "event_loop": {
+        **doc["preprocess"]["event_loop"], "batcher_yields": False}}})).records  # fmt: skip
+    done, done_plain = ~np.isnan(whole.t_dispatch), ~np.isnan(plain.t_dispatch)
+    # the requests ready at the batcher's turn join its batch: bigger batches
+    assert whole.batch_size[done].mean() > plain.batch_size[done_plain].mean()

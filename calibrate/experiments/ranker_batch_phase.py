@@ -4,11 +4,14 @@ of a `calibrate run` folder, the density (per ms, over all requests) of the serv
 receipts and queue arrivals in bins after the latest batch dispatch and after the latest
 batch's return (its hand-back done), from the server's clocks; and of the simulated queue
 arrivals after the simulated dispatches and returns (the folder's profile, 60 s at the
-level's rate). Also per batch: its size, and how often the next batch's oldest request
-was queued before this batch came back; and where in the monotonic clock's millisecond the
-server's dispatches, receipts and queue arrivals fall (tenths of a millisecond).
+level's rate). Also per batch: its size, how often the next batch's oldest request was
+queued before this batch came back, and how long after its dispatch the next batch's
+oldest was queued (calibrate/README, "The batcher is a task on the loop"); and where in the
+monotonic clock's millisecond the server's dispatches, receipts and queue arrivals fall
+(tenths of a millisecond).
 
     python calibrate/experiments/ranker_batch_phase.py RUN --load 0.5   # seconds
+    python calibrate/experiments/ranker_batch_phase.py RUN --load 0.7 --no-batcher-yields
 """
 
 from __future__ import annotations
@@ -47,11 +50,29 @@ def cycles(dispatch: np.ndarray, oldest: np.ndarray, back: np.ndarray, size: np.
     return float(size.mean()), float(early.mean()) if len(early) else float("nan")
 
 
+GAPS = np.array([0.0, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, np.inf])
+
+
+def gaps(dispatch: np.ndarray, oldest: np.ndarray) -> np.ndarray:
+    """From each dispatch to the next batch's oldest queue arrival (ms; one slice or run,
+    batches in dispatch order): the share in each bin of :data:`GAPS` (below 0: queued
+    before the dispatch, left out)."""
+    o = np.argsort(dispatch)
+    g = oldest[o][1:] - dispatch[o][:-1]
+    h, _ = np.histogram(g, GAPS)
+    return h / max(len(g), 1)
+
+
 def measured(run: Path, level: int) -> tuple[dict, tuple[float, float]]:
     req = pd.read_csv(run / "measurements.csv.gz")
     m = req[(req["level"] == level) & ~req["warmup"] & (req["status"] == 200)].copy()
     m["bt_ms"] = batch_time_us(m) / 1e3
-    parts = {"receipts after dispatch": [], "queue arrivals after dispatch": [], "queue arrivals after return": []}
+    parts = {
+        "receipts after dispatch": [],
+        "queue arrivals after dispatch": [],
+        "queue arrivals after return": [],
+        "gap to the next batch's oldest": [],
+    }
     sizes, early, weights = [], [], []
     for _, g in m.groupby("slice"):
         b = g.groupby("dispatched_at_ns").agg(
@@ -63,6 +84,7 @@ def measured(run: Path, level: int) -> tuple[dict, tuple[float, float]]:
         parts["receipts after dispatch"].append(density(recv, d))
         parts["queue arrivals after dispatch"].append(density(enq, d))
         parts["queue arrivals after return"].append(density(enq, back))
+        parts["gap to the next batch's oldest"].append(gaps(d, b["oldest"].to_numpy() / 1e6))
         s, e = cycles(d, b["oldest"].to_numpy() / 1e6, back, b["size"].to_numpy())
         sizes.append(s)
         early.append(e)
@@ -105,6 +127,7 @@ def simulated(profile: dict, rate: float) -> tuple[dict, tuple[float, float]]:
     out = {
         "queue arrivals after dispatch": density(enq, d),
         "queue arrivals after return": density(enq, b["back"].to_numpy()),
+        "gap to the next batch's oldest": gaps(d, b["oldest"].to_numpy()),
     }
     return out, cycles(d, b["oldest"].to_numpy(), b["back"].to_numpy(), b["size"].to_numpy())
 
@@ -114,14 +137,24 @@ def main() -> None:
     ap.add_argument("run", type=Path, help="A `calibrate run` folder of a server with its clocks (the ranker).")
     ap.add_argument("--load", type=float, default=0.5, help="The level, as a share of the capacity.")
     ap.add_argument("--responds-first", action="store_true", help="Simulate with event_loop.responds_first.")
+    ap.add_argument(
+        "--batcher-yields",
+        action=argparse.BooleanOptionalAction,
+        default=scenario.BATCHER_YIELDS,
+        help="Simulate with event_loop.batcher_yields (default: as calibration writes it).",
+    )
     a = ap.parse_args()
     scenario.RESPONDS_FIRST = a.responds_first
+    scenario.BATCHER_YIELDS = a.batcher_yields
     profile = json.loads((a.run / "profile.json").read_text())
     levels = pd.DataFrame(json.loads((a.run / "validation.json").read_text())["levels"])
     row = levels.iloc[int(np.argmin(np.abs(levels["load"] - a.load)))]
     meas, (m_size, m_early) = measured(a.run, int(row["level"]))
     sim, (s_size, s_early) = simulated(profile, float(row["offered_rps"]))
-    print(f"load {row['load']:.0%} ({row['offered_rps']:.0f} req/s); bins, ms: {EDGES.tolist()}")  # noqa: T201
+    print(  # noqa: T201
+        f"load {row['load']:.0%} ({row['offered_rps']:.0f} req/s); bins, ms: {EDGES.tolist()}; "
+        f"the gap's bins: {GAPS.tolist()}"
+    )
     for k, v in meas.items():
         print(f"  measured  {k}: {np.round(v, 3).tolist()}")  # noqa: T201
     for k, v in sim.items():

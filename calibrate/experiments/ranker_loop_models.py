@@ -20,7 +20,10 @@ prints it) by its share per request held, as a run fits it, and with ``--by-held
 factor at the count held (``event_loop.cost_by_held``). ``--held-counts read`` counts only
 the requests read as held (``event_loop.held_counts``; the code as committed counts every
 request in the server), and ``--responds-first`` writes a batch's responses before the
-reads ready while it came back (``event_loop.responds_first``; off as committed).
+reads ready while it came back (``event_loop.responds_first``; off as committed), and
+``--no-batcher-yields`` sends a window's batch the moment its timer's job or a request
+queued past it comes, not after the jobs ready then (``event_loop.batcher_yields``; on as
+committed).
 
 With ``--instance-own-time`` the instance's batch table, its noise ratios and the speed
 process are fitted from the instance's own time (the hand-off in plus compute) rather than
@@ -88,6 +91,12 @@ def main() -> None:
         "(event_loop.responds_first).",
     )
     ap.add_argument(
+        "--batcher-yields",
+        action=argparse.BooleanOptionalAction,
+        default=scenario.BATCHER_YIELDS,
+        help="The batcher sends at its turn, after the jobs ready then (event_loop.batcher_yields; on as committed).",
+    )
+    ap.add_argument(
         "--instance-own-time",
         action="store_true",
         help="Fit the instance's batch table, noise and speed process from the hand-off in plus compute.",
@@ -104,6 +113,7 @@ def main() -> None:
     scenario.READS_FIRST = a.model == "loop_reads_first"
     scenario.HELD_COUNTS = a.held_counts
     scenario.RESPONDS_FIRST = a.responds_first
+    scenario.BATCHER_YIELDS = a.batcher_yields
     if a.cost_per_in_flight is not None or a.closed_loop:  # as a run's closed loop measures it (refit keeps it)
         path = a.out / "profile.json"
         profile = json.loads(path.read_text())

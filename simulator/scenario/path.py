@@ -198,6 +198,14 @@ class EventLoop(Frozen):
         "loop took the batch back or waited for it (asyncio runs the handlers a batch's answer wakes before the "
         "socket events it has yet to poll). False: jobs in the order they became ready.",
     )
+    batcher_yields: bool = Field(
+        False,
+        description="The batcher is a task on the loop: woken by its window's timer, or by a request queued past "
+        "the window, it sends the batch at its turn, after the jobs already ready then (reads, resumptions, a batch's "
+        "return and responses), whose requests still join it (asyncio's batcher takes several passes of the loop "
+        "from its wake-up to its dispatch, a handler whose fetch is back one). False: the timer runs in the order "
+        "it became ready, and a request queued past the window sends the batch at once.",
+    )
     cost_per_in_flight: float = Field(
         0.0,
         ge=0,

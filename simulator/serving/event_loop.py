@@ -101,8 +101,8 @@ _dispatch = jit.njit(cache=True, nogil=True)(_dispatch_py)
 
 
 def _kernel_py(
-    n, horizon, st, clock, t, cost, wait, late, resume, reads_first, responds_first, held_k, hx, hf, arrived, wq, wdue,
-    t_back, ret, resp_b, resp_k,
+    n, horizon, st, clock, t, cost, wait, late, resume, reads_first, responds_first, batcher_yields, held_k, hx, hf,
+    arrived, wq, wdue, t_back, ret, resp_b, resp_k,
     max_b, delay, cap, preferred, factors, means,
     ip_t, ip_w, ip_f, fp_t, fp_w, fp_f, free_at, busy, seq, ends, bid, back, resp,
     t_enq, t_disp, t_resp, outcome, t_drop, pb, buf, b_pos, b_size, b_start, b_end, b_inst, b_done, b_resp,
@@ -135,6 +135,8 @@ def _kernel_py(
                 for j in range(n_inst):
                     if not busy[j]:  # the window's timer, as late as the loop's timers fire
                         rtim = t_enq[buf[qh]] + delay + late[buf[qh]]
+                        if batcher_yields:  # or a request queued past the window woke the batcher
+                            rtim = min(rtim, clock[2])
                         break
             r = min(ra, rb, rr, rtim, rw)
             if r == inf and te == inf:
@@ -142,6 +144,16 @@ def _kernel_py(
             start = max(loop_free, r)
             if min(start, te) >= horizon:  # the next event waits for the arrivals before it
                 break
+            if rtim == inf:  # no window open on a free instance: no turn pending
+                clock[1] = -inf
+                clock[2] = inf
+            elif batcher_yields and rtim == r and te > start:
+                # the timer's turn: the jobs ready by now go first, then the batch (clock[1])
+                if clock[1] == -inf:
+                    clock[1] = start
+                other = min(ra, rb, rr, rw)
+                if other <= clock[1]:
+                    r, rtim = other, inf
             if te > start:  # the loop takes its next job, the oldest ready, before any batch is computed
                 # with ``arrived``, the requests waiting to be read count as held too
                 unread = np.searchsorted(t[i:n], start, side="right") if arrived else 0
@@ -165,6 +177,7 @@ def _kernel_py(
                     kind = _RESPOND
                 elif rtim == r:
                     loop_free = start
+                    clock[1] = -inf
                     kind = _TIMER
                 elif rw == r and not (reads_first and ra <= start):  # a fetch is back: resume, queue
                     arg = wq[wh]
@@ -213,11 +226,20 @@ def _kernel_py(
                 rt += 1
             # the batcher looks at its queue when a request is queued, an instance frees or
             # its timer fires: not after a read whose request is still awaiting its fetch
-            if kind in (_RESUME, _RETURN, _TIMER) or (kind == _ADMIT and resume < 0):
+            queued = kind == _RESUME or (kind == _ADMIT and resume < 0)
+            if batcher_yields and queued and max_b > qt - qh > 0 and t_enq[buf[qh]] + delay <= loop_free:
+                # a request queued past the window wakes the batcher, a task: the batch goes at
+                # its turn, after the jobs ready by then (the timer's path)
+                clock[2] = min(clock[2], loop_free)
+            elif queued or kind in (_RETURN, _TIMER):
+                sent = nb
                 qh, fpos, nb = _dispatch(
                     loop_free, buf, qh, qt, t_enq, t_disp, pb, max_b, delay, preferred, free_at, busy, seq, ends,
                     bid, factors, fpos, means, ip_t, ip_w, ip_f, b_pos, b_size, b_start, b_done, b_inst, nb,
                 )  # fmt: skip
+                if nb > sent:  # a batch went: the timer's next turn is its next window's
+                    clock[1] = -inf
+                    clock[2] = inf
             running = False
             continue
         # an instance has computed its batch: the loop takes it back when it gets to it
@@ -271,7 +293,8 @@ class Loop:
         self.bid = np.full(instances, -1, dtype=np.int64)
         self.st = np.zeros(16, dtype=np.int64)
         self.st[_SEQC] = instances
-        self.clock = np.array([-math.inf])
+        # when the loop is free; when the timer's turn came; when a request queued past the window woke the batcher
+        self.clock = np.array([-math.inf, -math.inf, math.inf])
         self.n = 0  # requests held (the first not yet answered, and those after it)
         self.t, self.cost, self.t_enq, self.t_disp, self.t_resp, self.t_drop = (np.zeros(0) for _ in range(6))
         # with ``resume_ms``: each request's fetch, off the loop between its admission and its resumption
@@ -280,6 +303,7 @@ class Loop:
         self.timer_late = timer_late  # a Sampler of how late the window's timer fires, or None
         self.reads_first = bool(loop.reads_first)  # a resumption waits while any request waits to be read
         self.responds_first = bool(loop.responds_first)  # a batch's responses before reads and resumptions
+        self.batcher_yields = bool(loop.batcher_yields)  # the window's timer after the jobs ready at its turn
         self.held_k = float(loop.cost_per_in_flight)  # each job's work grows with the requests held
         by = loop.cost_by_held or {}  # or follows a measured factor by the count held
         self.hx = np.array(sorted(by), dtype=float)
@@ -332,7 +356,7 @@ class Loop:
         b = self.batching
         _kernel(
             n, float(horizon), st, self.clock, self.t, self.cost, self.wait, self.late, self.resume, self.reads_first,
-            self.responds_first,
+            self.responds_first, self.batcher_yields,
             self.held_k, self.hx, self.hf, self.arrived, self.wq, self.wdue, self.t_back,
             float(self.loop.return_ms), float(self.loop.respond_per_batch_ms), float(self.loop.respond_per_request_ms),
             int(b.max_batch_size), float(b.max_queue_delay_ms), self.cap, self.preferred, self.factors, self.means,
