@@ -12,10 +12,10 @@ body is kept as bytes and read after the level (:func:`parse`). One sender corou
 walks the schedule and sends everything due at each wake-up; no task or timer is made
 per request. The sender wakes at each request's own time, to tens of microseconds, on a
 Linux timerfd the loop polls (the loop's timers are whole milliseconds: woken by them, the
-requests of the last millisecond left together, so the server saw arrivals in bursts a
-millisecond apart that locked to its batch window, and formed bigger batches than Poisson
-arrivals make; calibrate/README, "A load generator that keeps its schedule"); where there
-is none, it sleeps at least a millisecond and sends everything due on waking. Connections
+requests of the last millisecond left together, a median 0.6 ms late, and the server saw
+bursts a millisecond apart, not the Poisson arrivals the model is given; calibrate/README,
+"A load generator that keeps its schedule"); where there is none, it sleeps at least a
+millisecond and sends everything due on waking. Connections
 (HTTP/1.1 keep-alive, one request at a time each) are opened ahead of the level and as
 needed, up to a limit; beyond it, requests wait in this client
 for the next free connection and their latency counts the wait (it is measured from the

@@ -4,7 +4,7 @@ load generator on the loop's core (as `calibrate run` has it) or on the instance
 and the share of the requests per ms the server receives and queues in each bin after its
 latest batch dispatch (:func:`ranker_batch_phase.density`), the batch size, the p50 and the
 send lag; the generator waking at each request's time (``precise``, a timerfd) or on its
-loop's millisecond timers (``ms``, as it did before 2026-11-30), in turn.
+loop's millisecond timers (``ms``, as every run before fp9 did), in turn.
 
     python calibrate/experiments/ranker_client_phase.py --rate 350 --secs 10   # ~2 minutes
     python calibrate/experiments/ranker_client_phase.py --rate 800 --places loop --rounds 3

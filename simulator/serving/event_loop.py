@@ -27,10 +27,12 @@ is doing (the batch time fitted on a server holds the hand-back); with
 the server, not yet answered: with ``held_counts: read`` only those read) when it starts;
 with ``cost_by_held``, it is scaled by the measured factor at the count held
 (interpolated). The window's timer is ready ``timer_late`` after its due time, one draw per
-request as it reaches the loop, used when that request is the oldest queued. The batcher's
-rule is :class:`~simulator.serving.batcher.BatchQueue`'s (max batch, preferred sizes,
-the window from the oldest queued request, the queue cap), decided when a request is
-queued, when an instance frees and when the timer runs. Times on the loop are nominal
+request as it reaches the loop, used when that request is the oldest queued; with
+``batcher_yields`` the batcher is a task: at its turn (its timer, or a request queued past
+the window that woke it) the jobs ready by then run first, and their requests join its
+batch. The batcher's rule is :class:`~simulator.serving.batcher.BatchQueue`'s (max batch,
+preferred sizes, the window from the oldest queued request, the queue cap), decided when
+a request is queued, when an instance frees and when the timer runs. Times on the loop are nominal
 work stretched by the front end's speed path, batch times by the instances' path
 (:mod:`simulator.stages.speed`).
 """
