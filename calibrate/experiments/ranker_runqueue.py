@@ -3,8 +3,9 @@
 serves it (its instance on core 1; the front end, its redis-server and this load generator on
 core 0), one open-loop level, while a sampler on core 1 reads each process's scheduler
 statistics (``/proc/PID/schedstat``: time on the CPU, time waiting on a run queue) every 2 ms.
-Per 10 ms window: how long each of the three waited for core 0, and the slowest latency of the
-requests received in it; then the windows that hold the slowest 1% of requests against the rest.
+Per 10 ms window: how long each of the three ran and waited for core 0, and the slowest latency
+of the requests received in it; then the windows that hold the slowest 1% of requests against
+the rest, and how much of them the loop was runnable (running or waiting for its core).
 
     python calibrate/experiments/ranker_runqueue.py --rate 800 --secs 20   # ~1 minute
 """
@@ -58,13 +59,16 @@ def windows(samples: np.ndarray, names: list[str], df: pd.DataFrame) -> pd.DataF
     edges = np.arange(t[0], t[-1], WINDOW_MS)
     out = pd.DataFrame({"start_ms": edges[:-1]})
     for k, name in enumerate(names):
+        run = np.interp(edges, t, samples[:, 1 + 2 * k] / 1e6)
         wait = np.interp(edges, t, samples[:, 2 + 2 * k] / 1e6)
+        out[f"{name}_run_ms"] = np.diff(run)
         out[f"{name}_wait_ms"] = np.diff(wait)
     ok = df[(df["status"] == 200) & df["received_at_ns"].notna()]
     w = np.searchsorted(edges, ok["received_at_ns"].to_numpy() / 1e6, side="right") - 1
     keep = (w >= 0) & (w < len(out))
-    lat = pd.Series(ok["latency_ms"].to_numpy()[keep]).groupby(w[keep]).max()
-    out["slowest_ms"] = lat.reindex(range(len(out))).to_numpy()
+    lat = pd.Series(ok["latency_ms"].to_numpy()[keep]).groupby(w[keep])
+    out["slowest_ms"] = lat.max().reindex(range(len(out))).to_numpy()
+    out["received"] = lat.size().reindex(range(len(out))).fillna(0).to_numpy()
     return out.dropna()
 
 
@@ -125,6 +129,18 @@ def main() -> None:
             f"in the rest (90th percentile {col[slow].quantile(0.9):.3f} against {col[~slow].quantile(0.9):.3f}); "
             f"Spearman with the window's slowest latency {col.corr(w['slowest_ms'], method='spearman'):+.2f}"
         )
+    busy = (w["loop_run_ms"] + w["loop_wait_ms"]) / WINDOW_MS  # runnable: running or waiting for the core
+    print(  # noqa: T201
+        f"  requests received a window {w['received'][slow].mean():.1f} in those, {w['received'][~slow].mean():.1f} "
+        f"in the rest; the loop's CPU a request received {(w['loop_run_ms'] / w['received'])[slow].median():.3f} "
+        f"against {(w['loop_run_ms'] / w['received'])[~slow].median():.3f} ms (medians)"
+    )
+    print(  # noqa: T201
+        f"  the loop runnable {busy[slow].mean():.0%} of those windows ({busy[slow].quantile(0.9):.0%} at the 90th "
+        f"percentile), {busy[~slow].mean():.0%} of the rest; core 0 used by the three "
+        f"{(w[[f'{n}_run_ms' for n in names]].sum(axis=1)[slow] / WINDOW_MS).mean():.0%} against "
+        f"{(w[[f'{n}_run_ms' for n in names]].sum(axis=1)[~slow] / WINDOW_MS).mean():.0%}"
+    )
 
 
 if __name__ == "__main__":
