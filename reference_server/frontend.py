@@ -292,6 +292,7 @@ class FrontEnd:
                         for k, inst in enumerate(instances)
                     ],
                     "frontend_cores": self.frontend_cores if self.pinned else sorted(os.sched_getaffinity(0)),
+                    "frontend_pid": os.getpid(),  # the front end that answered (its event loop's process)
                     "features": features_public(cfg.features),
                     "cpu": platform.processor() or platform.machine(),
                     "torch": torch.__version__,

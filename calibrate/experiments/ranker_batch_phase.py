@@ -55,8 +55,8 @@ GAPS = np.array([0.0, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, np.inf])
 
 def gaps(dispatch: np.ndarray, oldest: np.ndarray) -> np.ndarray:
     """From each dispatch to the next batch's oldest queue arrival (ms; one slice or run,
-    batches in dispatch order): the share in each bin of :data:`GAPS` (below 0: queued
-    before the dispatch, left out)."""
+    batches in dispatch order): the share of the batches in each bin of :data:`GAPS` (below
+    0, a full batch's leftover queued before it went, in no bin)."""
     o = np.argsort(dispatch)
     g = oldest[o][1:] - dispatch[o][:-1]
     h, _ = np.histogram(g, GAPS)

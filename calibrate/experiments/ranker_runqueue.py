@@ -15,11 +15,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import subprocess
-import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -28,7 +24,7 @@ from ranker_client_phase import SERVER
 from calibrate.loadgen import _run, run_level
 from calibrate.payloads import ranker_payloads
 from calibrate.run import redis_pids
-from calibrate.servers import _free_port, get_json, redis_server
+from calibrate.servers import get_json, redis_server, server
 
 WINDOW_MS = 10.0
 
@@ -77,30 +73,16 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=800.0)
     ap.add_argument("--secs", type=float, default=20.0)
     a = ap.parse_args()
-    port = _free_port()
-    exe = Path(sys.executable).with_name("servesim")
-    with redis_server({0}) as redis:
-        cmd = [str(exe), "serve", "--port", str(port), *SERVER, "--redis-url", redis]
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{port}"
-        sampler = None
+    before = os.sched_getaffinity(0)
+    sampler = None
+    with redis_server({0}) as redis, server([*SERVER, "--redis-url", redis]) as url:
+        cfg = get_json(url + "/v2/models/ranker/config")["parameters"]["servesim"]
+        inst = [i["core"] for i in cfg["instances"]]
+        names = ["loop", "redis", "generator"]
+        pids = [cfg["frontend_pid"], redis_pids(redis)[0], os.getpid()]
+        payloads = ranker_payloads(32, cfg["model"]["dense"], 10_000, np.random.default_rng(0))
         try:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    with urllib.request.urlopen(url + "/v2/health/ready", timeout=1) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError("the reference server did not start") from None
-                    time.sleep(0.2)
-            cfg = get_json(url + "/v2/models/ranker/config")["parameters"]["servesim"]
-            inst = [i["core"] for i in cfg["instances"]]
             os.sched_setaffinity(0, set(cfg["frontend_cores"]))
-            names = ["loop", "redis", "generator"]
-            pids = [proc.pid, redis_pids(redis)[0], os.getpid()]
-            payloads = ranker_payloads(32, cfg["model"]["dense"], 10_000, np.random.default_rng(0))
             _run(run_level(url, "ranker", a.rate, payloads, duration_s=2.0, min_queries=1, seed=99))  # warm
             stop, out = mp.Event(), mp.Queue()
             sampler = mp.Process(target=sample, args=(pids, inst[0], 0.002, stop, out), daemon=True)
@@ -112,11 +94,7 @@ def main() -> None:
         finally:
             if sampler is not None and sampler.is_alive():
                 sampler.kill()
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            os.sched_setaffinity(0, before)
     w = windows(samples, names, df)
     p99 = df.loc[df["status"] == 200, "latency_ms"].quantile(0.99)
     slow = w["slowest_ms"] >= p99
