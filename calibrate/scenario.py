@@ -66,6 +66,9 @@ def scaled_batch_time(st: dict, factor: float) -> dict:
 # before resumptions");
 # calibrate/experiments/ranker_loop_models.py --model loop_reads_first turns it on.
 READS_FIRST = False
+# with READS_FIRST, how long after its fetch is back a resumption still lets reads go first, ms
+# (event_loop.reads_first_ms; None: while any request waits); ranker_loop_models.py --reads-first-ms
+READS_FIRST_MS = None
 # which requests the loop's cost per request held counts (event_loop.held_counts): "arrived"
 # (every request in the server, as the closed loop's N in flight), or "read" (before
 # 2026-11-29, evening; ranker_loop_models.py --held-counts read)
@@ -171,6 +174,8 @@ def scenario_dict(
                 preprocess["event_loop"]["resume_ms"] = resume * speed
                 if READS_FIRST:
                     preprocess["event_loop"]["reads_first"] = True
+                    if READS_FIRST_MS is not None:
+                        preprocess["event_loop"]["reads_first_ms"] = READS_FIRST_MS
             if RESPONDS_FIRST:
                 preprocess["event_loop"]["responds_first"] = True
             if BATCHER_YIELDS:

@@ -398,6 +398,36 @@ def test_reads_first_lengthens_the_wait_of_a_bursts_first_requests_and_runs_in_c
     np.testing.assert_array_equal(got, first.t_response)
 
 
+def test_reads_first_ms_bounds_how_long_reads_go_before_a_resumption(tmp_path):
+    """Requests at 100, 100.3, 100.55, 100.65 and 100.75 ms, 0.3 ms reads, 0.2 ms fetches:
+    the first's fetch is back at 100.5, while the second is read (to 100.6). In the order
+    jobs became ready it resumes at 100.6 (queued 100.65); with reads first only after the
+    three later reads (101.5, queued 101.55); with reads first for 0.45 ms, the reads that
+    start before 100.95 go first (100.6 and 100.9), then it resumes at 101.2."""
+    path = tmp_path / "arrivals.txt"
+    np.savetxt(path, [0.1, 0.1003, 0.10055, 0.10065, 0.10075], fmt="%.7f")
+
+    def first_queued(**loop) -> float:
+        doc = _awaiting(1.0, {"kind": "deterministic", "value_ms": 0.2})
+        doc["preprocess"]["event_loop"].update(loop)
+        doc["traffic"] = {"arrivals_file": str(path)}
+        doc["preprocess"]["service"] = {"kind": "deterministic", "value_ms": 0.3}
+        doc["warmup_s"] = 0
+        return float(simulate(Scenario.model_validate(doc)).records.t_preprocessed[0])
+
+    assert first_queued() == pytest.approx(100.65, abs=1e-9)
+    assert first_queued(reads_first=True) == pytest.approx(101.55, abs=1e-9)
+    assert first_queued(reads_first=True, reads_first_ms=0.45) == pytest.approx(101.25, abs=1e-9)
+    assert first_queued(reads_first=True, reads_first_ms=0.05) == pytest.approx(100.65, abs=1e-9)
+
+
+def test_reads_first_ms_needs_reads_first():
+    doc = _awaiting(100.0, {"kind": "deterministic", "value_ms": 0.2})
+    doc["preprocess"]["event_loop"]["reads_first_ms"] = 0.5
+    with pytest.raises(ValueError, match=r"reads_first_ms .* needs preprocess.event_loop.reads_first: true"):
+        Scenario.model_validate(doc)
+
+
 def test_reads_first_needs_a_handler_that_awaits_its_fetch():
     doc = _doc(100.0, {"reads_first": True})
     with pytest.raises(ValueError, match=r"preprocess.event_loop.reads_first .* needs preprocess.event_loop.resume_ms"):

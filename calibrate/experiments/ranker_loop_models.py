@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -87,6 +88,18 @@ def main() -> None:
         help="Which requests the loop's cost per request held counts (event_loop.held_counts).",
     )
     ap.add_argument(
+        "--reads-first-ms",
+        type=float,
+        help="With --model loop_reads_first: how long after its fetch is back a resumption still lets reads go "
+        "first, ms (event_loop.reads_first_ms; default: while any request waits).",
+    )
+    ap.add_argument(
+        "--fit-reads-first",
+        action="store_true",
+        help="Reads first, for the hold (--reads-first-ms, or none: in the order ready) whose simulated fetch "
+        "p90 and p99 at the fitted levels come closest to the measured (fit_reads_first).",
+    )
+    ap.add_argument(
         "--responds-first",
         action="store_true",
         help="A batch's responses before the reads and resumptions ready while it came back "
@@ -118,6 +131,7 @@ def main() -> None:
     if a.model not in ("loop_await", "loop_reads_first"):  # the fetch before one admission job
         cycle.fit_resume = lambda *args, **kwargs: None
     scenario.READS_FIRST = a.model == "loop_reads_first"
+    scenario.READS_FIRST_MS = a.reads_first_ms
     scenario.HELD_COUNTS = a.held_counts
     scenario.RESPONDS_FIRST = a.responds_first
     scenario.BATCHER_YIELDS = a.batcher_yields
@@ -134,11 +148,14 @@ def main() -> None:
     run.HELD_BY_COUNT = a.by_held
     if a.instance_own_time:
         own_time(a.out)
-    if a.match_light_p50:
+    if a.match_light_p50 or a.fit_reads_first:
         compare = run.compare
 
         def matched(profile, requests, summary, **kwargs):
-            match_light_p50(profile, requests)
+            if a.fit_reads_first:
+                fit_reads_first(profile, requests)
+            if a.match_light_p50:
+                match_light_p50(profile, requests)
             return compare(profile, requests, summary, **kwargs)
 
         run.compare = matched
@@ -177,6 +194,51 @@ def match_light_p50(profile: dict, requests: pd.DataFrame, rounds: int = 3) -> N
         excess = light_p50(profile, rate) - measured
         print(f"round {k}: the model's p50 at {rate:.0f} req/s less the measured {measured:.3f} ms: {excess:+.3f} ms")  # noqa: T201
         trip["samples_ms"] = np.maximum(np.asarray(trip["samples_ms"]) - excess, 0.05).round(4).tolist()
+
+
+HOLDS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, math.inf)  # ms; 0: in the order ready; inf: no bound
+
+
+def fetch_tails(profile: dict, rate: float, hold: float, seed: int = 31, secs: float = 40.0) -> np.ndarray:
+    """The model's fetch as the server times it (a light-load round trip drawn, then the wait
+    from the reply to the handler's turn) at ``rate`` with reads first for ``hold`` ms: its
+    p90 and p99."""
+    from simulator.engine import simulate
+    from simulator.results.metrics import window
+    from simulator.scenario.config import Scenario
+
+    scenario.READS_FIRST, scenario.READS_FIRST_MS = hold > 0, (None if hold == math.inf else hold)
+    doc = scenario.scenario_dict(profile, rate, duration_s=secs, warmup_s=2.0, seed=seed)
+    s = Scenario.model_validate(doc)
+    rec = simulate(s).records
+    w = window(rec, s) & rec.completed
+    resume = doc["preprocess"]["event_loop"]["resume_ms"]
+    light = np.asarray(profile["features"]["light_round_trip"]["samples_ms"])
+    drawn = np.random.default_rng(seed).choice(light, int(w.sum()))
+    return np.percentile(drawn + rec.t_preprocessed[w] - resume - rec.t_features[w], [90, 99])
+
+
+def fit_reads_first(profile: dict, requests: pd.DataFrame) -> float:
+    """Reads first (``event_loop.reads_first``) for the hold in :data:`HOLDS` whose fetch
+    p90 at the fitted levels is closest to the measured (sum of squared log ratios; the
+    fetch's p99 at the highest fitted level holds the slow episodes, which no order of the
+    loop's jobs makes); sets :data:`calibrate.scenario.READS_FIRST` and ``READS_FIRST_MS``
+    to it and returns it. Prints each hold's p90s, simulated against measured, and error."""
+    ok = requests[(requests["status"] == 200) & ~requests["warmup"]]
+    want = {
+        f["level"]: ok.loc[ok["level"] == f["level"], "feature_us"].quantile([0.9, 0.99]).to_numpy() / 1e3
+        for f in profile["fit_levels"]
+    }
+    errors = {}
+    for hold in HOLDS:
+        got = {lv: fetch_tails(profile, profile["levels_rps"][lv], hold) for lv in want}
+        errors[hold] = float(sum(np.log(got[lv][0] / want[lv][0]) ** 2 for lv in want))
+        print(f"reads first for {hold:g} ms: " + ", ".join(f"{got[lv][0]:.2f}/{want[lv][0]:.2f}" for lv in want)  # noqa: T201
+              + f" ms p90; error {errors[hold]:.4f}")  # fmt: skip
+    best = min(errors, key=errors.get)
+    scenario.READS_FIRST, scenario.READS_FIRST_MS = best > 0, (None if best == math.inf else best)
+    print(f"reads first for {best:g} ms")  # noqa: T201
+    return best
 
 
 def own_us(df: pd.DataFrame) -> pd.Series:

@@ -380,6 +380,11 @@ class Scenario(Frozen):
                 "preprocess.event_loop.reads_first puts reads before the resumptions of awaited fetches: "
                 "it needs preprocess.event_loop.resume_ms (a handler that awaits its fetch)"
             )
+        if self.preprocess.event_loop.reads_first_ms is not None and not self.preprocess.event_loop.reads_first:
+            raise ValueError(
+                "preprocess.event_loop.reads_first_ms bounds how long reads go before a resumption: "
+                "it needs preprocess.event_loop.reads_first: true"
+            )
         if self.preprocess.event_loop.timer_late is not None and self.batching.max_queue_delay_ms <= 0:
             raise ValueError(
                 "preprocess.event_loop.timer_late delays the batching window's timer: it needs a window "

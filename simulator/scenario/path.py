@@ -192,6 +192,14 @@ class EventLoop(Frozen):
         "requests get in first at each pass), so in a burst the first requests' resumptions wait for the "
         "burst's reads. False: jobs in the order they became ready.",
     )
+    reads_first_ms: float | None = Field(
+        None,
+        gt=0,
+        description="With reads_first: how long after its fetch is back a resumption still lets waiting reads go "
+        "first, ms; past it, it takes its turn in the order jobs became ready (asyncio lets a reply's continuation "
+        "in after a few passes of its loop, not only when no request waits). None: for as long as any request "
+        "waits to be read.",
+    )
     responds_first: bool = Field(
         False,
         description="A batch's responses are written before the reads and resumptions that became ready while the "

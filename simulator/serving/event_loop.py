@@ -21,8 +21,9 @@ only the requests and batches not answered yet, from one chunk of the run to the
 the loop's jobs (an admission, a batch's hand-back and its responses, the window's timer,
 a handler's resumption after its fetch), each started when the loop is free in the order
 of the time it became ready (with ``reads_first``, a resumption only when no request waits
-to be read), and the instances' batch ends, which happen at their time whatever the loop
-is doing (the batch time fitted on a server holds the hand-back); with
+to be read, or ``reads_first_ms`` after its fetch was back), and the instances' batch ends,
+which happen at their time whatever the loop is doing (the batch time fitted on a server
+holds the hand-back); with
 ``cost_per_in_flight``, each job's time grows with the other requests the loop holds (in
 the server, not yet answered: with ``held_counts: read`` only those read) when it starts;
 with ``cost_by_held``, it is scaled by the measured factor at the count held
@@ -181,7 +182,7 @@ def _kernel_py(
                     loop_free = start
                     clock[1] = -inf
                     kind = _TIMER
-                elif rw == r and not (reads_first and ra <= start):  # a fetch is back: resume, queue
+                elif rw == r and not (ra <= start < rw + reads_first):  # a fetch is back: resume, queue
                     arg = wq[wh]
                     wh += 1
                     loop_free = finish_on_path(start, resume * more, fp_t, fp_w, fp_f)
@@ -303,7 +304,10 @@ class Loop:
         self.resume = -1.0 if loop.resume_ms is None else float(loop.resume_ms)
         self.wait, self.wdue, self.t_back, self.late = np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0)
         self.timer_late = timer_late  # a Sampler of how late the window's timer fires, or None
-        self.reads_first = bool(loop.reads_first)  # a resumption waits while any request waits to be read
+        # how long after its fetch is back a resumption waits while any request waits to be read (0: not)
+        self.reads_first = (
+            (math.inf if loop.reads_first_ms is None else float(loop.reads_first_ms)) if loop.reads_first else 0.0
+        )
         self.responds_first = bool(loop.responds_first)  # a batch's responses before reads and resumptions
         self.batcher_yields = bool(loop.batcher_yields)  # the window's timer after the jobs ready at its turn
         self.held_k = float(loop.cost_per_in_flight)  # each job's work grows with the requests held
