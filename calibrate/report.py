@@ -329,6 +329,24 @@ def _frontend(fe: dict, on_loop: bool = False) -> str:
     )
 
 
+def _reads_first(fit: dict) -> str:
+    """The hold fitted for reads before a resumption (calibrate/reads.py), in words."""
+    hold = fit["hold_ms"]
+    best = next(r for r in fit["by_hold"] if r["hold_ms"] == hold)
+    said = (
+        "in the order they became ready"
+        if hold == 0
+        else "while any request waits to be read"
+        if hold is None
+        else f"for {hold:g} ms after its reply (`event_loop.reads_first_ms`)"
+    )
+    return (
+        f" The loop reads new requests before a handler whose fetch is back {said}: the hold whose fetch p90 at the "
+        f"fitted levels ({', '.join(f'{v:.2f}' for v in best['p90_ms'])} ms) is the measured "
+        f"({', '.join(f'{v:.2f}' for v in fit['measured_p90_ms'])} ms), the shortest of those as close."
+    )
+
+
 def _event_loop(fe: dict, on_loop: bool = False) -> str:
     """The front end's event loop (``preprocess.event_loop``), when the scenario uses it
     (``on_loop``: a ranker's, whose Redis client's CPU it holds too)."""
@@ -349,6 +367,7 @@ def _event_loop(fe: dict, on_loop: bool = False) -> str:
             if on_loop and loop.get("resume_ms") is not None
             else ""
         )
+        + (_reads_first(loop["reads_first"]) if on_loop and loop.get("reads_first") else "")
         + (
             f" Each of its jobs takes {loop['cost_per_in_flight']:.5f} of its time more per other request in the "
             "server, read or waiting to be read (`event_loop.cost_per_in_flight`: the CPU per request of the server "

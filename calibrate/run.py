@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+import calibrate.scenario as calibrated
 from calibrate.cycle import fit_window
 from calibrate.fit import fit_profile
 from calibrate.held import factors_by_held, in_flight_cost
@@ -54,6 +55,7 @@ from calibrate.profile import (
     frontend_servers,
     full_batches,
 )
+from calibrate.reads import fit_reads_first
 from calibrate.report import markdown, over_capacity
 from calibrate.scenario import write_scenario
 from calibrate.servers import get_json, redis_server, server
@@ -228,6 +230,7 @@ def _calibrate(
     summary = level_summary(requests)
     summary["load"] = loads
     summary["held_out"] = [f in VALIDATE_LOADS for f in loads]
+    _reads_first(profile, requests, log)
     log("fitted; simulating the held-out levels")
     table = compare(profile, requests, summary[summary["held_out"]], reps=reps, rng=rng, slices=slices, draws=draws)
     inside = compute_inside(requests, loads, bench)
@@ -286,6 +289,24 @@ def _held_cost(profile: dict) -> None:
         loop["cost_by_held"] = by
     elif held.get("cost_per_in_flight"):
         loop["cost_per_in_flight"] = held["cost_per_in_flight"]
+
+
+def _reads_first(profile: dict, requests: pd.DataFrame, log) -> None:
+    """A ranker whose handler awaits its fetch: how long its loop reads new requests before
+    a resumption (:func:`calibrate.reads.fit_reads_first`), onto its event loop; unless
+    :data:`calibrate.scenario.READS_FIRST` sets it for every profile."""
+    loop = (profile.get("frontend") or {}).get("event_loop")
+    if loop is None:
+        return
+    loop.pop("reads_first", None)
+    if calibrated.READS_FIRST is not None:
+        return
+    fit = fit_reads_first(profile, requests)
+    if fit is not None:
+        loop["reads_first"] = fit
+        hold = fit["hold_ms"]
+        said = "in the order ready" if hold == 0 else "while any waits" if hold is None else f"for {hold:g} ms"
+        log(f"reads before a resumption: {said}")
 
 
 def _fetch_alone(server_args: list[str], servesim: dict, log) -> tuple[dict | None, tuple[int, ...]]:
@@ -456,6 +477,7 @@ def refit_run(out: Path, *, draws: int, rng: np.random.Generator) -> dict:
         profile["window"] = window
     summary = pd.DataFrame(old["levels"])
     profile.setdefault("levels_rps", [float(r) for r in summary["offered_rps"]])
+    _reads_first(profile, requests, lambda _msg: None)
     table = compare(profile, requests, summary[summary["held_out"]], rng=rng, slices=slices, draws=draws)
     inside = pd.DataFrame(old["compute_inside"])
     return _write(out, profile, requests, slices, hiccups, summary, table, inside)

@@ -59,15 +59,15 @@ def scaled_batch_time(st: dict, factor: float) -> dict:
     return out
 
 
-# Whether a calibrated ranker's loop reads every waiting request before it resumes a
-# handler whose fetch is back (``preprocess.event_loop.reads_first``). Off: on five runs it
-# brought the fetch's tail and the p99 at 50-70% to the measurement but put the p50 at
-# 70-85% 7-15% over it (calibrate/README, "The window's timer drawn per window, and reads
-# before resumptions");
-# calibrate/experiments/ranker_loop_models.py --model loop_reads_first turns it on.
-READS_FIRST = False
-# with READS_FIRST, how long after its fetch is back a resumption still lets reads go first, ms
-# (event_loop.reads_first_ms; None: while any request waits); ranker_loop_models.py --reads-first-ms
+# Whether a calibrated ranker's loop reads the waiting requests before it resumes a handler
+# whose fetch is back (``preprocess.event_loop.reads_first``): None, as the profile's fit says
+# (``frontend.event_loop.reads_first.hold_ms``, calibrate/reads.py: for how long); True, while
+# any request waits, or READS_FIRST_MS after the reply (unbounded it brought the fetch's tail and
+# the p99 at 50-70% to the measurement but put the p50 at 70-85% 7-15% over it: calibrate/README,
+# "The window's timer drawn per window, and reads before resumptions"); False, in the order
+# ready (the model before "Reads first, for a while"). ranker_loop_models.py --model
+# loop_reads_first, --reads-first-ms and --in-order set them.
+READS_FIRST: bool | None = None
 READS_FIRST_MS = None
 # which requests the loop's cost per request held counts (event_loop.held_counts): "arrived"
 # (every request in the server, as the closed loop's N in flight), or "read" (before
@@ -172,10 +172,11 @@ def scenario_dict(
                 read = max(1.0 - resume / spec_mean(admit), 0.05)
                 preprocess["service"] = _scaled(admit, read * speed)
                 preprocess["event_loop"]["resume_ms"] = resume * speed
-                if READS_FIRST:
+                hold = reads_first_hold(loop)
+                if hold != 0:  # reads before resumptions, for ``hold`` ms (None: no bound)
                     preprocess["event_loop"]["reads_first"] = True
-                    if READS_FIRST_MS is not None:
-                        preprocess["event_loop"]["reads_first_ms"] = READS_FIRST_MS
+                    if hold is not None:  # a few passes of the loop: as slow as its jobs
+                        preprocess["event_loop"]["reads_first_ms"] = hold * speed
             if RESPONDS_FIRST:
                 preprocess["event_loop"]["responds_first"] = True
             if BATCHER_YIELDS:
@@ -228,6 +229,16 @@ def scenario_dict(
         out["workers"]["instance_type"] = gpu
         del out["cost"]
     return out
+
+
+def reads_first_hold(loop: dict) -> float | None:
+    """How long the loop reads waiting requests before a resumption, ms (None: no bound;
+    0: in the order ready): :data:`READS_FIRST` if set, else the profile's fit (profiles
+    before it: 0)."""
+    if READS_FIRST is not None:
+        return READS_FIRST_MS if READS_FIRST else 0.0
+    fitted = loop.get("reads_first")
+    return 0.0 if fitted is None else fitted["hold_ms"]
 
 
 def ranker_on_loop(profile: dict) -> bool:

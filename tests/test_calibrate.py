@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -430,6 +431,73 @@ def test_a_ranker_with_the_server_clocks_runs_on_one_event_loop_and_keeps_its_li
         fetch_cost=cost,
     )  # fmt: skip
     assert not ranker_on_loop({**prof, **no_clocks})
+
+
+RANKER = Path(__file__).parents[1] / "calibrate/profiles/cpu-ranker-mget/profile.json"
+
+
+def _fetches_made(profile: dict, hold: float) -> pd.DataFrame:
+    """The fitted levels' fetch times, as the server logs them, made by the profile's own
+    model reading first for ``hold`` ms (another seed than the fit's)."""
+    from calibrate.reads import fetch_times
+
+    rows = []
+    for f in profile["fit_levels"]:
+        x = fetch_times(profile, profile["levels_rps"][f["level"]], hold, seed=5, secs=10.0)
+        rows.append(pd.DataFrame({"level": f["level"], "status": 200, "warmup": False, "feature_us": x * 1e3}))
+    return pd.concat(rows, ignore_index=True)
+
+
+@pytest.mark.parametrize(("hold", "fitted"), [(2.0, (1.5, 2.0, 2.5)), (0.0, (0.0, 0.5)), (4.0, (3.0, 4.0))])
+def test_the_reads_first_hold_is_fitted_back_from_the_fetch_times_it_makes(hold, fitted):
+    """The MGET ranker's committed profile: fetch times its model makes reading first for
+    2 ms, in the order ready, or for 4 ms give back that hold (within a step of the grid,
+    the shortest whose p90s are within a tenth of the best error)."""
+    from calibrate.reads import fit_reads_first
+
+    profile = json.loads(RANKER.read_text())
+    fit = fit_reads_first(profile, _fetches_made(profile, hold), secs=10.0)
+    assert fit["hold_ms"] in fitted
+    assert [r["hold_ms"] for r in fit["by_hold"]][-1] is None  # no bound, as JSON keeps it
+    assert len(fit["measured_p90_ms"]) == len(profile["fit_levels"])
+    if hold == 2.0:  # the report says what was fitted
+        from calibrate.report import _event_loop
+
+        profile["frontend"]["event_loop"]["reads_first"] = fit
+        said = _event_loop(profile["frontend"], on_loop=True)
+        assert f"for {fit['hold_ms']:g} ms after its reply (`event_loop.reads_first_ms`)" in said
+    profile["frontend"]["event_loop"].pop("resume_ms")  # the fetch before the admission: nothing to hold
+    assert fit_reads_first(profile, _fetches_made(json.loads(RANKER.read_text()), hold)) is None
+
+
+def test_the_fitted_hold_reaches_the_scenario(monkeypatch):
+    """A profile's fitted hold is the scenario's reads_first_ms (as slow as the loop's
+    jobs: × the slice's speed); no bound is reads_first alone; 0, or a profile fitted before
+    the hold, is the order ready; READS_FIRST set overrides the profile."""
+    import calibrate.scenario as calibrated
+    from simulator.scenario.config import Scenario
+
+    profile = json.loads(RANKER.read_text())
+
+    def loop(hold, speed=1.0) -> dict:
+        if hold != "absent":
+            profile["frontend"]["event_loop"]["reads_first"] = {"hold_ms": hold}
+        doc = calibrated.scenario_dict(profile, 500.0, duration_s=5.0, warmup_s=1.0, speed=speed)
+        Scenario.model_validate(doc)
+        el = doc["preprocess"]["event_loop"]
+        return {k: el[k] for k in ("reads_first", "reads_first_ms") if k in el}
+
+    assert loop("absent") == {}
+    assert loop(2.0) == {"reads_first": True, "reads_first_ms": 2.0}
+    assert loop(2.0, speed=1.5) == {"reads_first": True, "reads_first_ms": 3.0}
+    assert loop(None) == {"reads_first": True}
+    assert loop(0.0) == {}
+    monkeypatch.setattr(calibrated, "READS_FIRST", False)
+    assert loop(2.0) == {}
+    monkeypatch.setattr(calibrated, "READS_FIRST", True)
+    assert loop(2.0) == {"reads_first": True}
+    monkeypatch.setattr(calibrated, "READS_FIRST_MS", 1.0)
+    assert loop(None) == {"reads_first": True, "reads_first_ms": 1.0}
 
 
 def test_the_platform_speed_per_slice_is_recovered_and_averages_one():

@@ -8,10 +8,17 @@ a copy of the folder; its validation.md says how each held-out percentile fared.
 * ``loop``: the front end's one event loop (admission, hand-back, responses), the configured
   window;
 * ``loop_window``: the loop with the window as the server keeps it;
-* ``loop_await``: and the handler awaiting its fetch mid-way (``event_loop.resume_ms``) and
-  the window's timer drawn late per window (``event_loop.timer_late``): the code as committed;
+* ``loop_await``: and the handler awaiting its fetch mid-way (``event_loop.resume_ms``), the
+  window's timer drawn late per window (``event_loop.timer_late``) and the loop reading new
+  requests before a handler whose fetch is back for a hold fitted on the run
+  (``event_loop.reads_first_ms``, calibrate/reads.py): the code as committed;
 * ``loop_reads_first``: and the loop reading every waiting request before it resumes a
-  handler whose fetch is back (``event_loop.reads_first``; off in the code as committed).
+  handler whose fetch is back, for as long as any waits (``event_loop.reads_first``, no
+  bound).
+
+``--reads-first-ms MS`` holds each resumption for MS ms, not fitted, and ``--in-order`` takes
+the loop's jobs in the order they became ready (the model before "Reads first, for a
+while").
 
 With ``--cost-per-in-flight K`` the loop's work grows by K per other request it holds
 (``event_loop.cost_per_in_flight``, measured by ranker_in_flight_cost.py); with
@@ -41,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 from pathlib import Path
 
@@ -94,10 +100,10 @@ def main() -> None:
         "first, ms (event_loop.reads_first_ms; default: while any request waits).",
     )
     ap.add_argument(
-        "--fit-reads-first",
+        "--in-order",
         action="store_true",
-        help="Reads first, for the hold (--reads-first-ms, or none: in the order ready) whose simulated fetch "
-        "p90 and p99 at the fitted levels come closest to the measured (fit_reads_first).",
+        help="The loop's jobs in the order they became ready, no hold fitted (the model before \"Reads first, for "
+        'a while").',
     )
     ap.add_argument(
         "--responds-first",
@@ -130,8 +136,10 @@ def main() -> None:
         run.fit_window = lambda *args, **kwargs: None
     if a.model not in ("loop_await", "loop_reads_first"):  # the fetch before one admission job
         cycle.fit_resume = lambda *args, **kwargs: None
-    scenario.READS_FIRST = a.model == "loop_reads_first"
-    scenario.READS_FIRST_MS = a.reads_first_ms
+    if a.model == "loop_reads_first" or a.reads_first_ms is not None:  # for every profile, not fitted
+        scenario.READS_FIRST, scenario.READS_FIRST_MS = True, a.reads_first_ms
+    elif a.in_order:
+        scenario.READS_FIRST = False
     scenario.HELD_COUNTS = a.held_counts
     scenario.RESPONDS_FIRST = a.responds_first
     scenario.BATCHER_YIELDS = a.batcher_yields
@@ -148,14 +156,11 @@ def main() -> None:
     run.HELD_BY_COUNT = a.by_held
     if a.instance_own_time:
         own_time(a.out)
-    if a.match_light_p50 or a.fit_reads_first:
+    if a.match_light_p50:
         compare = run.compare
 
         def matched(profile, requests, summary, **kwargs):
-            if a.fit_reads_first:
-                fit_reads_first(profile, requests)
-            if a.match_light_p50:
-                match_light_p50(profile, requests)
+            match_light_p50(profile, requests)
             return compare(profile, requests, summary, **kwargs)
 
         run.compare = matched
@@ -194,51 +199,6 @@ def match_light_p50(profile: dict, requests: pd.DataFrame, rounds: int = 3) -> N
         excess = light_p50(profile, rate) - measured
         print(f"round {k}: the model's p50 at {rate:.0f} req/s less the measured {measured:.3f} ms: {excess:+.3f} ms")  # noqa: T201
         trip["samples_ms"] = np.maximum(np.asarray(trip["samples_ms"]) - excess, 0.05).round(4).tolist()
-
-
-HOLDS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, math.inf)  # ms; 0: in the order ready; inf: no bound
-
-
-def fetch_tails(profile: dict, rate: float, hold: float, seed: int = 31, secs: float = 40.0) -> np.ndarray:
-    """The model's fetch as the server times it (a light-load round trip drawn, then the wait
-    from the reply to the handler's turn) at ``rate`` with reads first for ``hold`` ms: its
-    p90 and p99."""
-    from simulator.engine import simulate
-    from simulator.results.metrics import window
-    from simulator.scenario.config import Scenario
-
-    scenario.READS_FIRST, scenario.READS_FIRST_MS = hold > 0, (None if hold == math.inf else hold)
-    doc = scenario.scenario_dict(profile, rate, duration_s=secs, warmup_s=2.0, seed=seed)
-    s = Scenario.model_validate(doc)
-    rec = simulate(s).records
-    w = window(rec, s) & rec.completed
-    resume = doc["preprocess"]["event_loop"]["resume_ms"]
-    light = np.asarray(profile["features"]["light_round_trip"]["samples_ms"])
-    drawn = np.random.default_rng(seed).choice(light, int(w.sum()))
-    return np.percentile(drawn + rec.t_preprocessed[w] - resume - rec.t_features[w], [90, 99])
-
-
-def fit_reads_first(profile: dict, requests: pd.DataFrame) -> float:
-    """Reads first (``event_loop.reads_first``) for the hold in :data:`HOLDS` whose fetch
-    p90 at the fitted levels is closest to the measured (sum of squared log ratios; the
-    fetch's p99 at the highest fitted level holds the slow episodes, which no order of the
-    loop's jobs makes); sets :data:`calibrate.scenario.READS_FIRST` and ``READS_FIRST_MS``
-    to it and returns it. Prints each hold's p90s, simulated against measured, and error."""
-    ok = requests[(requests["status"] == 200) & ~requests["warmup"]]
-    want = {
-        f["level"]: ok.loc[ok["level"] == f["level"], "feature_us"].quantile([0.9, 0.99]).to_numpy() / 1e3
-        for f in profile["fit_levels"]
-    }
-    errors = {}
-    for hold in HOLDS:
-        got = {lv: fetch_tails(profile, profile["levels_rps"][lv], hold) for lv in want}
-        errors[hold] = float(sum(np.log(got[lv][0] / want[lv][0]) ** 2 for lv in want))
-        print(f"reads first for {hold:g} ms: " + ", ".join(f"{got[lv][0]:.2f}/{want[lv][0]:.2f}" for lv in want)  # noqa: T201
-              + f" ms p90; error {errors[hold]:.4f}")  # fmt: skip
-    best = min(errors, key=errors.get)
-    scenario.READS_FIRST, scenario.READS_FIRST_MS = best > 0, (None if best == math.inf else best)
-    print(f"reads first for {best:g} ms")  # noqa: T201
-    return best
 
 
 def own_us(df: pd.DataFrame) -> pd.Series:

@@ -63,8 +63,9 @@ def _simulate(scenario: Path | dict, rate: float, out: Path, *, reads_first=Fals
     file): every request's record, in arrival order."""
     doc = yaml.safe_load(scenario.read_text()) if isinstance(scenario, Path) else scenario
     doc["duration_s"] = secs
-    if reads_first:
-        doc["preprocess"]["event_loop"]["reads_first"] = True
+    el = doc["preprocess"]["event_loop"]
+    el.pop("reads_first_ms", None)  # no bound, or none at all (a refit's hold left out)
+    el["reads_first"] = bool(reads_first)
     doc["traffic"] = {"arrivals_file": str(arrivals)} if arrivals is not None else {"rate_rps": rate}
     path = out.with_suffix(".yaml")
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
