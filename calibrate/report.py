@@ -341,9 +341,9 @@ def _reads_first(fit: dict) -> str:
         else f"for {hold:g} ms after its reply (`event_loop.reads_first_ms`)"
     )
     return (
-        f" The loop reads new requests before a handler whose fetch is back {said}: the hold whose fetch p90 at the "
-        f"fitted levels ({', '.join(f'{v:.2f}' for v in best['p90_ms'])} ms) is the measured "
-        f"({', '.join(f'{v:.2f}' for v in fit['measured_p90_ms'])} ms), the shortest of those as close."
+        f" The loop reads new requests before a handler whose fetch is back {said}: the shortest hold whose fetch "
+        f"p90s at the fitted levels ({', '.join(f'{v:.2f}' for v in best['p90_ms'])} ms) come as close as any to the "
+        f"measured ({', '.join(f'{v:.2f}' for v in fit['measured_p90_ms'])} ms), within the fit's noise."
     )
 
 
