@@ -480,6 +480,7 @@ def test_the_fitted_hold_reaches_the_scenario(monkeypatch):
     profile = json.loads(RANKER.read_text())
 
     def loop(hold, speed=1.0) -> dict:
+        profile["frontend"]["event_loop"].pop("reads_first", None)  # a profile fitted before the hold
         if hold != "absent":
             profile["frontend"]["event_loop"]["reads_first"] = {"hold_ms": hold}
         doc = calibrated.scenario_dict(profile, 500.0, duration_s=5.0, warmup_s=1.0, speed=speed)
