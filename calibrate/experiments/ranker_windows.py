@@ -7,6 +7,7 @@ loop's options named by ``--with``.
 
     python calibrate/experiments/ranker_windows.py RUN --load 0.5   # seconds
     python calibrate/experiments/ranker_windows.py RUN --load 0.5 --with reads_first
+    python calibrate/experiments/ranker_windows.py RUN --load 0.5 --stages   # where the rise is
 """
 
 from __future__ import annotations
@@ -40,27 +41,67 @@ def by_burst(t_ms: np.ndarray, latency_ms: np.ndarray) -> pd.DataFrame:
     return out[["share", "slowest", "p50"]]
 
 
-def measured(run: Path, level: int) -> pd.DataFrame:
-    """The server's windows, slice by slice laid end to end (a second apart)."""
+STAGES = ("to_queue", "fetch", "queue", "batch", "response", "outside")
+
+
+def stages_by_burst(t_ms: np.ndarray, stages: pd.DataFrame) -> pd.DataFrame:
+    """Per bin of requests a window holds: each stage's mean over the bin's requests."""
+    w = ((t_ms - t_ms.min()) // WINDOW_MS).astype(int)
+    size = pd.Series(w).map(pd.Series(w).value_counts()).to_numpy()
+    return stages.groupby(pd.cut(size, BINS), observed=True)[list(STAGES)].mean().rename_axis("requests")
+
+
+def measured(run: Path, level: int, *, stages: bool = False) -> pd.DataFrame:
+    """The server's windows, slice by slice laid end to end (a second apart); with
+    ``stages``, each stage's mean by bin: from the handler's start to the queue (its fetch
+    apart too: ``feature_us``), the queue, the batch (hand-off and compute), the response
+    (the rest of the server's time) and outside it (the socket before the handler, the
+    client)."""
     req = pd.read_csv(run / "measurements.csv.gz")
     m = req[(req["level"] == level) & ~req["warmup"] & (req["status"] == 200)]
-    t, lat, offset = [], [], 0.0
+    t, parts, offset = [], [], 0.0
     for _, s in m.groupby("slice"):
         r = s["received_at_ns"].to_numpy() / 1e6
         t.append(r - r.min() + offset)
-        lat.append(s["latency_ms"].to_numpy())
+        parts.append(s)
         offset += r.max() - r.min() + 1_000.0
-    return by_burst(np.concatenate(t), np.concatenate(lat))
+    t, m = np.concatenate(t), pd.concat(parts)
+    if not stages:
+        return by_burst(t, m["latency_ms"].to_numpy())
+    batch = sum(m[c] for c in ("handoff_us", "compute_input_us", "compute_infer_us", "compute_output_us")) / 1e3
+    st = pd.DataFrame(
+        {
+            "to_queue": (m["enqueued_at_ns"] - m["received_at_ns"]) / 1e6, "fetch": m["feature_us"] / 1e3,
+            "queue": m["queue_us"] / 1e3, "batch": batch, "server": m["request_us"] / 1e3, "lat": m["latency_ms"],
+        }
+    )  # fmt: skip
+    st["response"] = st["server"] - st["to_queue"] - st["queue"] - st["batch"]
+    st["outside"] = st["lat"] - st["server"]
+    return stages_by_burst(t, st.reset_index(drop=True))
 
 
-def simulated(profile: dict, rate: float, options: list[str]) -> pd.DataFrame:
+def simulated(profile: dict, rate: float, options: list[str], *, stages: bool = False) -> pd.DataFrame:
+    """The profile simulated 60 s at ``rate``; with ``stages``, each stage's mean by bin,
+    as :func:`measured` cuts them (the wait for the loop before the read is in the model's
+    way to the queue; its fetch is the wait from the reply to the queue, the round trip's
+    pure delay apart)."""
     doc = scenario.scenario_dict(profile, rate, duration_s=60.0, warmup_s=2.0, seed=1)
     for name in options:
         doc["preprocess"]["event_loop"][name] = True
     s = Scenario.model_validate(doc)
     rec = simulate(s).records
     w = window(rec, s) & rec.completed
-    return by_burst(rec.t_router[w], rec.t_response[w] - rec.arrival[w])
+    if not stages:
+        return by_burst(rec.t_router[w], rec.t_response[w] - rec.arrival[w])
+    st = pd.DataFrame(
+        {
+            "to_queue": (rec.t_preprocessed - rec.t_router)[w], "fetch": (rec.t_preprocessed - rec.t_features)[w],
+            "queue": (rec.t_dispatch - rec.t_preprocessed)[w], "batch": (rec.t_inferred - rec.t_dispatch)[w],
+            "response": (rec.t_response - rec.t_inferred)[w], "lat": (rec.t_response - rec.arrival)[w],
+        }
+    )  # fmt: skip
+    st["outside"] = st["lat"] - st["to_queue"] - st["queue"] - st["batch"] - st["response"]
+    return stages_by_burst(rec.t_router[w], st)
 
 
 def main() -> None:
@@ -70,12 +111,13 @@ def main() -> None:
     ap.add_argument(
         "--with", dest="options", action="append", default=[], help="A boolean event_loop option to turn on."
     )
+    ap.add_argument("--stages", action="store_true", help="Each stage's mean by bin rather than the latency.")
     a = ap.parse_args()
     profile = json.loads((a.run / "profile.json").read_text())
     levels = pd.DataFrame(json.loads((a.run / "validation.json").read_text())["levels"])
     row = levels.iloc[int(np.argmin(np.abs(levels["load"] - a.load)))]
-    m = measured(a.run, int(row["level"]))
-    s = simulated(profile, float(row["offered_rps"]), a.options)
+    m = measured(a.run, int(row["level"]), stages=a.stages)
+    s = simulated(profile, float(row["offered_rps"]), a.options, stages=a.stages)
     both = pd.merge(m, s, left_index=True, right_index=True, how="outer", suffixes=(" measured", " simulated"))
     print(  # noqa: T201
         f"load {row['load']:.0%} ({row['offered_rps']:.0f} req/s); {WINDOW_MS:g} ms windows by the requests they hold"
