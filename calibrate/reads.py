@@ -13,8 +13,9 @@ bounds that wait. The bound is fitted on the fitted levels' own fetch times
 (a light-load round trip drawn, then the wait from the reply to the handler's turn), and
 the hold whose p90s come closest (sum of squared log ratios). Past 3-4 ms the p90 no
 longer tells the holds apart (the bursts' waits are all inside it), so the fit takes the
-shortest hold within :data:`KNEE` and :data:`NOISE` of the least error; the p99 is left out because at the
-highest fitted level it holds the slow episodes, which no order of the loop's jobs makes.
+shortest hold within :data:`KNEE` and :data:`NOISE` of the least error; the p99 is left
+out because at the highest fitted level it holds the slow episodes, which no order of the
+loop's jobs makes.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import pandas as pd
 # the holds tried, ms: 0 is the order ready, inf no bound (reads first while any waits)
 HOLDS = (0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0, math.inf)
 # the shortest hold whose error is within KNEE × the least + NOISE (a p90 4% off at each of
-# three levels; two runs of one model differ by ~0.003 with 10 s simulations)
+# three levels; fetch times made by the model itself at another seed, 10 s a level, leave
+# 0.003-0.006 at their own hold)
 KNEE, NOISE = 1.1, 0.005
 
 

@@ -334,7 +334,7 @@ def _reads_first(fit: dict) -> str:
     hold = fit["hold_ms"]
     best = next(r for r in fit["by_hold"] if r["hold_ms"] == hold)
     said = (
-        "in the order they became ready"
+        "only when they became ready first (no hold)"
         if hold == 0
         else "while any request waits to be read"
         if hold is None

@@ -104,7 +104,7 @@ _dispatch = jit.njit(cache=True, nogil=True)(_dispatch_py)
 
 
 def _kernel_py(
-    n, horizon, st, clock, t, cost, wait, late, resume, reads_first, responds_first, batcher_yields, held_k, hx, hf,
+    n, horizon, st, clock, t, cost, wait, late, resume, reads_hold, responds_first, batcher_yields, held_k, hx, hf,
     arrived, wq, wdue, t_back, ret, resp_b, resp_k,
     max_b, delay, cap, preferred, factors, means,
     ip_t, ip_w, ip_f, fp_t, fp_w, fp_f, free_at, busy, seq, ends, bid, back, resp,
@@ -182,7 +182,7 @@ def _kernel_py(
                     loop_free = start
                     clock[1] = -inf
                     kind = _TIMER
-                elif rw == r and not (ra <= start < rw + reads_first):  # a fetch is back: resume, queue
+                elif rw == r and not (ra <= start < rw + reads_hold):  # a fetch is back: resume, queue
                     arg = wq[wh]
                     wh += 1
                     loop_free = finish_on_path(start, resume * more, fp_t, fp_w, fp_f)
@@ -305,7 +305,7 @@ class Loop:
         self.wait, self.wdue, self.t_back, self.late = np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0)
         self.timer_late = timer_late  # a Sampler of how late the window's timer fires, or None
         # how long after its fetch is back a resumption waits while any request waits to be read (0: not)
-        self.reads_first = (
+        self.reads_hold = (
             (math.inf if loop.reads_first_ms is None else float(loop.reads_first_ms)) if loop.reads_first else 0.0
         )
         self.responds_first = bool(loop.responds_first)  # a batch's responses before reads and resumptions
@@ -361,7 +361,7 @@ class Loop:
         self.wq, self.wdue = _grow(self.wq, int(st[_WT]) + n + 1, 0), _grow(self.wdue, int(st[_WT]) + n + 1, 0.0)
         b = self.batching
         _kernel(
-            n, float(horizon), st, self.clock, self.t, self.cost, self.wait, self.late, self.resume, self.reads_first,
+            n, float(horizon), st, self.clock, self.t, self.cost, self.wait, self.late, self.resume, self.reads_hold,
             self.responds_first, self.batcher_yields,
             self.held_k, self.hx, self.hf, self.arrived, self.wq, self.wdue, self.t_back,
             float(self.loop.return_ms), float(self.loop.respond_per_batch_ms), float(self.loop.respond_per_request_ms),
