@@ -59,6 +59,7 @@ from simulator.scenario.config import Scenario
 from simulator.serving.classes import ClassesPool
 from simulator.serving.continuous import LLMService, Replicas
 from simulator.serving.event_loop import Loop
+from simulator.serving.frontends import Frontends
 from simulator.serving.router import Router
 from simulator.serving.served import TokensServed
 from simulator.serving.streamed import Horizon
@@ -180,9 +181,20 @@ class _Run:
         self.post = Postprocessing(s, rng)
         self.front = Front(s, rng, speed)  # the caches and the feature stage
         by_id = self.front.by_id  # past a cache, requests reach the later stages out of request order
-        self.loop = s.preprocess.event_loop is not None
+        self.loop = s.preprocess.event_loop is not None or s.preprocess.relay is not None
         self.pool = None
-        if self.loop:  # the front end's one event loop, and the instances it feeds
+        if s.preprocess.relay is not None:  # the front ends, their hub, and the instances it feeds
+            service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed).feed(0)
+            self.loop_server = Frontends(
+                s.preprocess.relay,
+                s.batching,
+                s.preprocess.cpu_workers,
+                s.workers.count * s.workers.instances,
+                service,
+                None if speed is None else speed.frontend,
+            )
+            self.loop_wait = Horizon(by_id=True)
+        elif self.loop:  # the front end's one event loop, and the instances it feeds
             service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed).feed(0)
             self.loop_server = Loop(
                 s.preprocess.event_loop,
@@ -391,6 +403,15 @@ class _Run:
         the rows settled (answered, or refused at the door), and the batches answered."""
         c, ledger = self.ledger.cols, self.ledger
         rows = ids - ledger.lo
+        if isinstance(self.loop_server, Frontends):  # several front ends and their hub
+            self.loop_wait.push(t, ids, rows_of(c.svc, rows))
+            t, ids, cost = self.loop_wait.ready(horizon)
+            self.loop_server.push(ids, t, cost, np.asarray(self.pre.hub.draw(len(ids)), dtype=float))
+            ids, t_enq, served, t_resp, batches = self.loop_server.run(horizon)
+            rows = ids - ledger.lo
+            c.t_preprocessed[rows] = t_enq
+            c.t_answered[rows] = t_resp
+            return ledger.settle(ids, served), batches
         if self.loop_server.resume >= 0:  # the handler starts before its fetch and awaits it off the loop
             t_api = c.t_api[rows]
             self.loop_wait.push(t_api, ids, rows_of(c.svc, rows), t - t_api)

@@ -229,6 +229,7 @@ class Scenario(Frozen):
             (bool(t.classes), "traffic.classes"),
             (self.router.canary is not None or self.router.shadow is not None, "router.canary and router.shadow"),
             (self.preprocess.event_loop is not None, "preprocess.event_loop"),
+            (self.preprocess.relay is not None, "preprocess.relay"),
             (w.failures is not None, "workers.failures"),
             (self.router.activator is not None, "router.activator"),
             *(
@@ -347,7 +348,7 @@ class Scenario(Frozen):
 
     @model_validator(mode="after")
     def _event_loop_supported(self) -> Scenario:
-        if self.preprocess.event_loop is None:
+        if self.preprocess.event_loop is None and self.preprocess.relay is None:
             return self
         reasons = [
             (self.workers.dynamic, "workers.autoscaler and workers.failures"),
@@ -357,12 +358,16 @@ class Scenario(Frozen):
             (self.batching.timeout_ms is not None or self.batching.deadline_ms is not None,
              "batching.timeout_ms and deadline_ms"),
         ]  # fmt: skip
+        if self.preprocess.relay is not None:
+            reasons.append((self.batching.kind != "triton", f"batching.kind {self.batching.kind}"))
         found = [why for cond, why in reasons if cond]
+        name = "preprocess.event_loop" if self.preprocess.event_loop is not None else "preprocess.relay"
         if found:
             raise ValueError(
-                "preprocess.event_loop models one front end feeding one batch queue; "
-                f"it does not combine with {', '.join(found)} yet"
+                f"{name} models front ends feeding one batch queue; it does not combine with {', '.join(found)} yet"
             )
+        if self.preprocess.event_loop is None:
+            return self
         f = self.features
         if self.preprocess.event_loop.resume_ms is not None:
             awaits = [

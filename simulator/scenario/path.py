@@ -264,6 +264,36 @@ class EventLoop(Frozen):
         return self
 
 
+class Relay(Frozen):
+    """The way back through the hub of several front ends (``servesim serve --frontends N``).
+
+    Each of the ``cpu_workers`` front ends is an event loop, dealt every N-th request: it
+    reads and preprocesses a request (``preprocess.service``) and relays it to the hub,
+    and when the answer comes back it writes the response (``respond_ms``), its jobs one
+    at a time in the order they became ready. The hub is one loop too: it takes each item
+    in (``preprocess.hub``) and, when an instance has computed a batch (the instance is
+    free then: the batch time holds the hand-back), takes its outputs in
+    (``hub_return_ms``) and sends the answers to their front ends (``hub_answer_ms``
+    each, in the batch's order);
+    the batching window's timer waits for its job in progress. So an answer that reaches a
+    front end busy preprocessing another request waits for it, and a batch's later answers
+    wait for its earlier ones (calibrate/README, "The way back through the hub").
+    """
+
+    respond_ms: float = Field(
+        0.0, ge=0, description="A front end's time to read a request's answer and write its response, ms."
+    )
+    hub_return_ms: float = Field(
+        0.0,
+        ge=0,
+        description="The hub's time to take a batch's outputs in before it sends their answers, ms (the instance "
+        "is free at the batch's end: the batch time holds the hand-back).",
+    )
+    hub_answer_ms: float = Field(
+        0.0, ge=0, description="The hub's time to send one request's answer to its front end, ms."
+    )
+
+
 class Preprocess(Frozen):
     """CPU preprocessing (decode, resize, tokenise) on a pool of CPU workers, FCFS."""
 
@@ -288,12 +318,32 @@ class Preprocess(Frozen):
         "batcher and the answers back; a single dispatcher thread).",
     )
 
+    relay: Relay | None = Field(
+        None,
+        description="The answers' way back through the hub to the front ends, each front end and the hub an event "
+        "loop (needs cpu_workers of 2 or more, dispatch round_robin and hub). None: the front ends and the hub are "
+        "stations before the batch queue, and the way back a pure delay.",
+    )
+
     @model_validator(mode="after")
     def _loop_is_one_worker(self) -> Preprocess:
         if self.event_loop is not None and (self.cpu_workers != 1 or self.service is None):
             raise ValueError("preprocess.event_loop is one loop: it needs preprocess.service and cpu_workers: 1")
         if self.hub is not None and self.event_loop is not None:
             raise ValueError("preprocess.hub and preprocess.event_loop: the event loop is the one process already")
+        if self.relay is not None:
+            need = [
+                (self.service is None, "preprocess.service (each front end's work per request)"),
+                ((self.cpu_workers or 0) < 2, "cpu_workers of 2 or more (the front ends)"),
+                (self.dispatch != "round_robin", "dispatch: round_robin (each front end dealt its requests)"),
+                (self.hub is None, "preprocess.hub (the hub's work per request on the way in)"),
+                (self.event_loop is not None, "no preprocess.event_loop (one front end's loop)"),
+            ]  # fmt: skip
+            missing = [why for cond, why in need if cond]
+            if missing:
+                raise ValueError(
+                    f"preprocess.relay runs several front ends and their hub: it needs {'; '.join(missing)}"
+                )
         if self.dispatch == "round_robin" and self.cpu_workers is None:
             raise ValueError("preprocess.dispatch round_robin deals requests to cpu_workers queues: set cpu_workers")
         return self

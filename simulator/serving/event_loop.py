@@ -274,6 +274,25 @@ def _grow(a: np.ndarray, size: int, fill) -> np.ndarray:
     return out
 
 
+def settled(server) -> tuple[np.ndarray, Served]:
+    """The requests of ``server`` (a :class:`Loop` or a
+    :class:`~simulator.serving.frontends.Frontends`) answered or refused and not yet
+    handed out, marked as handed out, and their serving columns."""
+    n = server.n
+    done = ~np.isnan(server.t_resp[:n]) | (server.outcome[:n] == _REJECTED)
+    p = np.flatnonzero(done & ~server.rep[:n])
+    server.rep[p] = True
+    served = Served.empty(len(p))._replace(
+        outcome=server.outcome[p].copy(), t_dropped=server.t_drop[p].copy(), t_dispatch=server.t_disp[p].copy()
+    )
+    mine = server.pb[p]
+    a = mine >= 0
+    served.t_done[a] = server.b_end[mine[a]]
+    served.batch_size[a] = server.b_size[mine[a]]
+    served.instance[a] = server.b_inst[mine[a]]
+    return p, served
+
+
 class Loop:
     """The front end's event loop with its batch queue and model instances, run chunk by
     chunk: requests are :meth:`push`-ed in the order they become ready for the loop, and
@@ -376,17 +395,7 @@ class Loop:
         """What ended since the last call, out; the state kept from the first request and
         the first batch not out yet, indices shifted to match."""
         n, nb = self.n, int(self.st[_NB])
-        done = ~np.isnan(self.t_resp[:n]) | (self.outcome[:n] == _REJECTED)
-        p = np.flatnonzero(done & ~self.rep[:n])
-        self.rep[p] = True
-        served = Served.empty(len(p))._replace(
-            outcome=self.outcome[p].copy(), t_dropped=self.t_drop[p].copy(), t_dispatch=self.t_disp[p].copy()
-        )
-        mine = self.pb[p]
-        a = mine >= 0
-        served.t_done[a] = self.b_end[mine[a]]
-        served.batch_size[a] = self.b_size[mine[a]]
-        served.instance[a] = self.b_inst[mine[a]]
+        p, served = settled(self)
         out = (self.ids[p].copy(), self.t_enq[p].copy(), served, self.t_resp[p].copy(), self.t_back[p].copy())
         responded = self.b_resp[:nb]
         b = np.flatnonzero(responded & ~self.b_out[:nb])
