@@ -13,14 +13,15 @@ from the server's own clocks:
 then, one thing changed, the held-out levels' p50 and p99 of the run's scenario (the front
 ends and the hub as stations before the queue, the way back a pure delay) against the same
 scenario with ``preprocess.relay`` (each front end and the hub an event loop that also
-answers), each the median of ``--seeds`` simulated designs of the run's slices. The way back's parameters come from the
-fitted levels alone: the hub's time per answer is the slope of (1) at the lightest fitted
-level, its time to take a batch back what is left of its CPU per batch after the answers
-and the way in (the hub's CPU per request is kept), a front end's ``respond_ms`` is tried
-over ``--respond`` and the one whose simulated time after the batch at the fitted levels
-comes closest to the measured is kept (its CPU comes off the front end's admission, so the
-front end's CPU per request is the measured one), and the pure delay gives back what the
-way back adds at the lightest fitted level, so the light load stays as measured.
+answers), each the median of ``--seeds`` simulated designs of the run's slices. The way
+back's parameters come from the fitted levels alone: the hub's time per answer is the
+slope of (1) at the lightest fitted level, taken off its time per request on the way in
+(the instance is free at the batch's end, the batch time holding the hand-back: no return
+job); a front end's ``respond_ms`` is tried over ``--respond`` and the one whose simulated
+time after the batch at the fitted levels rises from the lightest as the measured does is
+kept (its CPU comes off the front end's admission, so the front end's CPU per request is
+the measured one); and the pure delay gives back what the way back adds at the lightest
+fitted level, so the light load stays as measured.
 
     python calibrate/experiments/hub_relay.py [RUN] [--seeds 20]
 """
