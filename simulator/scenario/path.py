@@ -274,10 +274,10 @@ class Relay(Frozen):
     in (``preprocess.hub``) and, when an instance has computed a batch (the instance is
     free then: the batch time holds the hand-back), takes its outputs in
     (``hub_return_ms``) and sends the answers to their front ends (``hub_answer_ms``
-    each, in the batch's order);
-    the batching window's timer waits for its job in progress. So an answer that reaches a
-    front end busy preprocessing another request waits for it, and a batch's later answers
-    wait for its earlier ones (calibrate/README, "The way back through the hub").
+    each, in the batch's order); the batching window's timer waits for its job in
+    progress. So an answer that reaches a front end busy preprocessing another request
+    waits for it, and a batch's later answers wait for its earlier ones (calibrate/README,
+    "The way back through the hub").
     """
 
     respond_ms: float = Field(
