@@ -183,8 +183,9 @@ class _Run:
         by_id = self.front.by_id  # past a cache, requests reach the later stages out of request order
         self.loop = s.preprocess.event_loop is not None or s.preprocess.relay is not None
         self.pool = None
-        if s.preprocess.relay is not None:  # the front ends, their hub, and the instances it feeds
+        if self.loop:  # the instances a front end's loop, or several front ends' hub, feeds
             service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed).feed(0)
+        if s.preprocess.relay is not None:  # the front ends, their hub, and the instances it feeds
             self.loop_server = Frontends(
                 s.preprocess.relay,
                 s.batching,
@@ -195,7 +196,6 @@ class _Run:
             )
             self.loop_wait = Horizon(by_id=True)
         elif self.loop:  # the front end's one event loop, and the instances it feeds
-            service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed).feed(0)
             self.loop_server = Loop(
                 s.preprocess.event_loop,
                 s.batching,

@@ -358,8 +358,6 @@ class Scenario(Frozen):
             (self.batching.timeout_ms is not None or self.batching.deadline_ms is not None,
              "batching.timeout_ms and deadline_ms"),
         ]  # fmt: skip
-        if self.preprocess.relay is not None:
-            reasons.append((self.batching.kind != "triton", f"batching.kind {self.batching.kind}"))
         found = [why for cond, why in reasons if cond]
         name = "preprocess.event_loop" if self.preprocess.event_loop is not None else "preprocess.relay"
         if found:

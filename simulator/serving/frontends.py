@@ -46,15 +46,15 @@ from simulator.serving.compiled import finish_on_path
 from simulator.serving.event_loop import _arrays, _dispatch, _grow, settled
 
 _REJECTED = int(Outcome.REJECTED)
-_ENQ, _ANS, _TIMER = 1, 3, 4  # the hub's jobs, as they end
+_ENQ, _ANS, _TIMER = 1, 2, 3  # the hub's jobs, as they end
 _ADMIT, _RESPOND = 1, 2  # a front end's
 
-# the kernel's scalar state (an int64 array) and its clock (the hub free; when the timer's due)
+# the kernel's scalar state (an int64 array); its clock holds when the hub is free
 _I, _QH, _QT, _NB, _FPOS, _HH, _HT, _SEQC, _TIMED = range(9)
 
 
 def _kernel_py(
-    n, horizon, st, clock, t, cost, hub_in, late, lp, nxt, rnext, rready,
+    n, horizon, st, clock, t, cost, hub_in, lp, nxt, rnext, rready,
     ret, ans, resp, max_b, delay, cap, preferred, factors, means,
     ip_t, ip_w, ip_f, fp_t, fp_w, fp_f, free_at, busy, seq, ends, bid,
     lfree, lrun, lkind, larg, ahead, rhead, rtail, hq_t, hq_k, hq_a,
@@ -80,8 +80,8 @@ def _kernel_py(
         tdue = inf
         if timed == 0 and max_b > qt - qh > 0:
             for j in range(n_inst):
-                if not busy[j]:  # the window's timer, as late as the hub's timers fire
-                    tdue = t_enq[buf[qh]] + delay + late[buf[qh]]
+                if not busy[j]:  # the window's timer
+                    tdue = t_enq[buf[qh]] + delay
                     break
         tl = inf  # the earliest front-end event: a job's end, or a job's start
         il = -1
@@ -190,7 +190,7 @@ def _kernel_py(
 _kernel = jit.njit(cache=True, nogil=True)(_kernel_py)
 
 _PER_REQUEST = (
-    ("t", 0.0), ("cost", 0.0), ("hub_in", 0.0), ("late", 0.0), ("lp", -1), ("nxt", -1), ("rnext", -1),
+    ("t", 0.0), ("cost", 0.0), ("hub_in", 0.0), ("lp", -1), ("nxt", -1), ("rnext", -1),
     ("rready", np.nan), ("t_enq", np.nan), ("t_disp", np.nan), ("t_resp", np.nan), ("t_drop", np.nan),
     ("outcome", 0), ("pb", -1), ("ids", -1), ("rep", False),
 )  # fmt: skip
@@ -205,14 +205,12 @@ class Frontends:
     ``service`` (a :class:`~simulator.serving.workers.ServiceModel` feed) draws the batch
     times in dispatch order; ``front`` is the speed path of the front ends and the hub."""
 
-    def __init__(self, relay: Relay, batching: Batching, loops: int, instances: int, service, front=None,
-                 timer_late=None):  # fmt: skip
+    def __init__(self, relay: Relay, batching: Batching, loops: int, instances: int, service, front=None):
         self.relay, self.batching, self.service = relay, batching, service
         self.path, self.front = _arrays(service.path), _arrays(front)
         self.means = service.means if service.means is not None else np.zeros(0)
         self.cap = -1 if batching.max_queue_size is None else int(batching.max_queue_size)
         self.preferred = np.asarray(sorted(set(batching.preferred_batch_sizes)), dtype=np.int64)
-        self.timer_late = timer_late
         self.free_at = np.zeros(instances)
         self.busy = np.zeros(instances, dtype=np.bool_)  # computing, or waiting for the hub to take its batch back
         self.seq = np.arange(instances, dtype=np.int64)
@@ -246,8 +244,6 @@ class Frontends:
         for name, fill in _PER_REQUEST:
             setattr(self, name, _grow(getattr(self, name), n + k, fill))
         self.t[n : n + k], self.cost[n : n + k], self.hub_in[n : n + k], self.ids[n : n + k] = t, cost, hub_in, ids
-        if self.timer_late is not None:  # drawn in the order requests reach the server, one each
-            self.late[n : n + k] = self.timer_late.draw(k)
         loops = len(self.lfree)
         which = (self.turn + np.arange(k)) % loops
         self.turn = int((self.turn + k) % loops)
@@ -284,7 +280,7 @@ class Frontends:
         self.hq_t, self.hq_k, self.hq_a = (_grow(a, hub, 0) for a in (self.hq_t, self.hq_k, self.hq_a))
         r, b = self.relay, self.batching
         _kernel(
-            n, float(horizon), st, self.clock, self.t, self.cost, self.hub_in, self.late, self.lp, self.nxt,
+            n, float(horizon), st, self.clock, self.t, self.cost, self.hub_in, self.lp, self.nxt,
             self.rnext, self.rready, float(r.hub_return_ms), float(r.hub_answer_ms), float(r.respond_ms),
             int(b.max_batch_size), float(b.max_queue_delay_ms), self.cap, self.preferred, self.factors, self.means,
             *self.path, *self.front, self.free_at, self.busy, self.seq, self.ends, self.bid,
