@@ -40,7 +40,7 @@ from calibrate.cycle import fit_window
 from calibrate.fit import fit_profile
 from calibrate.held import factors_by_held, in_flight_cost
 from calibrate.hiccups import HiccupMeter, platform_speed
-from calibrate.loadgen import Slice, level_summary, run_slices
+from calibrate.loadgen import CONNECTIONS, Slice, level_summary, run_slices
 from calibrate.microbench import feature_fetch_cost, feature_fetch_in_flight
 from calibrate.payloads import image_payloads, ranker_payloads
 from calibrate.profile import (
@@ -224,7 +224,7 @@ def _calibrate(
     profile["levels_rps"] = rates
     if (warning := over_capacity(profile)) is not None:
         log(f"warning: {warning}")
-    profile["design"] = {**asdict(design), "slice_s": slice_s, "levels": len(rates)}
+    profile["design"] = {**asdict(design), "slice_s": slice_s, "levels": len(rates), "connections": CONNECTIONS}
     profile["instances"] = servesim["instances"]
     profile["microbench"] = bench.to_dict(orient="records")
     summary = level_summary(requests)

@@ -10,14 +10,28 @@ the validation, the prediction intervals, the replay, the target's virtual runs,
 twin and the ``scenario.yaml`` a run writes (:func:`write_scenario`: ``servesim run scenario.yaml
 --set traffic.rate_rps=R`` predicts another rate, for anyone to check with their own load
 generator).
+
+What the calibration simulates is the server *with its load generator*
+(:func:`scenario_dict`, ``load_generator=True``): that client holds at most
+:func:`client_connections` requests in flight and keeps the rest waiting in itself, their
+wait counted, so a server queue at least that long can never refuse one, and the scenario
+lifts its cap. The request waits in the client about as long as it would have in the
+queue: the path is first-come first-served to the one batch queue, and the client frees a
+connection only when an answer is back, while the N - 1 requests ahead of it take far
+longer to serve than the way from the client to the queue and back (calibrate/README,
+"The load generator's connections"). The ``scenario.yaml`` a run writes is the server
+alone, its cap kept: the clients a planner has in mind are not this one.
 """
 
 from __future__ import annotations
 
+import heapq
 from pathlib import Path
 
+import numpy as np
 import yaml
 
+from calibrate.loadgen import CONNECTIONS
 from calibrate.speed import shrink_ratios
 
 # the fit's model; the rest of a profile's service_time is its quality
@@ -105,6 +119,30 @@ def timer_late(profile: dict, preprocess: dict) -> dict | None:
     return {"kind": "empirical", "samples_ms": timer}
 
 
+def client_connections(profile: dict) -> int:
+    """The connections the calibration's load generator held: the profile's
+    ``design.connections``, or :data:`calibrate.loadgen.CONNECTIONS` (a profile written
+    before the design kept it: its load generator had that many)."""
+    return int((profile.get("design") or {}).get("connections", CONNECTIONS))
+
+
+def pool_sends(arrival: np.ndarray, answered: np.ndarray, connections: int) -> np.ndarray:
+    """When a client of ``connections`` connections sends each request (in request order,
+    scheduled at ``arrival``, its answer back at ``answered``): at once if a connection is
+    free, else, first come first served, when the answer that frees one is back (the
+    ``connections``-th latest of the answers before it)."""
+    sends = np.asarray(arrival, dtype=float).copy()
+    latest: list[float] = []  # the latest ``connections`` answers of the requests sent so far
+    for i, back in enumerate(np.asarray(answered, dtype=float)):
+        if len(latest) == connections:
+            sends[i] = max(sends[i], latest[0])
+            if back > latest[0]:
+                heapq.heapreplace(latest, back)
+        else:
+            heapq.heappush(latest, back)
+    return sends
+
+
 def scenario_dict(
     profile: dict,
     rate_rps: float,
@@ -113,10 +151,15 @@ def scenario_dict(
     warmup_s: float,
     seed: int = 0,
     speed: float = 1.0,
+    load_generator: bool = True,
 ) -> dict:
     """The calibrated server under Poisson load at ``rate_rps``, as a scenario document;
     ``speed`` multiplies the front end's CPU times (a slice's platform speed, see
-    :func:`calibrate.station.fit_speed`; 1 is the run's average). A ranker fitted with the
+    :func:`calibrate.station.fit_speed`; 1 is the run's average). With ``load_generator``
+    (the default: the calibration's simulations stand for its measurements) the server is
+    the one the calibration's client drove, whose connections bound the requests in flight:
+    a queue that many long cannot refuse one, and its cap is lifted (the module's
+    docstring); without, the server alone, its cap kept (:func:`write_scenario`). A ranker fitted with the
     server's clocks runs on the front end's event loop (:func:`ranker_on_loop`), one
     without them on the feature store's station (calibrate/README, "The ranker's loop as
     the ResNet's")."""
@@ -228,7 +271,17 @@ def scenario_dict(
     if gpu is not None:  # measured on a GPU the catalog prices: that type, at its price
         out["workers"]["instance_type"] = gpu
         del out["cost"]
-    return out
+    return with_load_generator(out, profile) if load_generator else out
+
+
+def with_load_generator(doc: dict, profile: dict) -> dict:
+    """``doc`` (a scenario of the server ``profile`` measured) as the calibration's client
+    drove it: a queue cap no shorter than the client's connections lifted, for the client
+    fills first and never lets the queue refuse (the module's docstring)."""
+    cap = doc["batching"].get("max_queue_size")
+    if cap is not None and client_connections(profile) <= cap:
+        doc["batching"]["max_queue_size"] = None
+    return doc
 
 
 def reads_first_hold(loop: dict) -> float | None:
@@ -252,7 +305,7 @@ def ranker_on_loop(profile: dict) -> bool:
 def write_scenario(profile: dict, path: Path, *, load: float = 0.5) -> None:
     """The profile as a runnable scenario, at ``load`` × the measured capacity."""
     rate = round(load * float(profile.get("capacity_rps", 100.0)), 1)
-    doc = scenario_dict(profile, rate, duration_s=60.0, warmup_s=2.0)
+    doc = scenario_dict(profile, rate, duration_s=60.0, warmup_s=2.0, load_generator=False)
     doc["sla"] = {"percentile": 99, "target_ms": 100}
     loop_doc = doc["preprocess"].get("event_loop", {})
     fe = profile.get("frontend")

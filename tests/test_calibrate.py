@@ -955,3 +955,51 @@ def test_the_warm_up_rates_come_from_the_closed_loops_ceiling_when_there_is_one(
         with pytest.raises(Asked):
             _capacity(probe, servesim, bench, instances=1, max_batch=32, log=print, ceiling_rps=ceiling)
         assert probe.rates[1] == pytest.approx([round(0.25 * want, 2), round(0.6 * want, 2)], abs=0.01)
+
+
+def test_a_client_of_n_connections_sends_each_request_when_an_answer_frees_one():
+    from calibrate.scenario import pool_sends
+
+    arrival = np.array([0.0, 1.0, 2.0, 3.0, 30.0])
+    answered = np.array([10.0, 5.0, 20.0, 6.0, 31.0])
+    # two connections: the third waits for the second's answer (5), the fourth for the first's (10)
+    assert pool_sends(arrival, answered, 2).tolist() == [0.0, 1.0, 5.0, 10.0, 30.0]
+    # one: a closed loop, each request after the answer before it
+    assert pool_sends(arrival, answered, 1).tolist() == [0.0, 10.0, 10.0, 20.0, 30.0]
+    assert pool_sends(arrival, answered, 5).tolist() == arrival.tolist()
+
+
+def test_the_calibrations_client_fills_before_the_servers_queue_so_its_cap_is_lifted(tmp_path):
+    """The calibration's load generator holds 256 connections and the H200 run's server a
+    queue of 256: the measured server cannot refuse, so the scenario that stands for the
+    measurement lifts the cap, and a request the pool would hold waits in the client no
+    longer than it would in the queue (its held send still reaches the queue before its batch
+    leaves). The server alone (scenario.yaml) keeps its cap."""
+    from calibrate.scenario import client_connections, pool_sends, scenario_dict, write_scenario
+    from simulator.engine import simulate
+    from simulator.scenario.config import Scenario
+
+    profile = json.loads((Path(__file__).parents[1] / "calibrate/profiles/gpu-h200/profile.json").read_text())
+    assert client_connections(profile) == 256 == profile["server"]["max_queue_size"]
+    rate = 0.85 * profile["capacity_rps"]
+    assert scenario_dict(profile, rate, duration_s=1.0, warmup_s=0.0)["batching"]["max_queue_size"] is None
+    alone = scenario_dict(profile, rate, duration_s=1.0, warmup_s=0.0, load_generator=False)
+    assert alone["batching"]["max_queue_size"] == 256
+    wider = {**profile, "design": {**profile["design"], "connections": 512}}  # a client that can fill the queue
+    assert scenario_dict(wider, rate, duration_s=1.0, warmup_s=0.0)["batching"]["max_queue_size"] == 256
+    write_scenario(profile, tmp_path / "scenario.yaml")
+    assert yaml.safe_load((tmp_path / "scenario.yaml").read_text())["batching"]["max_queue_size"] == 256
+
+    refused = held = late = 0
+    for seed in range(6):
+        lifted = scenario_dict(profile, rate, duration_s=10.0, warmup_s=0.0, seed=seed)
+        capped = {**lifted, "batching": {**lifted["batching"], "max_queue_size": 256}}
+        refused += int((~simulate(Scenario.model_validate(capped)).records.completed).sum())
+        rec = simulate(Scenario.model_validate(lifted)).records
+        assert rec.completed.all()
+        hold = pool_sends(rec.arrival, rec.t_response, 256) - rec.arrival
+        held += int((hold > 0).sum())
+        late += int(((hold > 0) & (rec.t_preprocessed + hold > rec.t_dispatch + 1e-9)).sum())
+    assert refused > 0  # the server alone refuses
+    assert held > refused  # where the client would have held more
+    assert late == 0

@@ -38,6 +38,7 @@ import pandas as pd
 import yaml
 
 from calibrate.interval import SliceDesign
+from calibrate.scenario import with_load_generator
 from simulator.engine import simulate
 from simulator.scenario.config import Scenario
 
@@ -150,7 +151,8 @@ def main() -> None:
     m = clocks(args.run)
     stage_tables(m)
     profile = json.loads((args.run / "profile.json").read_text())
-    doc = yaml.safe_load((args.run / "scenario.yaml").read_text())
+    # the server as the calibration's client drove it (its queue cannot refuse: calibrate/README)
+    doc = with_load_generator(yaml.safe_load((args.run / "scenario.yaml").read_text()), profile)
     fit_rates = [f["rate_rps"] for f in profile["fit_levels"]]
     dz = profile["design"]
     design = SliceDesign(dz["rounds"], dz["slice_s"], dz["warmup_s"], (dz["levels"] - 1) * (dz["slice_s"] + 0.5))
