@@ -93,7 +93,9 @@ class SliceDesign(NamedTuple):
 def design_percentiles(
     profile: dict, rate_rps: float, design: SliceDesign, *, seed: int, frontend_factor: float = 1.0
 ) -> dict[str, float]:
-    """One simulated ``design`` at ``rate_rps``: its slices in one run, the pooled percentiles."""
+    """One simulated ``design`` at ``rate_rps``: its slices in one run, the pooled percentiles
+    of the answered requests, and ``refused``, the share of the kept arrivals the simulated
+    server refused or dropped (out of the percentiles, as a measured level's errors are)."""
     period = design.slice_s + design.gap_s
     doc = scenario_dict(
         profile, rate_rps, duration_s=design.slices * period, warmup_s=0.0, seed=seed, speed=frontend_factor
@@ -105,18 +107,21 @@ def design_percentiles(
     s = Scenario.model_validate(doc)
     rec = simulate(s).records
     offset = (rec.arrival / 1000.0) % period
-    keep = rec.completed & (offset >= design.warmup_s) & (offset < design.slice_s)
+    kept = (offset >= design.warmup_s) & (offset < design.slice_s)
+    keep = rec.completed & kept
     lat = (rec.t_response - rec.arrival)[keep]
-    return {q: float(np.percentile(lat, pct)) if len(lat) else float("nan") for q, pct in QUANTILES.items()}
+    out = {q: float(np.percentile(lat, pct)) if len(lat) else float("nan") for q, pct in QUANTILES.items()}
+    out["refused"] = float(1.0 - keep.sum() / kept.sum()) if kept.any() else 0.0
+    return out
 
 
 def _designs(draws, rate_rps: float, design: SliceDesign, *, seed: int) -> dict[str, np.ndarray]:
-    """Each percentile of one simulated design per parameter draw."""
-    per = {q: [] for q in QUANTILES}
+    """Each percentile of one simulated design per parameter draw, and its share refused."""
+    per = {q: [] for q in (*QUANTILES, "refused")}
     for k, (p, factor) in enumerate(draws):
         sub = int(np.random.SeedSequence([seed, k]).generate_state(1)[0] % 2**31)
         got = design_percentiles(p, rate_rps, design, seed=sub, frontend_factor=factor)
-        for q in QUANTILES:
+        for q in per:
             per[q].append(got[q])
     return {q: np.asarray(v) for q, v in per.items()}
 
@@ -133,7 +138,9 @@ def discrepancy(
     widen every interval of every load."""
     excess: dict[str, list[float]] = {q: [] for q in QUANTILES}
     for k, (rate, design, measured) in enumerate(fitted):
-        for q, v in _designs(draws, rate, design, seed=10_000 + k).items():
+        designs = _designs(draws, rate, design, seed=10_000 + k)
+        for q in QUANTILES:
+            v = designs[q]
             logs = np.log(v[np.isfinite(v) & (v > 0)])
             if len(logs) > 1 and measured[q] > 0:
                 err = float(np.median(logs) - np.log(measured[q]))
@@ -151,7 +158,8 @@ def prediction_interval(
 ) -> dict[str, tuple[float, float, float]]:
     """Each percentile's median over the parameter draws' simulated designs and its
     :data:`PI_LEVEL` prediction interval; ``structural`` (per percentile, a log variance:
-    :func:`discrepancy`) multiplies each draw by a log-normal factor of that spread."""
+    :func:`discrepancy`) multiplies each draw by a log-normal factor of that spread. Also
+    ``refused``, the share of requests the simulated server refused, the same way."""
     per = _designs(draws, rate_rps, design, seed=seed)
     tail = (1 - PI_LEVEL) / 2
     rng = np.random.default_rng(seed)

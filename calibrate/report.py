@@ -16,6 +16,14 @@ def _timer_drawn(profile: dict) -> bool:
     return "timer_late" in doc["preprocess"].get("event_loop", {})
 
 
+def _errors(row) -> str:
+    """A level's measured errors, and the share the simulated server refused where it refused any."""
+    refused = row.get("predicted_refused")
+    if refused is None or not np.isfinite(refused) or refused <= 0:
+        return f"{row['errors']}"
+    return f"{row['errors']} (simulated: {refused:.2%} refused)"
+
+
 def _ci(lo: float, hi: float) -> str:
     return "—" if not (np.isfinite(lo) and np.isfinite(hi)) else f"[{lo:.1f}, {hi:.1f}]"
 
@@ -193,7 +201,8 @@ def _held_out(table: pd.DataFrame) -> list[str]:
         f"Measured intervals resample whole slices (95%); {how}",
         "",
         "Latencies are of the successful requests; the failed ones (timeouts, 503s, 500s) are counted in the "
-        "errors column, never left out silently.",
+        "errors column, never left out silently, and so are the requests the simulated server refused (its "
+        "share, where there are any).",
         "",
         f"| load | req/s | requests | errors | pct | measured ms | 95% interval | predicted ms | "
         f"{'90% prediction interval' if bands else '95% interval'} | error | verdict |",
@@ -201,7 +210,7 @@ def _held_out(table: pd.DataFrame) -> list[str]:
     ]
     for _, r in table.iterrows():
         lines.append(
-            f"| {r['load']:.0%} | {r['offered_rps']:.1f} | {r['requests']:,} | {r['errors']} | {r['percentile']} | "
+            f"| {r['load']:.0%} | {r['offered_rps']:.1f} | {r['requests']:,} | {_errors(r)} | {r['percentile']} | "
             f"{r['measured_ms']:.1f} | {_ci(r['measured_lo'], r['measured_hi'])} | {r['predicted_ms']:.1f} | "
             f"{_ci(r['predicted_lo'], r['predicted_hi'])} | {r['error_pct']:+.1f}% | {r['verdict']} |"
         )

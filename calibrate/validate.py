@@ -195,6 +195,8 @@ def compare(
                     "offered_rps": float(lv["offered_rps"]),
                     "requests": len(g),
                     "errors": int((g["status"] != 200).sum()),
+                    # the simulated server's refusals (median over the designs), out of its percentiles too
+                    "predicted_refused": pred["refused"][0] if "refused" in pred else None,
                     "slices": n_slices,
                     "percentile": q,
                     "measured_ms": meas,

@@ -1003,3 +1003,25 @@ def test_the_calibrations_client_fills_before_the_servers_queue_so_its_cap_is_li
     assert refused > 0  # the server alone refuses
     assert held > refused  # where the client would have held more
     assert late == 0
+
+
+def test_what_the_simulated_server_refuses_is_counted_never_left_out():
+    """A design's percentiles are of the answered requests, as a measured level's are; what
+    the simulated server refused is its share beside them, and the report shows it by the
+    measured errors. With the calibration's client the H200 server refuses nothing; with a
+    client of more connections than its queue (the cap kept) it does at 85%."""
+    from calibrate.interval import SliceDesign, design_percentiles
+    from calibrate.report import _errors
+
+    profile = json.loads((Path(__file__).parents[1] / "calibrate/profiles/gpu-h200/profile.json").read_text())
+    wider = {**profile, "design": {**profile["design"], "connections": 512}}
+    rate = 0.85 * profile["capacity_rps"]
+    design = SliceDesign(6, 4.0, 0.25, 24.0)
+    lifted = [design_percentiles(profile, rate, design, seed=s)["refused"] for s in range(6)]
+    capped = [design_percentiles(wider, rate, design, seed=s)["refused"] for s in range(6)]
+    assert lifted == [0.0] * 6
+    assert max(capped) > 0.0
+    assert all(0.0 <= r < 0.1 for r in capped)
+    assert _errors({"errors": 0, "predicted_refused": 0.007}) == "0 (simulated: 0.70% refused)"
+    assert _errors({"errors": 3, "predicted_refused": 0.0}) == "3"
+    assert _errors({"errors": 3, "predicted_refused": None}) == "3"
