@@ -17,6 +17,11 @@ per wake-up at that level beyond the fitted light level's (about 943 wake-ups a 
 second: a 1 ms sleep and its usual jitter), by one of that level's recorded overshoots. A
 what-if that reads the held-out levels' meters, to size the mechanism, not a fit.
 
+Last, where on the way back the tail sits: a batch's answers leave the hub in the batch's
+order; the first one to each front end finds it asleep, a later one finds it awake. By
+level, the share of relays over 2 ms for answers that found their front end awake, and
+for those that woke it, by how many other front ends the same batch woke before it.
+
     python calibrate/experiments/wakeups.py [PROFILE_DIR]   # default: calibrate/profiles/gpu-h200
 """
 
@@ -47,7 +52,8 @@ def main(folder: Path) -> None:
     meter = meter[~meter["core"].isin(instance_cores)]
     cores = meter["core"].nunique()
     seconds = slices.groupby("level")["seconds"].sum()
-    cols = ["level", "warmup", "status", "relay_us", "offered_rps", "latency_ms"]
+    cols = ["level", "warmup", "status", "relay_us", "offered_rps", "latency_ms", "frontend"]
+    cols += ["dispatched_at_ns", "enqueued_at_ns"]
     m = pd.read_csv(folder / "measurements.csv.gz", usecols=cols)
     m = m[~m["warmup"] & (m["status"] == 200)]
     m_lat = {level: g["latency_ms"].to_numpy() for level, g in m.groupby("level")}
@@ -114,6 +120,23 @@ def main(folder: Path) -> None:
         )
         say(f"  {rate:7.1f} req/s: late {p:.2%} a wake-up; p50 / p99 ms: {cells}")
         say(f"    measured {measured[0]:.2f} / {measured[1]:.2f}")
+
+    woke(m)
+
+
+def woke(m: pd.DataFrame) -> None:
+    """The relay's share over 2 ms by whether the answer woke its front end, and by how many
+    front ends its batch woke before it (part 3 of the module)."""
+    m = m.sort_values(["dispatched_at_ns", "enqueued_at_ns"]).copy()
+    m["first"] = m.groupby(["dispatched_at_ns", "frontend"]).cumcount() == 0
+    m["before"] = m.groupby("dispatched_at_ns")["first"].cumsum() - m["first"]
+    m["over"] = m["relay_us"] > 2000
+    say("\nRelays over 2 ms: answers that found their front end awake | that woke it, by front ends woken before")
+    for _, g in m.groupby("level"):
+        first = g[g["first"]]
+        by = first.groupby(first["before"].clip(upper=4))["over"].mean()
+        cells = "  ".join(f"{int(k)}{'+' if k == 4 else ''}: {v:.2%}" for k, v in by.items())
+        say(f"  {g['offered_rps'].iloc[0]:7.1f} req/s: awake {g.loc[~g['first'], 'over'].mean():.2%} | woke {cells}")
 
 
 if __name__ == "__main__":
