@@ -22,6 +22,11 @@ order; the first one to each front end finds it asleep, a later one finds it awa
 level, the share of relays over 2 ms for answers that found their front end awake, and
 for those that woke it, by how many other front ends the same batch woke before it.
 
+And what the measured way outside the batch would add if the model had all of its load
+dependence: to each simulated request of a held-out level, the measured relay's and the
+time outside the server's timer's excess over the fitted light level's, quantile by
+quantile (each request its own draw), another what-if on the held-out measurements.
+
     python calibrate/experiments/wakeups.py [PROFILE_DIR]   # default: calibrate/profiles/gpu-h200
 """
 
@@ -52,7 +57,7 @@ def main(folder: Path) -> None:
     meter = meter[~meter["core"].isin(instance_cores)]
     cores = meter["core"].nunique()
     seconds = slices.groupby("level")["seconds"].sum()
-    cols = ["level", "warmup", "status", "relay_us", "offered_rps", "latency_ms", "frontend"]
+    cols = ["level", "warmup", "status", "relay_us", "offered_rps", "latency_ms", "frontend", "request_us"]
     cols += ["dispatched_at_ns", "enqueued_at_ns"]
     m = pd.read_csv(folder / "measurements.csv.gz", usecols=cols)
     m = m[~m["warmup"] & (m["status"] == 200)]
@@ -87,8 +92,6 @@ def main(folder: Path) -> None:
     light, light_load = min((f["level"], f["load"]) for f in profile["fit_levels"])
     base, _ = late(light)
     fitted = {f["level"] for f in profile["fit_levels"]}
-    d = profile["design"]
-    period = d["slice_s"] * d["levels"]
     rng = np.random.default_rng(0)
     say(
         f"\nLate wake-ups added per request (late per wake-up beyond the fitted {light_load:.0%} level's "
@@ -99,15 +102,7 @@ def main(folder: Path) -> None:
         p, over = late(level)
         got: dict[int, list] = {0: [], 2: [], 4: []}
         for k in range(DESIGNS):
-            doc = scenario_dict(profile, rate, duration_s=d["rounds"] * period, warmup_s=0.0, seed=2000 + k)
-            steps = []
-            for j in range(d["rounds"]):
-                steps += [{"at_s": j * period, "rate_rps": rate}, {"at_s": j * period + d["slice_s"], "rate_rps": 0.0}]
-            doc["traffic"] = {"shape": {"kind": "steps", "steps": steps}}
-            rec = simulate(Scenario.model_validate(doc)).records
-            offset = (rec.arrival / 1000.0) % period
-            keep = rec.completed & (offset >= d["warmup_s"]) & (offset < d["slice_s"])
-            lat = (rec.t_response - rec.arrival)[keep]
+            lat = design_latencies(profile, rate, 2000 + k)
             for hops, out in got.items():
                 extra = np.zeros(len(lat))
                 for _ in range(hops):
@@ -122,6 +117,47 @@ def main(folder: Path) -> None:
         say(f"    measured {measured[0]:.2f} / {measured[1]:.2f}")
 
     woke(m)
+    outside_excess(profile, m, light, fitted)
+
+
+def design_latencies(profile: dict, rate: float, seed: int) -> np.ndarray:
+    """One simulated design of the run's slices at ``rate``: the kept latencies, ms."""
+    d = profile["design"]
+    period = d["slice_s"] * d["levels"]
+    doc = scenario_dict(profile, rate, duration_s=d["rounds"] * period, warmup_s=0.0, seed=seed)
+    steps = []
+    for j in range(d["rounds"]):
+        steps += [{"at_s": j * period, "rate_rps": rate}, {"at_s": j * period + d["slice_s"], "rate_rps": 0.0}]
+    doc["traffic"] = {"shape": {"kind": "steps", "steps": steps}}
+    rec = simulate(Scenario.model_validate(doc)).records
+    offset = (rec.arrival / 1000.0) % period
+    keep = rec.completed & (offset >= d["warmup_s"]) & (offset < d["slice_s"])
+    return (rec.t_response - rec.arrival)[keep]
+
+
+def outside_excess(profile: dict, m: pd.DataFrame, light: int, fitted: set) -> None:
+    """Part 4 of the module: the held-out levels' measured relay and outside time, their
+    excess over the light level's by quantile, added to simulated designs."""
+    u = np.linspace(0.0005, 0.9995, 2000)
+    m = m.assign(relay=m["relay_us"] / 1e3, outside=m["latency_ms"] - m["request_us"] / 1e3)
+
+    def q(level: int, col: str) -> np.ndarray:
+        return np.quantile(m.loc[m["level"] == level, col].to_numpy(), u)
+
+    rng = np.random.default_rng(0)
+    say("\nThe measured excess over the light level added to simulated designs, p50 / p99 ms (median of 40):")
+    for level in sorted(set(m["level"]) - fitted):
+        rate = float(m.loc[m["level"] == level, "offered_rps"].iloc[0])
+        relay, outside = q(level, "relay") - q(light, "relay"), q(level, "outside") - q(light, "outside")
+        got: dict[str, list] = {"model": [], "+ relay": [], "+ relay + outside": []}
+        for k in range(DESIGNS):
+            lat = design_latencies(profile, rate, 3000 + k)
+            i, j = rng.integers(0, len(u), len(lat)), rng.integers(0, len(u), len(lat))
+            for name, add in zip(got, (0.0, relay[i], relay[i] + outside[j]), strict=True):
+                got[name].append(np.percentile(lat + add, [50, 99]))
+        cells = ", ".join(f"{n} {a:.2f} / {b:.2f}" for n, (a, b) in ((n, np.median(v, axis=0)) for n, v in got.items()))
+        measured = np.percentile(m.loc[m["level"] == level, "latency_ms"], [50, 99])
+        say(f"  {rate:7.1f} req/s: {cells}; measured {measured[0]:.2f} / {measured[1]:.2f}")
 
 
 def woke(m: pd.DataFrame) -> None:
