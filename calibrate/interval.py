@@ -90,24 +90,44 @@ class SliceDesign(NamedTuple):
     gap_s: float
 
 
-def design_percentiles(
-    profile: dict, rate_rps: float, design: SliceDesign, *, seed: int, frontend_factor: float = 1.0
-) -> dict[str, float]:
-    """One simulated ``design`` at ``rate_rps``: its slices in one run, the pooled percentiles
-    of the answered requests, and ``refused``, the share of the kept arrivals the simulated
-    server refused or dropped (out of the percentiles, as a measured level's errors are)."""
+def design_run(
+    profile: dict,
+    rate_rps: float,
+    design: SliceDesign,
+    *,
+    seed: int,
+    frontend_factor: float = 1.0,
+    load_generator: bool = True,
+):
+    """One simulated ``design`` at ``rate_rps``, its slices in one run: the records, and
+    which arrivals its design keeps (past each slice's warm-up). ``load_generator``: the
+    server as the calibration's client drove it (:func:`calibrate.scenario.scenario_dict`)."""
     period = design.slice_s + design.gap_s
     doc = scenario_dict(
-        profile, rate_rps, duration_s=design.slices * period, warmup_s=0.0, seed=seed, speed=frontend_factor
+        profile,
+        rate_rps,
+        duration_s=design.slices * period,
+        warmup_s=0.0,
+        seed=seed,
+        speed=frontend_factor,
+        load_generator=load_generator,
     )
     steps = []
     for j in range(design.slices):
         steps += [{"at_s": j * period, "rate_rps": rate_rps}, {"at_s": j * period + design.slice_s, "rate_rps": 0.0}]
     doc["traffic"] = {"shape": {"kind": "steps", "steps": steps}}
-    s = Scenario.model_validate(doc)
-    rec = simulate(s).records
+    rec = simulate(Scenario.model_validate(doc)).records
     offset = (rec.arrival / 1000.0) % period
-    kept = (offset >= design.warmup_s) & (offset < design.slice_s)
+    return rec, (offset >= design.warmup_s) & (offset < design.slice_s)
+
+
+def design_percentiles(
+    profile: dict, rate_rps: float, design: SliceDesign, *, seed: int, frontend_factor: float = 1.0
+) -> dict[str, float]:
+    """One simulated ``design`` at ``rate_rps`` (:func:`design_run`): the pooled percentiles
+    of the answered requests, and ``refused``, the share of the kept arrivals the simulated
+    server refused or dropped (out of the percentiles, as a measured level's errors are)."""
+    rec, kept = design_run(profile, rate_rps, design, seed=seed, frontend_factor=frontend_factor)
     keep = rec.completed & kept
     lat = (rec.t_response - rec.arrival)[keep]
     out = {q: float(np.percentile(lat, pct)) if len(lat) else float("nan") for q, pct in QUANTILES.items()}

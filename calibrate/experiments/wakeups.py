@@ -39,9 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate.scenario import scenario_dict
-from simulator.engine import simulate
-from simulator.scenario.config import Scenario
+from calibrate.interval import SliceDesign, design_run
 
 say = print
 WAKEUPS_PER_S = 943.0  # a 1 ms sleep's wake-ups a second, with its usual jitter
@@ -121,17 +119,12 @@ def main(folder: Path) -> None:
 
 
 def design_latencies(profile: dict, rate: float, seed: int) -> np.ndarray:
-    """One simulated design of the run's slices at ``rate``: the kept latencies, ms."""
+    """One simulated design of the run's slices at ``rate`` (:func:`calibrate.interval.design_run`):
+    the kept latencies, ms."""
     d = profile["design"]
-    period = d["slice_s"] * d["levels"]
-    doc = scenario_dict(profile, rate, duration_s=d["rounds"] * period, warmup_s=0.0, seed=seed)
-    steps = []
-    for j in range(d["rounds"]):
-        steps += [{"at_s": j * period, "rate_rps": rate}, {"at_s": j * period + d["slice_s"], "rate_rps": 0.0}]
-    doc["traffic"] = {"shape": {"kind": "steps", "steps": steps}}
-    rec = simulate(Scenario.model_validate(doc)).records
-    offset = (rec.arrival / 1000.0) % period
-    keep = rec.completed & (offset >= d["warmup_s"]) & (offset < d["slice_s"])
+    design = SliceDesign(int(d["rounds"]), float(d["slice_s"]), float(d["warmup_s"]), (d["levels"] - 1) * d["slice_s"])
+    rec, kept = design_run(profile, rate, design, seed=seed)
+    keep = rec.completed & kept
     return (rec.t_response - rec.arrival)[keep]
 
 

@@ -293,6 +293,41 @@ def settled(server) -> tuple[np.ndarray, Served]:
     return p, served
 
 
+def instance_state(server, batching: Batching, instances: int, service, front) -> None:
+    """Set on ``server`` (a :class:`Loop` or a :class:`~simulator.serving.frontends.Frontends`)
+    the state its batch queue and model instances share: the speed paths, the batch times'
+    means, the queue's cap and preferred sizes, and each instance's free time, state,
+    order and batch."""
+    server.path, server.front = _arrays(service.path), _arrays(front)
+    server.means = service.means if service.means is not None else np.zeros(0)
+    server.cap = -1 if batching.max_queue_size is None else int(batching.max_queue_size)
+    server.preferred = np.asarray(sorted(set(batching.preferred_batch_sizes)), dtype=np.int64)
+    server.free_at = np.zeros(instances)
+    server.busy = np.zeros(instances, dtype=np.bool_)  # computing (a Loop's: or waiting for it to take the batch back)
+    server.seq = np.arange(instances, dtype=np.int64)
+    server.ends = np.full(instances, math.inf)  # when each instance's batch is computed
+    server.bid = np.full(instances, -1, dtype=np.int64)
+
+
+def shift_batches(server, p0: int, b0: int, columns: tuple[str, ...]) -> None:
+    """Drop from ``server`` the batches before ``b0`` (all out; ``columns``: its per-batch
+    arrays), the queue's entries and the batch times no longer needed, with request indices
+    shifted by ``p0`` (its per-request arrays already cut there)."""
+    st = server.st
+    qh, qt, nb = int(st[_QH]), int(st[_QT]), int(st[_NB])
+    q0 = min(qh, int(server.b_pos[b0]) if b0 < nb else qh)
+    server.pb[server.pb >= 0] -= b0
+    for name in columns:
+        setattr(server, name, getattr(server, name)[b0:nb].copy())
+    st[_NB] = nb - b0
+    server.b_pos -= q0
+    server.bid = np.where(server.ends < math.inf, server.bid - b0, -1)
+    server.buf = server.buf[q0:qt] - p0
+    st[_QH], st[_QT] = qh - q0, qt - q0
+    server.factors = server.factors[int(st[_FPOS]) :].copy()
+    st[_FPOS] = 0
+
+
 class Loop:
     """The front end's event loop with its batch queue and model instances, run chunk by
     chunk: requests are :meth:`push`-ed in the order they become ready for the loop, and
@@ -304,15 +339,7 @@ class Loop:
 
     def __init__(self, loop: EventLoop, batching: Batching, instances: int, service, front=None, timer_late=None):
         self.loop, self.batching, self.service = loop, batching, service
-        self.path, self.front = _arrays(service.path), _arrays(front)
-        self.means = service.means if service.means is not None else np.zeros(0)
-        self.cap = -1 if batching.max_queue_size is None else int(batching.max_queue_size)
-        self.preferred = np.asarray(sorted(set(batching.preferred_batch_sizes)), dtype=np.int64)
-        self.free_at = np.zeros(instances)
-        self.busy = np.zeros(instances, dtype=np.bool_)  # computing, or waiting for the loop to take its batch back
-        self.seq = np.arange(instances, dtype=np.int64)
-        self.ends = np.full(instances, math.inf)  # when each instance's batch is computed
-        self.bid = np.full(instances, -1, dtype=np.int64)
+        instance_state(self, batching, instances, service, front)
         self.st = np.zeros(16, dtype=np.int64)
         self.st[_SEQC] = instances
         # when the loop is free; when the timer's turn came; when a request queued past the window woke the batcher
@@ -410,8 +437,6 @@ class Loop:
         """Drop requests before ``p0`` and batches before ``b0`` (all out), and the queue's
         entries and batch times no longer needed."""
         st = self.st
-        qh, qt, nb = int(st[_QH]), int(st[_QT]), int(st[_NB])
-        q0 = min(qh, int(self.b_pos[b0]) if b0 < nb else qh)
         if st[_RUNNING]:
             if st[_KIND] == _ADMIT or st[_KIND] == _RESUME:
                 st[_ARG] -= p0
@@ -423,20 +448,10 @@ class Loop:
             setattr(self, name, getattr(self, name)[p0 : self.n].copy())
         self.n -= p0
         st[_I] -= p0
-        self.pb[self.pb >= 0] -= b0
-        for name in ("b_pos", "b_size", "b_start", "b_end", "b_inst", "b_done", "b_resp", "b_out"):
-            setattr(self, name, getattr(self, name)[b0:nb].copy())
-        st[_NB] = nb - b0
-        self.b_pos -= q0
+        shift_batches(self, p0, b0, ("b_pos", "b_size", "b_start", "b_end", "b_inst", "b_done", "b_resp", "b_out"))
         bh, bt, rh, rt = (int(st[k]) for k in (_BH, _BT, _RH, _RT))
         self.back, self.resp = self.back[bh:bt] - b0, self.resp[rh:rt] - b0
         st[_BH], st[_BT], st[_RH], st[_RT] = 0, bt - bh, 0, rt - rh
-        computing = self.ends < math.inf
-        self.bid = np.where(computing, self.bid - b0, -1)
-        self.buf = self.buf[q0:qt] - p0
-        st[_QH], st[_QT] = qh - q0, qt - q0
         wh, wt = int(st[_WH]), int(st[_WT])
         self.wq, self.wdue = self.wq[wh:wt] - p0, self.wdue[wh:wt].copy()
         st[_WH], st[_WT] = 0, wt - wh
-        self.factors = self.factors[int(st[_FPOS]) :].copy()
-        st[_FPOS] = 0

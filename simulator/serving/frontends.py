@@ -43,14 +43,15 @@ from simulator.ledger import BatchLog, Outcome, Served
 from simulator.scenario.config import Batching
 from simulator.scenario.path import Relay
 from simulator.serving.compiled import finish_on_path
-from simulator.serving.event_loop import _arrays, _dispatch, _grow, settled
+from simulator.serving.event_loop import _FPOS, _NB, _QH, _QT, _dispatch, _grow, instance_state, settled, shift_batches
 
 _REJECTED = int(Outcome.REJECTED)
 _ENQ, _ANS, _TIMER = 1, 2, 3  # the hub's jobs, as they end
 _ADMIT, _RESPOND = 1, 2  # a front end's
 
-# the kernel's scalar state (an int64 array); its clock holds when the hub is free
-_I, _QH, _QT, _NB, _FPOS, _HH, _HT, _SEQC, _TIMED = range(9)
+# the kernel's scalar state (an int64 array), the batch queue's four where a Loop keeps
+# them (shift_batches); its clock holds when the hub is free
+_HH, _HT, _SEQC, _TIMED = range(5, 9)
 
 
 def _kernel_py(
@@ -207,15 +208,7 @@ class Frontends:
 
     def __init__(self, relay: Relay, batching: Batching, loops: int, instances: int, service, front=None):
         self.relay, self.batching, self.service = relay, batching, service
-        self.path, self.front = _arrays(service.path), _arrays(front)
-        self.means = service.means if service.means is not None else np.zeros(0)
-        self.cap = -1 if batching.max_queue_size is None else int(batching.max_queue_size)
-        self.preferred = np.asarray(sorted(set(batching.preferred_batch_sizes)), dtype=np.int64)
-        self.free_at = np.zeros(instances)
-        self.busy = np.zeros(instances, dtype=np.bool_)  # computing, or waiting for the hub to take its batch back
-        self.seq = np.arange(instances, dtype=np.int64)
-        self.ends = np.full(instances, math.inf)
-        self.bid = np.full(instances, -1, dtype=np.int64)
+        instance_state(self, batching, instances, service, front)
         self.lfree = np.full(loops, -math.inf)
         self.lrun = np.zeros(loops, dtype=np.bool_)
         self.lkind = np.zeros(loops, dtype=np.int64)
@@ -312,8 +305,6 @@ class Frontends:
         """Drop requests before ``p0`` and batches before ``b0`` (all out), and the queue's
         entries, the hub's ended jobs and the batch times no longer needed."""
         st = self.st
-        qh, qt, nb = int(st[_QH]), int(st[_QT]), int(st[_NB])
-        q0 = min(qh, int(self.b_pos[b0]) if b0 < nb else qh)
         for name, _ in _PER_REQUEST:
             setattr(self, name, getattr(self, name)[p0 : self.n].copy())
         self.n -= p0
@@ -322,18 +313,8 @@ class Frontends:
         for heads in (self.ahead, self.rhead, self.rtail, self.larg):  # requests not out yet
             heads[heads >= 0] -= p0
         self.last = np.where(self.last >= p0, self.last - p0, -1)  # a front end's last request dealt may be out
-        self.pb[self.pb >= 0] -= b0
-        for name in ("b_pos", "b_size", "b_start", "b_end", "b_inst", "b_done", "b_out"):
-            setattr(self, name, getattr(self, name)[b0:nb].copy())
-        st[_NB] = nb - b0
-        self.b_pos -= q0
-        computing = self.ends < math.inf
-        self.bid = np.where(computing, self.bid - b0, -1)
-        self.buf = self.buf[q0:qt] - p0
-        st[_QH], st[_QT] = qh - q0, qt - q0
+        shift_batches(self, p0, b0, ("b_pos", "b_size", "b_start", "b_end", "b_inst", "b_done", "b_out"))
         hh, ht = int(st[_HH]), int(st[_HT])
         self.hq_t, self.hq_k, self.hq_a = self.hq_t[hh:ht].copy(), self.hq_k[hh:ht].copy(), self.hq_a[hh:ht].copy()
         self.hq_a[(self.hq_k == _ENQ) | (self.hq_k == _ANS)] -= p0
         st[_HH], st[_HT] = 0, ht - hh
-        self.factors = self.factors[int(st[_FPOS]) :].copy()
-        st[_FPOS] = 0
