@@ -185,6 +185,16 @@ def fit_distribution(samples_ms: np.ndarray, *, rng: np.random.Generator) -> dic
 BATCH_STAGES_US = ("handoff_us", "compute_input_us", "compute_infer_us", "compute_output_us")
 
 
+def predicted_ms(service: dict, batch_size: np.ndarray) -> np.ndarray:
+    """A fitted batch-time model's mean time (ms) for each batch size (a table's sizes
+    interpolated)."""
+    b = np.asarray(batch_size, dtype=float)
+    if service["kind"] == "affine":
+        return service["base_ms"] + service["per_item_ms"] * b
+    sizes = sorted(service["batch_ms"])
+    return np.interp(b, sizes, [service["batch_ms"][k] for k in sizes])
+
+
 def batch_time_us(df: pd.DataFrame) -> pd.Series:
     """A request's batch time: the hand-off to the instance and back (when the server has
     one), plus compute."""
@@ -192,7 +202,9 @@ def batch_time_us(df: pd.DataFrame) -> pd.Series:
 
 
 def batches_from_requests(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per batch from per-request rows: requests of one batch share its timings."""
+    """One row per batch from per-request rows: requests of one batch share its timings.
+    With the server's dispatch clock, ``idle_ms``: how long the instance sat idle before
+    the batch, from the end of the slice's batch before it (NaN for a slice's first)."""
     cols = ["batch_size", *(c for c in BATCH_STAGES_US if c in df)]
     ok = df[(df["status"] == 200)].dropna(subset=cols)
     per_batch = ok.drop_duplicates(subset=[*cols, "slice"] if "slice" in ok else cols)
@@ -202,7 +214,52 @@ def batches_from_requests(df: pd.DataFrame) -> pd.DataFrame:
     for c in ("level", "compute_infer_us", "handoff_us"):
         if c in per_batch:
             out[c] = per_batch[c].to_numpy()
+    if "dispatched_at_ns" in per_batch and "slice" in per_batch and per_batch["dispatched_at_ns"].notna().all():
+        start = per_batch["dispatched_at_ns"].to_numpy() / 1e6
+        order = np.argsort(start, kind="stable")
+        s, sl = start[order], per_batch["slice"].to_numpy()[order]
+        end = s + out["service_ms"].to_numpy()[order]
+        idle = np.full(len(s), np.nan)
+        same = np.r_[False, sl[1:] == sl[:-1]]
+        idle[1:] = s[1:] - end[:-1]
+        idle[~same] = np.nan
+        out["idle_ms"] = np.empty(len(s))
+        out.iloc[order, out.columns.get_loc("idle_ms")] = idle
     return out
+
+
+# whether fit_profile fits the batch time's factor after an idle instance (off: every batch
+# alike, as before it; calibrate/experiments/after_idle.py compares the two)
+AFTER_IDLE = True
+IDLE_EDGES_MS = (0.0, 1.0, 3.0, 6.0, 12.0, 25.0, 50.0, 100.0, np.inf)
+
+
+def fit_after_idle(idle_ms: np.ndarray, ratio: np.ndarray, *, min_batches: int = 20) -> dict[float, float] | None:
+    """The batch time's factor by how long its instance sat idle before it
+    (``service_time.after_idle``): the mean ratio of measured to fitted batch time in bands
+    of idle time (:data:`IDLE_EDGES_MS`), over the mean ratio of all, at each band's median
+    idle. None where the idle time is unknown, fewer than two bands hold ``min_batches``,
+    or batches overlap (several instances: the batch before is another instance's)."""
+    idle, r = np.asarray(idle_ms, dtype=float), np.asarray(ratio, dtype=float)
+    known = np.isfinite(idle) & np.isfinite(r)
+    if known.sum() < 2 * min_batches or (idle[known] < -0.5).mean() > 0.01:
+        return None
+    idle, r = idle[known].clip(min=0.0), r[known]
+    band = np.searchsorted(IDLE_EDGES_MS, idle, side="right") - 1
+    table = {}
+    for k in np.unique(band):
+        inside = band == k
+        if inside.sum() >= min_batches:
+            table[round(float(np.median(idle[inside])), 3)] = round(float(r[inside].mean() / r.mean()), 4)
+    return table if len(table) >= 2 else None
+
+
+def idle_factor(idle_ms: np.ndarray, table: dict[float, float]) -> np.ndarray:
+    """:func:`fit_after_idle`'s factor at each idle time, as the simulator interpolates it
+    (flat beyond the ends; 1 where the idle time is unknown)."""
+    knots = sorted(table)
+    f = np.interp(np.nan_to_num(idle_ms, nan=0.0), knots, [table[k] for k in knots])
+    return np.where(np.isfinite(idle_ms), f, 1.0)
 
 
 def fit_round_trip(keys: np.ndarray, trips: np.ndarray, feature_ms: np.ndarray) -> dict:
@@ -240,6 +297,13 @@ def fit_profile(
     table = fit_table(b, y)
     # the table when it explains the batches better (batch time is rarely linear from 1)
     service = table if table is not None and table["r2"] > affine["r2"] else affine
+    if AFTER_IDLE and "idle_ms" in batches:  # a batch after its instance idled runs slower: fitted, taken out
+        after_idle = fit_after_idle(batches["idle_ms"].to_numpy(), y / predicted_ms(service, b))
+        if after_idle is not None:
+            y = y / idle_factor(batches["idle_ms"].to_numpy(), after_idle)
+            affine, table = fit_affine(b, y), fit_table(b, y)
+            service = table if table is not None and table["r2"] > affine["r2"] else affine
+            service["after_idle"] = after_idle
     lowest = df[df["level"] == min(fit_levels)]
     overhead = lowest["latency_ms"] - lowest["request_us"] / 1e3
     fetch_us = df["feature_us"].fillna(0.0) if "feature_us" in df else 0.0

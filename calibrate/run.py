@@ -437,8 +437,9 @@ def _speed_per_slice(requests: pd.DataFrame, slices: pd.DataFrame, speed: pd.Dat
 
 
 def refit_run(out: Path, *, draws: int, rng: np.random.Generator) -> dict:
-    """A run's profile with the speed process fitted again from its own fitted levels
-    (:func:`calibrate.speed.fit_speed_process`), validated again: profile.json,
+    """A run's profile with the batch time, the front end and the speed process fitted
+    again from its own fitted levels (:func:`calibrate.fit.fit_profile`,
+    :func:`calibrate.speed.fit_speed_process`), validated again: profile.json,
     scenario.yaml and validation.{json,md,png} rewritten; the measurements untouched."""
     profile = json.loads((out / "profile.json").read_text())
     requests = pd.read_csv(out / "measurements.csv.gz")
@@ -447,11 +448,8 @@ def refit_run(out: Path, *, draws: int, rng: np.random.Generator) -> dict:
     old = json.loads((out / "validation.json").read_text())
     fit_levels = [f["level"] for f in profile["fit_levels"]]
     shares = bool((profile.get("frontend") or {}).get("client_shares_cores"))
-    profile["speed_process"] = fit_run_speed(
-        requests, slices, profile["service_time"], fit_levels, client_shares_cores=shares
-    )
     fe = profile.get("frontend")
-    if fe is not None:  # the front end (its hub apart) and its event loop, again
+    if fe is not None:  # the batch time, the front end (its hub apart) and its event loop, again
         used = slices[slices["kept"] & slices["level"].isin(fit_levels)]
         front = fit_frontend(
             used, servers=fe["servers"], client_shares_cores=shares, cores=frontend_cores(profile["server"])
@@ -466,10 +464,14 @@ def refit_run(out: Path, *, draws: int, rng: np.random.Generator) -> dict:
         fit = fit_profile(
             requests, fit_levels=fit_levels, rng=rng, frontend=front, features=features, fetch_cost=fetch_cost
         )
+        profile["service_time"], profile["service_time_fits"] = fit["service_time"], fit["service_time_fits"]
         profile["frontend"] = fit["frontend"]
         _held_cost(profile)
         if features is not None:
             profile["features"] = fit["features"]
+    profile["speed_process"] = fit_run_speed(
+        requests, slices, profile["service_time"], fit_levels, client_shares_cores=shares
+    )
     server = profile["server"]
     window = fit_window(requests, fit_levels, server["max_queue_delay_ms"], server["max_batch_size"])
     profile.pop("window", None)

@@ -35,7 +35,7 @@ from calibrate.loadgen import CONNECTIONS
 from calibrate.speed import shrink_ratios
 
 # the fit's model; the rest of a profile's service_time is its quality
-SERVICE_KEYS = ("kind", "base_ms", "per_item_ms", "batch_ms", "noise_cv", "noise_ratios")
+SERVICE_KEYS = ("kind", "base_ms", "per_item_ms", "batch_ms", "noise_cv", "noise_ratios", "after_idle")
 
 
 def _dist(spec: dict) -> dict:

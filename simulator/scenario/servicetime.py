@@ -31,6 +31,27 @@ class _Noisy(Frozen):
         ),
     )
 
+    after_idle: dict[float, float] | None = Field(
+        None,
+        description=(
+            "Batch time factor by how long the instance sat idle before the batch (idle ms: factor), "
+            "interpolated, flat beyond the ends: a host whose caches and clocks cool while its instance "
+            "waits runs the next batch slower (fitted by servesim calibrate; none: every batch alike)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _idle(self):
+        if self.after_idle is None:
+            return self
+        if len(self.after_idle) < 2:
+            raise ValueError("after_idle: at least two (idle ms: factor) points")
+        if any(not np.isfinite(k) or k < 0 for k in self.after_idle):
+            raise ValueError("after_idle: idle times must be finite and >= 0 ms")
+        if any(not np.isfinite(v) or v <= 0 for v in self.after_idle.values()):
+            raise ValueError("after_idle: factors must be finite and > 0")
+        return self
+
     @model_validator(mode="after")
     def _noise(self):
         if self.noise_ratios is None:

@@ -191,7 +191,7 @@ def schedule_classes(env: simpy.Environment, feed: ClassFeed, services: list[Ser
         c, k = pick
         feed.queues[c].take(k)
         quota.busy[c] += 1
-        done = services[c].finish(clock, k)
+        done = services[c].finish(clock, k, clock - free_at)
         start, end, where = feed.logs[c]
         start.append(clock)
         end.append(done)

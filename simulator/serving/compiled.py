@@ -54,6 +54,20 @@ def _finish_on_path_py(start, work, pt, pw, pf):
 finish_on_path = jit.njit(cache=True, nogil=True)(_finish_on_path_py)
 
 
+def _after_idle_py(idle, kt, kf):
+    """The batch time's factor after ``idle`` ms of its instance idle: the table (kt, kf)
+    interpolated, flat beyond its ends (``service_time.after_idle``)."""
+    if idle <= kt[0]:
+        return kf[0]
+    j = np.searchsorted(kt, idle, side="right")
+    if j >= len(kt):
+        return kf[len(kt) - 1]
+    return kf[j - 1] + (kf[j] - kf[j - 1]) * (idle - kt[j - 1]) / (kt[j] - kt[j - 1])
+
+
+after_idle = jit.njit(cache=True, nogil=True)(_after_idle_py)
+
+
 def covers(cfg: Batching) -> bool:
     """Whether the compiled scheduler runs a queue with this batching (numba is there, and
     no end-to-end deadlines)."""
@@ -78,7 +92,7 @@ _expire = jit.njit(cache=True, nogil=True)(_expire_py) if jit.AVAILABLE else Non
 
 def _kernel(
     q, m, horizon, closed, cap, max_b, delay, timeout, thresholds, preferred,
-    buf, outcome, drop, ist, clock0, inst_free, inst_seq, factors, means,
+    buf, outcome, drop, ist, clock0, inst_free, inst_seq, factors, means, idle_t, idle_f,
     b_pos, b_size, b_start, b_end, b_inst, sp_t, sp_w, sp_f,
 ):  # fmt: skip
     """:func:`schedule` over :meth:`BatchQueue.decide`, until done, more arrivals are
@@ -174,6 +188,8 @@ def _kernel(
         x = factors[fpos]
         fpos += 1
         work = means[size] * x if per_size else x
+        if len(idle_t) > 0:  # the instance idle since its last batch: a slower batch
+            work *= after_idle(clock - inst_free[held], idle_t, idle_f)
         done = finish_on_path(clock, work, sp_t, sp_w, sp_f)
         b_pos[nb] = qh
         b_size[nb] = size
@@ -277,7 +293,7 @@ class CompiledFeed:
             status, self.clock = _run(
                 self.q, self.m, self.horizon, self.closed, self.cap, self.max_b, self.delay, self.timeout,
                 self.thresholds, self.preferred, self.buf, self.outcome, self.drop, self.ist, self.clock,
-                self.inst_free, self.inst_seq, self.factors, self.means,
+                self.inst_free, self.inst_seq, self.factors, self.means, self.service.idle_ms, self.service.idle_factor,
                 self.b_pos, self.b_size, self.b_start, self.b_end, self.b_inst, *self.speed,
             )  # fmt: skip
             self.nb = int(self.ist[_NB])

@@ -34,6 +34,7 @@ from simulator.scenario.config import Affine, Table, Workers
 from simulator.scenario.distributions import Sampler
 from simulator.scenario.servicetime import ProfileRef
 from simulator.serving.batcher import DONE, EXTEND, BatchQueue, Wait
+from simulator.serving.compiled import after_idle
 from simulator.serving.served import PoolRun
 from simulator.stages.speed import SpeedPath, SpeedProcess
 
@@ -86,6 +87,11 @@ class ServiceModel:
         if isinstance(st, ProfileRef):
             raise ValueError("a profile service time is read by load_scenario; load the scenario from its file")
         self._per_size = isinstance(st, Affine | Table)
+        idle = (st.after_idle or {}) if self._per_size else {}
+        knots = sorted(idle)
+        # the factor by the instance's idle time before a batch (empty: none), as the kernels read it
+        self.idle_ms = np.asarray(knots, dtype=float)
+        self.idle_factor = np.asarray([idle[k] for k in knots], dtype=float)
         if self._per_size:
             self._means = [0.0] + [mean_service_ms(cfg, b) for b in range(1, max_batch + 1)]
             if st.noise_ratios is not None:  # a calibration's measured ratios, resampled
@@ -139,10 +145,13 @@ class ServiceModel:
             x = head
         return self._means[batch_size] * x if self._per_size else x
 
-    def finish(self, start: float, batch_size: int) -> float:
-        """When a batch of ``batch_size`` started at ``start`` (ms) ends: its drawn time,
+    def finish(self, start: float, batch_size: int, idle_ms: float = 0.0) -> float:
+        """When a batch of ``batch_size`` started at ``start`` (ms) on an instance idle for
+        ``idle_ms`` before it ends: its drawn time (times the ``after_idle`` factor),
         stretched by the host's speed while it runs."""
         work = self(batch_size)
+        if len(self.idle_ms):
+            work *= after_idle(idle_ms, self.idle_ms, self.idle_factor)
         return start + work if self.path is None else self.path.finish_at(start, work)
 
     def __call__(self, batch_size: int) -> float:
@@ -266,7 +275,7 @@ def schedule(env: simpy.Environment, feed: Feed, service: ServiceModel):
             if feed.crashed_at is not None:
                 return
         size = decision.size
-        done = service.finish(clock, size)
+        done = service.finish(clock, size, clock - free_at)
         feed.busy += size
         feed.b_start.append(clock)
         feed.b_end.append(done)
