@@ -201,6 +201,25 @@ def batch_time_us(df: pd.DataFrame) -> pd.Series:
     return sum((df[c].fillna(0.0) if c in df else 0.0) for c in BATCH_STAGES_US)
 
 
+def idle_before_ms(df: pd.DataFrame) -> np.ndarray | None:
+    """For each row (a request, or a batch) of ``df``: how long its batch's instance sat
+    idle before the batch, from the end of the slice's batch before it by the server's
+    dispatch clock (NaN for a slice's first); None without that clock."""
+    if "dispatched_at_ns" not in df or "slice" not in df or df["dispatched_at_ns"].isna().any():
+        return None
+    rows = pd.DataFrame(
+        {
+            "slice": df["slice"].to_numpy(),
+            "start": df["dispatched_at_ns"].to_numpy() / 1e6,
+            "ms": batch_time_us(df).to_numpy() / 1e3,
+        }
+    )
+    b = rows.drop_duplicates(["slice", "start"]).sort_values("start", kind="stable")
+    gap = b["start"] - (b["start"] + b["ms"]).shift(1)
+    b = b.assign(idle=gap.where(b["slice"] == b["slice"].shift(1)))
+    return rows.merge(b[["slice", "start", "idle"]], on=["slice", "start"], how="left")["idle"].to_numpy()
+
+
 def batches_from_requests(df: pd.DataFrame) -> pd.DataFrame:
     """One row per batch from per-request rows: requests of one batch share its timings.
     With the server's dispatch clock, ``idle_ms``: how long the instance sat idle before
@@ -214,17 +233,9 @@ def batches_from_requests(df: pd.DataFrame) -> pd.DataFrame:
     for c in ("level", "compute_infer_us", "handoff_us"):
         if c in per_batch:
             out[c] = per_batch[c].to_numpy()
-    if "dispatched_at_ns" in per_batch and "slice" in per_batch and per_batch["dispatched_at_ns"].notna().all():
-        start = per_batch["dispatched_at_ns"].to_numpy() / 1e6
-        order = np.argsort(start, kind="stable")
-        s, sl = start[order], per_batch["slice"].to_numpy()[order]
-        end = s + out["service_ms"].to_numpy()[order]
-        idle = np.full(len(s), np.nan)
-        same = np.r_[False, sl[1:] == sl[:-1]]
-        idle[1:] = s[1:] - end[:-1]
-        idle[~same] = np.nan
-        out["idle_ms"] = np.empty(len(s))
-        out.iloc[order, out.columns.get_loc("idle_ms")] = idle
+    idle = idle_before_ms(per_batch)
+    if idle is not None:
+        out["idle_ms"] = idle
     return out
 
 

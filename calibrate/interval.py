@@ -49,7 +49,8 @@ def parameter_draws(
     used = slices[slices["kept"] & slices["level"].isin(fit_levels)]
     period = float(used["seconds"].median())
     mean_ms = fitted_mean_ms(profile["service_time"])
-    b = batch_log_ratios(fitted, mean_ms, period)
+    after_idle = profile["service_time"].get("after_idle")
+    b = batch_log_ratios(fitted, mean_ms, period, after_idle)
     per_slice = b.assign(s=b["log_ratio"] * b["weight"]).groupby("slice")[["s", "weight"]].sum()
     base = per_slice["s"].sum() / per_slice["weight"].sum()
     fe = profile.get("frontend")
@@ -75,6 +76,7 @@ def parameter_draws(
                 fit_levels,
                 period_s=period,
                 client_shares_cores=shares,
+                after_idle=after_idle,
             )
         out.append((p, factor))
     return out

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize
 
-from calibrate.fit import batch_time_us
+from calibrate.fit import batch_time_us, idle_before_ms, idle_factor
 from calibrate.station import level_slope, slice_cpu_s
 from simulator.scenario.servicetime import Affine, Table
 from simulator.serving.workers import mean_service_ms
@@ -69,11 +69,16 @@ def fit_slices_only(requests: pd.DataFrame, fit_levels: list[int]) -> pd.DataFra
     return requests[requests["level"].isin(fit_levels) & ~requests["warmup"] & (requests["status"] == 200)]
 
 
-def batch_log_ratios(requests: pd.DataFrame, mean_ms, period_s: float) -> pd.DataFrame:
+def batch_log_ratios(requests: pd.DataFrame, mean_ms, period_s: float, after_idle: dict | None = None) -> pd.DataFrame:
     """One row per request's batch: its time on the run's clock (s), its log ratio to the
-    fitted mean (``mean_ms(sizes)``) and its weight (1 / batch size, so a batch counts once)."""
+    fitted mean (``mean_ms(sizes)``, times the ``after_idle`` factor at its instance's idle
+    time before it, where the batch time has one) and its weight (1 / batch size, so a
+    batch counts once)."""
     ok = requests.dropna(subset=["batch_size", "compute_infer_us"])
     ms = batch_time_us(ok).to_numpy() / 1e3
+    idle = idle_before_ms(ok) if after_idle else None
+    if idle is not None:  # what the idle instance explains is not the host's speed
+        ms = ms / idle_factor(idle, after_idle)
     sizes = ok["batch_size"].to_numpy(int)
     mean = mean_ms(sizes)
     known = (ms > 0) & (mean > 0)  # a batch without a positive time or fitted mean has no ratio
@@ -192,11 +197,13 @@ def fit_speed_process(
     *,
     period_s: float,
     client_shares_cores: bool,
+    after_idle: dict | None = None,
 ) -> dict:
     """``platform.speed`` (a two-component log-AR(1); None where the batches show no
     correlated speed at all) and the batch noise's share of the log variance, from the
-    fitted levels alone (``mean_ms``: the fitted batch time by size)."""
-    b = batch_log_ratios(fit_slices_only(requests, fit_levels), mean_ms, period_s)
+    fitted levels alone (``mean_ms``: the fitted batch time by size, ``after_idle`` its
+    factor after an idle instance)."""
+    b = batch_log_ratios(fit_slices_only(requests, fit_levels), mean_ms, period_s, after_idle)
     episodes, member = find_episodes(b)
     # the wobble from the batches outside episodes: an episode's spike is not a Gaussian's tail
     cov, var = autocovariance(b[~member] if episodes is not None else b)
@@ -238,6 +245,7 @@ def fit_run_speed(
         fit_levels,
         period_s=float(fitted["seconds"].median()),
         client_shares_cores=client_shares_cores,
+        after_idle=service_time.get("after_idle"),
     )
 
 
