@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from calibrate import idle
 from calibrate.station import SPEED_ELASTICITY_MAX, fit_frontend, fit_speed
 from calibrate.stats import robust_lognormal_cv, stalls
 
@@ -201,25 +202,6 @@ def batch_time_us(df: pd.DataFrame) -> pd.Series:
     return sum((df[c].fillna(0.0) if c in df else 0.0) for c in BATCH_STAGES_US)
 
 
-def idle_before_ms(df: pd.DataFrame) -> np.ndarray | None:
-    """For each row (a request, or a batch) of ``df``: how long its batch's instance sat
-    idle before the batch, from the end of the slice's batch before it by the server's
-    dispatch clock (NaN for a slice's first); None without that clock."""
-    if "dispatched_at_ns" not in df or "slice" not in df or df["dispatched_at_ns"].isna().any():
-        return None
-    rows = pd.DataFrame(
-        {
-            "slice": df["slice"].to_numpy(),
-            "start": df["dispatched_at_ns"].to_numpy() / 1e6,
-            "ms": batch_time_us(df).to_numpy() / 1e3,
-        }
-    )
-    b = rows.drop_duplicates(["slice", "start"]).sort_values("start", kind="stable")
-    gap = b["start"] - (b["start"] + b["ms"]).shift(1)
-    b = b.assign(idle=gap.where(b["slice"] == b["slice"].shift(1)))
-    return rows.merge(b[["slice", "start", "idle"]], on=["slice", "start"], how="left")["idle"].to_numpy()
-
-
 def batches_from_requests(df: pd.DataFrame) -> pd.DataFrame:
     """One row per batch from per-request rows: requests of one batch share its timings.
     With the server's dispatch clock, ``idle_ms``: how long the instance sat idle before
@@ -233,44 +215,10 @@ def batches_from_requests(df: pd.DataFrame) -> pd.DataFrame:
     for c in ("level", "compute_infer_us", "handoff_us"):
         if c in per_batch:
             out[c] = per_batch[c].to_numpy()
-    idle = idle_before_ms(per_batch)
-    if idle is not None:
-        out["idle_ms"] = idle
+    before = idle.idle_before_ms(per_batch, out["service_ms"].to_numpy())
+    if before is not None:
+        out["idle_ms"] = before
     return out
-
-
-# whether fit_profile fits the batch time's factor after an idle instance (off: every batch
-# alike, as before it; calibrate/experiments/after_idle.py compares the two)
-AFTER_IDLE = True
-IDLE_EDGES_MS = (0.0, 1.0, 3.0, 6.0, 12.0, 25.0, 50.0, 100.0, np.inf)
-
-
-def fit_after_idle(idle_ms: np.ndarray, ratio: np.ndarray, *, min_batches: int = 20) -> dict[float, float] | None:
-    """The batch time's factor by how long its instance sat idle before it
-    (``service_time.after_idle``): the mean ratio of measured to fitted batch time in bands
-    of idle time (:data:`IDLE_EDGES_MS`), over the mean ratio of all, at each band's median
-    idle. None where the idle time is unknown, fewer than two bands hold ``min_batches``,
-    or batches overlap (several instances: the batch before is another instance's)."""
-    idle, r = np.asarray(idle_ms, dtype=float), np.asarray(ratio, dtype=float)
-    known = np.isfinite(idle) & np.isfinite(r)
-    if known.sum() < 2 * min_batches or (idle[known] < -0.5).mean() > 0.01:
-        return None
-    idle, r = idle[known].clip(min=0.0), r[known]
-    band = np.searchsorted(IDLE_EDGES_MS, idle, side="right") - 1
-    table = {}
-    for k in np.unique(band):
-        inside = band == k
-        if inside.sum() >= min_batches:
-            table[round(float(np.median(idle[inside])), 3)] = round(float(r[inside].mean() / r.mean()), 4)
-    return table if len(table) >= 2 else None
-
-
-def idle_factor(idle_ms: np.ndarray, table: dict[float, float]) -> np.ndarray:
-    """:func:`fit_after_idle`'s factor at each idle time, as the simulator interpolates it
-    (flat beyond the ends; 1 where the idle time is unknown)."""
-    knots = sorted(table)
-    f = np.interp(np.nan_to_num(idle_ms, nan=0.0), knots, [table[k] for k in knots])
-    return np.where(np.isfinite(idle_ms), f, 1.0)
 
 
 def fit_round_trip(keys: np.ndarray, trips: np.ndarray, feature_ms: np.ndarray) -> dict:
@@ -308,10 +256,10 @@ def fit_profile(
     table = fit_table(b, y)
     # the table when it explains the batches better (batch time is rarely linear from 1)
     service = table if table is not None and table["r2"] > affine["r2"] else affine
-    if AFTER_IDLE and "idle_ms" in batches:  # a batch after its instance idled runs slower: fitted, taken out
-        after_idle = fit_after_idle(batches["idle_ms"].to_numpy(), y / predicted_ms(service, b))
+    if idle.AFTER_IDLE and "idle_ms" in batches:  # a batch after its instance idled runs slower: fitted, taken out
+        after_idle = idle.fit_after_idle(batches["idle_ms"].to_numpy(), y / predicted_ms(service, b))
         if after_idle is not None:
-            y = y / idle_factor(batches["idle_ms"].to_numpy(), after_idle)
+            y = y / idle.idle_factor(batches["idle_ms"].to_numpy(), after_idle)
             affine, table = fit_affine(b, y), fit_table(b, y)
             service = table if table is not None and table["r2"] > affine["r2"] else affine
             service["after_idle"] = after_idle
@@ -428,6 +376,8 @@ def fit_event_loop(
     sizes = lowest["batch_size"].to_numpy(dtype=float)
     held = per_batch + per_request * (np.nan_to_num(sizes, nan=1.0) + 1) / 2
     delay = rest + service - admit - held
+    # a loop job after the loop slept runs slower: by the server's clocks, against the light level
+    cold = idle.fit_loop_after_idle(ok, lowest, batch_time_us(ok).to_numpy() / 1e3)
     return {
         "return_ms": return_ms,
         "instance_less_ms": float(back.mean()) if back is not None else 0.0,
@@ -436,7 +386,7 @@ def fit_event_loop(
         "admit": fit_distribution(admit, rng=rng),
         "fixed_delay": fit_distribution(np.maximum(delay, 0.01), rng=rng),
         "fixed_delay_clipped": float((delay < 0.01).mean()),
-    }
+    } | ({} if cold is None else {"after_idle": cold})
 
 
 def _loop_on_trips(

@@ -224,6 +224,8 @@ def scenario_dict(
                 preprocess["event_loop"]["responds_first"] = True
             if BATCHER_YIELDS:
                 preprocess["event_loop"]["batcher_yields"] = True
+            if loop.get("after_idle"):  # a job after the loop slept: slower (calibrate.idle)
+                preprocess["event_loop"]["after_idle"] = loop["after_idle"]
         postprocess: dict = {}
     else:
         router = {"overhead": _dist(profile["stages"]["overhead"]), "balancing": "shared"}

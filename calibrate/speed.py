@@ -31,7 +31,8 @@ import numpy as np
 import pandas as pd
 from scipy import optimize
 
-from calibrate.fit import batch_time_us, idle_before_ms, idle_factor
+from calibrate.fit import batch_time_us
+from calibrate.idle import idle_before_ms, idle_factor
 from calibrate.station import level_slope, slice_cpu_s
 from simulator.scenario.servicetime import Affine, Table
 from simulator.serving.workers import mean_service_ms
@@ -76,7 +77,7 @@ def batch_log_ratios(requests: pd.DataFrame, mean_ms, period_s: float, after_idl
     batch counts once)."""
     ok = requests.dropna(subset=["batch_size", "compute_infer_us"])
     ms = batch_time_us(ok).to_numpy() / 1e3
-    idle = idle_before_ms(ok) if after_idle else None
+    idle = idle_before_ms(ok, ms) if after_idle else None
     if idle is not None:  # what the idle instance explains is not the host's speed
         ms = ms / idle_factor(idle, after_idle)
     sizes = ok["batch_size"].to_numpy(int)

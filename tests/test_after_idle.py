@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibrate.fit import batches_from_requests, fit_after_idle, fit_table, idle_factor, predicted_ms
+from calibrate.fit import batches_from_requests, fit_table, predicted_ms
+from calibrate.idle import fit_after_idle, idle_factor
 from simulator.engine import simulate
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import ScenarioError, load_scenario
@@ -140,3 +141,61 @@ def test_bad_tables_are_refused_naming_the_field(value, needle):
         load_scenario(path, [f"workers.service_time={{kind: table, batch_ms: {{1: 5}}, after_idle: {value}}}"])
     assert "after_idle" in str(err.value)
     assert needle in str(err.value)
+
+
+def test_a_loop_job_after_the_loop_slept_is_slower(tmp_path):
+    """``preprocess.event_loop.after_idle``: each job's time × the factor at the loop's idle
+    time before it. An admission waits for nothing (1 ms of network first) and finds the
+    loop idle since the last response; the hand-back comes 6 ms after the window's timer
+    (a job of no time), and the responses right after it (idle 0: factor 1). The loop
+    has slept since ever before its first job (the table's last factor)."""
+    doc = _doc(tmp_path, True, None)
+    doc["preprocess"]["event_loop"]["after_idle"] = SLOPE
+    rec = simulate(Scenario.model_validate(doc)).records
+    slept = rec.arrival[1:] + 1.0 - rec.t_response[:-1]
+    np.testing.assert_allclose(rec.t_preprocessed[1:] - rec.arrival[1:], 1.0 + 0.4 * (1 + slept / 400), atol=1e-9)
+    assert rec.t_preprocessed[0] - rec.arrival[0] == pytest.approx(1.0 + 0.4 * 1.5)
+    np.testing.assert_allclose(rec.t_dispatch - rec.t_preprocessed, 2.0, atol=1e-9)
+    np.testing.assert_allclose(rec.t_inferred - rec.t_dispatch, 6.0 + 0.15 * (1 + 6 / 400), atol=1e-9)
+    np.testing.assert_allclose(rec.t_response - rec.t_inferred, 0.3, atol=1e-9)
+
+
+def _isolated_requests(rng, n: int, slept: np.ndarray, read_ms: np.ndarray) -> pd.DataFrame:
+    """Server clocks of requests each alone on the loop: read, queued 0.1 ms later,
+    computed 2 ms, answered 0.2 ms after, the next read ``slept`` ms after that answer."""
+    recv = np.cumsum(slept + np.r_[0.0, read_ms[:-1] + 2.3])
+    enq = recv + read_ms
+    return pd.DataFrame(
+        {
+            "status": 200,
+            "level": 1,
+            "slice": 0,
+            "batch_size": 1,
+            "compute_infer_us": 2000.0 + rng.uniform(0, 1e-3, n),  # no two batches alike
+            "received_at_ns": (recv * 1e6).astype(np.int64),
+            "enqueued_at_ns": (enq * 1e6).astype(np.int64),
+            "dispatched_at_ns": ((enq + 0.1) * 1e6).astype(np.int64),
+            "request_us": (read_ms + 2.3) * 1e3,
+        }
+    )
+
+
+def test_the_loops_factor_is_recovered_and_keeps_the_light_level_as_fitted():
+    """Reads made 0.5 ms × g(slept) × noise: the loop's idle times come back from the
+    clocks, the fitted factors follow g from band to band within 3%, and their mean over
+    the (light) level is 1."""
+    from calibrate.idle import fit_loop_after_idle, loop_gaps_ms
+
+    rng = np.random.default_rng(11)
+    n = 6000
+    slept = np.concatenate([rng.exponential(0.8, n // 2), rng.exponential(12.0, n - n // 2)]) + 0.06
+    rng.shuffle(slept)
+    g = 1.0 + slept / 20.0
+    df = _isolated_requests(rng, n, slept, 0.5 * g * rng.lognormal(0.0, 0.03, n))
+    np.testing.assert_allclose(loop_gaps_ms(df, np.full(n, 2.0))[1:], slept[1:], atol=1e-5)
+    fitted = fit_loop_after_idle(df, df, np.full(n, 2.0))
+    assert fitted is not None
+    knots = np.array(sorted(fitted))
+    got = np.array([fitted[k] for k in knots])
+    np.testing.assert_allclose(got / got[0], (1 + knots / 20) / (1 + knots[0] / 20), rtol=0.03)
+    assert np.mean(np.interp(slept, knots, got)) == pytest.approx(1.0, abs=1e-3)  # the first: slept since ever

@@ -1,11 +1,14 @@
-"""A batch after its instance sat idle runs slower: by how much, and what fitting it moves
-(calibrate/README, "A batch after an idle instance").
+"""Work after a rest runs slower: by how much, and what fitting it moves (calibrate/README,
+"A batch after an idle instance").
 
 For a run folder of ``servesim calibrate run``: each batch's time over the fitted table by
 how long its instance sat idle before it (from the slice's batch before, by the server's
-dispatch clock), by level and by band of idle time; then the run refitted twice, copies
-of the folder, with the same seed, without and with ``service_time.after_idle``
-(:data:`calibrate.fit.AFTER_IDLE`), and the held-out p50/p99 errors of each.
+dispatch clock), by band of idle time; a read on an idle loop (read to queued) by how long
+the loop had slept; then the run refitted three times, copies of the folder, with the same
+seed: without either factor, with the instance's (``workers.service_time.after_idle``,
+:data:`calibrate.idle.AFTER_IDLE`), and with the loop's too
+(``preprocess.event_loop.after_idle``, :data:`calibrate.idle.LOOP_AFTER_IDLE`), and the
+held-out p50/p99 errors of each.
 
     python calibrate/experiments/after_idle.py RUN [RUN ...]    # ~1 min a run on 2 cores
 """
@@ -22,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 import calibrate.fit as fit
+from calibrate import idle
 from calibrate.run import refit_run
 
 say = print
@@ -33,8 +37,19 @@ def bands(run: Path) -> pd.DataFrame:
     requests = pd.read_csv(run / "measurements.csv.gz")
     b = fit.batches_from_requests(requests[~requests["warmup"]])
     b["ratio"] = b["service_ms"] / fit.predicted_ms(profile["service_time"], b["batch_size"].to_numpy())
-    b["idle band, ms"] = pd.cut(b["idle_ms"].clip(lower=0), fit.IDLE_EDGES_MS, right=False)
+    b["idle band, ms"] = pd.cut(b["idle_ms"].clip(lower=0), idle.IDLE_EDGES_MS, right=False)
     return b.groupby("idle band, ms", observed=True)["ratio"].agg(["count", "median", "mean"]).round(3)
+
+
+def loop_bands(run: Path) -> pd.DataFrame:
+    """A read on an idle loop (read to queued, ms) by band of the loop's idle time before it."""
+    r = pd.read_csv(run / "measurements.csv.gz")
+    r = r[r["status"] == 200].dropna(subset=["received_at_ns", "enqueued_at_ns", "dispatched_at_ns"])
+    gap = idle.loop_gaps_ms(r, fit.batch_time_us(r).to_numpy() / 1e3)
+    read = pd.Series((r["enqueued_at_ns"] - r["received_at_ns"]).to_numpy() / 1e6)
+    keep = ~r["warmup"].to_numpy() & (gap > idle.LOOP_EDGES_MS[0])
+    band = pd.cut(gap[keep], idle.LOOP_EDGES_MS, right=False)
+    return read[keep].groupby(band, observed=True).agg(["count", "median", "mean"]).round(3)
 
 
 def errors(folder: Path) -> str:
@@ -49,18 +64,21 @@ def errors(folder: Path) -> str:
 
 def main(runs: list[str]) -> None:
     for run in map(Path, runs):
-        say(f"== {run}\n{bands(run).to_string()}")
+        say(f"== {run}\nbatch over the table by the instance's idle\n{bands(run).to_string()}")
+        say(f"read on an idle loop by the loop's idle\n{loop_bands(run).to_string()}")
         with tempfile.TemporaryDirectory() as tmp:
-            for on in (False, True):
-                copy = Path(tmp) / ("with" if on else "without")
+            for name, batch, loop in (("neither", False, False), ("instance", True, False), ("both", True, True)):
+                copy = Path(tmp) / name
                 shutil.copytree(run, copy)
-                fit.AFTER_IDLE = on
+                idle.AFTER_IDLE, idle.LOOP_AFTER_IDLE = batch, loop
                 refit_run(copy, draws=200, rng=np.random.default_rng(0))
-                st = json.loads((copy / "profile.json").read_text())["service_time"]
-                say(f"{'with   ' if on else 'without'} {errors(copy)}")
-                if on:
-                    say(f"        after_idle {st.get('after_idle')}")
-        fit.AFTER_IDLE = True
+                profile = json.loads((copy / "profile.json").read_text())
+                say(f"{name:8s} {errors(copy)}")
+                loop_fit = profile["frontend"].get("event_loop")
+                for where, d in (("instance", profile["service_time"]), ("loop", loop_fit)):
+                    if (d or {}).get("after_idle"):
+                        say(f"         {where}'s after_idle {d['after_idle']}")
+        idle.AFTER_IDLE = idle.LOOP_AFTER_IDLE = True
 
 
 if __name__ == "__main__":

@@ -19,6 +19,19 @@ from simulator.scenario.distributions import Deterministic, Empirical, Exponenti
 from simulator.scenario.frozen import Frozen
 
 
+def check_after_idle(table: dict[float, float] | None) -> None:
+    """An ``after_idle`` table ({idle ms: factor}) that can run: two points or more, idle
+    times finite and >= 0, factors finite and > 0 (a ValueError naming it otherwise)."""
+    if table is None:
+        return
+    if len(table) < 2:
+        raise ValueError("after_idle: at least two (idle ms: factor) points")
+    if any(not np.isfinite(k) or k < 0 for k in table):
+        raise ValueError("after_idle: idle times must be finite and >= 0 ms")
+    if any(not np.isfinite(v) or v <= 0 for v in table.values()):
+        raise ValueError("after_idle: factors must be finite and > 0")
+
+
 class _Noisy(Frozen):
     """The mean-one noise factor of a batch-size dependent service time."""
 
@@ -42,14 +55,7 @@ class _Noisy(Frozen):
 
     @model_validator(mode="after")
     def _idle(self):
-        if self.after_idle is None:
-            return self
-        if len(self.after_idle) < 2:
-            raise ValueError("after_idle: at least two (idle ms: factor) points")
-        if any(not np.isfinite(k) or k < 0 for k in self.after_idle):
-            raise ValueError("after_idle: idle times must be finite and >= 0 ms")
-        if any(not np.isfinite(v) or v <= 0 for v in self.after_idle.values()):
-            raise ValueError("after_idle: factors must be finite and > 0")
+        check_after_idle(self.after_idle)
         return self
 
     @model_validator(mode="after")

@@ -107,7 +107,7 @@ _dispatch = jit.njit(cache=True, nogil=True)(_dispatch_py)
 
 def _kernel_py(
     n, horizon, st, clock, t, cost, wait, late, resume, reads_hold, responds_first, batcher_yields, held_k, hx, hf,
-    arrived, wq, wdue, t_back, ret, resp_b, resp_k,
+    lx, lf, arrived, wq, wdue, t_back, ret, resp_b, resp_k,
     max_b, delay, cap, preferred, factors, means, idle_t, idle_f,
     ip_t, ip_w, ip_f, fp_t, fp_w, fp_f, free_at, busy, seq, ends, bid, back, resp,
     t_enq, t_disp, t_resp, outcome, t_drop, pb, buf, b_pos, b_size, b_start, b_end, b_inst, b_done, b_resp,
@@ -165,18 +165,19 @@ def _kernel_py(
                 more = 1.0 + held_k * max(held + unread - 1, 0)  # its work grows with the others the loop holds
                 if len(hx) > 0:  # or by the factor measured at the count held
                     more *= np.interp(float(held + unread), hx, hf)
+                cold = after_idle(start - loop_free, lx, lf) if len(lx) > 0 else 1.0  # the loop slept: slower
                 if rb == r:
                     arg = back[bh]
                     bh += 1
-                    loop_free = finish_on_path(start, ret * more, fp_t, fp_w, fp_f)
+                    loop_free = finish_on_path(start, ret * more * cold, fp_t, fp_w, fp_f)
                     kind = _RETURN
                 elif rr == r or (responds_first and rr <= start):  # a batch's responses (first, if asked)
                     b = resp[rh]
                     rh += 1
                     for p in range(b_pos[b], b_pos[b] + b_size[b]):
-                        work = (resp_b + resp_k * (p - b_pos[b] + 1)) * more
+                        work = (resp_b + resp_k * (p - b_pos[b] + 1)) * more * cold
                         t_resp[buf[p]] = finish_on_path(start, work, fp_t, fp_w, fp_f)
-                    loop_free = finish_on_path(start, (resp_b + resp_k * b_size[b]) * more, fp_t, fp_w, fp_f)
+                    loop_free = finish_on_path(start, (resp_b + resp_k * b_size[b]) * more * cold, fp_t, fp_w, fp_f)
                     held -= b_size[b]
                     b_resp[b] = True
                     kind = _RESPOND
@@ -187,7 +188,7 @@ def _kernel_py(
                 elif rw == r and not (ra <= start < rw + reads_hold):  # a fetch is back: resume, queue
                     arg = wq[wh]
                     wh += 1
-                    loop_free = finish_on_path(start, resume * more, fp_t, fp_w, fp_f)
+                    loop_free = finish_on_path(start, resume * more * cold, fp_t, fp_w, fp_f)
                     kind = _RESUME
                 else:
                     arg = i
@@ -203,7 +204,7 @@ def _kernel_py(
                         grow = 1.0 + held_k * (inside - 1)
                         if len(hx) > 0:
                             grow *= np.interp(float(inside), hx, hf)
-                        loop_free = finish_on_path(start, cost[arg] * grow, fp_t, fp_w, fp_f)
+                        loop_free = finish_on_path(start, cost[arg] * grow * cold, fp_t, fp_w, fp_f)
                         kind = _ADMIT
                 running = True
                 continue
@@ -364,6 +365,9 @@ class Loop:
         by = loop.cost_by_held or {}  # or follows a measured factor by the count held
         self.hx = np.array(sorted(by), dtype=float)
         self.hf = np.array([by[h] for h in sorted(by)], dtype=float)
+        cold = loop.after_idle or {}  # each job's time by how long the loop slept before it
+        self.lx = np.array(sorted(cold), dtype=float)
+        self.lf = np.array([cold[x] for x in sorted(cold)], dtype=float)
         # the unread requests count as held (counted only where the loop pays for what it holds)
         self.arrived = loop.held_counts == "arrived" and (self.held_k > 0 or len(self.hx) > 0)
         self.wq = np.zeros(0, dtype=np.int64)
@@ -413,7 +417,7 @@ class Loop:
         _kernel(
             n, float(horizon), st, self.clock, self.t, self.cost, self.wait, self.late, self.resume, self.reads_hold,
             self.responds_first, self.batcher_yields,
-            self.held_k, self.hx, self.hf, self.arrived, self.wq, self.wdue, self.t_back,
+            self.held_k, self.hx, self.hf, self.lx, self.lf, self.arrived, self.wq, self.wdue, self.t_back,
             float(self.loop.return_ms), float(self.loop.respond_per_batch_ms), float(self.loop.respond_per_request_ms),
             int(b.max_batch_size), float(b.max_queue_delay_ms), self.cap, self.preferred, self.factors, self.means,
             self.idle_t, self.idle_f,

@@ -1,0 +1,128 @@
+"""Work after a rest runs slower: a batch after its instance sat idle, a loop job after
+the front end's loop slept (``workers.service_time.after_idle``,
+``preprocess.event_loop.after_idle``), measured on the server's own clocks.
+
+On the reference server a batch after 50 ms of its instance idle took 1.15-1.17 times one
+that followed another at once, and an admission on a loop idle 10-20 ms 1.9 times one on a
+loop that had just finished a job (calibrate/README, "A batch after an idle instance"):
+light loads idle often and heavy ones seldom, so times fitted over several loads run fast
+at the lightest and slow at the heaviest. The fits here give each factor by bands of idle
+time; :mod:`calibrate.fit` takes the instance's out of the batch table, and
+:mod:`calibrate.speed` out of the ratios the host's speed is fitted on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+# whether the fits take the factors after an idle instance and an idle loop (off: every batch,
+# every loop job alike, as before them; calibrate/experiments/after_idle.py compares them)
+AFTER_IDLE = True
+LOOP_AFTER_IDLE = True
+IDLE_EDGES_MS = (0.0, 1.0, 3.0, 6.0, 12.0, 25.0, 50.0, 100.0, np.inf)
+
+
+def fit_after_idle(idle_ms: np.ndarray, ratio: np.ndarray, *, min_batches: int = 20) -> dict[float, float] | None:
+    """The batch time's factor by how long its instance sat idle before it
+    (``service_time.after_idle``): the mean ratio of measured to fitted batch time in bands
+    of idle time (:data:`IDLE_EDGES_MS`), over the mean ratio of all, at each band's median
+    idle. None where the idle time is unknown, fewer than two bands hold ``min_batches``,
+    or batches overlap (several instances: the batch before is another instance's)."""
+    idle, r = np.asarray(idle_ms, dtype=float), np.asarray(ratio, dtype=float)
+    known = np.isfinite(idle) & np.isfinite(r)
+    if known.sum() < 2 * min_batches or (idle[known] < -0.5).mean() > 0.01:
+        return None
+    idle, r = idle[known].clip(min=0.0), r[known]
+    band = np.searchsorted(IDLE_EDGES_MS, idle, side="right") - 1
+    table = {}
+    for k in np.unique(band):
+        inside = band == k
+        if inside.sum() >= min_batches:
+            table[round(float(np.median(idle[inside])), 3)] = round(float(r[inside].mean() / r.mean()), 4)
+    return table if len(table) >= 2 else None
+
+
+def idle_factor(idle_ms: np.ndarray, table: dict[float, float]) -> np.ndarray:
+    """:func:`fit_after_idle`'s factor at each idle time, as the simulator interpolates it
+    (flat beyond the ends; 1 where the idle time is unknown)."""
+    knots = sorted(table)
+    f = np.interp(np.nan_to_num(idle_ms, nan=0.0), knots, [table[k] for k in knots])
+    return np.where(np.isfinite(idle_ms), f, 1.0)
+
+
+def idle_before_ms(df: pd.DataFrame, batch_ms: np.ndarray) -> np.ndarray | None:
+    """For each row (a request, or a batch) of ``df``, whose batch took ``batch_ms``: how
+    long its batch's instance sat idle before the batch, from the end of the slice's batch
+    before it by the server's dispatch clock (NaN for a slice's first); None without that
+    clock."""
+    if "dispatched_at_ns" not in df or "slice" not in df or df["dispatched_at_ns"].isna().any():
+        return None
+    rows = pd.DataFrame(
+        {
+            "slice": df["slice"].to_numpy(),
+            "start": df["dispatched_at_ns"].to_numpy() / 1e6,
+            "ms": np.asarray(batch_ms, dtype=float),
+        }
+    )
+    b = rows.drop_duplicates(["slice", "start"]).sort_values("start", kind="stable")
+    gap = b["start"] - (b["start"] + b["ms"]).shift(1)
+    b = b.assign(idle=gap.where(b["slice"] == b["slice"].shift(1)))
+    return rows.merge(b[["slice", "start", "idle"]], on=["slice", "start"], how="left")["idle"].to_numpy()
+
+
+LOOP_EDGES_MS = (0.05, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, np.inf)
+
+
+def loop_gaps_ms(df: pd.DataFrame, batch_ms: np.ndarray) -> np.ndarray:
+    """For each request of ``df`` (the server's clocks; its batch took ``batch_ms``): how long its front end's loop had
+    been idle when it began reading it, from the end of the loop's last job before, the
+    admissions (read to queued) and each batch's answers (its end to its last response)
+    being the loop's jobs; <= 0 where the loop was busy then."""
+    out = np.full(len(df), np.nan)
+    recv = df["received_at_ns"].to_numpy() / 1e6
+    enq = df["enqueued_at_ns"].to_numpy() / 1e6
+    disp = df["dispatched_at_ns"].to_numpy() / 1e6
+    bend = disp + np.asarray(batch_ms, dtype=float)
+    done = recv + df["request_us"].to_numpy() / 1e3
+    sl = df["slice"].to_numpy()
+    for s in np.unique(sl):
+        at = np.flatnonzero(sl == s)
+        answers = pd.DataFrame({"start": bend[at], "end": done[at]}).groupby("start")["end"].max()
+        starts = np.r_[recv[at], answers.index.to_numpy()]
+        ends = np.r_[enq[at], answers.to_numpy()]
+        order = np.argsort(starts, kind="stable")
+        starts, ends = starts[order], np.maximum.accumulate(ends[order])
+        k = np.searchsorted(starts, recv[at], side="left") - 1  # the jobs begun before this read
+        out[at] = np.where(k >= 0, recv[at] - ends[np.maximum(k, 0)], np.inf)
+    return out
+
+
+def fit_loop_after_idle(
+    ok: pd.DataFrame, lowest: pd.DataFrame, batch_ms: np.ndarray, *, min_requests: int = 50
+) -> dict | None:
+    """``preprocess.event_loop.after_idle`` from the server's clocks: a read on an idle
+    loop (read to queued), its median by band of the loop's idle time before it
+    (:data:`LOOP_EDGES_MS`) over the median of the shortest band, at each band's median
+    idle time; divided by its mean over the lightest fitted level's requests (a request
+    that found the loop busy at the shortest band's), whose loop jobs the loop's costs are
+    fitted on, so that level runs as fitted. None without the clocks, where fewer than two
+    bands hold ``min_requests``, or with :data:`LOOP_AFTER_IDLE` off."""
+    need = ("received_at_ns", "enqueued_at_ns", "dispatched_at_ns", "request_us", "slice")
+    if not LOOP_AFTER_IDLE or not all(c in ok for c in need) or ok[list(need)].isna().any().any():
+        return None
+    gap = loop_gaps_ms(ok, batch_ms)
+    read = (ok["enqueued_at_ns"].to_numpy() - ok["received_at_ns"].to_numpy()) / 1e6
+    band = np.searchsorted(LOOP_EDGES_MS, gap, side="right") - 1
+    knots, medians = [], []
+    for k in range(len(LOOP_EDGES_MS) - 1):
+        inside = band == k
+        if inside.sum() >= min_requests:
+            knots.append(float(np.median(gap[inside])))
+            medians.append(float(np.median(read[inside])))
+    if len(knots) < 2:
+        return None
+    factor = np.asarray(medians) / medians[0]
+    light = ok.index.isin(lowest.index)
+    base = float(np.mean(np.interp(np.clip(gap[light], 0.0, None), knots, factor)))
+    return {round(x, 3): round(float(f / base), 4) for x, f in zip(knots, factor, strict=True)}
