@@ -145,10 +145,11 @@ def test_bad_tables_are_refused_naming_the_field(value, needle):
 
 def test_a_loop_job_after_the_loop_slept_is_slower(tmp_path):
     """``preprocess.event_loop.after_idle``: each job's time × the factor at the loop's idle
-    time before it. An admission waits for nothing (1 ms of network first) and finds the
-    loop idle since the last response; the hand-back comes 6 ms after the window's timer
-    (a job of no time), and the responses right after it (idle 0: factor 1). The loop
-    has slept since ever before its first job (the table's last factor)."""
+    time with work before it. An admission waits for nothing (1 ms of network first) and
+    finds the loop idle since the last response; the hand-back comes 8 ms after the
+    admission (the window's timer in between does no work), and the responses right after
+    it (idle 0: factor 1). The loop has slept since ever before its first job (the
+    table's last factor)."""
     doc = _doc(tmp_path, True, None)
     doc["preprocess"]["event_loop"]["after_idle"] = SLOPE
     rec = simulate(Scenario.model_validate(doc)).records
@@ -156,7 +157,7 @@ def test_a_loop_job_after_the_loop_slept_is_slower(tmp_path):
     np.testing.assert_allclose(rec.t_preprocessed[1:] - rec.arrival[1:], 1.0 + 0.4 * (1 + slept / 400), atol=1e-9)
     assert rec.t_preprocessed[0] - rec.arrival[0] == pytest.approx(1.0 + 0.4 * 1.5)
     np.testing.assert_allclose(rec.t_dispatch - rec.t_preprocessed, 2.0, atol=1e-9)
-    np.testing.assert_allclose(rec.t_inferred - rec.t_dispatch, 6.0 + 0.15 * (1 + 6 / 400), atol=1e-9)
+    np.testing.assert_allclose(rec.t_inferred - rec.t_dispatch, 6.0 + 0.15 * (1 + 8 / 400), atol=1e-9)
     np.testing.assert_allclose(rec.t_response - rec.t_inferred, 0.3, atol=1e-9)
 
 

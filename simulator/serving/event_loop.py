@@ -114,7 +114,8 @@ def _kernel_py(
 ):  # fmt: skip
     """The loop's events before ``horizon``, for the ``n`` requests known (``t`` sorted;
     every later one ready at or after the horizon); the scalar state in ``st`` and
-    ``clock`` (when the loop is free) carries to the next call. Every event runs in time
+    ``clock`` (when the loop is free, the batcher's turn, when its last job with work
+    ended) carries to the next call. Every event runs in time
     order, so a run cut at any horizons makes the same decisions as one call to infinity."""
     inf = math.inf
     n_inst = len(free_at)
@@ -165,7 +166,8 @@ def _kernel_py(
                 more = 1.0 + held_k * max(held + unread - 1, 0)  # its work grows with the others the loop holds
                 if len(hx) > 0:  # or by the factor measured at the count held
                     more *= np.interp(float(held + unread), hx, hf)
-                cold = after_idle(start - loop_free, lx, lf) if len(lx) > 0 else 1.0  # the loop slept: slower
+                # the loop slept since its last job with work (a timer's turn does none): slower
+                cold = after_idle(start - clock[3], lx, lf) if len(lx) > 0 else 1.0
                 if rb == r:
                     arg = back[bh]
                     bh += 1
@@ -206,6 +208,8 @@ def _kernel_py(
                             grow *= np.interp(float(inside), hx, hf)
                         loop_free = finish_on_path(start, cost[arg] * grow * cold, fp_t, fp_w, fp_f)
                         kind = _ADMIT
+                if kind != _TIMER and kind != _NONE:
+                    clock[3] = loop_free
                 running = True
                 continue
         elif min(loop_free, te) >= horizon:
@@ -348,7 +352,7 @@ class Loop:
         self.st = np.zeros(16, dtype=np.int64)
         self.st[_SEQC] = instances
         # when the loop is free; when the timer's turn came; when a request queued past the window woke the batcher
-        self.clock = np.array([-math.inf, -math.inf, math.inf])
+        self.clock = np.array([-math.inf, -math.inf, math.inf, -math.inf])  # loop free, turns, last work
         self.n = 0  # requests held (the first not yet answered, and those after it)
         self.t, self.cost, self.t_enq, self.t_disp, self.t_resp, self.t_drop = (np.zeros(0) for _ in range(6))
         # with ``resume_ms``: each request's fetch, off the loop between its admission and its resumption
