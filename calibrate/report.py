@@ -267,6 +267,11 @@ def _speed_process(profile: dict) -> list[str]:
     ]
 
 
+def _idle_table(table: dict) -> str:
+    """An ``after_idle`` table as the report says it: ``×factor after idle ms``, in order."""
+    return ", ".join(f"×{f:.2f} after {float(x):.2g} ms" for x, f in sorted(table.items(), key=lambda kv: float(kv[0])))
+
+
 def _fitted_model(profile: dict) -> list[str]:
     """The fitted batch time, its residuals, the front end and Redis."""
     st = profile["service_time"]
@@ -279,7 +284,13 @@ def _fitted_model(profile: dict) -> list[str]:
         f"plain standard deviation of the ratios {st['noise_cv_sd']:.3f}; "
         f"R² {st['r2']:.3f} over {st['batches']:,} batches; {st['stalls']} stalled batches set apart"
         + (f" (longest {', '.join(f'{x:.1f}' for x in st['stall_ms'][:5])} ms)" if st["stalls"] else "")
-        + ".",
+        + "."
+        + (
+            " A batch after its instance sat idle runs slower (`service_time.after_idle`, the mean ratio by band "
+            f"of idle time over all, taken out of the table): {_idle_table(st['after_idle'])}."
+            if st.get("after_idle")
+            else ""
+        ),
         "- **Residuals** (measured / fitted batch time) at quantiles "
         + ", ".join(f"{q}: {v:.3f}" for q, v in st["residual_ratio_quantiles"].items())
         + ".",
@@ -377,6 +388,12 @@ def _event_loop(fe: dict, on_loop: bool = False) -> str:
             else ""
         )
         + (_reads_first(loop["reads_first"]) if on_loop and loop.get("reads_first") else "")
+        + (
+            " A job after the loop slept runs slower (`event_loop.after_idle`, a read on an idle loop by how long "
+            f"it had slept, against the lightest fitted level): {_idle_table(loop['after_idle'])}."
+            if loop.get("after_idle")
+            else ""
+        )
         + (
             f" Each of its jobs takes {loop['cost_per_in_flight']:.5f} of its time more per other request in the "
             "server, read or waiting to be read (`event_loop.cost_per_in_flight`: the CPU per request of the server "
