@@ -229,6 +229,13 @@ def fit_round_trip(keys: np.ndarray, trips: np.ndarray, feature_ms: np.ndarray) 
     return {"per_round_trip_ms": float(coef[0]), "per_key_ms": float(coef[1])}
 
 
+def _batch_time(b: np.ndarray, y: np.ndarray) -> tuple[dict, dict | None, dict]:
+    """Both batch-time fits and the one kept: the table when it explains the batches better
+    (batch time is rarely linear from 1)."""
+    affine, table = fit_affine(b, y), fit_table(b, y)
+    return affine, table, table if table is not None and table["r2"] > affine["r2"] else affine
+
+
 def fit_profile(
     requests: pd.DataFrame,
     *,
@@ -252,16 +259,11 @@ def fit_profile(
         raise ValueError("no successful requests in the fitting levels")
     batches = batches_from_requests(df)
     b, y = batches["batch_size"].to_numpy(), batches["service_ms"].to_numpy()
-    affine = fit_affine(b, y)
-    table = fit_table(b, y)
-    # the table when it explains the batches better (batch time is rarely linear from 1)
-    service = table if table is not None and table["r2"] > affine["r2"] else affine
+    affine, table, service = _batch_time(b, y)
     if idle.AFTER_IDLE and "idle_ms" in batches:  # a batch after its instance idled runs slower: fitted, taken out
         after_idle = idle.fit_after_idle(batches["idle_ms"].to_numpy(), y / predicted_ms(service, b))
         if after_idle is not None:
-            y = y / idle.idle_factor(batches["idle_ms"].to_numpy(), after_idle)
-            affine, table = fit_affine(b, y), fit_table(b, y)
-            service = table if table is not None and table["r2"] > affine["r2"] else affine
+            affine, table, service = _batch_time(b, y / idle.idle_factor(batches["idle_ms"].to_numpy(), after_idle))
             service["after_idle"] = after_idle
     lowest = df[df["level"] == min(fit_levels)]
     overhead = lowest["latency_ms"] - lowest["request_us"] / 1e3

@@ -75,10 +75,11 @@ LOOP_EDGES_MS = (0.05, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, np.inf)
 
 
 def loop_gaps_ms(df: pd.DataFrame, batch_ms: np.ndarray) -> np.ndarray:
-    """For each request of ``df`` (the server's clocks; its batch took ``batch_ms``): how long its front end's loop had
-    been idle when it began reading it, from the end of the loop's last job before, the
-    admissions (read to queued) and each batch's answers (its end to its last response)
-    being the loop's jobs; <= 0 where the loop was busy then."""
+    """For each request of ``df`` (the server's clocks; its batch took ``batch_ms``): how
+    long its front end's loop had been idle when it began reading it, from the end of the
+    loop's last job before, the admissions (read to queued) and each batch's answers (its
+    end to its last response) being the loop's jobs; <= 0 where the loop was busy then,
+    inf for a slice's first read (left out of the bands)."""
     out = np.full(len(df), np.nan)
     recv = df["received_at_ns"].to_numpy() / 1e6
     enq = df["enqueued_at_ns"].to_numpy() / 1e6

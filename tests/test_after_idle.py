@@ -3,14 +3,16 @@ simulator's factor by formula on each scheduler, its fit recovered, bad tables r
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
 
 from calibrate.fit import batches_from_requests, fit_table, predicted_ms
-from calibrate.idle import fit_after_idle, idle_factor
+from calibrate.idle import fit_after_idle, fit_loop_after_idle, idle_factor, loop_gaps_ms
 from simulator.engine import simulate
-from simulator.scenario.config import Scenario
+from simulator.scenario.config import Scenario, Workers
 from simulator.scenario.loader import ScenarioError, load_scenario
 from simulator.serving.workers import ServiceModel
 
@@ -79,8 +81,6 @@ def test_simpy_workers_take_the_same_factor():
     """The SimPy schedulers' batch (workers and traffic classes): the factor at the idle
     time they pass, interpolated and flat beyond the table's ends."""
     doc = {"count": 1, "service_time": {"kind": "table", "batch_ms": {"1": 6}, "after_idle": SLOPE}}
-    from simulator.scenario.config import Workers
-
     model = ServiceModel(Workers.model_validate(doc), 1, np.random.default_rng(0))
     assert model.finish(10.0, 1, 0.0) == pytest.approx(16.0)
     assert model.finish(10.0, 1, 100.0) == pytest.approx(10.0 + 6 * 1.25)
@@ -134,8 +134,6 @@ def test_idle_time_from_the_servers_clocks_and_overlapping_batches_refused():
     [("{0: 1.0}", "at least two"), ("{0: 1.0, 5: -1}", "factors must be finite and > 0"), ("{-1: 1, 5: 1}", ">= 0")],
 )
 def test_bad_tables_are_refused_naming_the_field(value, needle):
-    from pathlib import Path
-
     path = Path(__file__).resolve().parent.parent / "scenarios/validation/mmc.yaml"
     with pytest.raises(ScenarioError) as err:
         load_scenario(path, [f"workers.service_time={{kind: table, batch_ms: {{1: 5}}, after_idle: {value}}}"])
@@ -185,8 +183,6 @@ def test_the_loops_factor_is_recovered_and_keeps_the_light_level_as_fitted():
     """Reads made 0.5 ms × g(slept) × noise: the loop's idle times come back from the
     clocks, the fitted factors follow g from band to band within 3%, and their mean over
     the (light) level is 1."""
-    from calibrate.idle import fit_loop_after_idle, loop_gaps_ms
-
     rng = np.random.default_rng(11)
     n = 6000
     slept = np.concatenate([rng.exponential(0.8, n // 2), rng.exponential(12.0, n - n // 2)]) + 0.06

@@ -54,20 +54,6 @@ def _finish_on_path_py(start, work, pt, pw, pf):
 finish_on_path = jit.njit(cache=True, nogil=True)(_finish_on_path_py)
 
 
-def _after_idle_py(idle, kt, kf):
-    """The batch time's factor after ``idle`` ms of its instance idle: the table (kt, kf)
-    interpolated, flat beyond its ends (``service_time.after_idle``)."""
-    if idle <= kt[0]:
-        return kf[0]
-    j = np.searchsorted(kt, idle, side="right")
-    if j >= len(kt):
-        return kf[len(kt) - 1]
-    return kf[j - 1] + (kf[j] - kf[j - 1]) * (idle - kt[j - 1]) / (kt[j] - kt[j - 1])
-
-
-after_idle = jit.njit(cache=True, nogil=True)(_after_idle_py)
-
-
 def covers(cfg: Batching) -> bool:
     """Whether the compiled scheduler runs a queue with this batching (numba is there, and
     no end-to-end deadlines)."""
@@ -189,7 +175,7 @@ def _kernel(
         fpos += 1
         work = means[size] * x if per_size else x
         if len(idle_t) > 0:  # the instance idle since its last batch: a slower batch
-            work *= after_idle(clock - inst_free[held], idle_t, idle_f)
+            work *= np.interp(clock - inst_free[held], idle_t, idle_f)
         done = finish_on_path(clock, work, sp_t, sp_w, sp_f)
         b_pos[nb] = qh
         b_size[nb] = size

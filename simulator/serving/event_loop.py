@@ -48,7 +48,7 @@ from simulator import jit
 from simulator.ledger import BatchLog, Outcome, Served
 from simulator.scenario.config import Batching
 from simulator.scenario.path import EventLoop
-from simulator.serving.compiled import after_idle, finish_on_path
+from simulator.serving.compiled import finish_on_path
 
 _REJECTED = int(Outcome.REJECTED)
 _NONE, _ADMIT, _RETURN, _RESPOND, _TIMER, _RESUME = 0, 1, 2, 3, 4, 5
@@ -88,7 +88,7 @@ def _dispatch_py(
         fpos += 1
         work = means[size] * x if len(means) > 0 else x
         if len(idle_t) > 0:  # the instance idle since it was taken back: a slower batch
-            work *= after_idle(now - free_at[held], idle_t, idle_f)
+            work *= np.interp(now - free_at[held], idle_t, idle_f)
         done = finish_on_path(now, work, ip_t, ip_w, ip_f)
         for p in range(qh, qh + size):
             t_disp[buf[p]] = now
@@ -167,7 +167,7 @@ def _kernel_py(
                 if len(hx) > 0:  # or by the factor measured at the count held
                     more *= np.interp(float(held + unread), hx, hf)
                 # the loop slept since its last job with work (a timer's turn does none): slower
-                cold = after_idle(start - clock[3], lx, lf) if len(lx) > 0 else 1.0
+                cold = np.interp(start - clock[3], lx, lf) if len(lx) > 0 else 1.0
                 if rb == r:
                     arg = back[bh]
                     bh += 1

@@ -34,7 +34,6 @@ from simulator.scenario.config import Affine, Table, Workers
 from simulator.scenario.distributions import Sampler
 from simulator.scenario.servicetime import ProfileRef
 from simulator.serving.batcher import DONE, EXTEND, BatchQueue, Wait
-from simulator.serving.compiled import after_idle
 from simulator.serving.served import PoolRun
 from simulator.stages.speed import SpeedPath, SpeedProcess
 
@@ -151,7 +150,7 @@ class ServiceModel:
         stretched by the host's speed while it runs."""
         work = self(batch_size)
         if len(self.idle_ms):
-            work *= after_idle(idle_ms, self.idle_ms, self.idle_factor)
+            work *= float(np.interp(idle_ms, self.idle_ms, self.idle_factor))  # flat beyond the ends
         return start + work if self.path is None else self.path.finish_at(start, work)
 
     def __call__(self, batch_size: int) -> float:
