@@ -28,6 +28,9 @@ class ServerConfig:
     max_body_bytes: int = BodyLimits.max_body_bytes
     instance_mode: Literal["process", "thread"] = "process"
     instance_cores: str = "auto"  # auto | none | a core per instance, e.g. "1"
+    # an idle instance sleeps on its pipe, or polls it and keeps its core busy (a host may
+    # clock down a core whose vCPU sleeps much of the time: calibrate/README, "The host's clock")
+    instance_idle: Literal["sleep", "spin"] = "sleep"
     # inline: decode on the event loop; thread: in a decode thread, which the GIL's 5 ms
     # switch interval makes wait behind the loop (a 28 ms p99 at 20% load on a 16-core host)
     preprocess: Literal["inline", "thread"] = "inline"
@@ -79,6 +82,7 @@ def describe(cfg: ServerConfig) -> str:
             "frontends": cfg.frontends,
             "instance_mode": cfg.instance_mode,
             "instance_cores": cfg.instance_cores,
+            "instance_idle": cfg.instance_idle,
             "preprocess": cfg.preprocess,
             "features": features_public(cfg.features),
         }

@@ -91,6 +91,7 @@ def start_instances(cfg: ServerConfig, front: ServedModel, cores: list[int | Non
                 threads=cfg.threads,
                 device=None,
                 warmup_batches=cfg.warmup_batches,
+                idle=cfg.instance_idle,
             )
             started.append(ProcessInstance(spec))
         for inst in started:
@@ -122,6 +123,8 @@ class FrontEnd:
     def __init__(self, cfg: ServerConfig, relay=None):
         if cfg.instance_mode not in ("process", "thread") or cfg.instances < 1:
             raise ValueError("--instance-mode is process or thread, and --instances at least 1")
+        if cfg.instance_idle not in ("sleep", "spin"):
+            raise ValueError(f"--instance-idle is sleep or spin; got {cfg.instance_idle!r}")
         if cfg.preprocess not in ("inline", "thread"):
             raise ValueError(f"--preprocess is inline or thread; got {cfg.preprocess!r}")
         # a worker of several front ends (--frontends): the hub owns the instances and the batcher
@@ -283,6 +286,7 @@ class FrontEnd:
                     "device": devices[0],
                     "threads": cfg.threads,
                     "instance_mode": cfg.instance_mode,
+                    "instance_idle": cfg.instance_idle,
                     "preprocess": cfg.preprocess,
                     "frontends": cfg.frontends,
                     # the hub deals connections to its front ends in turn; one front end is one queue

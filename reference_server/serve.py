@@ -66,6 +66,13 @@ def serve(
             "(the old design, to measure what the GIL costs)."
         ),
     ] = "process",
+    instance_idle: Annotated[
+        str,
+        typer.Option(
+            help="An idle instance: sleep (on its pipe) or spin (poll it, keeping its core busy, so that a host "
+            "that clocks down a sleeping core does not slow light loads)."
+        ),
+    ] = "sleep",
     preprocess: Annotated[
         str,
         typer.Option(
@@ -197,6 +204,7 @@ def serve(
         ),
         instance_mode=instance_mode,  # type: ignore[arg-type] - checked by create_app
         instance_cores=instance_cores,
+        instance_idle=instance_idle,  # type: ignore[arg-type] - checked by create_app
         preprocess=preprocess,  # type: ignore[arg-type] - checked by create_app
         api_key=api_key or None,
         body_timeout_s=body_timeout_s,

@@ -112,6 +112,7 @@ def test_a_bad_request_through_a_worker_is_a_400_and_the_server_goes_on():
     [
         (("--frontends", "0"), "--frontends is at least 1; got 0"),
         (("--frontends", "2", "--instance-mode", "thread"), "--frontends above 1 needs --instance-mode process"),
+        (("--instance-idle", "nap"), "--instance-idle is sleep or spin; got 'nap'"),
     ],
 )
 def test_front_ends_that_cannot_be_served_exit_2_with_one_line(args, message):

@@ -141,6 +141,29 @@ def test_instances_stop_with_the_server_on_sigterm():
     assert wait_gone(before) == []  # the instances and multiprocessing's resource tracker
 
 
+def cpu_s(pid: int) -> float:
+    """A process's CPU time (user + system), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_spinning_instance_answers_keeps_its_core_busy_and_stops_with_the_server():
+    with reference_server(*TINY, "--instance-idle", "spin", "--instance-cores", "none") as (url, proc):
+        info = config(url)
+        assert info["instance_idle"] == "spin"
+        pid = info["instances"][0]["pid"]
+        payloads = image_payloads(3, 48, np.random.default_rng(0))
+        assert all(infer(url, p)[0] == 200 for p in payloads)
+        before = cpu_s(pid)
+        time.sleep(1.0)  # no request: a sleeping instance would use next to no CPU
+        assert cpu_s(pid) - before > 0.3
+        family = children(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+        assert "Traceback" not in proc.stderr.read()
+    assert wait_gone(family) == []
+
+
 def test_instances_die_with_a_killed_front_end():
     with reference_server(*TINY, "--instances", "1") as (url, proc):
         pids = [i["pid"] for i in config(url)["instances"]]
