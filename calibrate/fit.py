@@ -212,13 +212,24 @@ def batches_from_requests(df: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(
         {"batch_size": per_batch["batch_size"].astype(int), "service_ms": batch_time_us(per_batch) / 1e3}
     )
-    for c in ("level", "compute_infer_us", "handoff_us"):
+    for c in ("level", "compute_infer_us", "handoff_us", "rate_rps", "rate_since_ms"):
         if c in per_batch:
             out[c] = per_batch[c].to_numpy()
     before = idle.idle_before_ms(per_batch, out["service_ms"].to_numpy())
     if before is not None:
         out["idle_ms"] = before
     return out
+
+
+def with_rates(requests: pd.DataFrame) -> pd.DataFrame:
+    """``requests`` (successful ones, their slices whole) with ``rate_rps``, their
+    instance's recent throughput before their batch, and ``rate_since_ms``, how long into
+    their slice (:func:`calibrate.idle.rate_before`); as given without the server's clock."""
+    ok = requests.dropna(subset=["batch_size"])
+    got = idle.rate_before(ok) if idle.BY_RATE else None
+    if got is None:
+        return requests
+    return requests.assign(rate_rps=pd.Series(got[0], index=ok.index), rate_since_ms=pd.Series(got[1], index=ok.index))
 
 
 def fit_round_trip(keys: np.ndarray, trips: np.ndarray, feature_ms: np.ndarray) -> dict:
@@ -254,17 +265,34 @@ def fit_profile(
     fitting level plus the rest of its CPU; the request's remaining time outside the batch
     at that level (network, HTTP, waiting on I/O) becomes a pure delay.
     """
-    df = requests[requests["level"].isin(fit_levels) & ~requests["warmup"] & (requests["status"] == 200)]
+    df = with_rates(requests[requests["level"].isin(fit_levels) & (requests["status"] == 200)])
+    df = df[~df["warmup"]]
     if df.empty:
         raise ValueError("no successful requests in the fitting levels")
     batches = batches_from_requests(df)
     b, y = batches["batch_size"].to_numpy(), batches["service_ms"].to_numpy()
     affine, table, service = _batch_time(b, y)
-    if idle.AFTER_IDLE and "idle_ms" in batches:  # a batch after its instance idled runs slower: fitted, taken out
-        after_idle = idle.fit_after_idle(batches["idle_ms"].to_numpy(), y / predicted_ms(service, b))
-        if after_idle is not None:
-            affine, table, service = _batch_time(b, y / idle.idle_factor(batches["idle_ms"].to_numpy(), after_idle))
-            service["after_idle"] = after_idle
+    idle_f = rate_f = np.ones(len(y))
+    after_idle = by_rate = None
+    for _ in range(2):  # each factor on what the table and the other leave (they move together: idle, quiet)
+        if idle.AFTER_IDLE and "idle_ms" in batches:  # a batch after its instance idled runs slower
+            after_idle = idle.fit_after_idle(batches["idle_ms"].to_numpy(), y / predicted_ms(service, b) / rate_f)
+            if after_idle is not None:
+                idle_f = idle.idle_factor(batches["idle_ms"].to_numpy(), after_idle)
+        if idle.BY_RATE and "rate_rps" in batches:  # and one after a quiet spell; a busy one faster
+            settled = batches["rate_since_ms"].to_numpy() >= 2 * idle.RATE_WINDOW_MS
+            ratio = y / predicted_ms(service, b) / idle_f
+            by_rate = idle.fit_by_rate(batches["rate_rps"].to_numpy()[settled], ratio[settled])
+            if by_rate is not None:
+                rate_f = idle.rate_factor_at(batches["rate_rps"].to_numpy(), by_rate)
+        affine, table, service = _batch_time(b, y / idle_f / rate_f)
+        if by_rate is None:  # the idle factor alone: once, on the pooled table
+            break
+    if after_idle is not None:
+        service["after_idle"] = after_idle
+    if by_rate is not None:
+        service["by_rate"] = by_rate
+        service["rate_window_ms"] = idle.RATE_WINDOW_MS
     lowest = df[df["level"] == min(fit_levels)]
     overhead = lowest["latency_ms"] - lowest["request_us"] / 1e3
     fetch_us = df["feature_us"].fillna(0.0) if "feature_us" in df else 0.0

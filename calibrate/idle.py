@@ -34,12 +34,17 @@ def fit_after_idle(idle_ms: np.ndarray, ratio: np.ndarray, *, min_batches: int =
     if known.sum() < 2 * min_batches or (idle[known] < -0.5).mean() > 0.01:
         return None
     idle, r = idle[known].clip(min=0.0), r[known]
-    band = np.searchsorted(IDLE_EDGES_MS, idle, side="right") - 1
+    return _by_band(idle, r, np.searchsorted(IDLE_EDGES_MS, idle, side="right") - 1, min_batches)
+
+
+def _by_band(x: np.ndarray, r: np.ndarray, band: np.ndarray, min_batches: int) -> dict[float, float] | None:
+    """Each ``band`` of at least ``min_batches`` rows: its median ``x``, its mean ``r`` over
+    all rows' mean; None unless two bands are left."""
     table = {}
     for k in np.unique(band):
         inside = band == k
         if inside.sum() >= min_batches:
-            table[round(float(np.median(idle[inside])), 3)] = round(float(r[inside].mean() / r.mean()), 4)
+            table[round(float(np.median(x[inside])), 3)] = round(float(r[inside].mean() / r.mean()), 4)
     return table if len(table) >= 2 else None
 
 
@@ -127,3 +132,73 @@ def fit_loop_after_idle(
     light = ok.index.isin(lowest.index)
     base = float(np.mean(np.interp(np.clip(gap[light], 0.0, None), knots, factor)))
     return {round(x, 3): round(float(f / base), 4) for x, f in zip(knots, factor, strict=True)}
+
+
+# the batch time's factor by the instance's recent throughput (``service_time.by_rate``):
+# off, every batch alike at any load, as before it (calibrate/experiments/level_speed.py)
+BY_RATE = True
+RATE_WINDOW_MS = 500.0
+RATE_BANDS = 8
+
+
+def recent_rate(start_ms: np.ndarray, sizes: np.ndarray, tau_ms: float = RATE_WINDOW_MS) -> np.ndarray:
+    """Requests a second an instance took into batches before each of its batches (starting
+    at ``start_ms``, in order, of ``sizes``): an exponential average over ``tau_ms``, from
+    none before the first, as the simulator keeps it (``simulator.serving.compiled.rate_factor``)."""
+    out = np.empty(len(start_ms))
+    x, t = 0.0, float(start_ms[0]) if len(start_ms) else 0.0
+    for i, (s, k) in enumerate(zip(np.asarray(start_ms, dtype=float), np.asarray(sizes, dtype=float), strict=True)):
+        x *= np.exp(-(s - t) / tau_ms)
+        out[i] = x * 1000.0
+        x += k / tau_ms
+        t = s
+    return out
+
+
+def rate_before(df: pd.DataFrame, tau_ms: float = RATE_WINDOW_MS) -> tuple[np.ndarray, np.ndarray] | None:
+    """For each row (a request, or a batch) of ``df``: its instance's recent throughput
+    before its batch (:func:`recent_rate` over its slice's batches by the server's dispatch
+    clock, from none at the slice's first batch: the fit reads no other slice), and how
+    long after that first batch it went (ms; a rate soon after it misses the slice before
+    it). None without that clock."""
+    if "dispatched_at_ns" not in df or "slice" not in df or df["dispatched_at_ns"].isna().any():
+        return None
+    rows = pd.DataFrame(
+        {
+            "slice": df["slice"].to_numpy(),
+            "start": df["dispatched_at_ns"].to_numpy() / 1e6,
+            "size": df["batch_size"].to_numpy(dtype=float),
+        }
+    )
+    b = rows.drop_duplicates(["slice", "start"]).sort_values(["slice", "start"], kind="stable")
+    sl, start, size = b["slice"].to_numpy(), b["start"].to_numpy(), b["size"].to_numpy()
+    rate, since = np.empty(len(b)), np.empty(len(b))
+    for s in np.unique(sl):
+        at = np.flatnonzero(sl == s)
+        rate[at] = recent_rate(start[at], size[at], tau_ms)
+        since[at] = start[at] - start[at[0]]
+    b = b.assign(rate=rate, since=since)
+    out = rows.merge(b[["slice", "start", "rate", "since"]], on=["slice", "start"], how="left")
+    return out["rate"].to_numpy(), out["since"].to_numpy()
+
+
+def fit_by_rate(rate_rps: np.ndarray, ratio: np.ndarray, *, bands: int = RATE_BANDS, min_batches: int = 20):
+    """``service_time.by_rate``: the mean ratio of measured to fitted batch time in
+    ``bands`` quantile bands of the instance's recent throughput, over the mean ratio of
+    all, at each band's median rate. None where fewer than two bands differ in rate or
+    hold ``min_batches``."""
+    x, r = np.asarray(rate_rps, dtype=float), np.asarray(ratio, dtype=float)
+    known = np.isfinite(x) & np.isfinite(r)
+    x, r = x[known], r[known]
+    if len(x) < 2 * min_batches:
+        return None
+    edges = np.unique(np.quantile(x, np.linspace(0, 1, bands + 1)))
+    if len(edges) < 2:
+        return None
+    return _by_band(x, r, np.clip(np.searchsorted(edges, x, side="right") - 1, 0, len(edges) - 2), min_batches)
+
+
+def rate_factor_at(rate_rps: np.ndarray, table: dict[float, float]) -> np.ndarray:
+    """:func:`fit_by_rate`'s factor at each rate, as the simulator interpolates it (flat
+    beyond the ends; 1 where the rate is unknown)."""
+    return idle_factor(rate_rps, table)  # the same interpolation

@@ -49,8 +49,8 @@ def parameter_draws(
     used = slices[slices["kept"] & slices["level"].isin(fit_levels)]
     period = float(used["seconds"].median())
     mean_ms = fitted_mean_ms(profile["service_time"])
-    after_idle = profile["service_time"].get("after_idle")
-    b = batch_log_ratios(fitted, mean_ms, period, after_idle)
+    after_idle, by_rate = profile["service_time"].get("after_idle"), profile["service_time"].get("by_rate")
+    b = batch_log_ratios(fitted, mean_ms, period, after_idle, by_rate)
     per_slice = b.assign(s=b["log_ratio"] * b["weight"]).groupby("slice")[["s", "weight"]].sum()
     base = per_slice["s"].sum() / per_slice["weight"].sum()
     fe = profile.get("frontend")
@@ -77,6 +77,7 @@ def parameter_draws(
                 period_s=period,
                 client_shares_cores=shares,
                 after_idle=after_idle,
+                by_rate=by_rate,
             )
         out.append((p, factor))
     return out

@@ -272,6 +272,11 @@ def _idle_table(table: dict) -> str:
     return ", ".join(f"×{f:.2f} after {float(x):.2g} ms" for x, f in sorted(table.items(), key=lambda kv: float(kv[0])))
 
 
+def _rate_table(table: dict) -> str:
+    """A ``by_rate`` table as the report says it: ``×factor at rate req/s``, in order."""
+    return ", ".join(f"×{f:.2f} at {float(x):.3g} req/s" for x, f in sorted(table.items(), key=lambda kv: float(kv[0])))
+
+
 def _fitted_model(profile: dict) -> list[str]:
     """The fitted batch time, its residuals, the front end and Redis."""
     st = profile["service_time"]
@@ -289,6 +294,13 @@ def _fitted_model(profile: dict) -> list[str]:
             " A batch after its instance sat idle runs slower (`service_time.after_idle`, the mean ratio by band "
             f"of idle time over all, taken out of the table): {_idle_table(st['after_idle'])}."
             if st.get("after_idle")
+            else ""
+        )
+        + (
+            " A batch runs faster the busier its instance has been (`service_time.by_rate`, the mean ratio by "
+            f"band of its requests a second over the last {st.get('rate_window_ms', 500):.0f} ms, its slice's "
+            f"first second left out, taken out of the table too): {_rate_table(st['by_rate'])}."
+            if st.get("by_rate")
             else ""
         ),
         "- **Residuals** (measured / fitted batch time) at quantiles "

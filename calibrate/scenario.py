@@ -35,7 +35,17 @@ from calibrate.loadgen import CONNECTIONS
 from calibrate.speed import shrink_ratios
 
 # the fit's model; the rest of a profile's service_time is its quality
-SERVICE_KEYS = ("kind", "base_ms", "per_item_ms", "batch_ms", "noise_cv", "noise_ratios", "after_idle")
+SERVICE_KEYS = (
+    "kind",
+    "base_ms",
+    "per_item_ms",
+    "batch_ms",
+    "noise_cv",
+    "noise_ratios",
+    "after_idle",
+    "by_rate",
+    "rate_window_ms",
+)
 
 
 def _dist(spec: dict) -> dict:

@@ -31,8 +31,8 @@ import numpy as np
 import pandas as pd
 from scipy import optimize
 
-from calibrate.fit import batch_time_us
-from calibrate.idle import idle_before_ms, idle_factor
+from calibrate.fit import batch_time_us, with_rates
+from calibrate.idle import idle_before_ms, idle_factor, rate_factor_at
 from calibrate.station import level_slope, slice_cpu_s
 from simulator.scenario.servicetime import Affine, Table
 from simulator.serving.workers import mean_service_ms
@@ -66,20 +66,26 @@ def fitted_mean_ms(service_time: dict):
 
 
 def fit_slices_only(requests: pd.DataFrame, fit_levels: list[int]) -> pd.DataFrame:
-    """The successful, post-warm-up requests of the fitted levels: all the fit may see."""
-    return requests[requests["level"].isin(fit_levels) & ~requests["warmup"] & (requests["status"] == 200)]
+    """The successful, post-warm-up requests of the fitted levels: all the fit may see
+    (with their instance's recent throughput, from their slices whole: :func:`with_rates`)."""
+    mine = with_rates(requests[requests["level"].isin(fit_levels) & (requests["status"] == 200)])
+    return mine[~mine["warmup"]]
 
 
-def batch_log_ratios(requests: pd.DataFrame, mean_ms, period_s: float, after_idle: dict | None = None) -> pd.DataFrame:
+def batch_log_ratios(
+    requests: pd.DataFrame, mean_ms, period_s: float, after_idle: dict | None = None, by_rate: dict | None = None
+) -> pd.DataFrame:
     """One row per request's batch: its time on the run's clock (s), its log ratio to the
     fitted mean (``mean_ms(sizes)``, times the ``after_idle`` factor at its instance's idle
-    time before it, where the batch time has one) and its weight (1 / batch size, so a
-    batch counts once)."""
+    time before it and the ``by_rate`` factor at its recent throughput, where the batch
+    time has them) and its weight (1 / batch size, so a batch counts once)."""
     ok = requests.dropna(subset=["batch_size", "compute_infer_us"])
     ms = batch_time_us(ok).to_numpy() / 1e3
     idle = idle_before_ms(ok, ms) if after_idle else None
     if idle is not None:  # what the idle instance explains is not the host's speed
         ms = ms / idle_factor(idle, after_idle)
+    if by_rate and "rate_rps" in ok:  # nor what its recent throughput does
+        ms = ms / rate_factor_at(ok["rate_rps"].to_numpy(), by_rate)
     sizes = ok["batch_size"].to_numpy(int)
     mean = mean_ms(sizes)
     known = (ms > 0) & (mean > 0)  # a batch without a positive time or fitted mean has no ratio
@@ -199,12 +205,13 @@ def fit_speed_process(
     period_s: float,
     client_shares_cores: bool,
     after_idle: dict | None = None,
+    by_rate: dict | None = None,
 ) -> dict:
     """``platform.speed`` (a two-component log-AR(1); None where the batches show no
     correlated speed at all) and the batch noise's share of the log variance, from the
     fitted levels alone (``mean_ms``: the fitted batch time by size, ``after_idle`` its
     factor after an idle instance)."""
-    b = batch_log_ratios(fit_slices_only(requests, fit_levels), mean_ms, period_s, after_idle)
+    b = batch_log_ratios(fit_slices_only(requests, fit_levels), mean_ms, period_s, after_idle, by_rate)
     episodes, member = find_episodes(b)
     # the wobble from the batches outside episodes: an episode's spike is not a Gaussian's tail
     cov, var = autocovariance(b[~member] if episodes is not None else b)
@@ -247,6 +254,7 @@ def fit_run_speed(
         period_s=float(fitted["seconds"].median()),
         client_shares_cores=client_shares_cores,
         after_idle=service_time.get("after_idle"),
+        by_rate=service_time.get("by_rate"),
     )
 
 

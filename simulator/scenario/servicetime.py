@@ -19,17 +19,18 @@ from simulator.scenario.distributions import Deterministic, Empirical, Exponenti
 from simulator.scenario.frozen import Frozen
 
 
-def check_after_idle(table: dict[float, float] | None) -> None:
-    """An ``after_idle`` table ({idle ms: factor}) that can run: two points or more, idle
-    times finite and >= 0, factors finite and > 0 (a ValueError naming it otherwise)."""
+def check_after_idle(table: dict[float, float] | None, name: str = "after_idle", key: str = "idle ms") -> None:
+    """An ``after_idle`` table ({idle ms: factor}; or another ``name``'d table of factors by
+    ``key``) that can run: two points or more, keys finite and >= 0, factors finite and > 0
+    (a ValueError naming it otherwise)."""
     if table is None:
         return
     if len(table) < 2:
-        raise ValueError("after_idle: at least two (idle ms: factor) points")
+        raise ValueError(f"{name}: at least two ({key}: factor) points")
     if any(not np.isfinite(k) or k < 0 for k in table):
-        raise ValueError("after_idle: idle times must be finite and >= 0 ms")
+        raise ValueError(f"{name}: {key.split()[0]} values must be finite and >= 0")
     if any(not np.isfinite(v) or v <= 0 for v in table.values()):
-        raise ValueError("after_idle: factors must be finite and > 0")
+        raise ValueError(f"{name}: factors must be finite and > 0")
 
 
 class _Noisy(Frozen):
@@ -53,9 +54,23 @@ class _Noisy(Frozen):
         ),
     )
 
+    by_rate: dict[float, float] | None = Field(
+        None,
+        description=(
+            "Batch time factor by the instance's recent throughput (requests/s: factor), interpolated, flat "
+            "beyond the ends: the requests it took into batches, an exponential average over rate_window_ms "
+            "before the batch. A host that has been busy runs a batch faster than one coming out of a quiet "
+            "spell, beyond the idle just before it (fitted by servesim calibrate; none: every batch alike)."
+        ),
+    )
+    rate_window_ms: float = Field(
+        500.0, gt=0, allow_inf_nan=False, description="Time constant of by_rate's average of the throughput, ms."
+    )
+
     @model_validator(mode="after")
     def _idle(self):
         check_after_idle(self.after_idle)
+        check_after_idle(self.by_rate, "by_rate", "requests/s")
         return self
 
     @model_validator(mode="after")

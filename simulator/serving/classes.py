@@ -191,7 +191,7 @@ def schedule_classes(env: simpy.Environment, feed: ClassFeed, services: list[Ser
         c, k = pick
         feed.queues[c].take(k)
         quota.busy[c] += 1
-        done = services[c].finish(clock, k, clock - free_at)
+        done = services[c].finish(clock, k, clock - free_at, inst)
         start, end, where = feed.logs[c]
         start.append(clock)
         end.append(done)
@@ -226,6 +226,8 @@ class ClassesPool:
             )
             for c, cl in enumerate(classes)
         ]
+        for sm in self.services[1:]:  # an instance's recent throughput counts every class's batches
+            sm.rst = self.services[0].rst
         self.deadlines = batching.deadline_ms is not None
         self.shared = [c for c in range(k) if classes[c].workers is None]
         self.own: dict[int, StreamedPool] = {}

@@ -54,6 +54,22 @@ def _finish_on_path_py(start, work, pt, pw, pf):
 finish_on_path = jit.njit(cache=True, nogil=True)(_finish_on_path_py)
 
 
+def _rate_factor_py(now, size, j, rk, rf, rtau, rst):
+    """``service_time.by_rate``'s factor for a batch of ``size`` that instance ``j`` starts
+    at ``now``: at its throughput before the batch (requests/s: ``rst[j, 0]``, requests a
+    ms averaged over ``rtau`` ms, decayed from ``rst[j, 1]``), interpolated on (rk, rf),
+    flat beyond the ends; the batch's requests then join the average. 1 without a table."""
+    if len(rk) == 0:
+        return 1.0
+    x = rst[j, 0] * math.exp(-(now - rst[j, 1]) / rtau)
+    rst[j, 0] = x + size / rtau
+    rst[j, 1] = now
+    return np.interp(x * 1000.0, rk, rf)
+
+
+rate_factor = jit.njit(cache=True, nogil=True)(_rate_factor_py)
+
+
 def covers(cfg: Batching) -> bool:
     """Whether the compiled scheduler runs a queue with this batching (numba is there, and
     no end-to-end deadlines)."""
@@ -78,7 +94,7 @@ _expire = jit.njit(cache=True, nogil=True)(_expire_py) if jit.AVAILABLE else Non
 
 def _kernel(
     q, m, horizon, closed, cap, max_b, delay, timeout, thresholds, preferred,
-    buf, outcome, drop, ist, clock0, inst_free, inst_seq, factors, means, idle_t, idle_f,
+    buf, outcome, drop, ist, clock0, inst_free, inst_seq, factors, means, idle_t, idle_f, rk, rf, rtau, rst,
     b_pos, b_size, b_start, b_end, b_inst, sp_t, sp_w, sp_f,
 ):  # fmt: skip
     """:func:`schedule` over :meth:`BatchQueue.decide`, until done, more arrivals are
@@ -176,6 +192,7 @@ def _kernel(
         work = means[size] * x if per_size else x
         if len(idle_t) > 0:  # the instance idle since its last batch: a slower batch
             work *= np.interp(clock - inst_free[held], idle_t, idle_f)
+        work *= rate_factor(clock, size, held, rk, rf, rtau, rst)  # and by its recent throughput
         done = finish_on_path(clock, work, sp_t, sp_w, sp_f)
         b_pos[nb] = qh
         b_size[nb] = size
@@ -238,6 +255,7 @@ class CompiledFeed:
         self.clock = 0.0
         self.ist = np.array([0, 0, 0, -1, len(instances), 0, 0], dtype=np.int64)
         self.inst_free = np.zeros(len(instances))
+        self.rst = np.zeros((len(instances), 2))  # each instance's recent throughput (by_rate)
         self.inst_seq = np.arange(len(instances), dtype=np.int64)
         self.nb = 0
         self.b_pos = np.zeros(0, dtype=np.int64)
@@ -280,6 +298,7 @@ class CompiledFeed:
                 self.q, self.m, self.horizon, self.closed, self.cap, self.max_b, self.delay, self.timeout,
                 self.thresholds, self.preferred, self.buf, self.outcome, self.drop, self.ist, self.clock,
                 self.inst_free, self.inst_seq, self.factors, self.means, self.service.idle_ms, self.service.idle_factor,
+                *self.service.rate_args(self.rst),
                 self.b_pos, self.b_size, self.b_start, self.b_end, self.b_inst, *self.speed,
             )  # fmt: skip
             self.nb = int(self.ist[_NB])

@@ -56,7 +56,7 @@ _HH, _HT, _SEQC, _TIMED = range(5, 9)
 
 def _kernel_py(
     n, horizon, st, clock, t, cost, hub_in, lp, nxt, rnext, rready,
-    ret, ans, resp, max_b, delay, cap, preferred, factors, means, idle_t, idle_f,
+    ret, ans, resp, max_b, delay, cap, preferred, factors, means, idle_t, idle_f, rk, rf, rtau, rst,
     ip_t, ip_w, ip_f, fp_t, fp_w, fp_f, free_at, busy, seq, ends, bid,
     lfree, lrun, lkind, larg, ahead, rhead, rtail, hq_t, hq_k, hq_a,
     t_enq, t_disp, t_resp, outcome, t_drop, pb, buf, b_pos, b_size, b_start, b_end, b_inst, b_done,
@@ -126,7 +126,8 @@ def _kernel_py(
                 timed = 0
             qh, fpos, nb = _dispatch(
                 now, buf, qh, qt, t_enq, t_disp, pb, max_b, delay, preferred, free_at, busy, seq, ends,
-                bid, factors, fpos, means, idle_t, idle_f, ip_t, ip_w, ip_f, b_pos, b_size, b_start, b_done, b_inst, nb,
+                bid, factors, fpos, means, idle_t, idle_f, rk, rf, rtau, rst, ip_t, ip_w, ip_f,
+                b_pos, b_size, b_start, b_done, b_inst, nb,
             )  # fmt: skip
             continue
         if te == now:  # an instance has computed its batch: it is free (the next batch goes as
@@ -146,7 +147,8 @@ def _kernel_py(
                 ht += 1
             qh, fpos, nb = _dispatch(
                 now, buf, qh, qt, t_enq, t_disp, pb, max_b, delay, preferred, free_at, busy, seq, ends,
-                bid, factors, fpos, means, idle_t, idle_f, ip_t, ip_w, ip_f, b_pos, b_size, b_start, b_done, b_inst, nb,
+                bid, factors, fpos, means, idle_t, idle_f, rk, rf, rtau, rst, ip_t, ip_w, ip_f,
+                b_pos, b_size, b_start, b_done, b_inst, nb,
             )  # fmt: skip
             continue
         if tdue == now:  # the timer is due: it fires when the hub gets to it
@@ -276,7 +278,7 @@ class Frontends:
             n, float(horizon), st, self.clock, self.t, self.cost, self.hub_in, self.lp, self.nxt,
             self.rnext, self.rready, float(r.hub_return_ms), float(r.hub_answer_ms), float(r.respond_ms),
             int(b.max_batch_size), float(b.max_queue_delay_ms), self.cap, self.preferred, self.factors, self.means,
-            self.idle_t, self.idle_f,
+            self.idle_t, self.idle_f, *self.rate,
             *self.path, *self.front, self.free_at, self.busy, self.seq, self.ends, self.bid,
             self.lfree, self.lrun, self.lkind, self.larg, self.ahead, self.rhead, self.rtail,
             self.hq_t, self.hq_k, self.hq_a,

@@ -34,6 +34,7 @@ from simulator.scenario.config import Affine, Table, Workers
 from simulator.scenario.distributions import Sampler
 from simulator.scenario.servicetime import ProfileRef
 from simulator.serving.batcher import DONE, EXTEND, BatchQueue, Wait
+from simulator.serving.compiled import rate_factor
 from simulator.serving.served import PoolRun
 from simulator.stages.speed import SpeedPath, SpeedProcess
 
@@ -91,6 +92,13 @@ class ServiceModel:
         # the factor by the instance's idle time before a batch (empty: none), as the kernels read it
         self.idle_ms = np.asarray(knots, dtype=float)
         self.idle_factor = np.asarray([idle[k] for k in knots], dtype=float)
+        rate = (st.by_rate or {}) if self._per_size else {}
+        knots = sorted(rate)
+        # the factor by the instance's recent throughput (empty: none), as the kernels read it
+        self.rate_rps = np.asarray(knots, dtype=float)
+        self.rate_factor = np.asarray([rate[k] for k in knots], dtype=float)
+        self.rate_tau_ms = float(st.rate_window_ms) if self._per_size else 1.0
+        self.rst: dict = {}  # the SimPy schedulers' instances' recent throughput, by instance
         if self._per_size:
             self._means = [0.0] + [mean_service_ms(cfg, b) for b in range(1, max_batch + 1)]
             if st.noise_ratios is not None:  # a calibration's measured ratios, resampled
@@ -144,13 +152,22 @@ class ServiceModel:
             x = head
         return self._means[batch_size] * x if self._per_size else x
 
-    def finish(self, start: float, batch_size: int, idle_ms: float = 0.0) -> float:
-        """When a batch of ``batch_size`` started at ``start`` (ms) on an instance idle for
-        ``idle_ms`` before it ends: its drawn time (times the ``after_idle`` factor),
-        stretched by the host's speed while it runs."""
+    def rate_args(self, rst: np.ndarray) -> tuple:
+        """What a kernel reads for ``by_rate``: the table's knots and factors, its time
+        constant and ``rst``, the instances' state (an (instances, 2) array it updates)."""
+        return self.rate_rps, self.rate_factor, self.rate_tau_ms, rst
+
+    def finish(self, start: float, batch_size: int, idle_ms: float = 0.0, inst=0) -> float:
+        """When a batch of ``batch_size`` started at ``start`` (ms) on instance ``inst``, idle
+        for ``idle_ms`` before it, ends: its drawn time (times the ``after_idle`` factor and
+        the ``by_rate`` factor at the instance's recent throughput), stretched by the host's
+        speed while it runs."""
         work = self(batch_size)
         if len(self.idle_ms):
             work *= float(np.interp(idle_ms, self.idle_ms, self.idle_factor))  # flat beyond the ends
+        if len(self.rate_rps):
+            state = self.rst.setdefault(inst, np.zeros((1, 2)))
+            work *= float(rate_factor(start, batch_size, 0, self.rate_rps, self.rate_factor, self.rate_tau_ms, state))
         return start + work if self.path is None else self.path.finish_at(start, work)
 
     def __call__(self, batch_size: int) -> float:
@@ -274,7 +291,7 @@ def schedule(env: simpy.Environment, feed: Feed, service: ServiceModel):
             if feed.crashed_at is not None:
                 return
         size = decision.size
-        done = service.finish(clock, size, clock - free_at)
+        done = service.finish(clock, size, clock - free_at, inst)
         feed.busy += size
         feed.b_start.append(clock)
         feed.b_end.append(done)

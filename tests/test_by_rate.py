@@ -1,0 +1,130 @@
+"""A busy instance runs its batches faster (``service_time.by_rate``): the factor by the
+instance's recent throughput, by formula on each scheduler, the same whole or in chunks,
+its fit recovered, bad tables refused."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from calibrate.idle import fit_by_rate, rate_factor_at, recent_rate
+from simulator.engine import simulate, stream
+from simulator.scenario.config import Scenario, Workers
+from simulator.scenario.loader import ScenarioError, load_scenario
+from simulator.serving.workers import ServiceModel
+from tests.test_after_idle import _doc as idle_doc
+
+SLOPE = {"0": 1.5, "20": 1.0}  # factor 1.5 - rate / 40 (requests/s), 1 from 20 req/s on
+TAU = 100.0
+MMC = Path(__file__).resolve().parent.parent / "scenarios/validation/mmc.yaml"
+
+
+def _doc(tmp_path, loop: bool, by_rate: dict | None, batching: dict | None = None) -> dict:
+    """test_after_idle's scenario (requests 100 ms apart, batches of one), with ``by_rate``."""
+    d = idle_doc(tmp_path, loop, None, batching)
+    if by_rate is not None:
+        d["workers"]["service_time"] |= {"by_rate": by_rate, "rate_window_ms": TAU}
+    return d
+
+
+def _expected(n: int, gap_ms: float) -> np.ndarray:
+    """Batches of one ``gap_ms`` apart: before the k-th, the average of the k before it,
+    each 1 / TAU a ms when it went, decayed since; the factor at that rate (req/s)."""
+    rate = np.array([sum(math.exp(-(k - i) * gap_ms / TAU) for i in range(k)) / TAU * 1000 for k in range(n)])
+    return np.interp(rate, [0.0, 20.0], [1.5, 1.0])
+
+
+@pytest.mark.parametrize(
+    ("loop", "batching"),
+    [
+        (True, None),  # the event loop's dispatch
+        (False, {"max_batch_size": 8, "max_queue_delay_ms": 2}),  # the compiled batcher
+        (False, {"max_batch_size": 1, "max_queue_delay_ms": 2}),  # batching off: not the FCFS recursion
+        (False, {"max_batch_size": 8, "max_queue_delay_ms": 2, "deadline_ms": 500}),  # the SimPy scheduler
+    ],
+)
+def test_a_batch_is_faster_by_its_instances_recent_throughput(tmp_path, loop, batching):
+    """Requests 100 ms apart, each a batch of one dispatched 100 ms after the one before:
+    the first at factor 1.5 (nothing before it), then 1.5 - rate / 40 at the decayed
+    average (3.68 req/s before the second, 5.82 in the steady state)."""
+    rec = simulate(Scenario.model_validate(_doc(tmp_path, loop, SLOPE, batching))).records
+    assert (rec.batch_size == 1).all()
+    got = rec.t_inferred - rec.t_dispatch - (0.15 if loop else 0.0)
+    np.testing.assert_allclose(got, 6 * _expected(len(got), 100.0), atol=1e-9)
+    assert got[-1] == pytest.approx(6 * (1.5 - 1000 * math.exp(-1) / (1 - math.exp(-1)) / TAU / 40), abs=1e-9)
+    plain = simulate(Scenario.model_validate(_doc(tmp_path, loop, None, batching))).records
+    np.testing.assert_allclose(plain.t_inferred - plain.t_dispatch, 6.0 + (0.15 if loop else 0.0), atol=1e-9)
+
+
+def test_simpy_workers_keep_each_instances_throughput():
+    """The SimPy schedulers' batch: each instance's own average, flat beyond the table."""
+    doc = {"count": 1, "service_time": {"kind": "table", "batch_ms": {"1": 6}, "by_rate": SLOPE, "rate_window_ms": 100}}
+    model = ServiceModel(Workers.model_validate(doc), 8, np.random.default_rng(0))
+    assert model.finish(10.0, 1, 0.0, inst=0) == pytest.approx(10.0 + 6 * 1.5)  # nothing before it
+    assert model.finish(10.0, 1, 0.0, inst=1) == pytest.approx(10.0 + 6 * 1.5)  # another instance
+    # instance 0: one request 100 ms before, 10 req/s then, decayed by e
+    assert model.finish(110.0, 1, 0.0, inst=0) == pytest.approx(110.0 + 6 * (1.5 - 10 / math.e / 40))
+    model.finish(111.0, 8, 0.0, inst=0)
+    assert model.finish(112.0, 1, 0.0, inst=0) == pytest.approx(112.0 + 6 * 1.0)  # past 20 req/s: flat
+
+
+def test_a_run_cut_in_chunks_is_the_whole_run(tmp_path):
+    """A busy scenario on the event loop, random gaps: the instances' averages carry
+    across chunks, so every response is the whole run's."""
+    doc = _doc(tmp_path, True, {"0": 1.3, "50": 1.0, "300": 0.9})
+    gaps = np.random.default_rng(5).exponential(4.0, 3000)
+    np.savetxt(tmp_path / "arrivals.txt", np.cumsum(gaps) / 1000, fmt="%.6f")
+    doc["workers"]["instances"] = 2
+    doc["duration_s"] = 12
+    s = Scenario.model_validate(doc)
+    whole = simulate(s).records
+    got = np.concatenate([p.records.t_response for p in stream(s, chunk_s=0.7)])
+    np.testing.assert_array_equal(got, whole.t_response)
+    slow = simulate(Scenario.model_validate(_doc(tmp_path, True, None) | {"workers": doc["workers"] | {
+        "service_time": {"kind": "table", "batch_ms": {"1": 6, "8": 11}}}, "duration_s": 12})).records  # fmt: skip
+    assert np.nanmean(whole.t_response - whole.arrival) > np.nanmean(slow.t_response - slow.arrival)
+
+
+def test_the_fit_recovers_the_factor():
+    """Batches timed with a known factor by throughput and a log-normal noise: the fit gives
+    each band's mean factor back within 2%, relative to all batches' mean."""
+    rng = np.random.default_rng(11)
+    starts = np.cumsum(np.concatenate([rng.exponential(40.0, 3000), rng.exponential(4.0, 6000)]))
+    sizes = rng.integers(1, 4, len(starts))
+    rate = recent_rate(starts, sizes, 500.0)
+    true = {0.0: 1.12, 150.0: 1.0, 600.0: 0.95}
+    r = rate_factor_at(rate, true) * rng.lognormal(-0.005, 0.1, len(starts))
+    fitted = fit_by_rate(rate, r)
+    assert fitted is not None
+    assert len(fitted) >= 4
+    factor = rate_factor_at(rate, true)
+    edges = np.quantile(rate, np.linspace(0, 1, 9))  # eight bands of equal counts
+    band = np.clip(np.searchsorted(edges, rate, side="right") - 1, 0, 7)
+    expected = {round(float(np.median(rate[band == k])), 3): factor[band == k].mean() / factor.mean() for k in range(8)}
+    assert set(fitted) == set(expected)
+    for x, f in fitted.items():
+        assert f == pytest.approx(expected[x], rel=0.02), (x, f, expected[x])
+    assert fitted[min(fitted)] > 1.05  # slow when quiet
+    assert fitted[max(fitted)] < 0.97  # fast when busy
+    assert fit_by_rate(np.full(100, 5.0), np.ones(100)) is None  # one band: nothing to tell apart
+
+
+@pytest.mark.parametrize(
+    ("value", "needle"),
+    [("{0: 1.0}", "at least two"), ("{0: 1.0, 5: -1}", "factors must be finite and > 0"), ("{-1: 1, 5: 1}", ">= 0")],
+)
+def test_bad_tables_are_refused_naming_the_field(value, needle):
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(MMC, [f"workers.service_time={{kind: table, batch_ms: {{1: 5}}, by_rate: {value}}}"])
+    assert "by_rate" in str(err.value)
+    assert needle in str(err.value)
+
+
+def test_a_window_that_cannot_average_is_refused():
+    with pytest.raises(ScenarioError, match="rate_window_ms"):
+        load_scenario(
+            MMC, ["workers.service_time={kind: table, batch_ms: {1: 5}, by_rate: {0: 1.1, 9: 1}, rate_window_ms: 0}"]
+        )
