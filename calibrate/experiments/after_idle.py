@@ -4,13 +4,14 @@
 For a run folder of ``servesim calibrate run``: each batch's time over the fitted table by
 how long its instance sat idle before it (from the slice's batch before, by the server's
 dispatch clock), by band of idle time; a read on an idle loop (read to queued) by how long
-the loop had slept; then the run refitted three times, copies of the folder, with the same
+the loop had slept; then the run refitted four times, copies of the folder, with the same
 seed: without either factor, with the instance's (``workers.service_time.after_idle``,
-:data:`calibrate.idle.AFTER_IDLE`), and with the loop's too
-(``preprocess.event_loop.after_idle``, :data:`calibrate.idle.LOOP_AFTER_IDLE`), and the
-held-out p50/p99 errors of each.
+:data:`calibrate.idle.AFTER_IDLE`), with the loop's too (``preprocess.event_loop.after_idle``,
+:data:`calibrate.idle.LOOP_AFTER_IDLE`), and with the batch's factor by its instance's recent
+throughput as well (``workers.service_time.by_rate``, :data:`calibrate.idle.BY_RATE`, the
+first three without it), and the held-out p50/p99 errors of each.
 
-    python calibrate/experiments/after_idle.py RUN [RUN ...]    # ~1 min a run on 2 cores
+    python calibrate/experiments/after_idle.py RUN [RUN ...]    # ~2 min a run on 2 cores
 """
 
 from __future__ import annotations
@@ -67,10 +68,12 @@ def main(runs: list[str]) -> None:
         say(f"== {run}\nbatch over the table by the instance's idle\n{bands(run).to_string()}")
         say(f"read on an idle loop by the loop's idle\n{loop_bands(run).to_string()}")
         with tempfile.TemporaryDirectory() as tmp:
-            for name, batch, loop in (("neither", False, False), ("instance", True, False), ("both", True, True)):
+            ladder = (("neither", False, False, False), ("instance", True, False, False), ("both", True, True, False),
+                      ("by_rate", True, True, True))  # fmt: skip
+            for name, batch, loop, rate in ladder:
                 copy = Path(tmp) / name
                 shutil.copytree(run, copy)
-                idle.AFTER_IDLE, idle.LOOP_AFTER_IDLE = batch, loop
+                idle.AFTER_IDLE, idle.LOOP_AFTER_IDLE, idle.BY_RATE = batch, loop, rate
                 refit_run(copy, draws=200, rng=np.random.default_rng(0))
                 profile = json.loads((copy / "profile.json").read_text())
                 say(f"{name:8s} {errors(copy)}")
@@ -78,7 +81,9 @@ def main(runs: list[str]) -> None:
                 for where, d in (("instance", profile["service_time"]), ("loop", loop_fit)):
                     if (d or {}).get("after_idle"):
                         say(f"         {where}'s after_idle {d['after_idle']}")
-        idle.AFTER_IDLE = idle.LOOP_AFTER_IDLE = True
+                if profile["service_time"].get("by_rate"):
+                    say(f"         by_rate {profile['service_time']['by_rate']}")
+        idle.AFTER_IDLE = idle.LOOP_AFTER_IDLE = idle.BY_RATE = True
 
 
 if __name__ == "__main__":
