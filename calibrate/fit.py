@@ -221,6 +221,9 @@ def batches_from_requests(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+FIT_ROUNDS = 2  # rounds of the idle and throughput factors' backfitting
+
+
 def with_rates(requests: pd.DataFrame) -> pd.DataFrame:
     """``requests`` (successful ones, their slices whole) with ``rate_rps``, their
     instance's recent throughput before their batch, and ``rate_since_ms``, how long into
@@ -274,7 +277,7 @@ def fit_profile(
     affine, table, service = _batch_time(b, y)
     idle_f = rate_f = np.ones(len(y))
     after_idle = by_rate = None
-    for _ in range(2):  # each factor on what the table and the other leave (they move together: idle, quiet)
+    for _ in range(FIT_ROUNDS):  # each factor on what the table and the other leave (they move together: idle, quiet)
         if idle.AFTER_IDLE and "idle_ms" in batches:  # a batch after its instance idled runs slower
             after_idle = idle.fit_after_idle(batches["idle_ms"].to_numpy(), y / predicted_ms(service, b) / rate_f)
             if after_idle is not None:
