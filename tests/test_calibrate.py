@@ -461,7 +461,7 @@ def test_the_reads_first_hold_is_fitted_back_from_the_fetch_times_it_makes(hold,
     assert [r["hold_ms"] for r in fit["by_hold"]][-1] is None  # no bound, as JSON keeps it
     assert len(fit["measured_p90_ms"]) == len(profile["fit_levels"])
     if hold == 2.0:  # the report says what was fitted
-        from calibrate.report import _event_loop
+        from calibrate.report_model import _event_loop
 
         profile["frontend"]["event_loop"]["reads_first"] = fit
         said = _event_loop(profile["frontend"], on_loop=True)
@@ -850,7 +850,7 @@ def test_a_measured_share_per_request_held_reaches_the_loop_the_scenario_and_the
     from pathlib import Path
 
     import calibrate.run
-    from calibrate.report import _event_loop
+    from calibrate.report_model import _event_loop
     from calibrate.run import _held_cost
     from calibrate.scenario import scenario_dict
     from simulator.scenario.config import Scenario

@@ -57,7 +57,7 @@ import pandas as pd
 import calibrate.cycle as cycle
 import calibrate.fit as fit
 import calibrate.held as held
-import calibrate.report as report
+import calibrate.report_model as report_model
 import calibrate.run as run
 import calibrate.scenario as scenario
 import calibrate.speed as speed
@@ -131,7 +131,7 @@ def main() -> None:
     shutil.rmtree(a.out, ignore_errors=True)
     shutil.copytree(a.run, a.out)
     if a.model == "store":  # the one-thread station per trip, as profiles without clocks run
-        scenario.ranker_on_loop = report.ranker_on_loop = lambda profile: False
+        scenario.ranker_on_loop = report_model.ranker_on_loop = lambda profile: False
     if a.model in ("store", "loop"):  # the window as configured
         run.fit_window = lambda *args, **kwargs: None
     if a.model not in ("loop_await", "loop_reads_first"):  # the fetch before one admission job
