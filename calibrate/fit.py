@@ -227,7 +227,10 @@ FIT_ROUNDS = 2  # rounds of the idle and throughput factors' backfitting
 def with_rates(requests: pd.DataFrame) -> pd.DataFrame:
     """``requests`` (successful ones, their slices whole) with ``rate_rps``, their
     instance's recent throughput before their batch, and ``rate_since_ms``, how long into
-    their slice (:func:`calibrate.idle.rate_before`); as given without the server's clock."""
+    their slice (:func:`calibrate.idle.rate_before`); as given without the server's clock,
+    or when they already have them (a slice's rates are its own: a subset keeps them)."""
+    if "rate_rps" in requests:
+        return requests
     ok = requests.dropna(subset=["batch_size"])
     got = idle.rate_before(ok) if idle.BY_RATE else None
     if got is None:

@@ -46,6 +46,7 @@ def parameter_draws(
     never read: everything comes from :func:`calibrate.speed.fit_slices_only`."""
     fit_levels = [f["level"] for f in profile["fit_levels"]]
     fitted = fit_slices_only(requests, fit_levels)
+    requests = fitted  # its slices' rates worked out once, not again for every draw's subset
     used = slices[slices["kept"] & slices["level"].isin(fit_levels)]
     period = float(used["seconds"].median())
     mean_ms = fitted_mean_ms(profile["service_time"])

@@ -28,8 +28,8 @@ class ServerConfig:
     max_body_bytes: int = BodyLimits.max_body_bytes
     instance_mode: Literal["process", "thread"] = "process"
     instance_cores: str = "auto"  # auto | none | a core per instance, e.g. "1"
-    # an idle instance sleeps on its pipe, or polls it and keeps its core busy (a host may
-    # clock down a core whose vCPU sleeps much of the time: calibrate/README, "The host's clock")
+    # an idle instance sleeps on its pipe, or polls it and keeps its core busy (an experiment's
+    # lever: calibrate/README, "The light load's batches run slower at the level")
     instance_idle: Literal["sleep", "spin"] = "sleep"
     # inline: decode on the event loop; thread: in a decode thread, which the GIL's 5 ms
     # switch interval makes wait behind the loop (a 28 ms p99 at 20% load on a 16-core host)

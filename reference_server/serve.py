@@ -69,8 +69,8 @@ def serve(
     instance_idle: Annotated[
         str,
         typer.Option(
-            help="An idle instance: sleep (on its pipe) or spin (poll it, keeping its core busy, so that a host "
-            "that clocks down a sleeping core does not slow light loads)."
+            help="An idle instance: sleep (on its pipe) or spin (poll it, keeping its core busy: an experiment's "
+            "lever for what a sleeping core does to light loads)."
         ),
     ] = "sleep",
     preprocess: Annotated[

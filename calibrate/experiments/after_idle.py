@@ -11,7 +11,7 @@ seed: without either factor, with the instance's (``workers.service_time.after_i
 throughput as well (``workers.service_time.by_rate``, :data:`calibrate.idle.BY_RATE`, the
 first three without it), and the held-out p50/p99 errors of each.
 
-    python calibrate/experiments/after_idle.py RUN [RUN ...]    # ~2 min a run on 2 cores
+    python calibrate/experiments/after_idle.py RUN [RUN ...]    # ~1.5 min a run on 2 cores
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate.fit import batch_time_us
-from calibrate.idle import idle_factor
+from calibrate.idle import idle_factor, recent_rate
 
 TAU_MS = 500.0
 BANDS = 8
@@ -60,25 +60,12 @@ def batches(run: Path) -> pd.DataFrame:
             "size": b["batch_size"].astype(int).to_numpy(),
             "fwd_ms": b["compute_infer_us"].to_numpy() / 1e3,
             "resid": b["bt"].to_numpy() / b["batch_size"].map(table).to_numpy() / idle_factor(idle, after),
-            "rate": recent_rate(start, b["batch_size"].to_numpy()),
+            "rate": recent_rate(start, b["batch_size"].to_numpy(), TAU_MS),
             "idle": idle,
         }
     )
     fit_levels = [f["level"] for f in profile["fit_levels"]]
     return out[~out["warmup"] & (out["idle"] > -0.5)].assign(fitted=lambda d: d["level"].isin(fit_levels))
-
-
-def recent_rate(start_ms: np.ndarray, sizes: np.ndarray, tau_ms: float = TAU_MS) -> np.ndarray:
-    """Requests a second through the instance before each batch: an exponential average
-    with time constant ``tau_ms`` of the batches dispatched before it."""
-    out = np.empty(len(start_ms))
-    x, t = 0.0, start_ms[0]
-    for i, (s, k) in enumerate(zip(start_ms, sizes, strict=True)):
-        x *= np.exp(-(s - t) / tau_ms)
-        out[i] = x * 1000.0
-        x += k / tau_ms
-        t = s
-    return out
 
 
 def by_bands(x: np.ndarray, y: np.ndarray, fitted: np.ndarray) -> np.ndarray:

@@ -19,16 +19,18 @@ from simulator.scenario.distributions import Deterministic, Empirical, Exponenti
 from simulator.scenario.frozen import Frozen
 
 
-def check_after_idle(table: dict[float, float] | None, name: str = "after_idle", key: str = "idle ms") -> None:
+def check_after_idle(
+    table: dict[float, float] | None, name: str = "after_idle", key: str = "idle ms", keys: str = "idle times"
+) -> None:
     """An ``after_idle`` table ({idle ms: factor}; or another ``name``'d table of factors by
-    ``key``) that can run: two points or more, keys finite and >= 0, factors finite and > 0
-    (a ValueError naming it otherwise)."""
+    ``key``, its ``keys``) that can run: two points or more, keys finite and >= 0, factors
+    finite and > 0 (a ValueError naming it otherwise)."""
     if table is None:
         return
     if len(table) < 2:
         raise ValueError(f"{name}: at least two ({key}: factor) points")
     if any(not np.isfinite(k) or k < 0 for k in table):
-        raise ValueError(f"{name}: {key.split()[0]} values must be finite and >= 0")
+        raise ValueError(f"{name}: {keys} must be finite and >= 0 {key.split()[-1]}")
     if any(not np.isfinite(v) or v <= 0 for v in table.values()):
         raise ValueError(f"{name}: factors must be finite and > 0")
 
@@ -70,7 +72,7 @@ class _Noisy(Frozen):
     @model_validator(mode="after")
     def _idle(self):
         check_after_idle(self.after_idle)
-        check_after_idle(self.by_rate, "by_rate", "requests/s")
+        check_after_idle(self.by_rate, "by_rate", "requests/s", "rates")
         return self
 
     @model_validator(mode="after")

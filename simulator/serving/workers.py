@@ -166,7 +166,9 @@ class ServiceModel:
         if len(self.idle_ms):
             work *= float(np.interp(idle_ms, self.idle_ms, self.idle_factor))  # flat beyond the ends
         if len(self.rate_rps):
-            state = self.rst.setdefault(inst, np.zeros((1, 2)))
+            state = self.rst.get(inst)
+            if state is None:
+                state = self.rst[inst] = np.zeros((1, 2))
             work *= float(rate_factor(start, batch_size, 0, self.rate_rps, self.rate_factor, self.rate_tau_ms, state))
         return start + work if self.path is None else self.path.finish_at(start, work)
 
