@@ -254,7 +254,7 @@ def refit(
     try:
         import numpy as np
 
-        from calibrate.run import refit_run
+        from calibrate.refit import refit_run
     except ImportError as err:
         raise need("calibrate refit")(err) from None
     try:

@@ -27,7 +27,6 @@ The design, and why:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,10 +34,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-import calibrate.scenario as calibrated
-from calibrate.cycle import fit_window
-from calibrate.fit import fit_profile
-from calibrate.held import factors_by_held, in_flight_cost
+from calibrate import refit
+from calibrate.held import in_flight_cost
 from calibrate.hiccups import HiccupMeter, platform_speed
 from calibrate.loadgen import CONNECTIONS, Slice, level_summary, run_slices
 from calibrate.microbench import feature_fetch_cost, feature_fetch_in_flight
@@ -55,13 +52,10 @@ from calibrate.profile import (
     frontend_servers,
     full_batches,
 )
-from calibrate.reads import fit_reads_first
-from calibrate.report import markdown, over_capacity
-from calibrate.scenario import write_scenario
+from calibrate.report import over_capacity
 from calibrate.servers import get_json, redis_server, server
-from calibrate.speed import fit_run_speed
 from calibrate.station import fit_frontend
-from calibrate.validate import chart, compare
+from calibrate.validate import compare
 
 FIT_LOADS = (0.3, 0.6, 0.8)
 VALIDATE_LOADS = (0.2, 0.5, 0.7, 0.85)
@@ -206,14 +200,14 @@ def _calibrate(
             )
     slices, speed_summary = _speed_per_slice(requests, slices, speed, coarse)
     ticks1 = cpu_ticks()
-    _save_measurements(out, requests, slices, hiccups, speed)  # kept, should the fit be cut short
+    refit.save_measurements(out, requests, slices, hiccups, speed)  # kept, should the fit be cut short
     fit_levels = [i for i, f in enumerate(loads) if f in FIT_LOADS]
     profile = build_profile(config, requests, fit_levels, rng=rng, slices=slices, fetch_cost=fetch_cost)
     if fetch_cost is not None:
         profile["feature_fetch_microbench"] = fetch_cost
     if held is not None:
         profile["loop_in_flight"] = held
-        _held_cost(profile)
+        refit.held_cost(profile)
     profile["hardware"]["cpu_steal_pct_during_run"] = (
         (ticks1[0] - ticks0[0]) / max(ticks1[1] - ticks0[1], 1) * 100 if ticks0 and ticks1 else None
     )
@@ -230,11 +224,11 @@ def _calibrate(
     summary = level_summary(requests)
     summary["load"] = loads
     summary["held_out"] = [f in VALIDATE_LOADS for f in loads]
-    _reads_first(profile, requests, log)
+    refit.reads_first(profile, requests, log)
     log("fitted; simulating the held-out levels")
     table = compare(profile, requests, summary[summary["held_out"]], reps=reps, rng=rng, slices=slices, draws=draws)
     inside = compute_inside(requests, loads, bench)
-    return _write(out, profile, requests, slices, hiccups, summary, table, inside)
+    return refit.write_run(out, profile, requests, slices, hiccups, summary, table, inside)
 
 
 def _held(url: str, model: str, payloads: list, servesim: dict, sidecars: tuple[int, ...], log) -> dict | None:
@@ -266,47 +260,6 @@ def _held(url: str, model: str, payloads: list, servesim: dict, sidecars: tuple[
         + (f"; factor by held {', '.join(f'{n}: {f:.3f}' for n, f in by.items())}" if by else "")
     )
     return held
-
-
-# the loop's work by the count held as the closed loop measured it (event_loop.cost_by_held)
-# rather than a straight line's share per request held: tried, not adopted (calibrate/README,
-# "The loop's cost is not a straight line"); ranker_loop_models.py --by-held turns it on
-HELD_BY_COUNT = False
-
-
-def _held_cost(profile: dict) -> None:
-    """What the closed loop measured (``loop_in_flight``) onto the fitted event loop: its
-    share per request held; with :data:`HELD_BY_COUNT`, the factor by the count held from
-    its counts (:func:`calibrate.held.factors_by_held`)."""
-    loop = (profile.get("frontend") or {}).get("event_loop")
-    held = profile.get("loop_in_flight") or {}
-    if loop is None:
-        return
-    loop.pop("cost_by_held", None)
-    loop.pop("cost_per_in_flight", None)
-    by = factors_by_held(held.get("by_in_flight") or []) if HELD_BY_COUNT else None
-    if by is not None:
-        loop["cost_by_held"] = by
-    elif held.get("cost_per_in_flight"):
-        loop["cost_per_in_flight"] = held["cost_per_in_flight"]
-
-
-def _reads_first(profile: dict, requests: pd.DataFrame, log) -> None:
-    """A ranker whose handler awaits its fetch: how long its loop reads new requests before
-    a resumption (:func:`calibrate.reads.fit_reads_first`), onto its event loop; unless
-    :data:`calibrate.scenario.READS_FIRST` sets it for every profile."""
-    loop = (profile.get("frontend") or {}).get("event_loop")
-    if loop is None:
-        return
-    loop.pop("reads_first", None)
-    if calibrated.READS_FIRST is not None:
-        return
-    fit = fit_reads_first(profile, requests)
-    if fit is not None:
-        loop["reads_first"] = fit
-        hold = fit["hold_ms"]
-        said = "in the order ready" if hold == 0 else "while any waits" if hold is None else f"for {hold:g} ms"
-        log(f"reads before a resumption: {said}")
 
 
 def _fetch_alone(server_args: list[str], servesim: dict, log) -> tuple[dict | None, tuple[int, ...]]:
@@ -434,79 +387,3 @@ def _speed_per_slice(requests: pd.DataFrame, slices: pd.DataFrame, speed: pd.Dat
     slice_p99 = slice_p99 / slice_p99.groupby(level_of).transform("median")
     per_slice, speed_summary = platform_speed(speed, slice_p99, coarse=coarse)
     return slices.merge(per_slice, on=["slice", "attempt"], how="left"), speed_summary
-
-
-def refit_run(out: Path, *, draws: int, rng: np.random.Generator) -> dict:
-    """A run's profile with the batch time, the front end and the speed process fitted
-    again from its own fitted levels (:func:`calibrate.fit.fit_profile`,
-    :func:`calibrate.speed.fit_speed_process`), validated again: profile.json,
-    scenario.yaml and validation.{json,md,png} rewritten; the measurements untouched."""
-    profile = json.loads((out / "profile.json").read_text())
-    requests = pd.read_csv(out / "measurements.csv.gz")
-    slices = pd.read_csv(out / "slices.csv")
-    hiccups = pd.read_csv(out / "hiccups.csv")
-    old = json.loads((out / "validation.json").read_text())
-    fit_levels = [f["level"] for f in profile["fit_levels"]]
-    shares = bool((profile.get("frontend") or {}).get("client_shares_cores"))
-    fe = profile.get("frontend")
-    if fe is not None:  # the batch time, the front end (its hub apart) and its event loop, again
-        used = slices[slices["kept"] & slices["level"].isin(fit_levels)]
-        front = fit_frontend(
-            used, servers=fe["servers"], client_shares_cores=shares, cores=frontend_cores(profile["server"])
-        )
-        if "speed" in fe:
-            front["speed"] = fe["speed"]
-        features = fetch_cost = None
-        if fe.get("on_store"):  # the ranker's loop on its Redis trips, and the fetch: again
-            f = profile["features"]
-            features = {"keys": f["lookups_per_request"], **{k: f[k] for k in ("batch_size", "parallelism")}}
-            fetch_cost = profile.get("feature_fetch_microbench")
-        fit = fit_profile(
-            requests, fit_levels=fit_levels, rng=rng, frontend=front, features=features, fetch_cost=fetch_cost
-        )
-        profile["service_time"], profile["service_time_fits"] = fit["service_time"], fit["service_time_fits"]
-        profile["frontend"] = fit["frontend"]
-        _held_cost(profile)
-        if features is not None:
-            profile["features"] = fit["features"]
-    profile["speed_process"] = fit_run_speed(
-        requests, slices, profile["service_time"], fit_levels, client_shares_cores=shares
-    )
-    server = profile["server"]
-    window = fit_window(requests, fit_levels, server["max_queue_delay_ms"], server["max_batch_size"])
-    profile.pop("window", None)
-    if window is not None:  # the batching window as the server keeps it
-        profile["window"] = window
-    summary = pd.DataFrame(old["levels"])
-    profile.setdefault("levels_rps", [float(r) for r in summary["offered_rps"]])
-    _reads_first(profile, requests, lambda _msg: None)
-    table = compare(profile, requests, summary[summary["held_out"]], rng=rng, slices=slices, draws=draws)
-    inside = pd.DataFrame(old["compute_inside"])
-    return _write(out, profile, requests, slices, hiccups, summary, table, inside)
-
-
-def _save_measurements(out: Path, requests, slices, hiccups, speed) -> None:
-    """What the server and the meters measured, written as soon as the load ends: a run
-    cut short in its fit (a device's time limit) still leaves what ``calibrate refit``
-    needs, bar the profile."""
-    requests.to_csv(out / "measurements.csv.gz", index=False)
-    slices.to_csv(out / "slices.csv", index=False)
-    hiccups.to_csv(out / "hiccups.csv", index=False)
-    speed.to_csv(out / "speed.csv", index=False)
-
-
-def _write(out: Path, profile, requests, slices, hiccups, summary, table, inside) -> dict:
-    """Write the fit and the report under ``out`` (the measurements are written as the
-    load ends); return the report."""
-    (out / "profile.json").write_text(json.dumps(profile, indent=2) + "\n")
-    write_scenario(profile, out / "scenario.yaml")
-    report = {
-        "levels": summary.to_dict(orient="records"),
-        "validation": table.to_dict(orient="records"),
-        "compute_inside": inside.to_dict(orient="records"),
-        "slices_repeated": int((~slices["kept"]).sum()),
-    }
-    (out / "validation.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "validation.md").write_text(markdown(profile, summary, table, inside, slices, hiccups))
-    chart(table, out / "validation.png")
-    return report

@@ -849,9 +849,9 @@ def test_a_measured_share_per_request_held_reaches_the_loop_the_scenario_and_the
     With ``HELD_BY_COUNT``, the factor by the count held instead, read from the counts."""
     from pathlib import Path
 
-    import calibrate.run
+    import calibrate.refit
+    from calibrate.refit import held_cost
     from calibrate.report_model import _event_loop
-    from calibrate.run import _held_cost
     from calibrate.scenario import scenario_dict
     from simulator.scenario.config import Scenario
 
@@ -860,7 +860,7 @@ def test_a_measured_share_per_request_held_reaches_the_loop_the_scenario_and_the
     plain = scenario_dict(profile, 100.0, duration_s=1.0, warmup_s=0.0)
     assert "cost_per_in_flight" not in plain["preprocess"]["event_loop"]
     profile["loop_in_flight"] = {"by_in_flight": [], "cost_per_in_flight": 0.0009}
-    _held_cost(profile)
+    held_cost(profile)
     doc = scenario_dict(profile, 100.0, duration_s=1.0, warmup_s=0.0)
     assert doc["preprocess"]["event_loop"]["cost_per_in_flight"] == 0.0009
     assert doc["preprocess"]["event_loop"]["held_counts"] == "arrived"  # as the closed loop's N in flight
@@ -871,12 +871,12 @@ def test_a_measured_share_per_request_held_reaches_the_loop_the_scenario_and_the
     rows = [{"in_flight": n, "cpu_ms_per_request": ms} for n, ms in ((32, 0.44), (64, 0.484), (256, 0.55))]
     profile["loop_in_flight"] = {"by_in_flight": rows, "cost_per_in_flight": 0.0009}
     profile = json.loads(json.dumps(profile))  # as refit reads it back
-    _held_cost(profile)
+    held_cost(profile)
     assert scenario_dict(profile, 100.0, duration_s=1.0, warmup_s=0.0)["preprocess"]["event_loop"][
         "cost_per_in_flight"
     ] == pytest.approx(0.0009)
-    monkeypatch.setattr(calibrate.run, "HELD_BY_COUNT", True)
-    _held_cost(profile)
+    monkeypatch.setattr(calibrate.refit, "HELD_BY_COUNT", True)
+    held_cost(profile)
     loop = scenario_dict(profile, 100.0, duration_s=1.0, warmup_s=0.0)["preprocess"]["event_loop"]
     assert loop["cost_by_held"] == {32: 1.0, 64: 1.1, 256: 1.25}
     assert "cost_per_in_flight" not in loop

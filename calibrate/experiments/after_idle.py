@@ -27,7 +27,7 @@ import pandas as pd
 
 import calibrate.fit as fit
 from calibrate import idle
-from calibrate.run import refit_run
+from calibrate.refit import refit_run
 
 say = print
 

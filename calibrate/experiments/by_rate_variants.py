@@ -22,7 +22,7 @@ import numpy as np
 
 import calibrate.fit as fit
 from calibrate import idle
-from calibrate.run import refit_run
+from calibrate.refit import refit_run
 
 VARIANTS = ((2, 500.0), (6, 500.0), (2, 1000.0), (6, 2000.0))  # (backfitting rounds, window ms)
 say = print

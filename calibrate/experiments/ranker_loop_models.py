@@ -57,8 +57,8 @@ import pandas as pd
 import calibrate.cycle as cycle
 import calibrate.fit as fit
 import calibrate.held as held
+import calibrate.refit as refit
 import calibrate.report_model as report_model
-import calibrate.run as run
 import calibrate.scenario as scenario
 import calibrate.speed as speed
 
@@ -133,7 +133,7 @@ def main() -> None:
     if a.model == "store":  # the one-thread station per trip, as profiles without clocks run
         scenario.ranker_on_loop = report_model.ranker_on_loop = lambda profile: False
     if a.model in ("store", "loop"):  # the window as configured
-        run.fit_window = lambda *args, **kwargs: None
+        refit.fit_window = lambda *args, **kwargs: None
     if a.model not in ("loop_await", "loop_reads_first"):  # the fetch before one admission job
         cycle.fit_resume = lambda *args, **kwargs: None
     if a.model == "loop_reads_first" or a.reads_first_ms is not None:  # for every profile, not fitted
@@ -153,18 +153,18 @@ def main() -> None:
         share = a.cost_per_in_flight if a.cost_per_in_flight is not None else held.share_per_request(rows)
         profile["loop_in_flight"] = {"by_in_flight": rows, "cost_per_in_flight": share}
         path.write_text(json.dumps(profile))
-    run.HELD_BY_COUNT = a.by_held
+    refit.HELD_BY_COUNT = a.by_held
     if a.instance_own_time:
         own_time(a.out)
     if a.match_light_p50:
-        compare = run.compare
+        compare = refit.compare
 
         def matched(profile, requests, summary, **kwargs):
             match_light_p50(profile, requests)
             return compare(profile, requests, summary, **kwargs)
 
-        run.compare = matched
-    rep = run.refit_run(a.out, draws=200, rng=np.random.default_rng(a.seed))
+        refit.compare = matched
+    rep = refit.refit_run(a.out, draws=200, rng=np.random.default_rng(a.seed))
     for r in rep["validation"]:
         if r["percentile"] in ("p50", "p99"):
             print(json.dumps({k: r[k] for k in SHOWN}))  # noqa: T201
@@ -222,13 +222,13 @@ def own_time(out: Path) -> None:
     profile["service_time_fits"] = {"affine": affine, "table": table}
     path.write_text(json.dumps(profile))
     speed.batch_time_us = own_us  # the speed process's log ratios, from the same time
-    held = run._held_cost
+    held = refit.held_cost
 
     def held_then_whole(p: dict) -> None:
         held(p)
         p["frontend"]["event_loop"]["instance_less_ms"] = 0.0
 
-    run._held_cost = held_then_whole
+    refit.held_cost = held_then_whole
 
 
 if __name__ == "__main__":
