@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate.fit import batch_time_us, batches_from_requests
+from calibrate.fit import batches_from_requests, with_rates
 from calibrate.scenario import scaled_batch_time, scenario_dict
-from calibrate.speed import fitted_mean_ms
+from calibrate.speed import batch_log_ratios, fitted_mean_ms
 from calibrate.station import slice_cpu_s
 from simulator.engine import simulate
 from simulator.results.metrics import window
@@ -65,17 +65,17 @@ def frontend_factor(profile: dict, row: pd.Series) -> float:
 def window_trace(profile: dict, g: pd.DataFrame, duration_s: float, window_s: float) -> dict:
     """A slice's speed per window as a ``platform.speed`` trace: the geometric mean of its
     batches' ratios to the fit (each batch once, placed at the middle of its run, from the
-    client's clock), windows without a batch at the slice's mean; the front end follows
-    with the fitted speed process's elasticity (older profiles: the speed meter's)."""
-    ok = g[g["status"] == 200].dropna(subset=["batch_size", "compute_infer_us"])
-    ms = batch_time_us(ok).to_numpy() / 1e3
-    sizes = ok["batch_size"].to_numpy(int)
-    ratio = batch_ratios(profile, pd.DataFrame({"batch_size": sizes, "service_ms": ms}))
-    mid = ok["scheduled_s"].to_numpy() + ok["latency_ms"].to_numpy() / 1e3 - ms / 2e3
+    client's clock; the fitted factors after an idle instance and by its recent throughput
+    divided out, as the simulation applies them on top), windows without a batch at the
+    slice's mean; the front end follows with the fitted speed process's elasticity (older
+    profiles: the speed meter's)."""
+    st = profile["service_time"]
+    ok = with_rates(g[g["status"] == 200]) if st.get("by_rate") else g[g["status"] == 200]
+    b = batch_log_ratios(ok, fitted_mean_ms(st), 0.0, st.get("after_idle"), st.get("by_rate"))
     nb = int(np.ceil(duration_s / window_s))
-    k = np.clip((mid / window_s).astype(int), 0, nb - 1)
-    weight = 1.0 / sizes  # a batch of B is B rows
-    per = np.bincount(k, weights=weight * np.log(ratio), minlength=nb)
+    k = np.clip((b["t_s"].to_numpy() / window_s).astype(int), 0, nb - 1)
+    weight = b["weight"].to_numpy()  # a batch of B is B rows
+    per = np.bincount(k, weights=weight * b["log_ratio"].to_numpy(), minlength=nb)
     cnt = np.bincount(k, weights=weight, minlength=nb)
     mean = per.sum() / cnt.sum()
     log_f = np.where(cnt > 0, per / np.maximum(cnt, 1e-12), mean)

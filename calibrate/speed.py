@@ -80,7 +80,7 @@ def batch_log_ratios(
     time before it and the ``by_rate`` factor at its recent throughput, where the batch
     time has them) and its weight (1 / batch size, so a batch counts once)."""
     ok = requests.dropna(subset=["batch_size", "compute_infer_us"])
-    ms = batch_time_us(ok).to_numpy() / 1e3
+    ms = measured = batch_time_us(ok).to_numpy() / 1e3
     idle = idle_before_ms(ok, ms) if after_idle else None
     if idle is not None:  # what the idle instance explains is not the host's speed
         ms = ms / idle_factor(idle, after_idle)
@@ -89,8 +89,10 @@ def batch_log_ratios(
     sizes = ok["batch_size"].to_numpy(int)
     mean = mean_ms(sizes)
     known = (ms > 0) & (mean > 0)  # a batch without a positive time or fitted mean has no ratio
-    ok, ms, sizes, mean = ok[known], ms[known], sizes[known], mean[known]
-    t = ok["slice"].to_numpy() * period_s + ok["scheduled_s"].to_numpy() + ok["latency_ms"].to_numpy() / 1e3 - ms / 2e3
+    ok, ms, sizes, mean, measured = ok[known], ms[known], sizes[known], mean[known], measured[known]
+    # the batch at the middle of its run as it ran, whatever the factors explain of its time
+    t = ok["slice"].to_numpy() * period_s + ok["scheduled_s"].to_numpy() + ok["latency_ms"].to_numpy() / 1e3
+    t = t - measured / 2e3
     return pd.DataFrame(
         {
             "t_s": t,

@@ -134,3 +134,32 @@ def test_a_window_that_cannot_average_is_refused():
         load_scenario(
             MMC, ["workers.service_time={kind: table, batch_ms: {1: 5}, by_rate: {0: 1.1, 9: 1}, rate_window_ms: 0}"]
         )
+
+
+@pytest.mark.parametrize("factor", ["by_rate", "after_idle"])
+def test_the_replays_speed_trace_divides_out_the_factors_the_model_applies_on_top(factor):
+    """`calibrate replay --modes windowed` runs a slice at its batches' speed per window; the
+    simulation multiplies the fitted factors on top, so the trace holds the speed without
+    them: a flat table of 1.25 gives every window 1 / 1.25 of the trace without it (each
+    batch placed in its window by the time it took, not the time less the factor)."""
+    import json
+
+    import pandas as pd
+
+    from calibrate.replay import window_trace
+
+    run = Path(__file__).resolve().parent.parent / "calibrate/profiles/cpu-resnet64-epyc"
+    profile = json.loads((run / "profile.json").read_text())
+    requests = pd.read_csv(run / "measurements.csv.gz")
+    g = requests[requests["slice"] == requests["slice"].iloc[0]]
+    bare = copy.deepcopy(profile)
+    for k in ("by_rate", "after_idle"):
+        bare["service_time"].pop(k)
+    flat = copy.deepcopy(bare)
+    flat["service_time"][factor] = {"1": 1.25, "500": 1.25}
+    without = np.array(window_trace(bare, g, 4.0, 0.25)["factors"])
+    with_factor = np.array(window_trace(flat, g, 4.0, 0.25)["factors"])
+    assert len(without) == 16
+    # a slice's first batch has no idle time before it on the server's clock (no factor)
+    first = 1 if factor == "after_idle" else 0
+    np.testing.assert_allclose(with_factor[first:], without[first:] / 1.25, rtol=1e-4)
