@@ -33,6 +33,7 @@ import yaml
 
 from calibrate.loadgen import CONNECTIONS
 from calibrate.speed import shrink_ratios
+from simulator.scenario.platform import Episodes
 
 # the fit's model; the rest of a profile's service_time is its quality
 SERVICE_KEYS = (
@@ -175,6 +176,10 @@ def scenario_dict(
     the ResNet's")."""
     server = profile["server"]
     st = profile["service_time"]
+    episodes = episodes_mean(profile)
+    if episodes is not None:  # the fitted times hold the episodes' mean, which the process adds on top
+        st = scaled_batch_time(st, 1.0 / episodes[1])
+        speed = speed / episodes[0]
     features = {}
     fe = profile.get("frontend")
     ranker_loop = ranker_on_loop(profile)
@@ -284,6 +289,19 @@ def scenario_dict(
         out["workers"]["instance_type"] = gpu
         del out["cost"]
     return with_load_generator(out, profile) if load_generator else out
+
+
+def episodes_mean(profile: dict) -> tuple[float, float] | None:
+    """The time average of a fitted speed process's slow episodes on the front end and on
+    the instances (each through its elasticity), or None without episodes. The batch table
+    and the front end's CPU per request were fitted on every batch and slice, the
+    episodes' included, so they hold that average; the process multiplies the episodes on
+    top (its wobble has mean one), and :func:`scenario_dict` divides it out of both."""
+    speed = ((profile.get("speed_process") or {}).get("speed")) or {}
+    if not speed.get("episodes"):
+        return None
+    ep = Episodes.model_validate(speed["episodes"])
+    return ep.mean(speed.get("frontend_elasticity", 1.0)), ep.mean(speed.get("workers_elasticity", 1.0))
 
 
 def with_load_generator(doc: dict, profile: dict) -> dict:

@@ -488,9 +488,10 @@ def test_the_fitted_hold_reaches_the_scenario(monkeypatch):
         el = doc["preprocess"]["event_loop"]
         return {k: el[k] for k in ("reads_first", "reads_first_ms") if k in el}
 
+    front = calibrated.episodes_mean(profile)[0]  # its speed process's episodes, divided out (test_calibrate_speed)
     assert loop("absent") == {}
-    assert loop(2.0) == {"reads_first": True, "reads_first_ms": 2.0}
-    assert loop(2.0, speed=1.5) == {"reads_first": True, "reads_first_ms": 3.0}
+    assert loop(2.0) == {"reads_first": True, "reads_first_ms": pytest.approx(2.0 / front)}
+    assert loop(2.0, speed=1.5) == {"reads_first": True, "reads_first_ms": pytest.approx(3.0 / front)}
     assert loop(None) == {"reads_first": True}
     assert loop(0.0) == {}
     monkeypatch.setattr(calibrated, "READS_FIRST", False)
@@ -498,7 +499,7 @@ def test_the_fitted_hold_reaches_the_scenario(monkeypatch):
     monkeypatch.setattr(calibrated, "READS_FIRST", True)
     assert loop(2.0) == {"reads_first": True}
     monkeypatch.setattr(calibrated, "READS_FIRST_MS", 1.0)
-    assert loop(None) == {"reads_first": True, "reads_first_ms": 1.0}
+    assert loop(None) == {"reads_first": True, "reads_first_ms": pytest.approx(1.0 / front)}
 
 
 def test_the_platform_speed_per_slice_is_recovered_and_averages_one():

@@ -216,3 +216,30 @@ def test_a_batch_without_a_positive_time_or_fitted_mean_has_no_log_ratio():
     assert len(b) == 2
     np.testing.assert_allclose(b["log_ratio"], np.log([0.5, 1.0]))
     assert (b["slice"] == [0, 1]).all()
+
+
+def test_the_scenario_divides_the_episodes_mean_out_of_the_fitted_times(root_dir):
+    """The batch table and the front end's CPU were fitted on every batch and slice, the
+    episodes' included; the process multiplies the episodes on top, so the scenario holds
+    the fitted times over the episodes' time average (each through its elasticity)."""
+    import copy
+    import json
+
+    from calibrate.scenario import episodes_mean, scenario_dict
+
+    profile = json.loads((root_dir / "calibrate/profiles/cpu-resnet64-xeon/profile.json").read_text())
+    assert profile["speed_process"]["speed"]["episodes"]
+    bare = copy.deepcopy(profile)
+    del bare["speed_process"]["speed"]["episodes"]
+    m_front, m_workers = episodes_mean(profile)
+    assert episodes_mean(bare) is None
+    assert m_workers > 1.0
+    assert m_front > 1.0
+    doc = scenario_dict(profile, 100.0, duration_s=4.0, warmup_s=0.25)
+    plain = scenario_dict(bare, 100.0, duration_s=4.0, warmup_s=0.25)
+    table = profile["service_time"]["batch_ms"]
+    for size, ms in table.items():  # the hand-back moved to the loop comes off after the division
+        moved = ms - plain["workers"]["service_time"]["batch_ms"][size]
+        assert doc["workers"]["service_time"]["batch_ms"][size] == pytest.approx(ms / m_workers - moved)
+    loop, loop_plain = doc["preprocess"]["event_loop"], plain["preprocess"]["event_loop"]
+    assert loop["return_ms"] == pytest.approx(loop_plain["return_ms"] / m_front)

@@ -171,3 +171,18 @@ def test_scope_worker_gives_each_queue_its_own_speed(root_dir):
         assert np.array_equal(again.worker(2).f, paths[2])
         rec = simulate(s, seed=3).records
         assert rec.completed[window(rec, s)].all()
+
+
+@pytest.mark.parametrize("elasticity", [1.0, 0.5])
+def test_episodes_mean_is_the_paths_time_average(elasticity):
+    """``Episodes.mean``: a tenth of the time at 2x, the rest at 1, so 1.1 (0.5: 1.0414),
+    against the time average of a long drawn path (10,000 episodes)."""
+    from simulator.scenario.platform import Episodes
+
+    ep = {"factor": 2.0, "mean_duration_s": 0.2, "mean_interval_s": 1.8}
+    cfg = LogAR1Speed(step_ms=10, components=[{"sigma": 1e-3, "correlation_time_s": 1.0}], episodes=ep)
+    path = draw_path(cfg, 20_000_000.0, np.random.default_rng(5))
+    dt = np.diff(path.t)
+    average = float((dt * path.f[:-1] ** elasticity).sum() / dt.sum())
+    assert Episodes(**ep).mean(elasticity) == pytest.approx(1.0 + 0.1 * (2.0**elasticity - 1.0))
+    assert average == pytest.approx(Episodes(**ep).mean(elasticity), abs=0.005)

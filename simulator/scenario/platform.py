@@ -67,6 +67,12 @@ class Episodes(Frozen):
     mean_duration_s: float = Field(gt=0, description="Mean length of an episode, s.")
     mean_interval_s: float = Field(gt=0, description="Mean time between episodes (from the end of one), s.")
 
+    def mean(self, elasticity: float = 1.0) -> float:
+        """The time average of the multiplier raised to ``elasticity``: the share of time
+        in an episode, ``d / (d + i)``, at ``factor ** elasticity``, the rest at 1."""
+        share = self.mean_duration_s / (self.mean_duration_s + self.mean_interval_s)
+        return 1.0 + share * (self.factor**elasticity - 1.0)
+
 
 class LogAR1Speed(_Speed):
     """log factor = the sum of independent stationary AR(1) components, sampled every
