@@ -45,8 +45,7 @@ def parameter_draws(
     end's CPU per request (its line refitted), the speed process. The held-out slices are
     never read: everything comes from :func:`calibrate.speed.fit_slices_only`."""
     fit_levels = [f["level"] for f in profile["fit_levels"]]
-    fitted = fit_slices_only(requests, fit_levels)
-    requests = fitted  # its slices' rates worked out once, not again for every draw's subset
+    fitted = fit_slices_only(requests, fit_levels)  # its slices' rates worked out once, for every draw
     used = slices[slices["kept"] & slices["level"].isin(fit_levels)]
     period = float(used["seconds"].median())
     mean_ms = fitted_mean_ms(profile["service_time"])
@@ -71,7 +70,7 @@ def parameter_draws(
         if "speed_process" in profile:
             uniq = np.unique(pick)
             p["speed_process"] = fit_speed_process(
-                requests[requests["slice"].isin(uniq)],
+                fitted[fitted["slice"].isin(uniq)],
                 slices[slices["slice"].isin(uniq)],
                 mean_ms,
                 fit_levels,

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from calibrate.scenario import scenario_dict
+from calibrate.scenario import episodes_mean, scenario_dict
 from simulator.engine import simulate
 from simulator.results.metrics import window
 from simulator.scenario.config import Scenario
@@ -326,8 +326,11 @@ def calibrated(doc: dict, profile: dict, fit: dict) -> None:
     """Put a calibration's model into the twin's scenario ``doc``: the batch noise and the
     speed process as the calibration's scenario has them, the profile's batch table for
     the sizes the live window lacks (scaled by the live / profile ratio on those it has),
-    and the front end's service-time shape at the live CPU per request."""
+    and the front end's service-time shape at the live CPU per request. The live times,
+    like the profile's, hold the speed process's episodes on average, which it adds on
+    top: they are divided out as :func:`calibrate.scenario.scenario_dict` does."""
     ref = scenario_dict(profile, 1.0, duration_s=1.0, warmup_s=0.0)
+    front_mean, workers_mean = episodes_mean(profile) or (1.0, 1.0)
     st = dict(ref["workers"]["service_time"])
     live = {int(b): v for b, v in fit["batch_ms"].items()}
     if st["kind"] == "table":
@@ -336,6 +339,7 @@ def calibrated(doc: dict, profile: dict, fit: dict) -> None:
         scale = float(np.exp(np.mean([np.log(live[b] / mine[b]) for b in common]))) if common else 1.0
         top = int(doc["batching"]["max_batch_size"])
         live = {b: live.get(b, mine[b] * scale) for b in sorted(set(live) | {b for b in mine if b <= top})}
+    live = {b: v / workers_mean for b, v in live.items()}
     st.update(kind="table", batch_ms=live)
     st.pop("base_ms", None)
     st.pop("per_item_ms", None)
@@ -346,7 +350,8 @@ def calibrated(doc: dict, profile: dict, fit: dict) -> None:
     cpu = fit.get("frontend_cpu_ms")
     if cpu and shape and shape.get("kind") == "empirical":
         x = np.asarray(shape["samples_ms"], dtype=float)
-        doc["preprocess"]["service"] = {"kind": "empirical", "samples_ms": (x * cpu / x.mean()).round(5).tolist()}
+        samples = x * cpu / front_mean / x.mean()
+        doc["preprocess"]["service"] = {"kind": "empirical", "samples_ms": samples.round(5).tolist()}
 
 
 def connect(url: str, model: str | None) -> tuple[str, dict]:

@@ -99,6 +99,23 @@ def test_the_hand_off_is_counted_once():
     assert fit["overhead_ms"] == pytest.approx((3000.0 - 1000.0 - 500.0) / 1e3)
 
 
+def test_the_twin_divides_the_episodes_mean_out_of_its_live_times(root_dir):
+    """The live batch times and CPU per request hold the host's slow episodes on average,
+    as a calibration's do, and the speed process adds them on top: the twin divides their
+    time average out (each through its elasticity), as the calibration's scenario does."""
+    from simulator.scenario.platform import Episodes
+
+    profile = json.loads((root_dir / "calibrate/profiles/cpu-resnet64/profile.json").read_text())
+    episodes = {"factor": 1.5, "mean_duration_s": 0.2, "mean_interval_s": 1.8}
+    profile["speed_process"]["speed"]["episodes"] = episodes
+    beta = profile["speed_process"]["speed"]["frontend_elasticity"]
+    twin = Twin(CONFIG, "resnet", percentile=99, target_ms=60, sim_s=10, profile=profile)
+    s = twin.scenario({"batch_ms": {4: 28.0, 8: 48.0}, "overhead_ms": 3.0, "frontend_cpu_ms": 2.0}, 150.0)
+    assert s.platform.speed.episodes is not None
+    assert s.workers.service_time.batch_ms[4] == pytest.approx(28.0 / Episodes(**episodes).mean())
+    assert s.preprocess.service.mean == pytest.approx(2.0 / Episodes(**episodes).mean(beta), rel=1e-3)
+
+
 def test_the_twin_takes_the_calibrated_model(root_dir):
     """With --profile, the scenario carries the profile's speed process, its batch noise and
     the front end's shape, while the batch times and the CPU per request stay live."""
