@@ -48,11 +48,13 @@ def _by_band(x: np.ndarray, r: np.ndarray, band: np.ndarray, min_batches: int) -
     return table if len(table) >= 2 else None
 
 
-def idle_factor(idle_ms: np.ndarray, table: dict[float, float]) -> np.ndarray:
+def idle_factor(idle_ms: np.ndarray, table: dict[float, float] | dict[str, float]) -> np.ndarray:
     """:func:`fit_after_idle`'s factor at each idle time, as the simulator interpolates it
-    (flat beyond the ends; 1 where the idle time is unknown)."""
-    knots = sorted(table)
-    f = np.interp(np.nan_to_num(idle_ms, nan=0.0), knots, [table[k] for k in knots])
+    (flat beyond the ends; 1 where the idle time is unknown). ``table``'s keys may be the
+    strings a profile.json gives back: they are read as numbers, in their numeric order
+    (sorted as strings, '16.34' came before '4.839' and the interpolation read garbage)."""
+    knots = sorted((float(k), float(v)) for k, v in table.items())
+    f = np.interp(np.nan_to_num(idle_ms, nan=0.0), [k for k, _ in knots], [v for _, v in knots])
     return np.where(np.isfinite(idle_ms), f, 1.0)
 
 
