@@ -27,6 +27,7 @@ import pandas as pd
 from scipy import stats
 
 from calibrate import idle
+from calibrate.behind import fit_read_behind, later_responses
 from calibrate.station import SPEED_ELASTICITY_MAX, fit_frontend, fit_speed
 from calibrate.stats import robust_lognormal_cv, stalls
 
@@ -411,7 +412,10 @@ def fit_event_loop(
     admit = np.maximum(service - per_request - share, 0.01)
     sizes = lowest["batch_size"].to_numpy(dtype=float)
     held = per_batch + per_request * (np.nan_to_num(sizes, nan=1.0) + 1) / 2
-    delay = rest + service - admit - held
+    # a client on the loop's core reads a batch's answers late (calibrate.behind): the model
+    # adds that per later response, so the pure delay is what is left
+    behind = fit_read_behind(df, cap_ms=per_request) or 0.0
+    delay = rest + service - admit - held - behind * later_responses(lowest).fillna(0.0).to_numpy()
     # a loop job after the loop slept runs slower: by the server's clocks, against the light level
     cold = idle.fit_loop_after_idle(ok, lowest, batch_time_us(ok).to_numpy() / 1e3)
     return {
@@ -419,6 +423,7 @@ def fit_event_loop(
         "instance_less_ms": float(back.mean()) if back is not None else 0.0,
         "respond_per_batch_ms": per_batch,
         "respond_per_request_ms": per_request,
+        "read_behind_ms": behind,
         "admit": fit_distribution(admit, rng=rng),
         "fixed_delay": fit_distribution(np.maximum(delay, 0.01), rng=rng),
         "fixed_delay_clipped": float((delay < 0.01).mean()),
@@ -468,6 +473,8 @@ def _loop_on_trips(
         "moved_ms": moved,
     }
     rest = (overhead.loc[light.index] + after.loc[light.index] + light["preprocess_us"] / 1e3).to_numpy() - moved
+    behind = (fe.get("event_loop") or {}).get("read_behind_ms") or 0.0  # the model adds it (calibrate.behind)
+    rest = rest - behind * later_responses(light).fillna(0.0).to_numpy()
     fe["on_store"] = True
     fe["fixed_delay"] = fit_distribution(np.maximum(rest, 0.01), rng=rng)
     fe["fixed_delay_clipped"] = float((rest < 0.01).mean())

@@ -184,6 +184,13 @@ def _event_loop(fe: dict, on_loop: bool = False) -> str:
         )
         + (_reads_first(loop["reads_first"]) if on_loop and loop.get("reads_first") else "")
         + (
+            f" The client reads a batch's answers late: {loop['read_behind_ms']:.2f} ms for each response of its "
+            "batch written after its own (`event_loop.read_behind_ms`, the time outside the server against that "
+            "count within each fitted level), out of the pure delay."
+            if loop.get("read_behind_ms")
+            else ""
+        )
+        + (
             " A job after the loop slept runs slower (`event_loop.after_idle`, a read on an idle loop by how long "
             f"it had slept, against the lightest fitted level): {_idle_table(loop['after_idle'])}."
             if loop.get("after_idle")

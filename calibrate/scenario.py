@@ -217,6 +217,8 @@ def scenario_dict(
                     k: loop[k] * speed for k in ("return_ms", "respond_per_batch_ms", "respond_per_request_ms")
                 },
             }
+            if loop.get("read_behind_ms"):  # a client on its core reads a batch's answers late (calibrate.behind)
+                preprocess["event_loop"]["read_behind_ms"] = loop["read_behind_ms"] * speed
             if loop.get("cost_by_held"):  # its work grows with the requests it holds, as measured
                 by = {int(n): float(f) for n, f in loop["cost_by_held"].items()}
                 preprocess["event_loop"]["cost_by_held"] = dict(sorted(by.items()))

@@ -109,7 +109,7 @@ _dispatch = jit.njit(cache=True, nogil=True)(_dispatch_py)
 
 def _kernel_py(
     n, horizon, st, clock, t, cost, wait, late, resume, reads_hold, responds_first, batcher_yields, held_k, hx, hf,
-    lx, lf, arrived, wq, wdue, t_back, ret, resp_b, resp_k,
+    lx, lf, arrived, wq, wdue, t_back, ret, resp_b, resp_k, behind,
     max_b, delay, cap, preferred, factors, means, idle_t, idle_f, rk, rf, rtau, rst,
     ip_t, ip_w, ip_f, fp_t, fp_w, fp_f, free_at, busy, seq, ends, bid, back, resp,
     t_enq, t_disp, t_resp, outcome, t_drop, pb, buf, b_pos, b_size, b_start, b_end, b_inst, b_done, b_resp,
@@ -180,7 +180,8 @@ def _kernel_py(
                     rh += 1
                     for p in range(b_pos[b], b_pos[b] + b_size[b]):
                         work = (resp_b + resp_k * (p - b_pos[b] + 1)) * more * cold
-                        t_resp[buf[p]] = finish_on_path(start, work, fp_t, fp_w, fp_f)
+                        later = b_pos[b] + b_size[b] - 1 - p  # the batch's responses written after it
+                        t_resp[buf[p]] = finish_on_path(start, work, fp_t, fp_w, fp_f) + behind * later
                     loop_free = finish_on_path(start, (resp_b + resp_k * b_size[b]) * more * cold, fp_t, fp_w, fp_f)
                     held -= b_size[b]
                     b_resp[b] = True
@@ -426,6 +427,7 @@ class Loop:
             self.responds_first, self.batcher_yields,
             self.held_k, self.hx, self.hf, self.lx, self.lf, self.arrived, self.wq, self.wdue, self.t_back,
             float(self.loop.return_ms), float(self.loop.respond_per_batch_ms), float(self.loop.respond_per_request_ms),
+            float(self.loop.read_behind_ms),
             int(b.max_batch_size), float(b.max_queue_delay_ms), self.cap, self.preferred, self.factors, self.means,
             self.idle_t, self.idle_f, *self.rate,
             *self.path, *self.front, self.free_at, self.busy, self.seq, self.ends, self.bid, self.back, self.resp,
