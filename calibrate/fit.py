@@ -219,6 +219,7 @@ def batches_from_requests(df: pd.DataFrame) -> pd.DataFrame:
     before = idle.idle_before_ms(per_batch, out["service_ms"].to_numpy())
     if before is not None:
         out["idle_ms"] = before
+        out["size_before"] = idle.previous_size(per_batch)
     return out
 
 
@@ -279,27 +280,35 @@ def fit_profile(
     batches = batches_from_requests(df)
     b, y = batches["batch_size"].to_numpy(), batches["service_ms"].to_numpy()
     affine, table, service = _batch_time(b, y)
-    idle_f = rate_f = np.ones(len(y))
-    after_idle = by_rate = None
-    for _ in range(FIT_ROUNDS):  # each factor on what the table and the other leave (they move together: idle, quiet)
+    idle_f = rate_f = after_f = np.ones(len(y))
+    after_idle = by_rate = after_batch = None
+    for _ in range(FIT_ROUNDS):  # each factor on what the table and the others leave (they move together: idle, quiet)
         if idle.AFTER_IDLE and "idle_ms" in batches:  # a batch after its instance idled runs slower
-            after_idle = idle.fit_after_idle(batches["idle_ms"].to_numpy(), y / predicted_ms(service, b) / rate_f)
+            ratio = y / predicted_ms(service, b) / rate_f / after_f
+            after_idle = idle.fit_after_idle(batches["idle_ms"].to_numpy(), ratio)
             if after_idle is not None:
                 idle_f = idle.idle_factor(batches["idle_ms"].to_numpy(), after_idle)
         if idle.BY_RATE and "rate_rps" in batches:  # and one after a quiet spell; a busy one faster
             settled = batches["rate_since_ms"].to_numpy() >= 2 * idle.RATE_WINDOW_MS
-            ratio = y / predicted_ms(service, b) / idle_f
+            ratio = y / predicted_ms(service, b) / idle_f / after_f
             by_rate = idle.fit_by_rate(batches["rate_rps"].to_numpy()[settled], ratio[settled])
             if by_rate is not None:
                 rate_f = idle.rate_factor_at(batches["rate_rps"].to_numpy(), by_rate)
-        affine, table, service = _batch_time(b, y / idle_f / rate_f)
-        if by_rate is None:  # the idle factor alone: once, on the pooled table
+        if idle.AFTER_BATCH and "size_before" in batches:  # and one after a big batch slower
+            before = batches["size_before"].to_numpy()
+            after_batch = idle.fit_after_batch(before, y / predicted_ms(service, b) / idle_f / rate_f)
+            if after_batch is not None:
+                after_f = idle.after_batch_factor(before, after_batch)
+        affine, table, service = _batch_time(b, y / idle_f / rate_f / after_f)
+        if by_rate is None and after_batch is None:  # the idle factor alone: once, on the pooled table
             break
     if after_idle is not None:
         service["after_idle"] = after_idle
     if by_rate is not None:
         service["by_rate"] = by_rate
         service["rate_window_ms"] = idle.RATE_WINDOW_MS
+    if after_batch is not None:
+        service["after_batch"] = after_batch
     lowest = df[df["level"] == min(fit_levels)]
     overhead = lowest["latency_ms"] - lowest["request_us"] / 1e3
     fetch_us = df["feature_us"].fillna(0.0) if "feature_us" in df else 0.0

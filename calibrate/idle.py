@@ -204,3 +204,41 @@ def rate_factor_at(rate_rps: np.ndarray, table: dict[float, float]) -> np.ndarra
     """:func:`fit_by_rate`'s factor at each rate, as the simulator interpolates it (flat
     beyond the ends; 1 where the rate is unknown)."""
     return idle_factor(rate_rps, table)  # the same interpolation
+
+
+AFTER_BATCH = False  # fit service_time.after_batch (tried, not adopted: calibrate/experiments/after_batch.py)
+
+
+def previous_size(df: pd.DataFrame) -> np.ndarray:
+    """For each row (a request, or a batch) of ``df``: the size of the batch its instance
+    ran before its own, by the server's dispatch clock within its slice (NaN for a slice's
+    first, and everywhere without that clock)."""
+    if "dispatched_at_ns" not in df or "slice" not in df or df["dispatched_at_ns"].isna().any():
+        return np.full(len(df), np.nan)
+    rows = pd.DataFrame(
+        {
+            "slice": df["slice"].to_numpy(),
+            "start": df["dispatched_at_ns"].to_numpy(),
+            "size": df["batch_size"].to_numpy(dtype=float),
+        }
+    )
+    b = rows.drop_duplicates(["slice", "start"]).sort_values(["slice", "start"], kind="stable")
+    b = b.assign(before=b.groupby("slice")["size"].shift(1))
+    return rows.merge(b[["slice", "start", "before"]], on=["slice", "start"], how="left")["before"].to_numpy()
+
+
+def fit_after_batch(before: np.ndarray, ratio: np.ndarray, min_batches: int = 20) -> dict[float, float] | None:
+    """``service_time.after_batch``: the mean ratio of measured to fitted batch time by the
+    size of the batch before, over the mean ratio of all with one before; None where fewer
+    than two sizes hold ``min_batches``."""
+    x, r = np.asarray(before, dtype=float), np.asarray(ratio, dtype=float)
+    known = np.isfinite(x) & np.isfinite(r)
+    if known.sum() < 2 * min_batches:
+        return None
+    return _by_band(x[known], r[known], x[known].astype(np.int64), min_batches)
+
+
+def after_batch_factor(before: np.ndarray, table: dict[float, float] | dict[str, float]) -> np.ndarray:
+    """:func:`fit_after_batch`'s factor for each size before, as the simulator interpolates
+    it (flat beyond the ends; 1 for a slice's first batch)."""
+    return idle_factor(before, table)

@@ -49,8 +49,8 @@ def parameter_draws(
     used = slices[slices["kept"] & slices["level"].isin(fit_levels)]
     period = float(used["seconds"].median())
     mean_ms = fitted_mean_ms(profile["service_time"])
-    after_idle, by_rate = profile["service_time"].get("after_idle"), profile["service_time"].get("by_rate")
-    b = batch_log_ratios(fitted, mean_ms, period, after_idle, by_rate)
+    st = profile["service_time"]
+    b = batch_log_ratios(fitted, mean_ms, period, st.get("after_idle"), st.get("by_rate"), st.get("after_batch"))
     per_slice = b.assign(s=b["log_ratio"] * b["weight"]).groupby("slice")[["s", "weight"]].sum()
     base = per_slice["s"].sum() / per_slice["weight"].sum()
     fe = profile.get("frontend")
@@ -76,8 +76,9 @@ def parameter_draws(
                 fit_levels,
                 period_s=period,
                 client_shares_cores=shares,
-                after_idle=after_idle,
-                by_rate=by_rate,
+                after_idle=st.get("after_idle"),
+                by_rate=st.get("by_rate"),
+                after_batch=st.get("after_batch"),
             )
         out.append((p, factor))
     return out

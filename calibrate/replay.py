@@ -71,7 +71,7 @@ def window_trace(profile: dict, g: pd.DataFrame, duration_s: float, window_s: fl
     profiles: the speed meter's)."""
     st = profile["service_time"]
     ok = with_rates(g[g["status"] == 200]) if st.get("by_rate") else g[g["status"] == 200]
-    b = batch_log_ratios(ok, fitted_mean_ms(st), 0.0, st.get("after_idle"), st.get("by_rate"))
+    b = batch_log_ratios(ok, fitted_mean_ms(st), 0.0, st.get("after_idle"), st.get("by_rate"), st.get("after_batch"))
     nb = int(np.ceil(duration_s / window_s))
     k = np.clip((b["t_s"].to_numpy() / window_s).astype(int), 0, nb - 1)
     weight = b["weight"].to_numpy()  # a batch of B is B rows

@@ -55,6 +55,13 @@ def _idle_table(table: dict) -> str:
     return ", ".join(f"×{f:.2f} after {float(x):.2g} ms" for x, f in sorted(table.items(), key=lambda kv: float(kv[0])))
 
 
+def _after_table(table: dict) -> str:
+    """``after_batch``'s factors, by the size of the batch before, as the report gives them."""
+    return ", ".join(
+        f"×{float(f):.2f} after {float(k):g}" for k, f in sorted(table.items(), key=lambda kv: float(kv[0]))
+    )
+
+
 def _rate_table(table: dict) -> str:
     """A ``by_rate`` table as the report says it: ``×factor at rate req/s``, in order."""
     return ", ".join(f"×{f:.2f} at {float(x):.3g} req/s" for x, f in sorted(table.items(), key=lambda kv: float(kv[0])))
@@ -84,6 +91,12 @@ def fitted_model(profile: dict) -> list[str]:
             f"band of its requests a second over the last {st.get('rate_window_ms', 500):.0f} ms, its slice's "
             f"first second left out, taken out of the table too): {_rate_table(st['by_rate'])}."
             if st.get("by_rate")
+            else ""
+        )
+        + (
+            " A batch runs slower the bigger its instance's batch before it (`service_time.after_batch`, the mean "
+            f"ratio by the size before over all, taken out of the table too): {_after_table(st['after_batch'])}."
+            if st.get("after_batch")
             else ""
         ),
         "- **Residuals** (measured / fitted batch time) at quantiles "

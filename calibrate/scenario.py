@@ -46,6 +46,7 @@ SERVICE_KEYS = (
     "after_idle",
     "by_rate",
     "rate_window_ms",
+    "after_batch",
 )
 
 

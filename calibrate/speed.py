@@ -32,7 +32,7 @@ import pandas as pd
 from scipy import optimize
 
 from calibrate.fit import batch_time_us, with_rates
-from calibrate.idle import idle_before_ms, idle_factor, rate_factor_at
+from calibrate.idle import after_batch_factor, idle_before_ms, idle_factor, previous_size, rate_factor_at
 from calibrate.station import level_slope, slice_cpu_s
 from simulator.scenario.servicetime import Affine, Table
 from simulator.serving.workers import mean_service_ms
@@ -73,7 +73,12 @@ def fit_slices_only(requests: pd.DataFrame, fit_levels: list[int]) -> pd.DataFra
 
 
 def batch_log_ratios(
-    requests: pd.DataFrame, mean_ms, period_s: float, after_idle: dict | None = None, by_rate: dict | None = None
+    requests: pd.DataFrame,
+    mean_ms,
+    period_s: float,
+    after_idle: dict | None = None,
+    by_rate: dict | None = None,
+    after_batch: dict | None = None,
 ) -> pd.DataFrame:
     """One row per request's batch: its time on the run's clock (s), its log ratio to the
     fitted mean (``mean_ms(sizes)``, times the ``after_idle`` factor at its instance's idle
@@ -86,6 +91,8 @@ def batch_log_ratios(
         ms = ms / idle_factor(idle, after_idle)
     if by_rate and "rate_rps" in ok:  # nor what its recent throughput does
         ms = ms / rate_factor_at(ok["rate_rps"].to_numpy(), by_rate)
+    if after_batch:  # nor the size of its batch before
+        ms = ms / after_batch_factor(previous_size(ok), after_batch)
     sizes = ok["batch_size"].to_numpy(int)
     mean = mean_ms(sizes)
     known = (ms > 0) & (mean > 0)  # a batch without a positive time or fitted mean has no ratio
@@ -208,12 +215,13 @@ def fit_speed_process(
     client_shares_cores: bool,
     after_idle: dict | None = None,
     by_rate: dict | None = None,
+    after_batch: dict | None = None,
 ) -> dict:
     """``platform.speed`` (a two-component log-AR(1); None where the batches show no
     correlated speed at all) and the batch noise's share of the log variance, from the
     fitted levels alone (``mean_ms``: the fitted batch time by size, ``after_idle`` its
     factor after an idle instance)."""
-    b = batch_log_ratios(fit_slices_only(requests, fit_levels), mean_ms, period_s, after_idle, by_rate)
+    b = batch_log_ratios(fit_slices_only(requests, fit_levels), mean_ms, period_s, after_idle, by_rate, after_batch)
     episodes, member = find_episodes(b)
     # the wobble from the batches outside episodes: an episode's spike is not a Gaussian's tail
     cov, var = autocovariance(b[~member] if episodes is not None else b)
@@ -257,6 +265,7 @@ def fit_run_speed(
         client_shares_cores=client_shares_cores,
         after_idle=service_time.get("after_idle"),
         by_rate=service_time.get("by_rate"),
+        after_batch=service_time.get("after_batch"),
     )
 
 

@@ -37,3 +37,44 @@ def random_fleet(**sections) -> Scenario:
         "cost": {"price_per_hour_usd": 1.0},
     }
     return scenario(**{**base, **sections})
+
+
+def chunked_against_plain(tmp_path: Path, doc: dict, factor: str):
+    """``doc`` (an idle-test scenario with a ``workers.service_time`` factor named
+    ``factor``) made busy: 3,000 requests at random gaps (mean 4 ms), two instances, 12 s.
+    Asserts a run in 0.7 s chunks gives the whole run's responses; returns the batch times
+    (ms) of the whole run and of the same arrivals without the factor."""
+    import copy
+
+    import numpy as np
+
+    from simulator.engine import simulate, stream
+
+    gaps = np.random.default_rng(5).exponential(4.0, 3000)
+    np.savetxt(tmp_path / "arrivals.txt", np.cumsum(gaps) / 1000, fmt="%.6f")
+    doc["workers"]["instances"] = 2
+    doc["duration_s"] = 12
+    s = Scenario.model_validate(doc)
+    whole = simulate(s).records
+    got = np.concatenate([p.records.t_response for p in stream(s, chunk_s=0.7)])
+    np.testing.assert_array_equal(got, whole.t_response)
+    plain = copy.deepcopy(doc)
+    del plain["workers"]["service_time"][factor]
+    alike = simulate(Scenario.model_validate(plain)).records
+    assert np.array_equal(alike.arrival, whole.arrival)
+    return whole.t_inferred - whole.t_dispatch, alike.t_inferred - alike.t_dispatch
+
+
+def refusal(tmp_path: Path, doc: dict) -> str:
+    """The one-line error that loading ``doc``, written as a YAML file, raises (it must
+    raise :class:`~simulator.scenario.loader.ScenarioError`)."""
+    import pytest
+    import yaml
+
+    from simulator.scenario.loader import ScenarioError, load_scenario
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(path)
+    return str(err.value)

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from calibrate.idle import fit_by_rate, rate_factor_at, recent_rate
-from simulator.engine import simulate, stream
+from simulator.engine import simulate
 from simulator.scenario.config import Scenario, Workers
 from simulator.scenario.loader import ScenarioError, load_scenario
 from simulator.serving.workers import ServiceModel
+from tests.helpers import chunked_against_plain
 from tests.test_after_idle import _doc as idle_doc
 
 SLOPE = {"0": 1.5, "20": 1.0}  # factor 1.5 - rate / 40 (requests/s), 1 from 20 req/s on
@@ -75,23 +76,10 @@ def test_simpy_workers_keep_each_instances_throughput():
 def test_a_run_cut_in_chunks_is_the_whole_run(tmp_path):
     """A busy scenario on the event loop, random gaps: the instances' averages carry
     across chunks, so every response is the whole run's; and the table moves the batches
-    against the same run without it."""
-    doc = _doc(tmp_path, True, {"0": 1.3, "50": 1.0, "300": 0.9})
-    gaps = np.random.default_rng(5).exponential(4.0, 3000)
-    np.savetxt(tmp_path / "arrivals.txt", np.cumsum(gaps) / 1000, fmt="%.6f")
-    doc["workers"]["instances"] = 2
-    doc["duration_s"] = 12
-    s = Scenario.model_validate(doc)
-    whole = simulate(s).records
-    got = np.concatenate([p.records.t_response for p in stream(s, chunk_s=0.7)])
-    np.testing.assert_array_equal(got, whole.t_response)
-    # the same arrivals without the table: about 125 req/s an instance, past the 1.0 at 50,
-    # so the table's batches are shorter (the first, from none, are longer)
-    plain = copy.deepcopy(doc)
-    del plain["workers"]["service_time"]["by_rate"]
-    alike = simulate(Scenario.model_validate(plain)).records
-    assert np.array_equal(alike.arrival, whole.arrival)
-    assert np.nanmean(whole.t_inferred - whole.t_dispatch) < np.nanmean(alike.t_inferred - alike.t_dispatch)
+    against the same run without it: about 125 req/s an instance, past the 1.0 at 50, so
+    the table's batches are shorter (the first, from none, are longer)."""
+    took, plain = chunked_against_plain(tmp_path, _doc(tmp_path, True, {"0": 1.3, "50": 1.0, "300": 0.9}), "by_rate")
+    assert np.nanmean(took) < np.nanmean(plain)
 
 
 def test_the_fit_recovers_the_factor():

@@ -10,12 +10,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 
 from calibrate.behind import fit_read_behind, later_responses
 from simulator.engine import simulate, stream
 from simulator.scenario.config import Scenario
-from simulator.scenario.loader import ScenarioError, load_scenario
+from tests.helpers import refusal
 from tests.test_event_loop import _doc as loop_doc
 
 
@@ -49,11 +48,7 @@ def test_a_run_in_chunks_reads_them_as_one_run():
 
 
 def test_a_negative_lag_is_refused_naming_its_line(tmp_path):
-    path = tmp_path / "s.yaml"
-    path.write_text(yaml.safe_dump(_doc(-0.1), sort_keys=False))
-    with pytest.raises(ScenarioError) as err:
-        load_scenario(path)
-    text = str(err.value)
+    text = refusal(tmp_path, _doc(-0.1))
     assert "preprocess.event_loop.read_behind_ms" in text
     assert "line " in text
 

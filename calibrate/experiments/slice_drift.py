@@ -39,7 +39,12 @@ def slice_spread(profile: dict, requests: pd.DataFrame, period_s: float) -> tupl
     fit_levels = [f["level"] for f in profile["fit_levels"]]
     st = profile["service_time"]
     b = batch_log_ratios(
-        fit_slices_only(requests, fit_levels), fitted_mean_ms(st), period_s, st.get("after_idle"), st.get("by_rate")
+        fit_slices_only(requests, fit_levels),
+        fitted_mean_ms(st),
+        period_s,
+        st.get("after_idle"),
+        st.get("by_rate"),
+        st.get("after_batch"),
     )
     b = b.assign(bin=np.floor(b["t_s"] / BIN_S), wr=b["log_ratio"] * b["weight"])
     per_bin = b.groupby(["level", "slice", "bin"])[["wr", "weight"]].sum()

@@ -68,11 +68,21 @@ class _Noisy(Frozen):
     rate_window_ms: float = Field(
         500.0, gt=0, allow_inf_nan=False, description="Time constant of by_rate's average of the throughput, ms."
     )
+    after_batch: dict[float, float] | None = Field(
+        None,
+        description=(
+            "Batch time factor by the size of the batch its instance ran before it (requests: factor), "
+            "interpolated, flat beyond the ends; an instance's first batch takes none. A big batch leaves the "
+            "next one slower (a CPU ResNet: a batch of one 10% slower after a batch of 8 than after one; "
+            "fitted by servesim calibrate; none: every batch alike)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _idle(self):
         check_after_idle(self.after_idle)
         check_after_idle(self.by_rate, "by_rate", "requests/s", "rates")
+        check_after_idle(self.after_batch, "after_batch", "requests", "sizes")
         return self
 
     @model_validator(mode="after")

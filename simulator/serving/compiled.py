@@ -54,17 +54,24 @@ def _finish_on_path_py(start, work, pt, pw, pf):
 finish_on_path = jit.njit(cache=True, nogil=True)(_finish_on_path_py)
 
 
-def _rate_factor_py(now, size, j, rk, rf, rtau, rst):
+def _rate_factor_py(now, size, j, rk, rf, rtau, rst, ak, af):
     """``service_time.by_rate``'s factor for a batch of ``size`` that instance ``j`` starts
     at ``now``: at its throughput before the batch (requests/s: ``rst[j, 0]``, requests a
     ms averaged over ``rtau`` ms, decayed from ``rst[j, 1]``), interpolated on (rk, rf),
-    flat beyond the ends; the batch's requests then join the average. 1 without a table."""
-    if len(rk) == 0:
-        return 1.0
-    x = rst[j, 0] * math.exp(-(now - rst[j, 1]) / rtau)
-    rst[j, 0] = x + size / rtau
-    rst[j, 1] = now
-    return np.interp(x * 1000.0, rk, rf)
+    flat beyond the ends; the batch's requests then join the average. Times
+    ``service_time.after_batch``'s at the size of the instance's batch before it
+    (``rst[j, 2]``; none before its first), interpolated on (ak, af). 1 without the tables."""
+    f = 1.0
+    if len(rk) > 0:
+        x = rst[j, 0] * math.exp(-(now - rst[j, 1]) / rtau)
+        rst[j, 0] = x + size / rtau
+        rst[j, 1] = now
+        f = np.interp(x * 1000.0, rk, rf)
+    if len(ak) > 0:
+        if rst[j, 2] > 0:
+            f *= np.interp(rst[j, 2], ak, af)
+        rst[j, 2] = size
+    return f
 
 
 rate_factor = jit.njit(cache=True, nogil=True)(_rate_factor_py)
@@ -94,7 +101,7 @@ _expire = jit.njit(cache=True, nogil=True)(_expire_py) if jit.AVAILABLE else Non
 
 def _kernel(
     q, m, horizon, closed, cap, max_b, delay, timeout, thresholds, preferred,
-    buf, outcome, drop, ist, clock0, inst_free, inst_seq, factors, means, idle_t, idle_f, rk, rf, rtau, rst,
+    buf, outcome, drop, ist, clock0, inst_free, inst_seq, factors, means, idle_t, idle_f, rk, rf, rtau, rst, ak, af,
     b_pos, b_size, b_start, b_end, b_inst, sp_t, sp_w, sp_f,
 ):  # fmt: skip
     """:func:`schedule` over :meth:`BatchQueue.decide`, until done, more arrivals are
@@ -192,7 +199,7 @@ def _kernel(
         work = means[size] * x if per_size else x
         if len(idle_t) > 0:  # the instance idle since its last batch: a slower batch
             work *= np.interp(clock - inst_free[held], idle_t, idle_f)
-        work *= rate_factor(clock, size, held, rk, rf, rtau, rst)  # and by its recent throughput
+        work *= rate_factor(clock, size, held, rk, rf, rtau, rst, ak, af)  # and by its recent throughput
         done = finish_on_path(clock, work, sp_t, sp_w, sp_f)
         b_pos[nb] = qh
         b_size[nb] = size
@@ -255,7 +262,7 @@ class CompiledFeed:
         self.clock = 0.0
         self.ist = np.array([0, 0, 0, -1, len(instances), 0, 0], dtype=np.int64)
         self.inst_free = np.zeros(len(instances))
-        self.rst = np.zeros((len(instances), 2))  # each instance's recent throughput (by_rate)
+        self.rst = np.zeros((len(instances), 3))  # each instance's recent throughput and last batch
         self.inst_seq = np.arange(len(instances), dtype=np.int64)
         self.nb = 0
         self.b_pos = np.zeros(0, dtype=np.int64)

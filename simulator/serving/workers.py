@@ -98,6 +98,11 @@ class ServiceModel:
         self.rate_rps = np.asarray(knots, dtype=float)
         self.rate_factor = np.asarray([rate[k] for k in knots], dtype=float)
         self.rate_tau_ms = float(st.rate_window_ms) if self._per_size else 1.0
+        after = (st.after_batch or {}) if self._per_size else {}
+        knots = sorted(after)
+        # the factor by the size of the instance's batch before (empty: none), as the kernels read it
+        self.after_k = np.asarray(knots, dtype=float)
+        self.after_f = np.asarray([after[k] for k in knots], dtype=float)
         self.rst: dict = {}  # the SimPy schedulers' instances' recent throughput, by instance
         if self._per_size:
             self._means = [0.0] + [mean_service_ms(cfg, b) for b in range(1, max_batch + 1)]
@@ -153,23 +158,25 @@ class ServiceModel:
         return self._means[batch_size] * x if self._per_size else x
 
     def rate_args(self, rst: np.ndarray) -> tuple:
-        """What a kernel reads for ``by_rate``: the table's knots and factors, its time
-        constant and ``rst``, the instances' state (an (instances, 2) array it updates)."""
-        return self.rate_rps, self.rate_factor, self.rate_tau_ms, rst
+        """What a kernel reads for ``by_rate`` and ``after_batch``: the first table's knots
+        and factors, its time constant, ``rst``, the instances' state (an (instances, 3)
+        array it updates: throughput, when, the last batch's size), and the second table's
+        knots and factors."""
+        return self.rate_rps, self.rate_factor, self.rate_tau_ms, rst, self.after_k, self.after_f
 
     def finish(self, start: float, batch_size: int, idle_ms: float = 0.0, inst=0) -> float:
         """When a batch of ``batch_size`` started at ``start`` (ms) on instance ``inst``, idle
         for ``idle_ms`` before it, ends: its drawn time (times the ``after_idle`` factor and
-        the ``by_rate`` factor at the instance's recent throughput), stretched by the host's
-        speed while it runs."""
+        the ``by_rate`` factor at the instance's recent throughput and the ``after_batch``
+        factor at its batch before), stretched by the host's speed while it runs."""
         work = self(batch_size)
         if len(self.idle_ms):
             work *= float(np.interp(idle_ms, self.idle_ms, self.idle_factor))  # flat beyond the ends
-        if len(self.rate_rps):
+        if len(self.rate_rps) or len(self.after_k):
             state = self.rst.get(inst)
             if state is None:
-                state = self.rst[inst] = np.zeros((1, 2))
-            work *= float(rate_factor(start, batch_size, 0, self.rate_rps, self.rate_factor, self.rate_tau_ms, state))
+                state = self.rst[inst] = np.zeros((1, 3))
+            work *= float(rate_factor(start, batch_size, 0, *self.rate_args(state)))
         return start + work if self.path is None else self.path.finish_at(start, work)
 
     def __call__(self, batch_size: int) -> float:
