@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from calibrate.fit import EMPIRICAL_POINTS, batch_time_us
+from calibrate.samples import EMPIRICAL_POINTS, batch_time_us
 
 CLOCKS = ("received_at_ns", "enqueued_at_ns", "dispatched_at_ns")
 PHASE_BINS = 10
@@ -139,7 +139,7 @@ KM_MIN_AT_RISK = 20  # past the lateness where fewer windows are still open, the
 
 
 def _timer_quantiles(fired: np.ndarray, closed: np.ndarray) -> list[float] | None:
-    """The timer's lateness as :data:`~calibrate.fit.EMPIRICAL_POINTS` quantiles, from
+    """The timer's lateness as :data:`~calibrate.samples.EMPIRICAL_POINTS` quantiles, from
     the windows its firing closed (``fired``: its lateness) and those a request queued
     first (``closed``: the timer would have fired later than that): the Kaplan-Meier
     estimate of a right-censored sample. The fired ones alone are biased short, as a
