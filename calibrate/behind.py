@@ -3,7 +3,7 @@
 When a batch comes back, the server's event loop resumes its requests one after another and
 writes each response. The load generator runs on the same core (the default run pins the
 instance to the other one). It does not get the core while the loop writes the rest of the
-batch, or gets part of it: on six ResNet runs, a request's time outside the server
+batch, or gets part of it: on eleven ResNet runs, a request's time outside the server
 (``latency_ms - request_us``) grows by 0.17-0.31 ms for each response of its batch written
 after its own (0.4-0.65 of the loop's time per response), at every load alike
 (calibrate/README, "The client reads a batch's answers late"). Heavier loads make bigger

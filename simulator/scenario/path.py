@@ -184,7 +184,7 @@ class EventLoop(Frozen):
         description="A client on the loop's core reads a batch's answers late: response j of a batch of B reaches "
         "it read_behind_ms × (B − 1 − j) after the loop wrote it (while the loop writes the later ones it holds the "
         "core they share). Fitted by servesim calibrate from where each response came in its batch: 0.17-0.31 ms on "
-        "six ResNet runs, 0.4-0.65 of its loop's time per response. 0: each response read as written.",
+        "eleven ResNet runs, 0.4-0.65 of its loop's time per response. 0: each response read as written.",
     )
     resume_ms: float | None = Field(
         None,
