@@ -171,7 +171,8 @@ def batches_from_requests(df: pd.DataFrame) -> pd.DataFrame:
     before = idle.idle_before_ms(per_batch, out["service_ms"].to_numpy())
     if before is not None:
         out["idle_ms"] = before
-        out["size_before"] = idle.previous_size(per_batch)
+        if idle.AFTER_BATCH:  # the batch before's size, for its factor
+            out["size_before"] = idle.previous_size(per_batch)
     return out
 
 

@@ -58,24 +58,34 @@ def idle_factor(idle_ms: np.ndarray, table: dict[float, float] | dict[str, float
     return np.where(np.isfinite(idle_ms), f, 1.0)
 
 
-def idle_before_ms(df: pd.DataFrame, batch_ms: np.ndarray) -> np.ndarray | None:
-    """For each row (a request, or a batch) of ``df``, whose batch took ``batch_ms``: how
-    long its batch's instance sat idle before the batch, from the end of the slice's batch
-    before it by the server's dispatch clock (NaN for a slice's first); None without that
-    clock."""
+def _from_batch_before(df: pd.DataFrame, values: np.ndarray) -> np.ndarray | None:
+    """For each row (a request, or a batch) of ``df``: ``values`` (one per row, the same for
+    a batch's rows) of the slice's batch before its own by the server's dispatch clock (NaN
+    for a slice's first); None without that clock."""
     if "dispatched_at_ns" not in df or "slice" not in df or df["dispatched_at_ns"].isna().any():
         return None
     rows = pd.DataFrame(
         {
             "slice": df["slice"].to_numpy(),
             "start": df["dispatched_at_ns"].to_numpy() / 1e6,
-            "ms": np.asarray(batch_ms, dtype=float),
+            "v": np.asarray(values, dtype=float),
         }
     )
     b = rows.drop_duplicates(["slice", "start"]).sort_values("start", kind="stable")
-    gap = b["start"] - (b["start"] + b["ms"]).shift(1)
-    b = b.assign(idle=gap.where(b["slice"] == b["slice"].shift(1)))
-    return rows.merge(b[["slice", "start", "idle"]], on=["slice", "start"], how="left")["idle"].to_numpy()
+    b = b.assign(before=b["v"].shift(1).where(b["slice"] == b["slice"].shift(1)))
+    return rows.merge(b[["slice", "start", "before"]], on=["slice", "start"], how="left")["before"].to_numpy()
+
+
+def idle_before_ms(df: pd.DataFrame, batch_ms: np.ndarray) -> np.ndarray | None:
+    """For each row (a request, or a batch) of ``df``, whose batch took ``batch_ms``: how
+    long its batch's instance sat idle before the batch, from the end of the slice's batch
+    before it by the server's dispatch clock (NaN for a slice's first); None without that
+    clock."""
+    if "dispatched_at_ns" not in df:
+        return None
+    start = df["dispatched_at_ns"].to_numpy() / 1e6
+    end_before = _from_batch_before(df, start + np.asarray(batch_ms, dtype=float))
+    return None if end_before is None else start - end_before
 
 
 LOOP_EDGES_MS = (0.05, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, np.inf)
@@ -213,18 +223,8 @@ def previous_size(df: pd.DataFrame) -> np.ndarray:
     """For each row (a request, or a batch) of ``df``: the size of the batch its instance
     ran before its own, by the server's dispatch clock within its slice (NaN for a slice's
     first, and everywhere without that clock)."""
-    if "dispatched_at_ns" not in df or "slice" not in df or df["dispatched_at_ns"].isna().any():
-        return np.full(len(df), np.nan)
-    rows = pd.DataFrame(
-        {
-            "slice": df["slice"].to_numpy(),
-            "start": df["dispatched_at_ns"].to_numpy(),
-            "size": df["batch_size"].to_numpy(dtype=float),
-        }
-    )
-    b = rows.drop_duplicates(["slice", "start"]).sort_values(["slice", "start"], kind="stable")
-    b = b.assign(before=b.groupby("slice")["size"].shift(1))
-    return rows.merge(b[["slice", "start", "before"]], on=["slice", "start"], how="left")["before"].to_numpy()
+    before = _from_batch_before(df, df["batch_size"].to_numpy(dtype=float)) if "batch_size" in df else None
+    return np.full(len(df), np.nan) if before is None else before
 
 
 def fit_after_batch(before: np.ndarray, ratio: np.ndarray, min_batches: int = 20) -> dict[float, float] | None:

@@ -82,8 +82,9 @@ def batch_log_ratios(
 ) -> pd.DataFrame:
     """One row per request's batch: its time on the run's clock (s), its log ratio to the
     fitted mean (``mean_ms(sizes)``, times the ``after_idle`` factor at its instance's idle
-    time before it and the ``by_rate`` factor at its recent throughput, where the batch
-    time has them) and its weight (1 / batch size, so a batch counts once)."""
+    time before it, the ``by_rate`` factor at its recent throughput and the ``after_batch``
+    factor at the size of its batch before, where the batch time has them) and its weight
+    (1 / batch size, so a batch counts once)."""
     ok = requests.dropna(subset=["batch_size", "compute_infer_us"])
     ms = measured = batch_time_us(ok).to_numpy() / 1e3
     idle = idle_before_ms(ok, ms) if after_idle else None

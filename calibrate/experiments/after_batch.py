@@ -10,7 +10,7 @@ run folder of ``servesim calibrate run``: refitted on copies (``servesim calibra
 held-out p50/p99 errors, and how many cells meet the target and how many measurements
 fall inside their interval.
 
-    python calibrate/experiments/after_batch.py [RUN ...]   # ~70 s a folder
+    python calibrate/experiments/after_batch.py [RUN ...]   # 42-50 s a folder
 """
 
 from __future__ import annotations
