@@ -244,7 +244,11 @@ def fit_profile(
         if idle.BY_RATE and "rate_rps" in batches:  # and one after a quiet spell; a busy one faster
             settled = batches["rate_since_ms"].to_numpy() >= 2 * idle.RATE_WINDOW_MS
             ratio = y / predicted_ms(service, b) / idle_f / after_f
-            by_rate = idle.fit_by_rate(batches["rate_rps"].to_numpy()[settled], ratio[settled])
+            if idle.BY_RATE_FIT == "levels" and "level" in batches:
+                lv = batches["level"].to_numpy()[settled]
+                by_rate = idle.fit_by_level(batches["rate_rps"].to_numpy()[settled], ratio[settled], lv)
+            else:
+                by_rate = idle.fit_by_rate(batches["rate_rps"].to_numpy()[settled], ratio[settled])
             if by_rate is not None:
                 rate_f = idle.rate_factor_at(batches["rate_rps"].to_numpy(), by_rate)
         if idle.AFTER_BATCH and "size_before" in batches:  # and one after a big batch slower

@@ -210,6 +210,39 @@ def fit_by_rate(rate_rps: np.ndarray, ratio: np.ndarray, *, bands: int = RATE_BA
     return _by_band(x, r, np.clip(np.searchsorted(edges, x, side="right") - 1, 0, len(edges) - 2), min_batches)
 
 
+# how fit_by_rate reads the table: "bands" (the mean ratio in quantile bands of the recent
+# throughput) or "levels" (a line through the fitted levels' mean ratios at their mean
+# throughput, carried a little past them)
+BY_RATE_FIT = "bands"
+LEVEL_REACH = (0.5, 1.25)  # the line's table spans these multiples of the lightest and busiest level's rate
+LEVEL_POINTS = 8
+
+
+def fit_by_level(rate_rps: np.ndarray, ratio: np.ndarray, level: np.ndarray, *, min_batches: int = 20):
+    """``service_time.by_rate`` as a line in the instance's recent throughput through each
+    level's mean ratio (over the mean ratio of all) at its mean throughput: the speed that a
+    level's load sets, without the within-level spread of the throughput (which the host's
+    own speed moves: a fast spell takes more requests into batches). Tabled at
+    :data:`LEVEL_POINTS` rates from ``LEVEL_REACH[0]`` × the lightest level's rate to
+    ``LEVEL_REACH[1]`` × the busiest one's, so that a held-out level beyond them follows
+    the line. None where fewer than two levels hold ``min_batches``."""
+    x, r, lv = (np.asarray(a, dtype=float) for a in (rate_rps, ratio, level))
+    known = np.isfinite(x) & np.isfinite(r) & np.isfinite(lv)
+    x, r, lv = x[known], r[known], lv[known]
+    xs, ys = [], []
+    for k in np.unique(lv):
+        inside = lv == k
+        if inside.sum() >= min_batches:
+            xs.append(x[inside].mean())
+            ys.append(r[inside].mean() / r.mean())
+    if len(xs) < 2 or np.ptp(xs) <= 0:
+        return None
+    slope, icpt = np.polyfit(xs, ys, 1)
+    at = np.linspace(LEVEL_REACH[0] * min(xs), LEVEL_REACH[1] * max(xs), LEVEL_POINTS)
+    f = np.clip(icpt + slope * at, 0.5, 2.0)
+    return {round(float(a), 3): round(float(v), 4) for a, v in zip(at, f, strict=True)}
+
+
 def rate_factor_at(rate_rps: np.ndarray, table: dict[float, float]) -> np.ndarray:
     """:func:`fit_by_rate`'s factor at each rate, as the simulator interpolates it (flat
     beyond the ends; 1 where the rate is unknown)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calibrate.idle import fit_by_rate, rate_factor_at, recent_rate
+from calibrate.idle import LEVEL_POINTS, LEVEL_REACH, fit_by_level, fit_by_rate, rate_factor_at, recent_rate
 from simulator.engine import simulate
 from simulator.scenario.config import Scenario, Workers
 from simulator.scenario.loader import ScenarioError, load_scenario
@@ -104,6 +104,35 @@ def test_the_fit_recovers_the_factor():
     assert fitted[min(fitted)] > 1.05  # slow when quiet
     assert fitted[max(fitted)] < 0.97  # fast when busy
     assert fit_by_rate(np.full(100, 5.0), np.ones(100)) is None  # one band: nothing to tell apart
+
+
+def test_the_level_line_reads_the_levels_speed_not_the_spread_within_them():
+    """Three levels whose speed is a line in their rate, and within each a throughput that
+    a fast spell raises (the host's speed moves it, not the other way): the line through
+    the levels gives each level's factor back within 1% and carries it past them, where
+    the bands read the within-level spread into a steeper slope."""
+    rng = np.random.default_rng(5)
+    levels, rates = np.repeat([0, 1, 2], 4000), np.repeat([100.0, 200.0, 300.0], 4000)
+    line = 1.1 - rates / 2000  # 1.05, 1.0, 0.95
+    spell = rng.normal(0.0, 0.05, len(rates))  # the host's speed, in log
+    seen = rates * np.exp(-spell)  # a fast spell takes more requests into batches
+    r = line * np.exp(spell - 0.05**2 / 2) * rng.lognormal(-0.005, 0.1, len(rates))
+    fitted = fit_by_level(seen, r, levels)
+    assert fitted is not None
+    assert len(fitted) == LEVEL_POINTS
+    mean_seen = np.array([seen[levels == k].mean() for k in range(3)])
+    got = rate_factor_at(mean_seen, fitted)
+    want = np.array([1.05, 1.0, 0.95]) / (line * 1.0).mean()
+    np.testing.assert_allclose(got, want, rtol=0.01)
+    knots = sorted(fitted)
+    assert knots[0] == pytest.approx(LEVEL_REACH[0] * mean_seen.min(), rel=1e-3)
+    assert knots[-1] == pytest.approx(LEVEL_REACH[1] * mean_seen.max(), rel=1e-3)
+    assert fitted[knots[0]] > fitted[knots[-1]]
+    bands = fit_by_rate(seen, r)  # the bands, for contrast: steeper than the line
+    assert bands is not None
+    band_slope = np.polyfit(list(bands), list(bands.values()), 1)[0]
+    assert band_slope < 1.05 * np.polyfit(mean_seen, got, 1)[0]
+    assert fit_by_level(seen, r, np.zeros(len(r))) is None  # one level: nothing to draw a line through
 
 
 @pytest.mark.parametrize(

@@ -41,16 +41,22 @@ def cells(folder: Path) -> tuple[str, int, int]:
     return text, met, sum(bool(x["covered"]) for x in judged)
 
 
+def refit_copy(run: Path) -> tuple[dict, str, int, int]:
+    """``run`` refitted on a copy (200 draws, seed 0), as the fit's switches stand: its
+    ``service_time`` and :func:`cells`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "run"
+        shutil.copytree(run, copy)
+        refit_run(copy, draws=200, rng=np.random.default_rng(0))
+        return json.loads((copy / "profile.json").read_text())["service_time"], *cells(copy)
+
+
 def main(runs: list[Path]) -> None:
     for run in runs:
         for on in (False, True):
             idle.AFTER_BATCH = on
-            with tempfile.TemporaryDirectory() as tmp:
-                copy = Path(tmp) / "run"
-                shutil.copytree(run, copy)
-                refit_run(copy, draws=200, rng=np.random.default_rng(0))
-                table = json.loads((copy / "profile.json").read_text())["service_time"].get("after_batch")
-                text, met, inside = cells(copy)
+            service, text, met, inside = refit_copy(run)
+            table = service.get("after_batch")
             shown = "none" if table is None else ", ".join(f"{float(k):g}: {v:.3f}" for k, v in table.items())
             say(f"{run} after_batch {'on' if on else 'off'} ({shown}): {text} | met {met}, inside {inside}")
     idle.AFTER_BATCH = False
