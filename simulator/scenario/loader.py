@@ -14,25 +14,17 @@ import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from simulator.scenario.catalog import load_catalog
-from simulator.scenario.config import Scenario, Traffic
-from simulator.scenario.distributions import Empirical, read_numbers
+from simulator.scenario.config import Scenario
+from simulator.scenario.files import Path_, check_pricing, check_trace, file_msg, resolve_files
 from simulator.scenario.fleet import BATCHING_KINDS
-from simulator.scenario.gputypes import on_type
 from simulator.scenario.llm import step_kind
-from simulator.scenario.servicetime import ProfileRef
-from simulator.scenario.shapes import RateTrace
 
 
 class ScenarioError(Exception):
     """A scenario that cannot be loaded; ``str(err)`` is the message for the user."""
-
-
-Path_ = tuple[str | int, ...]
 
 
 MAX_NODES = 200_000  # YAML nodes after aliases are expanded: the largest shipped scenario has ~3,000
@@ -97,7 +89,7 @@ def read_scenario_text(source: Path) -> str:
     try:
         raw = source.read_bytes()
     except OSError as err:
-        raise ScenarioError(f"{source}: {_file_msg(err)}") from None
+        raise ScenarioError(f"{source}: {file_msg(err)}") from None
     if b"\0" in raw[:65536]:
         raise ScenarioError(f"{source}: a binary file, not a YAML scenario")
     try:
@@ -222,61 +214,6 @@ def _format_validation(err: ValidationError, source: str, lines: dict, overridde
     return "\n".join(out)
 
 
-def _resolve_files(model: BaseModel, base_dir: Path, path: Path_, errors: list[tuple[Path_, str]]) -> BaseModel:
-    """Read the files a validated scenario names; collect (path, message) for failures."""
-    if isinstance(model, Empirical | RateTrace) and model.file is not None:
-        try:
-            return model.resolve_files(base_dir)
-        except (OSError, ValueError) as err:
-            errors.append(((*path, "file"), _file_msg(err)))
-            return model
-    if isinstance(model, ProfileRef):
-        try:
-            return model.resolve(base_dir)
-        except (OSError, ValueError) as err:
-            errors.append(((*path, "path"), _file_msg(err)))
-            return model
-    if isinstance(model, Traffic) and model.arrivals_file is not None:
-        target = (base_dir / model.arrivals_file).resolve()
-        try:
-            read_numbers(target)
-        except (OSError, ValueError) as err:
-            errors.append(((*path, "arrivals_file"), _file_msg(err)))
-            return model
-        return model.model_copy(update={"arrivals_file": str(target)})
-    updates = {}
-    for name in type(model).model_fields:
-        value = getattr(model, name)
-        if isinstance(value, BaseModel):
-            new = _resolve_files(value, base_dir, (*path, name), errors)
-            if new is not value:
-                updates[name] = new
-        elif isinstance(value, dict) and any(isinstance(v, BaseModel) for v in value.values()):
-            # traffic.classes: each class's service time may name a profile or a file too
-            resolved = {
-                k: _resolve_files(v, base_dir, (*path, name, k), errors) if isinstance(v, BaseModel) else v
-                for k, v in value.items()
-            }
-            if any(resolved[k] is not value[k] for k in value):
-                updates[name] = resolved
-        elif isinstance(value, tuple) and any(isinstance(v, BaseModel) for v in value):
-            items = tuple(
-                _resolve_files(v, base_dir, (*path, name, i), errors) if isinstance(v, BaseModel) else v
-                for i, v in enumerate(value)
-            )
-            if any(a is not b for a, b in zip(items, value, strict=True)):
-                updates[name] = items
-    return model.model_copy(update=updates) if updates else model
-
-
-def _file_msg(err: Exception) -> str:
-    if isinstance(err, FileNotFoundError):
-        return f"file not found: {err.filename}"
-    if isinstance(err, OSError):
-        return f"cannot read {err.filename}: {err.strerror}"
-    return str(err)
-
-
 def load_scenario(
     source: str | Path,
     overrides: list[str] | None = None,
@@ -347,10 +284,10 @@ def load_scenario(
     _numbers_check(scenario, data, (), errors)
     if errors:
         raise ScenarioError(_format_errors(str(source), errors, lines, overridden))
-    scenario = _resolve_files(scenario, source.parent, (), errors)
-    scenario = _check_pricing(scenario, source.parent, errors)
+    scenario = resolve_files(scenario, source.parent, (), errors)
+    scenario = check_pricing(scenario, source.parent, errors)
     if not errors:
-        _check_trace(scenario, errors)
+        check_trace(scenario, errors)
     if errors:
         raise ScenarioError(_format_errors(str(source), errors, lines, overridden))
     return scenario
@@ -366,75 +303,6 @@ def _format_errors(source: str, errors: list[tuple[Path_, str]], lines: dict, ov
         msgs.append(f"  line {lines.get(where, 1)}: {_dotted(path)}: {msg}{origin}")
     n = len(errors)
     return f"{source}: invalid scenario ({n} problem{'s' * (n > 1)})\n" + "\n".join(msgs)
-
-
-def _check_trace(scenario: Scenario, errors: list[tuple[Path_, str]]) -> None:
-    """An LLM trace (``traffic.tokens.from_trace``): its rows readable, and every request one
-    replica's KV cache can hold, before the run."""
-    t = scenario.traffic
-    if t.tokens is None or not t.tokens.from_trace:
-        return
-    from simulator.scenario.tokens import read_trace
-
-    try:
-        _, prompt, output = read_trace(t.arrivals_file)
-    except (OSError, ValueError) as err:
-        errors.append((("traffic", "arrivals_file"), _file_msg(err)))
-        return
-    b = scenario.batching
-    room = b.blocks(scenario.workers.instance_type) * b.block_size
-    prefix = t.tokens.prefix.tokens if t.tokens.prefix is not None else 0
-    over = np.flatnonzero(prompt + prefix + output > room)
-    if len(over):
-        i = int(over[0])
-        errors.append(
-            (
-                ("traffic", "arrivals_file"),
-                f"request {i} of the trace: {int(prompt[i])} prompt and {int(output[i])} output tokens can never "
-                f"fit the KV cache of a replica ({room} tokens)",
-            )
-        )
-    if b.policy == "prefill_first" and len(prompt) and prompt.max() + prefix > b.max_num_batched_tokens:
-        errors.append(
-            (
-                ("batching", "max_num_batched_tokens"),
-                f"{b.max_num_batched_tokens} is below the trace's longest prompt ({int(prompt.max()) + prefix}): "
-                "prefill_first prefills whole prompts",
-            )
-        )
-
-
-def _check_pricing(scenario: Scenario, base_dir: Path, errors: list[tuple[Path_, str]]) -> Scenario:
-    """Rescale the batch times to ``workers.instance_type`` where they were measured on
-    another type, and check that the type has a price (the scenario resolved it from
-    ``cost.catalog``, already a path from the file's folder, when it was validated)."""
-    cost = scenario.cost
-    w = scenario.workers
-    retyped = w.measured_on is not None and w.measured_on != w.instance_type
-    if cost.price_per_hour_usd is not None and not retyped:
-        return scenario
-    try:
-        catalog = load_catalog(cost.catalog)
-    except (OSError, ValueError, yaml.YAMLError) as err:
-        errors.append((("cost", "catalog"), _file_msg(err) if isinstance(err, OSError) else f"bad catalog: {err}"))
-        return scenario
-    if retyped:
-        try:
-            scenario = on_type(scenario, w.instance_type, catalog)
-        except ValueError as err:
-            errors.append((("workers", "instance_type"), str(err)))
-            return scenario
-    if cost.price_per_hour_usd is not None:
-        return scenario
-    row = catalog.instances.get(scenario.workers.instance_type)
-    if row is None:
-        known = ", ".join(sorted(catalog.instances))
-        errors.append(
-            (("workers", "instance_type"), f"{scenario.workers.instance_type!r} is not in the catalog ({known})")
-        )
-    elif cost.market == "spot" and row.spot_price_per_gpu_hour_usd is None:
-        errors.append((("cost", "market"), f"the catalog has no spot price for {scenario.workers.instance_type!r}"))
-    return scenario
 
 
 def scenario_hash(scenario: Scenario) -> str:
