@@ -20,8 +20,9 @@ from simulator.rng import child
 from simulator.scenario.llm import ContinuousBatching
 from simulator.serving.lives import FleetLog, Worker
 from simulator.serving.llm_replica import Replica
+from simulator.serving.llm_routing import PrefixRouter
 from simulator.serving.llm_scaling import Scaling, WarmNodes, settle
-from simulator.serving.llm_types import BLOCKS, GROUP_KEYS_ABOVE, Finished, Limits, group_key, session_owner
+from simulator.serving.llm_types import GROUP_KEYS_ABOVE, Finished, Limits
 from simulator.serving.served import Settled, TokensServed
 from simulator.serving.step_time import Noise, StepModel, step_model, token_step_floor_ms
 
@@ -118,17 +119,8 @@ class Replicas:
         self.front, self.back = list(range(self.prefill or n)), list(range(self.prefill, n * bool(self.prefill)))
         self.scalings = self._scalings(service)
         self.fleet = self.scalings[0].log if self.scalings else None
-        self.route = child(service.rng, 1 << 20)  # random routing among the serving replicas
-        self.turn = 0  # round robin over the serving replicas, where the pool decides
-        self.balancing, self.weights = service.balancing, service.weights
-        self.block_size = service.limits.block_size
-        # the prefix groups and sessions each replica has been sent and not yet finished
-        # (llm-d's index of routed prefixes: a prefix in flight there will be cached there);
-        # a group g is g, a session s is -s - 1
-        self.in_flight: list[dict[int, int]] = [{} for _ in self.replicas]
-        self.group_runs: dict[int, dict] = {}  # replica -> (group, blocks) -> (its KV's watched, run): _hit
+        self.routing = PrefixRouter(service, len(self.replicas))  # the router's view: what each replica holds
         self._unborn: dict[int, Replica] = {}  # replicas an autoscaler may add next, made ahead (least_step)
-        self.group_of: dict[int, tuple[int, tuple[int, ...]]] = {}  # request -> (replica, prefixes) in flight
         # prefill and decode apart: the ``front`` replicas prefill (each request asked
         # for one token there, its real answer kept in ``asked``); what they finish moves to a
         # decode replica (``moving``: arrival time, id, prompt, output), keeping what its
@@ -195,46 +187,14 @@ class Replicas:
                     self.asked[int(rid[i])] = (asked, int(prompt[i]))
                     asked = 1
                 self.replicas[k].push(int(rid[i]), at, int(prompt[i]), asked, None if g < 0 else g, int(shared[i]), sid)
-                prefixes = (g,) * (g >= 0) + (-sid - 1,) * (sid >= 0)
-                if prefixes:
-                    held = self.in_flight[k]
-                    for key in prefixes:
-                        held[key] = held.get(key, 0) + 1
-                    self.group_of[int(rid[i])] = (k, prefixes)
+                self.routing.sent(k, int(rid[i]), g, sid)
         self.horizon = max(self.horizon, horizon)
 
     def _pick(self, t: float, group: int, shared: int, prompt: int, session: int = -1, history: int = 0) -> int:
-        """The replica a request reaching the pool at ``t`` goes to, by ``balancing``, among
-        those serving then, from each replica's state after the steps it started before ``t``."""
+        """The replica a request reaching the pool at ``t`` goes to (:meth:`PrefixRouter.pick`),
+        among those serving then."""
         ks = self._serving(self.front, t)
-        if self.balancing in ("round_robin", "random"):  # an autoscaled pool routes by itself
-            if self.balancing == "random":
-                return ks[int(self.route.random() * len(ks))]
-            self.turn += 1
-            return ks[(self.turn - 1) % len(ks)]
-        if self.balancing == "least_loaded":  # the load alone: a replica is stepped only where it may change
-            load = {k: self.replicas[k].load_at(t) for k in ks}
-            return min(ks, key=lambda k: (load[k], k))
-        for k in ks:
-            self.replicas[k].advance(t)
-        self._forget_finished()
-        load = {k: len(r.pending) + len(r.waiting) + len(r.running) for k in ks for r in (self.replicas[k],)}
-        k_least = min(ks, key=lambda k: (load[k], k))
-        known = group >= 0 or session >= 0
-        hit = {k: self._hit(k, group, shared, session, history, prompt) / prompt for k in ks} if known else None
-        if self.balancing == "prefix_affinity":
-            if hit is None:
-                return k_least
-            return min(ks, key=lambda k: (-hit[k], load[k], k))
-        wp, wq, wk = self.weights
-        top = max(load.values()) or 1
-        score = {
-            k: (wp * hit[k] if hit is not None else 0.0)
-            + wq * (1.0 - load[k] / top)
-            + wk * (1.0 - self.replicas[k].kv.usage)
-            for k in ks
-        }
-        return max(ks, key=lambda k: (score[k], -k))
+        return self.routing.pick(ks, self.replicas, t, group, shared, prompt, session, history)
 
     def _serving(self, pool: list[int], t: float) -> list[int]:
         """The replicas of ``pool`` (``front`` or ``back``) serving at ``t``."""
@@ -330,53 +290,11 @@ class Replicas:
                     self.replicas.append(self.service.replica(k) if made is None else made)
                     sc.watch(self.replicas[k])
                     self.instance.append(k)
-                    self.in_flight.append({})
+                    self.routing.in_flight.append({})
                 settle(sc.log, range(len(sc.log.workers)), self.replicas, sc.nodes, final=False)
 
-    def _hit(self, k: int, group: int, shared: int, session: int = -1, history: int = 0, prompt: int = 0) -> int:
-        """Prompt tokens of the request's prefix (its group's, then its session's earlier
-        turns) replica ``k`` holds or will hold: the whole of it while a request of the
-        session (or, for the group's part, of the group) is in flight there, else its
-        cached blocks: the run of them from the first, the group's read again only after
-        one of the groups' keys came or went in that replica's cache (``kv.watched``: a
-        shared system prompt is walked once, not at every request on every replica)."""
-        held = self.in_flight[k]
-        if session >= 0 and held.get(-session - 1):
-            return shared + history
-        known = shared if group >= 0 and held.get(group) else 0
-        kv = self.replicas[k].kv
-        cached = kv.cached
-        bs = self.block_size
-        blocks = (shared if session < 0 else min(shared + history, max(prompt - 1, 0))) // bs
-        grouped = min(shared // bs if group >= 0 else 0, blocks)
-        j = 0
-        if grouped:  # the group's run, read again only once a group's cached block came or went
-            memo = self.group_runs.setdefault(k, {})
-            seen = memo.get((group, grouped))
-            if seen is not None and seen[0] == kv.watched:
-                j = seen[1]
-            else:
-                while j < grouped and group_key(group, j) in cached:
-                    j += 1
-                memo[group, grouped] = (kv.watched, j)
-        if j == grouped and session >= 0:
-            owner = session_owner(session) * BLOCKS
-            while j < blocks and owner + j in cached:
-                j += 1
-        return max(known, j * bs)
-
     def _forget_finished(self) -> None:
-        for rep in self.replicas:
-            for rid in rep.just_finished():
-                held = self.group_of.pop(rid, None)
-                if held is not None:
-                    k, prefixes = held
-                    for key in prefixes:
-                        left = self.in_flight[k][key] - 1
-                        if left:
-                            self.in_flight[k][key] = left
-                        else:
-                            del self.in_flight[k][key]
+        self.routing.forget(self.replicas)
 
     def answer_floors(self) -> dict[int, float]:
         """Each session with a turn on a replica: the earliest that turn can settle there,
@@ -389,13 +307,13 @@ class Replicas:
         as soon as the next step."""
         out = {}
         for k, rep in enumerate(self.replicas):
-            held = self.in_flight[k]
+            held = self.routing.in_flight[k]
             if not any(key < 0 for key in held):
                 continue
             quiet = rep.quiet_until if math.isfinite(rep.quiet_until) else -math.inf
             turns = []  # (session, tokens still to make)
             for seq in (*rep.pending, *rep.waiting, *rep.running):
-                routed = self.group_of.get(seq.rid)
+                routed = self.routing.group_of.get(seq.rid)
                 if routed is not None and routed[1][-1] < 0:  # a session's key comes last
                     turns.append((-routed[1][-1] - 1, max(seq.output - seq.made, 1)))
             if not turns:
