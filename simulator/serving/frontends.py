@@ -43,7 +43,8 @@ from simulator.ledger import BatchLog, Outcome, Served
 from simulator.scenario.config import Batching
 from simulator.scenario.path import Relay
 from simulator.serving.compiled import finish_on_path
-from simulator.serving.event_loop import _FPOS, _NB, _QH, _QT, _dispatch, _grow, instance_state, settled, shift_batches
+from simulator.serving.event_loop import _grow, instance_state, settled, shift_batches
+from simulator.serving.loop_kernel import _FPOS, _NB, _QH, _QT, _dispatch
 
 _REJECTED = int(Outcome.REJECTED)
 _ENQ, _ANS, _TIMER = 1, 2, 3  # the hub's jobs, as they end
