@@ -44,7 +44,7 @@ from simulator.scenario.config import Batching
 from simulator.scenario.path import Relay
 from simulator.serving.compiled import finish_on_path
 from simulator.serving.event_loop import _grow, instance_state, settled, shift_batches
-from simulator.serving.loop_kernel import _FPOS, _NB, _QH, _QT, _dispatch
+from simulator.serving.loop_kernel import _FPOS, _NB, _QH, _QT, _dispatch, _earliest
 
 _REJECTED = int(Outcome.REJECTED)
 _ENQ, _ANS, _TIMER = 1, 2, 3  # the hub's jobs, as they end
@@ -73,11 +73,7 @@ def _kernel_py(
     hh, ht, seqc, timed = st[_HH], st[_HT], st[_SEQC], st[_TIMED]
     hub_free = clock[0]
     while True:
-        te = inf
-        ie = -1
-        for j in range(n_inst):
-            if ends[j] < te:
-                te, ie = ends[j], j
+        te, ie = _earliest(ends)  # the next batch to end, and its instance
         th = hq_t[hh] if hh < ht else inf
         tdue = inf
         if timed == 0 and max_b > qt - qh > 0:

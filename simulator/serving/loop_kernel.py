@@ -24,6 +24,18 @@ _NONE, _ADMIT, _RETURN, _RESPOND, _TIMER, _RESUME = 0, 1, 2, 3, 4, 5
 _I, _QH, _QT, _NB, _FPOS, _BH, _BT, _RH, _RT, _RUNNING, _KIND, _ARG, _SEQC, _WH, _WT, _HELD = range(16)
 
 
+def _earliest_py(ends):
+    """The earliest of the instances' batch ends (inf: none running), and its instance (-1)."""
+    te, ie = math.inf, -1
+    for j in range(len(ends)):
+        if ends[j] < te:
+            te, ie = ends[j], j
+    return te, ie
+
+
+_earliest = jit.njit(cache=True, nogil=True)(_earliest_py)
+
+
 def _dispatch_py(
     now, buf, qh, qt, t_enq, t_disp, pb, max_b, delay, preferred, free_at, busy, seq, ends, bid,
     factors, fpos, means, idle_t, idle_f, rk, rf, rtau, rst, ak, af, ip_t, ip_w, ip_f,
@@ -94,11 +106,7 @@ def _kernel_py(
     held = st[_HELD]  # requests read and not yet answered
     loop_free = clock[0]
     while True:
-        te = inf
-        ie = -1
-        for j in range(n_inst):
-            if ends[j] < te:
-                te, ie = ends[j], j
+        te, ie = _earliest(ends)  # the next batch to end, and its instance
         if not running:
             ra = t[i] if i < n else inf
             rb = b_done[back[bh]] if bh < bt else inf
