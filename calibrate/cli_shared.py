@@ -8,6 +8,8 @@ from pathlib import Path
 
 import typer
 
+MET = ("within target", "inside prediction interval", "inside interval")  # the verdicts that meet the target
+
 
 def need(what: str):
     """The error to raise when ``what`` cannot import what it needs: one line, exit 2."""
