@@ -171,7 +171,7 @@ def worker_curve(s: Scenario, counts: list[int]) -> pd.DataFrame:
 def llm_capacity(s: Scenario) -> float:
     """The napkin's requests a second for an LLM scenario's fleet: replicas × the
     per-replica throughput at the widest batch within TPOT."""
-    from simulator.planning.napkin import llm_napkin
+    from simulator.planning.llm_napkin import llm_napkin
     from simulator.results.metrics import worker_price
 
     return s.workers.count * llm_napkin(s, worker_price(s))[1].per_replica_rps

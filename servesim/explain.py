@@ -50,7 +50,8 @@ def explain(
     batch size and headroom come from the scenario's `napkin:` section (default: max batch
     size, 30%)."""
     from simulator.chunks import prefer_streaming
-    from simulator.planning.napkin import llm_napkin, napkin, napkin_batch, peak_rate, per_worker_rps, workers_needed
+    from simulator.planning.llm_napkin import llm_napkin
+    from simulator.planning.napkin import napkin, napkin_batch, peak_rate, per_worker_rps, workers_needed
     from simulator.planning.plan import Planner, with_workers
     from simulator.planning.sampling import sampling_refusal
     from simulator.results.metrics import worker_price

@@ -138,7 +138,7 @@ def test_the_napkin_counts_prefill_and_decode_replicas_apart():
     scenario's share of prefill replicas."""
     import math
 
-    from simulator.planning.napkin import llm_napkin
+    from simulator.planning.llm_napkin import llm_napkin
     from simulator.planning.plan import with_workers
 
     s = load_scenario(SPLIT, [])

@@ -418,7 +418,7 @@ def test_a_population_starts_with_its_users_part_way_through_their_conversations
     conversations, the first minute's mean prompt 5.7% under the last ten minutes' (seeds
     1-4, calibrate/experiments/closed_loop_start.py --mode users), where every user starting
     at a first turn put it 54.6% under and took seven minutes to come within 3%."""
-    from simulator.planning.napkin import mean_tokens
+    from simulator.planning.llm_napkin import mean_tokens
 
     s = load_scenario(
         MULTI,
@@ -469,7 +469,7 @@ def test_the_napkin_takes_a_populations_rate_from_the_response_time_law():
     """``explain``'s napkin needs a rate: a population's is the interactive response time
     law's, X = N / (Z + R), with R the napkin's own answer (a prefill and E[o] decode steps
     at its batch), and the line says so."""
-    from simulator.planning.napkin import llm_napkin
+    from simulator.planning.llm_napkin import llm_napkin
 
     s = load_scenario(ROOT / "scenarios/llm_users.yaml")
     lines, _ = llm_napkin(s, 6.88)
@@ -620,7 +620,7 @@ def test_the_napkin_of_a_concurrency_stretches_its_decode_steps_by_the_prefills(
     lands within 5% of the simulated rate (llm_concurrency.yaml, one H100, seeds 41: 16
     users 8.5 against 8.5-8.7 req/s over seeds, 128 users 27.5 against 26.7-26.8; the
     unstretched steps said 32.6 for 64 users, where 20.6-21.1 ran)."""
-    from simulator.planning.napkin import llm_napkin
+    from simulator.planning.llm_napkin import llm_napkin
     from simulator.results.reduce import summarize
 
     s = load_scenario(ROOT / "scenarios/llm_concurrency.yaml", [f"traffic.tokens.sessions.users={users}"])

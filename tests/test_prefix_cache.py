@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from simulator import load_scenario
-from simulator.planning.napkin import llm_napkin, mean_tokens
+from simulator.planning.llm_napkin import llm_napkin, mean_tokens
 from simulator.planning.prefix_cache import PrefixCache
 from tests.test_bad_input import ROOT
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from simulator import load_scenario
 from simulator.engine import simulate
-from simulator.planning.napkin import mean_tokens
+from simulator.planning.llm_napkin import mean_tokens
 from simulator.planning.prefix_cache import PrefixCache
 from simulator.results.reduce import summarize
 

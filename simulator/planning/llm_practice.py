@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from simulator.planning.napkin import Line, llm_napkin, mean_tokens
+from simulator.planning.llm_napkin import llm_napkin, mean_tokens
+from simulator.planning.napkin import Line
 from simulator.scenario.config import Scenario
 from simulator.scenario.llm import gpu_spec
 

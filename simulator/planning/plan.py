@@ -267,7 +267,7 @@ def rate_ceiling(s: Scenario) -> float:
     cache holds (a step's batch then no longer gains throughput)."""
     if s.traffic.tokens is None:
         return peak_throughput_rps(s)
-    from simulator.planning.napkin import llm_napkin
+    from simulator.planning.llm_napkin import llm_napkin
 
     wide = s.model_copy(update={"sla": s.sla.model_copy(update={"tpot_ms": None})})
     return 2.0 * s.workers.count * llm_napkin(wide, 0.0)[1].per_replica_rps

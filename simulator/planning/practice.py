@@ -109,8 +109,8 @@ def _ask_llm(situation: str, seed: int, base: Scenario, sets: tuple[str, ...]) -
     """An LLM question (:mod:`simulator.planning.llm_practice`): where it asks for a
     fleet, the scenario runs the napkin's replicas with headroom, as a request-path
     question's does."""
+    from simulator.planning.llm_napkin import llm_napkin
     from simulator.planning.llm_practice import NAPKINS
-    from simulator.planning.napkin import llm_napkin
 
     sit = SITUATIONS[situation]
     s = base
