@@ -221,8 +221,9 @@ LEVEL_POINTS = 8
 def fit_by_level(rate_rps: np.ndarray, ratio: np.ndarray, level: np.ndarray, *, min_batches: int = 20):
     """``service_time.by_rate`` as a line in the instance's recent throughput through each
     level's mean ratio (over the mean ratio of all) at its mean throughput: the speed that a
-    level's load sets, without the within-level spread of the throughput (which the host's
-    own speed moves: a fast spell takes more requests into batches). Tabled at
+    level's load sets, without the within-level spread of the throughput, along which the
+    speed runs about twice as steep (a burst of arrivals speeds a batch up, and a fast spell
+    of the host takes more requests into batches; calibrate/experiments/by_level.py). Tabled at
     :data:`LEVEL_POINTS` rates from ``LEVEL_REACH[0]`` × the lightest level's rate to
     ``LEVEL_REACH[1]`` × the busiest one's, so that a held-out level beyond them follows
     the line. None where fewer than two levels hold ``min_batches``."""
