@@ -239,7 +239,7 @@ def judge(
             )
             raise typer.Exit(code=2)
     try:
-        from calibrate.judge import JudgeMissing, guidellm_command
+        from calibrate.guidellm import JudgeMissing, guidellm_command
         from calibrate.judge import judge as run_judge
 
         guidellm_command()

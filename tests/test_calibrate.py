@@ -790,11 +790,11 @@ def test_a_judge_stopped_mid_run_takes_guidellms_workers_with_it(tmp_path, monke
     import sys
     import time
 
-    from calibrate import judge
+    from calibrate import guidellm
 
     script, pids = tmp_path / "generator.py", tmp_path / "child.pid"
     script.write_text(GENERATOR)
-    monkeypatch.setattr(judge, "guidellm_command", lambda: [sys.executable, str(script), str(pids)])
+    monkeypatch.setattr(guidellm, "guidellm_command", lambda: [sys.executable, str(script), str(pids)])
 
     def stop(*_):
         raise KeyboardInterrupt("signal 15")
@@ -803,7 +803,7 @@ def test_a_judge_stopped_mid_run_takes_guidellms_workers_with_it(tmp_path, monke
     signal.setitimer(signal.ITIMER_REAL, 3.0)
     try:
         with pytest.raises(KeyboardInterrupt):
-            judge.run_guidellm("http://127.0.0.1:9", 1.0, 10.0, tmp_path / "out.json", tmp_path, 0)
+            guidellm.run_guidellm("http://127.0.0.1:9", 1.0, 10.0, tmp_path / "out.json", tmp_path, 0)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
