@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from simulator.scenario.config import Scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,8 +48,6 @@ def chunked_against_plain(tmp_path: Path, doc: dict, factor: str):
     (ms) of the whole run and of the same arrivals without the factor."""
     import copy
 
-    import numpy as np
-
     from simulator.engine import simulate, stream
 
     gaps = np.random.default_rng(5).exponential(4.0, 3000)
@@ -78,3 +78,17 @@ def refusal(tmp_path: Path, doc: dict) -> str:
     with pytest.raises(ScenarioError) as err:
         load_scenario(path)
     return str(err.value)
+
+
+# the head of a small scenario written as text (its lines numbered from 1 in refusals)
+SCENARIO_HEAD = "name: x\nduration_s: 10\nsla: {percentile: 99, target_ms: 100}\ntraffic: {rate_rps: 10}\n"
+
+
+def assert_refused_at_the_door(records) -> None:
+    """Some requests refused (a full queue) and some not; a refused one has no response
+    and a drop time."""
+    refused = records.outcome == 1
+    assert refused.any()
+    assert (~refused).any()
+    assert np.isnan(records.t_response[refused]).all()
+    assert not np.isnan(records.t_dropped[refused]).any()

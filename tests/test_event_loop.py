@@ -9,6 +9,7 @@ import pytest
 from simulator.engine import simulate
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import load_scenario
+from tests.helpers import SCENARIO_HEAD, assert_refused_at_the_door
 
 
 def _doc(rate: float, loop: dict | None, **extra) -> dict:
@@ -117,14 +118,10 @@ def test_a_full_queue_refuses_at_the_door():
     doc["preprocess"]["service"] = {"kind": "exponential", "mean_ms": 0.1}
     doc["batching"]["max_queue_size"] = 16
     rec = simulate(Scenario.model_validate(doc)).records
-    refused = rec.outcome == 1
-    assert refused.any()
-    assert (~refused).any()
-    assert np.isnan(rec.t_response[refused]).all()
-    assert not np.isnan(rec.t_dropped[refused]).any()
+    assert_refused_at_the_door(rec)
 
 
-BASE = "name: x\nduration_s: 10\nsla: {percentile: 99, target_ms: 100}\ntraffic: {rate_rps: 10}\n"
+BASE = SCENARIO_HEAD
 LOOP = "preprocess:\n  service: {kind: deterministic, value_ms: 0.3}\n  cpu_workers: %d\n  event_loop: {}\n"
 
 

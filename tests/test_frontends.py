@@ -9,6 +9,7 @@ import pytest
 from simulator.engine import simulate
 from simulator.scenario.config import Scenario
 from simulator.scenario.loader import ScenarioError, load_scenario
+from tests.helpers import SCENARIO_HEAD, assert_refused_at_the_door
 
 RELAY = {"respond_ms": 0.3, "hub_return_ms": 0.05, "hub_answer_ms": 0.1}
 
@@ -153,14 +154,10 @@ def test_a_full_queue_refuses_at_the_hub():
     doc = _doc(3000, fronts=4, service={"kind": "exponential", "mean_ms": 0.5})
     doc["batching"]["max_queue_size"] = 8
     rec = simulate(Scenario.model_validate(doc)).records
-    refused = rec.outcome == 1
-    assert refused.any()
-    assert (~refused).any()
-    assert np.isnan(rec.t_response[refused]).all()
-    assert not np.isnan(rec.t_dropped[refused]).any()
+    assert_refused_at_the_door(rec)
 
 
-BASE = "name: x\nduration_s: 10\nsla: {percentile: 99, target_ms: 100}\ntraffic: {rate_rps: 10}\n"
+BASE = SCENARIO_HEAD
 WORKERS = "workers: {count: 1, service_time: {kind: deterministic, value_ms: 5}}\n"
 
 
