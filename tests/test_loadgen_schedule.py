@@ -101,9 +101,9 @@ def test_the_sender_reads_every_kind_of_answer_and_counts_a_hang_up():
 
 
 def _lateness_ms(precise: bool, loop_factory=None) -> tuple[np.ndarray, bool]:
-    """How late :class:`~calibrate.sender.Wake` returns for 300 times 0.37 ms apart, and
+    """How late :class:`~calibrate.wake.Wake` returns for 300 times 0.37 ms apart, and
     whether it woke on its timerfd."""
-    from calibrate.sender import Wake
+    from calibrate.wake import Wake
 
     async def go() -> tuple[np.ndarray, bool]:
         wake = Wake(precise)
