@@ -122,7 +122,7 @@ def test_the_level_line_reads_the_levels_speed_not_the_spread_within_them():
     assert len(fitted) == LEVEL_POINTS
     mean_seen = np.array([seen[levels == k].mean() for k in range(3)])
     got = rate_factor_at(mean_seen, fitted)
-    want = np.array([1.05, 1.0, 0.95]) / (line * 1.0).mean()
+    want = np.array([1.05, 1.0, 0.95]) / line.mean()
     np.testing.assert_allclose(got, want, rtol=0.01)
     knots = sorted(fitted)
     assert knots[0] == pytest.approx(LEVEL_REACH[0] * mean_seen.min(), rel=1e-3)

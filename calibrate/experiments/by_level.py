@@ -2,7 +2,7 @@
 better than its throughput bands? (calibrate/README, "A level's speed, not the moment's:
 tried, not adopted".)
 
-``speeds`` (a few seconds a folder): each level's batches' mean log ratio to the fitted
+``speeds`` (7-11 s for nine folders): each level's batches' mean log ratio to the fitted
 table and ``after_idle`` (the level's speed before ``by_rate``), and what the fitted
 levels predict for the held-out ones two ways: the bands' table at each batch's recent
 throughput (its mean over the fitted levels taken out), and a line in the level's offered
@@ -12,7 +12,7 @@ average over the run's whole schedule, which the host's speed cannot move) again
 slope between the levels' means, and the share of a fitted level's 0.1 s windows' speed
 that rate explains.
 
-``refit`` (~35 s a folder and mode): each folder refitted on copies
+``refit`` (24-25 s a folder and mode): each folder refitted on copies
 (``calibrate.refit.refit_run``, 200 draws, seed 0) with ``calibrate.idle.BY_RATE_FIT``
 ``bands`` and ``levels``; the fitted table, the held-out p50/p99 errors, the cells meeting
 the target and the measurements inside their intervals.
@@ -39,19 +39,16 @@ TAU_MS = 250.0
 
 
 def scheduled_rate(at_ms: np.ndarray, arrivals_ms: np.ndarray, tau_ms: float = TAU_MS) -> np.ndarray:
-    """Arrivals a second before each time of ``at_ms``: an exponential average over
-    ``tau_ms`` of every arrival of ``arrivals_ms`` before it."""
-    a = np.sort(arrivals_ms)
-    order = np.argsort(at_ms)
-    k = np.searchsorted(a, at_ms[order], side="left")
-    out = np.empty(len(at_ms))
-    x, last, j = 0.0, a[0] if len(a) else 0.0, 0
-    for i, t in enumerate(at_ms[order]):
-        while j < k[i]:
-            x = x * np.exp(-(a[j] - last) / tau_ms) + 1.0
-            last, j = a[j], j + 1
-        out[order[i]] = x * np.exp(-(t - last) / tau_ms) / tau_ms * 1000
-    return out
+    """Arrivals a second before each time of ``at_ms``: :func:`calibrate.idle.recent_rate`'s
+    average over ``tau_ms`` of every arrival of ``arrivals_ms`` before it (the times read
+    as events of no weight, each before an arrival at the same instant)."""
+    times = np.concatenate([at_ms, arrivals_ms])
+    weight = np.concatenate([np.zeros(len(at_ms)), np.ones(len(arrivals_ms))])
+    order = np.lexsort((weight, times))
+    rate = idle.recent_rate(times[order], weight[order], tau_ms)
+    out = np.empty(len(times))
+    out[order] = rate
+    return out[: len(at_ms)]
 
 
 def level_speeds(run: Path) -> tuple[pd.DataFrame, dict]:
@@ -67,7 +64,7 @@ def level_speeds(run: Path) -> tuple[pd.DataFrame, dict]:
     arrivals = ((known["scheduled_s"] + start) * 1e3).to_numpy()  # the schedule on the server's clock
     ok = with_rates(every[every["status"] == 200])
     ok = ok[~ok["warmup"]].sort_values(["slice", "dispatched_at_ns"], kind="stable")
-    rows, batches = [], []
+    batches = []
     for (level, _), g in ok.groupby(["level", "slice"]):
         b = batches_from_requests(g)
         at = np.sort(g["dispatched_at_ns"].unique()) / 1e6
@@ -82,21 +79,23 @@ def level_speeds(run: Path) -> tuple[pd.DataFrame, dict]:
                     "level": level,
                     "y": y,
                     "f": f,
-                    "x": scheduled_rate(at, arrivals),
-                    "w": g["slice"].iloc[0] * 100 + (at - at[0]) // 100,
+                    "at": at,
+                    "slice": g["slice"].iloc[0],
+                    "w": (at - at[0]) // 100,  # its 0.1 s window in the slice
                 }
             )
         )
-    b = pd.concat(batches)
-    for level, g in b.groupby("level"):
-        rows.append(
-            {
-                "level": level,
-                "rate": float(ok.loc[ok["level"] == level, "offered_rps"].iloc[0]),
-                "speed": 100 * g["y"].mean(),
-                "by_rate": 100 * g["f"].mean(),
-            }
-        )
+    b = pd.concat(batches, ignore_index=True)
+    b["x"] = scheduled_rate(b["at"].to_numpy(), arrivals)  # every batch's in one pass over the schedule
+    rows = [
+        {
+            "level": level,
+            "rate": float(ok.loc[ok["level"] == level, "offered_rps"].iloc[0]),
+            "speed": 100 * g["y"].mean(),
+            "by_rate": 100 * g["f"].mean(),
+        }
+        for level, g in b.groupby("level")
+    ]
     return pd.DataFrame(rows).set_index("level"), {"batches": b, "fit": [f["level"] for f in profile["fit_levels"]]}
 
 
@@ -116,7 +115,7 @@ def speeds(runs: list[Path]) -> None:
             x=b["x"] - b.groupby("level")["x"].transform("mean"), y=b["y"] - b.groupby("level")["y"].transform("mean")
         )
         means = b.groupby("level")[["x", "y"]].mean()
-        windows = b[b["level"].isin(fit)].groupby(["level", "w"])[["x", "y"]].mean()
+        windows = b[b["level"].isin(fit)].groupby(["level", "slice", "w"])[["x", "y"]].mean()
         share = np.mean([np.corrcoef(g["x"], g["y"])[0, 1] ** 2 for _, g in windows.groupby(level=0)])
         slopes.append(
             (np.polyfit(within["x"], within["y"], 1)[0] * 1e4, np.polyfit(means["x"], means["y"], 1)[0] * 1e4, share)
