@@ -37,7 +37,8 @@ or answered from the result cache) and, with a prediction log, shipped.
 shadow's pools (:class:`~simulator.serving.versions.VersionsPool`), the traffic classes'
 (:class:`~simulator.serving.classes.ClassesPool`), a feature store of finite capacity
 (:class:`~simulator.stages.features.Store`) and the front end's event loop
-(:class:`~simulator.serving.event_loop.Loop`).
+(:class:`~simulator.serving.event_loop.Loop`). Which of these serve a run is decided in
+:mod:`simulator.back`.
 """
 
 from __future__ import annotations
@@ -48,25 +49,20 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from simulator.back import serving_of
 from simulator.chunks import chunk_ms
 from simulator.columns import Columns, Ledger, rows_of
 from simulator.front import Front
 from simulator.ledger import BatchLog, Outcome, Served, concat_logs
 from simulator.pieces import Piece, concat_records, gather
 from simulator.results.run import Run
-from simulator.rng import STREAMS, Streams, child, streams
+from simulator.rng import STREAMS, Streams, streams
 from simulator.scenario.config import Scenario
-from simulator.serving.classes import ClassesPool
-from simulator.serving.continuous import LLMService, Replicas
-from simulator.serving.event_loop import Loop
-from simulator.serving.frontends import Frontends
-from simulator.serving.router import Router
+from simulator.serving.continuous import Replicas
 from simulator.serving.served import TokensServed
 from simulator.serving.streamed import Horizon
-from simulator.serving.versions import VersionsPool, primary_pool
-from simulator.serving.workers import ServiceModel
 from simulator.stages.arrivals import Arrivals
-from simulator.stages.network import Network, delay
+from simulator.stages.network import Network
 from simulator.stages.postprocess import Postprocessing
 from simulator.stages.prediction_log import record_ms
 from simulator.stages.preprocess import Preprocessing
@@ -181,46 +177,10 @@ class _Run:
         self.post = Postprocessing(s, rng)
         self.front = Front(s, rng, speed)  # the caches and the feature stage
         by_id = self.front.by_id  # past a cache, requests reach the later stages out of request order
-        self.loop = s.preprocess.event_loop is not None or s.preprocess.relay is not None
-        self.pool = None
-        if self.loop:  # the instances a front end's loop, or several front ends' hub, feeds
-            service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed).feed(0)
-        if s.preprocess.relay is not None:  # the front ends, their hub, and the instances it feeds
-            self.loop_server = Frontends(
-                s.preprocess.relay,
-                s.batching,
-                s.preprocess.cpu_workers,
-                s.workers.count * s.workers.instances,
-                service,
-                None if speed is None else speed.frontend,
-            )
-            self.loop_wait = Horizon(by_id=True)
-        elif self.loop:  # the front end's one event loop, and the instances it feeds
-            self.loop_server = Loop(
-                s.preprocess.event_loop,
-                s.batching,
-                s.workers.count * s.workers.instances,
-                service,
-                None if speed is None else speed.frontend,
-                delay(s.preprocess.event_loop.timer_late, child(rng.preprocess, 1)),
-            )
-            self.loop_wait = Horizon(by_id=True)
-        self.versions = self.classes = None
-        if s.traffic.classes:
-            self.pool = self.classes = ClassesPool(s, rng, speed, by_id=by_id)
-        elif not self.loop:
-            if s.router.canary is not None or s.router.shadow is not None:
-                self.pool = self.versions = VersionsPool(s, seed, rng, speed, by_id=by_id)
-            else:
-                if self.tokens is not None:  # LLM replicas: their step time, limits and noise
-                    service = LLMService.of(s.batching, s.workers.instance_type, rng.steps, s.router, speed, s.workers)
-                else:
-                    service = ServiceModel(s.workers, s.batching.max_batch_size, rng.service, speed)
-                self.pool = primary_pool(s, service, rng, by_id)
+        serving = serving_of(s, seed, rng, speed, by_id)
+        self.loop, self.pool, self.router = serving.loop, serving.pool, serving.router
+        self.versions, self.classes = serving.versions, serving.classes
         self.impact = self.versions is not None and self.versions.alone is not None
-        # a dynamic pool routes by itself (the traffic classes' pools excepted); the others are routed here
-        dynamic = (s.workers.dynamic or bool(s.autoscaled)) and not s.traffic.classes
-        self.router = None if dynamic else Router(s.router.balancing, rng.routing)
         self.cpu_wait = Horizon(by_id=by_id)
         self.hub_wait = Horizon(by_id=True)  # requests leave the pool out of order
         self.log_station = Lindley() if s.logging else None
@@ -248,10 +208,10 @@ class _Run:
         batches = BatchLog.empty()
         extra = None  # what the versions' pools settled besides the requests
         pools: dict[str, BatchLog] = {}  # the batches of the pools besides the primary's
-        if self.loop:  # the front end's one event loop admits, batches, serves and answers
+        if self.loop is not None:  # the front end's one event loop admits, batches, serves and answers
             if failed.any():
                 f_id, f_t = f_id[~failed], f_t[~failed]
-            rows, batches = self._on_loop(f_id, f_t, math.inf if final else hi)
+            rows, batches = self.loop.run(ledger, self.pre.hub, f_id, f_t, math.inf if final else hi)
             new_rows.append(rows)
         else:
             if failed.any():
@@ -296,7 +256,7 @@ class _Run:
         if self.log_station is not None:
             if len(rows) == len(ledger):  # all settled now (each request settles once): by column, in request order
                 rows = np.s_[:]
-            answered = c.t_answered if self.loop else c.t_inferred
+            answered = c.t_answered if self.loop is not None else c.t_inferred
             t_resp = answered[rows] + c.post[rows] + c.back[rows]
             c.t_emitted[rows] = np.where(np.isnan(t_resp), c.t_dropped[rows], t_resp)
             self._ship(rows, hi, final)
@@ -310,7 +270,7 @@ class _Run:
         fleet = self.pool.fleet if final and self.pool is not None else None
         return Piece(
             first,
-            cols.records(self.loop),
+            cols.records(self.loop is not None),
             batches,
             math.inf if final else watermark,
             hi,
@@ -357,7 +317,7 @@ class _Run:
                 worker=worker,
                 traffic_class=klass,
                 **self.front.draws(n),
-                t_answered=np.full(n, np.nan) if self.loop else None,
+                t_answered=np.full(n, np.nan) if self.loop is not None else None,
                 version=version,
                 versions=versions,
                 t_alone=np.full(n, np.nan) if self.impact else None,
@@ -396,36 +356,6 @@ class _Run:
         self.hub_wait.push(t, ids)
         t, ids = self.hub_wait.ready(math.inf if final else hi)
         return ids, self.pre.through_hub(t)
-
-    def _on_loop(self, ids: np.ndarray, t: np.ndarray, horizon: float) -> tuple[np.ndarray, BatchLog]:
-        """The front end's event loop with its batch queue and instances: requests ``ids``
-        ready for it at ``t`` join those waiting, the loop runs up to ``horizon``. Returns
-        the rows settled (answered, or refused at the door), and the batches answered."""
-        c, ledger = self.ledger.cols, self.ledger
-        rows = ids - ledger.lo
-        if isinstance(self.loop_server, Frontends):  # several front ends and their hub
-            self.loop_wait.push(t, ids, rows_of(c.svc, rows))
-            t, ids, cost = self.loop_wait.ready(horizon)
-            self.loop_server.push(ids, t, cost, np.asarray(self.pre.hub.draw(len(ids)), dtype=float))
-            ids, t_enq, served, t_resp, batches = self.loop_server.run(horizon)
-            rows = ids - ledger.lo
-            c.t_preprocessed[rows] = t_enq
-            c.t_answered[rows] = t_resp
-            return ledger.settle(ids, served), batches
-        if self.loop_server.resume >= 0:  # the handler starts before its fetch and awaits it off the loop
-            t_api = c.t_api[rows]
-            self.loop_wait.push(t_api, ids, rows_of(c.svc, rows), t - t_api)
-        else:
-            self.loop_wait.push(t, ids, rows_of(c.svc, rows), None)
-        t, ids, cost, wait = self.loop_wait.ready(horizon)
-        self.loop_server.push(ids, t, cost, wait)
-        ids, t_enq, served, t_resp, t_back, batches = self.loop_server.run(horizon)
-        rows = ids - ledger.lo
-        if self.loop_server.resume >= 0:  # the fetch ran after the handler's read, off the loop
-            c.t_features[rows] = t_back
-        c.t_preprocessed[rows] = t_enq
-        c.t_answered[rows] = t_resp
-        return ledger.settle(ids, served), batches
 
     def _ship(self, rows: np.ndarray | slice, hi: float, final: bool) -> None:
         """The prediction log: records of the requests settled now (``rows``, or all the

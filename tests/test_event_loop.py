@@ -166,7 +166,7 @@ def test_the_loop_runs_in_chunks_holding_only_what_is_not_answered():
     in_loop = []
     for k in range(1, 41):
         run.chunk(k * 1000.0, k == 40)
-        in_loop.append(run.loop_server.n)
+        in_loop.append(run.loop.server.n)
     assert max(in_loop) < 50
     assert in_loop[-1] == 0
 

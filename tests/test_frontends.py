@@ -145,7 +145,7 @@ def test_same_seed_same_records_and_chunks_as_one_run():
     held = []
     for k in range(1, 41):
         run.chunk(k * 1000.0, k == 40)
-        held.append(run.loop_server.n)
+        held.append(run.loop.server.n)
     assert max(held) < 60
     assert held[-1] == 0
 

@@ -110,7 +110,7 @@ LAYERS = (
     {"stages"},
     {"serving"},
     {"results"},
-    {"engine", "front", "columns", "pieces", "streaming", "chunks"},
+    {"engine", "front", "back", "columns", "pieces", "streaming", "chunks"},
     {"planning"},
     {"__init__"},
 )
