@@ -55,8 +55,13 @@ import time
 from reference_server.batcher import DynamicBatcher, Overloaded
 from reference_server.config import VERSION, ServerConfig
 from reference_server.connections import accept_eagerly
+from reference_server.draining import quiesce, refuse_new_connections
+from reference_server.frontend import FrontEnd  # the same checks and layout as a single front end
 from reference_server.instances import InstanceDied
-from reference_server.relay import HubInfo, pack, receive, send_to, worker_main
+from reference_server.launch import batcher_for, start_instances
+from reference_server.metrics import ServerMetrics
+from reference_server.relay import HubInfo, pack, receive, send_to
+from reference_server.relay_worker import worker_main
 
 log = logging.getLogger("servesim.server")
 
@@ -69,8 +74,6 @@ class Hub:
 
     def __init__(self, cfg: ServerConfig):
         """Raises ValueError for a configuration that cannot be served (the CLI's exit 2)."""
-        from reference_server.frontend import FrontEnd  # the same checks and layout as a single front end
-
         if cfg.frontends < 2:
             raise ValueError(f"a hub has at least two front ends; --frontends is {cfg.frontends}")
         if cfg.instance_mode != "process":
@@ -92,8 +95,6 @@ class Hub:
     async def run(self, sock: socket.socket, serve_kwargs: dict, announce) -> int:
         """Start everything, deal connections until a signal (or every worker is gone), stop;
         the exit code."""
-        from reference_server.frontend import batcher_for, start_instances
-        from reference_server.metrics import ServerMetrics
 
         cfg, fe = self.cfg, self.fe
         loop = asyncio.get_running_loop()
@@ -218,7 +219,6 @@ class Hub:
     async def _drain(self, sock: socket.socket, serve_kwargs: dict) -> None:
         """Keep dealing connections for ``drain_s`` (load balancers see readiness 503 and stop
         sending), then drop new attempts and deal those the kernel has already made."""
-        from reference_server.draining import quiesce, refuse_new_connections
 
         deadline = time.monotonic() + serve_kwargs["drain_s"]
         while time.monotonic() < deadline and self.stopping == 1:

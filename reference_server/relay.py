@@ -1,5 +1,5 @@
 """A front-end worker's side of the hub (``servesim serve --frontends N``,
-:mod:`reference_server.hub`): the wire between them, and the worker itself.
+:mod:`reference_server.hub`): the wire between them.
 
 Messages go both ways as length-prefixed pickles written through asyncio transports
 (:func:`pack`, :func:`receive`; a write never blocks either side). In a worker,
@@ -7,8 +7,8 @@ Messages go both ways as length-prefixed pickles written through asyncio transpo
 single front end: a request's preprocessed item goes to the hub's one batcher and its
 outputs come back, with the hub's queue length and the instances' health as the hub last
 told them; :class:`RelayMetrics` sends every observation to the hub's one set of metrics.
-:func:`worker_main` is the worker process: the whole front end of
-:mod:`reference_server.frontend`, serving the connections the hub deals it.
+:func:`reference_server.relay_worker.worker_main` is the worker process: the whole front
+end of :mod:`reference_server.frontend`, serving the connections the hub deals it.
 """
 
 from __future__ import annotations
@@ -16,17 +16,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import os
 import pickle
-import signal
 import socket
 import struct
 import time
 from dataclasses import dataclass, field
 
 from reference_server.batcher import Overloaded
-from reference_server.config import ServerConfig
-from reference_server.instances import InstanceDied, die_with_parent
+from reference_server.instances import InstanceDied
 
 _HEAD = struct.Struct("!I")
 
@@ -250,60 +247,4 @@ def send_to(writer: asyncio.StreamWriter, data: bytes) -> None:
         writer.write(data)
 
 
-def worker_main(cfg: ServerConfig, info: HubInfo, relay_sock: socket.socket, dealt: socket.socket, kw: dict) -> None:
-    """A front-end worker: the whole front end, serving the connections the hub deals it, its
-    batcher the hub's."""
-    die_with_parent()
-    if info.pinned:
-        os.sched_setaffinity(0, info.frontend_cores)
-    import uvicorn
-
-    from reference_server.app import create_app
-    from reference_server.connections import Joiner, guarded_http
-    from reference_server.draining import draining_server
-
-    relay = Relay(relay_sock, info, cfg.max_queue_size)
-    app = create_app(cfg, relay=relay)
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        timeout_graceful_shutdown=kw["grace_s"],
-        http=guarded_http(kw["max_connections"], kw["header_timeout_s"]),
-        timeout_keep_alive=5,
-    )
-    # the hub drains (it deals the connections) and then sends SIGTERM: the worker stops at
-    # once; Ctrl-C reaches the whole process group, and only the hub acts on it
-    base = draining_server(uvicorn.Server, config, app.state.drain, 0.0, signals=(signal.SIGTERM,))
-
-    class Dealt(type(base)):
-        async def startup(self, sockets=None) -> None:
-            await super().startup(sockets=[])  # no listener of its own
-            loop = asyncio.get_running_loop()
-            join = Joiner(loop, self.protocol)
-
-            def take() -> None:
-                try:
-                    _, fds, _, _ = socket.recv_fds(dealt, 16, 16)
-                except (BlockingIOError, InterruptedError):
-                    return
-                except OSError:
-                    fds = []
-                if not fds:  # the hub is gone
-                    loop.remove_reader(dealt.fileno())
-                    return
-                for fd in fds:
-                    join(socket.socket(fileno=fd))
-
-            def drain() -> None:
-                self.draining = True
-                app.state.drain()
-                self._close_idle()
-
-            relay.on_drain = drain
-            dealt.setblocking(False)
-            loop.add_reader(dealt.fileno(), take)
-
-    Dealt(config).run()
-
-
-__all__ = ["HubInfo", "Relay", "RelayMetrics", "RelayPending", "pack", "receive", "send_to", "worker_main"]
+__all__ = ["HubInfo", "Relay", "RelayMetrics", "RelayPending", "pack", "receive", "send_to"]
