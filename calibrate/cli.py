@@ -121,8 +121,9 @@ def load(
     try:
         import numpy as np
 
-        from calibrate.loadgen import level_summary, sweep
+        from calibrate.loadgen import sweep
         from calibrate.payloads import image_payloads
+        from calibrate.stats import level_summary
     except ImportError as err:
         raise need("calibrate load")(err) from None
     try:
@@ -244,7 +245,7 @@ def validate(
     import numpy as np
     import pandas as pd
 
-    from calibrate.loadgen import level_summary
+    from calibrate.stats import level_summary
     from calibrate.validate import compare
 
     prof = json.loads(profile.read_text())

@@ -22,7 +22,8 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from calibrate.scenario import scaled_batch_time, scenario_dict
+from calibrate.scenario import scenario_dict
+from calibrate.specs import scaled_batch_time
 from calibrate.speed import batch_log_ratios, fit_slices_only, fit_speed_process, fitted_mean_ms
 from calibrate.station import fit_frontend
 from simulator.engine import simulate

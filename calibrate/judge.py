@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate import llm_profile, llm_run, llm_sim
+from calibrate import llm_profile, llm_server, llm_sim
 from calibrate.guidellm import METRICS, byte_tokenizer, guidellm_command, requests, run_guidellm
 from calibrate.servers import server
 from calibrate.stats import replication_interval
@@ -126,7 +126,7 @@ def judge(
     """GuideLLM at ``shares`` of the profile's knee against the scenario's prediction;
     writes ``judge.md``, ``judge.csv`` and GuideLLM's reports to ``out``. The engine is
     first aged as the profile's calibration aged it (``age_s`` seconds of overload; None:
-    the profile's, :func:`calibrate.llm_run.age_engine`), so that both see the same engine."""
+    the profile's, :func:`calibrate.llm_server.age_engine`), so that both see the same engine."""
     guidellm_command()
     profile = json.loads((profile_dir / "profile.json").read_text())
     fit = {**profile["step_time"]}
@@ -135,7 +135,7 @@ def judge(
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     # where it was measured, idling as it did
-    args = llm_run.profile_server_args(profile)
+    args = llm_server.profile_server_args(profile)
     with (
         tempfile.TemporaryDirectory(prefix="servesim-judge-") as tmp,
         server(args, command="serve-llm", health="/health") as url,
@@ -145,16 +145,16 @@ def judge(
         age_s = float((profile.get("age") or {}).get("seconds", 0.0)) if age_s is None else float(age_s)
         if age_s > 0:  # at the offer the calibration aged it and measured its knee with
             offered = float(profile["knee"]["offered_rps"])
-            aging = llm_run.age_engine(url, doc, offered, age_s, seed + 1000)
+            aging = llm_server.age_engine(url, doc, offered, age_s, seed + 1000)
             log(f"aged the engine: {age_s:g} s at {offered:.2f} req/s offered, drained after {aging['took_s']:.0f} s")
         for i, share in enumerate(shares):
             rate = share * knee
-            llm_run.step_records(url)  # what came before
+            llm_server.step_records(url)  # what came before
             report = run_guidellm(url, rate, duration_s, scratch / f"guidellm-{share:g}.json", tokenizer, seed + i)
             got = requests(report)
             # how the host ran against the profile: the engine's steps under this load, in log ratio
             # to the profile's fit (reported, not used: the prediction is the profile's alone)
-            steps = llm_run.step_records(url)
+            steps = llm_server.step_records(url)
             host = float(np.median(np.log(llm_profile.step_ms(steps) / llm_profile.predict_ms(fit, steps))))
             sim = predicted(doc, got, rate, duration_s, range(1, 1 + replications))
             got.to_csv(out / f"guidellm-{share:g}.csv.gz", index=False)
@@ -184,10 +184,10 @@ def judge(
                 f"the engine's steps {np.expm1(host):+.1%} against the profile's fit"
             )
         for i, n in enumerate(streams):  # then a benchmark's concurrency: n in flight, no think time
-            llm_run.step_records(url)
+            llm_server.step_records(url)
             report = run_guidellm(url, 0.0, duration_s, scratch / f"guidellm-c{n}.json", tokenizer, seed + 100 + i, n)
             got = requests(report)
-            steps = llm_run.step_records(url)
+            steps = llm_server.step_records(url)
             host = float(np.median(np.log(llm_profile.step_ms(steps) / llm_profile.predict_ms(fit, steps))))
             sim = predicted_concurrent(doc, got, n, duration_s, range(1, 1 + replications))
             got.to_csv(out / f"guidellm-c{n}.csv.gz", index=False)

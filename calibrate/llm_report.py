@@ -14,6 +14,7 @@ import pandas as pd
 
 from calibrate.llm_sim import QUANTILES
 from calibrate.stats import replication_interval
+from simulator.scenario.catalog import instance_for_gpu
 
 
 def device_of(measured: dict) -> str:
@@ -171,22 +172,12 @@ def verdicts(table: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def catalog_gpu(name: str) -> str | None:
-    """The catalog's instance type a GPU's name is (``NVIDIA H100 80GB HBM3``: ``h100``; an
-    L40S is not an ``l4``), or None."""
-    import re
-
-    from simulator.scenario.catalog import load_catalog
-
-    return next((k for k in load_catalog().instances if re.search(rf"\b{re.escape(k)}\b", name.lower())), None)
-
-
 def instance_type(measured: dict) -> str:
     """The scenario's ``workers.instance_type``: the catalog's GPU when the engine ran on one
     it lists (an NVIDIA H100 is ``h100``), else ``cpu`` (priced in the scenario)."""
     if not device_of(measured).startswith("cuda"):
         return "cpu"
-    return catalog_gpu(engine_on(measured)) or "cpu"
+    return instance_for_gpu(engine_on(measured)) or "cpu"
 
 
-__all__ = ["catalog_gpu", "cells", "chart", "device_of", "engine_on", "instance_type", "markdown", "placed", "verdicts"]
+__all__ = ["cells", "chart", "device_of", "engine_on", "instance_type", "markdown", "placed", "verdicts"]

@@ -17,6 +17,7 @@ import pandas as pd
 from calibrate import llm_profile
 from calibrate.speed import window_var
 from simulator.scenario.config import Scenario
+from simulator.scenario.llm import Roofline, step_kind
 
 KNEE_SKIP_S = 10.0  # an overload slice's completions are counted from here on: by then the engine is full
 QUANTILES = (50, 90, 99)
@@ -168,3 +169,30 @@ def saturated_rate(doc: dict, knee_s: float, start_rps: float = 50.0) -> float:
             return done
         rate *= 2.0
     raise ValueError(f"the step-time fit takes over {rate / 2:.0f} req/s: is the profile's fit degenerate?")
+
+
+def scaled_step_time(step: dict, factor: float) -> dict:
+    """An LLM scenario's ``batching.step_time`` (parsed YAML) run ``factor`` times slower:
+    a linear model's coefficients times it; a roofline's overhead times it, its shares of
+    the datasheet's peaks over it (at most all of it). ValueError for another kind."""
+    kind = step_kind(step)
+    if kind == "linear":
+        out = dict(step)
+        for k in (
+            "c0_ms",
+            "prefill_ms_per_token",
+            "attention_ms_per_token2",
+            "decode_ms_per_seq",
+            "kv_ms_per_token",
+            "decode_ms_per_seq_above",
+        ):
+            if k in out:
+                out[k] = out[k] * factor
+        return out
+    if kind == "roofline":
+        defaults = Roofline()
+        out = {**step, "kind": "roofline", "overhead_ms": step.get("overhead_ms", defaults.overhead_ms) * factor}
+        for k in ("mfu", "mbu"):  # a share of the datasheet's peak: at most all of it
+            out[k] = min(step.get(k, getattr(defaults, k)) / factor, 1.0)
+        return out
+    raise ValueError(f"batching.step_time kind {kind!r} cannot be scaled (linear or roofline)")

@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate.payloads import Payload, bytes_payload, image_payloads, ranker_payloads
+from calibrate.prometheus import NotMetrics, frontend_counters
 from calibrate.sender import parse, read_answer, request_bytes, send_on_schedule
 
 # the payloads live in payloads.py; the load generator has always offered them
@@ -48,7 +49,6 @@ __all__ = [
     "SliceRuns",
     "bytes_payload",
     "image_payloads",
-    "level_summary",
     "paced",
     "process_cpu_s",
     "ranker_payloads",
@@ -193,21 +193,10 @@ async def _frontend(session, url: str) -> dict[str, float]:
             text = await resp.text()
     except Exception:  # a scrape that fails loses this slice's figures, nothing else
         return out
-    total, quick = 0.0, 0.0
-    for line in text.splitlines():
-        if line.startswith("process_cpu_seconds_total "):
-            out["cpu_s"] = float(line.split()[1])
-        elif line.startswith("servesim_hub_cpu_seconds_total "):  # --frontends: the batcher's process alone
-            out["hub_cpu_s"] = float(line.split()[1])
-        elif line.startswith("servesim_gc_pause_seconds_sum"):
-            out["gc_s"] = (0.0 if np.isnan(out["gc_s"]) else out["gc_s"]) + float(line.split()[-1])
-        elif line.startswith("servesim_gc_pause_seconds_count"):
-            total += float(line.split()[-1])
-        elif line.startswith("servesim_gc_pause_seconds_bucket") and 'le="0.01"' in line:
-            quick += float(line.split()[-1])
-    if not np.isnan(out["gc_s"]):
-        out["gc_over_10ms"] = total - quick
-    return out
+    try:
+        return frontend_counters(text)
+    except NotMetrics:  # nor does a page that is not metrics
+        return out
 
 
 @dataclass(frozen=True)
@@ -389,37 +378,3 @@ def _run(coro):
         return asyncio.run(coro)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(coro)
-
-
-def _span(g: pd.DataFrame, ok: pd.DataFrame) -> float:
-    done = (ok["scheduled_s"] + ok["latency_ms"] / 1e3).max() if len(ok) else g["scheduled_s"].max()
-    return float(max(done, g["scheduled_s"].max()) - g["scheduled_s"].min())
-
-
-def level_summary(df: pd.DataFrame) -> pd.DataFrame:
-    """Per level: offered and achieved rate, errors, latency percentiles (after warm-up)."""
-    rows = []
-    for level, g in df[~df["warmup"]].groupby("level"):
-        ok = g[g["status"] == 200]
-        lat = ok["latency_ms"].to_numpy()
-        # completions over the time from the first send to the last answer: a server that
-        # falls behind finishes after the schedule ends, so the schedule's span overstates it;
-        # with interleaved slices, the sum of the slices' spans
-        span = sum(
-            _span(part, part[part["status"] == 200]) for _, part in (g.groupby("slice") if "slice" in g else [(0, g)])
-        )
-        rows.append(
-            {
-                "level": level,
-                "offered_rps": float(g["offered_rps"].iloc[0]),
-                "achieved_rps": len(ok) / span if span > 0 else float("nan"),
-                "requests": len(g),
-                "errors": int((g["status"] != 200).sum()),
-                "p50_ms": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
-                "p95_ms": float(np.percentile(lat, 95)) if len(lat) else float("nan"),
-                "p99_ms": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
-                "mean_batch": float(ok["batch_size"].mean()) if len(ok) else float("nan"),
-                "send_lag_p99_ms": float(np.percentile(g["send_lag_ms"], 99)),
-            }
-        )
-    return pd.DataFrame(rows)

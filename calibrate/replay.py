@@ -31,7 +31,8 @@ import numpy as np
 import pandas as pd
 
 from calibrate.fit import batches_from_requests, with_rates
-from calibrate.scenario import scaled_batch_time, scenario_dict
+from calibrate.scenario import scenario_dict
+from calibrate.specs import scaled_batch_time
 from calibrate.speed import batch_log_ratios, fitted_mean_ms
 from calibrate.station import slice_cpu_s
 from simulator.engine import simulate

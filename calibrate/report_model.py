@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from calibrate.scenario import ranker_on_loop
-from calibrate.scenario import spec_mean as _mean
+from calibrate.specs import spec_mean as _mean
 
 
 def _service(st: dict) -> str:

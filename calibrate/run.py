@@ -37,7 +37,7 @@ import pandas as pd
 from calibrate import refit
 from calibrate.held import in_flight_cost
 from calibrate.hiccups import HiccupMeter, platform_speed
-from calibrate.loadgen import CONNECTIONS, Slice, level_summary, run_slices
+from calibrate.loadgen import CONNECTIONS, Slice, run_slices
 from calibrate.microbench import feature_fetch_cost, feature_fetch_in_flight
 from calibrate.payloads import image_payloads, ranker_payloads
 from calibrate.profile import (
@@ -55,6 +55,7 @@ from calibrate.profile import (
 from calibrate.report import over_capacity
 from calibrate.servers import get_json, redis_server, server
 from calibrate.station import fit_frontend
+from calibrate.stats import level_summary
 from calibrate.validate import compare
 
 FIT_LOADS = (0.3, 0.6, 0.8)

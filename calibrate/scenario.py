@@ -32,7 +32,9 @@ import numpy as np
 import yaml
 
 from calibrate.loadgen import CONNECTIONS
+from calibrate.specs import dist, scaled, scaled_batch_time, shifted_batch_time, spec_mean
 from calibrate.speed import shrink_ratios
+from simulator.scenario.catalog import instance_for_gpu
 from simulator.scenario.platform import Episodes
 
 # the fit's model; the rest of a profile's service_time is its quality
@@ -48,41 +50,6 @@ SERVICE_KEYS = (
     "rate_window_ms",
     "after_batch",
 )
-
-
-def _dist(spec: dict) -> dict:
-    return {k: v for k, v in spec.items() if k != "fit"}
-
-
-def _scaled(spec: dict, factor: float) -> dict:
-    """A distribution spec with every time in it (``*_ms``, samples included) times ``factor``."""
-    if factor == 1.0:
-        return spec
-    out = dict(spec)
-    for k, v in spec.items():
-        if k.endswith("_ms") and isinstance(v, int | float):
-            out[k] = v * factor
-        elif k == "samples_ms":
-            out[k] = [x * factor for x in v]
-    return out
-
-
-def spec_mean(spec: dict) -> float:
-    """A fitted distribution's mean, ms (:func:`calibrate.fit.fit_distribution`'s kinds:
-    empirical, its samples'; the others, their ``mean_ms``)."""
-    if spec["kind"] == "empirical":
-        return float(sum(spec["samples_ms"]) / len(spec["samples_ms"]))
-    return float(spec["mean_ms"])
-
-
-def scaled_batch_time(st: dict, factor: float) -> dict:
-    """A batch-time model (table or affine) with its times multiplied by ``factor``."""
-    out = dict(st)
-    if st["kind"] == "table":
-        out["batch_ms"] = {k: v * factor for k, v in st["batch_ms"].items()}
-    else:
-        out["base_ms"], out["per_item_ms"] = st["base_ms"] * factor, st["per_item_ms"] * factor
-    return out
 
 
 # Whether a calibrated ranker's loop reads the waiting requests before it resumes a handler
@@ -106,17 +73,6 @@ RESPONDS_FIRST = False
 # (event_loop.batcher_yields; calibrate/README, "The batcher is a task on the loop");
 # ranker_loop_models.py --no-batcher-yields turns it off
 BATCHER_YIELDS = True
-
-
-def shifted_batch_time(st: dict, ms: float) -> dict:
-    """A batch-time model (table or affine) with ``ms`` added to every batch size's time
-    (never below 1% of it)."""
-    out = dict(st)
-    if st["kind"] == "table":
-        out["batch_ms"] = {k: max(v + ms, 0.01 * v) for k, v in st["batch_ms"].items()}
-    else:
-        out["base_ms"] = max(st["base_ms"] + ms, 0.01 * st["base_ms"])
-    return out
 
 
 def timer_late(profile: dict, preprocess: dict) -> dict | None:
@@ -188,20 +144,18 @@ def scenario_dict(
         f = profile["features"]
         features = {k: f[k] for k in ("lookups_per_request", "batch_size", "parallelism")}
         if ranker_loop:  # the fetch's wall time at light load; its CPU is the loop's admission job
-            features["round_trip"] = _dist(f["light_round_trip"])
+            features["round_trip"] = dist(f["light_round_trip"])
         elif "store" in f:  # round trips queue for the server's event loop: a one-thread station
             features["store"] = {**f["store"], "per_op_ms": f["store"]["per_op_ms"] * speed}
             if "store_wait" in f:  # and wait for Redis off the loop
-                features["round_trip"] = _dist(f["store_wait"])
+                features["round_trip"] = dist(f["store_wait"])
         else:
-            features["round_trip"] = _dist(f["round_trip"])
+            features["round_trip"] = dist(f["round_trip"])
     if fe is not None:
-        router = {"overhead": _dist(fe["fixed_delay"]), "balancing": "shared"}
+        router = {"overhead": dist(fe["fixed_delay"]), "balancing": "shared"}
         # the ranker's loop CPU is on the feature store's station (``on_store``): no second station
         preprocess = (
-            {}
-            if fe.get("on_store")
-            else {"service": _scaled(_dist(fe["service"]), speed), "cpu_workers": fe["servers"]}
+            {} if fe.get("on_store") else {"service": scaled(dist(fe["service"]), speed), "cpu_workers": fe["servers"]}
         )
         if preprocess and fe["servers"] > 1 and server.get("frontend_dispatch") == "round_robin":
             preprocess["dispatch"] = "round_robin"  # the hub deals connections in turn (--frontends)
@@ -210,9 +164,9 @@ def scenario_dict(
         loop = fe.get("event_loop")
         if loop is not None and (ranker_loop or not fe.get("on_store")) and fe["servers"] == 1:
             # one event loop admits the requests and writes the responses (calibrate/README)
-            router["overhead"] = _dist(loop["fixed_delay"])
+            router["overhead"] = dist(loop["fixed_delay"])
             preprocess = {
-                "service": _scaled(_dist(loop["admit"]), speed),
+                "service": scaled(dist(loop["admit"]), speed),
                 "cpu_workers": 1,
                 "event_loop": {
                     k: loop[k] * speed for k in ("return_ms", "respond_per_batch_ms", "respond_per_request_ms")
@@ -229,9 +183,9 @@ def scenario_dict(
                 preprocess["event_loop"]["held_counts"] = HELD_COUNTS
             resume = loop.get("resume_ms")
             if ranker_loop and resume is not None:  # the handler reads, awaits its fetch, then resumes
-                admit = _dist(loop["admit"])  # its read: the admission less the resumption, the same shape
+                admit = dist(loop["admit"])  # its read: the admission less the resumption, the same shape
                 read = max(1.0 - resume / spec_mean(admit), 0.05)
-                preprocess["service"] = _scaled(admit, read * speed)
+                preprocess["service"] = scaled(admit, read * speed)
                 preprocess["event_loop"]["resume_ms"] = resume * speed
                 hold = reads_first_hold(loop)
                 if hold != 0:  # reads before resumptions, for ``hold`` ms (None: no bound)
@@ -246,9 +200,9 @@ def scenario_dict(
                 preprocess["event_loop"]["after_idle"] = loop["after_idle"]
         postprocess: dict = {}
     else:
-        router = {"overhead": _dist(profile["stages"]["overhead"]), "balancing": "shared"}
-        preprocess = {"service": _dist(profile["stages"]["preprocess"]), "cpu_workers": server["preprocess_threads"]}
-        postprocess = {"service": _dist(profile["stages"]["postprocess"])}
+        router = {"overhead": dist(profile["stages"]["overhead"]), "balancing": "shared"}
+        preprocess = {"service": dist(profile["stages"]["preprocess"]), "cpu_workers": server["preprocess_threads"]}
+        postprocess = {"service": dist(profile["stages"]["postprocess"])}
     late = timer_late(profile, preprocess)
     if late is not None:
         preprocess["event_loop"]["timer_late"] = late
@@ -405,7 +359,4 @@ def catalog_gpu(profile: dict) -> str | None:
     name = ((profile.get("hardware") or {}).get("gpu") or {}).get("name")
     if not name or not str(profile.get("server", {}).get("device", "")).startswith("cuda"):
         return None
-    from simulator.scenario.catalog import load_catalog
-
-    words = name.lower().replace("-", " ").split()
-    return next((key for key in load_catalog().instances if key in words), None)
+    return instance_for_gpu(name)

@@ -16,6 +16,8 @@
 * :func:`robust_lognormal_cv`: the batch-time noise from the median absolute deviation of
   the log ratios (measured / fitted), so a few stalled batches do not inflate the noise
   that every simulated batch then carries; :func:`stalls` names those batches.
+* :func:`level_summary`: what a load generator's records say per level: offered and
+  achieved rate, errors, latency percentiles.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 from scipy import stats
 
 MAD_SIGMA = 1.4826  # MAD of a normal sample / its standard deviation
@@ -119,3 +122,37 @@ def stalls(log_ratio: np.ndarray) -> np.ndarray:
     r = np.asarray(log_ratio, dtype=float)
     s = robust_sigma(r)
     return r - np.median(r) > STALL_SIGMAS * max(s, 1e-3)
+
+
+def _span(g: pd.DataFrame, ok: pd.DataFrame) -> float:
+    done = (ok["scheduled_s"] + ok["latency_ms"] / 1e3).max() if len(ok) else g["scheduled_s"].max()
+    return float(max(done, g["scheduled_s"].max()) - g["scheduled_s"].min())
+
+
+def level_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """Per level: offered and achieved rate, errors, latency percentiles (after warm-up)."""
+    rows = []
+    for level, g in df[~df["warmup"]].groupby("level"):
+        ok = g[g["status"] == 200]
+        lat = ok["latency_ms"].to_numpy()
+        # completions over the time from the first send to the last answer: a server that
+        # falls behind finishes after the schedule ends, so the schedule's span overstates it;
+        # with interleaved slices, the sum of the slices' spans
+        span = sum(
+            _span(part, part[part["status"] == 200]) for _, part in (g.groupby("slice") if "slice" in g else [(0, g)])
+        )
+        rows.append(
+            {
+                "level": level,
+                "offered_rps": float(g["offered_rps"].iloc[0]),
+                "achieved_rps": len(ok) / span if span > 0 else float("nan"),
+                "requests": len(g),
+                "errors": int((g["status"] != 200).sum()),
+                "p50_ms": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
+                "p95_ms": float(np.percentile(lat, 95)) if len(lat) else float("nan"),
+                "p99_ms": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
+                "mean_batch": float(ok["batch_size"].mean()) if len(ok) else float("nan"),
+                "send_lag_p99_ms": float(np.percentile(g["send_lag_ms"], 99)),
+            }
+        )
+    return pd.DataFrame(rows)

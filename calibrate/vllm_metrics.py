@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from calibrate.prometheus import samples
 from calibrate.watch import WatchError, _get
 
 LENGTH_SAMPLE = 400  # values drawn to stand for a window's length histogram
@@ -34,21 +35,18 @@ class Scrape:
 def parse(text: str) -> Scrape:
     """A vLLM ``/metrics`` page: every sample summed over its label sets (one engine or
     several), histograms as cumulative buckets, ``vllm:cache_config_info``'s labels."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     values: dict[str, float] = {}
     buckets: dict[str, dict[float, float]] = {}
     info: dict[str, str] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == "vllm:cache_config_info":
-                info = dict(s.labels)
-            elif s.name.endswith("_bucket") and "le" in s.labels:
-                b = buckets.setdefault(s.name.removesuffix("_bucket"), {})
-                le = float(s.labels["le"])
-                b[le] = b.get(le, 0.0) + s.value
-            else:
-                values[s.name] = values.get(s.name, 0.0) + s.value
+    for s in samples(text):
+        if s.name == "vllm:cache_config_info":
+            info = dict(s.labels)
+        elif s.name.endswith("_bucket") and "le" in s.labels:
+            b = buckets.setdefault(s.name.removesuffix("_bucket"), {})
+            le = float(s.labels["le"])
+            b[le] = b.get(le, 0.0) + s.value
+        else:
+            values[s.name] = values.get(s.name, 0.0) + s.value
     return Scrape(time.monotonic(), values, buckets, info)
 
 

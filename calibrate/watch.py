@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from calibrate.headroom import highest_holding
+from calibrate.prometheus import NotMetrics, samples
 from calibrate.scenario import episodes_mean, scenario_dict
 from simulator.engine import simulate
 from simulator.results.metrics import window
@@ -63,30 +65,17 @@ def _get(url: str, timeout_s: float = 5.0) -> bytes:
         return r.read()
 
 
-def _labels(text: str) -> dict[str, str]:
-    out = {}
-    for part in text.split(","):
-        if "=" in part:
-            k, v = part.split("=", 1)
-            out[k.strip()] = v.strip().strip('"')
-    return out
-
-
 def parse_metrics(text: str, model: str) -> dict:
     """Counters of ``model`` summed over versions, the process CPU, and the request-time
     histogram's cumulative buckets (servesim's server), from Prometheus text."""
     sums: dict[str, float] = {}
     buckets: dict[float, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        try:
-            name_labels, value = line.rsplit(" ", 1)
-            v = float(value)
-        except ValueError:
-            continue
-        name, _, rest = name_labels.partition("{")
-        labels = _labels(rest.rstrip("}"))
+    try:
+        page = samples(text)
+    except NotMetrics as err:
+        raise WatchError(f"/metrics: {err}") from None
+    for sample in page:
+        name, labels, v = sample.name, sample.labels, sample.value
         if labels.get("model", model) != model:
             continue
         if name == "servesim_stage_duration_seconds_bucket" and labels.get("stage") == "request":
@@ -308,18 +297,10 @@ class Twin:
         peak = self.instances * bmax / fit["batch_ms"][bmax] * 1e3
         if fit.get("frontend_cpu_ms"):
             peak = min(peak, 1e3 / fit["frontend_cpu_ms"])
-        lo, hi = 0.0, 1.2 * peak
-        if (self._percentiles(fit, rate)[1] if at_rate is None else at_rate) > self.target_ms:
-            hi = rate
-        else:
-            lo = rate
-        while hi - lo > rel_tol * hi:
-            mid = (lo + hi) / 2
-            if self._percentiles(fit, mid)[1] <= self.target_ms:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        broke = (self._percentiles(fit, rate)[1] if at_rate is None else at_rate) > self.target_ms
+        return highest_holding(
+            lambda r: self._percentiles(fit, r)[1] > self.target_ms, rate, broke, rel_tol=rel_tol, ceiling=1.2 * peak
+        )
 
 
 def calibrated(doc: dict, profile: dict, fit: dict) -> None:

@@ -50,58 +50,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from calibrate.headroom import highest_holding
+from calibrate.llm_sim import scaled_step_time
 from calibrate.speed import conditioned_speed
 from calibrate.vllm_metrics import Scrape, length_sample
 from calibrate.watch import WatchError, histogram_quantile
 
 FALLING_BEHIND_MS = 10_000.0  # a simulation whose window's first tokens come this long after its end fell behind
-
-
-def monotone_crossing(rows: list[tuple[float, float]], sla_ms: float) -> float:
-    """Where a ramp's measured percentile crosses ``sla_ms``: ``rows`` of (rate, percentile
-    in ms) in rising rate, on their monotone (isotonic, least squares in log) fit,
-    interpolated in log between the steps around the crossing (a short step's p99 is
-    noisy, and the first raw crossing would take the first spike for it). The first rate
-    when the fit starts above the SLA; NaN when it never crosses."""
-    from scipy.optimize import isotonic_regression
-
-    rates = np.array([r for r, _ in rows])
-    fitted = np.exp(isotonic_regression(np.log([p for _, p in rows])).x)
-    target = math.log(sla_ms)
-    for i in range(len(rows) - 1):
-        p0, p1 = math.log(fitted[i]), math.log(fitted[i + 1])
-        if p1 > target >= p0:
-            return float(rates[i] + (target - p0) / (p1 - p0) * (rates[i + 1] - rates[i]))
-    return float(rates[0]) if fitted[0] > sla_ms else math.nan
-
-
-def _scaled_step_time(step: dict, factor: float) -> dict:
-    """The scenario's step time ``step`` run ``factor`` times slower."""
-    from simulator.scenario.llm import step_kind
-
-    kind = step_kind(step)
-    if kind == "linear":
-        out = dict(step)
-        for k in (
-            "c0_ms",
-            "prefill_ms_per_token",
-            "attention_ms_per_token2",
-            "decode_ms_per_seq",
-            "kv_ms_per_token",
-            "decode_ms_per_seq_above",
-        ):
-            if k in out:
-                out[k] = out[k] * factor
-        return out
-    if kind == "roofline":
-        from simulator.scenario.llm import Roofline
-
-        defaults = Roofline()
-        out = {**step, "kind": "roofline", "overhead_ms": step.get("overhead_ms", defaults.overhead_ms) * factor}
-        for k in ("mfu", "mbu"):  # a share of the datasheet's peak: at most all of it
-            out[k] = min(step.get(k, getattr(defaults, k)) / factor, 1.0)
-        return out
-    raise WatchError(f"the scenario's batching.step_time kind {kind!r} cannot be scaled (linear or roofline)")
 
 
 class FitCancelled(Exception):
@@ -141,7 +96,10 @@ class LLMTwin:
         if not isinstance(b.get("step_time", {}), dict):
             raise WatchError("--scenario: batching.step_time must be a mapping (linear or roofline)")
         self.base = {**self.base, "batching": {**b, "step_time": b.get("step_time", {"kind": "roofline"})}}
-        _scaled_step_time(self.base["batching"]["step_time"], 1.0)
+        try:
+            scaled_step_time(self.base["batching"]["step_time"], 1.0)
+        except ValueError as e:
+            raise WatchError(f"the scenario's {e}") from None
 
     def update(self, scrape: Scrape) -> dict | None:
         """The twin's row for the interval that ends with ``scrape`` (None for the first):
@@ -261,7 +219,7 @@ class LLMTwin:
         for k in ("max_num_seqs", "max_num_batched_tokens"):
             if info.get(k):
                 b[k] = int(info[k])
-        b["step_time"] = _scaled_step_time(b["step_time"], factor)
+        b["step_time"] = scaled_step_time(b["step_time"], factor)
         doc["batching"] = b
         traffic = {
             k: v for k, v in (doc.get("traffic") or {}).items() if k not in ("classes", "shape", "arrivals_file")
@@ -421,36 +379,16 @@ class LLMTwin:
         guess: float | None = None,
     ) -> float:
         """The highest rate found not to break the SLA, to ``rel_tol`` of the lowest found
-        to break it (bisection, the same seeds at every rate); ``at_rate``: the prediction
-        at ``rate`` when already made. Without ``guess`` the bracket grows from ``rate`` by
-        doublings; with one (the last interval's answer, scaled by the change of the
-        factor) it starts there and widens by 4, 8, 16% ...: four simulations where the
-        answer moved less than 4%, against seven or eight from the rate."""
-        lo, hi = 0.0, math.inf  # the rates known to hold and to break
-        if self.breaks(at_rate if at_rate is not None else self.predict(rate, lengths, factor)):
-            hi = rate
-        else:
-            lo = rate
-        probe = guess if guess is not None and lo < guess < hi else None
-        widen, direction = 0.04, 0  # from the guess: steps of 4, 8, 16% ... while on one side
-        expanding = probe is not None
-        while not (math.isfinite(hi) and hi - lo <= rel_tol * hi):
-            if probe is None:
-                if math.isfinite(hi):
-                    probe = (lo + hi) / 2
-                else:  # nothing broke yet: double
-                    probe = max(lo, 0.1) * 2
-                    if probe > 1e6:
-                        return math.inf
-            broke = self.breaks(self.predict(probe, lengths, factor))
-            if broke:
-                hi = probe
-            else:
-                lo = probe
-            step = -1 if broke else 1
-            nxt = probe * (1 + step * widen)
-            if expanding and direction in (0, step) and lo < nxt < hi:
-                direction, widen, probe = step, widen * 2, nxt
-            else:
-                expanding, probe = False, None
-        return lo
+        to break it (:func:`calibrate.headroom.highest_holding`: the same seeds at every
+        rate); ``at_rate``: the prediction at ``rate`` when already made. Without ``guess``
+        the bracket grows from ``rate`` by doublings; with one (the last interval's answer,
+        scaled by the change of the factor) it starts there and widens by 4, 8, 16% ...:
+        four simulations where the answer moved less than 4%, against seven or eight from
+        the rate."""
+        return highest_holding(
+            lambda r: self.breaks(self.predict(r, lengths, factor)),
+            rate,
+            self.breaks(at_rate if at_rate is not None else self.predict(rate, lengths, factor)),
+            rel_tol=rel_tol,
+            guess=guess,
+        )

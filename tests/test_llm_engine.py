@@ -993,9 +993,10 @@ def test_a_measured_calibration_is_predicted_on_another_machine(tmp_path):
 def test_a_gpus_name_is_the_catalogs_instance_type(name, kind):
     """The scenario a GPU calibration writes is priced as the catalog's GPU of that name; a
     GPU the catalog does not list (an L40S is not an L4) is priced in the file."""
-    from calibrate.llm_report import catalog_gpu, instance_type
+    from calibrate.llm_report import instance_type
+    from simulator.scenario.catalog import instance_for_gpu
 
-    assert catalog_gpu(name) == kind
+    assert instance_for_gpu(name) == kind
     measured = {"engine": {}, "device": "cuda", "hardware": {"gpu": {"name": name}}}
     assert instance_type(measured) == (kind or "cpu")
 
@@ -1098,7 +1099,7 @@ def test_an_engine_is_started_as_its_profile_measured_it():
     """The judge and the twin's test start the engine a profile measured: its engine's
     options, its device, its idle (the committed CPU profile polled; the H100's, measured
     before the idle was recorded, slept)."""
-    from calibrate.llm_run import profile_server_args
+    from calibrate.llm_server import profile_server_args
 
     cpu = json.loads(Path("calibrate/profiles/cpu-tiny-llm/profile.json").read_text())
     args = profile_server_args(cpu)

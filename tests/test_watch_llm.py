@@ -10,10 +10,12 @@ import numpy as np
 import pytest
 import yaml
 
+from calibrate.headroom import monotone_crossing
+from calibrate.llm_sim import scaled_step_time
 from calibrate.speed import window_share
 from calibrate.vllm_metrics import _cum, length_sample, parse, scrapes_of
 from calibrate.watch import WatchError
-from calibrate.watch_llm import LLMTwin, _scaled_step_time, monotone_crossing
+from calibrate.watch_llm import LLMTwin
 from calibrate.watch_rolling import Rolling
 from reference_server.llm.metrics import buckets_1_2_5
 
@@ -62,16 +64,16 @@ def test_length_sample_keeps_the_mean_and_the_buckets():
 
 def test_step_time_scaled_by_the_factor():
     lin = {"kind": "linear", "c0_ms": 1.0, "decode_ms_per_seq": 0.5, "decode_threshold": 4}
-    assert _scaled_step_time(lin, 2.0) == {
+    assert scaled_step_time(lin, 2.0) == {
         "kind": "linear",
         "c0_ms": 2.0,
         "decode_ms_per_seq": 1.0,
         "decode_threshold": 4,
     }
-    roof = _scaled_step_time({"kind": "roofline", "mfu": 0.4}, 2.0)
+    roof = scaled_step_time({"kind": "roofline", "mfu": 0.4}, 2.0)
     assert roof["mfu"] == pytest.approx(0.2)
     assert roof["overhead_ms"] == pytest.approx(4.0)
-    assert _scaled_step_time({"kind": "roofline", "mbu": 0.9}, 0.5)["mbu"] == 1.0  # never past the datasheet
+    assert scaled_step_time({"kind": "roofline", "mbu": 0.9}, 0.5)["mbu"] == 1.0  # never past the datasheet
 
 
 @pytest.mark.parametrize("truth", [0.8, 1.3])
@@ -120,7 +122,7 @@ def _engine_scrapes(truth: float = 1.0, rate: float = 9.0, seconds: float = 90.0
     base = _base()
     engine = {**base, "duration_s": seconds, "warmup_s": 0.0}
     engine["traffic"] = {**base["traffic"], "rate_rps": rate}
-    engine["batching"] = {**base["batching"], "step_time": _scaled_step_time(base["batching"]["step_time"], truth)}
+    engine["batching"] = {**base["batching"], "step_time": scaled_step_time(base["batching"]["step_time"], truth)}
     records = simulate(Scenario.model_validate(engine), seed=11).records
     info = {"num_gpu_blocks": str(base["batching"]["num_blocks"]), "block_size": str(base["batching"]["block_size"])}
     return base, info, scrapes_of(records, 10.0, int(seconds // 10) - 1, info)
@@ -355,7 +357,7 @@ def test_the_twin_announces_where_the_ttft_sla_breaks(tmp_path):
     import time
 
     from calibrate import llm_load
-    from calibrate.llm_run import profile_server_args
+    from calibrate.llm_server import profile_server_args
     from calibrate.vllm_metrics import scrape
     from simulator.scenario.config import Scenario
     from tests.servers import llm_server

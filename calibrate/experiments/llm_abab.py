@@ -16,7 +16,7 @@ import pandas as pd
 import yaml
 
 from calibrate import llm_load, llm_profile
-from calibrate.llm_run import server_args, step_records
+from calibrate.llm_server import server_args, step_records
 from calibrate.llm_sim import simulated
 from calibrate.servers import server
 from simulator.scenario.config import Scenario

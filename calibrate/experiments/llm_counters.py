@@ -22,7 +22,7 @@ import pandas as pd
 import yaml
 
 from calibrate import llm_load
-from calibrate.llm_run import ENGINE, server_args, step_records
+from calibrate.llm_server import ENGINE, server_args, step_records
 from calibrate.servers import beside_llm_front_end, get_json, server
 from simulator.scenario.config import Scenario
 

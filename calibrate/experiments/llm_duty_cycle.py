@@ -22,7 +22,7 @@ import numpy as np
 import yaml
 
 from calibrate import llm_load, llm_profile
-from calibrate.llm_run import ENGINE, age_engine, server_args, step_records
+from calibrate.llm_server import ENGINE, age_engine, server_args, step_records
 from calibrate.servers import beside_llm_front_end, server
 
 PROFILE = Path("calibrate/profiles/cpu-tiny-llm")

@@ -30,7 +30,7 @@ import yaml
 
 from calibrate import llm_load
 from calibrate.experiments.llm_ttft_apart import replayed
-from calibrate.llm_run import ENGINE, age_engine, measured_overhead, server_args, step_records
+from calibrate.llm_server import ENGINE, age_engine, measured_overhead, server_args, step_records
 from calibrate.servers import beside_llm_front_end, server
 from simulator.scenario.config import Scenario
 

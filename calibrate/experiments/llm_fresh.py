@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate import llm_profile
-from calibrate.llm_run import ENGINE, measured_knee, server_args, step_records
+from calibrate.llm_server import ENGINE, measured_knee, server_args, step_records
 from calibrate.llm_sim import KNEE_SKIP_S, scenario_dict
 from calibrate.servers import beside_llm_front_end, server
 

@@ -31,7 +31,7 @@ import pandas as pd
 import yaml
 
 from calibrate import llm_load, llm_profile
-from calibrate.llm_run import ENGINE, server_args, step_records
+from calibrate.llm_server import ENGINE, server_args, step_records
 from calibrate.servers import beside_llm_front_end, server
 from simulator.scenario.config import Scenario
 

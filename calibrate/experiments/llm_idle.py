@@ -27,7 +27,7 @@ import yaml
 
 from calibrate import llm_load
 from calibrate.experiments.llm_pinning import slice_figures
-from calibrate.llm_run import ENGINE, server_args, step_records
+from calibrate.llm_server import ENGINE, server_args, step_records
 from calibrate.servers import beside_llm_front_end, get_json, server
 from simulator.scenario.config import Scenario
 

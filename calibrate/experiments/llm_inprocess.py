@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate import llm_load, llm_profile, llm_run, llm_sim
+from calibrate import llm_load, llm_profile, llm_run, llm_server, llm_sim
 from simulator.scenario.config import Scenario
 
 SLICE_S, KNEE_S = 20.0, 25.0
@@ -66,7 +66,7 @@ def main(out: Path, rounds: int) -> None:
     torch.set_num_threads(1)
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
-    engine = Engine(EngineConfig(**llm_run.ENGINE))
+    engine = Engine(EngineConfig(**llm_server.ENGINE))
     engine.add("warmup", [1] * 32, 2)
     engine.run_all()
     phases: dict[str, list[pd.DataFrame]] = {}
@@ -83,7 +83,7 @@ def main(out: Path, rounds: int) -> None:
     phases["profile"] = [pd.DataFrame([dataclasses.asdict(s) for s in engine.steps])]
     engine.steps.clear()
     first = llm_profile.fit(phases["profile"][0])
-    doc = llm_sim.scenario_dict({**first, "noise_cv": 0.1}, llm_run.ENGINE, rate_rps=1.0, duration_s=SLICE_S,
+    doc = llm_sim.scenario_dict({**first, "noise_cv": 0.1}, llm_server.ENGINE, rate_rps=1.0, duration_s=SLICE_S,
                                 warmup_s=3.0)  # fmt: skip
     s = Scenario.model_validate(doc)
     offered = 1.5 * llm_sim.saturated_rate(doc, KNEE_S)
@@ -112,7 +112,7 @@ def main(out: Path, rounds: int) -> None:
     steps = pd.concat([pd.concat(v, ignore_index=True).assign(phase=k) for k, v in phases.items()], ignore_index=True)
     steps.to_csv(out / "steps.csv.gz", index=False)
     held = llm_run.fitted(steps[steps["phase"] != "knee"])
-    knee_doc = llm_sim.scenario_dict(held, llm_run.ENGINE, rate_rps=1.0, duration_s=SLICE_S, warmup_s=3.0)
+    knee_doc = llm_sim.scenario_dict(held, llm_server.ENGINE, rate_rps=1.0, duration_s=SLICE_S, warmup_s=3.0)
     simulated = llm_sim.simulated_knee(knee_doc, offered, KNEE_S, llm_sim.KNEE_SKIP_S, range(1, 11))
     coef = llm_profile.fit(steps[steps["phase"] != "knee"])
     kn = steps[steps["phase"] == "knee"]

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate import llm_load, llm_profile, llm_run, llm_sim
+from calibrate import llm_load, llm_profile, llm_server, llm_sim
 from calibrate.servers import beside_llm_front_end, get_json, server
 from simulator.scenario.config import Scenario
 
@@ -50,16 +50,16 @@ def main(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(1)
     rows, stop = [], threading.Event()
-    with server(llm_run.server_args(llm_run.ENGINE), command="serve-llm", health="/health") as url, \
+    with server(llm_server.server_args(llm_server.ENGINE), command="serve-llm", health="/health") as url, \
             beside_llm_front_end(url):  # fmt: skip
         info = get_json(url + "/v1/models")["data"][0].get("servesim", {})
         engine_core = info.get("engine_core")
         fit = llm_profile.fit(pd.read_csv("calibrate/profiles/cpu-tiny-llm/steps.csv.gz"))
         doc = llm_sim.scenario_dict(
-            {**fit, "noise_cv": 0.1}, llm_run.ENGINE, rate_rps=1.0, duration_s=20.0, warmup_s=3.0
+            {**fit, "noise_cv": 0.1}, llm_server.ENGINE, rate_rps=1.0, duration_s=20.0, warmup_s=3.0
         )
         s = Scenario.model_validate(doc)
-        llm_run.step_records(url)
+        llm_server.step_records(url)
         th = threading.Thread(target=sampler, args=(rows, stop), daemon=True)
         th.start()
         phases, answers = [], []
@@ -69,7 +69,7 @@ def main(out: Path) -> None:
             plan = llm_load.plan_from_scenario(s, rate, 20.0, rng)
             df = llm_load.run(url, plan, seed=int(rng.integers(1 << 31)))
             answers.append(df.assign(phase=name))
-            phases.append(llm_run.step_records(url).assign(phase=name))
+            phases.append(llm_server.step_records(url).assign(phase=name))
             print(name, rate, len(df), flush=True)  # noqa: T201
         stop.set()
         th.join()

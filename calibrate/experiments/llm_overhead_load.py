@@ -23,7 +23,7 @@ import numpy as np
 import yaml
 
 from calibrate import llm_load
-from calibrate.llm_run import ENGINE, age_engine, server_args, step_records
+from calibrate.llm_server import ENGINE, age_engine, server_args, step_records
 from calibrate.servers import beside_llm_front_end, server
 from calibrate.vllm_metrics import scrape
 from simulator.scenario.config import Scenario

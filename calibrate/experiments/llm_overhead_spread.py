@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from calibrate.llm_run import ENGINE, age_engine, measured_overhead, server_args
+from calibrate.llm_server import ENGINE, age_engine, measured_overhead, server_args
 from calibrate.servers import beside_llm_front_end, server
 
 PROFILE = Path("calibrate/profiles/cpu-tiny-llm")

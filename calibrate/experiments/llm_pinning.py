@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate import llm_load
-from calibrate.llm_run import ENGINE, server_args, step_records
+from calibrate.llm_server import ENGINE, server_args, step_records
 from calibrate.servers import _free_port
 from simulator.scenario.config import Scenario
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from calibrate import llm_profile, llm_report, llm_run, llm_sim
+from calibrate import llm_profile, llm_report, llm_run, llm_server, llm_sim
 from calibrate.stats import replication_interval
 
 MODES = {  # the fit's speed_bin_s, wake_steps and minute drift
@@ -47,7 +47,7 @@ def predicted(
     def doc(phase: str) -> dict:
         fit = llm_run.fitted(steps[steps["phase"] != phase], speed_bin_s, wake_steps, minute)
         got = {**fit, "overhead_ms": overhead}
-        return llm_sim.scenario_dict(got, llm_run.ENGINE, rate_rps=1.0, duration_s=slice_s, warmup_s=warmup_s)
+        return llm_sim.scenario_dict(got, llm_server.ENGINE, rate_rps=1.0, duration_s=slice_s, warmup_s=warmup_s)
 
     knee_s = knee.get("slice_s", 40.0)  # one 40-s overload before the knee was measured in every round
     knee_rps = llm_sim.simulated_knee(doc("knee"), knee["offered_rps"], knee_s, llm_sim.KNEE_SKIP_S, range(1, 11))

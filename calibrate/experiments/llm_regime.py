@@ -28,7 +28,7 @@ import yaml
 
 from calibrate import llm_load
 from calibrate.experiments.llm_halt import host_over_time
-from calibrate.llm_run import ENGINE, server_args, step_records
+from calibrate.llm_server import ENGINE, server_args, step_records
 from calibrate.servers import beside_llm_front_end, server
 from simulator.scenario.config import Scenario
 

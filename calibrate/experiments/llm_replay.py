@@ -21,7 +21,8 @@ import pandas as pd
 import yaml
 
 from calibrate import llm_load, llm_profile
-from calibrate.llm_run import ENGINE, server_args, step_records
+from calibrate.llm_server import ENGINE, server_args, step_records
+from calibrate.llm_sim import scaled_step_time
 from calibrate.servers import beside_llm_front_end, server
 from simulator.scenario.config import Scenario
 
@@ -32,11 +33,7 @@ SKIP_S = 3.0
 def trace_doc(doc: dict, trace: Path, duration_s: float, scale: float = 1.0) -> dict:
     """``doc`` replaying ``trace`` (arrival_s, prompt_tokens, output_tokens) for
     ``duration_s``, its step time's coefficients times ``scale``."""
-    st = dict(doc["batching"]["step_time"])
-    for k in ("c0_ms", "prefill_ms_per_token", "attention_ms_per_token2", "decode_ms_per_seq", "kv_ms_per_token"):
-        st[k] = st[k] * scale
-    if "decode_ms_per_seq_above" in st:
-        st["decode_ms_per_seq_above"] *= scale
+    st = scaled_step_time(doc["batching"]["step_time"], scale)
     traffic = {"arrivals_file": str(trace), "tokens": {"from_trace": True}}
     d = {**doc, "traffic": traffic, "duration_s": duration_s, "warmup_s": SKIP_S}
     d["batching"] = {**doc["batching"], "step_time": st}

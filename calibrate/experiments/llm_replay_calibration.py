@@ -20,7 +20,8 @@ import numpy as np
 import pandas as pd
 
 from calibrate.experiments.llm_replay import SKIP_S, replay_once, trace_doc
-from calibrate.llm_run import ENGINE, fitted
+from calibrate.llm_run import fitted
+from calibrate.llm_server import ENGINE
 from calibrate.llm_sim import QUANTILES, scenario_dict
 
 

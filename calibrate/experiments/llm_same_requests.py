@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate import llm_run, llm_sim
+from calibrate import llm_run, llm_server, llm_sim
 from calibrate.experiments.llm_ttft_apart import replayed
 from simulator.scenario.config import Scenario
 
@@ -40,7 +40,7 @@ def held_out(folder: Path, level: float) -> tuple[dict, dict, list[float]]:
     profile = json.loads((folder / "profile.json").read_text())
     phase = f"level {level:g}"
     fit = {**llm_run.fitted(steps[steps["phase"] != phase]), "overhead_ms": measured["overhead_ms"]}
-    engine = {k: v for k, v in measured["engine"].items() if k in llm_run.ENGINE}
+    engine = {k: v for k, v in measured["engine"].items() if k in llm_server.ENGINE}
     return fit, engine, profile["host_by_slice"][phase]
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import yaml
 
 from calibrate import llm_load
-from calibrate.llm_run import profile_server_args
+from calibrate.llm_server import profile_server_args
 from calibrate.servers import server
 from simulator.scenario.config import Scenario
 

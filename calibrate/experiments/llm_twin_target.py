@@ -34,8 +34,9 @@ import pandas as pd
 from scipy import stats
 from twin_engine import profile_engine
 
+from calibrate.headroom import monotone_crossing
 from calibrate.vllm_metrics import scrapes_of
-from calibrate.watch_llm import LLMTwin, monotone_crossing
+from calibrate.watch_llm import LLMTwin
 from simulator import simulate
 from simulator.scenario.config import Scenario
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -67,3 +68,11 @@ def worker_hour_price(catalog: Catalog, instance_type: str, market: str) -> floa
         known = ", ".join(sorted(catalog.instances))
         raise ValueError(f"workers.instance_type {instance_type!r} not in catalog ({known})")
     return row.price(market)
+
+
+def instance_for_gpu(name: str, catalog: Catalog | None = None) -> str | None:
+    """The catalog's instance type a GPU's name is, a word of it (``NVIDIA H100 80GB
+    HBM3``: ``h100``; ``NVIDIA A100-SXM4-80GB``: ``a100``; an L40S is not an ``l4``), or
+    None where the catalog lists none of its words."""
+    words = set(re.split(r"[^a-z0-9]+", name.lower()))
+    return next((key for key in (catalog or load_catalog()).instances if key in words), None)
