@@ -1,0 +1,143 @@
+"""A level's speed and the moment's, apart: does a batch's speed read as the level's (a
+line in the level's rate through the fitted levels) times the moment's (a slope in the
+instance's recent throughput about the level's mean, as steep as within the fitted
+levels) predict the held-out p50s better than ``by_rate``'s bands? (calibrate/README, "Two
+speeds, a level's and the moment's".)
+
+The simulator keeps one throughput average, so each held-out level is simulated with a
+``by_rate`` table of its own: the line's factor at the level's offered rate, and the
+within-level slope about the level's mean throughput (the fitted levels' mean
+throughput over their offered rate, times its offered rate). Within a level the slow
+average is the level's, so this is what a model with both averages would simulate, less
+each slice's first second (left out of the measurements too).
+
+Three variants for each held-out level, on the run's profile as fitted (its table,
+``after_idle`` and speed process the same in all three): ``bands``, the profile's
+``by_rate``; ``line``, the level's factor alone (no slope within it); ``two``, the line
+and the within-level slope. Each: :func:`calibrate.validate.predict` over the level's
+slices, ``REPS`` replications, the same seeds in every variant.
+
+    python calibrate/experiments/two_speeds.py RUN [RUN ...]
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from calibrate import idle
+from calibrate.fit import batches_from_requests, predicted_ms, with_rates
+from calibrate.validate import design, predict
+
+REPS = 6
+say = print
+
+
+def batch_ratios(run: Path, profile: dict) -> pd.DataFrame:
+    """Every settled batch of every level (the first second of its slice left out): its
+    level, its instance's recent throughput and its time over the profile's table and
+    ``after_idle``."""
+    service = profile["service_time"]
+    every = pd.read_csv(run / "measurements.csv.gz")
+    ok = with_rates(every[every["status"] == 200])
+    ok = ok[~ok["warmup"]]
+    out = []
+    for (level, _), g in ok.groupby(["level", "slice"]):
+        b = batches_from_requests(g)
+        fitted = predicted_ms(service, b["batch_size"].to_numpy()) * idle.idle_factor(
+            b["idle_ms"].to_numpy(), service.get("after_idle")
+        )
+        settled = b["rate_since_ms"].to_numpy() >= 2 * idle.RATE_WINDOW_MS
+        out.append(
+            pd.DataFrame(
+                {
+                    "level": level,
+                    "offered": float(g["offered_rps"].iloc[0]),
+                    "rate": b["rate_rps"].to_numpy(),
+                    "ratio": b["service_ms"].to_numpy() / fitted,
+                }
+            )[settled]
+        )
+    return pd.concat(out, ignore_index=True)
+
+
+def level_tables(b: pd.DataFrame, fit_levels: list[int], held: dict[int, float]) -> tuple[dict, dict, dict]:
+    """For each held-out level (``held``: level -> offered rate), the ``line`` and ``two``
+    tables, and what they were read from."""
+    fitted = b[b["level"].isin(fit_levels)]
+    r = fitted["ratio"] / fitted["ratio"].mean()
+    per = fitted.assign(r=r).groupby("level").agg(offered=("offered", "first"), rate=("rate", "mean"), r=("r", "mean"))
+    slope_l, icpt = np.polyfit(per["offered"], per["r"], 1)
+    dev_x = fitted["rate"] - fitted.groupby("level")["rate"].transform("mean")
+    dev_y = r - r.groupby(fitted["level"]).transform("mean")
+    slope_w = float(np.sum(dev_x * dev_y) / np.sum(dev_x**2))
+    k = float((per["rate"] / per["offered"]).mean())
+    line, two = {}, {}
+    for level, offered in held.items():
+        f, mid = icpt + slope_l * offered, k * offered
+        at = np.linspace(0.25 * mid, 2.0 * mid, 15)
+        line[level] = {round(float(a), 3): round(float(np.clip(f, 0.5, 2.0)), 4) for a in at}
+        two[level] = {round(float(a), 3): round(float(np.clip(f + slope_w * (a - mid), 0.5, 2.0)), 4) for a in at}
+    info = {"between_per_100": 100 * slope_l, "within_per_100": 100 * slope_w, "rate_over_offered": k}
+    return line, two, info
+
+
+def main(runs: list[Path]) -> None:
+    rows = []
+    for run in runs:
+        profile = json.loads((run / "profile.json").read_text())
+        requests = pd.read_csv(run / "measurements.csv.gz")
+        summary = pd.DataFrame(json.loads((run / "validation.json").read_text())["levels"])
+        fit_levels = [f["level"] for f in profile["fit_levels"]]
+        held_rows = summary[summary["held_out"]]
+        held = {int(lv["level"]): float(lv["offered_rps"]) for _, lv in held_rows.iterrows()}
+        b = batch_ratios(run, profile)
+        line, two, info = level_tables(b, fit_levels, held)
+        say(
+            f"{run.name}: slope between levels {info['between_per_100']:+.2f}, within {info['within_per_100']:+.2f} "
+            f"(ratio per 100 req/s); throughput / offered {info['rate_over_offered']:.3f}",
+            flush=True,
+        )
+        slice_s, warmup_s = design(requests, profile)
+        for level, offered in held.items():
+            g = requests[(requests["level"] == level) & ~requests["warmup"] & (requests["status"] == 200)]
+            n_slices = int(g["slice"].nunique())
+            measured = {q: float(np.percentile(g["latency_ms"], p)) for q, p in (("p50", 50), ("p99", 99))}
+            row = {"run": run.name, "level": level, "load": offered / profile["capacity_rps"], **measured}
+            for name, table in (("bands", None), ("line", line[level]), ("two", two[level])):
+                p = copy.deepcopy(profile)
+                if table is not None:
+                    p["service_time"]["by_rate"] = table
+                got = predict(p, offered, slices=n_slices, slice_s=slice_s, warmup_s=warmup_s, reps=REPS, seed=level)
+                for q in ("p50", "p99"):
+                    row[f"{name}_{q}"] = 100 * (got[q][0] / measured[q] - 1)
+            rows.append(row)
+            say(
+                f"  {row['load']:.0%}: p50 {measured['p50']:.1f} ms, "
+                + ", ".join(f"{n} {row[f'{n}_p50']:+.1f}%" for n in ("bands", "line", "two"))
+                + f" | p99 {measured['p99']:.1f} ms, "
+                + ", ".join(f"{n} {row[f'{n}_p99']:+.1f}%" for n in ("bands", "line", "two")),
+                flush=True,
+            )
+    t = pd.DataFrame(rows)
+    t["share"] = (t["load"] * 20).round() / 20
+    for q in ("p50", "p99"):
+        say(f"{q}: median error by load (and runs over), {len(runs)} runs")
+        for share, g in t.groupby("share"):
+            say(
+                f"  {share:.0%}: "
+                + ", ".join(
+                    f"{n} {g[f'{n}_{q}'].median():+.1f}% ({(g[f'{n}_{q}'] > 0).sum()}/{len(g)} over, "
+                    f"|err| {g[f'{n}_{q}'].abs().median():.1f})"
+                    for n in ("bands", "line", "two")
+                )
+            )
+
+
+if __name__ == "__main__":
+    main([Path(a) for a in sys.argv[1:]] or [Path("calibrate/profiles/cpu-resnet64-epyc")])
