@@ -11,10 +11,11 @@ throughput over their offered rate, times its offered rate). Within a level the 
 average is the level's, so this is what a model with both averages would simulate, less
 each slice's first second (left out of the measurements too).
 
-Three variants for each held-out level, on the run's profile as fitted (its table,
-``after_idle`` and speed process the same in all three): ``bands``, the profile's
+Four variants for each held-out level, on the run's profile as fitted (its table,
+``after_idle`` and speed process the same in all four): ``bands``, the profile's
 ``by_rate``; ``line``, the level's factor alone (no slope within it); ``two``, the line
-and the within-level slope. Each: :func:`calibrate.validate.predict` over the level's
+and the within-level slope; ``ext``, the bands carried past their ends along the line
+through their knots (:func:`extended`). Each: :func:`calibrate.validate.predict` over the level's
 slices, ``REPS`` replications, the same seeds in every variant.
 
     python calibrate/experiments/two_speeds.py RUN [RUN ...]
@@ -87,6 +88,23 @@ def level_tables(b: pd.DataFrame, fit_levels: list[int], held: dict[int, float])
     return line, two, info
 
 
+def extended(table: dict) -> dict:
+    """``table`` (the bands) carried past its ends along the least-squares line through its
+    knots, to half its lowest rate and 1.3 times its highest, where the simulator holds it
+    flat."""
+    x = np.array([float(k) for k in table])
+    f = np.array(list(table.values()))
+    slope = np.polyfit(x, f, 1)[0]
+    lo, hi = 0.5 * x[0], 1.3 * x[-1]
+    out = {round(lo, 3): round(float(np.clip(f[0] + slope * (lo - x[0]), 0.5, 2.0)), 4)}
+    out.update({float(k): v for k, v in table.items()})
+    out[round(hi, 3)] = round(float(np.clip(f[-1] + slope * (hi - x[-1]), 0.5, 2.0)), 4)
+    return out
+
+
+VARIANTS = ("bands", "line", "two", "ext")
+
+
 def main(runs: list[Path]) -> None:
     rows = []
     for run in runs:
@@ -109,7 +127,8 @@ def main(runs: list[Path]) -> None:
             n_slices = int(g["slice"].nunique())
             measured = {q: float(np.percentile(g["latency_ms"], p)) for q, p in (("p50", 50), ("p99", 99))}
             row = {"run": run.name, "level": level, "load": offered / profile["capacity_rps"], **measured}
-            for name, table in (("bands", None), ("line", line[level]), ("two", two[level])):
+            ext = extended(profile["service_time"]["by_rate"])
+            for name, table in (("bands", None), ("line", line[level]), ("two", two[level]), ("ext", ext)):
                 p = copy.deepcopy(profile)
                 if table is not None:
                     p["service_time"]["by_rate"] = table
@@ -119,9 +138,9 @@ def main(runs: list[Path]) -> None:
             rows.append(row)
             say(
                 f"  {row['load']:.0%}: p50 {measured['p50']:.1f} ms, "
-                + ", ".join(f"{n} {row[f'{n}_p50']:+.1f}%" for n in ("bands", "line", "two"))
+                + ", ".join(f"{n} {row[f'{n}_p50']:+.1f}%" for n in VARIANTS)
                 + f" | p99 {measured['p99']:.1f} ms, "
-                + ", ".join(f"{n} {row[f'{n}_p99']:+.1f}%" for n in ("bands", "line", "two")),
+                + ", ".join(f"{n} {row[f'{n}_p99']:+.1f}%" for n in VARIANTS),
                 flush=True,
             )
     t = pd.DataFrame(rows)
@@ -134,7 +153,7 @@ def main(runs: list[Path]) -> None:
                 + ", ".join(
                     f"{n} {g[f'{n}_{q}'].median():+.1f}% ({(g[f'{n}_{q}'] > 0).sum()}/{len(g)} over, "
                     f"|err| {g[f'{n}_{q}'].abs().median():.1f})"
-                    for n in ("bands", "line", "two")
+                    for n in VARIANTS
                 )
             )
 
