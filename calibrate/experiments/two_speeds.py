@@ -11,12 +11,14 @@ throughput over their offered rate, times its offered rate). Within a level the 
 average is the level's, so this is what a model with both averages would simulate, less
 each slice's first second (left out of the measurements too).
 
-Four variants for each held-out level, on the run's profile as fitted (its table,
-``after_idle`` and speed process the same in all four): ``bands``, the profile's
+Five variants for each held-out level, on the run's profile as fitted (its table,
+``after_idle`` and speed process the same in all but the last): ``bands``, the profile's
 ``by_rate``; ``line``, the level's factor alone (no slope within it); ``two``, the line
 and the within-level slope; ``ext``, the bands carried past their ends along the line
-through their knots (:func:`extended`). Each: :func:`calibrate.validate.predict` over the level's
-slices, ``REPS`` replications, the same seeds in every variant.
+through their knots (:func:`extended`); ``line+``, the level's factor with the host's speed
+process fitted again on what a line through the fitted levels leaves of their batches
+(the bands take some of the host's slow spells for the throughput's doing). Each:
+:func:`calibrate.validate.predict` over the level's slices, ``REPS`` replications, the same seeds in every variant.
 
     python calibrate/experiments/two_speeds.py RUN [RUN ...]
 """
@@ -33,6 +35,7 @@ import pandas as pd
 
 from calibrate import idle
 from calibrate.fit import batches_from_requests, predicted_ms, with_rates
+from calibrate.speed import fit_run_speed
 from calibrate.validate import design, predict
 
 REPS = 6
@@ -102,7 +105,7 @@ def extended(table: dict) -> dict:
     return out
 
 
-VARIANTS = ("bands", "line", "two", "ext")
+VARIANTS = ("bands", "line", "two", "ext", "line+")
 
 
 def main(runs: list[Path]) -> None:
@@ -121,6 +124,21 @@ def main(runs: list[Path]) -> None:
             f"(ratio per 100 req/s); throughput / offered {info['rate_over_offered']:.3f}",
             flush=True,
         )
+        # line+: the host's speed process fitted again on what the line leaves of the fitted
+        # batches (the bands take some of the host's slow spells for the throughput's doing)
+        fitted = b[b["level"].isin(fit_levels)]
+        level_line = idle.fit_by_level(
+            fitted["rate"].to_numpy(), fitted["ratio"].to_numpy(), fitted["level"].to_numpy()
+        )
+        shares = bool((profile.get("frontend") or {}).get("client_shares_cores"))
+        refit = copy.deepcopy(profile)
+        refit["speed_process"] = fit_run_speed(
+            requests,
+            pd.read_csv(run / "slices.csv"),
+            {**profile["service_time"], "by_rate": level_line},
+            fit_levels,
+            client_shares_cores=shares,
+        )
         slice_s, warmup_s = design(requests, profile)
         for level, offered in held.items():
             g = requests[(requests["level"] == level) & ~requests["warmup"] & (requests["status"] == 200)]
@@ -128,8 +146,15 @@ def main(runs: list[Path]) -> None:
             measured = {q: float(np.percentile(g["latency_ms"], p)) for q, p in (("p50", 50), ("p99", 99))}
             row = {"run": run.name, "level": level, "load": offered / profile["capacity_rps"], **measured}
             ext = extended(profile["service_time"]["by_rate"])
-            for name, table in (("bands", None), ("line", line[level]), ("two", two[level]), ("ext", ext)):
-                p = copy.deepcopy(profile)
+            variants = (
+                ("bands", None),
+                ("line", line[level]),
+                ("two", two[level]),
+                ("ext", ext),
+                ("line+", line[level]),
+            )
+            for name, table in variants:
+                p = copy.deepcopy(refit if name == "line+" else profile)
                 if table is not None:
                     p["service_time"]["by_rate"] = table
                 got = predict(p, offered, slices=n_slices, slice_s=slice_s, warmup_s=warmup_s, reps=REPS, seed=level)
