@@ -108,12 +108,17 @@ def extended(table: dict) -> dict:
 VARIANTS = ("bands", "line", "two", "ext", "line+")
 
 
+def read_run(run: Path) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """A ``calibrate run`` folder's profile, its requests and its levels' summary."""
+    profile = json.loads((run / "profile.json").read_text())
+    requests = pd.read_csv(run / "measurements.csv.gz")
+    return profile, requests, pd.DataFrame(json.loads((run / "validation.json").read_text())["levels"])
+
+
 def main(runs: list[Path]) -> None:
     rows = []
     for run in runs:
-        profile = json.loads((run / "profile.json").read_text())
-        requests = pd.read_csv(run / "measurements.csv.gz")
-        summary = pd.DataFrame(json.loads((run / "validation.json").read_text())["levels"])
+        profile, requests, summary = read_run(run)
         fit_levels = [f["level"] for f in profile["fit_levels"]]
         held_rows = summary[summary["held_out"]]
         held = {int(lv["level"]): float(lv["offered_rps"]) for _, lv in held_rows.iterrows()}
