@@ -44,8 +44,8 @@ say = print
 
 def batch_ratios(run: Path, profile: dict) -> pd.DataFrame:
     """Every settled batch of every level (the first second of its slice left out): its
-    level, its instance's recent throughput and its time over the profile's table and
-    ``after_idle``."""
+    level and slice, its instance's recent throughput and its time over the profile's
+    table and ``after_idle``."""
     service = profile["service_time"]
     every = pd.read_csv(run / "measurements.csv.gz")
     ok = with_rates(every[every["status"] == 200])
@@ -61,6 +61,7 @@ def batch_ratios(run: Path, profile: dict) -> pd.DataFrame:
             pd.DataFrame(
                 {
                     "level": level,
+                    "slice": g["slice"].iloc[0],
                     "offered": float(g["offered_rps"].iloc[0]),
                     "rate": b["rate_rps"].to_numpy(),
                     "ratio": b["service_ms"].to_numpy() / fitted,
