@@ -51,46 +51,63 @@ def scheduled_rate(at_ms: np.ndarray, arrivals_ms: np.ndarray, tau_ms: float = T
     return out[: len(at_ms)]
 
 
+def level_batches(run: Path, profile: dict) -> pd.DataFrame:
+    """Every batch of ``run``'s levels after warm-up, slice by slice in dispatch order: its
+    level, slice and offered rate, when it was dispatched (``at``, ms on the server's
+    clock), its instance's recent throughput (``rate``, req/s) and how long into its slice
+    (``since``, ms), and its time over the profile's table and ``after_idle`` (``ratio``)."""
+    service = profile["service_time"]
+    every = pd.read_csv(run / "measurements.csv.gz")
+    ok = with_rates(every[every["status"] == 200])
+    ok = ok[~ok["warmup"]].sort_values(["slice", "dispatched_at_ns"], kind="stable")
+    out = []
+    for (level, _), g in ok.groupby(["level", "slice"]):
+        b = batches_from_requests(g)
+        fitted = predicted_ms(service, b["batch_size"].to_numpy()) * idle.idle_factor(
+            b["idle_ms"].to_numpy(), service.get("after_idle")
+        )
+        out.append(
+            pd.DataFrame(
+                {
+                    "level": level,
+                    "slice": g["slice"].iloc[0],
+                    "offered": float(g["offered_rps"].iloc[0]),
+                    "at": np.sort(g["dispatched_at_ns"].unique()) / 1e6,
+                    "rate": b["rate_rps"].to_numpy(),
+                    "since": b["rate_since_ms"].to_numpy(),
+                    "ratio": b["service_ms"].to_numpy() / fitted,
+                }
+            )
+        )
+    return pd.concat(out, ignore_index=True)
+
+
 def level_speeds(run: Path) -> tuple[pd.DataFrame, dict]:
     """Per level of ``run``: its rate, its speed before ``by_rate`` (mean log ratio, %) and
     ``by_rate``'s mean log factor (%); and per batch of every level, its log speed, its
     level and its scheduled recent arrivals."""
     profile = json.loads((run / "profile.json").read_text())
-    service = profile["service_time"]
-    by_rate = {float(k): v for k, v in service["by_rate"].items()}
+    by_rate = {float(k): v for k, v in profile["service_time"]["by_rate"].items()}
     every = pd.read_csv(run / "measurements.csv.gz")
     known = every.dropna(subset=["received_at_ns"])
     start = (known["received_at_ns"] / 1e9 - known["scheduled_s"]).groupby(known["slice"]).transform("min")
     arrivals = ((known["scheduled_s"] + start) * 1e3).to_numpy()  # the schedule on the server's clock
-    ok = with_rates(every[every["status"] == 200])
-    ok = ok[~ok["warmup"]].sort_values(["slice", "dispatched_at_ns"], kind="stable")
-    batches = []
-    for (level, _), g in ok.groupby(["level", "slice"]):
-        b = batches_from_requests(g)
-        at = np.sort(g["dispatched_at_ns"].unique()) / 1e6
-        fitted = predicted_ms(service, b["batch_size"].to_numpy()) * idle.idle_factor(
-            b["idle_ms"].to_numpy(), service["after_idle"]
-        )
-        y = np.log(b["service_ms"].to_numpy() / fitted)
-        f = np.log(idle.rate_factor_at(b["rate_rps"].to_numpy(), by_rate))
-        batches.append(
-            pd.DataFrame(
-                {
-                    "level": level,
-                    "y": y,
-                    "f": f,
-                    "at": at,
-                    "slice": g["slice"].iloc[0],
-                    "w": (at - at[0]) // 100,  # its 0.1 s window in the slice
-                }
-            )
-        )
-    b = pd.concat(batches, ignore_index=True)
+    got = level_batches(run, profile)
+    b = pd.DataFrame(
+        {
+            "level": got["level"],
+            "y": np.log(got["ratio"]),
+            "f": np.log(idle.rate_factor_at(got["rate"].to_numpy(), by_rate)),
+            "at": got["at"],
+            "slice": got["slice"],
+            "w": (got["at"] - got.groupby("slice")["at"].transform("min")) // 100,  # its 0.1 s window in the slice
+        }
+    )
     b["x"] = scheduled_rate(b["at"].to_numpy(), arrivals)  # every batch's in one pass over the schedule
     rows = [
         {
             "level": level,
-            "rate": float(ok.loc[ok["level"] == level, "offered_rps"].iloc[0]),
+            "rate": float(got.loc[got["level"] == level, "offered"].iloc[0]),
             "speed": 100 * g["y"].mean(),
             "by_rate": 100 * g["f"].mean(),
         }

@@ -34,7 +34,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate import idle
-from calibrate.fit import batches_from_requests, predicted_ms, with_rates
+from calibrate.experiments.by_level import level_batches
 from calibrate.speed import fit_run_speed
 from calibrate.validate import design, predict
 
@@ -43,32 +43,11 @@ say = print
 
 
 def batch_ratios(run: Path, profile: dict) -> pd.DataFrame:
-    """Every settled batch of every level (the first second of its slice left out): its
-    level and slice, its instance's recent throughput and its time over the profile's
-    table and ``after_idle``."""
-    service = profile["service_time"]
-    every = pd.read_csv(run / "measurements.csv.gz")
-    ok = with_rates(every[every["status"] == 200])
-    ok = ok[~ok["warmup"]]
-    out = []
-    for (level, _), g in ok.groupby(["level", "slice"]):
-        b = batches_from_requests(g)
-        fitted = predicted_ms(service, b["batch_size"].to_numpy()) * idle.idle_factor(
-            b["idle_ms"].to_numpy(), service.get("after_idle")
-        )
-        settled = b["rate_since_ms"].to_numpy() >= 2 * idle.RATE_WINDOW_MS
-        out.append(
-            pd.DataFrame(
-                {
-                    "level": level,
-                    "slice": g["slice"].iloc[0],
-                    "offered": float(g["offered_rps"].iloc[0]),
-                    "rate": b["rate_rps"].to_numpy(),
-                    "ratio": b["service_ms"].to_numpy() / fitted,
-                }
-            )[settled]
-        )
-    return pd.concat(out, ignore_index=True)
+    """Every settled batch of every level (:func:`calibrate.experiments.by_level.level_batches`
+    whose slice's first second is past): its level and slice, its instance's recent
+    throughput and its time over the profile's table and ``after_idle``."""
+    b = level_batches(run, profile)
+    return b[b["since"] >= 2 * idle.RATE_WINDOW_MS].reset_index(drop=True)
 
 
 def level_tables(b: pd.DataFrame, fit_levels: list[int], held: dict[int, float]) -> tuple[dict, dict, dict]:
@@ -145,13 +124,13 @@ def main(runs: list[Path]) -> None:
             fit_levels,
             client_shares_cores=shares,
         )
+        ext = extended(profile["service_time"]["by_rate"])
         slice_s, warmup_s = design(requests, profile)
         for level, offered in held.items():
             g = requests[(requests["level"] == level) & ~requests["warmup"] & (requests["status"] == 200)]
             n_slices = int(g["slice"].nunique())
             measured = {q: float(np.percentile(g["latency_ms"], p)) for q, p in (("p50", 50), ("p99", 99))}
             row = {"run": run.name, "level": level, "load": offered / profile["capacity_rps"], **measured}
-            ext = extended(profile["service_time"]["by_rate"])
             variants = (
                 ("bands", None),
                 ("line", line[level]),
