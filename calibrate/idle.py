@@ -222,8 +222,10 @@ def fit_by_level(rate_rps: np.ndarray, ratio: np.ndarray, level: np.ndarray, *, 
     """``service_time.by_rate`` as a line in the instance's recent throughput through each
     level's mean ratio (over the mean ratio of all) at its mean throughput: the speed that a
     level's load sets, without the within-level spread of the throughput, along which the
-    speed runs about twice as steep (a burst of arrivals speeds a batch up, and a fast spell
-    of the host takes more requests into batches; calibrate/experiments/by_level.py). Tabled at
+    speed runs steeper (a burst of arrivals speeds a batch up, and a fast spell of the host
+    takes more requests into batches: 7.1 against 4.1% per 100 req/s on the scheduled
+    arrivals, calibrate/experiments/by_level.py; a median 6 against 4 on the 500 ms
+    throughput, calibrate/experiments/two_speeds.py). Tabled at
     :data:`LEVEL_POINTS` rates from ``LEVEL_REACH[0]`` × the lightest level's rate to
     ``LEVEL_REACH[1]`` × the busiest one's, so that a held-out level beyond them follows
     the line. None where fewer than two levels hold ``min_batches``."""
