@@ -34,9 +34,11 @@ def fit_event_loop(
     it loses what the loop now holds after the batch (``per_batch + per_request × (k +
     1) / 2`` on average for a request of a batch of ``k``). The batch's hand-back (its
     outputs read and copied on the loop, ``handoff`` less ``handoff_in``) is a loop job of
-    its light-load median (``return_ms``), and the instance's own time is the fitted batch
-    time less the hand-back's mean over the fitted levels (``instance_less_ms``), waits
-    for the loop included: the model's loop adds its own."""
+    its light-load median (``return_ms``), or drawn from the light level's hand-backs
+    (``return_time``), and the instance's own time is the fitted batch time less the
+    hand-back's mean over the fitted levels (``instance_less_ms``), waits for the loop
+    included: the model's loop adds its own. The median's CPU comes off the admission;
+    the tail above it is the loop kept from its core, not its work."""
     if not all(c in df and df[c].notna().any() for c in CLOCKS):
         return None
     ok = df.dropna(subset=[*CLOCKS, "batch_size"])
@@ -67,8 +69,13 @@ def fit_event_loop(
     delay = rest + service - admit - held - behind * later_responses(lowest).fillna(0.0).to_numpy()
     # a loop job after the loop slept runs slower: by the server's clocks, against the light level
     cold = idle.fit_loop_after_idle(ok, lowest, batch_time_us(ok).to_numpy() / 1e3)
+    # its draws: the light level's hand-backs whole, for their tail (a wake-up or a core
+    # shared with the client, past 1 ms for one batch in ten) is not the model's loop waits
+    # (calibrate/README, "The hand-back's tail")
+    drawn = back[light_b] if back is not None else None
     return {
         "return_ms": return_ms,
+        **({"return_time": fit_distribution(drawn, rng=rng)} if drawn is not None and (drawn > 0).sum() >= 20 else {}),
         "instance_less_ms": float(back.mean()) if back is not None else 0.0,
         "respond_per_batch_ms": per_batch,
         "respond_per_request_ms": per_request,

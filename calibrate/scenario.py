@@ -73,6 +73,9 @@ RESPONDS_FIRST = False
 # (event_loop.batcher_yields; calibrate/README, "The batcher is a task on the loop");
 # ranker_loop_models.py --no-batcher-yields turns it off
 BATCHER_YIELDS = True
+# the batch's hand-back on the loop drawn from the light level's (event_loop.return_time,
+# profiles since "The hand-back's tail"), not its median every time (return_ms)
+HAND_BACK_DRAWN = True
 
 
 def timer_late(profile: dict, preprocess: dict) -> dict | None:
@@ -172,6 +175,9 @@ def scenario_dict(
                     k: loop[k] * speed for k in ("return_ms", "respond_per_batch_ms", "respond_per_request_ms")
                 },
             }
+            if HAND_BACK_DRAWN and loop.get("return_time"):  # the hand-back as measured, its tail too
+                preprocess["event_loop"]["return_time"] = scaled(dist(loop["return_time"]), speed)
+                del preprocess["event_loop"]["return_ms"]
             if loop.get("read_behind_ms"):  # a client on its core reads a batch's answers late (calibrate.behind)
                 preprocess["event_loop"]["read_behind_ms"] = loop["read_behind_ms"] * speed
             if loop.get("cost_by_held"):  # its work grows with the requests it holds, as measured

@@ -46,8 +46,10 @@ class LoopPath:
                 s.preprocess.relay, s.batching, s.preprocess.cpu_workers, instances, service, frontend
             )
         else:  # the front end's one event loop, and the instances it feeds
-            late = delay(s.preprocess.event_loop.timer_late, child(rng.preprocess, 1))
-            self.server = Loop(s.preprocess.event_loop, s.batching, instances, service, frontend, late)
+            loop = s.preprocess.event_loop
+            late = delay(loop.timer_late, child(rng.preprocess, 1))
+            back = delay(loop.return_time, child(rng.preprocess, 2))
+            self.server = Loop(loop, s.batching, instances, service, frontend, late, back)
         self.wait = Horizon(by_id=True)
 
     def run(self, ledger: Ledger, hub, ids: np.ndarray, t: np.ndarray, horizon: float) -> tuple[np.ndarray, BatchLog]:

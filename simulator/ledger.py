@@ -105,7 +105,9 @@ class BatchLog:
     """Columnar record of every batch: when it ran, how big, on which instance; an LLM
     replica's steps also say the share of its KV blocks in use after each and the share of
     each's time its prompt tokens took (None otherwise), and carry the gaps between the
-    tokens they made (``gaps``, a table of its own, not a row per step)."""
+    tokens they made (``gaps``, a table of its own, not a row per step). A batch on a front
+    end's event loop also says when its instance finished it (``computed``): the loop took
+    it back from then to ``end``."""
 
     start: np.ndarray
     end: np.ndarray
@@ -113,6 +115,7 @@ class BatchLog:
     instance: np.ndarray
     kv_usage: np.ndarray | None = None
     prefill_share: np.ndarray | None = None  # an LLM step: the share of its time its prompt tokens took
+    computed: np.ndarray | None = None  # a batch on an event loop: its instance done, before the loop took it back
     gaps: TokenGaps | None = None
 
     @classmethod

@@ -176,6 +176,7 @@ def test_the_fit_recovers_the_loop_from_the_server_clocks():
     the hand-back's light-load median; the loop's CPU per request kept, the hand-back
     counted once (it was twice: in the admission and in its own job)."""
     from calibrate.fit import fit_event_loop
+    from simulator.scenario.path import Preprocess
 
     rng = np.random.default_rng(0)
     rows = []
@@ -198,8 +199,10 @@ def test_the_fit_recovers_the_loop_from_the_server_clocks():
     assert loop["respond_per_batch_ms"] == pytest.approx(0.2, abs=0.01)
     assert loop["respond_per_request_ms"] == pytest.approx(0.25, abs=0.01)
     assert loop["return_ms"] == pytest.approx(0.15 + 20 * np.log(2) / 1e3, abs=0.005)
+    # and the light level's hand-backs whole, for the draws (mean 0.17 ms, the median below it)
+    drawn = Preprocess(service={k: v for k, v in loop["return_time"].items() if k != "fit"}).service
+    assert drawn.mean == pytest.approx(0.17, abs=0.004)
     per_request_batches = df.drop_duplicates(["slice", "dispatched_at_ns"]).shape[0] / len(df)
-    from simulator.scenario.path import Preprocess
 
     admit = Preprocess(service={k: v for k, v in loop["admit"].items() if k != "fit"}).service.mean
     # the loop's CPU kept: admissions, responses, and each batch's resumption and hand-back
@@ -342,6 +345,51 @@ def test_the_timer_lateness_is_drawn_per_window_and_a_chunked_run_draws_the_same
     assert np.percentile(on_wait[(on_time.batch_size == 1) & (on_wait >= 2.0)] - 2.0, 99) < 0.5
     got = np.concatenate([p.records.t_response for p in stream(s, chunk_s=0.7)])
     np.testing.assert_array_equal(got, rec.t_response)
+
+
+def test_the_hand_back_is_drawn_per_batch_and_a_chunked_run_draws_the_same():
+    """Requests 100 ms apart: each batch of one is taken back in a draw of ``return_time``
+    (an exponential of mean 0.3 ms: its mean and its tail, not a constant), the draws
+    follow the seed, and a run cut in chunks draws the same; a deterministic draw is
+    ``return_ms`` to the bit."""
+    from simulator.engine import stream
+
+    doc = _doc(1.0, {"return_time": {"kind": "exponential", "mean_ms": 0.3}, "respond_per_batch_ms": 0.2})
+    doc["traffic"] = {"rate_rps": 10.0}
+    doc["duration_s"] = 200
+    doc["workers"]["service_time"] = {"kind": "deterministic", "value_ms": 5.0}
+    s = Scenario.model_validate(doc)
+    rec = simulate(s).records
+    lone = rec.batch_size == 1
+    back = (rec.t_inferred - rec.t_dispatch)[lone] - 5.0
+    assert back.mean() == pytest.approx(0.3, rel=0.1)
+    assert np.percentile(back, 99) > 1.0
+    assert back.min() < 0.05
+    got = np.concatenate([p.records.t_response for p in stream(s, chunk_s=3.0)])
+    np.testing.assert_array_equal(got, rec.t_response)
+    other = simulate(s, seed=4).records
+    assert not np.array_equal(other.t_inferred - other.t_dispatch, rec.t_inferred - rec.t_dispatch)
+    fixed = {"return_time": {"kind": "deterministic", "value_ms": 0.3}, "respond_per_batch_ms": 0.2}
+    const = {"return_ms": 0.3, "respond_per_batch_ms": 0.2}
+    a = simulate(Scenario.model_validate({**doc, "preprocess": {**doc["preprocess"], "event_loop": fixed}})).records
+    b = simulate(Scenario.model_validate({**doc, "preprocess": {**doc["preprocess"], "event_loop": const}})).records
+    np.testing.assert_array_equal(a.t_response, b.t_response)
+
+
+def test_a_drawn_hand_back_and_a_constant_one_are_refused_together_naming_the_line(tmp_path):
+    import yaml
+
+    from simulator.scenario.loader import ScenarioError
+
+    path = tmp_path / "s.yaml"
+    loop = {"return_ms": 0.1, "return_time": {"kind": "exponential", "mean_ms": 0.3}}
+    path.write_text(yaml.safe_dump(_doc(100.0, loop), sort_keys=False))
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(path)
+    text = str(err.value)
+    assert "preprocess.event_loop.return_time" in text
+    assert "set one of them" in text
+    assert "line " in text
 
 
 def test_a_late_timer_needs_a_window():

@@ -89,7 +89,11 @@ class Records:
 
 
 def batch_frame(log: BatchLog) -> pd.DataFrame:
-    """The batch log as a table: start_ms, end_ms, size, instance."""
+    """The batch log as a table: start_ms, end_ms, size, instance (and, for a batch on an
+    event loop, computed_ms: when its instance finished it, before the loop took it back)."""
     import pandas as pd
 
-    return pd.DataFrame({"start_ms": log.start, "end_ms": log.end, "size": log.size, "instance": log.instance})
+    df = pd.DataFrame({"start_ms": log.start, "end_ms": log.end, "size": log.size, "instance": log.instance})
+    if log.computed is not None:
+        df["computed_ms"] = log.computed
+    return df

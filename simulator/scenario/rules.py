@@ -205,6 +205,11 @@ def event_loop_rules(s: Scenario) -> None:
             "preprocess.event_loop.reads_first_ms bounds how long reads go before a resumption: "
             "it needs preprocess.event_loop.reads_first: true"
         )
+    if s.preprocess.event_loop.return_time is not None and s.preprocess.event_loop.return_ms > 0:
+        raise ValueError(
+            "preprocess.event_loop.return_time draws the hand-back's time per batch in place of return_ms: "
+            "set one of them"
+        )
     if s.preprocess.event_loop.timer_late is not None and s.batching.max_queue_delay_ms <= 0:
         raise ValueError(
             "preprocess.event_loop.timer_late delays the batching window's timer: it needs a window "

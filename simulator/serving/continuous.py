@@ -391,7 +391,7 @@ class Replicas:
             inst_col = np.full(len(steps.start), inst, np.int64)
             gaps = TokenGaps.of(rep.token_gaps())
             logs.append(
-                BatchLog(steps.start, steps.end, steps.seqs, inst_col, steps.kv_usage, steps.prefill_share, gaps)
+                BatchLog(steps.start, steps.end, steps.seqs, inst_col, steps.kv_usage, steps.prefill_share, gaps=gaps)
             )
         return Settled(
             np.concatenate(ids),

@@ -152,7 +152,9 @@ class Loop:
     ``service`` (a :class:`~simulator.serving.workers.ServiceModel` feed) draws the batch
     times in dispatch order; ``front`` is the loop's speed path."""
 
-    def __init__(self, loop: EventLoop, batching: Batching, instances: int, service, front=None, timer_late=None):
+    def __init__(
+        self, loop: EventLoop, batching: Batching, instances: int, service, front=None, timer_late=None, hand_back=None
+    ):
         self.loop, self.batching, self.service = loop, batching, service
         instance_state(self, batching, instances, service, front)
         self.st = np.zeros(16, dtype=np.int64)
@@ -165,6 +167,8 @@ class Loop:
         self.resume = -1.0 if loop.resume_ms is None else float(loop.resume_ms)
         self.wait, self.wdue, self.t_back, self.late = np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0)
         self.timer_late = timer_late  # a Sampler of how late the window's timer fires, or None
+        self.hand_back = hand_back  # a Sampler of the hand-back's time (``return_time``), or None: ``return_ms``
+        self.ret = np.zeros(0)  # each request's hand-back time, used when it heads its batch
         # how long after its fetch is back a resumption waits while any request waits to be read (0: not)
         self.reads_hold = (
             (math.inf if loop.reads_first_ms is None else float(loop.reads_first_ms)) if loop.reads_first else 0.0
@@ -193,13 +197,15 @@ class Loop:
         push's), each admitted in ``cost`` ms of nominal loop work; with ``resume_ms``, each
         then awaits its fetch of ``wait`` ms off the loop."""
         k, n = len(ids), self.n
-        for name, fill in (("t", 0.0), ("cost", 0.0), ("wait", 0.0), ("late", 0.0), ("t_back", np.nan),
+        for name, fill in (("t", 0.0), ("cost", 0.0), ("wait", 0.0), ("late", 0.0), ("ret", 0.0), ("t_back", np.nan),
                            ("t_enq", np.nan), ("t_disp", np.nan), ("t_resp", np.nan), ("t_drop", np.nan),
                            ("outcome", 0), ("pb", -1), ("ids", -1), ("rep", False)):  # fmt: skip
             setattr(self, name, _grow(getattr(self, name), n + k, fill))
         self.t[n : n + k], self.cost[n : n + k], self.ids[n : n + k] = t, cost, ids
         if self.timer_late is not None:  # drawn in the order requests reach the loop, one each
             self.late[n : n + k] = self.timer_late.draw(k)
+        # the hand-back's time, drawn in the same order, used for the batch the request heads
+        self.ret[n : n + k] = float(self.loop.return_ms) if self.hand_back is None else self.hand_back.draw(k)
         if wait is not None:
             self.wait[n : n + k] = wait
         self.n += k
@@ -228,7 +234,7 @@ class Loop:
             n, float(horizon), st, self.clock, self.t, self.cost, self.wait, self.late, self.resume, self.reads_hold,
             self.responds_first, self.batcher_yields,
             self.held_k, self.hx, self.hf, self.lx, self.lf, self.arrived, self.wq, self.wdue, self.t_back,
-            float(self.loop.return_ms), float(self.loop.respond_per_batch_ms), float(self.loop.respond_per_request_ms),
+            self.ret, float(self.loop.respond_per_batch_ms), float(self.loop.respond_per_request_ms),
             float(self.loop.read_behind_ms),
             int(b.max_batch_size), float(b.max_queue_delay_ms), self.cap, self.preferred, self.factors, self.means,
             self.idle_t, self.idle_f, *self.rate,
@@ -247,7 +253,10 @@ class Loop:
         responded = self.b_resp[:nb]
         b = np.flatnonzero(responded & ~self.b_out[:nb])
         self.b_out[b] = True
-        log = BatchLog(self.b_start[b].copy(), self.b_end[b].copy(), self.b_size[b].copy(), self.b_inst[b].copy())
+        log = BatchLog(
+            self.b_start[b].copy(), self.b_end[b].copy(), self.b_size[b].copy(), self.b_inst[b].copy(),
+            computed=self.b_done[b].copy(),
+        )  # fmt: skip
         p0 = int(np.argmin(self.rep[:n])) if not self.rep[:n].all() else n
         b0 = int(np.argmin(responded)) if not responded.all() else nb
         self._shift(p0, b0)
@@ -262,8 +271,8 @@ class Loop:
                 st[_ARG] -= p0
             elif st[_KIND] == _RETURN:
                 st[_ARG] -= b0
-        kept = ("t", "cost", "wait", "late", "t_back", "t_enq", "t_disp", "t_resp", "t_drop", "outcome", "pb", "ids",
-                "rep")  # fmt: skip
+        kept = ("t", "cost", "wait", "late", "ret", "t_back", "t_enq", "t_disp", "t_resp", "t_drop", "outcome", "pb",
+                "ids", "rep")  # fmt: skip
         for name in kept:
             setattr(self, name, getattr(self, name)[p0 : self.n].copy())
         self.n -= p0

@@ -87,7 +87,7 @@ _dispatch = jit.njit(cache=True, nogil=True)(_dispatch_py)
 
 def _kernel_py(
     n, horizon, st, clock, t, cost, wait, late, resume, reads_hold, responds_first, batcher_yields, held_k, hx, hf,
-    lx, lf, arrived, wq, wdue, t_back, ret, resp_b, resp_k, behind,
+    lx, lf, arrived, wq, wdue, t_back, rets, resp_b, resp_k, behind,
     max_b, delay, cap, preferred, factors, means, idle_t, idle_f, rk, rf, rtau, rst, ak, af,
     ip_t, ip_w, ip_f, fp_t, fp_w, fp_f, free_at, busy, seq, ends, bid, back, resp,
     t_enq, t_disp, t_resp, outcome, t_drop, pb, buf, b_pos, b_size, b_start, b_end, b_inst, b_done, b_resp,
@@ -147,6 +147,7 @@ def _kernel_py(
                 if rb == r:
                     arg = back[bh]
                     bh += 1
+                    ret = rets[buf[b_pos[arg]]]  # the hand-back's time, drawn for the request heading the batch
                     loop_free = finish_on_path(start, ret * more * cold, fp_t, fp_w, fp_f)
                     kind = _RETURN
                 elif rr == r or (responds_first and rr <= start):  # a batch's responses (first, if asked)
