@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from calibrate.scenario import ranker_on_loop
+from calibrate import scenario
 from calibrate.specs import spec_mean as _mean
 
 
@@ -105,10 +105,10 @@ def fitted_model(profile: dict) -> list[str]:
         *_speed_process(profile),
     ]
     if profile.get("frontend"):
-        lines.append(_frontend(profile["frontend"], ranker_on_loop(profile)))
+        lines.append(_frontend(profile["frontend"], scenario.ranker_on_loop(profile)))
     if "features" in profile:
         f = profile["features"]
-        if ranker_on_loop(profile):
+        if scenario.ranker_on_loop(profile):
             how = (
                 f"each trip a pure delay of its light-load wall time (mean {_mean(f['light_round_trip']):.3f} ms); "
                 "its CPU is in the loop's admission job (`preprocess.event_loop`, above)."
@@ -175,6 +175,15 @@ def _reads_first(fit: dict) -> str:
     )
 
 
+def _hand_back(loop: dict) -> str:
+    """The loop's take-back of a batch: drawn from the light level's (``return_time``) or its median."""
+    if loop.get("return_time") and scenario.HAND_BACK_DRAWN:
+        return f"drawn per batch from the light level's hand-backs, median {loop['return_ms']:.2f} ms, mean " + (
+            f"{_mean(loop['return_time']):.2f} ms"
+        )
+    return f"{loop['return_ms']:.2f} ms"
+
+
 def _event_loop(fe: dict, on_loop: bool = False) -> str:
     """The front end's event loop (``preprocess.event_loop``), when the scenario uses it
     (``on_loop``: a ranker's, whose Redis client's CPU it holds too)."""
@@ -183,7 +192,7 @@ def _event_loop(fe: dict, on_loop: bool = False) -> str:
         return ""
     return (
         f" As the scenario runs it, the station is **one event loop** (`preprocess.event_loop`, from the "
-        f"server's clocks) that also takes each batch back ({loop['return_ms']:.2f} ms; the instance's time "
+        f"server's clocks) that also takes each batch back ({_hand_back(loop)}; the instance's time "
         f"less {loop['instance_less_ms']:.2f} ms, the hand-back's mean) and writes its responses "
         f"({loop['respond_per_batch_ms']:.2f} ms a batch plus {loop['respond_per_request_ms']:.2f} ms a "
         f"request): admissions mean {_mean(loop['admit']):.2f} ms, and the pure delay mean "

@@ -676,3 +676,31 @@ def test_a_yielding_batcher_runs_in_chunks_as_one_run():
     done, done_plain = ~np.isnan(whole.t_dispatch), ~np.isnan(plain.t_dispatch)
     # the requests ready at the batcher's turn join its batch: bigger batches
     assert whole.batch_size[done].mean() > plain.batch_size[done_plain].mean()
+
+
+def test_a_calibrated_loop_draws_its_hand_back_from_the_light_level():
+    """The committed EPYC run's profile carries the light level's hand-backs: its scenario
+    draws them per batch (scaled with the slice's speed) in place of their median, the
+    report says so, and a profile fitted before them keeps the median."""
+    import copy
+    import json
+    from pathlib import Path
+
+    from calibrate import report_model
+    from calibrate.scenario import scenario_dict
+    from calibrate.specs import spec_mean
+
+    profile = json.loads((Path(__file__).parents[1] / "calibrate/profiles/cpu-resnet64-epyc/profile.json").read_text())
+    loop = profile["frontend"]["event_loop"]
+    doc = scenario_dict(profile, 100.0, duration_s=2.0, warmup_s=0.25, speed=1.1)
+    drawn = doc["preprocess"]["event_loop"]
+    assert "return_ms" not in drawn
+    assert spec_mean(drawn["return_time"]) == pytest.approx(1.1 * spec_mean(loop["return_time"]), rel=1e-3)
+    assert spec_mean(loop["return_time"]) > loop["return_ms"]  # the tail above the median
+    Scenario.model_validate(doc)
+    assert "drawn per batch from the light level's hand-backs" in report_model._hand_back(loop)
+    older = copy.deepcopy(profile)
+    del older["frontend"]["event_loop"]["return_time"]
+    kept = scenario_dict(older, 100.0, duration_s=2.0, warmup_s=0.25)["preprocess"]["event_loop"]
+    assert kept["return_ms"] == pytest.approx(loop["return_ms"])
+    assert "return_time" not in kept
