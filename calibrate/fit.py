@@ -179,15 +179,16 @@ def batches_from_requests(df: pd.DataFrame) -> pd.DataFrame:
 FIT_ROUNDS = 2  # rounds of the idle and throughput factors' backfitting
 
 
-def with_rates(requests: pd.DataFrame) -> pd.DataFrame:
+def with_rates(requests: pd.DataFrame, initial: dict[int, float] | None = None) -> pd.DataFrame:
     """``requests`` (successful ones, their slices whole) with ``rate_rps``, their
     instance's recent throughput before their batch, and ``rate_since_ms``, how long into
-    their slice (:func:`calibrate.idle.rate_before`); as given without the server's clock,
-    or when they already have them (a slice's rates are its own: a subset keeps them)."""
+    their slice (:func:`calibrate.idle.rate_before`, each slice's from ``initial``'s rate
+    where given); as given without the server's clock, or when they already have them (a
+    slice's rates are its own: a subset keeps them)."""
     if "rate_rps" in requests:
         return requests
     ok = requests.dropna(subset=["batch_size"])
-    got = idle.rate_before(ok) if idle.BY_RATE else None
+    got = idle.rate_before(ok, initial=initial) if idle.BY_RATE else None
     if got is None:
         return requests
     return requests.assign(rate_rps=pd.Series(got[0], index=ok.index), rate_since_ms=pd.Series(got[1], index=ok.index))

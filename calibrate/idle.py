@@ -153,12 +153,15 @@ RATE_WINDOW_MS = 500.0
 RATE_BANDS = 8
 
 
-def recent_rate(start_ms: np.ndarray, sizes: np.ndarray, tau_ms: float = RATE_WINDOW_MS) -> np.ndarray:
+def recent_rate(
+    start_ms: np.ndarray, sizes: np.ndarray, tau_ms: float = RATE_WINDOW_MS, initial_rps: float = 0.0
+) -> np.ndarray:
     """Requests a second an instance took into batches before each of its batches (starting
     at ``start_ms``, in order, of ``sizes``): an exponential average over ``tau_ms``, from
-    none before the first, as the simulator keeps it (``simulator.serving.compiled.rate_factor``)."""
+    ``initial_rps`` as the first went (none by default), as the simulator keeps it
+    (``simulator.serving.compiled.rate_factor``, ``service_time.rate_initial_rps``)."""
     out = np.empty(len(start_ms))
-    x, t = 0.0, float(start_ms[0]) if len(start_ms) else 0.0
+    x, t = initial_rps / 1000.0, float(start_ms[0]) if len(start_ms) else 0.0
     for i, (s, k) in enumerate(zip(np.asarray(start_ms, dtype=float), np.asarray(sizes, dtype=float), strict=True)):
         x *= np.exp(-(s - t) / tau_ms)
         out[i] = x * 1000.0
@@ -167,12 +170,15 @@ def recent_rate(start_ms: np.ndarray, sizes: np.ndarray, tau_ms: float = RATE_WI
     return out
 
 
-def rate_before(df: pd.DataFrame, tau_ms: float = RATE_WINDOW_MS) -> tuple[np.ndarray, np.ndarray] | None:
+def rate_before(
+    df: pd.DataFrame, tau_ms: float = RATE_WINDOW_MS, initial: dict[int, float] | None = None
+) -> tuple[np.ndarray, np.ndarray] | None:
     """For each row (a request, or a batch) of ``df``: its instance's recent throughput
     before its batch (:func:`recent_rate` over its slice's batches by the server's dispatch
-    clock, from none at the slice's first batch: the fit reads no other slice), and how
-    long after that first batch it went (ms; a rate soon after it misses the slice before
-    it). None without that clock."""
+    clock, from none at the slice's first batch: the fit reads no other slice; from
+    ``initial``'s rate for the slice where given, :func:`slice_start_rates`), and how long
+    after that first batch it went (ms; a rate soon after it misses the slice before it).
+    None without that clock."""
     if "dispatched_at_ns" not in df or "slice" not in df or df["dispatched_at_ns"].isna().any():
         return None
     rows = pd.DataFrame(
@@ -187,11 +193,45 @@ def rate_before(df: pd.DataFrame, tau_ms: float = RATE_WINDOW_MS) -> tuple[np.nd
     rate, since = np.empty(len(b)), np.empty(len(b))
     for s in np.unique(sl):
         at = np.flatnonzero(sl == s)
-        rate[at] = recent_rate(start[at], size[at], tau_ms)
+        rate[at] = recent_rate(start[at], size[at], tau_ms, (initial or {}).get(int(s), 0.0))
         since[at] = start[at] - start[at[0]]
     b = b.assign(rate=rate, since=since)
     out = rows.merge(b[["slice", "start", "rate", "since"]], on=["slice", "start"], how="left")
     return out["rate"].to_numpy(), out["since"].to_numpy()
+
+
+def slice_start_rates(df: pd.DataFrame, tau_ms: float = RATE_WINDOW_MS) -> dict[int, float] | None:
+    """Each slice's instance's recent throughput (req/s) as its first batch went:
+    :func:`recent_rate` carried over every batch of the run by the server's dispatch clock,
+    the slices before it and the gaps between them included, as the instance lived them
+    (``service_time.rate_initial_rps`` for a replay of that slice). None without that
+    clock."""
+    if "dispatched_at_ns" not in df or "slice" not in df or df["dispatched_at_ns"].isna().any():
+        return None
+    b = (
+        pd.DataFrame(
+            {
+                "slice": df["slice"].to_numpy(),
+                "start": df["dispatched_at_ns"].to_numpy() / 1e6,
+                "size": df["batch_size"].to_numpy(dtype=float),
+            }
+        )
+        .drop_duplicates(["slice", "start"])
+        .sort_values("start", kind="stable")
+    )
+    b = b.assign(rate=recent_rate(b["start"].to_numpy(), b["size"].to_numpy(), tau_ms))
+    return {int(s): float(r) for s, r in b.groupby("slice", sort=False)["rate"].first().items()}
+
+
+def slice_gap_ms(df: pd.DataFrame) -> float | None:
+    """The median time between a slice's last batch and the next slice's first, by the
+    server's dispatch clock (the instance idle while the load generator reads the front
+    end's metrics and sets up the next slice); None without that clock or with one slice."""
+    if "dispatched_at_ns" not in df or "slice" not in df or df["dispatched_at_ns"].isna().any():
+        return None
+    at = df.groupby("slice")["dispatched_at_ns"].agg(["min", "max"]).sort_values("min") / 1e6
+    gaps = (at["min"].shift(-1) - at["max"]).dropna()
+    return float(np.median(gaps)) if len(gaps) else None
 
 
 def fit_by_rate(rate_rps: np.ndarray, ratio: np.ndarray, *, bands: int = RATE_BANDS, min_batches: int = 20):

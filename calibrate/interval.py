@@ -87,12 +87,44 @@ def parameter_draws(
 
 class SliceDesign(NamedTuple):
     """How a level was measured: ``slices`` slices of ``slice_s`` each, their first
-    ``warmup_s`` left out, ``gap_s`` idle between two of them."""
+    ``warmup_s`` left out, ``gap_s`` between two of them (the other levels' slices). With
+    ``lead_rates`` (the other levels' offered rates), each slice follows one of them drawn
+    at random, ``lead_gap_s`` before it, as the interleaved rounds ran them: the instance
+    comes to a slice busy, its recent throughput (``by_rate``) and its queue as the slice
+    before left them, not idle since the level's last slice (:func:`lead_in`)."""
 
     slices: int
     slice_s: float
     warmup_s: float
     gap_s: float
+    lead_rates: tuple[float, ...] = ()
+    lead_gap_s: float = 0.0
+
+
+LEAD_IN_S = 1.5  # how much of the slice before is simulated: three of by_rate's 500 ms time constants
+
+
+def lead_in(design: SliceDesign, rate_rps: float, seed: int) -> tuple[float, list[dict]]:
+    """The traffic steps of ``design`` at ``rate_rps`` (as :func:`design_run` lays its
+    slices out, slice ``j`` from ``t0 + j * (slice_s + gap_s)``) and ``t0``: without
+    ``lead_rates``, the slices alone from 0; with them, each slice preceded by the last
+    :data:`LEAD_IN_S` of a slice at one of those rates (drawn from ``seed``), then
+    ``lead_gap_s`` without arrivals. The lead-ins' requests fall outside the slices, and
+    so outside what the design keeps."""
+    period = design.slice_s + design.gap_s
+    lead = min(LEAD_IN_S, design.slice_s, max(design.gap_s - design.lead_gap_s, 0.0)) if design.lead_rates else 0.0
+    t0 = lead + design.lead_gap_s if lead > 0 else 0.0
+    before = np.random.default_rng([seed, 7]).choice(np.asarray(design.lead_rates or [0.0]), size=design.slices)
+    steps: list[dict] = []
+    for j in range(design.slices):
+        at = t0 + j * period
+        if lead > 0:
+            steps += [
+                {"at_s": at - t0, "rate_rps": float(before[j])},
+                {"at_s": at - design.lead_gap_s, "rate_rps": 0.0},
+            ]
+        steps += [{"at_s": at, "rate_rps": rate_rps}, {"at_s": at + design.slice_s, "rate_rps": 0.0}]
+    return t0, steps
 
 
 def design_run(
@@ -108,22 +140,21 @@ def design_run(
     which arrivals its design keeps (past each slice's warm-up). ``load_generator``: the
     server as the calibration's client drove it (:func:`calibrate.scenario.scenario_dict`)."""
     period = design.slice_s + design.gap_s
+    t0, steps = lead_in(design, rate_rps, seed)
     doc = scenario_dict(
         profile,
         rate_rps,
-        duration_s=design.slices * period,
+        duration_s=t0 + design.slices * period,
         warmup_s=0.0,
         seed=seed,
         speed=frontend_factor,
         load_generator=load_generator,
     )
-    steps = []
-    for j in range(design.slices):
-        steps += [{"at_s": j * period, "rate_rps": rate_rps}, {"at_s": j * period + design.slice_s, "rate_rps": 0.0}]
     doc["traffic"] = {"shape": {"kind": "steps", "steps": steps}}
     rec = simulate(Scenario.model_validate(doc)).records
-    offset = (rec.arrival / 1000.0) % period
-    return rec, (offset >= design.warmup_s) & (offset < design.slice_s)
+    at = rec.arrival / 1000.0 - t0
+    offset = at % period
+    return rec, (at >= 0) & (offset >= design.warmup_s) & (offset < design.slice_s)
 
 
 def design_percentiles(

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 import calibrate.scenario as calibrated
+from calibrate import idle
 from calibrate.cycle import fit_window
 from calibrate.fit import fit_profile
 from calibrate.held import factors_by_held
@@ -69,6 +70,14 @@ def reads_first(profile: dict, requests: pd.DataFrame, log) -> None:
         log(f"reads before a resumption: {said}")
 
 
+def slice_gap(profile: dict, requests: pd.DataFrame) -> None:
+    """``design.slice_gap_ms``, the time between one slice and the next by the server's
+    clock, which the validation puts before each slice (:func:`calibrate.validate.follows`)."""
+    gap = idle.slice_gap_ms(requests)
+    if gap is not None:
+        profile.setdefault("design", {})["slice_gap_ms"] = round(gap, 2)
+
+
 def refit_run(out: Path, *, draws: int, rng: np.random.Generator) -> dict:
     """A run's profile with the batch time, the front end and the speed process fitted
     again from its own fitted levels (:func:`calibrate.fit.fit_profile`,
@@ -112,6 +121,7 @@ def refit_run(out: Path, *, draws: int, rng: np.random.Generator) -> dict:
         profile["window"] = window
     summary = pd.DataFrame(old["levels"])
     profile.setdefault("levels_rps", [float(r) for r in summary["offered_rps"]])
+    slice_gap(profile, requests)
     reads_first(profile, requests, lambda _msg: None)
     table = compare(profile, requests, summary[summary["held_out"]], rng=rng, slices=slices, draws=draws)
     inside = pd.DataFrame(old["compute_inside"])

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from calibrate import idle
 from calibrate.fit import batches_from_requests, with_rates
 from calibrate.scenario import scenario_dict
 from calibrate.specs import scaled_batch_time
@@ -63,7 +64,18 @@ def frontend_factor(profile: dict, row: pd.Series) -> float:
     return float(max(per / marginal, 0.2)) if marginal > 0 else 1.0
 
 
-def window_trace(profile: dict, g: pd.DataFrame, duration_s: float, window_s: float) -> dict:
+def slice_start_rates(ok: pd.DataFrame, service: dict) -> dict[int, float] | None:
+    """Each slice's instance's recent throughput as it began
+    (:func:`calibrate.idle.slice_start_rates`, over ``service``'s ``rate_window_ms``), or
+    None where the batch time has no ``by_rate`` to read it."""
+    if not service.get("by_rate"):
+        return None
+    return idle.slice_start_rates(ok, float(service.get("rate_window_ms", idle.RATE_WINDOW_MS)))
+
+
+def window_trace(
+    profile: dict, g: pd.DataFrame, duration_s: float, window_s: float, initial_rps: float | None = None
+) -> dict:
     """A slice's speed per window as a ``platform.speed`` trace: the geometric mean of its
     batches' ratios to the fit (each batch once, placed at the middle of its run, from the
     client's clock; the fitted factors after an idle instance and by its recent throughput
@@ -71,7 +83,9 @@ def window_trace(profile: dict, g: pd.DataFrame, duration_s: float, window_s: fl
     slice's mean; the front end follows with the fitted speed process's elasticity (older
     profiles: the speed meter's)."""
     st = profile["service_time"]
-    ok = with_rates(g[g["status"] == 200]) if st.get("by_rate") else g[g["status"] == 200]
+    ok = g[g["status"] == 200]
+    if st.get("by_rate"):  # the instance's throughput as it ran (from initial_rps: the slice before's)
+        ok = with_rates(ok, None if initial_rps is None else {int(g["slice"].iloc[0]): initial_rps})
     b = batch_log_ratios(ok, fitted_mean_ms(st), 0.0, st.get("after_idle"), st.get("by_rate"), st.get("after_batch"))
     nb = int(np.ceil(duration_s / window_s))
     k = np.clip((b["t_s"].to_numpy() / window_s).astype(int), 0, nb - 1)
@@ -92,6 +106,15 @@ def window_trace(profile: dict, g: pd.DataFrame, duration_s: float, window_s: fl
     }
 
 
+def write_arrivals(g: pd.DataFrame, row: pd.Series, folder: Path) -> tuple[Path, float]:
+    """A measured slice's schedule (its requests' ``scheduled_s``, ``row`` its line of
+    slices.csv) as an arrivals file in ``folder``, and the slice's length in s."""
+    times_s = np.sort(g["scheduled_s"].to_numpy())
+    path = folder / f"arrivals-{int(row['slice'])}.txt"
+    np.savetxt(path, times_s, fmt="%.6f")
+    return path, float(max(row["seconds"], times_s[-1] + 1e-3))
+
+
 def replay_slice(
     profile: dict,
     g: pd.DataFrame,
@@ -102,11 +125,13 @@ def replay_slice(
     seeds: int = 5,
     window_s: float = 0.25,
     folder: Path,
+    initial_rps: float | None = None,
 ) -> dict:
     """One slice replayed ``seeds`` times: the replayed p50/p99 (mean over seeds) beside the
-    measured ones, and the speed factors used."""
-    times_s = np.sort(g["scheduled_s"].to_numpy())
-    duration = float(max(row["seconds"], times_s[-1] + 1e-3))
+    measured ones, and the speed factors used. ``initial_rps``: the instance's recent
+    throughput as the slice began (:func:`calibrate.idle.slice_start_rates`), which
+    ``by_rate`` reads from there."""
+    path, duration = write_arrivals(g, row, folder)
     batches = batches_from_requests(g)
     ratios = batch_ratios(profile, batches)
     f_inst = float(batches["service_ms"].sum() / (batches["service_ms"].to_numpy() / ratios).sum())
@@ -122,13 +147,13 @@ def replay_slice(
         warmup_s=warmup_s,
         speed=f_fe if mode in ("frontend", "both") else 1.0,
     )
-    path = folder / f"arrivals-{int(row['slice'])}.txt"
-    np.savetxt(path, times_s, fmt="%.6f")
     doc["traffic"] = {"arrivals_file": str(path)}
     if mode == "both":
         doc["workers"]["service_time"] = scaled_batch_time(doc["workers"]["service_time"], f_inst)
+    if initial_rps is not None and doc["workers"]["service_time"].get("by_rate"):
+        doc["workers"]["service_time"]["rate_initial_rps"] = initial_rps
     if mode == "windowed":
-        doc["platform"] = {"speed": window_trace(profile, g, duration, window_s)}
+        doc["platform"] = {"speed": window_trace(profile, g, duration, window_s, initial_rps)}
     meas = g[~g["warmup"] & (g["status"] == 200)]["latency_ms"].to_numpy()
     p50, p99, pooled = [], [], []
     for k in range(seeds):
@@ -170,6 +195,7 @@ def replay(
     fitted = {f["level"] for f in profile["fit_levels"]}
     held = sorted(set(requests["level"].unique()) - fitted) if levels is None else levels
     warm = float((profile.get("design") or {}).get("warmup_s", 0.25))
+    starts = slice_start_rates(requests[requests["status"] == 200], profile["service_time"]) or {}
     rows, pooled = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for _, row in slices[slices["kept"] & slices["level"].isin(held)].iterrows():
@@ -177,7 +203,16 @@ def replay(
             if (~g["warmup"] & (g["status"] == 200)).sum() < 50:
                 continue
             for mode in modes:
-                one, meas, sim = replay_slice(profile, g, row, mode=mode, warmup_s=warm, seeds=seeds, folder=Path(tmp))
+                one, meas, sim = replay_slice(
+                    profile,
+                    g,
+                    row,
+                    mode=mode,
+                    warmup_s=warm,
+                    seeds=seeds,
+                    folder=Path(tmp),
+                    initial_rps=starts.get(int(row["slice"])),
+                )
                 rows.append(one)
                 pooled.append((one["level"], mode, meas, sim))
     per_slice = pd.DataFrame(rows)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from calibrate.interval import LEAD_IN_S
 from calibrate.report_model import fitted_model
 from calibrate.scenario import scenario_dict
 
@@ -84,7 +85,7 @@ def markdown(
     """
     lines = [
         *_header(profile),
-        *_held_out(table),
+        *_held_out(table, (profile.get("design") or {}).get("slice_gap_ms")),
         *fitted_model(profile),
         *_fetch_in_flight(profile),
         *_compute_inside(inside),
@@ -168,13 +169,20 @@ def _header(profile: dict) -> list[str]:
     ]
 
 
-def _held_out(table: pd.DataFrame) -> list[str]:
-    """The held-out levels: measured against predicted, with intervals and verdicts."""
+def _held_out(table: pd.DataFrame, slice_gap_ms: float | None = None) -> list[str]:
+    """The held-out levels: measured against predicted, with intervals and verdicts
+    (``slice_gap_ms``: each simulated slice followed another level's, that long before it)."""
     bands = "covered" in table and table["covered"].notna().any()
+    after = (
+        f" (each slice after the last {LEAD_IN_S:g} s of another level's and the measured {slice_gap_ms:.0f} ms "
+        "between slices, as the interleaved rounds ran them)"
+        if slice_gap_ms is not None
+        else ""
+    )
     how = (
-        "predicted ones are 90% prediction intervals: the same slice design simulated 200 times with the fitted "
-        "parameters drawn from their uncertainty (a bootstrap over the fitted slices), widened by the model's own "
-        "error at the fitted levels beyond their luck, the prediction their median. "
+        f"predicted ones are 90% prediction intervals: the same slice design{after} simulated 200 times with the "
+        "fitted parameters drawn from their uncertainty (a bootstrap over the fitted slices), widened by the model's "
+        "own error at the fitted levels beyond their luck, the prediction their median. "
         "Targets: p50 within 10%, p99 within 15%, or the measurement inside the prediction interval."
         if bands
         else "predicted ones are t-intervals over replications of the same slice design. Targets: p50 within 10%, "

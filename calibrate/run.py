@@ -220,6 +220,7 @@ def _calibrate(
     if (warning := over_capacity(profile)) is not None:
         log(f"warning: {warning}")
     profile["design"] = {**asdict(design), "slice_s": slice_s, "levels": len(rates), "connections": CONNECTIONS}
+    refit.slice_gap(profile, requests)
     profile["instances"] = servesim["instances"]
     profile["microbench"] = bench.to_dict(orient="records")
     summary = level_summary(requests)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from calibrate.interval import SliceDesign, discrepancy, parameter_draws, prediction_interval
+from calibrate.interval import LEAD_IN_S, SliceDesign, discrepancy, lead_in, parameter_draws, prediction_interval
 from calibrate.scenario import scenario_dict
 from calibrate.stats import slice_bootstrap_ci, t_interval
 from simulator.engine import simulate
@@ -35,7 +35,11 @@ def _latencies(
     seed: int,
     speed: float = 1.0,
 ) -> np.ndarray:
-    doc = scenario_dict(profile, rate_rps, duration_s=slice_s, warmup_s=warmup_s, seed=seed, speed=speed)
+    shape = follows(profile, SliceDesign(1, slice_s, warmup_s, 0.0), rate_rps)
+    t0, steps = lead_in(shape._replace(gap_s=LEAD_IN_S + shape.lead_gap_s), rate_rps, seed)
+    doc = scenario_dict(profile, rate_rps, duration_s=t0 + slice_s, warmup_s=t0 + warmup_s, seed=seed, speed=speed)
+    if t0 > 0:  # after the slice before it (:func:`follows`)
+        doc["traffic"] = {"shape": {"kind": "steps", "steps": steps}}
     s = Scenario.model_validate(doc)
     rec = simulate(s).records
     done = window(rec, s) & rec.completed
@@ -107,8 +111,24 @@ def _fitted_levels(
         if len(lat) == 0:
             continue
         measured = {q: float(np.percentile(lat, pct)) for q, pct in PERCENTILES.items()}
-        out.append((float(g["offered_rps"].iloc[0]), shape._replace(slices=int(g["slice"].nunique())), measured))
+        rate = float(g["offered_rps"].iloc[0])
+        out.append((rate, follows(profile, shape, rate)._replace(slices=int(g["slice"].nunique())), measured))
     return out
+
+
+FOLLOWS = True  # a slice after the slice before it (off: after an instance idle since its level's last slice)
+
+
+def follows(profile: dict, shape: SliceDesign, rate_rps: float) -> SliceDesign:
+    """``shape`` for the level at ``rate_rps``: each of its slices after one of the run's
+    other levels (``levels_rps``), the measured gap between slices before it
+    (``design.slice_gap_ms``), as the interleaved rounds ran them; unchanged for a profile
+    without that gap (measured before it was kept)."""
+    gap_ms = (profile.get("design") or {}).get("slice_gap_ms")
+    others = tuple(float(r) for r in profile.get("levels_rps") or () if abs(float(r) - rate_rps) > 1e-6)
+    if not FOLLOWS or gap_ms is None or not others:
+        return shape
+    return shape._replace(lead_rates=others, lead_gap_s=float(gap_ms) / 1000.0)
 
 
 def design(requests: pd.DataFrame, profile: dict) -> tuple[float, float]:
@@ -156,9 +176,9 @@ def compare(
         slice_ids = ok["slice"].to_numpy() if "slice" in ok else np.zeros(len(ok))
         n_slices = len(np.unique(g["slice"])) if "slice" in g else 1
         if bands:
-            pred = prediction_interval(
-                param, float(lv["offered_rps"]), shape._replace(slices=n_slices), seed=level, structural=structural
-            )
+            rate = float(lv["offered_rps"])
+            level_shape = follows(profile, shape, rate)._replace(slices=n_slices)
+            pred = prediction_interval(param, rate, level_shape, seed=level, structural=structural)
         else:
             pred = predict(
                 profile,

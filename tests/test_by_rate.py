@@ -180,3 +180,47 @@ def test_the_replays_speed_trace_divides_out_the_factors_the_model_applies_on_to
     # a slice's first batch has no idle time before it on the server's clock (no factor)
     first = 1 if factor == "after_idle" else 0
     np.testing.assert_allclose(with_factor[first:], without[first:] / 1.25, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("loop", "batching"),
+    [
+        (True, None),  # the event loop's dispatch
+        (False, {"max_batch_size": 8, "max_queue_delay_ms": 2}),  # the compiled batcher
+        (False, {"max_batch_size": 8, "max_queue_delay_ms": 2, "deadline_ms": 500}),  # the SimPy scheduler
+    ],
+)
+def test_a_run_can_start_where_a_busy_spell_left_the_instance(tmp_path, loop, batching):
+    """``rate_initial_rps``: the instance's average as of time 0, as if it had run at that
+    rate before. The batches of test_a_batch_is_faster_by_its_instances_recent_throughput
+    from 30 req/s: the first at the factor of 30 req/s decayed over the 101 ms to its
+    dispatch (1.5 - 11 / 40), the rest at the average that carries it on; 0 is the run
+    that starts idle, its first batch at 1.5."""
+    doc = _doc(tmp_path, loop, SLOPE, batching)
+    doc["workers"]["service_time"]["rate_initial_rps"] = 30.0
+    rec = simulate(Scenario.model_validate(doc)).records
+    got = rec.t_inferred - rec.t_dispatch - (0.15 if loop else 0.0)
+    rate = 30.0 * np.exp(-rec.t_dispatch / TAU)  # what is left of it at each batch, and the batches before it
+    rate += np.array(
+        [sum(math.exp(-(t - u) / TAU) for u in rec.t_dispatch[:k]) / TAU * 1000 for k, t in enumerate(rec.t_dispatch)]
+    )
+    np.testing.assert_allclose(got, 6 * np.interp(rate, [0.0, 20.0], [1.5, 1.0]), atol=1e-9)
+    assert got[0] == pytest.approx(6 * (1.5 - 30.0 * math.exp(-rec.t_dispatch[0] / TAU) / 40))
+    idle = _doc(tmp_path, loop, SLOPE, batching)
+    idle["workers"]["service_time"]["rate_initial_rps"] = 0.0
+    first = simulate(Scenario.model_validate(idle)).records
+    assert first.t_inferred[0] - first.t_dispatch[0] - (0.15 if loop else 0.0) == pytest.approx(6 * 1.5)
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (", rate_initial_rps: 10", "give by_rate with it"),
+        (", by_rate: {0: 1.1, 9: 1}, rate_initial_rps: -1", "greater than or equal to 0"),
+    ],
+)
+def test_a_bad_initial_throughput_is_refused_naming_the_field(extra, needle):
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(MMC, [f"workers.service_time={{kind: table, batch_ms: {{1: 5}}{extra}}}"])
+    assert "rate_initial_rps" in str(err.value)
+    assert needle in str(err.value)

@@ -68,6 +68,16 @@ class _Noisy(Frozen):
     rate_window_ms: float = Field(
         500.0, gt=0, allow_inf_nan=False, description="Time constant of by_rate's average of the throughput, ms."
     )
+    rate_initial_rps: float = Field(
+        0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description=(
+            "Each instance's recent throughput when the run starts (requests/s), as if it had run at that rate "
+            "before: a run that continues a busy spell (a calibration's slice after the one before it) rather than "
+            "an instance idle until then (0, the default). Read by by_rate."
+        ),
+    )
     after_batch: dict[float, float] | None = Field(
         None,
         description=(
@@ -83,6 +93,8 @@ class _Noisy(Frozen):
         check_after_idle(self.after_idle)
         check_after_idle(self.by_rate, "by_rate", "requests/s", "rates")
         check_after_idle(self.after_batch, "after_batch", "requests", "sizes")
+        if self.rate_initial_rps > 0 and not self.by_rate:
+            raise ValueError("rate_initial_rps is the throughput by_rate reads: give by_rate with it")
         return self
 
     @model_validator(mode="after")

@@ -262,7 +262,7 @@ class CompiledFeed:
         self.clock = 0.0
         self.ist = np.array([0, 0, 0, -1, len(instances), 0, 0], dtype=np.int64)
         self.inst_free = np.zeros(len(instances))
-        self.rst = np.zeros((len(instances), 3))  # each instance's recent throughput and last batch
+        self.rst = service.rate_state(len(instances))  # each instance's recent throughput and last batch
         self.inst_seq = np.arange(len(instances), dtype=np.int64)
         self.nb = 0
         self.b_pos = np.zeros(0, dtype=np.int64)

@@ -114,7 +114,7 @@ def instance_state(server, batching: Batching, instances: int, service, front) -
     server.path, server.front = _arrays(service.path), _arrays(front)
     server.means = service.means if service.means is not None else np.zeros(0)
     server.idle_t, server.idle_f = service.idle_ms, service.idle_factor
-    server.rate = service.rate_args(np.zeros((instances, 3)))  # by_rate, after_batch: each instance's state
+    server.rate = service.rate_args(service.rate_state(instances))  # by_rate, after_batch: each instance's state
     server.cap = -1 if batching.max_queue_size is None else int(batching.max_queue_size)
     server.preferred = np.asarray(sorted(set(batching.preferred_batch_sizes)), dtype=np.int64)
     server.free_at = np.zeros(instances)

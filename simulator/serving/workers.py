@@ -98,6 +98,7 @@ class ServiceModel:
         self.rate_rps = np.asarray(knots, dtype=float)
         self.rate_factor = np.asarray([rate[k] for k in knots], dtype=float)
         self.rate_tau_ms = float(st.rate_window_ms) if self._per_size else 1.0
+        self.rate_initial = float(st.rate_initial_rps) / 1000.0 if self._per_size else 0.0  # requests a ms
         after = (st.after_batch or {}) if self._per_size else {}
         knots = sorted(after)
         # the factor by the size of the instance's batch before (empty: none), as the kernels read it
@@ -157,6 +158,13 @@ class ServiceModel:
             x = head
         return self._means[batch_size] * x if self._per_size else x
 
+    def rate_state(self, instances: int) -> np.ndarray:
+        """The instances' state for :meth:`rate_args` at the run's start: the throughput
+        ``rate_initial_rps`` as of time 0, no batch before."""
+        rst = np.zeros((instances, 3))
+        rst[:, 0] = self.rate_initial
+        return rst
+
     def rate_args(self, rst: np.ndarray) -> tuple:
         """What a kernel reads for ``by_rate`` and ``after_batch``: the first table's knots
         and factors, its time constant, ``rst``, the instances' state (an (instances, 3)
@@ -175,7 +183,7 @@ class ServiceModel:
         if len(self.rate_rps) or len(self.after_k):
             state = self.rst.get(inst)
             if state is None:
-                state = self.rst[inst] = np.zeros((1, 3))
+                state = self.rst[inst] = self.rate_state(1)
             work *= float(rate_factor(start, batch_size, 0, *self.rate_args(state)))
         return start + work if self.path is None else self.path.finish_at(start, work)
 
