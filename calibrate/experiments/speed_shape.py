@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate.replay import window_trace
+from calibrate.replay import window_trace, write_arrivals
 from calibrate.scenario import scenario_dict
 from calibrate.speed import window_var
 from simulator.engine import simulate
@@ -84,10 +84,7 @@ def main(run: Path, seeds: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for _, row in kept[~kept["level"].isin(fitted)].iterrows():
             g = requests[requests["slice"] == row["slice"]]
-            times = np.sort(g["scheduled_s"].to_numpy())
-            duration = float(max(row["seconds"], times[-1] + 1e-3))
-            arrivals = Path(tmp) / f"arrivals-{int(row['slice'])}.txt"
-            np.savetxt(arrivals, times, fmt="%.6f")
+            arrivals, duration = write_arrivals(g, row, Path(tmp))
             level = int(row["level"])
             lat.setdefault((level, "measured"), [[]])[0].append(
                 g[~g["warmup"] & (g["status"] == 200)]["latency_ms"].to_numpy()
