@@ -58,19 +58,24 @@ def idle_factor(idle_ms: np.ndarray, table: dict[float, float] | dict[str, float
     return np.where(np.isfinite(idle_ms), f, 1.0)
 
 
+def _clocked(df: pd.DataFrame) -> bool:
+    """Whether ``df``'s rows carry their slice and the server's dispatch clock, every one."""
+    return "dispatched_at_ns" in df and "slice" in df and not df["dispatched_at_ns"].isna().any()
+
+
+def _batch_rows(df: pd.DataFrame, **values) -> pd.DataFrame:
+    """One row per row of ``df`` (a request, or a batch): its slice, its batch's start by
+    the server's dispatch clock (ms) and ``values``."""
+    return pd.DataFrame({"slice": df["slice"].to_numpy(), "start": df["dispatched_at_ns"].to_numpy() / 1e6, **values})
+
+
 def _from_batch_before(df: pd.DataFrame, values: np.ndarray) -> np.ndarray | None:
     """For each row (a request, or a batch) of ``df``: ``values`` (one per row, the same for
     a batch's rows) of the slice's batch before its own by the server's dispatch clock (NaN
     for a slice's first); None without that clock."""
-    if "dispatched_at_ns" not in df or "slice" not in df or df["dispatched_at_ns"].isna().any():
+    if not _clocked(df):
         return None
-    rows = pd.DataFrame(
-        {
-            "slice": df["slice"].to_numpy(),
-            "start": df["dispatched_at_ns"].to_numpy() / 1e6,
-            "v": np.asarray(values, dtype=float),
-        }
-    )
+    rows = _batch_rows(df, v=np.asarray(values, dtype=float))
     b = rows.drop_duplicates(["slice", "start"]).sort_values("start", kind="stable")
     b = b.assign(before=b["v"].shift(1).where(b["slice"] == b["slice"].shift(1)))
     return rows.merge(b[["slice", "start", "before"]], on=["slice", "start"], how="left")["before"].to_numpy()
@@ -179,15 +184,9 @@ def rate_before(
     ``initial``'s rate for the slice where given, :func:`slice_start_rates`), and how long
     after that first batch it went (ms; a rate soon after it misses the slice before it).
     None without that clock."""
-    if "dispatched_at_ns" not in df or "slice" not in df or df["dispatched_at_ns"].isna().any():
+    if not _clocked(df):
         return None
-    rows = pd.DataFrame(
-        {
-            "slice": df["slice"].to_numpy(),
-            "start": df["dispatched_at_ns"].to_numpy() / 1e6,
-            "size": df["batch_size"].to_numpy(dtype=float),
-        }
-    )
+    rows = _batch_rows(df, size=df["batch_size"].to_numpy(dtype=float))
     b = rows.drop_duplicates(["slice", "start"]).sort_values(["slice", "start"], kind="stable")
     sl, start, size = b["slice"].to_numpy(), b["start"].to_numpy(), b["size"].to_numpy()
     rate, since = np.empty(len(b)), np.empty(len(b))
@@ -206,16 +205,10 @@ def slice_start_rates(df: pd.DataFrame, tau_ms: float = RATE_WINDOW_MS) -> dict[
     the slices before it and the gaps between them included, as the instance lived them
     (``service_time.rate_initial_rps`` for a replay of that slice). None without that
     clock."""
-    if "dispatched_at_ns" not in df or "slice" not in df or df["dispatched_at_ns"].isna().any():
+    if not _clocked(df):
         return None
     b = (
-        pd.DataFrame(
-            {
-                "slice": df["slice"].to_numpy(),
-                "start": df["dispatched_at_ns"].to_numpy() / 1e6,
-                "size": df["batch_size"].to_numpy(dtype=float),
-            }
-        )
+        _batch_rows(df, size=df["batch_size"].to_numpy(dtype=float))
         .drop_duplicates(["slice", "start"])
         .sort_values("start", kind="stable")
     )
@@ -227,7 +220,7 @@ def slice_gap_ms(df: pd.DataFrame) -> float | None:
     """The median time between a slice's last batch and the next slice's first, by the
     server's dispatch clock (the instance idle while the load generator reads the front
     end's metrics and sets up the next slice); None without that clock or with one slice."""
-    if "dispatched_at_ns" not in df or "slice" not in df or df["dispatched_at_ns"].isna().any():
+    if not _clocked(df):
         return None
     at = df.groupby("slice")["dispatched_at_ns"].agg(["min", "max"]).sort_values("min") / 1e6
     gaps = (at["min"].shift(-1) - at["max"]).dropna()

@@ -64,7 +64,7 @@ def frontend_factor(profile: dict, row: pd.Series) -> float:
     return float(max(per / marginal, 0.2)) if marginal > 0 else 1.0
 
 
-def slice_start_rates(ok: pd.DataFrame, service: dict) -> dict[int, float] | None:
+def start_rates(ok: pd.DataFrame, service: dict) -> dict[int, float] | None:
     """Each slice's instance's recent throughput as it began
     (:func:`calibrate.idle.slice_start_rates`, over ``service``'s ``rate_window_ms``), or
     None where the batch time has no ``by_rate`` to read it."""
@@ -195,7 +195,7 @@ def replay(
     fitted = {f["level"] for f in profile["fit_levels"]}
     held = sorted(set(requests["level"].unique()) - fitted) if levels is None else levels
     warm = float((profile.get("design") or {}).get("warmup_s", 0.25))
-    starts = slice_start_rates(requests[requests["status"] == 200], profile["service_time"]) or {}
+    starts = start_rates(requests[requests["status"] == 200], profile["service_time"]) or {}
     rows, pooled = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for _, row in slices[slices["kept"] & slices["level"].isin(held)].iterrows():

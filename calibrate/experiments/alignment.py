@@ -25,8 +25,8 @@ batches (their time over the batch table, per window) the trace, replayed the sa
 ways on its own arrivals. Per held-out level, the pooled p50 and p99 errors against the
 measurement (the mean over seeds for p50, the median for p99).
 
-    python calibrate/experiments/alignment.py RUN [RUN ...]              # ~15 s a run at 8 seeds
-    python calibrate/experiments/alignment.py --synthetic RUN [RUN ...]   # ~5 s a run
+    python calibrate/experiments/alignment.py RUN [RUN ...]              # ~6 s a run at 8 seeds
+    python calibrate/experiments/alignment.py --synthetic RUN [RUN ...]   # ~6 s a run
     python calibrate/experiments/alignment.py --window 0.25 RUN [RUN ...]  # other windows
 """
 
@@ -42,7 +42,7 @@ import pandas as pd
 from calibrate import idle
 from calibrate.experiments.hand_back import table_ms
 from calibrate.experiments.two_speeds import read_run
-from calibrate.replay import slice_start_rates, window_trace, write_arrivals
+from calibrate.replay import start_rates, window_trace, write_arrivals
 from calibrate.scenario import scenario_dict
 from simulator.engine import simulate
 from simulator.results.metrics import window
@@ -119,7 +119,7 @@ def run_measured(run: Path) -> dict:
     kept = slices[slices["kept"]]
     fitted = {f["level"] for f in profile["fit_levels"]}
     warm = float((profile.get("design") or {}).get("warmup_s", 0.25))
-    starts = slice_start_rates(requests[requests["status"] == 200], profile["service_time"]) or {}
+    starts = start_rates(requests[requests["status"] == 200], profile["service_time"]) or {}
     lat: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         for _, row in kept[~kept["level"].isin(fitted)].iterrows():
