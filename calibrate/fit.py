@@ -179,6 +179,16 @@ def batches_from_requests(df: pd.DataFrame) -> pd.DataFrame:
 FIT_ROUNDS = 2  # rounds of the idle and throughput factors' backfitting
 
 
+def start_rates(requests: pd.DataFrame) -> dict[int, float] | None:
+    """Each slice's instance's throughput as the slice began, from every successful
+    request of the run (``requests``: all its levels, the held-out ones' batch sizes
+    included, as the instance served them; their times are not read), where the fit
+    carries it (:data:`calibrate.idle.RATE_START`); None where it starts from none."""
+    if idle.RATE_START != "carried":
+        return None
+    return idle.slice_start_rates(requests[requests["status"] == 200].dropna(subset=["batch_size"]))
+
+
 def with_rates(requests: pd.DataFrame, initial: dict[int, float] | None = None) -> pd.DataFrame:
     """``requests`` (successful ones, their slices whole) with ``rate_rps``, their
     instance's recent throughput before their batch, and ``rate_since_ms``, how long into
@@ -227,7 +237,7 @@ def fit_profile(
     fitting level plus the rest of its CPU; the request's remaining time outside the batch
     at that level (network, HTTP, waiting on I/O) becomes a pure delay.
     """
-    df = with_rates(requests[requests["level"].isin(fit_levels) & (requests["status"] == 200)])
+    df = with_rates(requests[requests["level"].isin(fit_levels) & (requests["status"] == 200)], start_rates(requests))
     df = df[~df["warmup"]]
     if df.empty:
         raise ValueError("no successful requests in the fitting levels")
@@ -243,7 +253,9 @@ def fit_profile(
             if after_idle is not None:
                 idle_f = idle.idle_factor(batches["idle_ms"].to_numpy(), after_idle)
         if idle.BY_RATE and "rate_rps" in batches:  # and one after a quiet spell; a busy one faster
-            settled = batches["rate_since_ms"].to_numpy() >= 2 * idle.RATE_WINDOW_MS
+            settled = batches["rate_since_ms"].to_numpy() >= (
+                0.0 if idle.RATE_START == "carried" else 2 * idle.RATE_WINDOW_MS
+            )
             ratio = y / predicted_ms(service, b) / idle_f / after_f
             if idle.BY_RATE_FIT == "levels" and "level" in batches:
                 lv = batches["level"].to_numpy()[settled]

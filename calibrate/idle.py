@@ -154,6 +154,12 @@ def fit_loop_after_idle(
 # the batch time's factor by the instance's recent throughput (``service_time.by_rate``):
 # off, every batch alike at any load, as before it (calibrate/experiments/level_speed.py)
 BY_RATE = True
+# where the fit's throughput starts at each slice: "none" (from none at the slice's first
+# batch: only the batches two time constants in are fitted) or "carried" (the rate the
+# instance lived, carried over every batch of the run, the other levels' slices and the gaps
+# included: every batch fitted; not adopted, calibrate/README "The fit's throughput at a
+# slice's start")
+RATE_START = "none"
 RATE_WINDOW_MS = 500.0
 RATE_BANDS = 8
 

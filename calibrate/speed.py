@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize
 
-from calibrate.fit import batch_time_us, with_rates
+from calibrate.fit import batch_time_us, start_rates, with_rates
 from calibrate.idle import after_batch_factor, idle_before_ms, idle_factor, previous_size, rate_factor_at
 from calibrate.station import level_slope, slice_cpu_s
 from simulator.scenario.servicetime import Affine, Table
@@ -68,7 +68,7 @@ def fitted_mean_ms(service_time: dict):
 def fit_slices_only(requests: pd.DataFrame, fit_levels: list[int]) -> pd.DataFrame:
     """The successful, post-warm-up requests of the fitted levels: all the fit may see
     (with their instance's recent throughput, from their slices whole: :func:`with_rates`)."""
-    mine = with_rates(requests[requests["level"].isin(fit_levels) & (requests["status"] == 200)])
+    mine = with_rates(requests[requests["level"].isin(fit_levels) & (requests["status"] == 200)], start_rates(requests))
     return mine[~mine["warmup"]]
 
 

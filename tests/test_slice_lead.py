@@ -102,3 +102,36 @@ def test_the_slices_start_where_the_run_left_the_instance():
     # the fit's rates from a slice's own start rate carry on as the whole run's
     rate, _ = idle.rate_before(df, 500.0, initial=got)
     np.testing.assert_allclose(rate, whole)
+
+
+def test_the_fit_can_carry_the_throughput_over_the_held_out_slices(monkeypatch):
+    """``calibrate.fit.start_rates`` reads every level's batches (the held-out ones' sizes
+    as the instance served them), so a fitted level's later slice starts where the slice
+    before, held out, left the instance; with the default (from none) it gives nothing."""
+    from calibrate.fit import start_rates, with_rates
+
+    rng = np.random.default_rng(5)
+    starts, t = [], 0.0
+    for n, mean_ms in ((300, 8.0), (300, 3.0), (300, 8.0)):
+        s = t + np.r_[0.0, np.cumsum(rng.exponential(mean_ms, n - 1))]
+        starts.append(s)
+        t = s[-1] + 150.0
+    start = np.concatenate(starts)
+    size = rng.integers(1, 4, len(start)).astype(float)
+    df = pd.DataFrame(
+        {
+            "slice": np.repeat([0, 1, 2], 300),
+            "level": np.repeat([1, 2, 1], 300),
+            "status": 200,
+            "dispatched_at_ns": start * 1e6,
+            "batch_size": size,
+        }
+    )
+    fitted = df[df["level"] == 1]
+    assert start_rates(df) is None
+    monkeypatch.setattr(idle, "RATE_START", "carried")
+    got = with_rates(fitted, start_rates(df))
+    whole = idle.recent_rate(start, size, idle.RATE_WINDOW_MS)
+    np.testing.assert_allclose(got["rate_rps"].to_numpy(), whole[df["level"].to_numpy() == 1])
+    # the busy held-out slice is in the third slice's first rate; from none it would be 0
+    assert got["rate_rps"].to_numpy()[300] > 300.0
