@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from calibrate import idle
+from calibrate import backlog, idle
 from calibrate.cycle import fit_resume
 from calibrate.loop_fit import fit_event_loop, loop_on_trips
 from calibrate.samples import BATCH_STAGES_US, batch_time_us, fit_distribution
@@ -165,7 +165,7 @@ def batches_from_requests(df: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(
         {"batch_size": per_batch["batch_size"].astype(int), "service_ms": batch_time_us(per_batch) / 1e3}
     )
-    for c in ("level", "compute_infer_us", "handoff_us", "rate_rps", "rate_since_ms"):
+    for c in ("level", "compute_infer_us", "handoff_us", "rate_rps", "rate_since_ms", "waiting"):
         if c in per_batch:
             out[c] = per_batch[c].to_numpy()
     before = idle.idle_before_ms(per_batch, out["service_ms"].to_numpy())
@@ -193,11 +193,15 @@ def with_rates(requests: pd.DataFrame, initial: dict[int, float] | None = None) 
     """``requests`` (successful ones, their slices whole) with ``rate_rps``, their
     instance's recent throughput before their batch, and ``rate_since_ms``, how long into
     their slice (:func:`calibrate.idle.rate_before`, each slice's from ``initial``'s rate
-    where given); as given without the server's clock, or when they already have them (a
-    slice's rates are its own: a subset keeps them)."""
+    where given), and ``waiting``, the requests queued as their batch was taken
+    (:func:`calibrate.backlog.waiting_at_dispatch`); as given without the server's clocks,
+    or when they already have them (a slice's rates are its own: a subset keeps them)."""
     if "rate_rps" in requests:
         return requests
     ok = requests.dropna(subset=["batch_size"])
+    waiting = backlog.waiting_at_dispatch(ok) if backlog.BY_QUEUE else None
+    if waiting is not None:  # the requests queued as each batch was taken (by_queue's count)
+        requests = requests.assign(waiting=pd.Series(waiting, index=ok.index))
     got = idle.rate_before(ok, initial=initial) if idle.BY_RATE else None
     if got is None:
         return requests
@@ -219,30 +223,30 @@ def _batch_time(b: np.ndarray, y: np.ndarray) -> tuple[dict, dict | None, dict]:
     return affine, table, table if table is not None and table["r2"] > affine["r2"] else affine
 
 
-def fit_profile(
-    requests: pd.DataFrame,
-    *,
-    fit_levels: list[int],
-    rng: np.random.Generator,
-    features: dict | None = None,
-    frontend: dict | None = None,
-    fetch_cost: dict | None = None,
-) -> dict:
-    """The service-time models from the requests of ``fit_levels`` (warm-up excluded).
-
-    With the server's feature-store settings (``features``: keys, batch_size, parallelism),
-    also the Redis round trip: each request's fetch time over its sequential round trips.
-    With the front end's CPU per request (``frontend``, from :func:`fit_frontend`), the
-    front end as a station: per request, the preprocessing time measured at the lightest
-    fitting level plus the rest of its CPU; the request's remaining time outside the batch
-    at that level (network, HTTP, waiting on I/O) becomes a pure delay.
-    """
+def fitted_requests(requests: pd.DataFrame, fit_levels: list[int]) -> pd.DataFrame:
+    """The successful requests of ``fit_levels``, warm-up excluded, with their instance's
+    recent throughput and the requests queued as their batch was taken (:func:`with_rates`,
+    from their slices whole)."""
     df = with_rates(requests[requests["level"].isin(fit_levels) & (requests["status"] == 200)], start_rates(requests))
     df = df[~df["warmup"]]
     if df.empty:
         raise ValueError("no successful requests in the fitting levels")
+    return df
+
+
+def fit_batch_time(df: pd.DataFrame, queue_slope: float | None = None) -> tuple[dict, dict]:
+    """The batch time (``service_time``: the table or the line, and its factors after an
+    idle instance, by recent throughput and after a big batch, fitted in turn on what the
+    others leave) from :func:`fitted_requests`, and both fits. With ``queue_slope`` (log per
+    request waiting, :func:`calibrate.backlog.slope`), ``by_queue`` too, divided out of
+    every batch before the rest is fitted."""
     batches = batches_from_requests(df)
     b, y = batches["batch_size"].to_numpy(), batches["service_ms"].to_numpy()
+    by_queue = None
+    if queue_slope is not None and "waiting" in batches:  # the backlog's part, measured apart: divided out
+        by_queue = backlog.table(queue_slope, batches["waiting"].to_numpy())
+        if by_queue is not None:
+            y = y / backlog.queue_factor(batches["waiting"].to_numpy(), by_queue)
     affine, table, service = _batch_time(b, y)
     idle_f = rate_f = after_f = np.ones(len(y))
     after_idle = by_rate = after_batch = None
@@ -279,6 +283,33 @@ def fit_profile(
         service["rate_window_ms"] = idle.RATE_WINDOW_MS
     if after_batch is not None:
         service["after_batch"] = after_batch
+    if by_queue is not None:
+        service["by_queue"] = by_queue
+    return service, {"affine": affine, "table": table}
+
+
+def fit_profile(
+    requests: pd.DataFrame,
+    *,
+    fit_levels: list[int],
+    rng: np.random.Generator,
+    features: dict | None = None,
+    frontend: dict | None = None,
+    fetch_cost: dict | None = None,
+    queue_slope: float | None = None,
+) -> dict:
+    """The service-time models from the requests of ``fit_levels`` (warm-up excluded); the
+    batch time by :func:`fit_batch_time` (``queue_slope``: ``by_queue``'s, where measured).
+
+    With the server's feature-store settings (``features``: keys, batch_size, parallelism),
+    also the Redis round trip: each request's fetch time over its sequential round trips.
+    With the front end's CPU per request (``frontend``, from :func:`fit_frontend`), the
+    front end as a station: per request, the preprocessing time measured at the lightest
+    fitting level plus the rest of its CPU; the request's remaining time outside the batch
+    at that level (network, HTTP, waiting on I/O) becomes a pure delay.
+    """
+    df = fitted_requests(requests, fit_levels)
+    service, fits = fit_batch_time(df, queue_slope)
     lowest = df[df["level"] == min(fit_levels)]
     overhead = lowest["latency_ms"] - lowest["request_us"] / 1e3
     fetch_us = df["feature_us"].fillna(0.0) if "feature_us" in df else 0.0
@@ -289,7 +320,7 @@ def fit_profile(
         "postprocess": fit_distribution(after.to_numpy(), rng=rng),
         "overhead": fit_distribution(overhead.to_numpy(), rng=rng),
     }
-    out = {"service_time": service, "service_time_fits": {"affine": affine, "table": table}, "stages": stages}
+    out = {"service_time": service, "service_time_fits": fits, "stages": stages}
     if frontend is not None:
         pre = lowest["preprocess_us"].to_numpy() / 1e3
         station = frontend["station_ms_per_request"]

@@ -51,7 +51,9 @@ def parameter_draws(
     period = float(used["seconds"].median())
     mean_ms = fitted_mean_ms(profile["service_time"])
     st = profile["service_time"]
-    b = batch_log_ratios(fitted, mean_ms, period, st.get("after_idle"), st.get("by_rate"), st.get("after_batch"))
+    b = batch_log_ratios(
+        fitted, mean_ms, period, st.get("after_idle"), st.get("by_rate"), st.get("after_batch"), st.get("by_queue")
+    )
     per_slice = b.assign(s=b["log_ratio"] * b["weight"]).groupby("slice")[["s", "weight"]].sum()
     base = per_slice["s"].sum() / per_slice["weight"].sum()
     fe = profile.get("frontend")

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 import calibrate.scenario as calibrated
-from calibrate import idle
+from calibrate import backlog_fit, idle
 from calibrate.cycle import fit_window
 from calibrate.fit import fit_profile
 from calibrate.held import factors_by_held
@@ -111,6 +111,7 @@ def refit_run(out: Path, *, draws: int, rng: np.random.Generator) -> dict:
         held_cost(profile)
         if features is not None:
             profile["features"] = fit["features"]
+    backlog_fit.fit(profile, requests, slices, fit_levels)  # by_queue: the batch time again, with it
     profile["speed_process"] = fit_run_speed(
         requests, slices, profile["service_time"], fit_levels, client_shares_cores=shares
     )

@@ -86,7 +86,9 @@ def window_trace(
     ok = g[g["status"] == 200]
     if st.get("by_rate"):  # the instance's throughput as it ran (from initial_rps: the slice before's)
         ok = with_rates(ok, None if initial_rps is None else {int(g["slice"].iloc[0]): initial_rps})
-    b = batch_log_ratios(ok, fitted_mean_ms(st), 0.0, st.get("after_idle"), st.get("by_rate"), st.get("after_batch"))
+    b = batch_log_ratios(
+        ok, fitted_mean_ms(st), 0.0, st.get("after_idle"), st.get("by_rate"), st.get("after_batch"), st.get("by_queue")
+    )
     nb = int(np.ceil(duration_s / window_s))
     k = np.clip((b["t_s"].to_numpy() / window_s).astype(int), 0, nb - 1)
     weight = b["weight"].to_numpy()  # a batch of B is B rows

@@ -98,6 +98,14 @@ def fitted_model(profile: dict) -> list[str]:
             f"ratio by the size before over all, taken out of the table too): {_after_table(st['after_batch'])}."
             if st.get("after_batch")
             else ""
+        )
+        + (
+            " A batch runs faster the more requests wait as it is taken (`service_time.by_queue`, its slope "
+            f"{100 * (profile.get('by_queue_fit') or {}).get('slope', float('nan')):+.2f}% a request measured "
+            "against the load generator's schedule, taken out of the table too): "
+            f"{_after_table(st['by_queue']).replace('after', 'at')} waiting."
+            if st.get("by_queue")
+            else ""
         ),
         "- **Residuals** (measured / fitted batch time) at quantiles "
         + ", ".join(f"{q}: {v:.3f}" for q, v in st["residual_ratio_quantiles"].items())

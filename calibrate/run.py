@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate import refit
+from calibrate import backlog_fit, refit
 from calibrate.held import in_flight_cost
 from calibrate.hiccups import HiccupMeter, platform_speed
 from calibrate.loadgen import CONNECTIONS, Slice, run_slices
@@ -54,6 +54,7 @@ from calibrate.profile import (
 )
 from calibrate.report import over_capacity
 from calibrate.servers import get_json, redis_server, server
+from calibrate.speed import fit_run_speed
 from calibrate.station import fit_frontend
 from calibrate.stats import level_summary
 from calibrate.validate import compare
@@ -227,6 +228,10 @@ def _calibrate(
     summary["load"] = loads
     summary["held_out"] = [f in VALIDATE_LOADS for f in loads]
     refit.reads_first(profile, requests, log)
+    if backlog_fit.fit(profile, requests, slices, fit_levels) is not None:  # by_queue: the batch time again
+        profile["speed_process"] = fit_run_speed(
+            requests, slices, profile["service_time"], fit_levels, client_shares_cores=client_shares(servesim)
+        )
     log("fitted; simulating the held-out levels")
     table = compare(profile, requests, summary[summary["held_out"]], reps=reps, rng=rng, slices=slices, draws=draws)
     inside = compute_inside(requests, loads, bench)

@@ -49,6 +49,7 @@ SERVICE_KEYS = (
     "by_rate",
     "rate_window_ms",
     "after_batch",
+    "by_queue",
 )
 
 

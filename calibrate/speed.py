@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 from scipy import optimize
 
+from calibrate.backlog import queue_factor
 from calibrate.fit import batch_time_us, start_rates, with_rates
 from calibrate.idle import after_batch_factor, idle_before_ms, idle_factor, previous_size, rate_factor_at
 from calibrate.station import level_slope, slice_cpu_s
@@ -79,12 +80,14 @@ def batch_log_ratios(
     after_idle: dict | None = None,
     by_rate: dict | None = None,
     after_batch: dict | None = None,
+    by_queue: dict | None = None,
 ) -> pd.DataFrame:
     """One row per request's batch: its time on the run's clock (s), its log ratio to the
     fitted mean (``mean_ms(sizes)``, times the ``after_idle`` factor at its instance's idle
-    time before it, the ``by_rate`` factor at its recent throughput and the ``after_batch``
-    factor at the size of its batch before, where the batch time has them) and its weight
-    (1 / batch size, so a batch counts once)."""
+    time before it, the ``by_rate`` factor at its recent throughput, the ``after_batch``
+    factor at the size of its batch before and the ``by_queue`` factor at the requests
+    queued as it was taken, where the batch time has them) and its weight (1 / batch size,
+    so a batch counts once); and that count (``waiting``) where the requests carry it."""
     ok = requests.dropna(subset=["batch_size", "compute_infer_us"])
     ms = measured = batch_time_us(ok).to_numpy() / 1e3
     idle = idle_before_ms(ok, ms) if after_idle else None
@@ -94,6 +97,8 @@ def batch_log_ratios(
         ms = ms / rate_factor_at(ok["rate_rps"].to_numpy(), by_rate)
     if after_batch:  # nor the size of its batch before
         ms = ms / after_batch_factor(previous_size(ok), after_batch)
+    if by_queue and "waiting" in ok:  # nor the backlog waiting as it was taken
+        ms = ms / queue_factor(ok["waiting"].to_numpy(), by_queue)
     sizes = ok["batch_size"].to_numpy(int)
     mean = mean_ms(sizes)
     known = (ms > 0) & (mean > 0)  # a batch without a positive time or fitted mean has no ratio
@@ -101,7 +106,7 @@ def batch_log_ratios(
     # the batch at the middle of its run as it ran, whatever the factors explain of its time
     t = ok["slice"].to_numpy() * period_s + ok["scheduled_s"].to_numpy() + ok["latency_ms"].to_numpy() / 1e3
     t = t - measured / 2e3
-    return pd.DataFrame(
+    out = pd.DataFrame(
         {
             "t_s": t,
             "log_ratio": np.log(ms / mean),
@@ -110,6 +115,7 @@ def batch_log_ratios(
             "level": ok["level"].to_numpy(),
         }
     )
+    return out.assign(waiting=ok["waiting"].to_numpy()) if "waiting" in ok else out
 
 
 def autocovariance(b: pd.DataFrame, lags_s=LAGS_S, bin_s: float = BIN_S) -> tuple[np.ndarray, float]:
@@ -217,12 +223,15 @@ def fit_speed_process(
     after_idle: dict | None = None,
     by_rate: dict | None = None,
     after_batch: dict | None = None,
+    by_queue: dict | None = None,
 ) -> dict:
     """``platform.speed`` (a two-component log-AR(1); None where the batches show no
     correlated speed at all) and the batch noise's share of the log variance, from the
     fitted levels alone (``mean_ms``: the fitted batch time by size, ``after_idle`` its
     factor after an idle instance)."""
-    b = batch_log_ratios(fit_slices_only(requests, fit_levels), mean_ms, period_s, after_idle, by_rate, after_batch)
+    b = batch_log_ratios(
+        fit_slices_only(requests, fit_levels), mean_ms, period_s, after_idle, by_rate, after_batch, by_queue
+    )
     episodes, member = find_episodes(b)
     # the wobble from the batches outside episodes: an episode's spike is not a Gaussian's tail
     cov, var = autocovariance(b[~member] if episodes is not None else b)
@@ -267,6 +276,7 @@ def fit_run_speed(
         after_idle=service_time.get("after_idle"),
         by_rate=service_time.get("by_rate"),
         after_batch=service_time.get("after_batch"),
+        by_queue=service_time.get("by_queue"),
     )
 
 

@@ -89,12 +89,16 @@ def replayed(
     return out
 
 
-def own_trace(profile: dict, log, duration: float) -> np.ndarray:
+def own_trace(
+    profile: dict, log, duration: float, window_s: float | None = None, initial_rps: float = 0.0
+) -> np.ndarray:
     """A simulated slice's log speed per window: its batches' instance time over the batch
     table, ``after_idle`` at the instance's idle time before each and ``by_rate`` at its
     recent throughput (as the simulator keeps them), request-weighted, placed at the
     middle of their run (as :func:`calibrate.replay.window_trace` treats a measured
-    batch), about its mean."""
+    batch), about its mean; over ``window_s`` (``WINDOW_S`` by default), the throughput
+    from ``initial_rps`` (the simulation's ``rate_initial_rps``)."""
+    window_s = WINDOW_S if window_s is None else window_s
     st = profile["service_time"]
     own = log.computed - log.start
     fitted = table_ms(profile)[log.size]
@@ -102,11 +106,11 @@ def own_trace(profile: dict, log, duration: float) -> np.ndarray:
         before = np.r_[np.nan, log.start[1:] - log.end[:-1]]  # one instance: freed when the loop took it back
         fitted = fitted * idle.idle_factor(before, st["after_idle"])
     if st.get("by_rate"):
-        rate = idle.recent_rate(log.start, log.size.astype(float), float(st.get("rate_window_ms", 500.0)))
+        rate = idle.recent_rate(log.start, log.size.astype(float), float(st.get("rate_window_ms", 500.0)), initial_rps)
         fitted = fitted * idle.rate_factor_at(rate, st["by_rate"])
     lr = np.log(own / fitted)
-    n = int(np.ceil(duration / WINDOW_S))
-    k = np.clip(((log.start + own / 2) / 1000.0 / WINDOW_S).astype(int), 0, n - 1)
+    n = int(np.ceil(duration / window_s))
+    k = np.clip(((log.start + own / 2) / 1000.0 / window_s).astype(int), 0, n - 1)
     per = np.bincount(k, weights=log.size * lr, minlength=n)
     cnt = np.bincount(k, weights=log.size, minlength=n)
     mean = per.sum() / cnt.sum()

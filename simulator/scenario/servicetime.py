@@ -88,11 +88,22 @@ class _Noisy(Frozen):
         ),
     )
 
+    by_queue: dict[float, float] | None = Field(
+        None,
+        description=(
+            "Batch time factor by the requests waiting in the batch queue as the batch is taken, its own "
+            "included (requests: factor), interpolated, flat beyond the ends: a host runs faster while a backlog "
+            "waits, beyond its recent throughput (by_rate). Measured against the load generator's schedule, "
+            "which the host cannot move (fitted by servesim calibrate; none: every batch alike)."
+        ),
+    )
+
     @model_validator(mode="after")
     def _idle(self):
         check_after_idle(self.after_idle)
         check_after_idle(self.by_rate, "by_rate", "requests/s", "rates")
         check_after_idle(self.after_batch, "after_batch", "requests", "sizes")
+        check_after_idle(self.by_queue, "by_queue", "requests", "counts")
         if self.rate_initial_rps > 0 and not self.by_rate:
             raise ValueError("rate_initial_rps is the throughput by_rate reads: give by_rate with it")
         return self

@@ -191,7 +191,7 @@ def schedule_classes(env: simpy.Environment, feed: ClassFeed, services: list[Ser
         c, k = pick
         feed.queues[c].take(k)
         quota.busy[c] += 1
-        done = services[c].finish(clock, k, clock - free_at, inst)
+        done = services[c].finish(clock, k, clock - free_at, inst, len(feed.queues[c]) + k)
         start, end, where = feed.logs[c]
         start.append(clock)
         end.append(done)

@@ -54,13 +54,15 @@ def _finish_on_path_py(start, work, pt, pw, pf):
 finish_on_path = jit.njit(cache=True, nogil=True)(_finish_on_path_py)
 
 
-def _rate_factor_py(now, size, j, rk, rf, rtau, rst, ak, af):
+def _rate_factor_py(now, size, j, rk, rf, rtau, rst, ak, af, qk, qf, waiting):
     """``service_time.by_rate``'s factor for a batch of ``size`` that instance ``j`` starts
     at ``now``: at its throughput before the batch (requests/s: ``rst[j, 0]``, requests a
     ms averaged over ``rtau`` ms, decayed from ``rst[j, 1]``), interpolated on (rk, rf),
     flat beyond the ends; the batch's requests then join the average. Times
     ``service_time.after_batch``'s at the size of the instance's batch before it
-    (``rst[j, 2]``; none before its first), interpolated on (ak, af). 1 without the tables."""
+    (``rst[j, 2]``; none before its first), interpolated on (ak, af); times
+    ``service_time.by_queue``'s at the ``waiting`` requests in the queue as the batch is
+    taken, its own included, interpolated on (qk, qf). 1 without the tables."""
     f = 1.0
     if len(rk) > 0:
         x = rst[j, 0] * math.exp(-(now - rst[j, 1]) / rtau)
@@ -71,6 +73,8 @@ def _rate_factor_py(now, size, j, rk, rf, rtau, rst, ak, af):
         if rst[j, 2] > 0:
             f *= np.interp(rst[j, 2], ak, af)
         rst[j, 2] = size
+    if len(qk) > 0:
+        f *= np.interp(waiting, qk, qf)
     return f
 
 
@@ -101,7 +105,8 @@ _expire = jit.njit(cache=True, nogil=True)(_expire_py) if jit.AVAILABLE else Non
 
 def _kernel(
     q, m, horizon, closed, cap, max_b, delay, timeout, thresholds, preferred,
-    buf, outcome, drop, ist, clock0, inst_free, inst_seq, factors, means, idle_t, idle_f, rk, rf, rtau, rst, ak, af,
+    buf, outcome, drop, ist, clock0, inst_free, inst_seq, factors, means, idle_t, idle_f,
+    rk, rf, rtau, rst, ak, af, qk, qf,
     b_pos, b_size, b_start, b_end, b_inst, sp_t, sp_w, sp_f,
 ):  # fmt: skip
     """:func:`schedule` over :meth:`BatchQueue.decide`, until done, more arrivals are
@@ -199,7 +204,7 @@ def _kernel(
         work = means[size] * x if per_size else x
         if len(idle_t) > 0:  # the instance idle since its last batch: a slower batch
             work *= np.interp(clock - inst_free[held], idle_t, idle_f)
-        work *= rate_factor(clock, size, held, rk, rf, rtau, rst, ak, af)  # and by its recent throughput
+        work *= rate_factor(clock, size, held, rk, rf, rtau, rst, ak, af, qk, qf, n)  # and by its recent throughput
         done = finish_on_path(clock, work, sp_t, sp_w, sp_f)
         b_pos[nb] = qh
         b_size[nb] = size

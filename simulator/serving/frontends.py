@@ -57,7 +57,7 @@ _HH, _HT, _SEQC, _TIMED = range(5, 9)
 
 def _kernel_py(
     n, horizon, st, clock, t, cost, hub_in, lp, nxt, rnext, rready,
-    ret, ans, resp, max_b, delay, cap, preferred, factors, means, idle_t, idle_f, rk, rf, rtau, rst, ak, af,
+    ret, ans, resp, max_b, delay, cap, preferred, factors, means, idle_t, idle_f, rk, rf, rtau, rst, ak, af, qk, qf,
     ip_t, ip_w, ip_f, fp_t, fp_w, fp_f, free_at, busy, seq, ends, bid,
     lfree, lrun, lkind, larg, ahead, rhead, rtail, hq_t, hq_k, hq_a,
     t_enq, t_disp, t_resp, outcome, t_drop, pb, buf, b_pos, b_size, b_start, b_end, b_inst, b_done,
@@ -123,7 +123,7 @@ def _kernel_py(
                 timed = 0
             qh, fpos, nb = _dispatch(
                 now, buf, qh, qt, t_enq, t_disp, pb, max_b, delay, preferred, free_at, busy, seq, ends,
-                bid, factors, fpos, means, idle_t, idle_f, rk, rf, rtau, rst, ak, af, ip_t, ip_w, ip_f,
+                bid, factors, fpos, means, idle_t, idle_f, rk, rf, rtau, rst, ak, af, qk, qf, ip_t, ip_w, ip_f,
                 b_pos, b_size, b_start, b_done, b_inst, nb,
             )  # fmt: skip
             continue
@@ -144,7 +144,7 @@ def _kernel_py(
                 ht += 1
             qh, fpos, nb = _dispatch(
                 now, buf, qh, qt, t_enq, t_disp, pb, max_b, delay, preferred, free_at, busy, seq, ends,
-                bid, factors, fpos, means, idle_t, idle_f, rk, rf, rtau, rst, ak, af, ip_t, ip_w, ip_f,
+                bid, factors, fpos, means, idle_t, idle_f, rk, rf, rtau, rst, ak, af, qk, qf, ip_t, ip_w, ip_f,
                 b_pos, b_size, b_start, b_done, b_inst, nb,
             )  # fmt: skip
             continue

@@ -38,7 +38,7 @@ _earliest = jit.njit(cache=True, nogil=True)(_earliest_py)
 
 def _dispatch_py(
     now, buf, qh, qt, t_enq, t_disp, pb, max_b, delay, preferred, free_at, busy, seq, ends, bid,
-    factors, fpos, means, idle_t, idle_f, rk, rf, rtau, rst, ak, af, ip_t, ip_w, ip_f,
+    factors, fpos, means, idle_t, idle_f, rk, rf, rtau, rst, ak, af, qk, qf, ip_t, ip_w, ip_f,
     b_pos, b_size, b_start, b_done, b_inst, nb,
 ):  # fmt: skip
     """Every batch the rule sends at ``now`` to a free instance (the one idle longest), and
@@ -68,7 +68,7 @@ def _dispatch_py(
         work = means[size] * x if len(means) > 0 else x
         if len(idle_t) > 0:  # the instance idle since it was taken back: a slower batch
             work *= np.interp(now - free_at[held], idle_t, idle_f)
-        work *= rate_factor(now, size, held, rk, rf, rtau, rst, ak, af)  # and by its recent throughput
+        work *= rate_factor(now, size, held, rk, rf, rtau, rst, ak, af, qk, qf, n)  # and by its recent throughput
         done = finish_on_path(now, work, ip_t, ip_w, ip_f)
         for p in range(qh, qh + size):
             t_disp[buf[p]] = now
@@ -88,7 +88,7 @@ _dispatch = jit.njit(cache=True, nogil=True)(_dispatch_py)
 def _kernel_py(
     n, horizon, st, clock, t, cost, wait, late, resume, reads_hold, responds_first, batcher_yields, held_k, hx, hf,
     lx, lf, arrived, wq, wdue, t_back, rets, resp_b, resp_k, behind,
-    max_b, delay, cap, preferred, factors, means, idle_t, idle_f, rk, rf, rtau, rst, ak, af,
+    max_b, delay, cap, preferred, factors, means, idle_t, idle_f, rk, rf, rtau, rst, ak, af, qk, qf,
     ip_t, ip_w, ip_f, fp_t, fp_w, fp_f, free_at, busy, seq, ends, bid, back, resp,
     t_enq, t_disp, t_resp, outcome, t_drop, pb, buf, b_pos, b_size, b_start, b_end, b_inst, b_done, b_resp,
 ):  # fmt: skip
@@ -223,7 +223,7 @@ def _kernel_py(
                 sent = nb
                 qh, fpos, nb = _dispatch(
                     loop_free, buf, qh, qt, t_enq, t_disp, pb, max_b, delay, preferred, free_at, busy, seq, ends,
-                    bid, factors, fpos, means, idle_t, idle_f, rk, rf, rtau, rst, ak, af, ip_t, ip_w, ip_f,
+                    bid, factors, fpos, means, idle_t, idle_f, rk, rf, rtau, rst, ak, af, qk, qf, ip_t, ip_w, ip_f,
                     b_pos, b_size, b_start, b_done, b_inst, nb,
                 )  # fmt: skip
                 if nb > sent:  # a batch went: the timer's next turn is its next window's

@@ -38,7 +38,9 @@ def fast_path(cfg: TritonBatching) -> bool:
 def scheduler(cfg: TritonBatching, instances: list[list[int]], service: ServiceModel, *, compiled: bool | None = None):
     """The strategy for ``cfg``: FCFS when batching is off, else compiled where it covers
     the batching (or as ``compiled`` says), else SimPy."""
-    if fast_path(cfg) and not (len(service.idle_ms) or len(service.rate_rps) or len(service.after_k)):  # need its clock
+    if fast_path(cfg) and not (
+        len(service.idle_ms) or len(service.rate_rps) or len(service.after_k) or len(service.queue_k)
+    ):  # need its clock
         return FcfsScheduler(instances, service)
     if covers(cfg) if compiled is None else compiled:
         return CompiledScheduler(cfg, instances, service)

@@ -104,6 +104,11 @@ class ServiceModel:
         # the factor by the size of the instance's batch before (empty: none), as the kernels read it
         self.after_k = np.asarray(knots, dtype=float)
         self.after_f = np.asarray([after[k] for k in knots], dtype=float)
+        queue = (st.by_queue or {}) if self._per_size else {}
+        knots = sorted(queue)
+        # the factor by the requests waiting as a batch is taken (empty: none), as the kernels read it
+        self.queue_k = np.asarray(knots, dtype=float)
+        self.queue_f = np.asarray([queue[k] for k in knots], dtype=float)
         self.rst: dict = {}  # the SimPy schedulers' instances' recent throughput, by instance
         if self._per_size:
             self._means = [0.0] + [mean_service_ms(cfg, b) for b in range(1, max_batch + 1)]
@@ -166,25 +171,29 @@ class ServiceModel:
         return rst
 
     def rate_args(self, rst: np.ndarray) -> tuple:
-        """What a kernel reads for ``by_rate`` and ``after_batch``: the first table's knots
-        and factors, its time constant, ``rst``, the instances' state (an (instances, 3)
-        array it updates: throughput, when, the last batch's size), and the second table's
-        knots and factors."""
-        return self.rate_rps, self.rate_factor, self.rate_tau_ms, rst, self.after_k, self.after_f
+        """What a kernel reads for ``by_rate``, ``after_batch`` and ``by_queue``: the first
+        table's knots and factors, its time constant, ``rst``, the instances' state (an
+        (instances, 3) array it updates: throughput, when, the last batch's size), the second
+        table's knots and factors, and the third's (a kernel passes the count waiting)."""
+        return (
+            self.rate_rps, self.rate_factor, self.rate_tau_ms, rst, self.after_k, self.after_f,
+            self.queue_k, self.queue_f,
+        )  # fmt: skip
 
-    def finish(self, start: float, batch_size: int, idle_ms: float = 0.0, inst=0) -> float:
+    def finish(self, start: float, batch_size: int, idle_ms: float = 0.0, inst=0, waiting: int = 0) -> float:
         """When a batch of ``batch_size`` started at ``start`` (ms) on instance ``inst``, idle
         for ``idle_ms`` before it, ends: its drawn time (times the ``after_idle`` factor and
         the ``by_rate`` factor at the instance's recent throughput and the ``after_batch``
-        factor at its batch before), stretched by the host's speed while it runs."""
+        factor at its batch before, and the ``by_queue`` factor at the ``waiting`` requests
+        queued as it was taken, its own included), stretched by the host's speed while it runs."""
         work = self(batch_size)
         if len(self.idle_ms):
             work *= float(np.interp(idle_ms, self.idle_ms, self.idle_factor))  # flat beyond the ends
-        if len(self.rate_rps) or len(self.after_k):
+        if len(self.rate_rps) or len(self.after_k) or len(self.queue_k):
             state = self.rst.get(inst)
             if state is None:
                 state = self.rst[inst] = self.rate_state(1)
-            work *= float(rate_factor(start, batch_size, 0, *self.rate_args(state)))
+            work *= float(rate_factor(start, batch_size, 0, *self.rate_args(state), waiting))
         return start + work if self.path is None else self.path.finish_at(start, work)
 
     def __call__(self, batch_size: int) -> float:
@@ -308,7 +317,7 @@ def schedule(env: simpy.Environment, feed: Feed, service: ServiceModel):
             if feed.crashed_at is not None:
                 return
         size = decision.size
-        done = service.finish(clock, size, clock - free_at, inst)
+        done = service.finish(clock, size, clock - free_at, inst, len(queue) + size)
         feed.busy += size
         feed.b_start.append(clock)
         feed.b_end.append(done)
