@@ -165,7 +165,7 @@ def batches_from_requests(df: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(
         {"batch_size": per_batch["batch_size"].astype(int), "service_ms": batch_time_us(per_batch) / 1e3}
     )
-    for c in ("level", "compute_infer_us", "handoff_us", "rate_rps", "rate_since_ms", "waiting"):
+    for c in ("level", "compute_infer_us", "handoff_us", "rate_rps", "rate_since_ms", "rate_scheduled", "waiting"):
         if c in per_batch:
             out[c] = per_batch[c].to_numpy()
     before = idle.idle_before_ms(per_batch, out["service_ms"].to_numpy())
@@ -205,6 +205,9 @@ def with_rates(requests: pd.DataFrame, initial: dict[int, float] | None = None) 
     got = idle.rate_before(ok, initial=initial) if idle.BY_RATE else None
     if got is None:
         return requests
+    sent = idle.scheduled_rate(ok) if idle.BY_RATE_FIT == "schedule" else None
+    if sent is not None:  # the schedule's rate before each batch: by_rate's instrument
+        requests = requests.assign(rate_scheduled=pd.Series(sent, index=ok.index))
     return requests.assign(rate_rps=pd.Series(got[0], index=ok.index), rate_since_ms=pd.Series(got[1], index=ok.index))
 
 
@@ -264,8 +267,9 @@ def fit_batch_time(df: pd.DataFrame, queue_slope: float | None = None) -> tuple[
             if idle.BY_RATE_FIT == "levels" and "level" in batches:
                 lv = batches["level"].to_numpy()[settled]
                 by_rate = idle.fit_by_level(batches["rate_rps"].to_numpy()[settled], ratio[settled], lv)
-            else:
-                by_rate = idle.fit_by_rate(batches["rate_rps"].to_numpy()[settled], ratio[settled])
+            else:  # the schedule's bands where it has them
+                z = batches["rate_scheduled"].to_numpy()[settled] if "rate_scheduled" in batches else None
+                by_rate = idle.fit_by_rate(batches["rate_rps"].to_numpy()[settled], ratio[settled], instrument=z)
             if by_rate is not None:
                 rate_f = idle.rate_factor_at(batches["rate_rps"].to_numpy(), by_rate)
         if idle.AFTER_BATCH and "size_before" in batches:  # and one after a big batch slower

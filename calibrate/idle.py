@@ -233,24 +233,37 @@ def slice_gap_ms(df: pd.DataFrame) -> float | None:
     return float(np.median(gaps)) if len(gaps) else None
 
 
-def fit_by_rate(rate_rps: np.ndarray, ratio: np.ndarray, *, bands: int = RATE_BANDS, min_batches: int = 20):
+def fit_by_rate(
+    rate_rps: np.ndarray,
+    ratio: np.ndarray,
+    *,
+    bands: int = RATE_BANDS,
+    min_batches: int = 20,
+    instrument: np.ndarray | None = None,
+):
     """``service_time.by_rate``: the mean ratio of measured to fitted batch time in
     ``bands`` quantile bands of the instance's recent throughput, over the mean ratio of
-    all, at each band's median rate. None where fewer than two bands differ in rate or
-    hold ``min_batches``."""
+    all, at each band's median rate. With ``instrument`` (:func:`scheduled_rate`), the bands
+    are the instrument's, still placed at their median throughput: a fast spell that raises
+    the throughput does not move a batch into a busier band, so the table keeps only what
+    the load does to the speed. None where fewer than two bands differ in rate or hold
+    ``min_batches``."""
     x, r = np.asarray(rate_rps, dtype=float), np.asarray(ratio, dtype=float)
-    known = np.isfinite(x) & np.isfinite(r)
-    x, r = x[known], r[known]
+    z = x if instrument is None else np.asarray(instrument, dtype=float)
+    known = np.isfinite(x) & np.isfinite(r) & np.isfinite(z)
+    x, r, z = x[known], r[known], z[known]
     if len(x) < 2 * min_batches:
         return None
-    edges = np.unique(np.quantile(x, np.linspace(0, 1, bands + 1)))
+    edges = np.unique(np.quantile(z, np.linspace(0, 1, bands + 1)))
     if len(edges) < 2:
         return None
-    return _by_band(x, r, np.clip(np.searchsorted(edges, x, side="right") - 1, 0, len(edges) - 2), min_batches)
+    return _by_band(x, r, np.clip(np.searchsorted(edges, z, side="right") - 1, 0, len(edges) - 2), min_batches)
 
 
 # how fit_by_rate reads the table: "bands" (the mean ratio in quantile bands of the recent
-# throughput) or "levels" (a line through the fitted levels' mean ratios at their mean
+# throughput), "schedule" (in bands of the schedule's recent rate, the instrument, placed at
+# their throughput; tried, not adopted: calibrate/README, "A level's speed from its first
+# second") or "levels" (a line through the fitted levels' mean ratios at their mean
 # throughput, carried a little past them)
 BY_RATE_FIT = "bands"
 LEVEL_REACH = (0.5, 1.25)  # the line's table spans these multiples of the lightest and busiest level's rate
@@ -283,6 +296,36 @@ def fit_by_level(rate_rps: np.ndarray, ratio: np.ndarray, level: np.ndarray, *, 
     at = np.linspace(LEVEL_REACH[0] * min(xs), LEVEL_REACH[1] * max(xs), LEVEL_POINTS)
     f = np.clip(icpt + slope * at, 0.5, 2.0)
     return {round(float(a), 3): round(float(v), 4) for a, v in zip(at, f, strict=True)}
+
+
+def scheduled_rate(df: pd.DataFrame, tau_ms: float = RATE_WINDOW_MS) -> np.ndarray | None:
+    """For each request of ``df`` (successful ones, their slices whole): the requests a second
+    the load generator's schedule sent its slice before its batch went, averaged as
+    :func:`recent_rate` averages the instance's throughput (from none at the slice's
+    start). The schedule (``scheduled_s``) goes onto the server's clock by the slice's
+    median offset to the requests' receipt. What the host's speed cannot move: the
+    instrument for ``by_rate`` (:func:`fit_by_rate`, ``instrument``). None without the
+    server's clocks."""
+    if not _clocked(df) or "received_at_ns" not in df or "scheduled_s" not in df:
+        return None
+    out = np.empty(len(df))
+    sl = df["slice"].to_numpy()
+    sent_ms = df["scheduled_s"].to_numpy() * 1e3
+    got_ms, went_ms = df["received_at_ns"].to_numpy() / 1e6, df["dispatched_at_ns"].to_numpy() / 1e6
+    for s in np.unique(sl):
+        at = np.flatnonzero(sl == s)
+        sent = np.sort(sent_ms[at] + np.median(got_ms[at] - sent_ms[at]))
+        queries, where = np.unique(went_ms[at], return_inverse=True)
+        # each arrival adds 1 / tau to the average, decayed since; read just before each batch
+        rate, x, t, j = np.empty(len(queries)), 0.0, sent[0] if len(sent) else 0.0, 0
+        for i, q in enumerate(queries):
+            while j < len(sent) and sent[j] < q:
+                x = x * np.exp(-(sent[j] - t) / tau_ms) + 1.0 / tau_ms
+                t = sent[j]
+                j += 1
+            rate[i] = x * np.exp(-(q - t) / tau_ms) * 1000.0
+        out[at] = rate[where]
+    return out
 
 
 def rate_factor_at(rate_rps: np.ndarray, table: dict[float, float]) -> np.ndarray:

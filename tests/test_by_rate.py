@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from calibrate.idle import LEVEL_POINTS, LEVEL_REACH, fit_by_level, fit_by_rate, rate_factor_at, recent_rate
@@ -224,3 +225,44 @@ def test_a_bad_initial_throughput_is_refused_naming_the_field(extra, needle):
         load_scenario(MMC, [f"workers.service_time={{kind: table, batch_ms: {{1: 5}}{extra}}}"])
     assert "rate_initial_rps" in str(err.value)
     assert needle in str(err.value)
+
+
+def test_the_schedules_rate_is_averaged_as_the_throughput_is_on_the_servers_clock():
+    """``scheduled_rate``: the slice's scheduled sends put on the server's clock by the
+    median offset of receipt (here 40 ms, with jitter), each 1 / tau a ms, decayed to each
+    batch's dispatch; the same average :func:`recent_rate` keeps of the batches."""
+    from calibrate.idle import scheduled_rate
+
+    rng = np.random.default_rng(4)
+    sent_s = np.sort(rng.uniform(0.0, 2.0, 300))
+    got_ns = (sent_s + 0.040 + rng.uniform(-1e-4, 1e-4, 300)) * 1e9
+    went_ns = got_ns + 3e6  # each dispatched 3 ms after it arrived, alone
+    df = pd.DataFrame({"slice": 0, "scheduled_s": sent_s, "received_at_ns": got_ns, "dispatched_at_ns": went_ns})
+    got = scheduled_rate(df, TAU)
+    on_server_ms = sent_s * 1e3 + np.median(got_ns / 1e6 - sent_s * 1e3)
+    expected = [
+        sum(math.exp(-(t - u) / TAU) for u in on_server_ms[on_server_ms < t]) / TAU * 1000 for t in went_ns / 1e6
+    ]
+    np.testing.assert_allclose(got, expected, rtol=1e-9)
+    assert scheduled_rate(df.drop(columns="received_at_ns")) is None
+
+
+def test_bands_of_the_schedule_keep_what_the_load_does_not_what_a_fast_spell_does():
+    """A true factor of 1.2 − rate / 1000 (rate in req/s); a fast spell (its own log speed)
+    also raises the throughput the instance shows. Banded by the throughput, the table
+    falls steeper than the truth (the spells read as load); banded by the schedule's rate,
+    which the spell cannot move, it follows the truth."""
+    rng = np.random.default_rng(8)
+    n = 40_000
+    sched = rng.choice([100.0, 200.0, 300.0], n) + rng.normal(0, 15, n)  # the schedule's recent rate
+    spell = rng.normal(0, 0.05, n)  # the host's own log speed: negative is fast
+    rate = sched - 600 * spell + rng.normal(0, 5, n)  # a fast spell clears a backlog: more throughput
+    ratio = (1.2 - rate / 1000.0) * np.exp(spell)
+    truth = lambda x: (1.2 - np.asarray(x) / 1000.0) / np.mean(1.2 - rate / 1000.0)  # noqa: E731
+    plain = fit_by_rate(rate, ratio)
+    banded = fit_by_rate(rate, ratio, instrument=sched)
+    err = lambda t: np.mean([abs(f - truth(x)) for x, f in t.items()])  # noqa: E731
+    assert err(banded) < 0.01
+    assert err(plain) > 2 * err(banded)
+    lo, hi = min(plain), max(plain)
+    assert plain[lo] - plain[hi] > 1.3 * (truth(lo) - truth(hi))  # steeper than the truth
