@@ -13,7 +13,7 @@ process and factors; the instance's recent throughput from where the slice befor
   slower the host runs in a slice's first second than later. The model's comes from
   ``by_rate`` starting at the slice before's throughput; the host's is measured.
 
-    python calibrate/experiments/slice_start.py RUN [RUN ...]   # ~5 s a run
+    python calibrate/experiments/slice_start.py RUN [RUN ...]   # 3-5 s a run
 """
 
 from __future__ import annotations
