@@ -30,12 +30,9 @@ from reference_server.batcher import DynamicBatcher, Overloaded, Pending
 from reference_server.bodies import BodyReader, BodyRefused
 from reference_server.config import VERSION, ServerConfig, features_public
 from reference_server.features import FeatureStore, StoreUnavailable
-from reference_server.instances import (
-    InstanceDied,
-    die_with_parent,
-    instance_cores,
-)
+from reference_server.instances import InstanceDied, instance_cores
 from reference_server.launch import batcher_for, start_instances
+from reference_server.lifetime import die_with_parent
 from reference_server.logs import ErrorLog
 from reference_server.metrics import ServerMetrics
 from reference_server.models import ServedModel

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import dataclasses
 import gc
 import logging
@@ -48,13 +47,13 @@ from multiprocessing.shared_memory import SharedMemory
 
 import numpy as np
 
+from reference_server.lifetime import die_with_parent
 from reference_server.models import ModelConfig, ServedModel, split_columns
 from reference_server.protocol import DTYPES
 
 log = logging.getLogger("servesim.server")
 
 START_TIMEOUT_S = 180.0  # spawn, import torch, build, warm up
-PR_SET_PDEATHSIG = 1
 
 
 class InstanceDied(RuntimeError):
@@ -101,12 +100,6 @@ class InstanceSpec:
     idle: str = "sleep"  # between batches: sleep on the pipe, or "spin" (poll it, the core kept busy)
     shm_in: str = ""  # filled in by the front end, which owns the blocks
     shm_out: str = ""
-
-
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent exits (a crashed front end)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def instance_main(conn, spec: InstanceSpec) -> None:

@@ -18,7 +18,7 @@ from reference_server.app import create_app
 from reference_server.config import ServerConfig
 from reference_server.connections import Joiner, guarded_http
 from reference_server.draining import draining_server
-from reference_server.instances import die_with_parent
+from reference_server.lifetime import die_with_parent
 from reference_server.relay import HubInfo, Relay
 
 

@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 from calibrate.servers import redis_server
+from reference_server.lifetime import die_with_parent
 
 
 def free_port() -> int:
@@ -48,6 +49,7 @@ def _serving(args: list[str], health: str, host: str = "127.0.0.1", env: dict[st
         stderr=subprocess.PIPE,
         text=True,
         env=None if env is None else {**os.environ, **env},
+        preexec_fn=die_with_parent,  # a killed pytest runs no finally: the server goes with it
     )
     url = f"http://{host}:{port}"
     try:

@@ -21,6 +21,7 @@ pytest.importorskip("streamlit", reason="the dashboard extra (streamlit) is not 
 import pandas as pd
 from streamlit.testing.v1 import AppTest
 
+from reference_server.lifetime import die_with_parent
 from simulator.engine import simulate
 from simulator.results.anatomy import e2e_cdf, stage_bands
 from simulator.results.metrics import window
@@ -231,13 +232,15 @@ def test_stage_bands_add_up_to_the_percentile():
 
 
 def start_dashboard(port: int) -> subprocess.Popen:
-    """``servesim dashboard`` in a process group of its own, which the caller kills whole."""
+    """``servesim dashboard`` in a process group of its own, which the caller kills whole;
+    killed with the test's process should that die first (a killed pytest runs no finally)."""
     return subprocess.Popen(
         [*servesim_cmd(), "dashboard", "--port", str(port), "--headless"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,
+        preexec_fn=die_with_parent,
     )
 
 
@@ -418,6 +421,7 @@ def test_a_signal_to_servesim_dashboard_frees_its_port_and_the_environment_is_ho
         text=True,
         start_new_session=True,
         env=env,
+        preexec_fn=die_with_parent,
     )
     try:
         wait_http(f"http://127.0.0.1:{port}/_stcore/health", proc=proc)

@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 
-from reference_server.instances import die_with_parent
+from reference_server.lifetime import die_with_parent
 from reference_server.llm.engine import EngineConfig
 
 START_TIMEOUT_S = 120.0
