@@ -52,12 +52,9 @@ def waiting_at_dispatch(df: pd.DataFrame) -> np.ndarray | None:
 
 
 def queue_factor(waiting: np.ndarray, table: dict) -> np.ndarray:
-    """``by_queue``'s factor at each count ``waiting`` (interpolated, flat beyond the ends;
-    1 where the count is unknown)."""
-    knots = sorted((float(k), float(v)) for k, v in table.items())
-    w = np.asarray(waiting, dtype=float)
-    f = np.interp(np.nan_to_num(w, nan=1.0), [k for k, _ in knots], [v for _, v in knots])
-    return np.where(np.isfinite(w), f, 1.0)
+    """``by_queue``'s factor at each count ``waiting``, as the simulator interpolates it (flat
+    beyond the ends; 1 where the count is unknown)."""
+    return idle.idle_factor(np.asarray(waiting, dtype=float), table)  # the same interpolation
 
 
 def table(slope: float, waiting: np.ndarray) -> dict[float, float] | None:

@@ -300,10 +300,9 @@ def fit_profile(
     features: dict | None = None,
     frontend: dict | None = None,
     fetch_cost: dict | None = None,
-    queue_slope: float | None = None,
 ) -> dict:
     """The service-time models from the requests of ``fit_levels`` (warm-up excluded); the
-    batch time by :func:`fit_batch_time` (``queue_slope``: ``by_queue``'s, where measured).
+    batch time by :func:`fit_batch_time`.
 
     With the server's feature-store settings (``features``: keys, batch_size, parallelism),
     also the Redis round trip: each request's fetch time over its sequential round trips.
@@ -313,7 +312,7 @@ def fit_profile(
     at that level (network, HTTP, waiting on I/O) becomes a pure delay.
     """
     df = fitted_requests(requests, fit_levels)
-    service, fits = fit_batch_time(df, queue_slope)
+    service, fits = fit_batch_time(df)
     lowest = df[df["level"] == min(fit_levels)]
     overhead = lowest["latency_ms"] - lowest["request_us"] / 1e3
     fetch_us = df["feature_us"].fillna(0.0) if "feature_us" in df else 0.0

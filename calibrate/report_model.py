@@ -55,10 +55,11 @@ def _idle_table(table: dict) -> str:
     return ", ".join(f"×{f:.2f} after {float(x):.2g} ms" for x, f in sorted(table.items(), key=lambda kv: float(kv[0])))
 
 
-def _after_table(table: dict) -> str:
-    """``after_batch``'s factors, by the size of the batch before, as the report gives them."""
+def _after_table(table: dict, word: str = "after") -> str:
+    """``after_batch``'s factors, by the size of the batch before (or another table by a
+    count, ``word`` before it), as the report gives them."""
     return ", ".join(
-        f"×{float(f):.2f} after {float(k):g}" for k, f in sorted(table.items(), key=lambda kv: float(kv[0]))
+        f"×{float(f):.2f} {word} {float(k):g}" for k, f in sorted(table.items(), key=lambda kv: float(kv[0]))
     )
 
 
@@ -103,7 +104,7 @@ def fitted_model(profile: dict) -> list[str]:
             " A batch runs faster the more requests wait as it is taken (`service_time.by_queue`, its slope "
             f"{100 * (profile.get('by_queue_fit') or {}).get('slope', float('nan')):+.2f}% a request measured "
             "against the load generator's schedule, taken out of the table too): "
-            f"{_after_table(st['by_queue']).replace('after', 'at')} waiting."
+            f"{_after_table(st['by_queue'], 'at')} waiting."
             if st.get("by_queue")
             else ""
         ),

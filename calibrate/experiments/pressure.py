@@ -133,12 +133,12 @@ def slice_windows(run: Path, *, synthetic: bool = False, window_s: float = WINDO
 def slopes(t: pd.DataFrame, run: str) -> list[dict]:
     """:func:`iv_slope` per load of one run's windows, and over its loads of 50% and more
     pooled, × 100 (log per request in the system)."""
-    groups = [*t.groupby("load"), ("50-85%", t[t["load"] >= 0.5])]
-    return [
-        {"run": run, "load": load, **{k: v * 100 for k, v in iv_slope(g["lf"], g["x"], g["z"]).items()}}
-        | {"first": iv_slope(g["lf"], g["x"], g["z"])["first"], "sd_z": float(g["z"].std())}
-        for load, g in groups
-    ]
+    rows = []
+    for load, g in [*t.groupby("load"), ("50-85%", t[t["load"] >= 0.5])]:
+        got = iv_slope(g["lf"], g["x"], g["z"])
+        slopes_x100 = {k: v * 100 for k, v in got.items() if k != "first"}
+        rows.append({"run": run, "load": load, **slopes_x100, "first": got["first"], "sd_z": float(g["z"].std())})
+    return rows
 
 
 def main(args: list[str]) -> None:
