@@ -189,11 +189,14 @@ def start_rates(requests: pd.DataFrame) -> dict[int, float] | None:
     return idle.slice_start_rates(requests[requests["status"] == 200].dropna(subset=["batch_size"]))
 
 
-def with_rates(requests: pd.DataFrame, initial: dict[int, float] | None = None) -> pd.DataFrame:
+def with_rates(
+    requests: pd.DataFrame, initial: dict[int, float] | None = None, service: dict | None = None
+) -> pd.DataFrame:
     """``requests`` (successful ones, their slices whole) with ``rate_rps``, their
     instance's recent throughput before their batch, and ``rate_since_ms``, how long into
     their slice (:func:`calibrate.idle.rate_before`, each slice's from ``initial``'s rate
-    where given), and ``waiting``, the requests queued as their batch was taken
+    where given; counted as a fitted ``service`` time's ``by_rate`` counts, where given, else
+    as the fit does: :func:`calibrate.idle.rate_source`), and ``waiting``, the requests queued as their batch was taken
     (:func:`calibrate.backlog.waiting_at_dispatch`); as given without the server's clocks,
     or when they already have them (a slice's rates are its own: a subset keeps them)."""
     if "rate_rps" in requests:
@@ -202,7 +205,8 @@ def with_rates(requests: pd.DataFrame, initial: dict[int, float] | None = None) 
     waiting = backlog.waiting_at_dispatch(ok) if backlog.BY_QUEUE else None
     if waiting is not None:  # the requests queued as each batch was taken (by_queue's count)
         requests = requests.assign(waiting=pd.Series(waiting, index=ok.index))
-    got = idle.rate_before(ok, initial=initial) if idle.BY_RATE else None
+    kind, window = idle.rate_source(ok, service)
+    got = idle.rate_before(ok, window, initial, kind) if idle.BY_RATE else None
     if got is None:
         return requests
     sent = idle.scheduled_rate(ok) if idle.BY_RATE_FIT == "schedule" else None
@@ -245,6 +249,7 @@ def fit_batch_time(df: pd.DataFrame, queue_slope: float | None = None) -> tuple[
     every batch before the rest is fitted."""
     batches = batches_from_requests(df)
     b, y = batches["batch_size"].to_numpy(), batches["service_ms"].to_numpy()
+    rate_of, rate_window = idle.rate_source(df)  # what with_rates counted, over how long
     by_queue = None
     if queue_slope is not None and "waiting" in batches:  # the backlog's part, measured apart: divided out
         by_queue = backlog.table(queue_slope, batches["waiting"].to_numpy())
@@ -260,9 +265,7 @@ def fit_batch_time(df: pd.DataFrame, queue_slope: float | None = None) -> tuple[
             if after_idle is not None:
                 idle_f = idle.idle_factor(batches["idle_ms"].to_numpy(), after_idle)
         if idle.BY_RATE and "rate_rps" in batches:  # and one after a quiet spell; a busy one faster
-            settled = batches["rate_since_ms"].to_numpy() >= (
-                0.0 if idle.RATE_START == "carried" else 2 * idle.RATE_WINDOW_MS
-            )
+            settled = batches["rate_since_ms"].to_numpy() >= (0.0 if idle.RATE_START == "carried" else 2 * rate_window)
             ratio = y / predicted_ms(service, b) / idle_f / after_f
             if idle.BY_RATE_FIT == "levels" and "level" in batches:
                 lv = batches["level"].to_numpy()[settled]
@@ -284,7 +287,9 @@ def fit_batch_time(df: pd.DataFrame, queue_slope: float | None = None) -> tuple[
         service["after_idle"] = after_idle
     if by_rate is not None:
         service["by_rate"] = by_rate
-        service["rate_window_ms"] = idle.RATE_WINDOW_MS
+        service["rate_window_ms"] = rate_window
+        if rate_of != "batches":
+            service["rate_of"] = rate_of
     if after_batch is not None:
         service["after_batch"] = after_batch
     if by_queue is not None:

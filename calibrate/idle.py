@@ -162,6 +162,54 @@ BY_RATE = True
 RATE_START = "none"
 RATE_WINDOW_MS = 500.0
 RATE_BANDS = 8
+# what by_rate's average counts (``service_time.rate_of``): "batches", the requests the instance
+# took into batches, over RATE_WINDOW_MS; or "arrivals", the requests the server enqueued for it,
+# over ARRIVALS_WINDOW_MS, where the run has the enqueue clock (tried, not adopted: calibrate/README,
+# "The load, not the throughput")
+RATE_OF = "batches"
+ARRIVALS_WINDOW_MS = 125.0
+
+
+def rate_source(df: pd.DataFrame, service: dict | None = None) -> tuple[str, float]:
+    """What ``by_rate`` counts for a run's requests ``df`` and over how long (ms): a fitted
+    ``service`` time's (``rate_of``, ``rate_window_ms``) where given; else
+    (:data:`RATE_OF`, its window), or ("batches", :data:`RATE_WINDOW_MS`) where the run
+    lacks the server's enqueue clock."""
+    if service is not None and service.get("by_rate"):
+        kind = service.get("rate_of", "batches")
+        return kind, float(service.get("rate_window_ms", ARRIVALS_WINDOW_MS if kind == "arrivals" else RATE_WINDOW_MS))
+    if RATE_OF == "arrivals" and _enqueued(df):
+        return "arrivals", ARRIVALS_WINDOW_MS
+    return "batches", RATE_WINDOW_MS
+
+
+def _enqueued(df: pd.DataFrame) -> bool:
+    return _clocked(df) and "enqueued_at_ns" in df and not df["enqueued_at_ns"].isna().any()
+
+
+def _instances(df: pd.DataFrame) -> int:
+    """How many instances shared the batch queue (their arrivals' shares)."""
+    return max(int(df["instance"].nunique()), 1) if "instance" in df else 1
+
+
+def arrival_rate(
+    arrive_ms: np.ndarray, query_ms: np.ndarray, tau_ms: float, initial_rps: float = 0.0, share: float = 1.0
+) -> np.ndarray:
+    """Requests a second that reached the queue up to each of ``query_ms`` (sorted), an
+    exponential average over ``tau_ms`` (an arrival at a query's time counted), from
+    ``initial_rps`` at the first arrival, each arrival ``share`` of a request (an instance's
+    share of its queue's): as the simulator keeps it (``service_time.rate_of: arrivals``,
+    ``simulator.serving.compiled.arrive``)."""
+    a = np.sort(np.asarray(arrive_ms, dtype=float))
+    out = np.empty(len(query_ms))
+    x, t, j = initial_rps / 1000.0, a[0] if len(a) else 0.0, 0
+    for i, q in enumerate(np.asarray(query_ms, dtype=float)):
+        while j < len(a) and a[j] <= q:
+            x = x * np.exp(-(a[j] - t) / tau_ms) + share / tau_ms
+            t = a[j]
+            j += 1
+        out[i] = x * np.exp(-(q - t) / tau_ms) * 1000.0
+    return out
 
 
 def recent_rate(
@@ -182,43 +230,70 @@ def recent_rate(
 
 
 def rate_before(
-    df: pd.DataFrame, tau_ms: float = RATE_WINDOW_MS, initial: dict[int, float] | None = None
+    df: pd.DataFrame, tau_ms: float | None = None, initial: dict[int, float] | None = None, kind: str | None = None
 ) -> tuple[np.ndarray, np.ndarray] | None:
-    """For each row (a request, or a batch) of ``df``: its instance's recent throughput
-    before its batch (:func:`recent_rate` over its slice's batches by the server's dispatch
-    clock, from none at the slice's first batch: the fit reads no other slice; from
-    ``initial``'s rate for the slice where given, :func:`slice_start_rates`), and how long
-    after that first batch it went (ms; a rate soon after it misses the slice before it).
-    None without that clock."""
+    """For each request of ``df`` (its slices whole): its instance's recent rate before its
+    batch, as ``kind`` or else :func:`rate_source` counts it (over ``tau_ms``, by default its window):
+    :func:`recent_rate` over its slice's batches by the server's dispatch clock, or
+    :func:`arrival_rate` over its slice's requests by the enqueue clock, from none at the
+    slice's first (the fit reads no other slice; from ``initial``'s rate for the slice where
+    given, :func:`slice_start_rates`), and how long after the slice's first batch it went
+    (ms; a rate soon after it misses the slice before it). None without the dispatch clock."""
+    source = rate_source(df)
+    kind = source[0] if kind is None else kind
+    tau_ms = source[1] if tau_ms is None else tau_ms
     if not _clocked(df):
+        return None
+    arrivals = kind == "arrivals"
+    if arrivals and not _enqueued(df):
         return None
     rows = _batch_rows(df, size=df["batch_size"].to_numpy(dtype=float))
     b = rows.drop_duplicates(["slice", "start"]).sort_values(["slice", "start"], kind="stable")
     sl, start, size = b["slice"].to_numpy(), b["start"].to_numpy(), b["size"].to_numpy()
     rate, since = np.empty(len(b)), np.empty(len(b))
+    enq_sl = df["slice"].to_numpy()
+    enq_ms = df["enqueued_at_ns"].to_numpy() / 1e6 if arrivals else None
+    share = 1.0 / _instances(df)
     for s in np.unique(sl):
         at = np.flatnonzero(sl == s)
-        rate[at] = recent_rate(start[at], size[at], tau_ms, (initial or {}).get(int(s), 0.0))
+        first = (initial or {}).get(int(s), 0.0)
+        if arrivals:  # the requests enqueued, from the slice's first
+            rate[at] = arrival_rate(enq_ms[enq_sl == s], start[at], tau_ms, first, share)
+        else:
+            rate[at] = recent_rate(start[at], size[at], tau_ms, first)
         since[at] = start[at] - start[at[0]]
     b = b.assign(rate=rate, since=since)
     out = rows.merge(b[["slice", "start", "rate", "since"]], on=["slice", "start"], how="left")
     return out["rate"].to_numpy(), out["since"].to_numpy()
 
 
-def slice_start_rates(df: pd.DataFrame, tau_ms: float = RATE_WINDOW_MS) -> dict[int, float] | None:
-    """Each slice's instance's recent throughput (req/s) as its first batch went:
-    :func:`recent_rate` carried over every batch of the run by the server's dispatch clock,
-    the slices before it and the gaps between them included, as the instance lived them
-    (``service_time.rate_initial_rps`` for a replay of that slice). None without that
-    clock."""
+def slice_start_rates(
+    df: pd.DataFrame, tau_ms: float | None = None, kind: str | None = None
+) -> dict[int, float] | None:
+    """Each slice's instance's recent rate (req/s, as ``kind`` or else :func:`rate_source` counts it, over
+    ``tau_ms``, by default its window) as its first batch went: :func:`recent_rate` or
+    :func:`arrival_rate` carried over every batch or request of the run by the server's
+    clocks, the slices before it and the gaps between them included, as the instance lived
+    them (``service_time.rate_initial_rps`` for a replay of that slice). None without the
+    dispatch clock."""
     if not _clocked(df):
+        return None
+    source = rate_source(df)
+    kind = source[0] if kind is None else kind
+    tau_ms = source[1] if tau_ms is None else tau_ms
+    if kind == "arrivals" and not _enqueued(df):
         return None
     b = (
         _batch_rows(df, size=df["batch_size"].to_numpy(dtype=float))
         .drop_duplicates(["slice", "start"])
         .sort_values("start", kind="stable")
     )
-    b = b.assign(rate=recent_rate(b["start"].to_numpy(), b["size"].to_numpy(), tau_ms))
+    if kind == "arrivals":
+        enqueued = df["enqueued_at_ns"].to_numpy() / 1e6
+        at = arrival_rate(enqueued, b["start"].to_numpy(), tau_ms, 0.0, 1.0 / _instances(df))
+    else:
+        at = recent_rate(b["start"].to_numpy(), b["size"].to_numpy(), tau_ms)
+    b = b.assign(rate=at)
     return {int(s): float(r) for s, r in b.groupby("slice", sort=False)["rate"].first().items()}
 
 

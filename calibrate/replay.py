@@ -70,7 +70,8 @@ def start_rates(ok: pd.DataFrame, service: dict) -> dict[int, float] | None:
     None where the batch time has no ``by_rate`` to read it."""
     if not service.get("by_rate"):
         return None
-    return idle.slice_start_rates(ok, float(service.get("rate_window_ms", idle.RATE_WINDOW_MS)))
+    kind, window = idle.rate_source(ok, service)
+    return idle.slice_start_rates(ok, window, kind)
 
 
 def window_trace(
@@ -85,7 +86,7 @@ def window_trace(
     st = profile["service_time"]
     ok = g[g["status"] == 200]
     if st.get("by_rate"):  # the instance's throughput as it ran (from initial_rps: the slice before's)
-        ok = with_rates(ok, None if initial_rps is None else {int(g["slice"].iloc[0]): initial_rps})
+        ok = with_rates(ok, None if initial_rps is None else {int(g["slice"].iloc[0]): initial_rps}, st)
     b = batch_log_ratios(
         ok, fitted_mean_ms(st), 0.0, st.get("after_idle"), st.get("by_rate"), st.get("after_batch"), st.get("by_queue")
     )

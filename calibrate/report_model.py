@@ -89,8 +89,14 @@ def fitted_model(profile: dict) -> list[str]:
         )
         + (
             " A batch runs faster the busier its instance has been (`service_time.by_rate`, the mean ratio by "
-            f"band of its requests a second over the last {st.get('rate_window_ms', 500):.0f} ms, its slice's "
-            f"first second left out, taken out of the table too): {_rate_table(st['by_rate'])}."
+            + (
+                "band of its share of the requests a second that reached its queue over the last "
+                f"{st.get('rate_window_ms', 500):.0f} ms, its slice's first {2 * st.get('rate_window_ms', 500):.0f} ms"
+                if st.get("rate_of") == "arrivals"
+                else f"band of its requests a second over the last {st.get('rate_window_ms', 500):.0f} ms, its slice's "
+                "first second"
+            )
+            + f" left out, taken out of the table too): {_rate_table(st['by_rate'])}."
             if st.get("by_rate")
             else ""
         )

@@ -48,6 +48,7 @@ SERVICE_KEYS = (
     "after_idle",
     "by_rate",
     "rate_window_ms",
+    "rate_of",
     "after_batch",
     "by_queue",
 )

@@ -90,14 +90,20 @@ def replayed(
 
 
 def own_trace(
-    profile: dict, log, duration: float, window_s: float | None = None, initial_rps: float = 0.0
+    profile: dict,
+    log,
+    duration: float,
+    window_s: float | None = None,
+    initial_rps: float = 0.0,
+    enqueued: np.ndarray | None = None,
 ) -> np.ndarray:
     """A simulated slice's log speed per window: its batches' instance time over the batch
     table, ``after_idle`` at the instance's idle time before each and ``by_rate`` at its
     recent throughput (as the simulator keeps them), request-weighted, placed at the
     middle of their run (as :func:`calibrate.replay.window_trace` treats a measured
     batch), about its mean; over ``window_s`` (``WINDOW_S`` by default), the throughput
-    from ``initial_rps`` (the simulation's ``rate_initial_rps``)."""
+    from ``initial_rps`` (the simulation's ``rate_initial_rps``); where ``by_rate`` counts
+    arrivals, those ``enqueued`` (ms, the simulated requests' ``t_preprocessed``)."""
     window_s = WINDOW_S if window_s is None else window_s
     st = profile["service_time"]
     own = log.computed - log.start
@@ -106,7 +112,13 @@ def own_trace(
         before = np.r_[np.nan, log.start[1:] - log.end[:-1]]  # one instance: freed when the loop took it back
         fitted = fitted * idle.idle_factor(before, st["after_idle"])
     if st.get("by_rate"):
-        rate = idle.recent_rate(log.start, log.size.astype(float), float(st.get("rate_window_ms", 500.0)), initial_rps)
+        tau = float(st.get("rate_window_ms", 500.0))
+        if st.get("rate_of") == "arrivals":
+            if enqueued is None:
+                raise ValueError("by_rate counts arrivals here: give the requests' enqueue times")
+            rate = idle.arrival_rate(enqueued[np.isfinite(enqueued)], log.start, tau, initial_rps)
+        else:
+            rate = idle.recent_rate(log.start, log.size.astype(float), tau, initial_rps)
         fitted = fitted * idle.rate_factor_at(rate, st["by_rate"])
     lr = np.log(own / fitted)
     n = int(np.ceil(duration / window_s))
@@ -162,7 +174,7 @@ def run_synthetic(run: Path) -> dict:
                 )
                 arrivals = Path(tmp) / f"arrivals-{level}-{j}.txt"
                 np.savetxt(arrivals, np.sort(rec.arrival) / 1000.0, fmt="%.6f")
-                log_f = own_trace(profile, got.batches, duration)
+                log_f = own_trace(profile, got.batches, duration, enqueued=rec.t_preprocessed)
                 trace = {
                     "kind": "trace",
                     "step_ms": WINDOW_S * 1000.0,

@@ -109,7 +109,7 @@ def slice_windows(run: Path, *, synthetic: bool = False, window_s: float = WINDO
                 got = simulate(
                     Scenario.model_validate(_scenario(profile, rate, arrivals, duration, start, 7 + int(row["slice"])))
                 )
-                lf = own_trace(profile, got.batches, duration, window_s, start or 0.0)[:n]
+                lf = own_trace(profile, got.batches, duration, window_s, start or 0.0, got.records.t_preprocessed)[:n]
                 x = _count(got.records, n, window_s)
             else:
                 lf = np.log(window_trace(profile, g, duration, window_s, start)["factors"])[:n]

@@ -68,6 +68,15 @@ class _Noisy(Frozen):
     rate_window_ms: float = Field(
         500.0, gt=0, allow_inf_nan=False, description="Time constant of by_rate's average of the throughput, ms."
     )
+    rate_of: Literal["batches", "arrivals"] = Field(
+        "batches",
+        description=(
+            "What by_rate's average counts: the requests the instance took into batches (batches, the default), "
+            "or its share of the requests that reached its batch queue (arrivals: the queue's arrivals over the "
+            "pool's instances). The arrivals are the load the host is given; its own fast spells cannot raise "
+            "them, so a short rate_window_ms follows the load without feeding the host's speed back on itself."
+        ),
+    )
     rate_initial_rps: float = Field(
         0.0,
         ge=0,
@@ -104,6 +113,8 @@ class _Noisy(Frozen):
         check_after_idle(self.by_rate, "by_rate", "requests/s", "rates")
         check_after_idle(self.after_batch, "after_batch", "requests", "sizes")
         check_after_idle(self.by_queue, "by_queue", "requests", "counts")
+        if self.rate_of != "batches" and not self.by_rate:
+            raise ValueError("rate_of says what by_rate's average counts: give by_rate with it")
         if self.rate_initial_rps > 0 and not self.by_rate:
             raise ValueError("rate_initial_rps is the throughput by_rate reads: give by_rate with it")
         return self

@@ -97,6 +97,7 @@ class BatchQueue:
         self.batch_size = array("q")
         self._dispatch = tuple(Dispatch(k) for k in range(self.max_b + 1))  # no allocation per batch
         self.closed = False
+        self.on_admit = None  # called with the arrival times of the requests admitted, in order
         self.extend(arrivals, math.inf if closed else -math.inf, deadlines)
         self.closed = closed
 
@@ -139,6 +140,8 @@ class BatchQueue:
 
     # --- admission and expiry -------------------------------------------------
     def _admit(self, stop: int) -> None:
+        if self.on_admit is not None:
+            self.on_admit(self.q[self.scan : stop])
         if self.buf is not None:
             self.buf.extend(range(self.scan, stop))
         self.qt += stop - self.scan

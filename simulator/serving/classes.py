@@ -93,6 +93,7 @@ class ClassFeed:
         self.queues = queues
         self.levels = levels
         self.free = deque((i, 0.0) for i in ids)
+        self.n_instances = len(ids)
         self.waiting: simpy.Event | None = None
         self.extended: simpy.Event | None = None  # fires with the time more arrivals are known
         self.logs = [(array("d"), array("d"), array("q")) for _ in queues]
@@ -161,6 +162,8 @@ def schedule_classes(env: simpy.Environment, feed: ClassFeed, services: list[Ser
     """The scheduler of one multi-class feed: take a free instance, pick a queue and a
     batch, run it; repeat. Keeps its own exact clock, as :func:`simulator.serving.workers.schedule`;
     where the choice waits for arrivals not known yet, it waits for the next chunk too."""
+    for c, queue in enumerate(feed.queues):
+        services[c].watch(queue, feed.n_instances)
     clock = 0.0
     while True:
         if not feed.free:
@@ -189,9 +192,12 @@ def schedule_classes(env: simpy.Environment, feed: ClassFeed, services: list[Ser
             else:
                 clock = max(clock, fired[freed] if freed is not None and freed in fired else fired[more])
         c, k = pick
+        if services[c].rate_arrivals:  # every class's arrivals up to now reach by_rate's average
+            for q in feed.queues:
+                q.advance(clock)
         feed.queues[c].take(k)
         quota.busy[c] += 1
-        done = services[c].finish(clock, k, clock - free_at, inst, len(feed.queues[c]) + k)
+        done = services[c].finish(clock, k, clock - free_at, inst, len(feed.queues[c]) + k, feed.n_instances)
         start, end, where = feed.logs[c]
         start.append(clock)
         end.append(done)
@@ -228,6 +234,7 @@ class ClassesPool:
         ]
         for sm in self.services[1:]:  # an instance's recent throughput counts every class's batches
             sm.rst = self.services[0].rst
+            sm.arrived = self.services[0].arrived  # and, counting arrivals, every class's
         self.deadlines = batching.deadline_ms is not None
         self.shared = [c for c in range(k) if classes[c].workers is None]
         self.own: dict[int, StreamedPool] = {}

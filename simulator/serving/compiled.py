@@ -58,7 +58,9 @@ def _rate_factor_py(now, size, j, rk, rf, rtau, rst, ak, af, qk, qf, waiting):
     """``service_time.by_rate``'s factor for a batch of ``size`` that instance ``j`` starts
     at ``now``: at its throughput before the batch (requests/s: ``rst[j, 0]``, requests a
     ms averaged over ``rtau`` ms, decayed from ``rst[j, 1]``), interpolated on (rk, rf),
-    flat beyond the ends; the batch's requests then join the average. Times
+    flat beyond the ends; the batch's requests then join the average. Where the average
+    counts arrivals (``rst[j, 3]``, the instance's share of each, is positive:
+    ``rate_of: arrivals``), :func:`arrive` keeps it and the batch only reads it. Times
     ``service_time.after_batch``'s at the size of the instance's batch before it
     (``rst[j, 2]``; none before its first), interpolated on (ak, af); times
     ``service_time.by_queue``'s at the ``waiting`` requests in the queue as the batch is
@@ -66,8 +68,9 @@ def _rate_factor_py(now, size, j, rk, rf, rtau, rst, ak, af, qk, qf, waiting):
     f = 1.0
     if len(rk) > 0:
         x = rst[j, 0] * math.exp(-(now - rst[j, 1]) / rtau)
-        rst[j, 0] = x + size / rtau
-        rst[j, 1] = now
+        if rst[j, 3] <= 0.0:
+            rst[j, 0] = x + size / rtau
+            rst[j, 1] = now
         f = np.interp(x * 1000.0, rk, rf)
     if len(ak) > 0:
         if rst[j, 2] > 0:
@@ -79,6 +82,25 @@ def _rate_factor_py(now, size, j, rk, rf, rtau, rst, ak, af, qk, qf, waiting):
 
 
 rate_factor = jit.njit(cache=True, nogil=True)(_rate_factor_py)
+
+
+def _arrive_py(rst, t, rtau):
+    """A request reaches the batch queue at ``t``: where ``by_rate`` counts arrivals
+    (``rst[:, 3]``, each instance's share, positive), the share joins every instance's
+    average (requests a ms over ``rtau`` ms). Exact in any order: an arrival older than an
+    average's last joins it decayed to then."""
+    for j in range(rst.shape[0]):
+        w = rst[j, 3]
+        if w <= 0.0:
+            continue
+        if t >= rst[j, 1]:
+            rst[j, 0] = rst[j, 0] * math.exp(-(t - rst[j, 1]) / rtau) + w / rtau
+            rst[j, 1] = t
+        else:
+            rst[j, 0] += w / rtau * math.exp(-(rst[j, 1] - t) / rtau)
+
+
+arrive = jit.njit(cache=True, nogil=True)(_arrive_py)
 
 
 def covers(cfg: Batching) -> bool:
@@ -117,6 +139,7 @@ def _kernel(
     clock = clock0
     per_size = len(means) > 0
     n_inst = len(inst_free)
+    arrivals = len(rk) > 0 and rst[0, 3] > 0.0  # by_rate counts the queue's arrivals
     status = DONE
     while True:
         if held < 0:  # the instance idle longest: earliest release, ties in release order
@@ -144,6 +167,8 @@ def _kernel(
                 while scan < end:
                     buf[qt] = scan
                     qt += 1
+                    if arrivals:
+                        arrive(rst, q[scan], rtau)
                     scan += 1
             else:
                 while scan < end:
@@ -160,6 +185,8 @@ def _kernel(
                         while scan < stop:
                             buf[qt] = scan
                             qt += 1
+                            if arrivals:
+                                arrive(rst, q[scan], rtau)
                             scan += 1
                     else:  # full: every arrival before the next expiry is rejected
                         nxt = q[buf[qh]] + timeout if timeout >= 0.0 else np.inf

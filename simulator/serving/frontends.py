@@ -42,7 +42,7 @@ from simulator import jit
 from simulator.ledger import BatchLog, Outcome, Served
 from simulator.scenario.config import Batching
 from simulator.scenario.path import Relay
-from simulator.serving.compiled import finish_on_path
+from simulator.serving.compiled import arrive, finish_on_path
 from simulator.serving.event_loop import _grow, instance_state, settled, shift_batches
 from simulator.serving.loop_kernel import _FPOS, _NB, _QH, _QT, _dispatch, _earliest
 
@@ -109,6 +109,8 @@ def _kernel_py(
                 t_enq[arg] = now
                 buf[qt] = arg
                 qt += 1
+                if rst[0, 3] > 0.0:  # by_rate counts the queue's arrivals
+                    arrive(rst, now, rtau)
             elif kind == _ANS:  # the answer reached its front end: its response waits there
                 k = lp[arg]
                 rready[arg] = now

@@ -14,7 +14,7 @@ import numpy as np
 
 from simulator import jit
 from simulator.ledger import Outcome
-from simulator.serving.compiled import finish_on_path, rate_factor
+from simulator.serving.compiled import arrive, finish_on_path, rate_factor
 
 _REJECTED = int(Outcome.REJECTED)
 _NONE, _ADMIT, _RETURN, _RESPOND, _TIMER, _RESUME = 0, 1, 2, 3, 4, 5
@@ -203,6 +203,8 @@ def _kernel_py(
                 t_enq[arg] = loop_free
                 buf[qt] = arg
                 qt += 1
+                if rst[0, 3] > 0.0:  # by_rate counts the queue's arrivals
+                    arrive(rst, loop_free, rtau)
             elif kind == _RETURN:  # the batch is back: its instance is free, its responses wait
                 b_end[arg] = loop_free
                 j = b_inst[arg]

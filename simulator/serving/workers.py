@@ -34,7 +34,7 @@ from simulator.scenario.config import Affine, Table, Workers
 from simulator.scenario.distributions import Sampler
 from simulator.scenario.servicetime import ProfileRef
 from simulator.serving.batcher import DONE, EXTEND, BatchQueue, Wait
-from simulator.serving.compiled import rate_factor
+from simulator.serving.compiled import arrive, rate_factor
 from simulator.serving.served import PoolRun
 from simulator.stages.speed import SpeedPath, SpeedProcess
 
@@ -99,6 +99,9 @@ class ServiceModel:
         self.rate_factor = np.asarray([rate[k] for k in knots], dtype=float)
         self.rate_tau_ms = float(st.rate_window_ms) if self._per_size else 1.0
         self.rate_initial = float(st.rate_initial_rps) / 1000.0 if self._per_size else 0.0  # requests a ms
+        # by_rate counts the queue's arrivals (each instance its share), not the batches taken
+        self.rate_arrivals = bool(self._per_size and rate and st.rate_of == "arrivals")
+        self.arrived = np.zeros((1, 4))  # the SimPy schedulers' queue's arrivals, averaged (watch)
         after = (st.after_batch or {}) if self._per_size else {}
         knots = sorted(after)
         # the factor by the size of the instance's batch before (empty: none), as the kernels read it
@@ -166,26 +169,48 @@ class ServiceModel:
     def rate_state(self, instances: int) -> np.ndarray:
         """The instances' state for :meth:`rate_args` at the run's start: the throughput
         ``rate_initial_rps`` as of time 0, no batch before."""
-        rst = np.zeros((instances, 3))
+        rst = np.zeros((instances, 4))
         rst[:, 0] = self.rate_initial
+        if self.rate_arrivals:  # each instance's share of an arrival (compiled.arrive)
+            rst[:, 3] = 1.0 / instances
         return rst
+
+    def watch(self, queue, instances: int) -> None:
+        """Where ``by_rate`` counts arrivals: average those ``queue`` (a SimPy scheduler's
+        :class:`~simulator.serving.batcher.BatchQueue`) admits, as ``instances`` would share
+        them as the run starts (:meth:`finish` reads the pool's size as it is then)."""
+        if not self.rate_arrivals:
+            return
+        if self.arrived[0, 3] == 0.0:  # the first queue watched (a class's shares its pool's average)
+            self.arrived[0, 0] = self.rate_initial * instances
+            self.arrived[0, 3] = 1.0
+        queue.on_admit = self._arrive
+
+    def _arrive(self, times) -> None:
+        for t in times:
+            arrive(self.arrived, t, self.rate_tau_ms)
 
     def rate_args(self, rst: np.ndarray) -> tuple:
         """What a kernel reads for ``by_rate``, ``after_batch`` and ``by_queue``: the first
         table's knots and factors, its time constant, ``rst``, the instances' state (an
-        (instances, 3) array it updates: throughput, when, the last batch's size), the second
+        (instances, 4) array it updates: throughput, when, the last batch's size, the
+        instance's share of an arrival where the throughput counts arrivals), the second
         table's knots and factors, and the third's (a kernel passes the count waiting)."""
         return (
             self.rate_rps, self.rate_factor, self.rate_tau_ms, rst, self.after_k, self.after_f,
             self.queue_k, self.queue_f,
         )  # fmt: skip
 
-    def finish(self, start: float, batch_size: int, idle_ms: float = 0.0, inst=0, waiting: int = 0) -> float:
+    def finish(
+        self, start: float, batch_size: int, idle_ms: float = 0.0, inst=0, waiting: int = 0, instances: int = 1
+    ) -> float:
         """When a batch of ``batch_size`` started at ``start`` (ms) on instance ``inst``, idle
         for ``idle_ms`` before it, ends: its drawn time (times the ``after_idle`` factor and
         the ``by_rate`` factor at the instance's recent throughput and the ``after_batch``
         factor at its batch before, and the ``by_queue`` factor at the ``waiting`` requests
-        queued as it was taken, its own included), stretched by the host's speed while it runs."""
+        queued as it was taken, its own included), stretched by the host's speed while it runs.
+        Where ``by_rate`` counts arrivals, the instance's share is the watched queue's over
+        the ``instances`` serving it."""
         work = self(batch_size)
         if len(self.idle_ms):
             work *= float(np.interp(idle_ms, self.idle_ms, self.idle_factor))  # flat beyond the ends
@@ -193,6 +218,9 @@ class ServiceModel:
             state = self.rst.get(inst)
             if state is None:
                 state = self.rst[inst] = self.rate_state(1)
+            if self.rate_arrivals:  # the queue's arrivals, this instance's share of them
+                state[0, 0] = self.arrived[0, 0] / max(instances, 1)
+                state[0, 1] = self.arrived[0, 1]
             work *= float(rate_factor(start, batch_size, 0, *self.rate_args(state), waiting))
         return start + work if self.path is None else self.path.finish_at(start, work)
 
@@ -291,6 +319,7 @@ def schedule(env: simpy.Environment, feed: Feed, service: ServiceModel):
     rounding as ``now + delay``), so a window that closes at t closes at t.
     """
     queue, free = feed.queue, feed.free
+    service.watch(queue, feed.n_instances)
     clock = 0.0
     while True:
         if not free:
@@ -317,7 +346,7 @@ def schedule(env: simpy.Environment, feed: Feed, service: ServiceModel):
             if feed.crashed_at is not None:
                 return
         size = decision.size
-        done = service.finish(clock, size, clock - free_at, inst, len(queue) + size)
+        done = service.finish(clock, size, clock - free_at, inst, len(queue) + size, feed.n_instances)
         feed.busy += size
         feed.b_start.append(clock)
         feed.b_end.append(done)
