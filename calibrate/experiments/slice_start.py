@@ -14,6 +14,11 @@ process and factors; the instance's recent throughput from where the slice befor
   ``by_rate`` starting at the slice before's throughput; the host's is measured.
 
     python calibrate/experiments/slice_start.py RUN [RUN ...]   # 3-5 s a run
+    python calibrate/experiments/slice_start.py --start offered RUN [RUN ...]
+
+``--start offered``: the control on the start alone: each simulated slice's ``by_rate``
+average starts at the slice's own offered rate, as if the instance had run at its level
+before, instead of where the slice before left it; nothing else changes.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ def _speeds(t_s: np.ndarray, log_ratio: np.ndarray) -> tuple[float, float]:
     ) if late.any() else np.nan
 
 
-def run_slices(run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+def run_slices(run: Path, start_at: str = "carried") -> tuple[pd.DataFrame, pd.DataFrame]:
     """(latency rows: run, load, held, part, source, latency ms; speed rows: run, load,
     slice, source, early, late) for every kept slice of ``run`` at ``MIN_LOAD`` or more."""
     profile, requests, summary = read_run(run)
@@ -81,6 +86,8 @@ def run_slices(run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
             )
             arrivals, duration = write_arrivals(g, row, Path(tmp))
             start = starts.get(int(row["slice"]))
+            if start_at == "offered" and profile["service_time"].get("by_rate"):
+                start = float(row["rate_rps"])
             for k in range(SEEDS):
                 doc = scenario_dict(
                     profile, float(row["rate_rps"]), duration_s=duration, warmup_s=0.0, seed=100 * k + int(row["slice"])
@@ -113,10 +120,10 @@ def run_slices(run: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pd.concat(lat, ignore_index=True), pd.DataFrame(spd)
 
 
-def main(runs: list[Path]) -> None:
+def main(runs: list[Path], start_at: str = "carried") -> None:
     lat_rows, spd_rows = [], []
     for run in runs:
-        lat, spd = run_slices(run)
+        lat, spd = run_slices(run, start_at)
         held = lat[lat["held"]]
         for (load, src), g in held.groupby(["load", "src"]):
             parts = pd.cut(g["t"], PARTS_S, right=False)
@@ -168,4 +175,10 @@ def main(runs: list[Path]) -> None:
 
 
 if __name__ == "__main__":
-    main([Path(a) for a in sys.argv[1:]] or [Path("calibrate/profiles/cpu-resnet64-epyc")])
+    args = sys.argv[1:]
+    start_at = "carried"
+    if args[:1] == ["--start"]:
+        if len(args) < 2 or args[1] not in ("carried", "offered"):
+            sys.exit("--start takes carried (the default) or offered")
+        start_at, args = args[1], args[2:]
+    main([Path(a) for a in args] or [Path("calibrate/profiles/cpu-resnet64-epyc")], start_at)
