@@ -41,3 +41,26 @@ def test_a_simulated_slices_own_batches_give_back_the_speed_it_ran_at():
     plain = copy.deepcopy(profile)
     del plain["service_time"]["by_rate"], plain["service_time"]["after_idle"]
     assert np.abs(alignment.own_trace(plain, got.batches, duration)[inner] - given[inner]).mean() > 0.03
+
+
+def test_a_slice_at_constant_speed_reads_constant_whatever_its_batch_sizes():
+    """No noise, no speed process: every batch runs at the instance's own table (the fitted
+    one less the hand-back the event loop takes) times the factors, so the trace reads 0 in
+    every window, at a light load and a busy one alike. Divided by the fitted table, bigger
+    batches read slower by the hand-back's share, and a backlog, which makes them, as a
+    slowdown: the pressure experiment's control read +0.1% a request from that alone."""
+    profile = json.loads(EPYC.read_text())
+    profile["service_time"].pop("noise_ratios", None)
+    profile["service_time"]["noise_cv"] = 0.0
+    profile.pop("speed_process", None)
+    less = profile["frontend"]["event_loop"]["instance_less_ms"]
+    assert less > 0.1
+    table = alignment.instance_table(profile)
+    fitted = {int(k): v for k, v in profile["service_time"]["batch_ms"].items()}
+    assert table[1] == fitted[1] - less
+    duration = 4.0
+    for load in (0.2, 0.85):
+        doc = scenario_dict(profile, load * profile["capacity_rps"], duration_s=duration, warmup_s=0.25, seed=5)
+        got = simulate(Scenario.model_validate(doc))
+        assert len(np.unique(got.batches.size)) > (1 if load < 0.5 else 3)
+        np.testing.assert_allclose(alignment.own_trace(profile, got.batches, duration), 0.0, atol=1e-9)

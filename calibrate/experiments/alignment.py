@@ -40,7 +40,6 @@ import numpy as np
 import pandas as pd
 
 from calibrate import idle
-from calibrate.experiments.hand_back import table_ms
 from calibrate.experiments.two_speeds import read_run
 from calibrate.replay import start_rates, window_trace, write_arrivals
 from calibrate.scenario import scenario_dict
@@ -89,6 +88,22 @@ def replayed(
     return out
 
 
+def instance_table(profile: dict) -> np.ndarray:
+    """The instance's batch time by size as the profile's scenario runs it (index 0 unused):
+    the fitted table less the hand-back where the event loop takes it
+    (``event_loop.instance_less_ms``), scaled where the speed process's episodes hold part
+    of it (:func:`calibrate.scenario.scenario_dict`). Dividing a simulated batch by the fitted
+    table instead read bigger batches as slower by the hand-back's share, and so a backlog,
+    which makes them, as a slowdown."""
+    st = scenario_dict(profile, 100.0, duration_s=1.0, warmup_s=0.0)["workers"]["service_time"]
+    sizes = np.arange(int(profile["server"]["max_batch_size"]) + 1)
+    if st["kind"] == "table":
+        tab = {int(k): float(v) for k, v in st["batch_ms"].items()}
+        known = sorted(tab)
+        return np.interp(sizes, known, [tab[k] for k in known])
+    return st["base_ms"] + st["per_item_ms"] * sizes
+
+
 def own_trace(
     profile: dict,
     log,
@@ -107,9 +122,10 @@ def own_trace(
     window_s = WINDOW_S if window_s is None else window_s
     st = profile["service_time"]
     own = log.computed - log.start
-    fitted = table_ms(profile)[log.size]
+    fitted = instance_table(profile)[log.size]
     if st.get("after_idle"):
-        before = np.r_[np.nan, log.start[1:] - log.end[:-1]]  # one instance: freed when the loop took it back
+        # one instance, free from the run's start, then from when the loop took each batch back
+        before = np.r_[log.start[:1], log.start[1:] - log.end[:-1]]
         fitted = fitted * idle.idle_factor(before, st["after_idle"])
     if st.get("by_rate"):
         tau = float(st.get("rate_window_ms", 500.0))

@@ -8,7 +8,8 @@ process and factors; the instance's recent throughput from where the slice befor
 
 * ``latency``: the p50 of the requests that arrived in each part of the slice (0.25–1 s,
   1–2, 2–3, 3–4 s), measured and simulated, per load; held-out levels only;
-* ``speed``: each batch's time over the fitted table at its size (log), averaged over
+* ``speed``: each batch's time over the fitted table at its size (log; a simulated batch's
+  instance time over the instance's table, :func:`calibrate.experiments.alignment.instance_table`), averaged over
   0.25–1 s and over 2 s on, measured and simulated; the first minus the second is how much
   slower the host runs in a slice's first second than later. The model's comes from
   ``by_rate`` starting at the slice before's throughput; the host's is measured.
@@ -30,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from calibrate.experiments.alignment import instance_table
 from calibrate.experiments.hand_back import table_ms
 from calibrate.experiments.two_speeds import read_run
 from calibrate.replay import start_rates, write_arrivals
@@ -58,6 +60,7 @@ def run_slices(run: Path, start_at: str = "carried") -> tuple[pd.DataFrame, pd.D
     slice, source, early, late) for every kept slice of ``run`` at ``MIN_LOAD`` or more."""
     profile, requests, summary = read_run(run)
     table = table_ms(profile)
+    own = instance_table(profile)  # a simulated batch's: less the hand-back the loop takes
     slices = pd.read_csv(run / "slices.csv")
     starts = start_rates(requests[requests["status"] == 200], profile["service_time"]) or {}
     loads = dict(zip(summary["level"], summary["load"], strict=True))
@@ -108,7 +111,7 @@ def run_slices(run: Path, start_at: str = "carried") -> tuple[pd.DataFrame, pd.D
                         }
                     )
                 )
-                lr = np.log((log.computed - log.start) / table[log.size])
+                lr = np.log((log.computed - log.start) / own[log.size])
                 spd.append(
                     {
                         **key,
