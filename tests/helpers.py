@@ -82,6 +82,30 @@ def refusal(tmp_path: Path, doc: dict) -> str:
     return str(err.value)
 
 
+# a batch-time factor table that the scenario refuses, and a word of the reason (the tables
+# share their check: simulator.scenario.servicetime.check_after_idle)
+BAD_FACTOR_TABLES = [
+    ("{1: 1.0}", "at least two"),
+    ("{1: 1.0, 5: -1}", "factors must be finite and > 0"),
+    ("{1: 1.0, 5: 0}", "factors must be finite and > 0"),
+    ("{-1: 1, 5: 1}", ">= 0"),
+]
+
+
+def factor_table_refusal(field: str, value: str) -> str:
+    """The error that ``scenarios/validation/mmc.yaml`` with a table batch time whose factor
+    table ``field`` is ``value`` (YAML) raises (it must raise
+    :class:`~simulator.scenario.loader.ScenarioError`)."""
+    import pytest
+
+    from simulator.scenario.loader import ScenarioError, load_scenario
+
+    override = f"workers.service_time={{kind: table, batch_ms: {{1: 5}}, {field}: {value}}}"
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(ROOT / "scenarios/validation/mmc.yaml", [override])
+    return str(err.value)
+
+
 # the head of a small scenario written as text (its lines numbered from 1 in refusals)
 SCENARIO_HEAD = "name: x\nduration_s: 10\nsla: {percentile: 99, target_ms: 100}\ntraffic: {rate_rps: 10}\n"
 

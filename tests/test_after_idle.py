@@ -4,7 +4,6 @@ simulator's factor by formula on each scheduler, its fit recovered, bad tables r
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -14,8 +13,8 @@ from calibrate.fit import batches_from_requests, fit_table, predicted_ms
 from calibrate.idle import fit_after_idle, fit_loop_after_idle, idle_factor, loop_gaps_ms
 from simulator.engine import simulate
 from simulator.scenario.config import Scenario, Workers
-from simulator.scenario.loader import ScenarioError, load_scenario
 from simulator.serving.workers import ServiceModel
+from tests.helpers import BAD_FACTOR_TABLES, factor_table_refusal
 
 # 100 ms apart, never meeting: each batch of one starts after its instance idled ~100 ms
 SLOPE = {"0": 1.0, "200": 1.5}  # factor 1 + idle / 400
@@ -130,16 +129,11 @@ def test_idle_time_from_the_servers_clocks_and_overlapping_batches_refused():
     assert fit_after_idle(np.full(100, 4.0), np.ones(100)) is None  # one band: nothing to tell apart
 
 
-@pytest.mark.parametrize(
-    ("value", "needle"),
-    [("{0: 1.0}", "at least two"), ("{0: 1.0, 5: -1}", "factors must be finite and > 0"), ("{-1: 1, 5: 1}", ">= 0")],
-)
+@pytest.mark.parametrize(("value", "needle"), BAD_FACTOR_TABLES)
 def test_bad_tables_are_refused_naming_the_field(value, needle):
-    path = Path(__file__).resolve().parent.parent / "scenarios/validation/mmc.yaml"
-    with pytest.raises(ScenarioError) as err:
-        load_scenario(path, [f"workers.service_time={{kind: table, batch_ms: {{1: 5}}, after_idle: {value}}}"])
-    assert "after_idle" in str(err.value)
-    assert needle in str(err.value)
+    msg = factor_table_refusal("after_idle", value)
+    assert "after_idle" in msg
+    assert needle in msg
 
 
 def test_a_loop_job_after_the_loop_slept_is_slower(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 from calibrate import backlog, backlog_fit
 from simulator.engine import simulate
 from simulator.scenario.config import Scenario
-from simulator.scenario.loader import ScenarioError, load_scenario
+from tests.helpers import BAD_FACTOR_TABLES, factor_table_refusal
 from tests.test_after_idle import _doc as idle_doc
 
 TABLE = {"1": 1.0, "5": 0.6}  # 10% faster a request waiting, from one (its own) to five
@@ -97,15 +97,11 @@ def test_the_table_is_the_slope_from_one_waiting():
     assert backlog.table(-0.01, np.ones(10)) is None  # never more than its own: nothing to fit
 
 
-@pytest.mark.parametrize(
-    ("value", "needle"),
-    [("{1: 1.0}", "at least two"), ("{1: 1.0, 5: 0}", "factors must be finite and > 0"), ("{-1: 1, 5: 1}", ">= 0")],
-)
+@pytest.mark.parametrize(("value", "needle"), BAD_FACTOR_TABLES)
 def test_bad_tables_are_refused_naming_the_field(value, needle):
-    with pytest.raises(ScenarioError) as err:
-        load_scenario(MMC, [f"workers.service_time={{kind: table, batch_ms: {{1: 5}}, by_queue: {value}}}"])
-    assert "by_queue" in str(err.value)
-    assert needle in str(err.value)
+    msg = factor_table_refusal("by_queue", value)
+    assert "by_queue" in msg
+    assert needle in msg
 
 
 EPYC = Path(__file__).resolve().parent.parent / "calibrate/profiles/cpu-resnet64-epyc"

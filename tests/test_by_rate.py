@@ -17,7 +17,7 @@ from simulator.engine import simulate
 from simulator.scenario.config import Scenario, Workers
 from simulator.scenario.loader import ScenarioError, load_scenario
 from simulator.serving.workers import ServiceModel
-from tests.helpers import chunked_against_plain
+from tests.helpers import BAD_FACTOR_TABLES, chunked_against_plain, factor_table_refusal
 from tests.test_after_idle import _doc as idle_doc
 
 SLOPE = {"0": 1.5, "20": 1.0}  # factor 1.5 - rate / 40 (requests/s), 1 from 20 req/s on
@@ -136,15 +136,11 @@ def test_the_level_line_reads_the_levels_speed_not_the_spread_within_them():
     assert fit_by_level(seen, r, np.zeros(len(r))) is None  # one level: nothing to draw a line through
 
 
-@pytest.mark.parametrize(
-    ("value", "needle"),
-    [("{0: 1.0}", "at least two"), ("{0: 1.0, 5: -1}", "factors must be finite and > 0"), ("{-1: 1, 5: 1}", ">= 0")],
-)
+@pytest.mark.parametrize(("value", "needle"), BAD_FACTOR_TABLES)
 def test_bad_tables_are_refused_naming_the_field(value, needle):
-    with pytest.raises(ScenarioError) as err:
-        load_scenario(MMC, [f"workers.service_time={{kind: table, batch_ms: {{1: 5}}, by_rate: {value}}}"])
-    assert "by_rate" in str(err.value)
-    assert needle in str(err.value)
+    msg = factor_table_refusal("by_rate", value)
+    assert "by_rate" in msg
+    assert needle in msg
 
 
 def test_a_window_that_cannot_average_is_refused():
