@@ -389,17 +389,9 @@ def scheduled_rate(df: pd.DataFrame, tau_ms: float = RATE_WINDOW_MS) -> np.ndarr
     got_ms, went_ms = df["received_at_ns"].to_numpy() / 1e6, df["dispatched_at_ns"].to_numpy() / 1e6
     for s in np.unique(sl):
         at = np.flatnonzero(sl == s)
-        sent = np.sort(sent_ms[at] + np.median(got_ms[at] - sent_ms[at]))
+        sent = sent_ms[at] + np.median(got_ms[at] - sent_ms[at])
         queries, where = np.unique(went_ms[at], return_inverse=True)
-        # each arrival adds 1 / tau to the average, decayed since; read just before each batch
-        rate, x, t, j = np.empty(len(queries)), 0.0, sent[0] if len(sent) else 0.0, 0
-        for i, q in enumerate(queries):
-            while j < len(sent) and sent[j] < q:
-                x = x * np.exp(-(sent[j] - t) / tau_ms) + 1.0 / tau_ms
-                t = sent[j]
-                j += 1
-            rate[i] = x * np.exp(-(q - t) / tau_ms) * 1000.0
-        out[at] = rate[where]
+        out[at] = arrival_rate(sent, queries, tau_ms)[where]  # the sends averaged as arrivals are
     return out
 
 
