@@ -139,6 +139,16 @@ def design(requests: pd.DataFrame, profile: dict) -> tuple[float, float]:
     return float(requests["scheduled_s"].max()), float(min(2.0, requests["scheduled_s"].max() / 10))
 
 
+def slice_design(profile: dict, requests: pd.DataFrame, slices: pd.DataFrame) -> SliceDesign:
+    """How the run measured a level (:class:`~calibrate.interval.SliceDesign`, no count of
+    slices yet): its slices' length and warm-up, and between two of a level's slices the
+    other levels' (the median kept slice's length each)."""
+    slice_s, warmup_s = design(requests, profile)
+    period = float(slices.loc[slices["kept"], "seconds"].median())
+    gap = (int((profile.get("design") or {}).get("levels", len(requests["level"].unique()))) - 1) * period
+    return SliceDesign(0, slice_s, warmup_s, gap)
+
+
 def compare(
     profile: dict,
     requests: pd.DataFrame,
@@ -164,9 +174,7 @@ def compare(
     bands = slices is not None and draws > 0 and "speed_process" in profile
     if bands:
         param = parameter_draws(profile, requests, slices, draws=draws, rng=rng)
-        period = float(slices.loc[slices["kept"], "seconds"].median())
-        gap = (int((profile.get("design") or {}).get("levels", len(requests["level"].unique()))) - 1) * period
-        shape = SliceDesign(0, slice_s, warmup_s, gap)  # each level's own count of slices below
+        shape = slice_design(profile, requests, slices)  # each level's own count of slices below
         structural = discrepancy(param[:DISCREPANCY_DRAWS], _fitted_levels(profile, requests, shape))
     rows = []
     for _, lv in levels.iterrows():

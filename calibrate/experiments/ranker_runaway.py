@@ -15,7 +15,9 @@ thing taken out of each draw:
 Per variant: the p99's median over the draws, its 5th and 95th percentiles, and the draws
 whose p99 passes ``RUNAWAY_MS``.
 
-    python calibrate/experiments/ranker_runaway.py [RUN]   # about 25 s a variant
+    python calibrate/experiments/ranker_runaway.py [RUN] [--seed N]   # about 1 min a seed
+
+``--seed`` draws another set of parameters (0 by default).
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate.interval import SliceDesign, design_percentiles, parameter_draws
-from calibrate.validate import design, follows
+from calibrate.interval import design_percentiles, parameter_draws
+from calibrate.validate import follows, slice_design
 
 RUN = Path(__file__).resolve().parents[1] / "profiles/cpu-ranker-mget"
 DRAWS = 100
@@ -49,20 +51,16 @@ def variant(profile: dict, name: str) -> dict:
     return p
 
 
-def main(run: Path) -> None:
+def main(run: Path, seed: int = 0) -> None:
     profile = json.loads((run / "profile.json").read_text())
     requests = pd.read_csv(run / "measurements.csv.gz")
     slices = pd.read_csv(run / "slices.csv")
-    draws = parameter_draws(profile, requests, slices, draws=DRAWS, rng=np.random.default_rng(0))
-    slice_s, warmup_s = design(requests, profile)
+    draws = parameter_draws(profile, requests, slices, draws=DRAWS, rng=np.random.default_rng(seed))
+    shape = slice_design(profile, requests, slices)
     kept = slices[slices["kept"]]
-    gap = (int((profile.get("design") or {}).get("levels", requests["level"].nunique())) - 1) * float(
-        kept["seconds"].median()
-    )
-    shape = SliceDesign(0, slice_s, warmup_s, gap)
     capacity = float(profile["capacity_rps"])
     n_slices = int(kept.groupby("level").size().median())
-    say(f"{run.name}: {DRAWS} parameter draws, {n_slices} slices a design, capacity {capacity:.1f} req/s")
+    say(f"{run.name}: {DRAWS} parameter draws (seed {seed}), {n_slices} slices a design, capacity {capacity:.1f} req/s")
     for load in LOADS:
         rate = load * capacity
         for name in VARIANTS:
@@ -80,4 +78,9 @@ def main(run: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else RUN)
+    args = sys.argv[1:]
+    seed = 0
+    if "--seed" in args:
+        at = args.index("--seed")
+        seed, args = int(args[at + 1]), args[:at] + args[at + 2 :]
+    main(Path(args[0]) if args else RUN, seed)
