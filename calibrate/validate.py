@@ -26,7 +26,7 @@ PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0}
 TARGET_PCT = {"p50": 10.0, "p99": 15.0}  # issue 11's bar on held-out levels; p95 is shown, not judged
 
 
-def _latencies(
+def slice_requests(
     profile: dict,
     rate_rps: float,
     *,
@@ -34,7 +34,10 @@ def _latencies(
     warmup_s: float,
     seed: int,
     speed: float = 1.0,
-) -> np.ndarray:
+) -> tuple[np.ndarray, np.ndarray]:
+    """One simulated slice at ``rate_rps`` as a calibration runs it (after the slice before
+    it, :func:`follows`): each completed request past the warm-up, its arrival from the
+    slice's start (s) and its latency (ms)."""
     shape = follows(profile, SliceDesign(1, slice_s, warmup_s, 0.0), rate_rps)
     t0, steps = lead_in(shape._replace(gap_s=LEAD_IN_S + shape.lead_gap_s), rate_rps, seed)
     doc = scenario_dict(profile, rate_rps, duration_s=t0 + slice_s, warmup_s=t0 + warmup_s, seed=seed, speed=speed)
@@ -43,7 +46,7 @@ def _latencies(
     s = Scenario.model_validate(doc)
     rec = simulate(s).records
     done = window(rec, s) & rec.completed
-    return (rec.t_response - rec.arrival)[done]
+    return rec.arrival[done] / 1000.0 - t0, (rec.t_response - rec.arrival)[done]
 
 
 def slice_speeds(profile: dict) -> dict[int, float]:
@@ -81,14 +84,14 @@ def predict(
             sub, pick = np.random.SeedSequence([seed, r, j]).generate_state(2)
             k = drawn[int(pick) % len(drawn)]
             pooled.append(
-                _latencies(
+                slice_requests(
                     profile,
                     rate_rps,
                     slice_s=slice_s,
                     warmup_s=warm,
                     seed=int(sub),
                     speed=front.get(k, 1.0),
-                )
+                )[1]
             )
         x = np.concatenate(pooled)
         for q, pct in PERCENTILES.items():
