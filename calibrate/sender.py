@@ -276,13 +276,18 @@ async def send_on_schedule(
     connections: int,
     warm: int = 64,
     precise: bool = True,
+    sender: Sender | None = None,
 ) -> list[dict]:
     """Send ``requests[pick[i]]`` at ``times[i]`` s from the start, open loop; one row per
     request: its schedule, how late it left (``send_lag_ms``), its status and latency from
     the scheduled time, and the response's body (read by :func:`parse`). ``precise=False``
-    wakes on the loop's millisecond timers instead of a timerfd (:class:`Wake`)."""
-    sender = Sender(url, connections)
-    await sender.start(min(warm, connections, len(times)))
+    wakes on the loop's millisecond timers instead of a timerfd (:class:`Wake`). Each call
+    opens ``warm`` fresh connections and closes them all at the end; given a ``sender``
+    (:meth:`Sender.start`-ed by the caller), it sends on that one's and leaves them open."""
+    own = sender is None
+    if own:
+        sender = Sender(url, connections)
+        await sender.start(min(warm, connections, len(times)))
     wake = Wake(precise)
     rows: list[dict] = [{"scheduled_s": float(t)} for t in times]
     clock = time.perf_counter
@@ -306,7 +311,8 @@ async def send_on_schedule(
         await sender.drain()
     finally:
         wake.close()
-        sender.close()
+        if own:
+            sender.close()
         if collecting:
             gc.enable()
     return rows
