@@ -6,7 +6,8 @@ a load generator sharing the front end's core as a calibration places them, thro
 slices, a light one and then a busy one, in two arms that alternate pair by pair:
 
 * ``fresh``: as a calibration sends them, a new set of connections for each slice;
-* ``kept``: one set of connections for the whole run, grown as needed and never closed.
+* ``kept``: one set of connections for the whole run, grown as needed and never closed (they
+  stay open, idle, through the other arm's slices too).
 
 For the busy slices of each arm it prints how many tipped (p99 past 100 ms) and how many were
 past 30 ms at the median of their first second, and the medians over the slices of the p99
@@ -23,26 +24,27 @@ import os
 
 import numpy as np
 
+from calibrate.experiments.ranker_in_flight_cost import SERVER
+from calibrate.experiments.ranker_tipping import FIRST_S, TIPPED_MS, shares
 from calibrate.loadgen import CONNECTIONS, TIMING_KEYS, schedule
 from calibrate.payloads import ranker_payloads
 from calibrate.sender import Sender, parse, request_bytes, send_on_schedule
 from calibrate.servers import get_json, redis_server, server
 
-SERVER = ["--model", "ranker", "--max-batch-size", "32", "--max-queue-delay-ms", "2", "--feature-batch-size", "26"]
 WARMUP_S = 0.25
 ARMS = ("fresh", "kept")
 
 
 def busy_slice(rows: list[dict]) -> dict[str, float]:
-    """A busy slice's p99, the median of its first second and of its first 100 ms after the
-    warm-up, of its answered requests (ms)."""
+    """A busy slice's p99, the median of its first second (:data:`FIRST_S`) and of its first
+    100 ms after the warm-up, of its answered requests (ms)."""
     at = np.array([r["scheduled_s"] for r in rows if r.get("status") == 200])
     lat = np.array([r["latency_ms"] for r in rows if r.get("status") == 200])
     kept = at >= WARMUP_S
     at, lat = at[kept], lat[kept]
     return {
         "p99": float(np.percentile(lat, 99)),
-        "first_s": float(np.median(lat[at < WARMUP_S + 1.0])),
+        "first_s": float(np.median(lat[at < WARMUP_S + FIRST_S])),
         "first_100ms": float(np.median(lat[at < WARMUP_S + 0.1])),
     }
 
@@ -85,15 +87,17 @@ def main() -> None:
             out = asyncio.run(run(url, cfg["model"]["dense"], a.light, a.busy, a.pairs, a.slice_s))
         finally:
             os.sched_setaffinity(0, before)
-    head = "| connections | busy slices tipped (p99 > 100 ms) | first second's median > 30 ms | median p99 |"
-    print(head + " median of the first 100 ms |")  # noqa: T201
+    head = f"| connections | busy slices tipped (p99 > {TIPPED_MS[-1]:g} ms) |"
+    head += f" first second's median > {TIPPED_MS[0]:g} ms | median p99 | median of the first 100 ms |"
+    print(head)  # noqa: T201
     print("|---|---|---|---|---|")  # noqa: T201
     for arm, got in out.items():
         p99 = np.array([g["p99"] for g in got])
         first = np.array([g["first_s"] for g in got])
         early = np.array([g["first_100ms"] for g in got])
+        _, tipped, started = (round(s * len(got)) for s in shares(p99, first))
         print(  # noqa: T201
-            f"| {arm} | {int((p99 > 100).sum())}/{len(got)} | {int((first > 30).sum())}/{len(got)} | "
+            f"| {arm} | {tipped}/{len(got)} | {started}/{len(got)} | "
             f"{np.median(p99):.1f} ms | {np.median(early):.1f} ms |"
         )
 

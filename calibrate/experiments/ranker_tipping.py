@@ -68,8 +68,7 @@ def parts(req: pd.DataFrame, slices: pd.DataFrame, from_level: int) -> pd.DataFr
     """The means of each measured request's parts (ms), and its slice's garbage collection
     a request, by level and whether its slice tipped (p99 past the higher of :data:`TIPPED_MS`)."""
     ok = req[~req["warmup"] & (req["status"] == 200) & (req["level"] >= from_level)].copy()
-    p99 = ok.groupby(["level", "slice"])["latency_ms"].quantile(0.99).rename("p99")
-    ok = ok.join(p99, on=["level", "slice"])
+    ok = ok.join(measured_slices(req, 0.0).set_index(["level", "slice"])["p99"], on=["level", "slice"])
     ok["tipped"] = ok["p99"] > TIPPED_MS[-1]
     for name, col in PARTS_US.items():
         ok[name] = ok[col] / 1000.0
