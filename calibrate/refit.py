@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 import calibrate.scenario as calibrated
-from calibrate import backlog_fit, idle
+from calibrate import backlog_fit, drain, idle
 from calibrate.cycle import fit_window
 from calibrate.fit import fit_profile
 from calibrate.held import factors_by_held
@@ -124,6 +124,7 @@ def refit_run(out: Path, *, draws: int, rng: np.random.Generator) -> dict:
     profile.setdefault("levels_rps", [float(r) for r in summary["offered_rps"]])
     slice_gap(profile, requests)
     reads_first(profile, requests, lambda _msg: None)
+    drain.fit(profile, requests, fit_levels)  # the loop's work by the count held, from the slices' drain
     table = compare(profile, requests, summary[summary["held_out"]], rng=rng, slices=slices, draws=draws)
     inside = pd.DataFrame(old["compute_inside"])
     return write_run(out, profile, requests, slices, hiccups, summary, table, inside)

@@ -243,9 +243,14 @@ def _event_loop(fe: dict, on_loop: bool = False) -> str:
             else ""
         )
         + (
-            " Its jobs take longer the more requests it holds (`event_loop.cost_by_held`, the CPU per request of the "
-            "server and its redis-server at each count in flight over the first, a closed loop with this load "
-            "generator off the loop's core): "
+            " Its jobs take longer the more requests it holds (`event_loop.cost_by_held`, "
+            + (
+                "fitted until the model answers a backlog of each size as fast as the server did in the fitted "
+                "levels' slices, 100 ms at a time: `calibrate.drain`): "
+                if loop.get("drain_fit")
+                else "the CPU per request of the server and its redis-server at each count in flight over the "
+                "first, a closed loop with this load generator off the loop's core): "
+            )
             + ", ".join(f"{n} held ×{float(f):.3f}" for n, f in loop["cost_by_held"].items())
             + "."
             if loop.get("cost_by_held")

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibrate import backlog_fit, refit
+from calibrate import backlog_fit, drain, refit
 from calibrate.held import in_flight_cost
 from calibrate.hiccups import HiccupMeter, platform_speed
 from calibrate.loadgen import CONNECTIONS, Slice, run_slices
@@ -232,6 +232,7 @@ def _calibrate(
         profile["speed_process"] = fit_run_speed(
             requests, slices, profile["service_time"], fit_levels, client_shares_cores=client_shares(servesim)
         )
+    drain.fit(profile, requests, fit_levels, log)  # the loop's work by the count held, from the slices' drain
     log("fitted; simulating the held-out levels")
     table = compare(profile, requests, summary[summary["held_out"]], reps=reps, rng=rng, slices=slices, draws=draws)
     inside = compute_inside(requests, loads, bench)
