@@ -10,9 +10,12 @@ slices simulated from the profile as each level's are validated
 (:func:`calibrate.validate.follows`), is the model's. Where they differ at the same level
 and count, the model's loop does a request's work in a different time from the server's
 when that many are held. The factor on the loop's work at each count
-(``preprocess.event_loop.cost_by_held``) is the model's rate over the server's, fitted in
-:data:`ROUNDS` rounds (each from the factor the last one left), held at 1 or more and never
-lower at a larger count.
+(``preprocess.event_loop.cost_by_held``) is the model's rate over the server's, moved only
+where that ratio is :data:`Z` standard errors from 1, in up to :data:`ROUNDS` rounds (each
+from the factor the last one left, stopping at one that moves nothing), held at 1 or more
+and never lower at a larger count. The bins of a slice are not independent, so the
+standard errors are too small and the gate too loose; and a bin is counted at the count it
+starts with, so a slowdown at a larger count is partly put at a smaller one.
 
 The closed loop's factor (:func:`calibrate.held.factors_by_held`) measures the same rise
 with N requests always in flight and a load generator off the loop's core; on a 2-core AMD
@@ -172,8 +175,11 @@ def fit(profile: dict, requests: pd.DataFrame, fit_levels: list[int], log=None) 
             break
         at = sorted(set(factors) | set(table.index))
         before = {n: float(np.interp(n, list(factors), list(factors.values()))) if factors else 1.0 for n in at}
-        factors = monotone({n: before[n] * float(table["step"].get(n, 1.0)) for n in at})
-    if len(factors) < 2:  # no count told apart: the loop as fitted (the closed loop's share, if any)
+        moved = monotone({n: before[n] * float(table["step"].get(n, 1.0)) for n in at})
+        if moved == {n: round(before[n], 4) for n in at}:  # only steps below 1, held at the floor
+            break
+        factors = moved
+    if len(factors) < 2 or max(factors.values()) == 1.0:  # none told apart: the loop as fitted
         loop["drain_fit"] = {"bin_s": BIN_S, "ratios_by_round": rounds, "cost_by_held": None}
         return None
     loop.pop("cost_per_in_flight", None)

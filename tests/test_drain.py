@@ -63,6 +63,27 @@ def test_a_profile_whose_loop_is_not_the_stores_is_left_as_it_was():
     assert profile == before
 
 
+def test_a_model_that_drains_slower_than_the_server_leaves_the_loop_as_fitted(monkeypatch):
+    """The factor never goes below 1: where the model answers a backlog at half the server's
+    rate, the fit moves nothing, stops after one round and keeps the loop as fitted (the
+    closed loop's share per request held with it)."""
+    profile = json.loads((PROFILES / "cpu-ranker-mget" / "profile.json").read_text())
+    before = copy.deepcopy(profile["frontend"]["event_loop"])
+
+    def bins(rate):
+        return pd.DataFrame({"level": 3, "held": np.repeat([2, 50], 20), "rate": np.repeat([300.0, rate], 20)})
+
+    monkeypatch.setattr(drain, "measured", lambda *args: bins(400.0))
+    monkeypatch.setattr(drain, "simulated", lambda *args, **kwargs: bins(200.0))
+    assert drain.fit(profile, pd.DataFrame(), [3]) is None
+    loop = profile["frontend"]["event_loop"]
+    record = loop.pop("drain_fit")
+    assert loop == before
+    assert record["cost_by_held"] is None
+    assert len(record["ratios_by_round"]) == 1
+    assert record["ratios_by_round"][0]["48"][0] == pytest.approx(0.5)
+
+
 def _made(profile: dict, levels: list[int], slices: int) -> pd.DataFrame:
     """Requests of ``slices`` slices of each level simulated from ``profile``, as a
     calibration's measurements record them (other seeds than the fit's)."""
