@@ -32,7 +32,7 @@ import numpy as np
 import yaml
 
 from calibrate.loadgen import CONNECTIONS
-from calibrate.specs import dist, scaled, scaled_batch_time, shifted_batch_time, spec_mean
+from calibrate.specs import dist, scaled, scaled_batch_time, shifted_batch_time, spec_mean, table_to
 from calibrate.speed import shrink_ratios
 from simulator.scenario.catalog import instance_for_gpu
 from simulator.scenario.platform import Episodes
@@ -137,7 +137,8 @@ def scenario_dict(
     without them on the feature store's station (calibrate/README, "The ranker's loop as
     the ResNet's")."""
     server = profile["server"]
-    st = profile["service_time"]
+    affine = (profile.get("service_time_fits") or {}).get("affine") or {}
+    st = table_to(profile["service_time"], server["max_batch_size"], affine.get("per_item_ms"))
     episodes = episodes_mean(profile)
     if episodes is not None:  # the fitted times hold the episodes' mean, which the process adds on top
         st = scaled_batch_time(st, 1.0 / episodes[1])

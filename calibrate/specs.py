@@ -41,6 +41,22 @@ def scaled_batch_time(st: dict, factor: float) -> dict:
     return out
 
 
+def table_to(st: dict, max_batch: int, per_item_ms: float | None) -> dict:
+    """A batch table that stops short of ``max_batch``, carried to it from its largest size
+    at ``per_item_ms`` a request (the line fitted through every batch), so that the
+    simulator's extrapolation past the table follows that line, not the table's last
+    segment: a last size measured on few batches, in a jam, made one ranker's model run away
+    (calibrate/README, "Three fresh runs with the fit"). Anything else, unchanged."""
+    if st.get("kind") != "table" or per_item_ms is None or per_item_ms < 0:
+        return st
+    sizes = {int(k): float(v) for k, v in st["batch_ms"].items()}
+    last = max(sizes)
+    if last >= max_batch:
+        return st
+    key = type(next(iter(st["batch_ms"])))(max_batch)  # as the table's own keys are (a file's: strings)
+    return {**st, "batch_ms": {**st["batch_ms"], key: round(sizes[last] + per_item_ms * (max_batch - last), 4)}}
+
+
 def shifted_batch_time(st: dict, ms: float) -> dict:
     """A batch-time model (table or affine) with ``ms`` added to every batch size's time
     (never below 1% of it)."""
