@@ -28,11 +28,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from calibrate.interval import LEAD_IN_S, SliceDesign, lead_in
-from calibrate.scenario import scenario_dict
-from calibrate.validate import design, follows
-from simulator.engine import simulate
-from simulator.scenario.config import Scenario
+from calibrate import validate
+from calibrate.validate import design
 
 DRAIN = True  # off: the closed loop's share per request held, as before (calibrate.refit.held_cost)
 BIN_S = 0.1
@@ -70,15 +67,10 @@ def measured(requests: pd.DataFrame, levels: list[int], start_s: float) -> pd.Da
 
 
 def simulated_slice(profile: dict, rate_rps: float, *, slice_s: float, warmup_s: float, seed: int):
-    """One slice at ``rate_rps`` simulated from ``profile`` after the slice before it, as the
-    validation runs one: each request's arrival from the slice's start and when it was
-    answered (s; inf for one never answered)."""
-    shape = follows(profile, SliceDesign(1, slice_s, warmup_s, 0.0), rate_rps)
-    t0, steps = lead_in(shape._replace(gap_s=LEAD_IN_S + shape.lead_gap_s), rate_rps, seed)
-    doc = scenario_dict(profile, rate_rps, duration_s=t0 + slice_s, warmup_s=t0, seed=seed)
-    if t0 > 0:
-        doc["traffic"] = {"shape": {"kind": "steps", "steps": steps}}
-    rec = simulate(Scenario.model_validate(doc)).records
+    """One slice at ``rate_rps`` simulated from ``profile`` as the validation runs one
+    (:func:`calibrate.validate.slice_run`): each request's arrival from the slice's
+    start and when it was answered (s; inf for one never answered)."""
+    rec, _, t0 = validate.slice_run(profile, rate_rps, slice_s=slice_s, warmup_s=warmup_s, seed=seed)
     at = rec.arrival / 1e3 - t0
     done = np.where(rec.completed, rec.t_response / 1e3 - t0, np.inf)
     mine = (at >= 0) & (at < slice_s)
@@ -153,7 +145,6 @@ def fit(profile: dict, requests: pd.DataFrame, fit_levels: list[int], log=None) 
     rates = profile["levels_rps"]
     server = measured(requests, fit_levels, warmup_s)
     trial = {**profile, "frontend": {**fe, "event_loop": {k: v for k, v in loop.items() if k != "cost_per_in_flight"}}}
-    trial["frontend"]["event_loop"].pop("cost_by_held", None)
     factors: dict[int, float] = {}
     rounds = []
     for _ in range(ROUNDS):
@@ -168,8 +159,8 @@ def fit(profile: dict, requests: pd.DataFrame, fit_levels: list[int], log=None) 
             ignore_index=True,
         )
         table = ratios(model, server)
-        if table.empty:
-            return None
+        if table.empty:  # no count compared (a later round: the factors so far stand)
+            break
         rounds.append({str(n): [round(float(r.ratio), 4), round(float(r.se), 4)] for n, r in table.iterrows()})
         if (table["step"] == 1.0).all():
             break

@@ -20,10 +20,32 @@ from calibrate.scenario import scenario_dict
 from calibrate.stats import slice_bootstrap_ci, t_interval
 from simulator.engine import simulate
 from simulator.results.metrics import window
+from simulator.results.records import Records
 from simulator.scenario.config import Scenario
 
 PERCENTILES = {"p50": 50.0, "p95": 95.0, "p99": 99.0}
 TARGET_PCT = {"p50": 10.0, "p99": 15.0}  # issue 11's bar on held-out levels; p95 is shown, not judged
+
+
+def slice_run(
+    profile: dict,
+    rate_rps: float,
+    *,
+    slice_s: float,
+    warmup_s: float,
+    seed: int,
+    speed: float = 1.0,
+) -> tuple[Records, Scenario, float]:
+    """One slice at ``rate_rps`` simulated as a calibration runs it (after the slice before
+    it, :func:`follows`): the run's records, its scenario (its warm-up ending at the slice's)
+    and when the slice starts in it (s)."""
+    shape = follows(profile, SliceDesign(1, slice_s, warmup_s, 0.0), rate_rps)
+    t0, steps = lead_in(shape._replace(gap_s=LEAD_IN_S + shape.lead_gap_s), rate_rps, seed)
+    doc = scenario_dict(profile, rate_rps, duration_s=t0 + slice_s, warmup_s=t0 + warmup_s, seed=seed, speed=speed)
+    if t0 > 0:  # after the slice before it (:func:`follows`)
+        doc["traffic"] = {"shape": {"kind": "steps", "steps": steps}}
+    s = Scenario.model_validate(doc)
+    return simulate(s).records, s, t0
 
 
 def slice_requests(
@@ -35,16 +57,9 @@ def slice_requests(
     seed: int,
     speed: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One simulated slice at ``rate_rps`` as a calibration runs it (after the slice before
-    it, :func:`follows`): each completed request past the warm-up, its arrival from the
-    slice's start (s) and its latency (ms)."""
-    shape = follows(profile, SliceDesign(1, slice_s, warmup_s, 0.0), rate_rps)
-    t0, steps = lead_in(shape._replace(gap_s=LEAD_IN_S + shape.lead_gap_s), rate_rps, seed)
-    doc = scenario_dict(profile, rate_rps, duration_s=t0 + slice_s, warmup_s=t0 + warmup_s, seed=seed, speed=speed)
-    if t0 > 0:  # after the slice before it (:func:`follows`)
-        doc["traffic"] = {"shape": {"kind": "steps", "steps": steps}}
-    s = Scenario.model_validate(doc)
-    rec = simulate(s).records
+    """One simulated slice (:func:`slice_run`): each completed request past the
+    warm-up, its arrival from the slice's start (s) and its latency (ms)."""
+    rec, s, t0 = slice_run(profile, rate_rps, slice_s=slice_s, warmup_s=warmup_s, seed=seed, speed=speed)
     done = window(rec, s) & rec.completed
     return rec.arrival[done] / 1000.0 - t0, (rec.t_response - rec.arrival)[done]
 
